@@ -1,0 +1,72 @@
+"""cffi build script (out-of-line API mode) for the C core in csrc/.
+
+The cdef is the CDEF region of csrc/sandbox.h, read here, never retyped.
+The syscall table is generated from the kernel headers of the build host:
+the preprocessor lists the __NR_* names and the C compiler resolves them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+from cffi import FFI
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE / "csrc"
+LIB_SOURCES = ["util.c", "idmap.c", "net.c", "mounts.c", "limits.c", "child.c", "spawn.c", "probe.c"]
+CFLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fno-strict-aliasing"]
+
+
+def read_cdef(header: Path) -> str:
+    """The text between the CDEF BEGIN/END markers of `header`."""
+    text = header.read_text()
+    match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
+    if not match:
+        raise RuntimeError(f"{header}: no CDEF BEGIN/END region")
+    return match.group(1)
+
+
+def syscall_names(cc: str) -> list[str]:
+    """Names of this architecture's syscalls, from <asm/unistd.h>."""
+    out = subprocess.run(
+        [*cc.split(), "-E", "-dM", "-include", "asm/unistd.h", "-x", "c", os.devnull],
+        check=True, capture_output=True, text=True,
+    ).stdout
+    return sorted({m.group(1) for m in re.finditer(r"^#define __NR_(\w+)\s+\S", out, re.M)})
+
+
+def syscall_table_source(names: list[str]) -> str:
+    """C definitions of sbx_syscall_names/numbers for `names`."""
+    quoted = ",\n    ".join(f'"{n}"' for n in names)
+    numbers = ",\n    ".join(f"__NR_{n}" for n in names)
+    return (
+        "#include <asm/unistd.h>\n"
+        f"const char *const sbx_syscall_names[] = {{\n    {quoted}\n}};\n"
+        f"const int sbx_syscall_numbers[] = {{\n    {numbers}\n}};\n"
+        f"const int sbx_n_syscalls = {len(names)};\n"
+    )
+
+
+def make_ffibuilder() -> FFI:
+    """The FFI builder for `sandbox._native`."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    builder = FFI()
+    builder.cdef(read_cdef(CSRC / "sandbox.h"))
+    builder.set_source(
+        "sandbox._native",
+        '#include "sandbox.h"\n' + syscall_table_source(syscall_names(cc)),
+        sources=[f"csrc/{s}" for s in LIB_SOURCES],
+        include_dirs=["csrc"],
+        extra_compile_args=CFLAGS,
+    )
+    return builder
+
+
+ffibuilder = make_ffibuilder()
+
+if __name__ == "__main__":
+    ffibuilder.compile(verbose=True)

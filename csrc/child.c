@@ -1,0 +1,119 @@
+/* child.c: the sandbox's first process, from clone to execve.
+ *
+ * It shares the caller's memory (CLONE_VM) while the caller's thread waits
+ * (CLONE_VFORK), so every step is async-signal-safe and reads only the
+ * prepared blob. A failing step writes a report to the close-on-exec pipe
+ * and exits; the command is never exec'd over a half-applied plan.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The caller blocked every signal before clone; handlers it installed
+ * (Python's, for one) must not run here, in its memory. Reset them all. */
+static void reset_signals(void)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sig != SIGKILL && sig != SIGSTOP)
+            sigaction(sig, &dfl, NULL); /* glibc-internal signals fail harmlessly */
+}
+
+static void enter_cwd(struct sbx_ctx *c)
+{
+    const uint32_t *cands = (const void *)(c->blob + c->h->cwd_off);
+    int err = ENOENT;
+    for (uint32_t i = 0; i < c->h->n_cwd; i++) {
+        if (chdir(sbx_str(c, cands[i])) == 0)
+            return;
+        err = errno;
+        if (c->h->opts & SBX_OPT_CWD_STRICT)
+            break;
+    }
+    sbx_fail(c, SBX_STEP_CWD, 0, err, SBX_D_NONE);
+}
+
+static void setup_filesystem(struct sbx_ctx *c)
+{
+    if (!(c->h->ns & SBX_NS_MOUNT))
+        return;
+    /* Slave, so nothing done here propagates back to the host. */
+    if (mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL) < 0)
+        sbx_fail(c, SBX_STEP_MOUNT_PRIVATE, -1, errno, SBX_D_NONE);
+    mode_t saved = umask(0);
+    sbx_open_sources(c);
+    sbx_make_newroot(c);
+    sbx_apply_ops(c);
+    sbx_stamp(c, SBX_T_MOUNTS);
+    sbx_pivot(c);
+    umask(saved);
+    sbx_stamp(c, SBX_T_PIVOT);
+}
+
+/* Exec the pid-1 reaper from its fd (it need not be visible inside); it
+ * forks the command and reports its status. Our memory is the caller's, so
+ * we cannot stay resident as pid 1 ourselves. */
+static _Noreturn void exec_reaper(struct sbx_ctx *c)
+{
+    char errs[16], stat[16];
+    int argc = 0;
+    while (c->argv[argc])
+        argc++;
+    char *argv[argc + 6];
+    sbx_fmt_uint(errs, (unsigned)c->err_fd, 10);
+    sbx_fmt_uint(stat, (unsigned)c->status_fd, 10);
+    argv[0] = "sandbox-init";
+    argv[1] = errs;
+    argv[2] = stat;
+    argv[3] = (char *)(c->h->path ? sbx_str(c, c->h->path) : "");
+    argv[4] = "--";
+    for (int i = 0; i <= argc; i++)
+        argv[5 + i] = c->argv[i];
+    sbx_stamp(c, SBX_T_READY);
+    execveat(c->init_fd, "", argv, c->envp, AT_EMPTY_PATH);
+    sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+}
+
+int sbx_child_main(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    const struct sbx_header *h = c->h;
+    int reaper = (h->opts & SBX_OPT_REAPER) != 0;
+
+    sbx_stamp(c, SBX_T_CHILD);
+    reset_signals();
+    if ((h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
+    sbx_setup_userns(c);
+    sbx_stamp(c, SBX_T_IDMAP);
+    setup_filesystem(c);
+    if (h->ns & SBX_NS_NET)
+        sbx_loopback_up(c);
+    if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
+        sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
+    sbx_nested_userns(c);
+    enter_cwd(c);
+    sbx_apply_rlimits(c);
+    sbx_setup_stdio_fds(c, reaper ? c->err_fd : -1, reaper ? c->status_fd : -1);
+    if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
+        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    sbx_drop_caps(c);
+    sbx_install_seccomp(c);
+    if (reaper)
+        exec_reaper(c);
+
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    sbx_stamp(c, SBX_T_READY);
+    sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, h->path));
+    sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
+}

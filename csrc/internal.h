@@ -1,0 +1,86 @@
+/* internal.h: what the C files of the core share. Not part of the cdef.
+ *
+ * Everything declared here may run in the child between clone and execve,
+ * so it is async-signal-safe: no malloc, no stdio, no locks; strings are
+ * built in caller-provided stack buffers.
+ */
+#ifndef SANDBOX_INTERNAL_H
+#define SANDBOX_INTERNAL_H
+
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "sandbox.h"
+
+/* The failure record the child sends up its close-on-exec pipe. */
+struct sbx_report {
+    int32_t step, op, err, detail;
+};
+
+/* Everything the child needs, prepared by the parent before clone. */
+struct sbx_ctx {
+    const char *blob;
+    const struct sbx_header *h;
+    const struct sbx_op *ops;
+    char *const *argv;
+    char *const *envp;
+    int stdio[3];
+    const int *pass_fds;
+    int n_pass;
+    int init_fd;      /* O_PATH fd of sandbox-init, or -1 */
+    int err_fd;       /* write end of the report pipe (close-on-exec) */
+    int status_fd;    /* write end of the status pipe (reaper), or -1 */
+    int *src_fds;     /* per op: the cloned source tree, filled by the child */
+    int root_fd;      /* the new root while it is being built */
+    struct sbx_result *res;
+};
+
+/* util.c */
+const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
+void sbx_stamp(struct sbx_ctx *c, int which);
+void sbx_report_fd(int fd, int step, int op, int err, int detail);
+_Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);
+size_t sbx_strlen(const char *s);
+char *sbx_stpcpy(char *dst, const char *src);
+char *sbx_fmt_uint(char *dst, unsigned long value, unsigned base);
+int sbx_write_all(int fd, const void *buf, size_t len);
+int sbx_write_file(const char *path, const char *text);
+int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path);
+
+/* syscalls glibc 2.36 does not wrap */
+int sbx_open_tree(int dfd, const char *path, unsigned flags);
+int sbx_move_mount(int from_dfd, const char *from, int to_dfd, const char *to, unsigned flags);
+int sbx_mount_setattr(int dfd, const char *path, unsigned flags, uint64_t set, uint64_t clr);
+int sbx_fsopen(const char *fstype, unsigned flags);
+int sbx_fsconfig(int fd, unsigned cmd, const char *key, const void *value, int aux);
+int sbx_fsmount(int fd, unsigned flags, unsigned attrs);
+int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
+int sbx_pivot_root(const char *new_root, const char *put_old);
+
+/* idmap.c */
+void sbx_setup_userns(struct sbx_ctx *c);
+void sbx_nested_userns(struct sbx_ctx *c);
+
+/* mounts.c */
+void sbx_open_sources(struct sbx_ctx *c);
+void sbx_make_newroot(struct sbx_ctx *c);
+void sbx_apply_ops(struct sbx_ctx *c);
+void sbx_pivot(struct sbx_ctx *c);
+
+/* net.c */
+void sbx_loopback_up(struct sbx_ctx *c);
+
+/* limits.c */
+void sbx_apply_rlimits(struct sbx_ctx *c);
+void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b);
+void sbx_drop_caps(struct sbx_ctx *c);
+void sbx_install_seccomp(struct sbx_ctx *c);
+
+/* spawn.c */
+unsigned long sbx_clone_flags(uint32_t ns);
+
+/* child.c */
+int sbx_child_main(void *arg);
+
+#endif

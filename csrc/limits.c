@@ -1,0 +1,123 @@
+/* limits.c: what the child sets just before exec: rlimits, the fd table,
+ * capabilities and the seccomp filter. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+void sbx_apply_rlimits(struct sbx_ctx *c)
+{
+    const struct sbx_rlimit *rl = (const void *)(c->blob + c->h->rlimits_off);
+    for (uint32_t i = 0; i < c->h->n_rlimits; i++) {
+        struct rlimit cur;
+        if (getrlimit((int)rl[i].resource, &cur) < 0)
+            sbx_fail(c, SBX_STEP_RLIMIT, (int)i, errno, SBX_D_NONE);
+        /* Raising a hard limit needs privilege in the initial namespace;
+         * a request above it is already satisfied by the lower hard limit. */
+        rlim_t v = rl[i].value;
+        if (cur.rlim_max != RLIM_INFINITY && v > cur.rlim_max)
+            v = cur.rlim_max;
+        struct rlimit want = {v, v};
+        if (setrlimit((int)rl[i].resource, &want) < 0)
+            sbx_fail(c, SBX_STEP_RLIMIT, (int)i, errno, SBX_D_NONE);
+    }
+}
+
+/* Move the caller's stdio fds to 0-2 and leave open only those, the
+ * pass_fds, and the two internal fds (keep_a, keep_b) until exec: every
+ * other fd is marked close-on-exec in one close_range() call per gap. */
+void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b)
+{
+    int src[3];
+    for (int i = 0; i < 3; i++) {
+        src[i] = c->stdio[i];
+        /* an fd that is itself 0-2 could be overwritten by an earlier dup2 */
+        if (src[i] >= 0 && src[i] < 3 && src[i] != i) {
+            src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
+            if (src[i] < 0)
+                sbx_fail(c, SBX_STEP_STDIO, i, errno, SBX_D_NONE);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        if (src[i] < 0 || src[i] == i) {
+            if (src[i] == i && fcntl(i, F_SETFD, 0) < 0)
+                sbx_fail(c, SBX_STEP_STDIO, i, errno, SBX_D_NONE);
+            continue;
+        }
+        if (dup2(src[i], i) < 0)
+            sbx_fail(c, SBX_STEP_STDIO, i, errno, SBX_D_NONE);
+    }
+    unsigned lo = 3;
+    for (int k = 0; k < c->n_pass; k++) {
+        int fd = c->pass_fds[k];
+        if (fd < 3)
+            continue;
+        if (fcntl(fd, F_SETFD, 0) < 0)
+            sbx_fail(c, SBX_STEP_FDS, fd, errno, SBX_D_NONE);
+        if ((unsigned)fd > lo && syscall(SYS_close_range, lo, (unsigned)fd - 1, CLOSE_RANGE_CLOEXEC) < 0)
+            sbx_fail(c, SBX_STEP_FDS, fd, errno, SBX_D_NONE);
+        lo = (unsigned)fd + 1;
+    }
+    if (syscall(SYS_close_range, lo, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+        sbx_fail(c, SBX_STEP_FDS, -1, errno, SBX_D_NONE);
+    int keep[2] = {keep_a, keep_b};
+    for (int k = 0; k < 2; k++)
+        if (keep[k] >= 0 && fcntl(keep[k], F_SETFD, 0) < 0)
+            sbx_fail(c, SBX_STEP_FDS, keep[k], errno, SBX_D_NONE);
+}
+
+/* Keep only the capabilities in keep_caps: shrink the bounding set (so no
+ * exec can regain the others), set effective/permitted/inheritable, and
+ * raise the kept ones as ambient so a non-root command still holds them. */
+void sbx_drop_caps(struct sbx_ctx *c)
+{
+    uint64_t keep = c->h->keep_caps;
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct data[2] = {{0}};
+
+    if (syscall(SYS_capget, &hdr, data) < 0)
+        sbx_fail(c, SBX_STEP_CAPS, -1, errno, SBX_D_NONE);
+    int privileged = data[0].permitted || data[1].permitted;
+    if (!privileged && !keep)
+        return; /* nothing to drop; NO_NEW_PRIVS stops any gain at exec */
+    for (int cap = 0; cap <= 63; cap++) {
+        if (keep & (1ULL << cap))
+            continue;
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
+            sbx_fail(c, SBX_STEP_CAPS, cap, errno, SBX_D_NONE);
+    }
+    data[0].effective = data[0].permitted = data[0].inheritable = (uint32_t)keep;
+    data[1].effective = data[1].permitted = data[1].inheritable = (uint32_t)(keep >> 32);
+    if (syscall(SYS_capset, &hdr, data) < 0)
+        sbx_fail(c, SBX_STEP_CAPS, -1, errno, SBX_D_NONE);
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_CAPS, -1, errno, SBX_D_NONE);
+    for (int cap = 0; cap <= 63; cap++)
+        if ((keep & (1ULL << cap)) && prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0) < 0)
+            sbx_fail(c, SBX_STEP_CAPS, cap, errno, SBX_D_NONE);
+}
+
+void sbx_install_seccomp(struct sbx_ctx *c)
+{
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_NO_NEW_PRIVS, -1, errno, SBX_D_NONE);
+    if (!c->h->seccomp_len)
+        return;
+    struct sock_fprog prog = {
+        .len = (unsigned short)(c->h->seccomp_len / 8),
+        .filter = (struct sock_filter *)(c->blob + c->h->seccomp_off),
+    };
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_SECCOMP, -1, errno, SBX_D_NONE);
+}

@@ -1,0 +1,196 @@
+/* sandbox.h: the one interface between Python (cffi) and the C core.
+ *
+ * build_ffi.py feeds the region between the CDEF markers to cffi as its cdef,
+ * so nothing here is retyped in Python. Keep that region to what pycparser
+ * understands: fixed-width types, plain structs, enums, prototypes and
+ * integer #defines.
+ *
+ * Ownership and order: the caller serializes a Plan into one flat blob (a
+ * struct sbx_header followed by arrays and NUL-terminated strings, all located
+ * by byte offsets from the start of the blob), then calls sbx_spawn(). The blob,
+ * argv, envp and the fd arrays are only read, and only until sbx_spawn()
+ * returns. sbx_spawn() clones the child with CLONE_VM|CLONE_VFORK, so the
+ * caller's thread is suspended until the child has exec'd (or failed); the
+ * child runs only async-signal-safe code over the blob.
+ */
+#ifndef SANDBOX_H
+#define SANDBOX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* CDEF BEGIN */
+#define SBX_ABI_VERSION 3
+#define SBX_MAGIC 0x58425353
+
+/* namespaces (struct sbx_header.ns) */
+#define SBX_NS_USER 1
+#define SBX_NS_MOUNT 2
+#define SBX_NS_PID 4
+#define SBX_NS_NET 8
+#define SBX_NS_IPC 16
+#define SBX_NS_UTS 32
+#define SBX_NS_CGROUP 64
+
+/* options (struct sbx_header.opts) */
+#define SBX_OPT_REAPER 1          /* a C pid 1 runs the command and reaps */
+#define SBX_OPT_DIE_WITH_PARENT 2 /* PR_SET_PDEATHSIG(SIGKILL) */
+#define SBX_OPT_NEW_SESSION 4     /* setsid(): no controlling tty */
+#define SBX_OPT_MAP_ROOT_FIRST 8  /* map 0 for setup, final ids in a nested userns */
+#define SBX_OPT_CWD_STRICT 16     /* the first cwd candidate must work */
+
+/* operation kinds and flags (plan.OpKind / plan.OpFlag) */
+enum sbx_op_kind {
+    SBX_OP_BIND = 1,
+    SBX_OP_TMPFS = 2,
+    SBX_OP_PROC = 3,
+    SBX_OP_DEV = 4,
+    SBX_OP_DIR = 5,
+    SBX_OP_SYMLINK = 6,
+    SBX_OP_FILE = 7,
+    SBX_OP_REMOUNT_RO = 8,
+    SBX_OP_CHMOD = 9
+};
+#define SBX_F_RDONLY 1
+#define SBX_F_NODEV 2
+#define SBX_F_OPTIONAL 4
+#define SBX_F_FRESH 8
+
+/* setup steps, reported on failure (and used to name timing stamps) */
+enum sbx_step {
+    SBX_STEP_NONE = 0,
+    SBX_STEP_CONFIG = 1,      /* the blob is malformed (caught before clone) */
+    SBX_STEP_PIPE = 2,
+    SBX_STEP_CLONE = 3,
+    SBX_STEP_SIGNALS = 4,
+    SBX_STEP_PDEATHSIG = 5,
+    SBX_STEP_SETGROUPS = 6,
+    SBX_STEP_UID_MAP = 7,
+    SBX_STEP_GID_MAP = 8,
+    SBX_STEP_MOUNT_PRIVATE = 9,
+    SBX_STEP_SOURCE = 10,      /* opening a bind source; .op is the op index */
+    SBX_STEP_NEWROOT = 11,
+    SBX_STEP_OP = 12,          /* an operation; .op is its index, .detail says what */
+    SBX_STEP_PIVOT = 13,
+    SBX_STEP_LOOPBACK = 14,
+    SBX_STEP_HOSTNAME = 15,
+    SBX_STEP_NESTED_USERNS = 16,
+    SBX_STEP_CWD = 17,
+    SBX_STEP_RLIMIT = 18,
+    SBX_STEP_STDIO = 19,
+    SBX_STEP_FDS = 20,
+    SBX_STEP_SESSION = 21,
+    SBX_STEP_CAPS = 22,
+    SBX_STEP_NO_NEW_PRIVS = 23,
+    SBX_STEP_SECCOMP = 24,
+    SBX_STEP_EXEC_INIT = 25,   /* exec of the pid-1 reaper */
+    SBX_STEP_FORK = 26,        /* the reaper's fork of the command */
+    SBX_STEP_EXEC = 27         /* exec of the command itself */
+};
+
+/* what an operation was doing when it failed (struct sbx_result.detail) */
+enum sbx_detail {
+    SBX_D_NONE = 0,
+    SBX_D_SOURCE = 1,   /* find/clone the source tree */
+    SBX_D_ATTR = 2,     /* set mount attributes */
+    SBX_D_PARENTS = 3,  /* create missing parent directories */
+    SBX_D_CREATE = 4,   /* create the mount point / dir / file / link */
+    SBX_D_RESOLVE = 5,  /* open the destination inside the new root */
+    SBX_D_MOUNT = 6,    /* attach the mount */
+    SBX_D_WRITE = 7,    /* write file contents */
+    SBX_D_CHMOD = 8,
+    SBX_D_EXISTS = 9    /* destination exists with other contents */
+};
+
+/* timing stamps (CLOCK_MONOTONIC ns) in struct sbx_result.t_ns */
+enum sbx_stamp {
+    SBX_T_START = 0,     /* parent, before clone */
+    SBX_T_CHILD = 1,     /* child running */
+    SBX_T_IDMAP = 2,     /* uid/gid maps written */
+    SBX_T_MOUNTS = 3,    /* all operations applied */
+    SBX_T_PIVOT = 4,     /* pivoted into the new root */
+    SBX_T_READY = 5,     /* just before exec */
+    SBX_T_RETURN = 6,    /* parent resumed (child exec'd or died) */
+    SBX_T_DONE = 7       /* parent saw the command exec'd (or fail) */
+};
+#define SBX_N_STAMPS 8
+
+struct sbx_header {
+    uint32_t magic;         /* SBX_MAGIC */
+    uint32_t abi;           /* SBX_ABI_VERSION */
+    uint32_t size;          /* total blob size in bytes */
+    uint32_t ns;            /* SBX_NS_* */
+    uint32_t opts;          /* SBX_OPT_* */
+    uint32_t host_uid;
+    uint32_t host_gid;
+    uint32_t uid;           /* ids seen inside */
+    uint32_t gid;
+    uint32_t n_ops;
+    uint32_t ops_off;       /* struct sbx_op[n_ops] */
+    uint32_t n_cwd;
+    uint32_t cwd_off;       /* uint32_t[n_cwd]: string offsets, tried in order */
+    uint32_t n_rlimits;
+    uint32_t rlimits_off;   /* struct sbx_rlimit[n_rlimits] */
+    uint32_t hostname;      /* string offset, 0 = keep */
+    uint32_t path;          /* string offset: PATH to find the command */
+    uint32_t newroot;       /* string offset: host dir where the new root is built */
+    uint32_t seccomp_off;   /* struct sock_filter[], 8-byte aligned; 0 = none */
+    uint32_t seccomp_len;   /* in bytes, a multiple of 8 */
+    uint64_t keep_caps;     /* capabilities kept (bit = capability number) */
+};
+
+struct sbx_op {
+    uint32_t kind;          /* enum sbx_op_kind */
+    uint32_t flags;         /* SBX_F_* */
+    uint32_t mode;          /* mode of what is created */
+    uint32_t parent_mode;   /* mode of missing parents */
+    uint64_t size;          /* tmpfs size in bytes, 0 = default */
+    uint32_t src;           /* string offset: host path (BIND) or link target */
+    uint32_t dest;          /* string offset: absolute path inside */
+    uint32_t data;          /* byte offset of FILE contents */
+    uint32_t data_len;
+};
+
+struct sbx_rlimit {
+    uint32_t resource;
+    uint32_t pad;
+    uint64_t value;         /* soft = hard = min(value, current hard) */
+};
+
+struct sbx_result {
+    int32_t pid;            /* the sandbox's first process (host pid), or -1 */
+    int32_t status_fd;      /* read end: the reaper writes the command's wait status */
+    int32_t step;           /* enum sbx_step of a failure, 0 if none */
+    int32_t op;             /* failing op index, or -1 */
+    int32_t err;            /* errno of the failure */
+    int32_t detail;         /* enum sbx_detail */
+    int32_t wait_status;    /* after a failure: how the child ended */
+    int32_t pad;
+    uint64_t t_ns[8];       /* enum sbx_stamp */
+};
+
+/* Validate `blob` (bounds, offsets, NUL-terminated strings). 0 or -EINVAL. */
+int sbx_check_blob(const void *blob, size_t len);
+
+/* Start a sandbox. stdio[i] is the fd to become fd i (-1: inherit fd i).
+ * pass_fds (sorted ascending) stay open at the same numbers; every other fd
+ * is closed at exec. init_fd is an O_PATH fd of the sandbox-init executable
+ * (needed when SBX_OPT_REAPER is set). Returns 0 with res->pid set once the
+ * command has been exec'd; -1 after a failure, with res->step/op/err/detail
+ * set and no process left behind. */
+int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[],
+              const int stdio[3], const int *pass_fds, int n_pass, int init_fd,
+              struct sbx_result *res);
+
+/* What this host allows: clone a child into the namespaces `ns` (SBX_NS_*),
+ * map ids, and try the mount API the native backend needs. 0 if everything
+ * worked, else -1 with res->step/err saying what was refused. */
+int sbx_probe(uint32_t ns, struct sbx_result *res);
+
+/* Syscall numbers of this architecture, from the kernel headers at build time. */
+extern const char *const sbx_syscall_names[];
+extern const int sbx_syscall_numbers[];
+extern const int sbx_n_syscalls;
+/* CDEF END */
+
+#endif

@@ -1,0 +1,206 @@
+/* spawn.c: the caller's side of sbx_spawn(): check the blob, make the
+ * pipes, clone the child, and collect its report. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CHILD_STACK (256 * 1024)
+
+static int str_ok(const char *blob, size_t len, uint32_t off)
+{
+    if (off == 0)
+        return 1;
+    if (off >= len)
+        return 0;
+    return memchr(blob + off, 0, len - off) != NULL;
+}
+
+static int range_ok(size_t len, uint32_t off, uint64_t bytes)
+{
+    return off <= len && bytes <= len - off;
+}
+
+int sbx_check_blob(const void *p, size_t len)
+{
+    const char *blob = p;
+    const struct sbx_header *h = p;
+    if (len < sizeof *h || h->magic != SBX_MAGIC || h->abi != SBX_ABI_VERSION || h->size != len)
+        return -EINVAL;
+    if (!range_ok(len, h->ops_off, (uint64_t)h->n_ops * sizeof(struct sbx_op)) || h->ops_off % 8 ||
+        !range_ok(len, h->cwd_off, (uint64_t)h->n_cwd * 4) || h->cwd_off % 4 ||
+        !range_ok(len, h->rlimits_off, (uint64_t)h->n_rlimits * sizeof(struct sbx_rlimit)) || h->rlimits_off % 8 ||
+        !range_ok(len, h->seccomp_off, h->seccomp_len) || h->seccomp_off % 8 || h->seccomp_len % 8 ||
+        h->seccomp_len / 8 > 4096)
+        return -EINVAL;
+    if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !h->newroot ||
+        !str_ok(blob, len, h->newroot))
+        return -EINVAL;
+    const uint32_t *cwd = (const void *)(blob + h->cwd_off);
+    for (uint32_t i = 0; i < h->n_cwd; i++)
+        if (!cwd[i] || !str_ok(blob, len, cwd[i]))
+            return -EINVAL;
+    const struct sbx_op *ops = (const void *)(blob + h->ops_off);
+    for (uint32_t i = 0; i < h->n_ops; i++) {
+        if (!ops[i].dest || !str_ok(blob, len, ops[i].dest) || !str_ok(blob, len, ops[i].src) ||
+            !range_ok(len, ops[i].data, ops[i].data_len) || blob[ops[i].dest] != '/')
+            return -EINVAL;
+        if ((ops[i].kind == SBX_OP_BIND || ops[i].kind == SBX_OP_SYMLINK) && !ops[i].src)
+            return -EINVAL;
+    }
+    return 0;
+}
+
+unsigned long sbx_clone_flags(uint32_t ns)
+{
+    unsigned long f = 0;
+    if (ns & SBX_NS_USER) f |= CLONE_NEWUSER;
+    if (ns & SBX_NS_MOUNT) f |= CLONE_NEWNS;
+    if (ns & SBX_NS_PID) f |= CLONE_NEWPID;
+    if (ns & SBX_NS_NET) f |= CLONE_NEWNET;
+    if (ns & SBX_NS_IPC) f |= CLONE_NEWIPC;
+    if (ns & SBX_NS_UTS) f |= CLONE_NEWUTS;
+    if (ns & SBX_NS_CGROUP) f |= CLONE_NEWCGROUP;
+    return f;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A close-on-exec pipe whose ends are >= 3, so the child's dup2 of stdio
+ * onto 0-2 can never overwrite them. */
+static int high_pipe(int fds[2])
+{
+    if (pipe2(fds, O_CLOEXEC) < 0)
+        return -1;
+    for (int i = 0; i < 2; i++) {
+        if (fds[i] >= 3)
+            continue;
+        int hi = fcntl(fds[i], F_DUPFD_CLOEXEC, 3);
+        int saved = errno;
+        close(fds[i]);
+        if (hi < 0) {
+            close(fds[1 - i]);
+            errno = saved;
+            return -1;
+        }
+        fds[i] = hi;
+    }
+    return 0;
+}
+
+static void fail_early(struct sbx_result *res, int step, int err)
+{
+    res->step = step;
+    res->err = err;
+}
+
+/* Clone the child: the caller's thread sleeps until it exec's or exits. */
+static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
+{
+    void *stack = mmap(NULL, CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (stack == MAP_FAILED)
+        return -1;
+    sigset_t all, old;
+    sigfillset(&all);
+    /* No signal handler of the caller may run in the child (it shares our
+     * memory); the child resets the handlers before unblocking. */
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = clone(sbx_child_main, (char *)stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, c);
+    int saved = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    munmap(stack, CHILD_STACK);
+    errno = saved;
+    return pid;
+}
+
+/* Read the child's report: EOF means the command was exec'd. */
+static int read_report(int fd, struct sbx_report *r)
+{
+    size_t got = 0;
+    while (got < sizeof *r) {
+        ssize_t n = read(fd, (char *)r + got, sizeof *r - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got == sizeof *r;
+}
+
+int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[], const int stdio[3],
+              const int *pass_fds, int n_pass, int init_fd, struct sbx_result *res)
+{
+    memset(res, 0, sizeof *res);
+    res->pid = -1;
+    res->status_fd = -1;
+    res->op = -1;
+    res->t_ns[SBX_T_START] = now_ns();
+    if (sbx_check_blob(blob, len) < 0 || !argv || !argv[0]) {
+        fail_early(res, SBX_STEP_CONFIG, EINVAL);
+        return -1;
+    }
+    const struct sbx_header *h = blob;
+    int reaper = (h->opts & SBX_OPT_REAPER) != 0;
+    if (reaper && init_fd < 0) {
+        fail_early(res, SBX_STEP_EXEC_INIT, EBADF);
+        return -1;
+    }
+    int errp[2], statp[2] = {-1, -1};
+    if (high_pipe(errp) < 0 || (reaper && high_pipe(statp) < 0)) {
+        fail_early(res, SBX_STEP_PIPE, errno);
+        return -1;
+    }
+    int src_fds[h->n_ops + 1];
+    struct sbx_ctx c = {
+        .blob = blob, .h = h, .ops = (const void *)((const char *)blob + h->ops_off),
+        .argv = argv, .envp = envp, .stdio = {stdio[0], stdio[1], stdio[2]},
+        .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = init_fd,
+        .err_fd = errp[1], .status_fd = statp[1], .src_fds = src_fds, .root_fd = -1, .res = res,
+    };
+    pid_t pid = clone_child(&c, sbx_clone_flags(h->ns));
+    int clone_err = errno;
+    res->t_ns[SBX_T_RETURN] = now_ns();
+    close(errp[1]);
+    if (reaper)
+        close(statp[1]);
+    if (pid < 0) {
+        close(errp[0]);
+        if (reaper)
+            close(statp[0]);
+        fail_early(res, SBX_STEP_CLONE, clone_err);
+        return -1;
+    }
+    struct sbx_report r;
+    int failed = read_report(errp[0], &r);
+    close(errp[0]);
+    res->t_ns[SBX_T_DONE] = now_ns();
+    if (!failed) {
+        res->pid = pid;
+        res->status_fd = statp[0];
+        return 0;
+    }
+    res->step = r.step;
+    res->op = r.op;
+    res->err = r.err;
+    res->detail = r.detail;
+    /* The command never ran: reap what is left so nothing survives. */
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
+        ;
+    if (reaper)
+        close(statp[0]);
+    return -1;
+}

@@ -1,0 +1,179 @@
+/* util.c: async-signal-safe helpers for the child, and raw syscall wrappers. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <linux/openat2.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *sbx_str(const struct sbx_ctx *c, uint32_t off)
+{
+    return off ? c->blob + off : NULL;
+}
+
+void sbx_stamp(struct sbx_ctx *c, int which)
+{
+    struct timespec ts;
+    /* clock_gettime is async-signal-safe (POSIX) and served by the vDSO. */
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c->res->t_ns[which] = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void sbx_report_fd(int fd, int step, int op, int err, int detail)
+{
+    struct sbx_report r = {step, op, err, detail};
+    sbx_write_all(fd, &r, sizeof r);
+}
+
+_Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)
+{
+    sbx_report_fd(c->err_fd, step, op, err, detail);
+    _exit(125);
+}
+
+size_t sbx_strlen(const char *s)
+{
+    size_t n = 0;
+    while (s[n])
+        n++;
+    return n;
+}
+
+char *sbx_stpcpy(char *dst, const char *src)
+{
+    while ((*dst = *src++))
+        dst++;
+    return dst;
+}
+
+char *sbx_fmt_uint(char *dst, unsigned long value, unsigned base)
+{
+    char tmp[32];
+    int n = 0;
+    do {
+        tmp[n++] = "0123456789abcdef"[value % base];
+        value /= base;
+    } while (value);
+    while (n)
+        *dst++ = tmp[--n];
+    *dst = 0;
+    return dst;
+}
+
+int sbx_write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int sbx_write_file(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = sbx_write_all(fd, text, sbx_strlen(text));
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
+
+/* execvpe without malloc: try each PATH entry; report EACCES if some
+ * candidate existed but could not run, else the last error. Returns only on
+ * failure, with errno set. */
+int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path)
+{
+    char buf[4096];
+    int saw_eacces = 0;
+    const char *p = path;
+
+    for (const char *s = file; *s; s++) {
+        if (*s == '/') {
+            execve(file, argv, envp);
+            return -1;
+        }
+    }
+    if (!p || !*p)
+        p = "/usr/local/bin:/usr/bin:/bin";
+    size_t flen = sbx_strlen(file);
+    for (;;) {
+        const char *end = p;
+        while (*end && *end != ':')
+            end++;
+        size_t dlen = (size_t)(end - p);
+        if (dlen + flen + 2 <= sizeof buf) {
+            char *w = buf;
+            for (size_t i = 0; i < dlen; i++)
+                *w++ = p[i];
+            if (dlen == 0)
+                *w++ = '.';
+            *w++ = '/';
+            sbx_stpcpy(w, file);
+            execve(buf, argv, envp);
+            if (errno == EACCES)
+                saw_eacces = 1;
+            else if (errno != ENOENT && errno != ENOTDIR && errno != ELOOP && errno != ENAMETOOLONG)
+                return -1;
+        }
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    errno = saw_eacces ? EACCES : ENOENT;
+    return -1;
+}
+
+int sbx_open_tree(int dfd, const char *path, unsigned flags)
+{
+    return (int)syscall(SYS_open_tree, dfd, path, flags);
+}
+
+int sbx_move_mount(int from_dfd, const char *from, int to_dfd, const char *to, unsigned flags)
+{
+    return (int)syscall(SYS_move_mount, from_dfd, from, to_dfd, to, flags);
+}
+
+int sbx_mount_setattr(int dfd, const char *path, unsigned flags, uint64_t set, uint64_t clr)
+{
+    struct mount_attr attr = {.attr_set = set, .attr_clr = clr};
+    return (int)syscall(SYS_mount_setattr, dfd, path, flags, &attr, sizeof attr);
+}
+
+int sbx_fsopen(const char *fstype, unsigned flags)
+{
+    return (int)syscall(SYS_fsopen, fstype, flags);
+}
+
+int sbx_fsconfig(int fd, unsigned cmd, const char *key, const void *value, int aux)
+{
+    return (int)syscall(SYS_fsconfig, fd, cmd, key, value, aux);
+}
+
+int sbx_fsmount(int fd, unsigned flags, unsigned attrs)
+{
+    return (int)syscall(SYS_fsmount, fd, flags, attrs);
+}
+
+int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve)
+{
+    struct open_how how = {.flags = flags, .mode = mode, .resolve = resolve};
+    return (int)syscall(SYS_openat2, dfd, path, &how, sizeof how);
+}
+
+int sbx_pivot_root(const char *new_root, const char *put_old)
+{
+    return (int)syscall(SYS_pivot_root, new_root, put_old);
+}

@@ -1,0 +1,156 @@
+"""spawn() and run(): start a command in a sandbox, subprocess-style."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterable, Sequence
+from typing import IO, Any
+
+from .errors import SpecError
+from .plan import HostInfo, Plan, check_argv, compile_plan
+from .probe import probe
+from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
+from .spec import Spec
+
+StdioArg = int | IO[Any] | None
+
+
+class _Stdio:
+    """The child's three stdio fds, and the parent's ends of any pipes."""
+
+    def __init__(self, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> None:
+        self.child = [-1, -1, -1]
+        self.parent: list[IO[bytes] | None] = [None, None, None]
+        self._close_after: list[int] = []
+        try:
+            for i, arg in enumerate((stdin, stdout, stderr)):
+                self._one(i, arg)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _one(self, i: int, arg: StdioArg) -> None:
+        if arg is None:
+            return
+        if arg == PIPE:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            mine, theirs = (w, r) if i == 0 else (r, w)
+            self.child[i] = theirs
+            self._close_after.append(theirs)
+            self.parent[i] = open(mine, "wb" if i == 0 else "rb")
+        elif arg == DEVNULL:
+            fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            self.child[i] = fd
+            self._close_after.append(fd)
+        elif arg == STDOUT:
+            if i != 2:
+                raise SpecError("stdin" if i == 0 else "stdout", "STDOUT", "only stderr may be STDOUT")
+            self.child[2] = self.child[1] if self.child[1] >= 0 else 1
+        elif isinstance(arg, int):
+            if arg < 0:
+                raise SpecError(("stdin", "stdout", "stderr")[i], arg, "must be a valid file descriptor")
+            self.child[i] = arg
+        elif hasattr(arg, "fileno"):
+            self.child[i] = arg.fileno()
+        else:
+            raise SpecError(("stdin", "stdout", "stderr")[i], arg, "must be None, PIPE, DEVNULL, an fd or a file")
+
+    def started(self) -> None:
+        """The child holds its ends now: close ours."""
+        for fd in self._close_after:
+            os.close(fd)
+        self._close_after.clear()
+
+    def abort(self) -> None:
+        """Setup failed: close everything."""
+        self.started()
+        for f in self.parent:
+            if f is not None:
+                f.close()
+
+
+def _check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
+    fds = sorted(set(pass_fds))
+    for fd in fds:
+        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+            raise SpecError("pass_fds", fd, "must be non-negative file descriptors")
+        try:
+            os.fstat(fd)
+        except OSError:
+            raise SpecError("pass_fds", fd, "is not an open file descriptor") from None
+    return tuple(fds)
+
+
+def _launch(backend: str, plan: Plan, spec: Spec, argv: list[str], stdio: list[int],
+            pass_fds: tuple[int, ...]) -> dict[str, Any]:
+    if backend == "native":
+        from .backends import native
+        started = native.spawn_plan(plan, spec, argv, tuple(stdio), pass_fds)
+        return {"pid": started.pid, "status_fd": started.status_fd, "timings": started.timings}
+    from .backends import bwrap
+    return bwrap.launch(plan, spec, argv, tuple(stdio), pass_fds)
+
+
+def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: StdioArg = None,
+          stderr: StdioArg = None, pass_fds: Iterable[int] = (), backend: str = "auto") -> SandboxProcess:
+    """Start `argv` in a sandbox described by `spec`; return at once.
+
+    stdin/stdout/stderr take what subprocess.Popen takes (None inherits,
+    PIPE, DEVNULL, STDOUT for stderr, an fd or a file). Only stdio and
+    `pass_fds` are open in the command. `backend` is "auto" (native where the
+    host allows it, else bwrap), "native" or "bwrap".
+    """
+    args = check_argv(argv)
+    if not isinstance(spec, Spec):
+        raise SpecError("spec", spec, "must be a sandbox.Spec")
+    fds = _check_pass_fds(pass_fds)
+    name, reason = probe().choose(backend)
+    plan = compile_plan(spec, HostInfo.current())
+    stdio = _Stdio(stdin, stdout, stderr)
+    try:
+        launched = _launch(name, plan, spec, args, stdio.child, fds)
+    except BaseException:
+        stdio.abort()
+        raise
+    stdio.started()
+    return SandboxProcess(args, backend=name, backend_reason=reason, stdin=stdio.parent[0],
+                          stdout=stdio.parent[1], stderr=stdio.parent[2], **launched)
+
+
+def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, capture_output: bool = False,
+        timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
+        stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
+        backend: str = "auto") -> CompletedProcess:
+    """Run `argv` in a sandbox and wait, like subprocess.run.
+
+    On timeout every process of the sandbox is killed and
+    subprocess.TimeoutExpired raised; `check=True` raises
+    subprocess.CalledProcessError on a non-zero exit. The result carries
+    `.backend` and `.timings` (setup stages, µs).
+    """
+    if capture_output:
+        if stdout is not None or stderr is not None:
+            raise SpecError("capture_output", True, "cannot be combined with stdout or stderr")
+        stdout = stderr = PIPE
+    if input is not None:
+        if stdin is not None:
+            raise SpecError("input", "...", "cannot be combined with stdin")
+        stdin = PIPE
+    data = input.encode() if isinstance(input, str) else input
+    with spawn(argv, spec, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, backend=backend) as proc:
+        try:
+            out, err = proc.communicate(data, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            proc.kill()
+            proc.wait()
+            raise subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr) from None
+    if text:
+        out = out.decode() if out is not None else None
+        err = err.decode() if err is not None else None
+    assert proc.returncode is not None
+    result = CompletedProcess(proc.args, proc.returncode, out, err, backend=proc.backend,
+                              backend_reason=proc.backend_reason, timings=proc.timings)
+    if check:
+        result.check_returncode()
+    return result

@@ -1,0 +1,270 @@
+"""Compile a Spec into the ordered operations a backend executes.
+
+This is the one place where sandbox semantics are decided: which parent
+directories get which mode, which flags a bind gets, what procfs means with or
+without a pid namespace, how the working directory and environment are chosen,
+which user-namespace layout is needed. Both backends (native C and bwrap)
+interpret the same Plan, so they cannot drift apart. Pure: no I/O; what it
+needs to know about the calling process comes in as a HostInfo.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import os
+import resource
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from . import spec as S
+from .errors import SpecError
+
+
+class OpKind(enum.IntEnum):
+    """Operation kinds. The numbers are the C side's `enum sbx_op_kind`."""
+
+    BIND = 1
+    TMPFS = 2
+    PROC = 3
+    DEV = 4
+    DIR = 5
+    SYMLINK = 6
+    FILE = 7
+    REMOUNT_RO = 8
+    CHMOD = 9
+
+
+class OpFlag(enum.IntFlag):
+    """Per-operation flags; the numbers are the C side's SBX_F_* constants."""
+
+    NONE = 0
+    RDONLY = 1  # mount read-only, recursively for binds
+    NODEV = 2  # device nodes unusable
+    OPTIONAL = 4  # skip if the source is missing (bwrap's -try)
+    FRESH = 8  # PROC: a new procfs (pid namespace); else the host's bound
+
+
+@dataclass(frozen=True)
+class Op:
+    """One setup operation, with every attribute decided.
+
+    `dest` is the path inside the sandbox; `src` a host path (BIND) or a link
+    target (SYMLINK); `mode` the mode of what is created; `parent_mode` the mode
+    of any missing parent directory; `size` a tmpfs size in bytes (0 = default).
+    """
+
+    kind: OpKind
+    dest: str
+    src: str = ""
+    data: bytes = b""
+    mode: int = 0
+    parent_mode: int = 0o700
+    size: int = 0
+    flags: OpFlag = OpFlag.NONE
+    origin: int = -1  # index of the Spec mount this op came from
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """What the planner needs to know about the calling process."""
+
+    uid: int
+    gid: int
+    cwd: str | None
+    environ: Mapping[str, str]
+
+    @classmethod
+    def current(cls) -> HostInfo:
+        """Read the calling process's ids, cwd and environment."""
+        try:
+            cwd: str | None = os.getcwd()
+        except OSError:
+            cwd = None
+        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=dict(os.environ))
+
+
+# rlimit resources by Limits field, and the unit each field counts in.
+RLIMITS: dict[str, tuple[int, int]] = {
+    "cpu_s": (resource.RLIMIT_CPU, 1),
+    "memory_mb": (resource.RLIMIT_AS, 1 << 20),
+    "file_mb": (resource.RLIMIT_FSIZE, 1 << 20),
+    "nofile": (resource.RLIMIT_NOFILE, 1),
+    "nproc": (resource.RLIMIT_NPROC, 1),
+}
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a backend needs to set up one sandbox, decided."""
+
+    ops: tuple[Op, ...]
+    # namespaces to create
+    user_ns: bool
+    mount_ns: bool
+    pid_ns: bool
+    net_ns: bool
+    ipc_ns: bool
+    uts_ns: bool
+    cgroup_ns: bool
+    # identity: host ids, ids seen inside, and whether uid/gid 0 must be mapped
+    # during setup (devpts needs it) and the final ids set in a nested userns.
+    host_uid: int
+    host_gid: int
+    uid: int
+    gid: int
+    map_root_first: bool
+    hostname: str | None
+    env: tuple[str, ...]  # "NAME=value", the complete environment of the command
+    path: str  # PATH used to find the command
+    cwd_candidates: tuple[str, ...]
+    cwd_strict: bool  # the first candidate must work (given cwd)
+    rlimits: tuple[tuple[int, int], ...]
+    keep_caps: int  # bitmask of capabilities kept (cap_add)
+    die_with_parent: bool
+    new_session: bool
+    reaper: bool  # a C pid 1 reaps orphans and reports the command's status
+    set_pwd: bool = False  # add PWD=<chosen cwd> to env (bwrap's CLI rule)
+    notes: tuple[str, ...] = field(default=())
+
+
+def parent_mode_for(perms: int | None) -> int:
+    """Mode for missing parent directories, bwrap's rule: 0755 narrowed by the
+    op's perms (group/other keep r-x only if the op grants them anything);
+    ops without perms (binds, links, proc, dev) make 0700 parents."""
+    if perms is None:
+        return 0o700
+    mode = 0o700
+    if perms & 0o070:
+        mode |= 0o050
+    if perms & 0o007:
+        mode |= 0o005
+    return mode
+
+
+def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
+    """Turn one Spec mount into its Op."""
+    if isinstance(m, S.Bind):
+        flags = OpFlag.NONE
+        if m.readonly:
+            flags |= OpFlag.RDONLY
+        if not m.devices:
+            flags |= OpFlag.NODEV
+        if m.optional:
+            flags |= OpFlag.OPTIONAL
+        return Op(OpKind.BIND, m.target(), src=m.src, flags=flags, origin=i)
+    if isinstance(m, S.Tmpfs):
+        return Op(OpKind.TMPFS, m.dest, mode=m.perms, size=m.size or 0,
+                  parent_mode=parent_mode_for(m.perms), flags=OpFlag.NODEV, origin=i)
+    if isinstance(m, S.Proc):
+        return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i)
+    if isinstance(m, S.Dev):
+        return Op(OpKind.DEV, m.dest, mode=0o755, origin=i)
+    if isinstance(m, S.Dir):
+        return Op(OpKind.DIR, m.dest, mode=m.perms, parent_mode=parent_mode_for(m.perms), origin=i)
+    if isinstance(m, S.Symlink):
+        return Op(OpKind.SYMLINK, m.dest, src=m.target_path, origin=i)
+    if isinstance(m, S.File):
+        return Op(OpKind.FILE, m.dest, data=m.data, mode=m.perms, parent_mode=0o755,
+                  flags=OpFlag.RDONLY if m.readonly else OpFlag.NONE, origin=i)
+    if isinstance(m, S.RemountRo):
+        return Op(OpKind.REMOUNT_RO, m.dest, flags=OpFlag.RDONLY | OpFlag.NODEV, origin=i)
+    if isinstance(m, S.Chmod):
+        return Op(OpKind.CHMOD, m.path, mode=m.perms, origin=i)
+    raise SpecError(f"mounts[{i}]", m, "unsupported mount operation")
+
+
+def resolve_env(spec: S.Spec, environ: Mapping[str, str]) -> dict[str, str]:
+    """The command's complete environment: inherited names that match
+    `env_inherit`, overridden by the explicit `env`. Nothing else."""
+    env: dict[str, str] = {}
+    if spec.env_inherit:
+        for name, value in environ.items():
+            if any(fnmatch.fnmatchcase(name, pat) for pat in spec.env_inherit):
+                env[name] = value
+    env.update(spec.env)
+    return env
+
+
+def cwd_candidates(spec: S.Spec, host: HostInfo, env: Mapping[str, str]) -> tuple[tuple[str, ...], bool]:
+    """bwrap's rule: the given cwd (must work), else the caller's cwd if it
+    exists inside, else $HOME, else /."""
+    if spec.cwd is not None:
+        return (spec.cwd,), True
+    cands = []
+    if host.cwd:
+        cands.append(host.cwd)
+    home = env.get("HOME") or host.environ.get("HOME")
+    if home and home.startswith("/"):
+        cands.append(home)
+    cands.append("/")
+    return tuple(dict.fromkeys(cands)), False
+
+
+def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
+    """Compile `spec` for a caller described by `host`."""
+    ns = spec.namespaces
+    ops = tuple(compile_mount(i, m, ns.pid) for i, m in enumerate(spec.mounts))
+    uid = host.uid if spec.uid is None else spec.uid
+    gid = host.gid if spec.gid is None else spec.gid
+    has_dev = any(op.kind is OpKind.DEV for op in ops)
+    env = resolve_env(spec, host.environ)
+    cands, strict = cwd_candidates(spec, host, env)
+    rlimits = []
+    for name, (res, unit) in RLIMITS.items():
+        value = getattr(spec.limits, name)
+        if value is not None:
+            rlimits.append((res, value * unit))
+    keep = 0
+    for cap in spec.cap_add:
+        keep |= 1 << S.CAPABILITIES.index(cap)
+    return Plan(
+        ops=ops,
+        user_ns=ns.user,
+        mount_ns=ns.mount,
+        pid_ns=ns.pid,
+        net_ns=spec.network == "none",
+        ipc_ns=ns.ipc,
+        uts_ns=ns.uts,
+        cgroup_ns=ns.cgroup,
+        host_uid=host.uid,
+        host_gid=host.gid,
+        uid=uid,
+        gid=gid,
+        # devpts refuses to mount in a user namespace without uid and gid 0
+        # mapped, so such sandboxes map 0 during setup and switch to the
+        # requested ids in a nested user namespace afterwards.
+        map_root_first=ns.user and has_dev and (uid != 0 or gid != 0),
+        hostname=spec.hostname,
+        env=tuple(f"{k}={v}" for k, v in env.items()),
+        path=env.get("PATH", DEFAULT_PATH),
+        cwd_candidates=cands,
+        cwd_strict=strict,
+        rlimits=tuple(rlimits),
+        keep_caps=keep,
+        die_with_parent=spec.die_with_parent,
+        new_session=spec.new_session,
+        reaper=ns.pid and not spec.as_pid_1,
+    )
+
+
+def check_argv(argv: Sequence[str]) -> list[str]:
+    """Validate a command line: non-empty, strings without NUL bytes."""
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
+        raise SpecError("argv", argv, "must be a list of strings")
+    if not argv:
+        raise SpecError("argv", argv, "must not be empty")
+    out = []
+    for i, a in enumerate(argv):
+        if isinstance(a, os.PathLike):
+            a = os.fspath(a)
+        if not isinstance(a, str):
+            raise SpecError(f"argv[{i}]", a, "must be a string")
+        if "\0" in a:
+            raise SpecError(f"argv[{i}]", a, "contains a NUL byte")
+        out.append(a)
+    if not out[0]:
+        raise SpecError("argv[0]", out[0], "must not be empty")
+    return out

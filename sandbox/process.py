@@ -1,0 +1,222 @@
+"""SandboxProcess and CompletedProcess: a subprocess-shaped handle on a running sandbox."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+PIPE = subprocess.PIPE
+DEVNULL = subprocess.DEVNULL
+STDOUT = subprocess.STDOUT
+
+
+class CompletedProcess(subprocess.CompletedProcess):
+    """subprocess.CompletedProcess plus which backend ran and setup timings (µs)."""
+
+    def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None, *,
+                 backend: str = "native", backend_reason: str = "", timings: dict[str, float] | None = None) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.backend = backend
+        self.backend_reason = backend_reason
+        self.timings = timings or {}
+
+
+class SandboxProcess:
+    """A running sandbox, shaped like subprocess.Popen.
+
+    `pid` is the host pid of the sandbox's first process (its pid 1, the
+    reaper, when there is a pid namespace). `kill()` ends every process of the
+    sandbox; `returncode` is the command's exit code, or -N if signal N killed it.
+    """
+
+    def __init__(self, args: list[str], pid: int, *, backend: str, status_fd: int = -1,
+                 stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
+                 backend_reason: str = "", timings: dict[str, float] | None = None,
+                 decode_status: Callable[[int, int], int] | None = None) -> None:
+        self.args = args
+        self.pid = pid
+        self.backend = backend
+        self.backend_reason = backend_reason
+        self.timings = timings or {}
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+        self._status_fd = status_fd
+        self._decode_status = decode_status
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------ status
+
+    def _finish(self, status: int) -> None:
+        """Record the exit of the first process (lock held)."""
+        if self._status_fd >= 0:
+            # The reaper writes the command's raw wait status before it exits;
+            # its own exit code cannot say "killed by signal N".
+            try:
+                data = os.read(self._status_fd, 4)
+            except OSError:
+                data = b""
+            os.close(self._status_fd)
+            self._status_fd = -1
+            if len(data) == 4:
+                status = int.from_bytes(data, "little", signed=True)
+        code = os.waitstatus_to_exitcode(status)
+        if self._decode_status is not None:
+            code = self._decode_status(status, code)
+        self.returncode = code
+
+    def poll(self) -> int | None:
+        """The return code if the sandbox has ended, else None."""
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pid, status = self.pid, 255 << 8
+                if pid:
+                    self._finish(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the sandbox to end; raise subprocess.TimeoutExpired after `timeout` seconds."""
+        if self.returncode is not None:
+            return self.returncode
+        if timeout is not None:
+            self._wait_ready(timeout)
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    _, status = os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    status = 255 << 8
+                self._finish(status)
+        assert self.returncode is not None
+        return self.returncode
+
+    def _wait_ready(self, timeout: float) -> None:
+        """Block until the first process has exited (a pidfd becomes readable)."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(pidfd, selectors.EVENT_READ)
+                if not sel.select(timeout):
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+        finally:
+            os.close(pidfd)
+
+    # ------------------------------------------------------------ signals
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the sandbox (its reaper forwards it to the command)."""
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    os.kill(self.pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def terminate(self) -> None:
+        """Ask the command to stop (SIGTERM)."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """End the whole sandbox now (SIGKILL to its pid 1: the kernel kills the rest)."""
+        self.send_signal(signal.SIGKILL)
+
+    # ------------------------------------------------------------ I/O
+
+    def communicate(
+        self, input: bytes | None = None, timeout: float | None = None
+    ) -> tuple[bytes | None, bytes | None]:
+        """Send `input`, read stdout/stderr to EOF, wait; like Popen.communicate."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out, err = _pump(self, input, deadline, timeout)
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.wait(remaining)
+        return out, err
+
+    def _close_pipes(self) -> None:
+        for f in (self.stdin, self.stdout, self.stderr):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+
+    def __enter__(self) -> SandboxProcess:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            self.kill()
+        if self.stdin is not None:
+            try:
+                self.stdin.close()
+            except OSError:
+                pass
+        self.wait()
+        self._close_pipes()
+
+    def __del__(self) -> None:
+        if getattr(self, "_status_fd", -1) >= 0:
+            try:
+                os.close(self._status_fd)
+            except OSError:
+                pass
+
+    def __repr__(self) -> str:
+        return f"<SandboxProcess pid={self.pid} backend={self.backend} returncode={self.returncode}>"
+
+
+def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
+          timeout: float | None) -> tuple[bytes | None, bytes | None]:
+    """Write `data` to stdin and read stdout/stderr until EOF, with a deadline."""
+    view = memoryview(data or b"")
+    readers = {f: f.fileno() for f in (proc.stdout, proc.stderr) if f is not None}
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in readers.values()}
+    with selectors.DefaultSelector() as sel:
+        if proc.stdin is not None:
+            if view:
+                proc.stdin.flush()
+                sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, proc.stdin)
+            else:
+                proc.stdin.close()
+        for f, fd in readers.items():
+            sel.register(fd, selectors.EVENT_READ, f)
+        while sel.get_map():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+            for key, _ in sel.select(left):
+                if key.events & selectors.EVENT_WRITE:
+                    view = _write_some(sel, key, view)
+                    continue
+                block = os.read(key.fd, 65536)
+                if block:
+                    chunks[key.fd].append(block)
+                else:
+                    sel.unregister(key.fd)
+                    key.data.close()
+    out = b"".join(chunks[readers[proc.stdout]]) if proc.stdout is not None else None
+    err = b"".join(chunks[readers[proc.stderr]]) if proc.stderr is not None else None
+    return out, err
+
+
+def _write_some(sel: selectors.BaseSelector, key: selectors.SelectorKey, view: memoryview) -> memoryview:
+    try:
+        n = os.write(key.fd, view[:65536])
+    except BrokenPipeError:
+        n = len(view)
+    view = view[n:]
+    if not view:
+        sel.unregister(key.fd)
+        key.data.close()
+    return view

@@ -1,0 +1,580 @@
+"""The sandbox description: frozen, validated, pure data with a JSON round trip.
+
+A Spec says what the sandboxed command sees. It does no I/O; validation
+happens at construction and raises SpecError naming the field and value.
+Mounts use bubblewrap's vocabulary and are applied in order inside an empty
+root: a path that no mount declares does not exist in the sandbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .errors import SpecError
+
+# Capability names in kernel numbering order (linux/capability.h). Index = number.
+CAPABILITIES: tuple[str, ...] = (
+    "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+    "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW",
+    "CAP_IPC_LOCK", "CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE", "CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE", "CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE",
+    "CAP_AUDIT_WRITE", "CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN", "CAP_SYSLOG", "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ",
+    "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
+)
+
+NETWORK_MODES = ("none", "host")
+MAX_ID = 2**32 - 2  # (uid_t)-1 is "no id"
+MAX_HOSTNAME = 64
+
+
+# ---------------------------------------------------------------- validators
+
+def check_path(field_name: str, value: object) -> str:
+    """Return `value` if it is an absolute, NUL-free path without '..' parts."""
+    if not isinstance(value, str):
+        raise SpecError(field_name, value, "must be a string path")
+    if not value.startswith("/"):
+        raise SpecError(field_name, value, "must be an absolute path")
+    if "\0" in value:
+        raise SpecError(field_name, value, "contains a NUL byte")
+    if ".." in value.split("/"):
+        raise SpecError(field_name, value, "must not contain '..'")
+    return value
+
+
+def normalize_path(path: str) -> str:
+    """Collapse repeated and trailing slashes and '.' parts ('/a//b/./' -> '/a/b')."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    return "/" + "/".join(parts)
+
+
+def check_perms(field_name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o7777:
+        raise SpecError(field_name, value, "must be an integer mode between 0 and 0o7777")
+    return value
+
+
+def check_positive(field_name: str, value: object, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError(field_name, value, "must be a positive integer")
+    return value
+
+
+def check_text(field_name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise SpecError(field_name, value, "must be a string")
+    if "\0" in value:
+        raise SpecError(field_name, value, "contains a NUL byte")
+    return value
+
+
+def check_bool(field_name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(field_name, value, "must be true or false")
+    return value
+
+
+# ---------------------------------------------------------------- mounts
+
+@dataclass(frozen=True)
+class Mount:
+    """Base of the mount operations. `kind` is the bwrap option name without '--'."""
+
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.validate(self.kind)
+
+    def validate(self, where: str) -> None:
+        """Check and normalize the fields; raise SpecError naming `where`.field."""
+        raise NotImplementedError
+
+    def target(self) -> str:
+        """The path inside the sandbox this operation creates or changes."""
+        raise NotImplementedError
+
+    def creates(self) -> bool:
+        """True if the operation creates something at target() (not a modifier)."""
+        return True
+
+    def _norm(self, name: str) -> None:
+        object.__setattr__(self, name, normalize_path(getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class Bind(Mount):
+    """Bind host path `src` at `dest` (default: the same path), writable.
+
+    Always recursive and nosuid; nodev unless DevBind. `optional=True` skips a
+    missing source (bwrap's `--bind-try`). A source that is a symlink binds its target.
+    """
+
+    src: str
+    dest: str | None = None
+    optional: bool = False
+    kind: ClassVar[str] = "bind"
+    readonly: ClassVar[bool] = False
+    devices: ClassVar[bool] = False
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.src", self.src)
+        if self.dest is None:
+            object.__setattr__(self, "dest", self.src)
+        check_path(f"{where}.dest", self.dest)
+        check_bool(f"{where}.optional", self.optional)
+        self._norm("src")
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest or self.src
+
+
+@dataclass(frozen=True)
+class RoBind(Bind):
+    """Bind host path `src` at `dest`, read-only on every submount (bwrap `--ro-bind`)."""
+
+    kind: ClassVar[str] = "ro-bind"
+    readonly: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class DevBind(Bind):
+    """Bind host path `src` at `dest` with device access allowed (bwrap `--dev-bind`)."""
+
+    kind: ClassVar[str] = "dev-bind"
+    devices: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Tmpfs(Mount):
+    """A fresh tmpfs at `dest` (nosuid, nodev), `size` in bytes, mode `perms`."""
+
+    dest: str
+    size: int | None = None
+    perms: int = 0o755
+    kind: ClassVar[str] = "tmpfs"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        check_positive(f"{where}.size", self.size)
+        check_perms(f"{where}.perms", self.perms)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Proc(Mount):
+    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound."""
+
+    dest: str = "/proc"
+    kind: ClassVar[str] = "proc"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Dev(Mount):
+    """A minimal /dev at `dest`: null, zero, full, random, urandom, tty, a private
+    devpts with ptmx, shm, and the fd/stdin/stdout/stderr links."""
+
+    dest: str = "/dev"
+    kind: ClassVar[str] = "dev"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Dir(Mount):
+    """A directory at `dest` with mode `perms` (an existing one keeps its mode)."""
+
+    dest: str
+    perms: int = 0o755
+    kind: ClassVar[str] = "dir"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        check_perms(f"{where}.perms", self.perms)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Symlink(Mount):
+    """A symlink at `dest` pointing to `target_path` (bwrap `--symlink TARGET DEST`)."""
+
+    target_path: str
+    dest: str
+    kind: ClassVar[str] = "symlink"
+
+    def validate(self, where: str) -> None:
+        check_text(f"{where}.target_path", self.target_path)
+        if not self.target_path:
+            raise SpecError(f"{where}.target_path", self.target_path, "must not be empty")
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class File(Mount):
+    """A regular file at `dest` holding `data`, mode `perms`; `readonly` binds it read-only."""
+
+    dest: str
+    data: bytes = b""
+    perms: int = 0o666
+    readonly: bool = False
+    kind: ClassVar[str] = "file"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        if isinstance(self.data, str):
+            object.__setattr__(self, "data", self.data.encode())
+        if not isinstance(self.data, bytes):
+            raise SpecError(f"{where}.data", self.data, "must be bytes or str")
+        check_perms(f"{where}.perms", self.perms)
+        check_bool(f"{where}.readonly", self.readonly)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class RemountRo(Mount):
+    """Make the mount at `dest` read-only (also nosuid, nodev), not recursively."""
+
+    dest: str
+    kind: ClassVar[str] = "remount-ro"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+    def creates(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Chmod(Mount):
+    """Change the mode of an existing `path` inside the sandbox."""
+
+    path: str
+    perms: int
+    kind: ClassVar[str] = "chmod"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.path", self.path)
+        check_perms(f"{where}.perms", self.perms)
+        self._norm("path")
+
+    def target(self) -> str:
+        return self.path
+
+    def creates(self) -> bool:
+        return False
+
+
+MOUNT_TYPES: dict[str, type[Mount]] = {
+    cls.kind: cls
+    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Dir, Symlink, File, RemountRo, Chmod)
+}
+
+
+# ---------------------------------------------------------------- other parts
+
+@dataclass(frozen=True)
+class Namespaces:
+    """Which namespaces the sandbox gets. The network namespace is `Spec.network`."""
+
+    user: bool = True
+    mount: bool = True
+    pid: bool = True
+    ipc: bool = True
+    uts: bool = True
+    cgroup: bool = True
+
+    def validate(self, where: str) -> None:
+        for f in dataclasses.fields(self):
+            check_bool(f"{where}.{f.name}", getattr(self, f.name))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits applied as rlimits (soft = hard) inside the sandbox.
+
+    cpu_s: CPU seconds (RLIMIT_CPU); memory_mb: address space (RLIMIT_AS);
+    file_mb: largest file written (RLIMIT_FSIZE); nofile: open fds
+    (RLIMIT_NOFILE); nproc: processes of the user (RLIMIT_NPROC).
+    """
+
+    cpu_s: int | None = None
+    memory_mb: int | None = None
+    file_mb: int | None = None
+    nofile: int | None = None
+    nproc: int | None = None
+
+    def validate(self, where: str) -> None:
+        for f in dataclasses.fields(self):
+            check_positive(f"{where}.{f.name}", getattr(self, f.name))
+
+
+def _pairs(value: object, where: str) -> tuple[tuple[str, str], ...]:
+    items: Iterable[Any]
+    if isinstance(value, Mapping):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise SpecError(where, value, "must be a mapping of names to values")
+    out = {}
+    for pair in items:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise SpecError(where, value, "must be a mapping of names to values")
+        name, val = pair
+        check_text(f"{where}[{name!r}]", val)
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise SpecError(where, name, "variable names must be non-empty, without '=' or NUL")
+        out[name] = val
+    return tuple(sorted(out.items()))
+
+
+def _strings(value: object, where: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, frozenset, set)):
+        raise SpecError(where, value, "must be a list of strings")
+    return tuple(check_text(f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a sandboxed command sees. Pure data; validated on construction.
+
+    The defaults are the safe ones: every namespace, no network but loopback,
+    an empty root (declare mounts), an empty environment, no capabilities.
+    """
+
+    mounts: tuple[Mount, ...] = ()
+    namespaces: Namespaces = field(default_factory=Namespaces)
+    network: str = "none"
+    hostname: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    env_inherit: tuple[str, ...] = ()
+    cwd: str | None = None
+    limits: Limits = field(default_factory=Limits)
+    die_with_parent: bool = True
+    new_session: bool = True
+    as_pid_1: bool = False
+    cap_add: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        if not isinstance(self.mounts, (list, tuple)):
+            raise SpecError("mounts", self.mounts, "must be a list of mount operations")
+        set_(self, "mounts", tuple(self.mounts))
+        for i, m in enumerate(self.mounts):
+            if not isinstance(m, Mount) or type(m) is Mount:
+                raise SpecError(f"mounts[{i}]", m, "must be a mount operation (Bind, Tmpfs, ...)")
+            m.validate(f"mounts[{i}]")
+        self._check_destinations()
+        if not isinstance(self.namespaces, Namespaces):
+            raise SpecError("namespaces", self.namespaces, "must be a Namespaces")
+        self.namespaces.validate("namespaces")
+        if self.network not in NETWORK_MODES:
+            raise SpecError("network", self.network, f"must be one of {', '.join(NETWORK_MODES)}")
+        self._check_identity()
+        set_(self, "env", _pairs(self.env, "env"))
+        set_(self, "env_inherit", _strings(self.env_inherit, "env_inherit"))
+        if self.cwd is not None:
+            set_(self, "cwd", normalize_path(check_path("cwd", self.cwd)))
+        if not isinstance(self.limits, Limits):
+            raise SpecError("limits", self.limits, "must be a Limits")
+        self.limits.validate("limits")
+        for name in ("die_with_parent", "new_session", "as_pid_1"):
+            check_bool(name, getattr(self, name))
+        if self.as_pid_1 and not self.namespaces.pid:
+            raise SpecError("as_pid_1", True, "needs a pid namespace (namespaces.pid=True)")
+        set_(self, "cap_add", tuple(_cap_name(c) for c in _strings(self.cap_add, "cap_add")))
+        if self.mounts and not self.namespaces.mount:
+            raise SpecError("namespaces.mount", False, "mounts need a mount namespace")
+
+    def _check_destinations(self) -> None:
+        """Reject two operations that create the same path, or one under a file or link."""
+        made: dict[str, tuple[int, Mount]] = {}
+        for i, m in enumerate(self.mounts):
+            if not m.creates():
+                continue
+            dest = m.target()
+            if dest in made and not _can_overmount(made[dest][1], m):
+                j = made[dest][0]
+                raise SpecError(f"mounts[{i}].dest", dest, f"conflicts with mounts[{j}] ({made[dest][1].kind})")
+            for parent, (j, pm) in made.items():
+                if isinstance(pm, (Symlink, File)) and dest.startswith(parent + "/"):
+                    raise SpecError(f"mounts[{i}].dest", dest, f"lies under the {pm.kind} of mounts[{j}]")
+            made[dest] = (i, m)
+
+    def _check_identity(self) -> None:
+        for name in ("uid", "gid"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ID:
+                raise SpecError(name, value, f"must be an integer between 0 and {MAX_ID}")
+            if not self.namespaces.user:
+                raise SpecError(name, value, "needs a user namespace (namespaces.user=True)")
+        if self.hostname is not None:
+            check_text("hostname", self.hostname)
+            if not self.hostname or len(self.hostname) > MAX_HOSTNAME or "/" in self.hostname:
+                raise SpecError("hostname", self.hostname, f"must be 1 to {MAX_HOSTNAME} characters without '/'")
+            if not self.namespaces.uts:
+                raise SpecError("hostname", self.hostname, "needs a UTS namespace (namespaces.uts=True)")
+
+    # ------------------------------------------------------------ conveniences
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        """The declared environment as a dict."""
+        return dict(self.env)
+
+    def replace(self, **changes: Any) -> Spec:
+        """A copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------ JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict; `Spec.from_dict` inverts it."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "mounts":
+                value = [_mount_to_dict(m) for m in value]
+            elif f.name in ("namespaces", "limits"):
+                value = dataclasses.asdict(value)
+            elif f.name == "env":
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Serialize to JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Spec:
+        """Build a Spec from `to_dict` output; unknown keys raise SpecError by name."""
+        if not isinstance(data, Mapping):
+            raise SpecError("spec", data, "must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        _reject_unknown("spec", data, known)
+        kwargs = dict(data)
+        if "mounts" in kwargs:
+            if not isinstance(kwargs["mounts"], list):
+                raise SpecError("mounts", kwargs["mounts"], "must be a list")
+            kwargs["mounts"] = tuple(_mount_from_dict(f"mounts[{i}]", m) for i, m in enumerate(kwargs["mounts"]))
+        if "namespaces" in kwargs:
+            kwargs["namespaces"] = _sub_from_dict("namespaces", Namespaces, kwargs["namespaces"])
+        if "limits" in kwargs:
+            kwargs["limits"] = _sub_from_dict("limits", Limits, kwargs["limits"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Spec:
+        """Parse JSON text produced by `to_json`."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            shown = text if len(text) < 80 else text[:77] + "..."
+            raise SpecError("spec", shown, f"is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _can_overmount(earlier: Mount, later: Mount) -> bool:
+    """A mount may cover an earlier directory-like op at the same path (as bwrap
+    allows `--dir /x --tmpfs /x` or `--ro-bind / / --tmpfs /`); links and files may not be replaced."""
+    return not isinstance(earlier, (Symlink, File)) and not isinstance(later, (Symlink, Dir))
+
+
+def _cap_name(name: str) -> str:
+    upper = name.upper()
+    full = upper if upper.startswith("CAP_") else "CAP_" + upper
+    if full not in CAPABILITIES:
+        raise SpecError("cap_add", name, "is not a capability name this kernel knows")
+    return full
+
+
+def _reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def _sub_from_dict(where: str, klass: type, data: object) -> Any:
+    if not isinstance(data, Mapping):
+        raise SpecError(where, data, "must be a JSON object")
+    _reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
+    return klass(**data)
+
+
+def _mount_to_dict(m: Mount) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": m.kind}
+    for f in dataclasses.fields(m):
+        value = getattr(m, f.name)
+        if f.name == "data":
+            out["data_base64"] = base64.b64encode(value).decode()
+        else:
+            out[f.name] = value
+    return out
+
+
+def _mount_from_dict(where: str, data: object) -> Mount:
+    if not isinstance(data, Mapping) or "type" not in data:
+        raise SpecError(where, data, "must be an object with a 'type'")
+    klass = MOUNT_TYPES.get(data["type"])
+    if klass is None:
+        raise SpecError(f"{where}.type", data["type"], f"unknown mount type (known: {', '.join(MOUNT_TYPES)})")
+    fields = {f.name for f in dataclasses.fields(klass)}
+    if klass is File:
+        fields = (fields - {"data"}) | {"data_base64"}
+    body = {k: v for k, v in data.items() if k != "type"}
+    _reject_unknown(where, body, fields)
+    if "data_base64" in body:
+        try:
+            body["data"] = base64.b64decode(body.pop("data_base64"), validate=True)
+        except (ValueError, TypeError):
+            raise SpecError(f"{where}.data_base64", data["data_base64"], "is not valid base64") from None
+    try:
+        return klass(**body)
+    except TypeError as exc:
+        raise SpecError(where, dict(data), f"missing a required key: {exc}") from None

@@ -1,0 +1,48 @@
+"""Build: the cffi extension (sandbox._native) and the helper executables.
+
+sandbox-init (the pid-1 reaper, static so it execs fast and needs nothing
+inside the sandbox) and sandbox-launch (the native launcher used by
+sandbox.compat.avatar) are compiled from csrc/ into sandbox/_bin/.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sysconfig
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+CSRC = HERE / "csrc"
+CFLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fno-strict-aliasing", f"-I{CSRC}"]
+LIB_SOURCES = ["util.c", "idmap.c", "net.c", "mounts.c", "limits.c", "child.c", "spawn.c", "probe.c"]
+EXECUTABLES = {
+    "sandbox-init": (["init.c", "util.c"], ["-static"]),
+    "sandbox-launch": (["launcher.c", *LIB_SOURCES], []),
+}
+
+
+class BuildWithExecutables(build_ext):
+    """build_ext that also links the helper executables next to the module."""
+
+    def run(self) -> None:
+        super().run()
+        out_dir = Path(self.get_ext_fullpath("sandbox._native")).parent / "_bin"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        for name, (sources, extra) in EXECUTABLES.items():
+            if not all((CSRC / s).exists() for s in sources):
+                continue
+            cmd = [*cc.split(), *CFLAGS, *extra, "-o", str(out_dir / name), *(str(CSRC / s) for s in sources)]
+            self.announce(" ".join(cmd), level=2)
+            subprocess.run(cmd, check=True)
+
+
+setup(
+    cffi_modules=["build_ffi.py:ffibuilder"],
+    cmdclass={"build_ext": BuildWithExecutables},
+    package_data={"sandbox": ["_bin/*"]},
+)

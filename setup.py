@@ -8,6 +8,7 @@ sandbox.compat.avatar) are compiled from csrc/ into sandbox/_bin/.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -19,8 +20,14 @@ HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fno-strict-aliasing", f"-I{CSRC}"]
 LIB_SOURCES = ["util.c", "idmap.c", "net.c", "mounts.c", "limits.c", "child.c", "spawn.c", "probe.c"]
+# sandbox-init is freestanding on x86_64 (see csrc/init.c), static libc elsewhere.
+INIT_FLAGS = (
+    ["-static", "-nostdlib", "-fno-stack-protector", "-fno-builtin", "-fno-asynchronous-unwind-tables"]
+    if platform.machine() == "x86_64"
+    else ["-static", "-DSBX_INIT_LIBC"]
+)
 EXECUTABLES = {
-    "sandbox-init": (["init.c", "util.c"], ["-static"]),
+    "sandbox-init": (["init.c"], INIT_FLAGS),
     "sandbox-launch": (["launcher.c", *LIB_SOURCES], []),
 }
 

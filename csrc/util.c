@@ -1,5 +1,6 @@
 /* util.c: async-signal-safe helpers for the child, and raw syscall wrappers. */
 #include "internal.h"
+#include "execpath.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -91,48 +92,16 @@ int sbx_write_file(const char *path, const char *text)
     return rc;
 }
 
-/* execvpe without malloc: try each PATH entry; report EACCES if some
- * candidate existed but could not run, else the last error. Returns only on
- * failure, with errno set. */
+static long libc_execve(const char *path, char *const argv[], char *const envp[])
+{
+    execve(path, argv, envp);
+    return -errno;
+}
+
+/* Returns only on failure, with errno set to what should be reported. */
 int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path)
 {
-    char buf[4096];
-    int saw_eacces = 0;
-    const char *p = path;
-
-    for (const char *s = file; *s; s++) {
-        if (*s == '/') {
-            execve(file, argv, envp);
-            return -1;
-        }
-    }
-    if (!p || !*p)
-        p = "/usr/local/bin:/usr/bin:/bin";
-    size_t flen = sbx_strlen(file);
-    for (;;) {
-        const char *end = p;
-        while (*end && *end != ':')
-            end++;
-        size_t dlen = (size_t)(end - p);
-        if (dlen + flen + 2 <= sizeof buf) {
-            char *w = buf;
-            for (size_t i = 0; i < dlen; i++)
-                *w++ = p[i];
-            if (dlen == 0)
-                *w++ = '.';
-            *w++ = '/';
-            sbx_stpcpy(w, file);
-            execve(buf, argv, envp);
-            if (errno == EACCES)
-                saw_eacces = 1;
-            else if (errno != ENOENT && errno != ENOTDIR && errno != ELOOP && errno != ENAMETOOLONG)
-                return -1;
-        }
-        if (!*end)
-            break;
-        p = end + 1;
-    }
-    errno = saw_eacces ? EACCES : ENOENT;
+    errno = sbx_exec_path(file, argv, envp, path, libc_execve);
     return -1;
 }
 

@@ -91,6 +91,7 @@ RLIMITS: dict[str, tuple[int, int]] = {
     "file_mb": (resource.RLIMIT_FSIZE, 1 << 20),
     "nofile": (resource.RLIMIT_NOFILE, 1),
     "nproc": (resource.RLIMIT_NPROC, 1),
+    "file_bytes": (resource.RLIMIT_FSIZE, 1),
 }
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -212,11 +213,11 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     has_dev = any(op.kind is OpKind.DEV for op in ops)
     env = resolve_env(spec, host.environ)
     cands, strict = cwd_candidates(spec, host, env)
-    rlimits = []
+    rlimits: dict[int, int] = {}
     for name, (res, unit) in RLIMITS.items():
         value = getattr(spec.limits, name)
         if value is not None:
-            rlimits.append((res, value * unit))
+            rlimits[res] = min(value * unit, rlimits.get(res, value * unit))
     keep = 0
     for cap in spec.cap_add:
         keep |= 1 << S.CAPABILITIES.index(cap)
@@ -242,7 +243,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         path=env.get("PATH", DEFAULT_PATH),
         cwd_candidates=cands,
         cwd_strict=strict,
-        rlimits=tuple(rlimits),
+        rlimits=tuple(sorted(rlimits.items())),
         keep_caps=keep,
         die_with_parent=spec.die_with_parent,
         new_session=spec.new_session,

@@ -333,7 +333,8 @@ class Limits:
 
     cpu_s: CPU seconds (RLIMIT_CPU); memory_mb: address space (RLIMIT_AS);
     file_mb: largest file written (RLIMIT_FSIZE); nofile: open fds
-    (RLIMIT_NOFILE); nproc: processes of the user (RLIMIT_NPROC).
+    (RLIMIT_NOFILE); nproc: processes of the user (RLIMIT_NPROC);
+    file_bytes: RLIMIT_FSIZE to the byte (the smaller of the two file limits wins).
     """
 
     cpu_s: int | None = None
@@ -341,6 +342,7 @@ class Limits:
     file_mb: int | None = None
     nofile: int | None = None
     nproc: int | None = None
+    file_bytes: int | None = None
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):

@@ -1,0 +1,56 @@
+/* execpath.h: execvpe without malloc or errno, shared by the setup child
+ * (util.c) and the freestanding reaper (init.c). */
+#ifndef SANDBOX_EXECPATH_H
+#define SANDBOX_EXECPATH_H
+
+#define SBX_ENOENT 2
+#define SBX_ENOTDIR 20
+#define SBX_EACCES 13
+#define SBX_ELOOP 40
+#define SBX_ENAMETOOLONG 36
+
+/* `exec` returns a negative errno (it only returns on failure). */
+typedef long (*sbx_exec_fn)(const char *path, char *const argv[], char *const envp[]);
+
+/* Try `file` in each PATH entry (or as given if it has a '/'). Returns the
+ * errno to report: EACCES if some candidate existed but could not run. */
+static inline int sbx_exec_path(const char *file, char *const argv[], char *const envp[], const char *path,
+                                sbx_exec_fn exec)
+{
+    char buf[4096];
+    int saw_eacces = 0;
+    unsigned long flen = 0;
+    while (file[flen]) {
+        if (file[flen] == '/')
+            return (int)-exec(file, argv, envp);
+        flen++;
+    }
+    const char *p = (path && *path) ? path : "/usr/local/bin:/usr/bin:/bin";
+    for (;;) {
+        const char *end = p;
+        while (*end && *end != ':')
+            end++;
+        unsigned long dlen = (unsigned long)(end - p);
+        if (dlen + flen + 3 <= sizeof buf) {
+            char *w = buf;
+            for (unsigned long i = 0; i < dlen; i++)
+                *w++ = p[i];
+            if (dlen == 0)
+                *w++ = '.';
+            *w++ = '/';
+            for (unsigned long i = 0; i <= flen; i++)
+                *w++ = file[i];
+            int err = (int)-exec(buf, argv, envp);
+            if (err == SBX_EACCES)
+                saw_eacces = 1;
+            else if (err != SBX_ENOENT && err != SBX_ENOTDIR && err != SBX_ELOOP && err != SBX_ENAMETOOLONG)
+                return err;
+        }
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    return saw_eacces ? SBX_EACCES : SBX_ENOENT;
+}
+
+#endif

@@ -1,0 +1,161 @@
+/* launcher.c: sandbox-launch, a native launcher for harnesses that run
+ * `subprocess.run(argv, env=..., preexec_fn=None)`:
+ *     sandbox-launch --plan BASE64 -- COMMAND [ARGS...]
+ * BASE64 is a serialized plan (csrc/sandbox.h, from sandbox.launcher);
+ * COMMAND gets the launcher's own environment. Exit status contract: the
+ * command's own exit code; killed by signal N -> the launcher kills itself
+ * with N (the caller sees returncode -N); 127 command not found inside,
+ * 126 not executable; 125 and one "sandbox: ..." line for a setup failure.
+ * Signals the launcher receives are forwarded to the sandbox; if the
+ * launcher is killed, PR_SET_PDEATHSIG (die_with_parent) takes the sandbox
+ * down with it.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *const step_names[] = {
+    "none", "config", "pipe", "clone", "signals", "pdeathsig", "setgroups", "uid map", "gid map",
+    "mount private", "source", "new root", "mount operation", "pivot_root", "loopback", "hostname",
+    "nested user namespace", "chdir", "rlimit", "stdio", "fds", "setsid", "capabilities", "no_new_privs",
+    "seccomp", "exec of sandbox-init", "fork", "exec",
+};
+
+static volatile sig_atomic_t child_pid;
+
+static int b64_value(int ch)
+{
+    if (ch >= 'A' && ch <= 'Z') return ch - 'A';
+    if (ch >= 'a' && ch <= 'z') return ch - 'a' + 26;
+    if (ch >= '0' && ch <= '9') return ch - '0' + 52;
+    if (ch == '+' || ch == '-') return 62;
+    if (ch == '/' || ch == '_') return 63;
+    return -1;
+}
+
+/* Decode base64 (standard or URL-safe, padding optional) into 8-aligned memory. */
+static void *b64_decode(const char *s, size_t *len)
+{
+    size_t n = strlen(s);
+    unsigned char *out = aligned_alloc(8, (n / 4 + 2) * 3 + 8);
+    size_t o = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    if (!out)
+        return NULL;
+    for (; *s && *s != '='; s++) {
+        int v = b64_value((unsigned char)*s);
+        if (v < 0) {
+            free(out);
+            return NULL;
+        }
+        acc = (acc << 6) | (unsigned)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (unsigned char)(acc >> bits);
+        }
+    }
+    *len = o;
+    return out;
+}
+
+static _Noreturn void fail(int code, const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "sandbox: ");
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+    exit(code);
+}
+
+/* O_PATH fd of sandbox-init, which is installed next to this executable. */
+static int open_init(void)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 32);
+    if (n < 0)
+        return -1;
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    strcpy(slash ? slash + 1 : self, "sandbox-init");
+    return open(self, O_PATH | O_CLOEXEC);
+}
+
+static void forward(int sig)
+{
+    if (child_pid > 0)
+        kill(child_pid, sig);
+}
+
+static _Noreturn void exit_like(int status)
+{
+    if (WIFEXITED(status))
+        exit(WEXITSTATUS(status));
+    int sig = WTERMSIG(status);
+    signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    kill(getpid(), sig);
+    exit(128 + sig); /* a signal that does not kill (e.g. SIGCHLD) */
+}
+
+static void report_failure(const struct sbx_result *res, const struct sbx_header *h, const char *cmd)
+{
+    if (res->step == SBX_STEP_EXEC)
+        fail(res->err == ENOENT ? 127 : 126, "execvp %s: %s", cmd, strerror(res->err));
+    const char *what = res->step >= 0 && res->step < (int)(sizeof step_names / sizeof *step_names)
+                           ? step_names[res->step] : "setup";
+    if (res->op >= 0 && (uint32_t)res->op < h->n_ops && (res->step == SBX_STEP_OP || res->step == SBX_STEP_SOURCE)) {
+        const struct sbx_op *op = (const void *)((const char *)h + h->ops_off + (size_t)res->op * sizeof *op);
+        const char *path = res->step == SBX_STEP_SOURCE ? (const char *)h + op->src : (const char *)h + op->dest;
+        fprintf(stderr, "sandbox: %s failed on %s: %s\n", what, path, strerror(res->err));
+        exit(125);
+    }
+    fail(125, "%s failed: %s", what, strerror(res->err));
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
+        fail(125, "usage: %s --plan BASE64 -- COMMAND [ARGS...]%s", argv[0], "");
+    size_t len;
+    void *blob = b64_decode(argv[2], &len);
+    if (!blob || sbx_check_blob(blob, len) < 0)
+        fail(125, "the plan given to %s is malformed%s", argv[0], "");
+    const struct sbx_header *h = blob;
+    int init_fd = (h->opts & SBX_OPT_REAPER) ? open_init() : -1;
+    if ((h->opts & SBX_OPT_REAPER) && init_fd < 0)
+        fail(125, "can't open sandbox-init next to %s: %s", argv[0], strerror(errno));
+
+    static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
+    struct sigaction sa = {0};
+    sa.sa_handler = forward;
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++)
+        sigaction(forwarded[i], &sa, NULL);
+
+    const int stdio[3] = {-1, -1, -1};
+    struct sbx_result res;
+    if (sbx_spawn(blob, len, argv + 4, environ, stdio, NULL, 0, init_fd, &res) < 0)
+        report_failure(&res, h, argv[4]);
+    child_pid = res.pid;
+
+    int status;
+    while (waitpid(res.pid, &status, 0) < 0)
+        if (errno != EINTR)
+            fail(125, "waitpid: %s%s", strerror(errno), "");
+    int32_t inner;
+    if (res.status_fd >= 0 && read(res.status_fd, &inner, sizeof inner) == (ssize_t)sizeof inner)
+        status = inner; /* the command's own status, from the reaper */
+    exit_like(status);
+}

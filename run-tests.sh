@@ -8,21 +8,13 @@
 # so the unprivileged run imports exactly what a user would.
 set -euo pipefail
 src=$(cd "$(dirname "$0")" && pwd)
-PY=${SANDBOX_PYTHON:-/usr/bin/python3}
-if [ "$(id -u)" = 0 ]; then venv=${SANDBOX_VENV:-/opt/sandbox-venv}; else venv=${SANDBOX_VENV:-$HOME/.cache/sandbox-venv}; fi
 test_user=${SANDBOX_TEST_USER:-sbxtest}
-
-if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null
-fi
-[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
-"$venv/bin/pip" install -q --upgrade pip >/dev/null
-"$venv/bin/pip" install -q "$src" pytest hypothesis
+venv=$("$src/tools/setup-venv.sh")
 
 stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 cp -r "$src/tests" "$src/pyproject.toml" "$stage/"
-chmod -R a+rX "$stage" "$venv"
+chmod -R a+rX "$stage"
 chmod 755 "$stage"
 
 run_pytest() {  # run_pytest LABEL [runner...] -- pytest args

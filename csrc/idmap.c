@@ -30,27 +30,46 @@ static void map_self(struct sbx_ctx *c, unsigned uid, unsigned gid, unsigned out
     write_map(c, "/proc/self/gid_map", gid, outer_gid, SBX_STEP_GID_MAP);
 }
 
-/* Map the ids seen during setup: the final ones, or 0 when devpts needs root. */
+/* The ids the first user namespace maps: 0 when devpts needs root during
+ * setup, else the final ones. */
+static void setup_ids(const struct sbx_header *h, unsigned *uid, unsigned *gid)
+{
+    int root = (h->opts & SBX_OPT_MAP_ROOT_FIRST) != 0;
+    *uid = root ? 0 : h->uid;
+    *gid = root ? 0 : h->gid;
+}
+
 void sbx_setup_userns(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
+    unsigned uid, gid;
     if (!(h->ns & SBX_NS_USER))
         return;
-    if (h->opts & SBX_OPT_MAP_ROOT_FIRST)
-        map_self(c, 0, 0, h->host_uid, h->host_gid);
-    else
-        map_self(c, h->uid, h->gid, h->host_uid, h->host_gid);
+    setup_ids(h, &uid, &gid);
+    map_self(c, uid, gid, h->host_uid, h->host_gid);
+    /* The limit lives in this namespace's sysctl view, written while the
+     * host /proc is still reachable (the sandbox's /proc/sys is read-only). */
+    if ((h->opts & SBX_OPT_DISABLE_USERNS) && sbx_write_file("/proc/sys/user/max_user_namespaces", "1") < 0)
+        sbx_fail(c, SBX_STEP_DISABLE_USERNS, -1, errno, SBX_D_NONE);
 }
 
-/* After setup as root-in-namespace, enter a nested user namespace whose only
- * ids are the requested ones. The sandbox then does not own the namespaces
- * its mounts live in, so even with capabilities it cannot undo them. */
+/* After setup, enter a nested user namespace whose only ids are the final
+ * ones. The sandbox then does not own the namespaces its mounts, hostname
+ * and network live in, so even capabilities could not undo them.
+ * With DISABLE_USERNS (bwrap's --disable-userns), the outer namespace's
+ * user.max_user_namespaces was set to 1 during setup: the nested namespace
+ * uses it up, and the count is charged up the hierarchy, so nothing inside
+ * can create another one. That is checked here, before the command runs. */
 void sbx_nested_userns(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
-    if (!(h->opts & SBX_OPT_MAP_ROOT_FIRST))
+    unsigned uid, gid;
+    if (!(h->opts & SBX_OPT_NESTED_USERNS))
         return;
     if (unshare(CLONE_NEWUSER) < 0)
         sbx_fail(c, SBX_STEP_NESTED_USERNS, -1, errno, SBX_D_NONE);
-    map_self(c, h->uid, h->gid, 0, 0);
+    setup_ids(h, &uid, &gid);
+    map_self(c, h->uid, h->gid, uid, gid);
+    if ((h->opts & SBX_OPT_DISABLE_USERNS) && unshare(CLONE_NEWUSER) == 0)
+        sbx_fail(c, SBX_STEP_DISABLE_USERNS, -1, EEXIST, SBX_D_NONE);
 }

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 3
+#define SBX_ABI_VERSION 4
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -36,8 +36,10 @@
 #define SBX_OPT_REAPER 1          /* a C pid 1 runs the command and reaps */
 #define SBX_OPT_DIE_WITH_PARENT 2 /* PR_SET_PDEATHSIG(SIGKILL) */
 #define SBX_OPT_NEW_SESSION 4     /* setsid(): no controlling tty */
-#define SBX_OPT_MAP_ROOT_FIRST 8  /* map 0 for setup, final ids in a nested userns */
+#define SBX_OPT_MAP_ROOT_FIRST 8  /* map 0 (not the final ids) during setup */
 #define SBX_OPT_CWD_STRICT 16     /* the first cwd candidate must work */
+#define SBX_OPT_NESTED_USERNS 32  /* after setup, a nested userns with only the final ids */
+#define SBX_OPT_DISABLE_USERNS 64 /* ... in which no further userns can be created */
 
 /* operation kinds and flags (plan.OpKind / plan.OpFlag) */
 enum sbx_op_kind {
@@ -85,7 +87,8 @@ enum sbx_step {
     SBX_STEP_SECCOMP = 24,
     SBX_STEP_EXEC_INIT = 25,   /* exec of the pid-1 reaper */
     SBX_STEP_FORK = 26,        /* the reaper's fork of the command */
-    SBX_STEP_EXEC = 27         /* exec of the command itself */
+    SBX_STEP_EXEC = 27,        /* exec of the command itself */
+    SBX_STEP_DISABLE_USERNS = 28
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */

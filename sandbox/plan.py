@@ -15,9 +15,10 @@ import fnmatch
 import os
 import resource
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import spec as S
+from .seccomp import compile_policy
 from .errors import SpecError
 
 
@@ -117,6 +118,8 @@ class Plan:
     uid: int
     gid: int
     map_root_first: bool
+    nested_userns: bool  # after setup, enter a user namespace holding only uid/gid
+    disable_userns: bool  # ... in which no further user namespace can be created
     hostname: str | None
     env: tuple[str, ...]  # "NAME=value", the complete environment of the command
     path: str  # PATH used to find the command
@@ -127,8 +130,7 @@ class Plan:
     die_with_parent: bool
     new_session: bool
     reaper: bool  # a C pid 1 reaps orphans and reports the command's status
-    set_pwd: bool = False  # add PWD=<chosen cwd> to env (bwrap's CLI rule)
-    notes: tuple[str, ...] = field(default=())
+    seccomp: bytes = b""  # the BPF program installed last, b"" for none
 
 
 def parent_mode_for(perms: int | None) -> int:
@@ -218,6 +220,10 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         value = getattr(spec.limits, name)
         if value is not None:
             rlimits[res] = min(value * unit, rlimits.get(res, value * unit))
+    # devpts refuses to mount in a user namespace without uid and gid 0
+    # mapped, so such sandboxes map 0 during setup and switch to the
+    # requested ids in a nested user namespace afterwards.
+    map_root = ns.user and has_dev and (uid != 0 or gid != 0)
     keep = 0
     for cap in spec.cap_add:
         keep |= 1 << S.CAPABILITIES.index(cap)
@@ -234,10 +240,9 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         host_gid=host.gid,
         uid=uid,
         gid=gid,
-        # devpts refuses to mount in a user namespace without uid and gid 0
-        # mapped, so such sandboxes map 0 during setup and switch to the
-        # requested ids in a nested user namespace afterwards.
-        map_root_first=ns.user and has_dev and (uid != 0 or gid != 0),
+        map_root_first=map_root,
+        nested_userns=map_root or spec.disable_userns,
+        disable_userns=spec.disable_userns,
         hostname=spec.hostname,
         env=tuple(f"{k}={v}" for k, v in env.items()),
         path=env.get("PATH", DEFAULT_PATH),
@@ -248,6 +253,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         die_with_parent=spec.die_with_parent,
         new_session=spec.new_session,
         reaper=ns.pid and not spec.as_pid_1,
+        seccomp=compile_policy(spec.seccomp) if spec.seccomp is not None else b"",
     )
 
 

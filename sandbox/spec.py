@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .errors import SpecError
+from .seccomp import DEFAULT_POLICY, Seccomp
 
 # Capability names in kernel numbering order (linux/capability.h). Index = number.
 CAPABILITIES: tuple[str, ...] = (
@@ -397,6 +398,8 @@ class Spec:
     new_session: bool = True
     as_pid_1: bool = False
     cap_add: tuple[str, ...] = ()
+    seccomp: Seccomp | None = DEFAULT_POLICY
+    disable_userns: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -421,8 +424,12 @@ class Spec:
         if not isinstance(self.limits, Limits):
             raise SpecError("limits", self.limits, "must be a Limits")
         self.limits.validate("limits")
-        for name in ("die_with_parent", "new_session", "as_pid_1"):
+        for name in ("die_with_parent", "new_session", "as_pid_1", "disable_userns"):
             check_bool(name, getattr(self, name))
+        if self.seccomp is not None and not isinstance(self.seccomp, Seccomp):
+            raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
+        if self.disable_userns and not self.namespaces.user:
+            raise SpecError("disable_userns", True, "needs a user namespace (namespaces.user=True)")
         if self.as_pid_1 and not self.namespaces.pid:
             raise SpecError("as_pid_1", True, "needs a pid namespace (namespaces.pid=True)")
         set_(self, "cap_add", tuple(_cap_name(c) for c in _strings(self.cap_add, "cap_add")))
@@ -482,6 +489,8 @@ class Spec:
                 value = [_mount_to_dict(m) for m in value]
             elif f.name in ("namespaces", "limits"):
                 value = dataclasses.asdict(value)
+            elif f.name == "seccomp":
+                value = None if value is None else value.to_dict()
             elif f.name == "env":
                 value = dict(value)
             elif isinstance(value, tuple):
@@ -509,6 +518,8 @@ class Spec:
             kwargs["namespaces"] = _sub_from_dict("namespaces", Namespaces, kwargs["namespaces"])
         if "limits" in kwargs:
             kwargs["limits"] = _sub_from_dict("limits", Limits, kwargs["limits"])
+        if kwargs.get("seccomp") is not None:
+            kwargs["seccomp"] = Seccomp.from_dict(kwargs["seccomp"], where="seccomp")
         return cls(**kwargs)
 
     @classmethod

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "or `pip install -e .` from the source tree"
     ) from exc
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core has ABI {lib.SBX_ABI_VERSION}, this Python code expects {ABI_VERSION}; "
@@ -56,7 +56,8 @@ NS_BITS = (
 OPT_BITS = (
     ("reaper", lib.SBX_OPT_REAPER), ("die_with_parent", lib.SBX_OPT_DIE_WITH_PARENT),
     ("new_session", lib.SBX_OPT_NEW_SESSION), ("map_root_first", lib.SBX_OPT_MAP_ROOT_FIRST),
-    ("cwd_strict", lib.SBX_OPT_CWD_STRICT),
+    ("cwd_strict", lib.SBX_OPT_CWD_STRICT), ("nested_userns", lib.SBX_OPT_NESTED_USERNS),
+    ("disable_userns", lib.SBX_OPT_DISABLE_USERNS),
 )
 
 
@@ -83,8 +84,9 @@ def _align(n: int, to: int = 8) -> int:
     return (n + to - 1) // to * to
 
 
-def serialize(plan: Plan, newroot: str, seccomp: bytes = b"") -> bytes:
+def serialize(plan: Plan, newroot: str) -> bytes:
     """The C core's blob for `plan`, building the root at host dir `newroot`."""
+    seccomp = plan.seccomp
     n_ops, n_cwd, n_rl = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits)
     ops_off = HEADER.size
     cwd_off = ops_off + n_ops * OP.size

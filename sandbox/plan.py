@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from . import spec as S
-from .seccomp import compile_policy
 from .errors import SpecError
+from .seccomp import compile_policy
 
 
 class OpKind(enum.IntEnum):

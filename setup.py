@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -18,8 +19,11 @@ from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
-CFLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fno-strict-aliasing", f"-I{CSRC}"]
-LIB_SOURCES = ["util.c", "idmap.c", "net.c", "mounts.c", "limits.c", "child.c", "spawn.c", "probe.c"]
+sys.path.insert(0, str(HERE))
+from build_ffi import CFLAGS as LIB_CFLAGS  # noqa: E402
+from build_ffi import LIB_SOURCES  # noqa: E402
+
+CFLAGS = [*LIB_CFLAGS, f"-I{CSRC}"]
 # sandbox-init is freestanding on x86_64 (see csrc/init.c), static libc elsewhere.
 INIT_FLAGS = (
     ["-static", "-nostdlib", "-fno-stack-protector", "-fno-builtin", "-fno-asynchronous-unwind-tables"]

@@ -106,6 +106,8 @@ int sbx_child_main(void *arg)
     if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
         sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
     sbx_drop_caps(c);
+    sbx_no_new_privs(c);
+    sbx_apply_landlock(c);
     sbx_install_seccomp(c);
     if (reaper)
         exec_reaper(c);

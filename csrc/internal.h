@@ -75,7 +75,11 @@ void sbx_loopback_up(struct sbx_ctx *c);
 void sbx_apply_rlimits(struct sbx_ctx *c);
 void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b);
 void sbx_drop_caps(struct sbx_ctx *c);
+void sbx_no_new_privs(struct sbx_ctx *c);
 void sbx_install_seccomp(struct sbx_ctx *c);
+
+/* landlock.c */
+void sbx_apply_landlock(struct sbx_ctx *c);
 
 /* spawn.c */
 unsigned long sbx_clone_flags(uint32_t ns);

@@ -108,10 +108,14 @@ void sbx_drop_caps(struct sbx_ctx *c)
             sbx_fail(c, SBX_STEP_CAPS, cap, errno, SBX_D_NONE);
 }
 
-void sbx_install_seccomp(struct sbx_ctx *c)
+void sbx_no_new_privs(struct sbx_ctx *c)
 {
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_NO_NEW_PRIVS, -1, errno, SBX_D_NONE);
+}
+
+void sbx_install_seccomp(struct sbx_ctx *c)
+{
     if (!c->h->seccomp_len)
         return;
     struct sock_fprog prog = {

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 4
+#define SBX_ABI_VERSION 5
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -40,6 +40,11 @@
 #define SBX_OPT_CWD_STRICT 16     /* the first cwd candidate must work */
 #define SBX_OPT_NESTED_USERNS 32  /* after setup, a nested userns with only the final ids */
 #define SBX_OPT_DISABLE_USERNS 64 /* ... in which no further userns can be created */
+#define SBX_OPT_LANDLOCK 128      /* restrict file access with Landlock */
+#define SBX_OPT_LANDLOCK_BEST_EFFORT 256 /* ... but run without it where the kernel lacks it */
+
+/* Landlock rule flags (struct sbx_landlock.flags) */
+#define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */
 
 /* operation kinds and flags (plan.OpKind / plan.OpFlag) */
 enum sbx_op_kind {
@@ -88,7 +93,8 @@ enum sbx_step {
     SBX_STEP_EXEC_INIT = 25,   /* exec of the pid-1 reaper */
     SBX_STEP_FORK = 26,        /* the reaper's fork of the command */
     SBX_STEP_EXEC = 27,        /* exec of the command itself */
-    SBX_STEP_DISABLE_USERNS = 28
+    SBX_STEP_DISABLE_USERNS = 28,
+    SBX_STEP_LANDLOCK = 29
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -139,7 +145,14 @@ struct sbx_header {
     uint32_t newroot;       /* string offset: host dir where the new root is built */
     uint32_t seccomp_off;   /* struct sock_filter[], 8-byte aligned; 0 = none */
     uint32_t seccomp_len;   /* in bytes, a multiple of 8 */
+    uint32_t n_landlock;
+    uint32_t landlock_off;  /* struct sbx_landlock[n_landlock] */
     uint64_t keep_caps;     /* capabilities kept (bit = capability number) */
+};
+
+struct sbx_landlock {
+    uint32_t path;          /* string offset: a path inside the sandbox */
+    uint32_t flags;         /* SBX_LL_* */
 };
 
 struct sbx_op {
@@ -168,7 +181,7 @@ struct sbx_result {
     int32_t err;            /* errno of the failure */
     int32_t detail;         /* enum sbx_detail */
     int32_t wait_status;    /* after a failure: how the child ended */
-    int32_t pad;
+    int32_t landlock_abi;   /* the Landlock ABI applied, 0 if none */
     uint64_t t_ns[8];       /* enum sbx_stamp */
 };
 

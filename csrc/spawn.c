@@ -37,12 +37,17 @@ int sbx_check_blob(const void *p, size_t len)
     if (!range_ok(len, h->ops_off, (uint64_t)h->n_ops * sizeof(struct sbx_op)) || h->ops_off % 8 ||
         !range_ok(len, h->cwd_off, (uint64_t)h->n_cwd * 4) || h->cwd_off % 4 ||
         !range_ok(len, h->rlimits_off, (uint64_t)h->n_rlimits * sizeof(struct sbx_rlimit)) || h->rlimits_off % 8 ||
-        !range_ok(len, h->seccomp_off, h->seccomp_len) || h->seccomp_off % 8 || h->seccomp_len % 8 ||
+        !range_ok(len, h->landlock_off, (uint64_t)h->n_landlock * sizeof(struct sbx_landlock)) ||
+        h->landlock_off % 4 || !range_ok(len, h->seccomp_off, h->seccomp_len) || h->seccomp_off % 8 || h->seccomp_len % 8 ||
         h->seccomp_len / 8 > 4096)
         return -EINVAL;
     if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !h->newroot ||
         !str_ok(blob, len, h->newroot))
         return -EINVAL;
+    const struct sbx_landlock *ll = (const void *)(blob + h->landlock_off);
+    for (uint32_t i = 0; i < h->n_landlock; i++)
+        if (!ll[i].path || !str_ok(blob, len, ll[i].path))
+            return -EINVAL;
     const uint32_t *cwd = (const void *)(blob + h->cwd_off);
     for (uint32_t i = 0; i < h->n_cwd; i++)
         if (!cwd[i] || !str_ok(blob, len, cwd[i]))

@@ -131,6 +131,9 @@ class Plan:
     new_session: bool
     reaper: bool  # a C pid 1 reaps orphans and reports the command's status
     seccomp: bytes = b""  # the BPF program installed last, b"" for none
+    landlock: bool = False
+    landlock_best_effort: bool = False
+    landlock_rules: tuple[tuple[str, bool], ...] = ()  # (path inside, writable)
 
 
 def parent_mode_for(perms: int | None) -> int:
@@ -177,6 +180,24 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
     if isinstance(m, S.Chmod):
         return Op(OpKind.CHMOD, m.path, mode=m.perms, origin=i)
     raise SpecError(f"mounts[{i}]", m, "unsupported mount operation")
+
+
+def landlock_rules(ops: tuple[Op, ...]) -> tuple[tuple[str, bool], ...]:
+    """Landlock grants derived from the mounts: read and execute beneath
+    read-only binds and proc, everything beneath writable binds, tmpfs, /dev
+    and writable files; nothing anywhere else (not even the root itself)."""
+    rules: dict[str, bool] = {}
+    for op in ops:
+        if op.kind is OpKind.BIND or op.kind is OpKind.FILE:
+            writable = not op.flags & OpFlag.RDONLY
+        elif op.kind in (OpKind.TMPFS, OpKind.DEV):
+            writable = True
+        elif op.kind is OpKind.PROC:
+            writable = False
+        else:
+            continue
+        rules[op.dest] = rules.get(op.dest, False) or writable
+    return tuple(rules.items())
 
 
 def resolve_env(spec: S.Spec, environ: Mapping[str, str]) -> dict[str, str]:
@@ -254,6 +275,9 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         new_session=spec.new_session,
         reaper=ns.pid and not spec.as_pid_1,
         seccomp=compile_policy(spec.seccomp) if spec.seccomp is not None else b"",
+        landlock=bool(spec.landlock),
+        landlock_best_effort=spec.landlock == "best-effort",
+        landlock_rules=landlock_rules(ops) if spec.landlock else (),
     )
 
 

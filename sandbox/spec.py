@@ -400,6 +400,7 @@ class Spec:
     cap_add: tuple[str, ...] = ()
     seccomp: Seccomp | None = DEFAULT_POLICY
     disable_userns: bool = False
+    landlock: bool | str = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -428,6 +429,8 @@ class Spec:
             check_bool(name, getattr(self, name))
         if self.seccomp is not None and not isinstance(self.seccomp, Seccomp):
             raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
+        if self.landlock not in (False, True, "best-effort"):
+            raise SpecError("landlock", self.landlock, "must be false, true or 'best-effort'")
         if self.disable_userns and not self.namespaces.user:
             raise SpecError("disable_userns", True, "needs a user namespace (namespaces.user=True)")
         if self.as_pid_1 and not self.namespaces.pid:

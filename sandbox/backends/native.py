@@ -28,17 +28,19 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "or `pip install -e .` from the source tree"
     ) from exc
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core has ABI {lib.SBX_ABI_VERSION}, this Python code expects {ABI_VERSION}; "
         "rebuild it with `pip install .` (or `pip install -e .`) from the same source tree"
     )
 
-HEADER = struct.Struct("<20IQ")
+HEADER = struct.Struct("<22IQ")
 OP = struct.Struct("<4IQ4I")
 RLIMIT = struct.Struct("<IIQ")
-for _name, _st in (("struct sbx_header", HEADER), ("struct sbx_op", OP), ("struct sbx_rlimit", RLIMIT)):
+LANDLOCK = struct.Struct("<II")
+for _name, _st in (("struct sbx_header", HEADER), ("struct sbx_op", OP), ("struct sbx_rlimit", RLIMIT),
+                   ("struct sbx_landlock", LANDLOCK)):
     if ffi.sizeof(_name) != _st.size:  # pragma: no cover - a bug, not a build problem
         raise ImportError(f"sandbox: {_name} is {ffi.sizeof(_name)} bytes in C, {_st.size} in Python")
 
@@ -57,7 +59,8 @@ OPT_BITS = (
     ("reaper", lib.SBX_OPT_REAPER), ("die_with_parent", lib.SBX_OPT_DIE_WITH_PARENT),
     ("new_session", lib.SBX_OPT_NEW_SESSION), ("map_root_first", lib.SBX_OPT_MAP_ROOT_FIRST),
     ("cwd_strict", lib.SBX_OPT_CWD_STRICT), ("nested_userns", lib.SBX_OPT_NESTED_USERNS),
-    ("disable_userns", lib.SBX_OPT_DISABLE_USERNS),
+    ("disable_userns", lib.SBX_OPT_DISABLE_USERNS), ("landlock", lib.SBX_OPT_LANDLOCK),
+    ("landlock_best_effort", lib.SBX_OPT_LANDLOCK_BEST_EFFORT),
 )
 
 
@@ -87,11 +90,12 @@ def _align(n: int, to: int = 8) -> int:
 def serialize(plan: Plan, newroot: str) -> bytes:
     """The C core's blob for `plan`, building the root at host dir `newroot`."""
     seccomp = plan.seccomp
-    n_ops, n_cwd, n_rl = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits)
+    n_ops, n_cwd, n_rl, n_ll = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits), len(plan.landlock_rules)
     ops_off = HEADER.size
     cwd_off = ops_off + n_ops * OP.size
     rl_off = _align(cwd_off + 4 * n_cwd)
-    sc_off = rl_off + n_rl * RLIMIT.size
+    ll_off = rl_off + n_rl * RLIMIT.size
+    sc_off = _align(ll_off + n_ll * LANDLOCK.size)
     strings = _Strings(_align(sc_off + len(seccomp)))
     ops = b"".join(
         OP.pack(op.kind, op.flags, op.mode, op.parent_mode, op.size,
@@ -101,6 +105,7 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     )
     cwds = struct.pack(f"<{n_cwd}I", *(strings.add(c) for c in plan.cwd_candidates))
     rls = b"".join(RLIMIT.pack(res, 0, value) for res, value in plan.rlimits)
+    lls = b"".join(LANDLOCK.pack(strings.add(path), lib.SBX_LL_WRITE if rw else 0) for path, rw in plan.landlock_rules)
     ns = sum(bit for name, bit in NS_BITS if getattr(plan, name))
     opts = sum(bit for name, bit in OPT_BITS if getattr(plan, name))
     hostname, path, root = strings.add(plan.hostname), strings.add(plan.path), strings.add(newroot)
@@ -108,10 +113,11 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     header = HEADER.pack(
         lib.SBX_MAGIC, ABI_VERSION, total, ns, opts, plan.host_uid, plan.host_gid, plan.uid, plan.gid,
         n_ops, ops_off, n_cwd, cwd_off, n_rl, rl_off, hostname, path, root,
-        sc_off if seccomp else 0, len(seccomp), plan.keep_caps,
+        sc_off if seccomp else 0, len(seccomp), n_ll, ll_off, plan.keep_caps,
     )
     body = header + ops + cwds
-    body += b"\0" * (rl_off - len(body)) + rls + seccomp
+    body += b"\0" * (rl_off - len(body)) + rls + lls
+    body += b"\0" * (sc_off - len(body)) + seccomp
     body += b"\0" * (strings.base - len(body)) + strings.data
     assert len(body) == total
     return bytes(body)
@@ -170,6 +176,7 @@ class Started:
     pid: int
     status_fd: int
     timings: dict[str, float]
+    landlock_abi: int = 0
 
 
 def spawn_blob(
@@ -193,7 +200,7 @@ def spawn_blob(
     t = res.t_ns
     base = t[lib.SBX_T_START]
     timings = {STAMP_NAMES[i]: (t[i] - base) / 1000.0 for i in range(lib.SBX_N_STAMPS) if t[i]}
-    return Started(pid=res.pid, status_fd=res.status_fd, timings=timings)
+    return Started(pid=res.pid, status_fd=res.status_fd, timings=timings, landlock_abi=res.landlock_abi)
 
 
 # ---------------------------------------------------------------- errors

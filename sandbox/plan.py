@@ -82,7 +82,7 @@ class HostInfo:
             cwd: str | None = os.getcwd()
         except OSError:
             cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=dict(os.environ))
+        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ)
 
 
 # rlimit resources by Limits field, and the unit each field counts in.

@@ -6,6 +6,7 @@ import errno as E
 import functools
 import os
 import shutil
+import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +118,15 @@ def _probe_bwrap() -> tuple[str | None, str]:
         return None, f"not found on PATH (set {BWRAP_ENV} to its path)"
     if not os.access(path, os.X_OK):
         return None, f"{path} is not executable"
-    return path, "found"
+    # bwrap needs the same kernel permissions (unless it is setuid): try it once.
+    try:
+        done = subprocess.run([path, "--ro-bind", "/", "/", "--", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{path} does not run: {exc}"
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        return None, f"{path} cannot create a sandbox here: {message[-1] if message else done.returncode}"
+    return path, "works"
 
 
 _lock = threading.Lock()

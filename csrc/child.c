@@ -60,25 +60,13 @@ static void setup_filesystem(struct sbx_ctx *c)
 
 /* Exec the pid-1 reaper from its fd (it need not be visible inside); it
  * forks the command and reports its status. Our memory is the caller's, so
- * we cannot stay resident as pid 1 ourselves. */
+ * we cannot stay resident as pid 1 ourselves. Its argv was built by the
+ * parent (a large argv would not fit on this stack). */
 static _Noreturn void exec_reaper(struct sbx_ctx *c)
 {
-    char errs[16], stat[16];
-    int argc = 0;
-    while (c->argv[argc])
-        argc++;
-    char *argv[argc + 6];
-    sbx_fmt_uint(errs, (unsigned)c->err_fd, 10);
-    sbx_fmt_uint(stat, (unsigned)c->status_fd, 10);
-    argv[0] = "sandbox-init";
-    argv[1] = errs;
-    argv[2] = stat;
-    argv[3] = (char *)(c->h->path ? sbx_str(c, c->h->path) : "");
-    argv[4] = "--";
-    for (int i = 0; i <= argc; i++)
-        argv[5 + i] = c->argv[i];
     sbx_stamp(c, SBX_T_READY);
-    execveat(c->init_fd, "", argv, c->envp, AT_EMPTY_PATH);
+    c->reached_exec = 1;
+    execveat(c->init_fd, "", c->init_argv, c->envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
 }
 
@@ -90,7 +78,10 @@ int sbx_child_main(void *arg)
 
     sbx_stamp(c, SBX_T_CHILD);
     reset_signals();
-    if ((h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+    /* The signal comes when the spawning *thread* exits. The reaper gets a
+     * catchable one and checks whether the caller process is really gone. */
+    int pdeath = reaper ? SBX_PDEATH_SIGNAL : SIGKILL;
+    if ((h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, pdeath, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
     sbx_setup_userns(c);
     sbx_stamp(c, SBX_T_IDMAP);
@@ -116,6 +107,7 @@ int sbx_child_main(void *arg)
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     sbx_stamp(c, SBX_T_READY);
-    sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, h->path));
+    c->reached_exec = 1;
+    sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, h->path), c->sh_argv);
     sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }

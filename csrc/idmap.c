@@ -9,7 +9,23 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <unistd.h>
+
+/* Write `text` to a file of our /proc/<pid> directory. The directory fd was
+ * opened before the pivot, so this works even in a sandbox without /proc. */
+static int write_proc(struct sbx_ctx *c, const char *name, const char *text)
+{
+    int fd = openat(c->proc_fd, name, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = sbx_write_all(fd, text, sbx_strlen(text));
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return rc;
+}
 
 static void write_map(struct sbx_ctx *c, const char *file, unsigned inside, unsigned outside, int step)
 {
@@ -18,16 +34,16 @@ static void write_map(struct sbx_ctx *c, const char *file, unsigned inside, unsi
     *w++ = ' ';
     w = sbx_fmt_uint(w, outside, 10);
     sbx_stpcpy(w, " 1\n");
-    if (sbx_write_file(file, line) < 0)
+    if (write_proc(c, file, line) < 0)
         sbx_fail(c, step, -1, errno, SBX_D_NONE);
 }
 
 static void map_self(struct sbx_ctx *c, unsigned uid, unsigned gid, unsigned outer_uid, unsigned outer_gid)
 {
-    if (sbx_write_file("/proc/self/setgroups", "deny") < 0 && errno != ENOENT)
+    if (write_proc(c, "setgroups", "deny") < 0 && errno != ENOENT)
         sbx_fail(c, SBX_STEP_SETGROUPS, -1, errno, SBX_D_NONE);
-    write_map(c, "/proc/self/uid_map", uid, outer_uid, SBX_STEP_UID_MAP);
-    write_map(c, "/proc/self/gid_map", gid, outer_gid, SBX_STEP_GID_MAP);
+    write_map(c, "uid_map", uid, outer_uid, SBX_STEP_UID_MAP);
+    write_map(c, "gid_map", gid, outer_gid, SBX_STEP_GID_MAP);
 }
 
 /* The ids the first user namespace maps: 0 when devpts needs root during
@@ -45,6 +61,9 @@ void sbx_setup_userns(struct sbx_ctx *c)
     unsigned uid, gid;
     if (!(h->ns & SBX_NS_USER))
         return;
+    c->proc_fd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (c->proc_fd < 0)
+        sbx_fail(c, SBX_STEP_UID_MAP, -1, errno, SBX_D_NONE);
     setup_ids(h, &uid, &gid);
     map_self(c, uid, gid, h->host_uid, h->host_gid);
     /* The limit lives in this namespace's sysctl view, written while the

@@ -104,25 +104,52 @@ static long raw_execve(const char *path, char *const argv[], char *const envp[])
 
 static _Noreturn void run_command(int err_fd, const char *path, char **argv, char **envp)
 {
+    long argc = 0;
+    while (argv[argc])
+        argc++;
+    char *sh_argv[argc + 2];
     set_mask(0);
-    int err = sbx_exec_path(argv[0], argv, envp, path, raw_execve);
+    int err = sbx_exec_path(argv[0], argv, envp, path, raw_execve, sh_argv);
     report(err_fd, SBX_STEP_EXEC, err);
     die(err == SBX_ENOENT ? 127 : 126);
 }
 
-/* Wait for signals: reap on SIGCHLD, forward everything else to the command. */
+/* SBX_PDEATH_SIGNAL arrives when the thread that spawned the sandbox exits,
+ * which need not be the caller's death. The caller holds the read end of
+ * the status pipe until it has collected our status: if no reader is left,
+ * poll() reports POLLERR on our write end, and the sandbox ends. */
+static int caller_gone(int status_fd)
+{
+    struct {
+        int fd;
+        short events, revents;
+    } pfd = {status_fd, 0, 0};
+    long zero[2] = {0, 0}; /* struct timespec: do not wait */
+    return sys6(__NR_ppoll, (long)&pfd, 1, (long)zero, 0, 8, 0) == 1 && (pfd.revents & 0x008 /* POLLERR */);
+}
+
+/* Wait for signals: reap on SIGCHLD; forward to the command what came from
+ * outside the sandbox. A sender in an ancestor pid namespace shows as pid 0;
+ * a signal sent from inside (the command's kill(0, sig) reaches its whole
+ * process group, pid 1 included) already reached its targets. */
 static _Noreturn void reap(long command, int status_fd)
 {
     unsigned long all = ~0UL;
     for (;;) {
         struct {
-            int signo, errno_, code, pad[29];
-        } info;
+            int signo, errno_, code, align, pid, rest[27];
+        } info; /* siginfo_t: si_pid opens the union, 8-byte aligned */
         long sig = sys6(__NR_rt_sigtimedwait, (long)&all, (long)&info, 0, sizeof all, 0, 0);
         if (sig < 0)
             continue;
+        if (sig == SBX_PDEATH_SIGNAL) {
+            if (caller_gone(status_fd))
+                die(125);
+            continue;
+        }
         if (sig != SIGCHLD_NR) {
-            SYS(kill, command, sig, 0);
+            if (info.pid == 0)
+                SYS(kill, command, sig, 0);
             continue;
         }
         int status;

@@ -33,8 +33,14 @@ struct sbx_ctx {
     int status_fd;    /* write end of the status pipe (reaper), or -1 */
     int *src_fds;     /* per op: the cloned source tree, filled by the child */
     int root_fd;      /* the new root while it is being built */
+    int proc_fd;      /* the child's /proc/<pid> on the host procfs, for id maps */
+    char **init_argv; /* sandbox-init's argv, built by the parent (argc + 6 slots) */
+    char **sh_argv;   /* scratch for the ENOEXEC retry through /bin/sh (argc + 2) */
+    volatile int reached_exec; /* set just before the final exec: a child that
+                                  dies before it has crashed, not exec'd */
     struct sbx_result *res;
 };
+
 
 /* util.c */
 const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
@@ -46,7 +52,7 @@ char *sbx_stpcpy(char *dst, const char *src);
 char *sbx_fmt_uint(char *dst, unsigned long value, unsigned base);
 int sbx_write_all(int fd, const void *buf, size_t len);
 int sbx_write_file(const char *path, const char *text);
-int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path);
+int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path, char **sh_argv);
 
 /* syscalls glibc 2.36 does not wrap */
 int sbx_open_tree(int dfd, const char *path, unsigned flags);

@@ -26,7 +26,8 @@ static const char *const step_names[] = {
     "none", "config", "pipe", "clone", "signals", "pdeathsig", "setgroups", "uid map", "gid map",
     "mount private", "source", "new root", "mount operation", "pivot_root", "loopback", "hostname",
     "nested user namespace", "chdir", "rlimit", "stdio", "fds", "setsid", "capabilities", "no_new_privs",
-    "seccomp", "exec of sandbox-init", "fork", "exec",
+    "seccomp", "exec of sandbox-init", "fork", "exec", "disable user namespaces", "landlock",
+    "setup child crashed",
 };
 
 static volatile sig_atomic_t child_pid;

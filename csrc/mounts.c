@@ -181,31 +181,46 @@ static void rebind(struct sbx_ctx *c, int i, int src_fd, const char *src, unsign
     close(tree);
 }
 
+#define SRC_DEFERRED (-2)
+
+/* Clone op i's source tree with its flags set; -1 if it is optional and missing. */
+static int clone_source(struct sbx_ctx *c, uint32_t i)
+{
+    const struct sbx_op *op = &c->ops[i];
+    int bind = op->kind == SBX_OP_BIND;
+    const char *src = bind ? sbx_str(c, op->src) : "/proc";
+    unsigned attrs = bind ? bind_attrs(op->flags) : MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    int tree = sbx_open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (tree < 0) {
+        if (errno == ENOENT && (op->flags & SBX_F_OPTIONAL))
+            return -1;
+        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
+    }
+    if (sbx_mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, 0) < 0)
+        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_ATTR);
+    return tree;
+}
+
+static int under(const char *path, const char *dir)
+{
+    size_t n = sbx_strlen(dir);
+    for (size_t k = 0; k < n; k++)
+        if (path[k] != dir[k])
+            return 0;
+    return path[n] == 0 || path[n] == '/' || (n == 1 && dir[0] == '/');
+}
+
+/* Sources the new root's tmpfs will cover (those under its host directory)
+ * are cloned now, before it is mounted; the others when their op runs, so
+ * a spec with thousands of binds never holds thousands of fds at once. */
 void sbx_open_sources(struct sbx_ctx *c)
 {
+    const char *newroot = sbx_str(c, c->h->newroot);
     for (uint32_t i = 0; i < c->h->n_ops; i++) {
         const struct sbx_op *op = &c->ops[i];
         c->src_fds[i] = -1;
-        const char *src;
-        unsigned attrs;
-        if (op->kind == SBX_OP_BIND) {
-            src = sbx_str(c, op->src);
-            attrs = bind_attrs(op->flags);
-        } else if (op->kind == SBX_OP_PROC && !(op->flags & SBX_F_FRESH)) {
-            src = "/proc";
-            attrs = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-        } else {
-            continue;
-        }
-        int tree = sbx_open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-        if (tree < 0) {
-            if (errno == ENOENT && (op->flags & SBX_F_OPTIONAL))
-                continue;
-            sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
-        }
-        if (sbx_mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, 0) < 0)
-            sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_ATTR);
-        c->src_fds[i] = tree;
+        if (op->kind == SBX_OP_BIND)
+            c->src_fds[i] = under(sbx_str(c, op->src), newroot) ? clone_source(c, i) : SRC_DEFERRED;
     }
 }
 
@@ -221,7 +236,7 @@ void sbx_make_newroot(struct sbx_ctx *c)
 
 static void op_bind(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    int tree = c->src_fds[i];
+    int tree = c->src_fds[i] == SRC_DEFERRED ? clone_source(c, (uint32_t)i) : c->src_fds[i];
     struct stat st;
     if (tree < 0)
         return; /* optional source missing: skipped, as bwrap's -try */
@@ -253,7 +268,7 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     const char *dest = sbx_str(c, op->dest);
     int fd = mountpoint(c, i, dest, 1, op->parent_mode);
-    int mnt = c->src_fds[i];
+    int mnt = (op->flags & SBX_F_FRESH) ? -1 : clone_source(c, (uint32_t)i);
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);

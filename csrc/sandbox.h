@@ -94,7 +94,8 @@ enum sbx_step {
     SBX_STEP_FORK = 26,        /* the reaper's fork of the command */
     SBX_STEP_EXEC = 27,        /* exec of the command itself */
     SBX_STEP_DISABLE_USERNS = 28,
-    SBX_STEP_LANDLOCK = 29
+    SBX_STEP_LANDLOCK = 29,
+    SBX_STEP_CRASHED = 30      /* the setup child died before exec (.err: its signal) */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -208,5 +209,9 @@ extern const char *const sbx_syscall_names[];
 extern const int sbx_syscall_numbers[];
 extern const int sbx_n_syscalls;
 /* CDEF END */
+
+/* The reaper's parent-death signal (SIGRTMAX): on it, sandbox-init checks
+ * whether the caller process, not just the spawning thread, is gone. */
+#define SBX_PDEATH_SIGNAL 64
 
 #endif

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -111,6 +112,53 @@ static void fail_early(struct sbx_result *res, int step, int err)
     res->err = err;
 }
 
+static void free_memory(struct sbx_ctx *c);
+
+static void close_pipes(int errp[2], int statp[2])
+{
+    for (int i = 0; i < 2; i++) {
+        close(errp[i]);
+        if (statp[i] >= 0)
+            close(statp[i]);
+    }
+}
+
+/* Everything the child needs that scales with the input, allocated here
+ * (the child may not allocate, and its stack is small): a slot per op for
+ * source trees, sandbox-init's argv, and room for a /bin/sh retry. */
+static int prepare_memory(struct sbx_ctx *c, char fds[2][16])
+{
+    size_t argc = 0;
+    while (c->argv[argc])
+        argc++;
+    c->src_fds = malloc((c->h->n_ops + 1) * sizeof *c->src_fds);
+    c->init_argv = malloc((argc + 6) * sizeof *c->init_argv);
+    c->sh_argv = malloc((argc + 2) * sizeof *c->sh_argv);
+    if (!c->src_fds || !c->init_argv || !c->sh_argv) {
+        free_memory(c);
+        return -1;
+    }
+    sbx_fmt_uint(fds[0], (unsigned)c->err_fd, 10);
+    sbx_fmt_uint(fds[1], (unsigned)(c->status_fd >= 0 ? c->status_fd : 0), 10);
+    c->init_argv[0] = "sandbox-init";
+    c->init_argv[1] = fds[0];
+    c->init_argv[2] = fds[1];
+    c->init_argv[3] = (char *)(c->h->path ? sbx_str(c, c->h->path) : "");
+    c->init_argv[4] = "--";
+    for (size_t i = 0; i <= argc; i++)
+        c->init_argv[5 + i] = c->argv[i];
+    return 0;
+}
+
+static void free_memory(struct sbx_ctx *c)
+{
+    free(c->src_fds);
+    free(c->init_argv);
+    free(c->sh_argv);
+    c->src_fds = NULL;
+    c->init_argv = c->sh_argv = NULL;
+}
+
 /* Clone the child: the caller's thread sleeps until it exec's or exits. */
 static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
 {
@@ -164,23 +212,35 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         return -1;
     }
     int errp[2], statp[2] = {-1, -1};
-    if (high_pipe(errp) < 0 || (reaper && high_pipe(statp) < 0)) {
+    if (high_pipe(errp) < 0) {
         fail_early(res, SBX_STEP_PIPE, errno);
         return -1;
     }
-    int src_fds[h->n_ops + 1];
+    if (reaper && high_pipe(statp) < 0) {
+        fail_early(res, SBX_STEP_PIPE, errno);
+        close(errp[0]);
+        close(errp[1]);
+        return -1;
+    }
     struct sbx_ctx c = {
         .blob = blob, .h = h, .ops = (const void *)((const char *)blob + h->ops_off),
         .argv = argv, .envp = envp, .stdio = {stdio[0], stdio[1], stdio[2]},
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = init_fd,
-        .err_fd = errp[1], .status_fd = statp[1], .src_fds = src_fds, .root_fd = -1, .res = res,
+        .err_fd = errp[1], .status_fd = statp[1], .root_fd = -1, .proc_fd = -1, .res = res,
     };
+    char fds[2][16];
+    if (prepare_memory(&c, fds) < 0) {
+        fail_early(res, SBX_STEP_PIPE, ENOMEM);
+        close_pipes(errp, statp);
+        return -1;
+    }
     pid_t pid = clone_child(&c, sbx_clone_flags(h->ns));
     int clone_err = errno;
     res->t_ns[SBX_T_RETURN] = now_ns();
     close(errp[1]);
     if (reaper)
         close(statp[1]);
+    free_memory(&c);
     if (pid < 0) {
         close(errp[0]);
         if (reaper)
@@ -188,11 +248,11 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         fail_early(res, SBX_STEP_CLONE, clone_err);
         return -1;
     }
-    struct sbx_report r;
-    int failed = read_report(errp[0], &r);
+    struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
+    int reported = read_report(errp[0], &r);
     close(errp[0]);
     res->t_ns[SBX_T_DONE] = now_ns();
-    if (!failed) {
+    if (!reported && c.reached_exec) {
         res->pid = pid;
         res->status_fd = statp[0];
         return 0;
@@ -205,6 +265,8 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
     kill(pid, SIGKILL);
     while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
         ;
+    if (res->step == SBX_STEP_CRASHED && WIFSIGNALED(res->wait_status))
+        res->err = WTERMSIG(res->wait_status);
     if (reaper)
         close(statp[0]);
     return -1;

@@ -99,9 +99,9 @@ static long libc_execve(const char *path, char *const argv[], char *const envp[]
 }
 
 /* Returns only on failure, with errno set to what should be reported. */
-int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path)
+int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path, char **sh_argv)
 {
-    errno = sbx_exec_path(file, argv, envp, path, libc_execve);
+    errno = sbx_exec_path(file, argv, envp, path, libc_execve, sh_argv);
     return -1;
 }
 

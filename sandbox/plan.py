@@ -95,7 +95,8 @@ RLIMITS: dict[str, tuple[int, int]] = {
     "file_bytes": (resource.RLIMIT_FSIZE, 1),
 }
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What execvp searches when PATH is unset (glibc's default), as under bwrap.
+DEFAULT_PATH = "/bin:/usr/bin"
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
     if isinstance(m, S.Symlink):
         return Op(OpKind.SYMLINK, m.dest, src=m.target_path, origin=i)
     if isinstance(m, S.File):
-        return Op(OpKind.FILE, m.dest, data=m.data, mode=m.perms, parent_mode=0o755,
+        return Op(OpKind.FILE, m.dest, data=m.data, mode=m.perms, parent_mode=parent_mode_for(m.perms),
                   flags=OpFlag.RDONLY if m.readonly else OpFlag.NONE, origin=i)
     if isinstance(m, S.RemountRo):
         return Op(OpKind.REMOUNT_RO, m.dest, flags=OpFlag.RDONLY | OpFlag.NODEV, origin=i)
@@ -214,13 +215,13 @@ def resolve_env(spec: S.Spec, environ: Mapping[str, str]) -> dict[str, str]:
 
 def cwd_candidates(spec: S.Spec, host: HostInfo, env: Mapping[str, str]) -> tuple[tuple[str, ...], bool]:
     """bwrap's rule: the given cwd (must work), else the caller's cwd if it
-    exists inside, else $HOME, else /."""
+    exists inside, else the command's $HOME, else /."""
     if spec.cwd is not None:
         return (spec.cwd,), True
     cands = []
     if host.cwd:
         cands.append(host.cwd)
-    home = env.get("HOME") or host.environ.get("HOME")
+    home = env.get("HOME")
     if home and home.startswith("/"):
         cands.append(home)
     cands.append("/")

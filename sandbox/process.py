@@ -194,7 +194,8 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
         while sel.get_map():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise subprocess.TimeoutExpired(proc.args, timeout or 0)
+                out, err = _collected(chunks, readers, proc)
+                raise subprocess.TimeoutExpired(proc.args, timeout or 0, out, err)
             for key, _ in sel.select(left):
                 if key.events & selectors.EVENT_WRITE:
                     view = _write_some(sel, key, view)
@@ -205,6 +206,11 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
                 else:
                     sel.unregister(key.fd)
                     key.data.close()
+    return _collected(chunks, readers, proc)
+
+
+def _collected(chunks: dict[int, list[bytes]], readers: dict[Any, int],
+               proc: SandboxProcess) -> tuple[bytes | None, bytes | None]:
     out = b"".join(chunks[readers[proc.stdout]]) if proc.stdout is not None else None
     err = b"".join(chunks[readers[proc.stderr]]) if proc.stderr is not None else None
     return out, err

@@ -537,9 +537,19 @@ class Spec:
 
 
 def _can_overmount(earlier: Mount, later: Mount) -> bool:
-    """A mount may cover an earlier directory-like op at the same path (as bwrap
-    allows `--dir /x --tmpfs /x` or `--ro-bind / / --tmpfs /`); links and files may not be replaced."""
-    return not isinstance(earlier, (Symlink, File)) and not isinstance(later, (Symlink, Dir))
+    """Whether `later` may act on the path `earlier` created.
+
+    A mount may cover an earlier directory or mount (`--dir /x --tmpfs /x`,
+    `--ro-bind / / --tmpfs /`), and a bind may cover an earlier file; `Dir`
+    on an existing directory keeps it. Nothing replaces a symlink, and a file
+    or link is never created where something already is."""
+    if isinstance(earlier, Symlink) or isinstance(later, (Symlink, File)):
+        return False
+    if isinstance(later, Dir):
+        return not isinstance(earlier, File)
+    if isinstance(earlier, File):
+        return isinstance(later, Bind)
+    return True
 
 
 def _cap_name(name: str) -> str:
@@ -594,3 +604,6 @@ def _mount_from_dict(where: str, data: object) -> Mount:
         return klass(**body)
     except TypeError as exc:
         raise SpecError(where, dict(data), f"missing a required key: {exc}") from None
+    except SpecError as exc:  # name the mount by its position, not its kind
+        field = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
+        raise SpecError(f"{where}.{field}", exc.value, exc.problem) from None

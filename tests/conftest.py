@@ -1,0 +1,232 @@
+"""Shared fixtures for the native-core tests.
+
+Nothing here is autouse: every fixture is requested by name, so the other
+test modules (which define their own module-level helpers) are unaffected.
+
+- `base_spec`: build a minimal working world (/usr read-only, the usual
+  /bin, /lib, /lib64 links, /proc, /dev, a private /tmp) plus extras.
+- `run_sh`: run a shell snippet in a native sandbox, return the
+  CompletedProcess (text, captured).
+- `no_leftovers`: a unique marker; after the test, no process whose cmdline
+  carries it survives and the test process has no new children or zombies.
+- `fd_count`: how many fds the test process has open.
+- `procs`: helpers to look at processes through /proc (markers, children,
+  /proc/PID/stat, polling with a deadline).
+- `require_native`: skip when this host cannot run the native backend.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs
+
+BASE_MOUNTS: tuple[Mount, ...] = (
+    RoBind("/usr"),
+    Symlink("usr/bin", "/bin"),
+    Symlink("usr/lib", "/lib"),
+    Symlink("usr/lib64", "/lib64"),
+    Proc(),
+    Dev(),
+    Tmpfs("/tmp"),
+)
+BASE_ENV = {"PATH": "/usr/bin:/bin"}
+DEFAULT_TIMEOUT = 60.0
+
+
+def make_base_spec(*extra: Mount, mounts: tuple[Mount, ...] | None = None, **fields: Any) -> Spec:
+    """A Spec of the minimal world (BASE_MOUNTS, then `extra`), with `fields` set.
+
+    `mounts=` replaces BASE_MOUNTS entirely; `env` defaults to a PATH only.
+    """
+    fields.setdefault("env", dict(BASE_ENV))
+    base = BASE_MOUNTS if mounts is None else tuple(mounts)
+    return Spec(mounts=(*base, *extra), **fields)
+
+
+@pytest.fixture
+def base_spec() -> Callable[..., Spec]:
+    """`base_spec(*extra_mounts, **spec_fields) -> Spec`: the minimal working world.
+
+    The result is an ordinary Spec, so `.replace(...)` works on it too.
+    """
+    return make_base_spec
+
+
+def run_in_sandbox(script: str, spec: Spec | None = None, *, timeout: float | None = DEFAULT_TIMEOUT,
+                   text: bool = True, **kwargs: Any) -> sandbox.CompletedProcess:
+    """Run `sh -c script` in a native sandbox (default: the base world), captured."""
+    if "stdout" not in kwargs and "stderr" not in kwargs:
+        kwargs["capture_output"] = True
+    return sandbox.run(["sh", "-c", script], spec if spec is not None else make_base_spec(),
+                       timeout=timeout, text=text, backend="native", **kwargs)
+
+
+@pytest.fixture
+def run_sh() -> Callable[..., sandbox.CompletedProcess]:
+    """`run_sh(script, spec=None, **run_kwargs) -> CompletedProcess`.
+
+    Runs `sh -c script` in a native sandbox (the base world by default) with
+    stdout/stderr captured as text and a 60 s timeout unless overridden.
+    """
+    return run_in_sandbox
+
+
+# ---------------------------------------------------------------- processes
+
+def new_marker() -> str:
+    """A unique token that is also a valid `sleep` operand (GNU sleep sums its
+    arguments), so `sleep 1000 <marker>` carries it in its own cmdline."""
+    return f"0.{secrets.randbelow(10**15):015d}7"
+
+
+def sleep_cmd(marker: str, seconds: int = 1000) -> str:
+    """A shell command that sleeps and shows `marker` in its cmdline."""
+    return f"sleep {seconds} {marker}"
+
+
+def pids_with_marker(marker: str) -> list[int]:
+    """Pids of live (non-zombie) processes whose cmdline contains `marker`."""
+    needle = marker.encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            found.append(int(name))
+    return found
+
+
+def sleepers(marker: str) -> list[int]:
+    """Pids of live `sleep ... <marker>` processes (see `sleep_cmd`)."""
+    out = []
+    for pid in pids_with_marker(marker):
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep\0"):
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
+    """(state, fields after the command name) of /proc/PID/stat, or None if gone.
+
+    fields[0] is the state, fields[1] the ppid, fields[2] the pgrp, fields[3]
+    the session, fields[4] the tty_nr.
+    """
+    try:
+        data = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    rest = data[data.rindex(")") + 2:].split()
+    return rest[0], rest
+
+
+def child_pids(parent: int | None = None) -> set[int]:
+    """Pids (zombies included) whose parent is `parent` (default: this process)."""
+    me = os.getpid() if parent is None else parent
+    out = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = proc_stat(name)
+        if st is not None and int(st[1][1]) == me:
+            out.add(int(name))
+    return out
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
+    """Poll `predicate` until it is true or `timeout` seconds pass; return its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return predicate()
+        time.sleep(interval)
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[str]:
+    """Yield a unique marker (see `new_marker`); afterwards fail if a process
+    with the marker in its cmdline survives, or if this process has gained
+    children (running or zombie). Survivors are SIGKILLed so they do not leak
+    into later tests."""
+    marker = new_marker()
+    before = child_pids()
+    yield marker
+
+    def clean() -> bool:
+        return not pids_with_marker(marker) and not (child_pids() - before)
+
+    if wait_until(clean, timeout=5.0):
+        return
+    survivors = pids_with_marker(marker)
+    children = sorted(child_pids() - before)
+    details = {pid: (proc_stat(pid) or ("gone", []))[0] for pid in children}
+    for pid in survivors:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pytest.fail(f"leftovers: processes with marker {marker}: {survivors}; new children (pid: state): {details}")
+
+
+class Procs:
+    """Process helpers for tests, handed out by the `procs` fixture."""
+
+    new_marker = staticmethod(new_marker)
+    sleep_cmd = staticmethod(sleep_cmd)
+    with_marker = staticmethod(pids_with_marker)
+    sleepers = staticmethod(sleepers)
+    stat = staticmethod(proc_stat)
+    children = staticmethod(child_pids)
+    wait_until = staticmethod(wait_until)
+
+
+@pytest.fixture
+def procs() -> type[Procs]:
+    """Helpers over /proc: `new_marker()`, `sleep_cmd(marker)`, `with_marker(marker)`,
+    `sleepers(marker)`, `stat(pid)`, `children()`, `wait_until(predicate, timeout)`."""
+    return Procs
+
+
+# ---------------------------------------------------------------- fds
+
+def count_fds() -> int:
+    """Open fds of this process (listing /proc/self/fd opens one itself, every time)."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.fixture
+def fd_count() -> Callable[[], int]:
+    """`fd_count() -> int`: the number of fds this process has open.
+
+    The native backend keeps one O_PATH fd of sandbox-init open for the life of
+    the process; run one sandbox before taking the "before" count.
+    """
+    return count_fds
+
+
+# ---------------------------------------------------------------- host
+
+@pytest.fixture
+def require_native() -> None:
+    """Skip the test when the native backend cannot run on this host."""
+    result = sandbox.probe()
+    if not result.native:
+        pytest.skip(f"native backend unavailable: {result.native_reason}")

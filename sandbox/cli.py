@@ -1,0 +1,321 @@
+"""The command line: `python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]`
+(bubblewrap 0.8.0's options) and `python -m sandbox probe`.
+
+Exit status of `run`: the command's own; 128+N if signal N killed it; 125 for
+a bad option, a failed setup or no usable backend; 126 if the command cannot
+be executed; 127 if it does not exist. Errors are one `sandbox: ...` line on
+stderr. SIGINT, SIGTERM and SIGHUP received while the command runs are
+forwarded to it.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import sys
+import threading
+from collections.abc import Iterable, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from .bwrap_args import parse_bwrap_args
+from .errors import ExecError, ExecNotFoundError, SandboxError, SpecError
+from .spec import Spec
+
+if TYPE_CHECKING:
+    from .process import SandboxProcess
+
+EXIT_SETUP = 125  # bad option, failed setup, no backend
+EXIT_NOEXEC = 126  # command found but not executable
+EXIT_NOTFOUND = 127  # command not found
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+USAGE = """\
+usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
+       python -m sandbox probe
+       python -m sandbox --help
+
+commands:
+    run      Run COMMAND in a sandbox described by bubblewrap-style OPTIONS
+             (see `python -m sandbox run --help`)
+    probe    Report what this host supports
+"""
+
+RUN_HELP = """\
+usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
+
+Options follow bubblewrap 0.8.0: `--opt value` only, applied in order, ending
+at `--` or at the first argument that does not start with `-`.
+
+    --help                       Print this help
+    --version                    Print version
+    --args FD                    Parse NUL-separated args from FD
+    --unshare-all                Unshare every namespace we support by default
+    --share-net                  Retain the network namespace
+    --unshare-user               Create new user namespace (implied when not root)
+    --unshare-user-try           Create new user namespace if possible
+    --unshare-ipc                Create new ipc namespace
+    --unshare-pid                Create new pid namespace
+    --unshare-net                Create new network namespace (loopback only)
+    --unshare-uts                Create new uts namespace
+    --unshare-cgroup             Create new cgroup namespace
+    --unshare-cgroup-try         Create new cgroup namespace if possible
+    --uid UID                    Custom uid in the sandbox (requires a user namespace)
+    --gid GID                    Custom gid in the sandbox (requires a user namespace)
+    --hostname NAME              Custom hostname in the sandbox (requires --unshare-uts)
+    --chdir DIR                  Change directory to DIR
+    --clearenv                   Unset all environment variables
+    --setenv VAR VALUE           Set an environment variable
+    --unsetenv VAR               Unset an environment variable
+    --bind SRC DEST              Bind mount the host path SRC on DEST
+    --bind-try SRC DEST          Equal to --bind but ignores non-existent SRC
+    --dev-bind SRC DEST          Bind mount the host path SRC on DEST, allowing device access
+    --dev-bind-try SRC DEST      Equal to --dev-bind but ignores non-existent SRC
+    --ro-bind SRC DEST           Bind mount the host path SRC readonly on DEST
+    --ro-bind-try SRC DEST       Equal to --ro-bind but ignores non-existent SRC
+    --remount-ro DEST            Remount DEST as readonly; does not recursively remount
+    --proc DEST                  Mount new procfs on DEST
+    --dev DEST                   Mount new dev on DEST
+    --tmpfs DEST                 Mount new tmpfs on DEST
+    --dir DEST                   Create dir at DEST
+    --file FD DEST               Copy from FD to destination DEST
+    --bind-data FD DEST          Copy from FD to file which is bind-mounted on DEST
+    --ro-bind-data FD DEST       Copy from FD to file which is readonly bind-mounted on DEST
+    --symlink SRC DEST           Create symlink at DEST with target SRC
+    --new-session                Create a new terminal session
+    --die-with-parent            Kill COMMAND with SIGKILL when the sandbox's parent dies
+    --as-pid-1                   Do not install a reaper process with PID=1
+    --disable-userns             Disable further use of user namespaces (requires --unshare-user)
+    --seccomp FD                 Use the raw seccomp BPF program read from FD instead of the default policy
+    --cap-add CAP                Add cap CAP (or ALL)
+    --cap-drop CAP               Drop cap CAP (or ALL)
+    --perms OCTAL                Set permissions of next argument (--dir, --file, --tmpfs, ...)
+    --size BYTES                 Set size of next argument (only for --tmpfs)
+    --chmod OCTAL PATH           Change permissions of PATH (must already exist)
+
+Options of this package:
+    --spec FILE_OR_JSON          Start from this Spec (JSON text or a file); other options apply on top
+    --backend native|bwrap|auto  Choose the backend (default auto)
+    --close-fds                  Do not pass inherited fds other than stdin/stdout/stderr
+    --limit-cpu SECONDS          RLIMIT_CPU
+    --limit-memory MB            RLIMIT_AS
+    --limit-file MB              RLIMIT_FSIZE
+    --limit-nofile N             RLIMIT_NOFILE
+    --limit-nproc N              RLIMIT_NPROC
+
+Refused (bubblewrap options not supported here): --userns, --userns2, --pidns,
+--lock-file, --sync-fd, --block-fd, --userns-block-fd, --info-fd, --json-status-fd,
+--add-seccomp-fd, --exec-label, --file-label, --assert-userns-disabled, --mqueue,
+--bind-fd, --ro-bind-fd.
+
+Unlike bubblewrap, every sandbox gets this package's default seccomp policy
+unless `--seccomp FD` replaces it (or a `--spec` has "seccomp": null).
+
+Exit status: COMMAND's own; 128+N if signal N killed it; 125 for a bad option,
+a failed setup or no usable backend; 126 if COMMAND cannot be executed; 127 if
+it does not exist.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]); return the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        sys.stderr.write(USAGE)
+        return EXIT_SETUP
+    command, rest = args[0], args[1:]
+    if command in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
+        return 0
+    if command == "run":
+        return run(rest)
+    if command == "probe":
+        return probe(rest)
+    return _fail(EXIT_SETUP, f"unknown command {command!r} (try --help)")
+
+
+def run(args: Sequence[str]) -> int:
+    """`run [OPTIONS...] [--] COMMAND [ARGS...]`: run COMMAND, return its exit status."""
+    inherited = inherited_fds()
+    try:
+        spec, command, extras = parse_bwrap_args(args)
+    except SpecError as exc:
+        return _fail(EXIT_SETUP, exc)
+    for warning in extras.warnings:
+        _say(warning)
+    if extras.show_help:
+        sys.stdout.write(RUN_HELP)
+        return 0
+    if extras.show_version:
+        print(f"sandbox {_version()}")
+        return 0
+    pass_fds: tuple[int, ...] = ()
+    if not extras.close_fds:
+        pass_fds = tuple(fd for fd in inherited if fd not in extras.consumed_fds and _is_open(fd))
+    return _execute(command, spec, pass_fds, extras.backend)
+
+
+def probe(args: Sequence[str]) -> int:
+    """`probe`: print what this host supports."""
+    if args:
+        return _fail(EXIT_SETUP, f"probe takes no arguments (got {args[0]!r})")
+    from . import probe as probe_host
+
+    try:
+        report = probe_host()
+    except SandboxError as exc:
+        return _fail(EXIT_SETUP, exc)
+    print(str(report))
+    return 0
+
+
+# ---------------------------------------------------------------- running
+
+def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str) -> int:
+    """Spawn the sandbox, forward signals while waiting, map the outcome to an exit status."""
+    from . import spawn
+
+    with SignalForwarder() as forwarder:
+        try:
+            proc = spawn(command, spec, pass_fds=pass_fds, backend=backend)
+            returncode = forwarder.wait(proc)
+        except ExecNotFoundError as exc:
+            return _fail(EXIT_NOTFOUND, exc)
+        except ExecError as exc:
+            return _fail(EXIT_NOEXEC, exc)
+        except (SandboxError, OSError) as exc:
+            return _fail(EXIT_SETUP, exc)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+class SignalForwarder:
+    """Forward SIGINT, SIGTERM and SIGHUP to a sandbox process while waiting for it.
+
+    The handlers only note the signal and wake the waiting loop through a
+    pipe; the loop sends it with `proc.send_signal` outside any handler (a
+    handler may run while the process object holds its lock). Installed
+    before the sandbox starts, so a signal that arrives in between is held
+    and delivered once the process exists. Use as a context manager.
+    """
+
+    POLL_INTERVAL = 0.05  # seconds, only when pidfds are unavailable
+
+    def __init__(self, signals: Iterable[int] = FORWARDED_SIGNALS) -> None:
+        self.signals = tuple(signals)
+        self.pending: list[int] = []
+        self.previous: dict[int, Any] = {}
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def __enter__(self) -> SignalForwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def wait(self, proc: SandboxProcess) -> int:
+        """Wait for `proc` to end, forwarding signals to it; return its returncode."""
+        pidfd = _pidfd(proc.pid)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(self._wake_r, selectors.EVENT_READ)
+                if pidfd >= 0:
+                    sel.register(pidfd, selectors.EVENT_READ)
+                while True:
+                    self._forward(proc)
+                    returncode = proc.poll()
+                    if returncode is not None:
+                        return int(returncode)
+                    sel.select(None if pidfd >= 0 else self.POLL_INTERVAL)
+                    self._drain()
+        finally:
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.pending.append(signum)
+        try:
+            os.write(self._wake_w, b"s")
+        except OSError:
+            pass  # the pipe is full: the loop is awake anyway
+
+    def _forward(self, proc: SandboxProcess) -> None:
+        while self.pending:
+            sig = self.pending.pop(0)
+            try:
+                proc.send_signal(sig)
+            except OSError:
+                pass  # already gone: its exit status is on its way
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+
+def _pidfd(pid: int) -> int:
+    """A pidfd for `pid` (readable once it has exited), or -1 if unavailable."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1
+
+
+# ---------------------------------------------------------------- file descriptors
+
+def inherited_fds() -> list[int]:
+    """The fds above 2 open in this process now (not the one used to list them)."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    fds = sorted(int(name) for name in names if name.isdigit() and int(name) > 2)
+    return [fd for fd in fds if _is_open(fd)]
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- messages
+
+def _fail(status: int, error: object) -> int:
+    _say(_message(error))
+    return status
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"sandbox: {' '.join(text.splitlines())}\n")
+    sys.stderr.flush()
+
+
+def _message(error: object) -> str:
+    if isinstance(error, ExecError) and error.strerror:
+        return error.strerror
+    if isinstance(error, OSError) and not isinstance(error, SandboxError) and error.strerror:
+        where = f": {error.filename}" if error.filename is not None else ""
+        return f"{error.strerror}{where}"
+    return str(error)
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("sandbox")
+    except metadata.PackageNotFoundError:
+        package = sys.modules.get(__package__ or "sandbox")
+        return str(getattr(package, "__version__", "unknown"))

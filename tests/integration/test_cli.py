@@ -1,0 +1,327 @@
+"""`python -m sandbox run/probe` as a real subprocess, running real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox import spec as S
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 60
+SYSTEM = [
+    "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+    "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+]
+BWRAP = shutil.which("bwrap")
+
+
+def _environ(env: dict[str, str] | None) -> dict[str, str]:
+    environ = dict(os.environ if env is None else env)
+    old = os.environ.get("PYTHONPATH")
+    environ["PYTHONPATH"] = str(REPO) + (os.pathsep + old if old else "")
+    return environ
+
+
+def cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path = REPO, pass_fds: tuple[int, ...] = (),
+        input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `python -m sandbox ARGS` and capture its output."""
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], env=_environ(env), cwd=cwd, pass_fds=pass_fds,
+                          input=input, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+    """`python -m sandbox run ARGS`."""
+    return cli("run", *args, **kw)
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("sandbox: ")
+    return lines[0]
+
+
+def start(*args: str) -> subprocess.Popen[str]:
+    """Start `python -m sandbox run ARGS` and wait until the command prints its first line."""
+    proc = subprocess.Popen([sys.executable, "-m", "sandbox", "run", *args], env=_environ(None), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+# ---------------------------------------------------------------- exit status
+
+class TestExitStatus:
+    @pytest.mark.parametrize("extra", [[], ["--unshare-all"], ["--unshare-pid"], ["--unshare-pid", "--as-pid-1"]])
+    def test_command_status(self, extra):
+        result = run(*SYSTEM, *extra, "--", "sh", "-c", "exit 3")
+        assert result.returncode == 3, result.stderr
+        assert result.stderr == ""
+
+    @pytest.mark.parametrize("extra", [[], ["--unshare-all"]])
+    def test_killed_by_signal(self, extra):
+        assert run(*SYSTEM, *extra, "--", "sh", "-c", "kill -9 $$").returncode == 137
+
+    def test_output_passes_through(self):
+        result = run(*SYSTEM, "--unshare-all", "--", "sh", "-c", "echo out; echo err >&2")
+        assert (result.returncode, result.stdout, result.stderr) == (0, "out\n", "err\n")
+
+    def test_stdin_passes_through(self):
+        assert run(*SYSTEM, "cat", input="from stdin\n").stdout == "from stdin\n"
+
+    def test_bad_option(self):
+        result = run(*SYSTEM, "--foo", "true")
+        assert result.returncode == 125
+        assert one_error_line(result) == "sandbox: Unknown option --foo"
+        assert result.stdout == ""
+
+    def test_unsupported_option(self):
+        result = run(*SYSTEM, "--userns", "3", "true")
+        assert result.returncode == 125
+        assert "--userns" in one_error_line(result) and "not supported" in result.stderr
+
+    def test_bwrap_grammar_error(self):
+        result = run(*SYSTEM, "--perms", "0700", "--bind", "/a", "/b", "true")
+        assert result.returncode == 125
+        assert one_error_line(result) == "sandbox: --perms must be followed by an option that creates a file"
+
+    def test_invalid_spec(self):
+        result = run(*SYSTEM, "--spec", "{nope", "true")
+        assert result.returncode == 125
+        assert "not valid JSON" in one_error_line(result)
+
+    def test_no_command(self):
+        result = run(*SYSTEM)
+        assert result.returncode == 125
+        one_error_line(result)
+
+    def test_missing_command(self):
+        result = run(*SYSTEM, "--unshare-all", "/nonexistent")
+        assert result.returncode == 127
+        assert "/nonexistent" in one_error_line(result)
+
+    def test_command_not_executable(self, tmp_path):
+        script = tmp_path / "script"
+        script.write_text("#!/bin/sh\necho hi\n")
+        script.chmod(0o644)
+        result = run(*SYSTEM, "--ro-bind", str(script), "/script", "/script")
+        assert result.returncode == 126
+        assert "/script" in one_error_line(result)
+
+    def test_failed_setup(self):
+        result = run(*SYSTEM, "--chdir", "/nonexistent", "true")
+        assert result.returncode == 125
+        one_error_line(result)
+
+    def test_missing_bind_source(self, tmp_path):
+        result = run(*SYSTEM, "--bind", str(tmp_path / "source-enoent"), "/dest", "true")
+        assert result.returncode == 125
+        assert "source-enoent" in one_error_line(result)
+        assert run(*SYSTEM, "--bind-try", str(tmp_path / "source-enoent"), "/dest", "true").returncode == 0
+
+    def test_repeated_option_warns(self):
+        result = run(*SYSTEM, "--chdir", "/", "--chdir", "/", "true")
+        assert result.returncode == 0
+        assert result.stderr == "sandbox: Only the last --chdir option will take effect\n"
+
+
+# ---------------------------------------------------------------- environment and cwd
+
+class TestEnvironment:
+    def test_setenv_overrides_the_callers_value(self):
+        env = {**os.environ, "FOO": "wrong", "BAR": "baz"}
+        result = run(*SYSTEM, "--setenv", "FOO", "bar", "sh", "-c", 'echo "$FOO$BAR"', env=env)
+        assert result.stdout == "barbaz\n"
+
+    def test_unsetenv(self):
+        env = {**os.environ, "FOO": "foo", "BAR": "baz"}
+        assert run(*SYSTEM, "--unsetenv", "FOO", "sh", "-c", 'echo "$FOO$BAR"', env=env).stdout == "baz\n"
+
+    def test_clearenv_leaves_only_pwd(self, tmp_path):
+        result = run(*SYSTEM, "--bind", str(tmp_path), str(tmp_path), "--clearenv", "/usr/bin/env", cwd=tmp_path)
+        assert result.stdout == f"PWD={tmp_path}\n"
+
+    def test_cwd_is_kept_when_visible(self, tmp_path):
+        result = run(*SYSTEM, "--bind", str(tmp_path), str(tmp_path), "pwd", cwd=tmp_path)
+        assert result.stdout == f"{tmp_path}\n"
+
+    def test_chdir_sets_cwd_and_pwd(self):
+        result = run(*SYSTEM, "--chdir", "/usr", "--clearenv", "sh", "-c", 'pwd; echo "$PWD"')
+        assert result.stdout == "/usr\n/usr\n"
+
+    def test_env_options_apply_in_order(self):
+        result = run(*SYSTEM, "--setenv", "A", "1", "--clearenv", "--setenv", "B", "2", "--chdir", "/", "/usr/bin/env")
+        assert sorted(result.stdout.splitlines()) == ["B=2", "PWD=/"]
+
+
+# ---------------------------------------------------------------- options
+
+class TestOptions:
+    def test_hostname(self):
+        assert run(*SYSTEM, "--unshare-uts", "--hostname", "foo", "hostname").stdout == "foo\n"
+
+    def test_as_pid_1(self):
+        assert run(*SYSTEM, "--unshare-pid", "--as-pid-1", "sh", "-c", "echo $$").stdout == "1\n"
+
+    def test_uid_and_gid(self):
+        result = run(*SYSTEM, "--unshare-user", "--uid", "1000", "--gid", "1001", "sh", "-c",
+                     "id -u; id -g; cat /proc/self/setgroups")
+        assert result.stdout == "1000\n1001\ndeny\n"
+
+    def test_unshare_net_leaves_only_loopback(self):
+        result = run(*SYSTEM, "--unshare-net", "cat", "/proc/net/dev")
+        interfaces = [line.split(":")[0].strip() for line in result.stdout.splitlines()[2:]]
+        assert interfaces == ["lo"]
+
+    def test_perms_and_size(self):
+        result = run(*SYSTEM, "--tmpfs", "/tmp", "--perms", "1741", "--dir", "/tmp/d", "--size", "1048576",
+                     "--perms", "01777", "--tmpfs", "/tmp/t", "sh", "-c",
+                     "stat -c %a /tmp/d /tmp/t; df --output=size --block-size=1K /tmp/t | tail -1")
+        assert result.stdout.split() == ["1741", "1777", "1024"]
+
+    def test_limits(self):
+        result = run(*SYSTEM, "--limit-nofile", "17", "--limit-cpu", "5", "sh", "-c", "ulimit -n; ulimit -t")
+        assert result.stdout == "17\n5\n"
+
+    def test_spec_option(self):
+        base = S.Spec(mounts=(S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Symlink("usr/lib", "/lib"),
+                              S.Symlink("usr/lib64", "/lib64"), S.File("/etc/motd", b"hello\n")))
+        result = run("--spec", base.to_json(), "--proc", "/proc", "cat", "/etc/motd")
+        assert (result.returncode, result.stdout) == (0, "hello\n")
+
+    def test_backend_option(self):
+        for backend in ("native", "bwrap", "auto"):
+            result = run(*SYSTEM, "--backend", backend, "sh", "-c", "exit 4")
+            assert result.returncode == 4, (backend, result.stderr)
+
+
+# ---------------------------------------------------------------- file descriptors
+
+class TestFds:
+    def test_inherited_fds_pass_through(self):
+        r, w = os.pipe()
+        try:
+            result = run(*SYSTEM, "sh", "-c", f"echo through > /proc/self/fd/{w}", pass_fds=(w,))
+            os.close(w)
+            assert result.returncode == 0, result.stderr
+            assert os.read(r, 100) == b"through\n"
+        finally:
+            os.close(r)
+
+    def test_close_fds(self):
+        r, w = os.pipe()
+        try:
+            result = run(*SYSTEM, "--close-fds", "sh", "-c", f"test -e /proc/self/fd/{w}", pass_fds=(w,))
+            assert result.returncode == 1
+        finally:
+            os.close(r)
+            os.close(w)
+
+    def test_args_fd(self):
+        r, w = os.pipe()
+        os.write(w, b"--setenv\0X\0from args\0--dir\0/tmp/hello\0")
+        os.close(w)
+        try:
+            result = run(*SYSTEM, "--tmpfs", "/tmp", "--args", str(r), "sh", "-c",
+                         f'echo "$X"; test -d /tmp/hello && echo dir; test -e /proc/self/fd/{r} || echo closed',
+                         pass_fds=(r,))
+        finally:
+            os.close(r)
+        assert result.stdout == "from args\ndir\nclosed\n", result.stderr
+
+    def test_file_and_bind_data_fds(self):
+        fds = []
+        for data in (b"file data", b"bound data"):
+            r, w = os.pipe()
+            os.write(w, data)
+            os.close(w)
+            fds.append(r)
+        try:
+            result = run(*SYSTEM, "--tmpfs", "/tmp", "--perms", "0640", "--file", str(fds[0]), "/tmp/file",
+                         "--ro-bind-data", str(fds[1]), "/tmp/bound", "sh", "-c",
+                         "cat /tmp/file; echo; cat /tmp/bound; echo; stat -c %a /tmp/file /tmp/bound",
+                         pass_fds=tuple(fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert result.stdout.split("\n") == ["file data", "bound data", "640", "600", ""], result.stderr
+
+
+# ---------------------------------------------------------------- signals
+
+class TestSignals:
+    @pytest.mark.parametrize("extra", [[], ["--unshare-pid"]])
+    @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+    def test_forwarded_signal_ends_the_command(self, extra, sig):
+        proc = start(*SYSTEM, *extra, "--", "sh", "-c", "echo ready; exec sleep 60")
+        proc.send_signal(sig)
+        assert proc.wait(timeout=TIMEOUT) == 128 + sig
+
+    @pytest.mark.parametrize("extra", [[], ["--unshare-pid"], ["--unshare-pid", "--as-pid-1"]])
+    def test_command_can_catch_a_forwarded_signal(self, extra):
+        # the trap also ends the background sleep, which would otherwise keep stdout open
+        script = 'trap "kill \\$!; echo caught; exit 7" TERM; echo ready; sleep 60 & wait'
+        proc = start(*SYSTEM, *extra, "--", "sh", "-c", script)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=TIMEOUT)
+        assert (proc.returncode, out) == (7, "caught\n")
+
+
+# ---------------------------------------------------------------- other commands
+
+class TestCommands:
+    def test_probe(self):
+        result = cli("probe")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip()
+
+    def test_help(self):
+        for args in (["--help"], ["run", "--help"]):
+            result = cli(*args)
+            assert result.returncode == 0
+            assert "usage:" in result.stdout
+
+    def test_run_version(self):
+        result = cli("run", "--version")
+        assert result.returncode == 0 and result.stdout.startswith("sandbox ")
+
+    def test_unknown_command(self):
+        result = cli("frobnicate")
+        assert result.returncode == 125
+        one_error_line(result)
+
+    def test_no_arguments(self):
+        result = cli()
+        assert result.returncode == 125 and "usage:" in result.stderr
+
+
+# ---------------------------------------------------------------- same results as bwrap 0.8.0
+
+@pytest.mark.skipif(BWRAP is None, reason="bwrap is not installed")
+@pytest.mark.parametrize("args", [
+    ["sh", "-c", "exit 3"],
+    ["--unshare-pid", "sh", "-c", "exit 3"],
+    ["sh", "-c", "kill -9 $$"],
+    ["--clearenv", "--setenv", "A", "b", "--chdir", "/", "/usr/bin/env"],
+    ["--unshare-uts", "--hostname", "foo", "hostname"],
+    ["--unshare-pid", "--as-pid-1", "sh", "-c", "echo $$"],
+    ["--unshare-user", "--uid", "1000", "--gid", "1001", "sh", "-c", "id -u; id -g"],
+    ["--tmpfs", "/tmp", "--dir", "/tmp/a", "--perms", "0750", "--dir", "/tmp/a/b/c", "stat", "-c", "%a %n",
+     "/tmp/a", "/tmp/a/b", "/tmp/a/b/c"],
+    ["--tmpfs", "/tmp", "--symlink", "/usr/bin", "/tmp/link", "readlink", "/tmp/link"],
+    ["--", "sh", "-c", "echo hello"],
+])
+def test_same_as_bwrap(args):
+    real = subprocess.run([BWRAP, *SYSTEM, *args], capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+    ours = run(*SYSTEM, *args, cwd="/")
+    assert (ours.returncode, ours.stdout) == (real.returncode, real.stdout), ours.stderr

@@ -1,0 +1,307 @@
+"""Every conformance case on every available backend, and native vs bwrap side by side.
+
+The probe (probe.py, standard library only) runs inside the sandbox with
+Debian's /usr/bin/python3 and prints what it sees; cases.py says what it must
+see. The differential test runs each case on both backends and compares the
+whole reports after removing what legitimately differs (see `normalize`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sandbox
+from sandbox import errors
+from sandbox import spec as S
+
+from .cases import CASES, HOST_TREE, LEAKED_FD, PASSED_FD, Case, Matcher, fill
+
+pytestmark = pytest.mark.integration
+
+PYTHON = "/usr/bin/python3"
+PROBE_PATH = Path(__file__).with_name("probe.py")
+PROBE = PROBE_PATH.read_bytes()
+BASE_WORLD = (
+    S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Symlink("usr/lib", "/lib"),
+    S.Symlink("usr/lib64", "/lib64"), S.File("/probe.py", PROBE, perms=0o644, readonly=True),
+)
+BACKENDS = ("native", "bwrap")
+NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
+
+
+def available(backend: str) -> tuple[bool, str]:
+    result = sandbox.probe()
+    if backend == "native":
+        return result.native, result.native_reason
+    return bool(result.bwrap), result.bwrap_reason
+
+
+def require(backend: str) -> None:
+    ok, reason = available(backend)
+    if not ok:
+        pytest.skip(f"{backend} backend unavailable: {reason}")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+
+
+# ---------------------------------------------------------------- host context
+
+def make_tree(root: Path) -> None:
+    for name, content in HOST_TREE.items():
+        path = root / name
+        if content is None:
+            path.mkdir(mode=0o755)
+        elif content.startswith("->"):
+            path.symlink_to(content[2:])
+        else:
+            path.write_text(content)
+            path.chmod(0o644)
+    root.chmod(0o755)
+
+
+def host_view() -> dict[str, Any]:
+    """What the test process itself sees, for HostValue expectations."""
+    with open("/proc/net/dev") as f:
+        interfaces = sorted(line.split(":", 1)[0].strip() for line in f.read().splitlines()[2:])
+    with open("/proc/self/uid_map") as f:
+        uid_map = f.read().split()
+    view: dict[str, Any] = {f"ns.{ns}": os.readlink(f"/proc/self/ns/{ns}") for ns in NAMESPACES}
+    view.update({"hostname": socket.gethostname(), "net.interfaces": interfaces, "ids.uid_map": uid_map,
+                 "uid": os.getuid(), "gid": os.getgid()})
+    return view
+
+
+@pytest.fixture(scope="session")
+def ctx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("conformance-host")
+    make_tree(root)
+    for parent in root.parents:  # the tree must be reachable by the sandbox's uid
+        if parent == Path("/") or parent.stat().st_mode & 0o005 == 0o005:
+            break
+        if parent.stat().st_uid == os.getuid():
+            parent.chmod(parent.stat().st_mode | 0o005)
+    view = host_view()
+    view["host"] = str(root)
+    return view
+
+
+# ---------------------------------------------------------------- running a case
+
+def build_spec(case: Case, ctx: Mapping[str, Any]) -> S.Spec:
+    mounts = (BASE_WORLD if case.base else ()) + tuple(fill(m, ctx) for m in case.mounts)
+    if case.request.get("mounts") and not any(isinstance(m, S.Proc) for m in mounts):
+        mounts += (S.Proc(),)  # the probe reads /proc/self/mountinfo
+    return S.Spec(mounts=mounts, **fill(dict(case.spec), ctx))
+
+
+def command(case: Case) -> list[str]:
+    if case.argv is not None:
+        return list(case.argv)
+    probe = str(PROBE_PATH) if case.probe_on_host else "/probe.py"
+    return [PYTHON, "-I", "-S", probe, json.dumps(dict(case.request))]
+
+
+def mark_known_bugs(case: Case, backends: tuple[str, ...]) -> None:
+    for name in backends:
+        if name in case.known_bug:
+            pytest.xfail(f"known {name} bug: {case.known_bug[name]}")
+
+
+def run_case(case: Case, backend: str, ctx: Mapping[str, Any], monkeypatch: pytest.MonkeyPatch
+             ) -> sandbox.CompletedProcess:
+    """Run `case` on `backend` (raises what spawn raises)."""
+    if case.root_only and os.getuid() != 0:
+        pytest.skip("needs root")
+    if case.nonroot_only and os.getuid() == 0:
+        pytest.skip("root may make namespaces without a user namespace")
+    # A fixed caller: its cwd and HOME exist inside only where a case binds them.
+    monkeypatch.chdir(fill(case.host_cwd or "/{host}/cwd", ctx))
+    monkeypatch.setenv("HOME", "/nonexistent-home")
+    for name, value in case.host_env.items():
+        monkeypatch.setenv(name, fill(value, ctx))
+    spec = build_spec(case, ctx)
+    with extra_fds(case) as fds:
+        return sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
+
+
+class extra_fds:
+    """While the case runs: a pipe's read end at PASSED_FD (to pass), an
+    inheritable fd at LEAKED_FD (not to pass)."""
+
+    def __init__(self, case: Case) -> None:
+        self.case = case
+        self.fds: list[int] = []
+
+    def __enter__(self) -> list[int]:
+        if self.case.leak_fd:
+            fd = os.open("/dev/null", os.O_RDONLY)
+            os.dup2(fd, LEAKED_FD, inheritable=True)
+            os.close(fd)
+            self.fds.append(LEAKED_FD)
+        if not self.case.pass_fd:
+            return []
+        r, w = os.pipe()
+        os.dup2(r, PASSED_FD)
+        os.close(r)
+        self.fds += [PASSED_FD, w]
+        return [PASSED_FD]
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+def report_of(result: sandbox.CompletedProcess) -> dict[str, Any]:
+    assert result.stdout, f"no report; stderr: {result.stderr!r}"
+    return json.loads(result.stdout)
+
+
+def lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = report
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def check_expectations(case: Case, backend: str, report: Mapping[str, Any], ctx: Mapping[str, Any]) -> None:
+    failures = []
+    for path, expected in case.expect.items():
+        if path in case.differs.get(backend, ()):
+            continue
+        path = fill(path, ctx)
+        expected = fill(expected, ctx)
+        got = lookup(report, path)
+        ok = expected.matches(got, ctx) if isinstance(expected, Matcher) else got == expected
+        if not ok:
+            failures.append(f"{'.'.join(path)}: expected {expected!r}, got {got!r}")
+    assert not failures, "\n".join(failures)
+
+
+def check_error(case: Case, exc: BaseException, ctx: Mapping[str, Any]) -> None:
+    assert case.error is not None
+    name, attrs = case.error
+    assert isinstance(exc, getattr(errors, name)), f"expected {name}, got {type(exc).__name__}: {exc}"
+    for attr, value in attrs.items():
+        assert getattr(exc, attr) == fill(value, ctx), f"{attr}: expected {value!r}, got {getattr(exc, attr)!r}"
+
+
+# ---------------------------------------------------------------- the tests
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    require(request.param)
+    yield request.param
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend in case.known_bug:
+        try:
+            run_and_check(case, backend, ctx, monkeypatch)
+        except (AssertionError, sandbox.SandboxError):
+            mark_known_bugs(case, (backend,))
+        return
+    run_and_check(case, backend, ctx, monkeypatch)
+
+
+def run_and_check(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    if case.error is not None:
+        with pytest.raises(sandbox.SandboxError) as info:
+            run_case(case, backend, ctx, monkeypatch)
+        check_error(case, info.value, ctx)
+        return
+    result = run_case(case, backend, ctx, monkeypatch)
+    assert result.backend == backend
+    assert result.returncode == case.returncode, result.stderr
+    if case.argv is None:
+        report = report_of(result)
+        if backend == "bwrap":  # a documented difference: bwrap always sets PWD
+            assert report["env"].pop("PWD") == report["cwd"]
+        check_expectations(case, backend, report, ctx)
+
+
+def normalize(report: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
+    """Remove what legitimately differs between backends.
+
+    - namespace inode numbers: only "the host's" or "new" is kept;
+    - pid 1's command line (sandbox-init vs bwrap) and, without a pid
+      namespace, every host pid (also when /proc is absent and the probe
+      cannot tell which pid namespace it is in);
+    - PWD, which bwrap always adds to the environment;
+    - without a user namespace, CapBnd (bwrap 0.8.0 shrinks the bounding set
+      only in a user namespace it made);
+    - the number of mounts (bwrap does not self-bind a non-writable /proc/sys)
+      and the mode= option of the tmpfs behind the root and behind File
+      mounts (bwrap's root is a directory of its staging tmpfs).
+    """
+    out = json.loads(json.dumps(report))
+    out["ns"] = {ns: "unknown" if not isinstance(value, str) else "host" if value == ctx[f"ns.{ns}"] else "new"
+                 for ns, value in out["ns"].items()}
+    out["proc"].pop("pid1_cmdline", None)
+    if out["ns"]["pid"] != "new" and out["proc"].get("pid") not in (1, 2):
+        for key in ("pid", "ppid", "visible_pids"):
+            out["proc"].pop(key, None)
+    if not set(out["proc"].get("visible_pids") or []) <= {1, 2}:  # the host's /proc: its pids come and go
+        out["proc"].pop("visible_pids", None)
+    out["env"].pop("PWD", None)
+    if out["ns"]["user"] == "host" and isinstance(out.get("status"), dict):
+        out["status"].pop("CapBnd", None)  # bwrap drops the bounding set only in a user namespace
+    mounts = out.get("mounts")
+    if isinstance(mounts, dict):
+        mounts.pop("count", None)
+        for point, info in (mounts.get("points") or {}).items():
+            if info and (point == "/" or (out["paths"].get(point) or {}).get("type") == "file"):
+                info.pop("mode", None)
+    return out
+
+
+def outcome(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    try:
+        result = run_case(case, backend, ctx, monkeypatch)
+    except sandbox.SandboxError as exc:
+        return {"error": type(exc).__name__, "step": getattr(exc, "step", None), "path": getattr(exc, "path", None),
+                "errno": getattr(exc, "errno", None)}
+    out: dict[str, Any] = {"returncode": result.returncode}
+    if case.argv is None and result.stdout:
+        out["report"] = normalize(report_of(result), ctx)
+        for path in {p for paths in case.differs.values() for p in paths}:
+            drop(out["report"], path)
+    return out
+
+
+def drop(report: dict[str, Any], path: tuple[str, ...]) -> None:
+    """Remove the value at `path` (a documented difference)."""
+    for key in path[:-1]:
+        report = report.get(key) or {}
+    report.pop(path[-1], None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_backends_agree(case: Case, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in BACKENDS:
+        require(name)
+    native = outcome(case, "native", ctx, monkeypatch)
+    bwrap = outcome(case, "bwrap", ctx, monkeypatch)
+    if native != bwrap and case.known_bug:
+        mark_known_bugs(case, BACKENDS)
+    if native != bwrap:
+        diffs = describe_differences(native, bwrap)
+        pytest.fail("native and bwrap disagree:\n" + "\n".join(diffs))
+
+
+def describe_differences(a: Any, b: Any, where: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            out += describe_differences(a.get(key), b.get(key), f"{where}.{key}")
+        return out
+    return [] if a == b else [f"{where or '.'}: native={a!r} bwrap={b!r}"]

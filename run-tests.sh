@@ -32,7 +32,7 @@ rc=0
 run_pytest "$(id -un) (uid $(id -u))" "$venv/bin/python" -m pytest -p no:cacheprovider "${@:--q}" tests || rc=1
 if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"
-    run_pytest "$test_user (unprivileged)" runuser -u "$test_user" -- env HOME="$stage" \
+    run_pytest "$test_user (unprivileged)" runuser -u "$test_user" -- env HOME="$stage" PATH=/usr/local/bin:/usr/bin:/bin \
         "$venv/bin/python" -m pytest -p no:cacheprovider "${@:--q}" tests || rc=1
 fi
 exit $rc

@@ -83,22 +83,18 @@ class SandboxProcess:
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        """Wait for the sandbox to end; raise subprocess.TimeoutExpired after `timeout` seconds."""
-        if self.returncode is not None:
-            return self.returncode
-        if timeout is not None:
+        """Wait for the sandbox to end; raise subprocess.TimeoutExpired after `timeout` seconds.
+
+        No lock is held while blocking, so a signal handler may call
+        send_signal() or kill() meanwhile.
+        """
+        while self.returncode is None:
             self._wait_ready(timeout)
-        with self._lock:
-            if self.returncode is None:
-                try:
-                    _, status = os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    status = 255 << 8
-                self._finish(status)
-        assert self.returncode is not None
+            if self.poll() is None and timeout is not None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
-    def _wait_ready(self, timeout: float) -> None:
+    def _wait_ready(self, timeout: float | None) -> None:
         """Block until the first process has exited (a pidfd becomes readable)."""
         try:
             pidfd = os.pidfd_open(self.pid)

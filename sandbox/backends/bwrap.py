@@ -39,11 +39,6 @@ What remains different:
 - PWD: bwrap always sets PWD=<cwd> in the command's environment (after every
   --setenv/--unsetenv, so it cannot be removed); the native backend adds
   nothing to the plan's env.
-- cwd fallback: without a given cwd, bwrap tries the caller's cwd, then the
-  HOME of the *command's* environment, then /. The plan falls back to the
-  caller's HOME when the command's environment has none; bwrap goes to /.
-- PATH: without PATH in the command's environment, bwrap's execvp searches
-  glibc's default "/bin:/usr/bin", the native backend the plan's DEFAULT_PATH.
 - Exit status: bwrap reports a command killed by signal N as exit code 128+N
   and cannot tell it from `exit(128+N)`; codes 129-192 are reported as -N
   (signal N), so a command that exits with such a code looks killed.

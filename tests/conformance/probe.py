@@ -242,6 +242,8 @@ def act(action: list[Any]) -> Any:
             return fork_many(int(args[0]))
         elif verb == "unshare_user":
             return unshare_user()
+        elif verb == "syscalls":
+            return raw_syscalls(args[0])
         else:
             return {"error": f"unknown action {verb}"}
     except OSError as exc:
@@ -259,6 +261,21 @@ def write_all(path: str, size: int) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def raw_syscalls(calls: list[list[int]]) -> list[str]:
+    """Make each raw syscall [nr, a0..a5]; report "ok" or the errno's name."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    out = []
+    for nr, *args in calls:
+        ctypes.set_errno(0)
+        ret = libc.syscall(ctypes.c_long(nr), *[ctypes.c_ulong(a) for a in args])
+        err = ctypes.get_errno()
+        out.append(errno.errorcode.get(err, str(err)) if ret == -1 else "ok")
+    return out
 
 
 def unshare_user() -> str:

@@ -202,3 +202,22 @@ def test_landlock_abi_is_reported_inside(base_spec) -> None:
 def test_landlock_setting_is_validated() -> None:
     with pytest.raises(SpecError):
         sandbox.Spec(landlock="sometimes")
+
+
+def test_landlock_is_refused_by_the_bwrap_backend_unless_best_effort(base_spec) -> None:
+    if not sandbox.probe().bwrap:
+        pytest.skip("bwrap is not available")
+    with pytest.raises(sandbox.UnavailableError, match="native backend"):
+        sandbox.run(["true"], base_spec(landlock=True), backend="bwrap")
+    done = sandbox.run(["true"], base_spec(landlock="best-effort"), backend="bwrap", timeout=60)
+    assert done.returncode == 0 and done.backend == "bwrap"
+
+
+def test_the_default_policy_is_enforced_by_bwrap_too(base_spec, run_sh) -> None:
+    if not sandbox.probe().bwrap:
+        pytest.skip("bwrap is not available")
+    for backend in ("native", "bwrap"):
+        done = sandbox.run(["sh", "-c", "grep Seccomp: /proc/self/status; unshare -U true; echo rc=$?"],
+                           base_spec(), capture_output=True, text=True, backend=backend, timeout=60)
+        assert "Seccomp:\t2" in done.stdout and "rc=1" in done.stdout, (backend, done.stdout, done.stderr)
+        assert "Operation not permitted" in done.stderr, backend

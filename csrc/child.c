@@ -8,6 +8,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mount.h>
@@ -68,6 +69,27 @@ static _Noreturn void exec_reaper(struct sbx_ctx *c)
     c->reached_exec = 1;
     execveat(c->init_fd, "", c->init_argv, c->envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+}
+
+/* Join a leased network namespace (entering first the user namespace that
+ * owns it, so that joining is permitted), then clone the setup child into
+ * new namespaces from there. Its user namespace is then a child of the
+ * owner's, so it holds no capability over the leased netns and cannot
+ * reconfigure it. CLONE_PARENT makes it our caller's child, as if the caller
+ * had cloned it; CLONE_VFORK keeps us until it has exec'd (or failed). */
+int sbx_joiner_main(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    if (c->join_userns_fd >= 0 && setns(c->join_userns_fd, CLONE_NEWUSER) < 0)
+        sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
+    if (setns(c->join_netns_fd, CLONE_NEWNET) < 0)
+        sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
+    pid_t pid = clone(sbx_child_main, c->inner_stack, CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD | c->inner_flags,
+                      c);
+    if (pid < 0)
+        sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
+    c->inner_pid = pid;
+    _exit(0);
 }
 
 int sbx_child_main(void *arg)

@@ -38,6 +38,10 @@ struct sbx_ctx {
     char **sh_argv;   /* scratch for the ENOEXEC retry through /bin/sh (argc + 2) */
     volatile int reached_exec; /* set just before the final exec: a child that
                                   dies before it has crashed, not exec'd */
+    int join_userns_fd, join_netns_fd; /* a leased netns (and its owner), or -1 */
+    unsigned long inner_flags;  /* namespaces the setup child creates after joining */
+    void *inner_stack;          /* top of the setup child's stack when joining */
+    volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
     struct sbx_result *res;
 };
 
@@ -92,5 +96,6 @@ unsigned long sbx_clone_flags(uint32_t ns);
 
 /* child.c */
 int sbx_child_main(void *arg);
+int sbx_joiner_main(void *arg);
 
 #endif

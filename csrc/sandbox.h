@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 5
+#define SBX_ABI_VERSION 6
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -95,7 +95,8 @@ enum sbx_step {
     SBX_STEP_EXEC = 27,        /* exec of the command itself */
     SBX_STEP_DISABLE_USERNS = 28,
     SBX_STEP_LANDLOCK = 29,
-    SBX_STEP_CRASHED = 30      /* the setup child died before exec (.err: its signal) */
+    SBX_STEP_CRASHED = 30,     /* the setup child died before exec (.err: its signal) */
+    SBX_STEP_JOIN_NETNS = 31   /* joining a leased network namespace */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -192,12 +193,15 @@ int sbx_check_blob(const void *blob, size_t len);
 /* Start a sandbox. stdio[i] is the fd to become fd i (-1: inherit fd i).
  * pass_fds (sorted ascending) stay open at the same numbers; every other fd
  * is closed at exec. init_fd is an O_PATH fd of the sandbox-init executable
- * (needed when SBX_OPT_REAPER is set). Returns 0 with res->pid set once the
- * command has been exec'd; -1 after a failure, with res->step/op/err/detail
- * set and no process left behind. */
+ * (needed when SBX_OPT_REAPER is set). join_ns = {userns fd, netns fd}: a
+ * leased network namespace to run in instead of a new one (-1: none; the
+ * userns fd is the one owning that netns, -1 when the caller may join it
+ * directly). Returns 0 with res->pid set once the command has been exec'd;
+ * -1 after a failure, with res->step/op/err/detail set and no process left
+ * behind. */
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[],
               const int stdio[3], const int *pass_fds, int n_pass, int init_fd,
-              struct sbx_result *res);
+              const int join_ns[2], struct sbx_result *res);
 
 /* What this host allows: clone a child into the namespaces `ns` (SBX_NS_*),
  * map ids, and try the mount API the native backend needs. 0 if everything

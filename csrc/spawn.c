@@ -162,18 +162,33 @@ static void free_memory(struct sbx_ctx *c)
 /* Clone the child: the caller's thread sleeps until it exec's or exits. */
 static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
 {
-    void *stack = mmap(NULL, CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    /* two stacks: the joiner's (when joining a leased netns) and the setup child's */
+    char *stack = mmap(NULL, 2 * CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (stack == MAP_FAILED)
         return -1;
+    int (*fn)(void *) = sbx_child_main;
+    if (c->join_netns_fd >= 0) {
+        c->inner_flags = flags & ~(unsigned long)CLONE_NEWNET;
+        c->inner_stack = stack + 2 * CHILD_STACK;
+        fn = sbx_joiner_main;
+        flags = 0;
+    }
     sigset_t all, old;
     sigfillset(&all);
     /* No signal handler of the caller may run in the child (it shares our
      * memory); the child resets the handlers before unblocking. */
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = clone(sbx_child_main, (char *)stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, c);
+    pid_t pid = clone(fn, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, c);
     int saved = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    munmap(stack, CHILD_STACK);
+    if (pid > 0 && c->join_netns_fd >= 0) {
+        /* the joiner has exited: reap it; the setup child is ours now */
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        pid = c->inner_pid;
+        saved = EINVAL; /* if the joiner failed, its report says why */
+    }
+    munmap(stack, 2 * CHILD_STACK);
     errno = saved;
     return pid;
 }
@@ -194,7 +209,7 @@ static int read_report(int fd, struct sbx_report *r)
 }
 
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[], const int stdio[3],
-              const int *pass_fds, int n_pass, int init_fd, struct sbx_result *res)
+              const int *pass_fds, int n_pass, int init_fd, const int join_ns[2], struct sbx_result *res)
 {
     memset(res, 0, sizeof *res);
     res->pid = -1;
@@ -227,6 +242,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         .argv = argv, .envp = envp, .stdio = {stdio[0], stdio[1], stdio[2]},
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = init_fd,
         .err_fd = errp[1], .status_fd = statp[1], .root_fd = -1, .proc_fd = -1, .res = res,
+        .join_userns_fd = join_ns ? join_ns[0] : -1, .join_netns_fd = join_ns ? join_ns[1] : -1, .inner_pid = -1,
     };
     char fds[2][16];
     if (prepare_memory(&c, fds) < 0) {
@@ -241,14 +257,19 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
     if (reaper)
         close(statp[1]);
     free_memory(&c);
+    struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
     if (pid < 0) {
+        /* a joiner that failed has reported why; a failed clone has not */
+        if (c.join_netns_fd < 0 || !read_report(errp[0], &r)) {
+            r.step = SBX_STEP_CLONE;
+            r.err = clone_err;
+        }
         close(errp[0]);
         if (reaper)
             close(statp[0]);
-        fail_early(res, SBX_STEP_CLONE, clone_err);
+        fail_early(res, r.step, r.err);
         return -1;
     }
-    struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
     int reported = read_report(errp[0], &r);
     close(errp[0]);
     res->t_ns[SBX_T_DONE] = now_ns();

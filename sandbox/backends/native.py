@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "or `pip install -e .` from the source tree"
     ) from exc
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core has ABI {lib.SBX_ABI_VERSION}, this Python code expects {ABI_VERSION}; "
@@ -186,14 +186,20 @@ def spawn_blob(
     env: Sequence[str],
     stdio: tuple[int, int, int],
     pass_fds: Sequence[int],
+    join_ns: tuple[int, int] | None = None,
 ) -> Started:
-    """Start the command; raise SetupError/ExecError if the sandbox failed."""
+    """Start the command; raise SetupError/ExecError if the sandbox failed.
+
+    `join_ns` = (userns fd or -1, netns fd): a leased network namespace to
+    run in instead of a new one."""
     c_argv, keep_a = cstrings(argv)
     c_env, keep_e = cstrings(env)
     c_pass = ffi.new("int[]", list(pass_fds) or [0])
     res = ffi.new("struct sbx_result *")
     init = init_fd() if plan.reaper else -1
-    rc = lib.sbx_spawn(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds), init, res)
+    join = [-1, -1] if join_ns is None else list(join_ns)
+    rc = lib.sbx_spawn(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds), init,
+                       join, res)
     del keep_a, keep_e
     if rc != 0:
         raise setup_error(res, plan, argv)

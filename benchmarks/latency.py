@@ -46,19 +46,26 @@ def variants() -> dict[str, Callable[[], object]]:
     """name -> one spawn+wait of /bin/true."""
     spec = sandbox.Spec(mounts=MOUNTS)
     pid1 = spec.replace(as_pid_1=True)
+    no_filter = spec.replace(seccomp=None)
     out: dict[str, Callable[[], object]] = {
         "subprocess.run /bin/true": lambda: subprocess.run(["/bin/true"], check=True),
         "native sandbox.spawn": lambda: _native(spec),
+        "native, seccomp=None": lambda: _native(no_filter),
         "native, as_pid_1 (no reaper)": lambda: _native(pid1),
     }
     bwrap = shutil.which("bwrap")
     if bwrap:
         out["bwrap (same config)"] = lambda: subprocess.run([bwrap, *BWRAP_ARGS, "/bin/true"], check=True)
+        out["sandbox backend=bwrap"] = lambda: _backend(spec, "bwrap")
     return out
 
 
 def _native(spec: sandbox.Spec) -> None:
-    proc = sandbox.spawn(["/bin/true"], spec, backend="native")
+    _backend(spec, "native")
+
+
+def _backend(spec: sandbox.Spec, backend: str) -> None:
+    proc = sandbox.spawn(["/bin/true"], spec, backend=backend)
     if proc.wait() != 0:
         raise RuntimeError(f"sandboxed /bin/true exited {proc.returncode}")
 
@@ -81,7 +88,7 @@ def p99(xs: list[float]) -> float:
 
 
 def table(times: dict[str, list[float]]) -> str:
-    """A Markdown table with medians, p99s and ratios."""
+    """A Markdown table with medians, p99s and ratios (to bwrap run bare, with the same options)."""
     med = {k: statistics.median(v) for k, v in times.items()}
     bare = med.get("subprocess.run /bin/true")
     bw = med.get("bwrap (same config)")

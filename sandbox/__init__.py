@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from .api import run, spawn
+from .bwrap_args import from_bwrap_args
 from .errors import (
     ExecError,
     ExecNotFoundError,
@@ -44,5 +45,5 @@ __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir", "ExecError",
     "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount", "Namespaces",
     "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "SetupError", "Spec",
-    "SpecError", "Symlink", "Tmpfs", "UnavailableError", "probe", "run", "spawn",
+    "SpecError", "Symlink", "Tmpfs", "UnavailableError", "from_bwrap_args", "probe", "run", "spawn",
 ]

@@ -8,6 +8,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
@@ -40,6 +41,20 @@ static void enter_cwd(struct sbx_ctx *c)
             break;
     }
     sbx_fail(c, SBX_STEP_CWD, 0, err, SBX_D_NONE);
+}
+
+/* The isolation check: every probe path (a secret that must not be visible)
+ * is proven absent, as the command would look for it, before it runs. Any
+ * answer but "no such file" fails the start. */
+static void check_probe_paths(struct sbx_ctx *c)
+{
+    const uint32_t *paths = (const void *)(c->blob + c->h->probe_off);
+    for (uint32_t i = 0; i < c->h->n_probe; i++) {
+        if (faccessat(AT_FDCWD, sbx_str(c, paths[i]), F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+            sbx_fail(c, SBX_STEP_ISOLATION, (int)i, EEXIST, SBX_D_EXISTS);
+        if (errno != ENOENT && errno != ENOTDIR)
+            sbx_fail(c, SBX_STEP_ISOLATION, (int)i, errno, SBX_D_NONE);
+    }
 }
 
 static void setup_filesystem(struct sbx_ctx *c)
@@ -114,6 +129,7 @@ int sbx_child_main(void *arg)
         sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
     sbx_nested_userns(c);
     enter_cwd(c);
+    check_probe_paths(c);
     sbx_apply_rlimits(c);
     sbx_setup_stdio_fds(c, reaper ? c->err_fd : -1, reaper ? c->status_fd : -1);
     if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)

@@ -27,7 +27,7 @@ static const char *const step_names[] = {
     "mount private", "source", "new root", "mount operation", "pivot_root", "loopback", "hostname",
     "nested user namespace", "chdir", "rlimit", "stdio", "fds", "setsid", "capabilities", "no_new_privs",
     "seccomp", "exec of sandbox-init", "fork", "exec", "disable user namespaces", "landlock",
-    "setup child crashed", "join network namespace",
+    "setup child crashed", "join network namespace", "isolation check",
 };
 
 static volatile sig_atomic_t child_pid;

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 6
+#define SBX_ABI_VERSION 7
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -96,7 +96,8 @@ enum sbx_step {
     SBX_STEP_DISABLE_USERNS = 28,
     SBX_STEP_LANDLOCK = 29,
     SBX_STEP_CRASHED = 30,     /* the setup child died before exec (.err: its signal) */
-    SBX_STEP_JOIN_NETNS = 31   /* joining a leased network namespace */
+    SBX_STEP_JOIN_NETNS = 31,  /* joining a leased network namespace */
+    SBX_STEP_ISOLATION = 32    /* a probe path is visible (.op: its index) */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -149,6 +150,8 @@ struct sbx_header {
     uint32_t seccomp_len;   /* in bytes, a multiple of 8 */
     uint32_t n_landlock;
     uint32_t landlock_off;  /* struct sbx_landlock[n_landlock] */
+    uint32_t n_probe;
+    uint32_t probe_off;     /* uint32_t[n_probe]: paths that must not exist inside */
     uint64_t keep_caps;     /* capabilities kept (bit = capability number) */
 };
 

@@ -45,6 +45,12 @@ int sbx_check_blob(const void *p, size_t len)
     if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !h->newroot ||
         !str_ok(blob, len, h->newroot))
         return -EINVAL;
+    if (!range_ok(len, h->probe_off, (uint64_t)h->n_probe * 4) || h->probe_off % 4)
+        return -EINVAL;
+    const uint32_t *probe = (const void *)(blob + h->probe_off);
+    for (uint32_t i = 0; i < h->n_probe; i++)
+        if (!probe[i] || !str_ok(blob, len, probe[i]))
+            return -EINVAL;
     const struct sbx_landlock *ll = (const void *)(blob + h->landlock_off);
     for (uint32_t i = 0; i < h->n_landlock; i++)
         if (!ll[i].path || !str_ok(blob, len, ll[i].path))

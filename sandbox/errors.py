@@ -84,4 +84,10 @@ class UnavailableError(SandboxError, RuntimeError):
 
 
 class IsolationError(SandboxError):
-    """An isolation check found something that should not be visible."""
+    """An isolation check found something that should not be visible; the
+    command never ran. `path` names the leaking probe path (if that was it)."""
+
+    def __init__(self, message: str, *, path: str | None = None, errno: int = 0) -> None:
+        self.path = path
+        self.errno = errno
+        super().__init__(message)

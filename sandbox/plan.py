@@ -135,6 +135,7 @@ class Plan:
     landlock: bool = False
     landlock_best_effort: bool = False
     landlock_rules: tuple[tuple[str, bool], ...] = ()  # (path inside, writable)
+    probe_paths: tuple[str, ...] = ()  # must not exist inside (checked before exec)
 
 
 def parent_mode_for(perms: int | None) -> int:
@@ -279,6 +280,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         landlock=bool(spec.landlock),
         landlock_best_effort=spec.landlock == "best-effort",
         landlock_rules=landlock_rules(ops) if spec.landlock else (),
+        probe_paths=spec.probe_paths,
     )
 
 

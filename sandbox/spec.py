@@ -401,6 +401,7 @@ class Spec:
     seccomp: Seccomp | None = DEFAULT_POLICY
     disable_userns: bool = False
     landlock: bool | str = False
+    probe_paths: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -429,6 +430,8 @@ class Spec:
             check_bool(name, getattr(self, name))
         if self.seccomp is not None and not isinstance(self.seccomp, Seccomp):
             raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
+        set_(self, "probe_paths", tuple(normalize_path(check_path(f"probe_paths[{i}]", p))
+                                  for i, p in enumerate(_strings(self.probe_paths, "probe_paths"))))
         if self.landlock not in (False, True, "best-effort"):
             raise SpecError("landlock", self.landlock, "must be false, true or 'best-effort'")
         if self.disable_userns and not self.namespaces.user:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ExecError, SandboxError, SetupError
+from ..errors import ExecError, IsolationError, SandboxError, SetupError
 from ..plan import OpKind, Plan
 from ..spec import Spec
 
@@ -28,14 +28,14 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "or `pip install -e .` from the source tree"
     ) from exc
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core has ABI {lib.SBX_ABI_VERSION}, this Python code expects {ABI_VERSION}; "
         "rebuild it with `pip install .` (or `pip install -e .`) from the same source tree"
     )
 
-HEADER = struct.Struct("<22IQ")
+HEADER = struct.Struct("<24IQ")
 OP = struct.Struct("<4IQ4I")
 RLIMIT = struct.Struct("<IIQ")
 LANDLOCK = struct.Struct("<II")
@@ -95,7 +95,8 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     cwd_off = ops_off + n_ops * OP.size
     rl_off = _align(cwd_off + 4 * n_cwd)
     ll_off = rl_off + n_rl * RLIMIT.size
-    sc_off = _align(ll_off + n_ll * LANDLOCK.size)
+    probe_off = ll_off + n_ll * LANDLOCK.size
+    sc_off = _align(probe_off + 4 * len(plan.probe_paths))
     strings = _Strings(_align(sc_off + len(seccomp)))
     ops = b"".join(
         OP.pack(op.kind, op.flags, op.mode, op.parent_mode, op.size,
@@ -106,6 +107,7 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     cwds = struct.pack(f"<{n_cwd}I", *(strings.add(c) for c in plan.cwd_candidates))
     rls = b"".join(RLIMIT.pack(res, 0, value) for res, value in plan.rlimits)
     lls = b"".join(LANDLOCK.pack(strings.add(path), lib.SBX_LL_WRITE if rw else 0) for path, rw in plan.landlock_rules)
+    probes = struct.pack(f"<{len(plan.probe_paths)}I", *(strings.add(p) for p in plan.probe_paths))
     ns = sum(bit for name, bit in NS_BITS if getattr(plan, name))
     opts = sum(bit for name, bit in OPT_BITS if getattr(plan, name))
     hostname, path, root = strings.add(plan.hostname), strings.add(plan.path), strings.add(newroot)
@@ -113,10 +115,10 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     header = HEADER.pack(
         lib.SBX_MAGIC, ABI_VERSION, total, ns, opts, plan.host_uid, plan.host_gid, plan.uid, plan.gid,
         n_ops, ops_off, n_cwd, cwd_off, n_rl, rl_off, hostname, path, root,
-        sc_off if seccomp else 0, len(seccomp), n_ll, ll_off, plan.keep_caps,
+        sc_off if seccomp else 0, len(seccomp), n_ll, ll_off, len(plan.probe_paths), probe_off, plan.keep_caps,
     )
     body = header + ops + cwds
-    body += b"\0" * (rl_off - len(body)) + rls + lls
+    body += b"\0" * (rl_off - len(body)) + rls + lls + probes
     body += b"\0" * (sc_off - len(body)) + seccomp
     body += b"\0" * (strings.base - len(body)) + strings.data
     assert len(body) == total
@@ -252,6 +254,10 @@ def setup_error(res: object, plan: Plan, argv: Sequence[str]) -> SandboxError:
     path: str | None = None
     if step == lib.SBX_STEP_EXEC:
         return ExecError.from_errno(err or E.ENOENT, argv[0])
+    if step == lib.SBX_STEP_ISOLATION:
+        probe = plan.probe_paths[index] if 0 <= index < len(plan.probe_paths) else "?"
+        what = "is visible inside the sandbox" if err == E.EEXIST else f"cannot be proven absent ({reason})"
+        return IsolationError(f"isolation check failed: probe path {probe} {what}", path=probe, errno=err)
     if step in (lib.SBX_STEP_SOURCE, lib.SBX_STEP_OP):
         name = "source" if step == lib.SBX_STEP_SOURCE else plan.ops[index].kind.name.lower() if index >= 0 else "op"
         text, path = _op_message(plan, index, detail)

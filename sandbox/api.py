@@ -87,7 +87,8 @@ def _launch(backend: str, plan: Plan, spec: Spec, argv: list[str], stdio: list[i
     if backend == "native":
         from .backends import native
         started = native.spawn_plan(plan, spec, argv, tuple(stdio), pass_fds)
-        return {"pid": started.pid, "status_fd": started.status_fd, "timings": started.timings}
+        return {"pid": started.pid, "status_fd": started.status_fd, "timings": started.timings,
+                "on_exit": started.on_exit}
     from .backends import bwrap
     return bwrap.launch(plan, spec, argv, tuple(stdio), pass_fds)
 

@@ -98,6 +98,7 @@ class _State:
     mounts: list[S.Mount] = field(default_factory=list)
     unshare: set[str] = field(default_factory=set)
     net: bool | None = None  # True: --unshare-net, False: --share-net
+    net_pool: bool = False  # --netns-pool: lease the private netns from a pool
     uid: int | None = None
     gid: int | None = None
     hostname: str | None = None
@@ -404,6 +405,10 @@ def _opt_close_fds(st: _State, opt: str, values: list[str]) -> None:
     st.close_fds = True
 
 
+def _opt_netns_pool(st: _State, opt: str, values: list[str]) -> None:
+    st.net_pool = True
+
+
 def _opt_limit(st: _State, opt: str, values: list[str]) -> None:
     st.limits[LIMIT_OPTIONS[opt]] = _parse_positive(values[0], opt)
 
@@ -593,6 +598,7 @@ OPTIONS: dict[str, tuple[int, Handler]] = {
     "--spec": (1, _opt_spec),
     "--backend": (1, _opt_backend),
     "--close-fds": (0, _opt_close_fds),
+    "--netns-pool": (0, _opt_netns_pool),
     **{name: (1, _opt_limit) for name in LIMIT_OPTIONS},
 }
 
@@ -678,8 +684,10 @@ def _seccomp(st: _State, base: S.Spec | None) -> Seccomp | None:
 
 def _network(st: _State, base: S.Spec | None) -> str:
     if st.net is None:
-        return base.network if base else "host"
-    return "none" if st.net else "host"
+        network = base.network if base else "host"
+    else:
+        network = "none" if st.net else "host"
+    return "pool" if st.net_pool and network == "none" else network
 
 
 def _identity(st: _State, base: S.Spec | None, user: bool, host: HostInfo) -> tuple[int | None, int | None]:

@@ -239,7 +239,9 @@ def _spec_namespaces(spec: S.Spec) -> list[str]:
                        (ns.uts, "--unshare-uts"), (ns.cgroup, "--unshare-cgroup")):
         if on:
             out.append(option)
-    out.append("--unshare-net" if spec.network == "none" else "--share-net")
+    out.append("--unshare-net" if spec.network in ("none", "pool") else "--share-net")
+    if spec.network == "pool":
+        out.append("--netns-pool")  # an option of ours: the CLI's grammar, not bwrap's
     return out
 
 

@@ -1147,3 +1147,43 @@ class NetnsPool:
 def _inode_of_path(path: str) -> tuple[int, int]:
     st = os.stat(path)
     return st.st_dev, st.st_ino
+
+
+# ---------------------------------------------------------------- the process-wide pool
+
+_default_lock = threading.Lock()
+_default: NetnsPool | None = None
+_default_for_none = False
+
+
+def enable(size: int = 8, *, for_network_none: bool = True) -> NetnsPool:
+    """Start (or return) the process-wide pool the native backend leases from.
+
+    Sandboxes with `network="pool"` always lease from it (it is started on
+    their first use); with `for_network_none`, `network="none"` ones do too
+    (they see the same loopback-only namespace either way). Off by default.
+    """
+    global _default, _default_for_none
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = NetnsPool(size=size)
+        _default_for_none = for_network_none
+        return _default
+
+
+def disable() -> None:
+    """Close the process-wide pool; `network="none"` makes fresh namespaces again."""
+    global _default, _default_for_none
+    with _default_lock:
+        pool, _default, _default_for_none = _default, None, False
+    if pool is not None:
+        pool.close()
+
+
+def pool_for(network: str) -> NetnsPool | None:
+    """The pool a sandbox with this `network` setting should lease from, if any."""
+    if network == "pool":
+        return _default if _default is not None and not _default.closed else enable(for_network_none=False)
+    if network == "none" and _default_for_none and _default is not None and not _default.closed:
+        return _default
+    return None

@@ -108,7 +108,8 @@ class Plan:
     user_ns: bool
     mount_ns: bool
     pid_ns: bool
-    net_ns: bool
+    net_ns: bool  # a private, loopback-only network namespace
+    net_pool: bool  # ... leased from a pool where the backend can (else a fresh one)
     ipc_ns: bool
     uts_ns: bool
     cgroup_ns: bool
@@ -255,7 +256,8 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         user_ns=ns.user,
         mount_ns=ns.mount,
         pid_ns=ns.pid,
-        net_ns=spec.network == "none",
+        net_ns=spec.network in ("none", "pool"),
+        net_pool=spec.network == "pool",
         ipc_ns=ns.ipc,
         uts_ns=ns.uts,
         cgroup_ns=ns.cgroup,

@@ -38,7 +38,8 @@ class SandboxProcess:
     def __init__(self, args: list[str], pid: int, *, backend: str, status_fd: int = -1,
                  stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
                  backend_reason: str = "", timings: dict[str, float] | None = None,
-                 decode_status: Callable[[int, int], int] | None = None) -> None:
+                 decode_status: Callable[[int, int], int] | None = None,
+                 on_exit: Callable[[], None] | None = None) -> None:
         self.args = args
         self.pid = pid
         self.backend = backend
@@ -48,6 +49,7 @@ class SandboxProcess:
         self.returncode: int | None = None
         self._status_fd = status_fd
         self._decode_status = decode_status
+        self._on_exit = on_exit
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ status
@@ -69,6 +71,9 @@ class SandboxProcess:
         if self._decode_status is not None:
             code = self._decode_status(status, code)
         self.returncode = code
+        if self._on_exit is not None:  # e.g. give a leased network namespace back
+            hook, self._on_exit = self._on_exit, None
+            hook()
 
     def poll(self) -> int | None:
         """The return code if the sandbox has ended, else None."""

@@ -31,7 +31,10 @@ CAPABILITIES: tuple[str, ...] = (
     "CAP_PERFMON", "CAP_BPF", "CAP_CHECKPOINT_RESTORE",
 )
 
-NETWORK_MODES = ("none", "host")
+# "none": a private network namespace with only lo; "pool": the same, leased
+# from a pool of pre-made ones (sandbox.netpool) where the backend can;
+# "host": the caller's network.
+NETWORK_MODES = ("none", "pool", "host")
 MAX_ID = 2**32 - 2  # (uid_t)-1 is "no id"
 MAX_HOSTNAME = 64
 

@@ -8,11 +8,12 @@ against the compiled module's struct sizes at import.
 
 from __future__ import annotations
 
+import dataclasses
 import errno as E
 import functools
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,8 +168,37 @@ def blob_for(plan: Plan) -> bytes:
 
 def spawn_plan(plan: Plan, spec: Spec, argv: Sequence[str], stdio: tuple[int, int, int],
                pass_fds: Sequence[int]) -> Started:
-    """Start `argv` under `plan` with the native core."""
-    return spawn_blob(blob_for(plan), plan, argv, plan.env, stdio, pass_fds)
+    """Start `argv` under `plan` with the native core, in a leased network
+    namespace when the plan's network setting asks for the pool."""
+    from .. import netpool
+
+    pool = netpool.pool_for(spec.network) if plan.net_ns else None
+    if pool is None:
+        return spawn_blob(blob_for(plan), plan, argv, plan.env, stdio, pass_fds)
+    lease = pool.lease()
+    joined = plan_in_lease(plan, lease.userns_fd is not None)
+    try:
+        started = spawn_blob(blob_for(joined), joined, argv, plan.env, stdio, pass_fds,
+                             join_ns=(-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd))
+    except BaseException:
+        lease.release(wait=False)
+        raise
+    # Recycle only if every process of the tenant is surely gone when pid 1
+    # is (a pid namespace) and it never held capabilities over the namespace
+    # (its own user namespace is a child of the namespace's owner).
+    recycle = plan.pid_ns and plan.user_ns
+    started.on_exit = lambda: lease.release(recycle=recycle, wait=False)
+    return started
+
+
+def plan_in_lease(plan: Plan, pool_userns: bool) -> Plan:
+    """The plan as run inside a leased namespace: no network namespace of its
+    own (lo is already up), and, in a pool's user namespace, ids relative to it
+    (the pool maps the caller to 0)."""
+    changes: dict[str, object] = {"net_ns": False}
+    if pool_userns:
+        changes.update(host_uid=0, host_gid=0)
+    return dataclasses.replace(plan, **changes)
 
 
 @dataclass
@@ -179,6 +209,7 @@ class Started:
     status_fd: int
     timings: dict[str, float]
     landlock_abi: int = 0
+    on_exit: Callable[[], None] | None = None
 
 
 def spawn_blob(

@@ -1,0 +1,122 @@
+"""Sandboxes in leased network namespaces (network="pool"), native backend, root and unprivileged."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import textwrap
+
+import pytest
+
+import sandbox
+from sandbox import netpool
+
+pytestmark = pytest.mark.integration
+
+PY = "/usr/bin/python3"
+
+LISTEN = textwrap.dedent("""
+    import os, socket, sys, time
+    t = socket.socket(); t.bind(("127.0.0.1", 47001)); t.listen()
+    u = socket.socket(socket.AF_UNIX); u.bind("\\0sandbox-test-abstract"); u.listen()
+    print(os.readlink("/proc/self/ns/net"), flush=True)
+    time.sleep(60)
+""")
+
+CONNECT = textwrap.dedent("""
+    import os, socket
+    out = [os.readlink("/proc/self/ns/net")]
+    for family, addr in ((socket.AF_INET, ("127.0.0.1", 47001)), (socket.AF_UNIX, "\\0sandbox-test-abstract")):
+        s = socket.socket(family)
+        try:
+            s.connect(addr); out.append("connected")
+        except OSError as e:
+            out.append(e.__class__.__name__)
+    print(" ".join(out))
+""")
+
+
+@pytest.fixture
+def pool():
+    """A process-wide pool for the test, closed (factory and namespaces gone) after it."""
+    p = netpool.enable(size=2, for_network_none=False)
+    p.wait_filled(10)
+    yield p
+    netpool.disable()
+    assert p.closed
+
+
+def test_a_pooled_sandbox_sees_only_loopback_and_cannot_change_it(pool, base_spec, run_sh) -> None:
+    script = ("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo ==; tail -n +2 /proc/net/route; echo ==; "
+              "tr -s ' ' < /proc/net/if_inet6 | cut -d' ' -f1,6; echo ==; ip link set lo down; echo rc=$?")
+    done = run_sh(script, base_spec(network="pool"))
+    devices, routes, inet6, rest = done.stdout.split("==\n")
+    assert devices == "lo\n"
+    assert routes == ""  # no route in the main table: nothing leads out
+    assert inet6 == "00000000000000000000000000000001 lo\n"  # ::1 only
+    assert rest == "rc=2\n" and "Operation not permitted" in done.stderr
+    assert pool.stats()["leased"] >= 1
+
+
+def test_two_pooled_sandboxes_cannot_reach_each_other(pool, base_spec) -> None:
+    spec = base_spec(network="pool")
+    a = sandbox.spawn([PY, "-I", "-S", "-c", LISTEN], spec, stdout=subprocess.PIPE, backend="native")
+    try:
+        ns_a = a.stdout.readline().decode().strip()
+        assert ns_a.startswith("net:[")
+        b = sandbox.run([PY, "-I", "-S", "-c", CONNECT], spec, capture_output=True, text=True, backend="native",
+                        timeout=60)
+        ns_b, tcp, unix = b.stdout.split()
+        assert ns_b != ns_a
+        assert (tcp, unix) == ("ConnectionRefusedError", "ConnectionRefusedError"), b.stderr
+    finally:
+        a.kill()
+        a.wait()
+        a.stdout.close()
+
+
+def test_a_recycled_namespace_carries_nothing_from_its_previous_tenant(base_spec) -> None:
+    p = netpool.enable(size=1, for_network_none=False)
+    try:
+        p.wait_filled(10)
+        spec = base_spec(network="pool")
+        listen = ("import os, socket; s = socket.socket(); s.bind(('127.0.0.1', 47002)); s.listen();"
+                  " print(os.readlink('/proc/self/ns/net'))")
+        first = sandbox.run([PY, "-I", "-S", "-c", listen], spec, capture_output=True, text=True, backend="native",
+                            timeout=60)
+        assert p.wait_filled(10)
+        second = sandbox.run(["sh", "-c", "readlink /proc/self/ns/net; cat /proc/net/tcp /proc/net/tcp6 | wc -l"],
+                             spec, capture_output=True, text=True, backend="native", timeout=60)
+        ns_second, lines = second.stdout.split()
+        assert ns_second == first.stdout.strip()  # the same namespace, recycled
+        assert lines == "2"  # two header lines, no socket left from the first tenant
+        assert p.stats()["recycled"] >= 1
+    finally:
+        netpool.disable()
+
+
+def test_network_none_uses_the_pool_only_when_enabled(base_spec, run_sh) -> None:
+    p = netpool.enable(size=1, for_network_none=True)
+    try:
+        p.wait_filled(10)
+        before = p.stats()["leased"]
+        assert run_sh("true", base_spec(network="none")).returncode == 0
+        assert p.stats()["leased"] == before + 1
+    finally:
+        netpool.disable()
+    assert netpool.pool_for("none") is None
+
+
+def test_disable_leaves_no_factory_behind(base_spec) -> None:
+    p = netpool.enable(size=1, for_network_none=False)
+    p.wait_filled(10)
+    factory = p.factory_pid
+    assert factory is not None and os.path.exists(f"/proc/{factory}")
+    netpool.disable()
+    assert p.closed
+    try:
+        os.waitpid(factory, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    state = open(f"/proc/{factory}/stat").read().split()[2] if os.path.exists(f"/proc/{factory}") else "gone"
+    assert state in ("gone", "Z")

@@ -4,7 +4,8 @@ All variants run interleaved in one process (round-robin), so machine noise
 hits them alike; the table reports median and p99 in ms, and each median as a
 ratio to bwrap's and to the bare exec's. The sandbox config is flatpak-like:
 read-only /usr with the /lib, /lib64, /bin, /sbin links, ld.so.cache, proc,
-dev, a tmpfs /tmp, every namespace (a fresh network namespace each time).
+dev, a tmpfs /tmp, every namespace (a fresh network namespace each time, or
+one leased from sandbox.netpool for the network=pool row).
 
     python benchmarks/latency.py [-n 500] [--json out.json]
 """
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import sandbox
+from sandbox import netpool
 
 MOUNTS = [
     sandbox.RoBind("/usr"),
@@ -47,10 +49,13 @@ def variants() -> dict[str, Callable[[], object]]:
     spec = sandbox.Spec(mounts=MOUNTS)
     pid1 = spec.replace(as_pid_1=True)
     no_filter = spec.replace(seccomp=None)
+    pooled = spec.replace(network="pool")
+    netpool.enable(size=8, for_network_none=False).wait_filled(30)
     out: dict[str, Callable[[], object]] = {
         "subprocess.run /bin/true": lambda: subprocess.run(["/bin/true"], check=True),
         "native sandbox.spawn": lambda: _native(spec),
         "native, seccomp=None": lambda: _native(no_filter),
+        "native, network=pool (leased netns)": lambda: _native(pooled),
         "native, as_pid_1 (no reaper)": lambda: _native(pid1),
     }
     bwrap = shutil.which("bwrap")

@@ -125,6 +125,8 @@ int sbx_child_main(void *arg)
     setup_filesystem(c);
     if (h->ns & SBX_NS_NET)
         sbx_loopback_up(c);
+    if (c->h->n_listen)
+        sbx_make_listeners(c);
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
         sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
     sbx_nested_userns(c);

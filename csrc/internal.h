@@ -39,6 +39,7 @@ struct sbx_ctx {
     volatile int reached_exec; /* set just before the final exec: a child that
                                   dies before it has crashed, not exec'd */
     int join_userns_fd, join_netns_fd; /* a leased netns (and its owner), or -1 */
+    int listen_to;              /* where listening sockets for forwarded ports go, or -1 */
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
     void *inner_stack;          /* top of the setup child's stack when joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
@@ -80,6 +81,7 @@ void sbx_pivot(struct sbx_ctx *c);
 
 /* net.c */
 void sbx_loopback_up(struct sbx_ctx *c);
+void sbx_make_listeners(struct sbx_ctx *c);
 
 /* limits.c */
 void sbx_apply_rlimits(struct sbx_ctx *c);

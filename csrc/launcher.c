@@ -27,7 +27,7 @@ static const char *const step_names[] = {
     "mount private", "source", "new root", "mount operation", "pivot_root", "loopback", "hostname",
     "nested user namespace", "chdir", "rlimit", "stdio", "fds", "setsid", "capabilities", "no_new_privs",
     "seccomp", "exec of sandbox-init", "fork", "exec", "disable user namespaces", "landlock",
-    "setup child crashed", "join network namespace", "isolation check",
+    "setup child crashed", "join network namespace", "isolation check", "port forwarding",
 };
 
 static volatile sig_atomic_t child_pid;
@@ -147,7 +147,7 @@ int main(int argc, char **argv)
 
     const int stdio[3] = {-1, -1, -1};
     struct sbx_result res;
-    if (sbx_spawn(blob, len, argv + 4, environ, stdio, NULL, 0, init_fd, NULL, &res) < 0)
+    if (sbx_spawn(blob, len, argv + 4, environ, stdio, NULL, 0, init_fd, NULL, -1, &res) < 0)
         report_failure(&res, h, argv[4]);
     child_pid = res.pid;
 

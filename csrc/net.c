@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,4 +27,40 @@ void sbx_loopback_up(struct sbx_ctx *c)
     if (ioctl(fd, SIOCSIFFLAGS, &ifr) < 0)
         sbx_fail(c, SBX_STEP_LOOPBACK, -1, errno, SBX_D_NONE);
     close(fd);
+}
+
+/* Port forwarding: listening sockets on 127.0.0.1 inside the sandbox's
+ * network namespace, handed to the caller (SCM_RIGHTS), which relays each
+ * connection to its target on the host side. The sandbox never shares the
+ * host's namespace, and no relay runs inside it. */
+static void send_fd(struct sbx_ctx *c, int index, int fd)
+{
+    char byte = 0;
+    char control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    for (size_t k = 0; k < sizeof(int); k++)
+        CMSG_DATA(cmsg)[k] = ((const unsigned char *)&fd)[k];
+    if (sendmsg(c->listen_to, &msg, MSG_NOSIGNAL) < 0)
+        sbx_fail(c, SBX_STEP_FORWARD, index, errno, SBX_D_NONE);
+}
+
+void sbx_make_listeners(struct sbx_ctx *c)
+{
+    const uint32_t *ports = (const void *)(c->blob + c->h->listen_off);
+    for (uint32_t i = 0; i < c->h->n_listen; i++) {
+        int one = 1;
+        struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ports[i]),
+                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+            bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 128) < 0)
+            sbx_fail(c, SBX_STEP_FORWARD, (int)i, errno, SBX_D_NONE);
+        send_fd(c, (int)i, fd);
+        close(fd);
+    }
 }

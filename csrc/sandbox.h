@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 7
+#define SBX_ABI_VERSION 8
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -97,7 +97,8 @@ enum sbx_step {
     SBX_STEP_LANDLOCK = 29,
     SBX_STEP_CRASHED = 30,     /* the setup child died before exec (.err: its signal) */
     SBX_STEP_JOIN_NETNS = 31,  /* joining a leased network namespace */
-    SBX_STEP_ISOLATION = 32    /* a probe path is visible (.op: its index) */
+    SBX_STEP_ISOLATION = 32,   /* a probe path is visible (.op: its index) */
+    SBX_STEP_FORWARD = 33      /* a forwarded port's listener (.op: its index) */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -152,6 +153,8 @@ struct sbx_header {
     uint32_t landlock_off;  /* struct sbx_landlock[n_landlock] */
     uint32_t n_probe;
     uint32_t probe_off;     /* uint32_t[n_probe]: paths that must not exist inside */
+    uint32_t n_listen;
+    uint32_t listen_off;    /* uint32_t[n_listen]: ports to listen on at 127.0.0.1 inside */
     uint64_t keep_caps;     /* capabilities kept (bit = capability number) */
 };
 
@@ -199,12 +202,15 @@ int sbx_check_blob(const void *blob, size_t len);
  * (needed when SBX_OPT_REAPER is set). join_ns = {userns fd, netns fd}: a
  * leased network namespace to run in instead of a new one (-1: none; the
  * userns fd is the one owning that netns, -1 when the caller may join it
- * directly). Returns 0 with res->pid set once the command has been exec'd;
+ * directly). listen_to: a Unix socket to which the child sends, with
+ * SCM_RIGHTS and in order, one listening socket per port of the plan's
+ * listen list, bound inside the sandbox's network namespace (-1: none).
+ * Returns 0 with res->pid set once the command has been exec'd;
  * -1 after a failure, with res->step/op/err/detail set and no process left
  * behind. */
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[],
               const int stdio[3], const int *pass_fds, int n_pass, int init_fd,
-              const int join_ns[2], struct sbx_result *res);
+              const int join_ns[2], int listen_to, struct sbx_result *res);
 
 /* What this host allows: clone a child into the namespaces `ns` (SBX_NS_*),
  * map ids, and try the mount API the native backend needs. 0 if everything

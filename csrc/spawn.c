@@ -45,7 +45,8 @@ int sbx_check_blob(const void *p, size_t len)
     if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !h->newroot ||
         !str_ok(blob, len, h->newroot))
         return -EINVAL;
-    if (!range_ok(len, h->probe_off, (uint64_t)h->n_probe * 4) || h->probe_off % 4)
+    if (!range_ok(len, h->probe_off, (uint64_t)h->n_probe * 4) || h->probe_off % 4 ||
+        !range_ok(len, h->listen_off, (uint64_t)h->n_listen * 4) || h->listen_off % 4)
         return -EINVAL;
     const uint32_t *probe = (const void *)(blob + h->probe_off);
     for (uint32_t i = 0; i < h->n_probe; i++)
@@ -215,7 +216,8 @@ static int read_report(int fd, struct sbx_report *r)
 }
 
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[], const int stdio[3],
-              const int *pass_fds, int n_pass, int init_fd, const int join_ns[2], struct sbx_result *res)
+              const int *pass_fds, int n_pass, int init_fd, const int join_ns[2], int listen_to,
+              struct sbx_result *res)
 {
     memset(res, 0, sizeof *res);
     res->pid = -1;
@@ -228,6 +230,10 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
     }
     const struct sbx_header *h = blob;
     int reaper = (h->opts & SBX_OPT_REAPER) != 0;
+    if (h->n_listen && listen_to < 0) {
+        fail_early(res, SBX_STEP_FORWARD, EBADF);
+        return -1;
+    }
     if (reaper && init_fd < 0) {
         fail_early(res, SBX_STEP_EXEC_INIT, EBADF);
         return -1;
@@ -249,6 +255,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = init_fd,
         .err_fd = errp[1], .status_fd = statp[1], .root_fd = -1, .proc_fd = -1, .res = res,
         .join_userns_fd = join_ns ? join_ns[0] : -1, .join_netns_fd = join_ns ? join_ns[1] : -1, .inner_pid = -1,
+        .listen_to = listen_to,
     };
     char fds[2][16];
     if (prepare_memory(&c, fds) < 0) {

@@ -88,7 +88,7 @@ def _launch(backend: str, plan: Plan, spec: Spec, argv: list[str], stdio: list[i
         from .backends import native
         started = native.spawn_plan(plan, spec, argv, tuple(stdio), pass_fds)
         return {"pid": started.pid, "status_fd": started.status_fd, "timings": started.timings,
-                "on_exit": started.on_exit}
+                "on_exit": started.on_exit, "isolation": started.isolation}
     from .backends import bwrap
     return bwrap.launch(plan, spec, argv, tuple(stdio), pass_fds)
 
@@ -116,7 +116,7 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
         raise
     stdio.started()
     return SandboxProcess(args, backend=name, backend_reason=reason, stdin=stdio.parent[0],
-                          stdout=stdio.parent[1], stderr=stdio.parent[2], **launched)
+                          stdout=stdio.parent[1], stderr=stdio.parent[2], network=spec.network, **launched)
 
 
 def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, capture_output: bool = False,
@@ -151,7 +151,8 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
         err = err.decode() if err is not None else None
     assert proc.returncode is not None
     result = CompletedProcess(proc.args, proc.returncode, out, err, backend=proc.backend,
-                              backend_reason=proc.backend_reason, timings=proc.timings)
+                              backend_reason=proc.backend_reason, timings=proc.timings, network=proc.network,
+                              isolation=proc.isolation)
     if check:
         result.check_returncode()
     return result

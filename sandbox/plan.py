@@ -137,6 +137,8 @@ class Plan:
     landlock_best_effort: bool = False
     landlock_rules: tuple[tuple[str, bool], ...] = ()  # (path inside, writable)
     probe_paths: tuple[str, ...] = ()  # must not exist inside (checked before exec)
+    forward: tuple[tuple[int, int | str], ...] = ()  # inside port -> host target
+    check_network: bool = False  # inspect the network namespace from the host before the command runs
 
 
 def parent_mode_for(perms: int | None) -> int:
@@ -283,6 +285,8 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         landlock_best_effort=spec.landlock == "best-effort",
         landlock_rules=landlock_rules(ops) if spec.landlock else (),
         probe_paths=spec.probe_paths,
+        forward=spec.forward,
+        check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
     )
 
 

@@ -20,11 +20,14 @@ class CompletedProcess(subprocess.CompletedProcess):
     """subprocess.CompletedProcess plus which backend ran and setup timings (µs)."""
 
     def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None, *,
-                 backend: str = "native", backend_reason: str = "", timings: dict[str, float] | None = None) -> None:
+                 backend: str = "native", backend_reason: str = "", timings: dict[str, float] | None = None,
+                 network: str = "none", isolation: dict[str, Any] | None = None) -> None:
         super().__init__(args, returncode, stdout, stderr)
         self.backend = backend
         self.backend_reason = backend_reason
         self.timings = timings or {}
+        self.network = network  # the Spec's network setting: "none", "pool" or "host"
+        self.isolation = isolation or {}  # what the isolation checks established
 
 
 class SandboxProcess:
@@ -39,7 +42,8 @@ class SandboxProcess:
                  stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
                  backend_reason: str = "", timings: dict[str, float] | None = None,
                  decode_status: Callable[[int, int], int] | None = None,
-                 on_exit: Callable[[], None] | None = None) -> None:
+                 on_exit: Callable[[], None] | None = None, network: str = "none",
+                 isolation: dict[str, Any] | None = None) -> None:
         self.args = args
         self.pid = pid
         self.backend = backend
@@ -50,6 +54,8 @@ class SandboxProcess:
         self._status_fd = status_fd
         self._decode_status = decode_status
         self._on_exit = on_exit
+        self.network = network
+        self.isolation = isolation or {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ status

@@ -373,6 +373,30 @@ def _pairs(value: object, where: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(out.items()))
 
 
+def _forwards(value: object, network: str) -> tuple[tuple[int, int | str], ...]:
+    """Validate `forward` (inside port -> host loopback port or Unix socket path)."""
+    pairs = list(value.items()) if isinstance(value, Mapping) else value
+    if not isinstance(pairs, (list, tuple)):
+        raise SpecError("forward", value, "must map inside ports to host ports or Unix socket paths")
+    out = {}
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise SpecError("forward", value, "must map inside ports to host ports or Unix socket paths")
+        port, target = pair
+        if isinstance(port, str) and port.isdigit():
+            port = int(port)  # JSON object keys are strings
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise SpecError(f"forward[{port!r}]", port, "the inside port must be 1-65535")
+        if isinstance(target, str):
+            check_path(f"forward[{port}]", target)
+        elif isinstance(target, bool) or not isinstance(target, int) or not 1 <= target <= 65535:
+            raise SpecError(f"forward[{port}]", target, "must be a host port (1-65535) or a Unix socket path")
+        out[port] = target
+    if out and network == "host":
+        raise SpecError("forward", value, "needs a network namespace of the sandbox's own (network 'none' or 'pool')")
+    return tuple(sorted(out.items()))
+
+
 def _strings(value: object, where: str) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple, frozenset, set)):
         raise SpecError(where, value, "must be a list of strings")
@@ -405,6 +429,8 @@ class Spec:
     disable_userns: bool = False
     landlock: bool | str = False
     probe_paths: tuple[str, ...] = ()
+    forward: tuple[tuple[int, int | str], ...] = ()
+    check: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -435,6 +461,8 @@ class Spec:
             raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
         set_(self, "probe_paths", tuple(normalize_path(check_path(f"probe_paths[{i}]", p))
                                   for i, p in enumerate(_strings(self.probe_paths, "probe_paths"))))
+        set_(self, "forward", _forwards(self.forward, self.network))
+        check_bool("check", self.check)
         if self.landlock not in (False, True, "best-effort"):
             raise SpecError("landlock", self.landlock, "must be false, true or 'best-effort'")
         if self.disable_userns and not self.namespaces.user:
@@ -502,6 +530,8 @@ class Spec:
                 value = None if value is None else value.to_dict()
             elif f.name == "env":
                 value = dict(value)
+            elif f.name == "forward":
+                value = {str(port): target for port, target in value}
             elif isinstance(value, tuple):
                 value = list(value)
             out[f.name] = value

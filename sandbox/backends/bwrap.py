@@ -127,8 +127,9 @@ def launch(plan: Plan, spec: Spec, argv: list[str], stdio: tuple[int, int, int],
     if not bwrap:
         raise UnavailableError(f"bwrap backend unavailable: {probe().bwrap_reason}")
     _refuse_like_native(plan)
-    if plan.probe_paths:
-        raise UnavailableError("the probe_paths isolation check needs the native backend (not yet done under bwrap)")
+    if plan.probe_paths or plan.forward or plan.check_network:
+        raise UnavailableError("port forwarding and the isolation check (forward, check, probe_paths) need the "
+                               "native backend; not yet done under bwrap")
     if plan.landlock and not plan.landlock_best_effort:
         raise UnavailableError("landlock=True needs the native backend (bwrap has no Landlock support); "
                                "use landlock='best-effort' to run without it under bwrap")

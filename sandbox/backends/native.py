@@ -12,6 +12,7 @@ import dataclasses
 import errno as E
 import functools
 import os
+import socket
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,14 +30,14 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "or `pip install -e .` from the source tree"
     ) from exc
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core has ABI {lib.SBX_ABI_VERSION}, this Python code expects {ABI_VERSION}; "
         "rebuild it with `pip install .` (or `pip install -e .`) from the same source tree"
     )
 
-HEADER = struct.Struct("<24IQ")
+HEADER = struct.Struct("<26IQ")
 OP = struct.Struct("<4IQ4I")
 RLIMIT = struct.Struct("<IIQ")
 LANDLOCK = struct.Struct("<II")
@@ -97,7 +98,8 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     rl_off = _align(cwd_off + 4 * n_cwd)
     ll_off = rl_off + n_rl * RLIMIT.size
     probe_off = ll_off + n_ll * LANDLOCK.size
-    sc_off = _align(probe_off + 4 * len(plan.probe_paths))
+    listen_off = probe_off + 4 * len(plan.probe_paths)
+    sc_off = _align(listen_off + 4 * len(plan.forward))
     strings = _Strings(_align(sc_off + len(seccomp)))
     ops = b"".join(
         OP.pack(op.kind, op.flags, op.mode, op.parent_mode, op.size,
@@ -109,6 +111,7 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     rls = b"".join(RLIMIT.pack(res, 0, value) for res, value in plan.rlimits)
     lls = b"".join(LANDLOCK.pack(strings.add(path), lib.SBX_LL_WRITE if rw else 0) for path, rw in plan.landlock_rules)
     probes = struct.pack(f"<{len(plan.probe_paths)}I", *(strings.add(p) for p in plan.probe_paths))
+    listens = struct.pack(f"<{len(plan.forward)}I", *(port for port, _ in plan.forward))
     ns = sum(bit for name, bit in NS_BITS if getattr(plan, name))
     opts = sum(bit for name, bit in OPT_BITS if getattr(plan, name))
     hostname, path, root = strings.add(plan.hostname), strings.add(plan.path), strings.add(newroot)
@@ -116,10 +119,11 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     header = HEADER.pack(
         lib.SBX_MAGIC, ABI_VERSION, total, ns, opts, plan.host_uid, plan.host_gid, plan.uid, plan.gid,
         n_ops, ops_off, n_cwd, cwd_off, n_rl, rl_off, hostname, path, root,
-        sc_off if seccomp else 0, len(seccomp), n_ll, ll_off, len(plan.probe_paths), probe_off, plan.keep_caps,
+        sc_off if seccomp else 0, len(seccomp), n_ll, ll_off, len(plan.probe_paths), probe_off,
+        len(plan.forward), listen_off, plan.keep_caps,
     )
     body = header + ops + cwds
-    body += b"\0" * (rl_off - len(body)) + rls + lls + probes
+    body += b"\0" * (rl_off - len(body)) + rls + lls + probes + listens
     body += b"\0" * (sc_off - len(body)) + seccomp
     body += b"\0" * (strings.base - len(body)) + strings.data
     assert len(body) == total
@@ -168,27 +172,55 @@ def blob_for(plan: Plan) -> bytes:
 
 def spawn_plan(plan: Plan, spec: Spec, argv: Sequence[str], stdio: tuple[int, int, int],
                pass_fds: Sequence[int]) -> Started:
-    """Start `argv` under `plan` with the native core, in a leased network
-    namespace when the plan's network setting asks for the pool."""
-    from .. import netpool
+    """Start `argv` under `plan` with the native core: in a leased network
+    namespace when the plan asks for the pool or for a network check, with its
+    forwarded ports relayed, and everything given back when it ends."""
+    from .. import isolation, netpool
 
-    pool = netpool.pool_for(spec.network) if plan.net_ns else None
-    if pool is None:
-        return spawn_blob(blob_for(plan), plan, argv, plan.env, stdio, pass_fds)
-    lease = pool.lease()
-    joined = plan_in_lease(plan, lease.userns_fd is not None)
+    network = "pool" if plan.check_network else spec.network
+    pool = netpool.pool_for(network) if plan.net_ns else None
+    lease = pool.lease() if pool is not None else None
+    cleanups: list[Callable[[], None]] = []
+    if lease is not None:
+        # Recycle only if every process of the tenant is surely gone when pid 1
+        # is (a pid namespace) and it never held capabilities over the namespace
+        # (its own user namespace is a child of the namespace's owner).
+        recycle = plan.pid_ns and plan.user_ns
+        cleanups.append(lambda: lease.release(recycle=recycle, wait=False))
     try:
-        started = spawn_blob(blob_for(joined), joined, argv, plan.env, stdio, pass_fds,
-                             join_ns=(-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd))
+        findings = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
+        run_plan = plan_in_lease(plan, lease.userns_fd is not None) if lease is not None else plan
+        join = None if lease is None else (-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd)
+        started = _spawn_forwarding(run_plan, argv, plan.env, stdio, pass_fds, join, cleanups)
     except BaseException:
-        lease.release(wait=False)
+        _run_all(cleanups)
         raise
-    # Recycle only if every process of the tenant is surely gone when pid 1
-    # is (a pid namespace) and it never held capabilities over the namespace
-    # (its own user namespace is a child of the namespace's owner).
-    recycle = plan.pid_ns and plan.user_ns
-    started.on_exit = lambda: lease.release(recycle=recycle, wait=False)
+    started.isolation = isolation.findings(plan, findings)
+    started.on_exit = lambda: _run_all(cleanups)
     return started
+
+
+def _spawn_forwarding(plan: Plan, argv: Sequence[str], env: Sequence[str], stdio: tuple[int, int, int],
+                      pass_fds: Sequence[int], join: tuple[int, int] | None,
+                      cleanups: list[Callable[[], None]]) -> Started:
+    """spawn_blob, plus the relay of `plan.forward` when there is one."""
+    if not plan.forward:
+        return spawn_blob(blob_for(plan), plan, argv, env, stdio, pass_fds, join_ns=join)
+    from .. import forward
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with mine, theirs:
+        started = spawn_blob(blob_for(plan), plan, argv, env, stdio, pass_fds, join_ns=join,
+                             listen_to=theirs.fileno())
+        relay = forward.start(mine, plan.forward)
+    cleanups.insert(0, relay.close)
+    return started
+
+
+def _run_all(cleanups: list[Callable[[], None]]) -> None:
+    for cleanup in cleanups:
+        cleanup()
+    cleanups.clear()
 
 
 def plan_in_lease(plan: Plan, pool_userns: bool) -> Plan:
@@ -210,6 +242,7 @@ class Started:
     timings: dict[str, float]
     landlock_abi: int = 0
     on_exit: Callable[[], None] | None = None
+    isolation: dict[str, object] | None = None
 
 
 def spawn_blob(
@@ -220,11 +253,13 @@ def spawn_blob(
     stdio: tuple[int, int, int],
     pass_fds: Sequence[int],
     join_ns: tuple[int, int] | None = None,
+    listen_to: int = -1,
 ) -> Started:
     """Start the command; raise SetupError/ExecError if the sandbox failed.
 
     `join_ns` = (userns fd or -1, netns fd): a leased network namespace to
-    run in instead of a new one."""
+    run in instead of a new one. `listen_to`: the Unix socket that receives
+    the listening sockets of `plan.forward`."""
     c_argv, keep_a = cstrings(argv)
     c_env, keep_e = cstrings(env)
     c_pass = ffi.new("int[]", list(pass_fds) or [0])
@@ -232,7 +267,7 @@ def spawn_blob(
     init = init_fd() if plan.reaper else -1
     join = [-1, -1] if join_ns is None else list(join_ns)
     rc = lib.sbx_spawn(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds), init,
-                       join, res)
+                       join, listen_to, res)
     del keep_a, keep_e
     if rc != 0:
         raise setup_error(res, plan, argv)

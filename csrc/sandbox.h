@@ -217,6 +217,16 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
  * worked, else -1 with res->step/err saying what was refused. */
 int sbx_probe(uint32_t ns, struct sbx_result *res);
 
+/* From outside a running sandbox (one bwrap made): enter its network
+ * namespace (through userns_fd, its owner, unless -1) and make a listening
+ * socket on 127.0.0.1 for each of the n ports, then a NETLINK_ROUTE socket,
+ * into out[0..n]. 0, or -errno with nothing left open. */
+int sbx_netns_sockets(int userns_fd, int netns_fd, const uint32_t *ports, int n, int *out);
+
+/* Whether `path` exists under root_fd (e.g. /proc/PID/root of a sandbox),
+ * resolved inside it without following a final symlink: 0, or -errno. */
+int sbx_exists_in_root(int root_fd, const char *path);
+
 /* Syscall numbers of this architecture, from the kernel headers at build time. */
 extern const char *const sbx_syscall_names[];
 extern const int sbx_syscall_numbers[];

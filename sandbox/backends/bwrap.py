@@ -85,13 +85,17 @@ What remains different:
 
 from __future__ import annotations
 
+import contextlib
 import errno as E
+import fcntl
 import json
 import os
 import re
 import resource
 import secrets
 import select
+import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -101,7 +105,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..bwrap_render import BwrapArgv, data_fd, render_plan
-from ..errors import ExecError, SetupError, UnavailableError
+from ..errors import ExecError, IsolationError, SetupError, UnavailableError
 from ..plan import OpKind, Plan
 from ..probe import probe
 from ..spec import Spec
@@ -127,9 +131,6 @@ def launch(plan: Plan, spec: Spec, argv: list[str], stdio: tuple[int, int, int],
     if not bwrap:
         raise UnavailableError(f"bwrap backend unavailable: {probe().bwrap_reason}")
     _refuse_like_native(plan)
-    if plan.probe_paths or plan.forward or plan.check_network:
-        raise UnavailableError("port forwarding and the isolation check (forward, check, probe_paths) need the "
-                               "native backend; not yet done under bwrap")
     if plan.landlock and not plan.landlock_best_effort:
         raise UnavailableError("landlock=True needs the native backend (bwrap has no Landlock support); "
                                "use landlock='best-effort' to run without it under bwrap")
@@ -253,7 +254,9 @@ class _Run:
 
     def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> dict[str, Any]:
         tap = _StderrTap(stdio[2])
-        pipes = _Pipes.make(barrier=bool(self.plan.rlimits))
+        plan = self.plan
+        # a pause after setup, before exec: bwrap waits there for its seccomp program
+        pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths))
         try:
             with render_plan(self.plan, pipes.seccomp_r if pipes.seccomp_r >= 0 else None) as opts:
                 popen = self._spawn(opts, pipes, stdio, pass_fds)
@@ -326,6 +329,7 @@ class _Run:
         set the limits on it, then hand the program over."""
         if pipes.seccomp_w < 0:
             return
+        self.isolation = _isolate(self.plan, popen, child)
         if self._apply_rlimits(popen, child):
             try:
                 os.write(pipes.seccomp_w, self.plan.seccomp or ALLOW_ALL)
@@ -338,7 +342,9 @@ class _Run:
         pipes.block_w = -1
         pipes.status_r = -1  # owned by the decoder from now on
         decoder = _Decoder(popen, status)
-        return {"pid": popen.pid, "status_fd": -1, "timings": dict(self.timings), "decode_status": decoder}
+        isolated = getattr(self, "isolation", None)
+        return {"pid": popen.pid, "status_fd": -1, "timings": dict(self.timings), "decode_status": decoder,
+                "isolation": isolated.findings if isolated else {}, "on_exit": isolated.close if isolated else None}
 
     # ------------------------------------------------------------ steps
 
@@ -677,3 +683,88 @@ def _child_by_scan(parent: int) -> int | None:
                 found.append(int(name))
     return min(found) if found else None
 
+
+
+# ---------------------------------------------------------------- isolation check and forwarding
+
+
+@dataclass
+class _Isolated:
+    """What was checked in a bwrap sandbox, and its port relay (closed at exit)."""
+
+    findings: dict[str, Any]
+    relay: Any = None
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+
+
+NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: an fd of the user namespace owning it
+
+
+def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolated:
+    """While bwrap waits after setup: prove the probe paths absent inside,
+    inspect the network namespace, make the forwarded ports' listeners in it.
+    Any finding kills bwrap (the command never runs) and raises."""
+    from .. import forward, isolation
+    from .._native import ffi, lib
+
+    try:
+        for path in plan.probe_paths:
+            _probe_absent(ffi, lib, child, path)
+        if not (plan.forward or plan.check_network):
+            return _Isolated(isolation.findings(plan, None))
+        sockets = _netns_sockets(ffi, lib, child, [port for port, _ in plan.forward])
+        netlink = sockets.pop()
+        try:
+            from pyroute2 import IPRoute
+
+            with IPRoute(fileno=netlink) as ipr:
+                network = isolation.check_netns(ipr)
+        finally:
+            _close(netlink)
+        relay = forward.Forwarder([socket.socket(fileno=fd) for fd in sockets], [t for _, t in plan.forward])
+        return _Isolated(isolation.findings(plan, network), relay)
+    except BaseException:
+        # the sandbox child first: it must not go on to read a closed seccomp pipe (and complain)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+        popen.kill()
+        popen.wait()
+        raise
+
+
+def _probe_absent(ffi: Any, lib: Any, child: int, path: str) -> None:
+    root = os.open(f"/proc/{child}/root", os.O_PATH | os.O_CLOEXEC)
+    try:
+        rc = lib.sbx_exists_in_root(root, path.encode())
+    finally:
+        os.close(root)
+    if rc == 0:
+        raise IsolationError(f"isolation check failed: probe path {path} is visible inside the sandbox",
+                             path=path, errno=E.EEXIST)
+    if rc not in (-E.ENOENT, -E.ENOTDIR):
+        raise IsolationError(f"isolation check failed: probe path {path} cannot be proven absent "
+                             f"({os.strerror(-rc)})", path=path, errno=-rc)
+
+
+def _netns_sockets(ffi: Any, lib: Any, child: int, ports: list[int]) -> list[int]:
+    """Listening sockets for `ports` and a netlink socket, made inside the
+    sandbox's network namespace (entered through its owning user namespace
+    when we are not root)."""
+    netns = os.open(f"/proc/{child}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    owner = -1
+    try:
+        if os.geteuid() != 0:
+            owner = fcntl.ioctl(netns, NS_GET_USERNS)
+        out = ffi.new("int[]", len(ports) + 1)
+        rc = lib.sbx_netns_sockets(owner, netns, ffi.new("uint32_t[]", ports or [0]), len(ports), out)
+    finally:
+        os.close(netns)
+        if owner >= 0:
+            os.close(owner)
+    if rc < 0:
+        raise SetupError(f"Can't listen on a forwarded port in the sandbox: {os.strerror(-rc)}", step="forward",
+                         errno=-rc, backend="bwrap")
+    return list(out)

@@ -25,6 +25,14 @@ pytestmark = pytest.mark.integration
 PY = "/usr/bin/python3"
 
 
+@pytest.fixture(params=["native", "bwrap"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each test runs on both backends: forwarding and the check must hold under bwrap too."""
+    if request.param == "bwrap" and not sandbox.probe().bwrap:
+        pytest.skip("bwrap is not available")
+    return request.param
+
+
 @contextlib.contextmanager
 def echo_server(unix_path: str | None = None) -> Iterator[int | str]:
     """An echo service on the host (TCP 127.0.0.1, or a Unix socket); yields its address."""
@@ -65,9 +73,9 @@ def echo_server(unix_path: str | None = None) -> Iterator[int | str]:
         assert not thread.is_alive()
 
 
-def run_py(spec: sandbox.Spec, code: str, *args: str) -> sandbox.CompletedProcess:
+def run_py(spec: sandbox.Spec, code: str, *args: str, backend: str = "native") -> sandbox.CompletedProcess:
     return sandbox.run([PY, "-I", "-S", "-c", code, *args], spec, capture_output=True, text=True, timeout=120,
-                       backend="native")
+                       backend=backend)
 
 
 ROUND_TRIP = """
@@ -95,20 +103,20 @@ def no_relay_threads() -> bool:
     return not any(t.name.startswith("sandbox-forward") for t in threading.enumerate())
 
 
-def test_ten_megabytes_round_trip_byte_exact(base_spec) -> None:
+def test_ten_megabytes_round_trip_byte_exact(base_spec, backend: str) -> None:
     size = 10 << 20
     with echo_server() as port:
-        done = run_py(base_spec(forward={8080: port}), ROUND_TRIP, str(size))
+        done = run_py(base_spec(forward={8080: port}), ROUND_TRIP, str(size), backend=backend)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected(size)
     assert done.isolation["forwarded"] == {8080: port}
     assert no_relay_threads()
 
 
-def test_a_unix_socket_target(base_spec, tmp_path: Path) -> None:
+def test_a_unix_socket_target(base_spec, tmp_path: Path, backend: str) -> None:
     path = str(tmp_path / "service.sock")
     with echo_server(path) as where:
-        done = run_py(base_spec(forward={8080: where}), ROUND_TRIP, "65536")
+        done = run_py(base_spec(forward={8080: where}), ROUND_TRIP, "65536", backend=backend)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected(65536)
 
@@ -130,9 +138,9 @@ print(sum(results.values()), len(results))
 """
 
 
-def test_fifty_concurrent_connections_do_not_mix(base_spec) -> None:
+def test_fifty_concurrent_connections_do_not_mix(base_spec, backend: str) -> None:
     with echo_server() as port:
-        done = run_py(base_spec(forward={8080: port}), CONCURRENT)
+        done = run_py(base_spec(forward={8080: port}), CONCURRENT, backend=backend)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["50", "50"]
 
@@ -149,25 +157,25 @@ except ConnectionResetError:
 """
 
 
-def test_no_host_listener_means_a_reset_not_a_hang(base_spec) -> None:
+def test_no_host_listener_means_a_reset_not_a_hang(base_spec, backend: str) -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
     port = probe.getsockname()[1]
     probe.close()  # nothing listens there now
-    done = run_py(base_spec(forward={8080: port}), REFUSED)
+    done = run_py(base_spec(forward={8080: port}), REFUSED, backend=backend)
     assert done.returncode == 0, done.stderr
     what, seconds = done.stdout.split()
     assert what == "reset" and float(seconds) < 5
 
 
-def test_check_reports_the_network_findings(base_spec) -> None:
-    done = sandbox.run(["true"], base_spec(check=True), backend="native", timeout=60)
+def test_check_reports_the_network_findings(base_spec, backend: str) -> None:
+    done = sandbox.run(["true"], base_spec(check=True), backend=backend, timeout=60)
     assert done.isolation["network"] == {"interfaces": ["lo"], "addresses": ["127.0.0.1/8", "::1/128"],
                                          "routes": 0}
 
 
-def test_host_network_says_so(base_spec) -> None:
-    done = sandbox.run(["true"], base_spec(network="host"), backend="native", timeout=60)
+def test_host_network_says_so(base_spec, backend: str) -> None:
+    done = sandbox.run(["true"], base_spec(network="host"), backend=backend, timeout=60)
     assert done.network == "host"
     with pytest.raises(sandbox.SpecError):
         base_spec(network="host", forward={8080: 9090})

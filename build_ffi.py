@@ -20,7 +20,7 @@ CSRC = HERE / "csrc"
 LIB_SOURCES = [
     "util.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "spawn.c", "probe.c", "nsops.c",
 ]
-CFLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fno-strict-aliasing"]
+CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing"]
 
 
 def read_cdef(header: Path) -> str:

@@ -17,14 +17,7 @@
  * opened before the pivot, so this works even in a sandbox without /proc. */
 static int write_proc(struct sbx_ctx *c, const char *name, const char *text)
 {
-    int fd = openat(c->proc_fd, name, O_WRONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    int rc = sbx_write_all(fd, text, sbx_strlen(text));
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return rc;
+    return sbx_write_file(c->proc_fd, name, text);
 }
 
 static void write_map(struct sbx_ctx *c, const char *file, unsigned inside, unsigned outside, int step)
@@ -68,7 +61,7 @@ void sbx_setup_userns(struct sbx_ctx *c)
     map_self(c, uid, gid, h->host_uid, h->host_gid);
     /* The limit lives in this namespace's sysctl view, written while the
      * host /proc is still reachable (the sandbox's /proc/sys is read-only). */
-    if ((h->opts & SBX_OPT_DISABLE_USERNS) && sbx_write_file("/proc/sys/user/max_user_namespaces", "1") < 0)
+    if ((h->opts & SBX_OPT_DISABLE_USERNS) && sbx_write_file(AT_FDCWD, "/proc/sys/user/max_user_namespaces", "1") < 0)
         sbx_fail(c, SBX_STEP_DISABLE_USERNS, -1, errno, SBX_D_NONE);
 }
 

@@ -56,7 +56,7 @@ size_t sbx_strlen(const char *s);
 char *sbx_stpcpy(char *dst, const char *src);
 char *sbx_fmt_uint(char *dst, unsigned long value, unsigned base);
 int sbx_write_all(int fd, const void *buf, size_t len);
-int sbx_write_file(const char *path, const char *text);
+int sbx_write_file(int dirfd, const char *path, const char *text);
 int sbx_exec_search(const char *file, char *const argv[], char *const envp[], const char *path, char **sh_argv);
 
 /* syscalls glibc 2.36 does not wrap */

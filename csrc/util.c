@@ -80,9 +80,9 @@ int sbx_write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
-int sbx_write_file(const char *path, const char *text)
+int sbx_write_file(int dirfd, const char *path, const char *text)
 {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    int fd = openat(dirfd, path, O_WRONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
     int rc = sbx_write_all(fd, text, sbx_strlen(text));

@@ -98,6 +98,7 @@ Options of this package:
     --spec FILE_OR_JSON          Start from this Spec (JSON text or a file); other options apply on top
     --backend native|bwrap|auto  Choose the backend (default auto)
     --close-fds                  Do not pass inherited fds other than stdin/stdout/stderr
+    --netns-pool                 With --unshare-net: lease the network namespace from a pool
     --limit-cpu SECONDS          RLIMIT_CPU
     --limit-memory MB            RLIMIT_AS
     --limit-file MB              RLIMIT_FSIZE

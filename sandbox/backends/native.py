@@ -196,6 +196,8 @@ def spawn_plan(plan: Plan, spec: Spec, argv: Sequence[str], stdio: tuple[int, in
         _run_all(cleanups)
         raise
     started.isolation = isolation.findings(plan, findings)
+    if plan.landlock:
+        started.isolation["landlock_abi"] = started.landlock_abi  # 0: best-effort, and the kernel has none
     started.on_exit = lambda: _run_all(cleanups)
     return started
 

@@ -197,6 +197,7 @@ def test_landlock_abi_is_reported_inside(base_spec) -> None:
                        backend="native", timeout=60)
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) >= 1
+    assert done.isolation["landlock_abi"] == int(done.stdout)  # the ABI applied is the best available
 
 
 def test_landlock_setting_is_validated() -> None:

@@ -148,8 +148,8 @@ def test_fifty_concurrent_connections_do_not_mix(base_spec, backend: str) -> Non
 REFUSED = """
 import socket, time
 t = time.monotonic()
-s = socket.create_connection(("127.0.0.1", 8080), timeout=30)
-try:
+try:  # the reset may already be there when connect() returns (a busy machine), or come at the first read
+    s = socket.create_connection(("127.0.0.1", 8080), timeout=30)
     data = s.recv(10)
     print("eof" if data == b"" else "data", round(time.monotonic() - t, 1))
 except ConnectionResetError:

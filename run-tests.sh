@@ -9,6 +9,7 @@
 set -euo pipefail
 src=$(cd "$(dirname "$0")" && pwd)
 test_user=${SANDBOX_TEST_USER:-sbxtest}
+[ $# -gt 0 ] || set -- -q -ra  # default pytest options
 venv=$("$src/tools/setup-venv.sh")
 
 stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
@@ -29,10 +30,10 @@ run_pytest() {  # run_pytest LABEL [runner...] -- pytest args
 }
 
 rc=0
-run_pytest "$(id -un) (uid $(id -u))" "$venv/bin/python" -m pytest -p no:cacheprovider "${@:--q}" tests || rc=1
+run_pytest "$(id -un) (uid $(id -u))" "$venv/bin/python" -m pytest -p no:cacheprovider "$@" tests || rc=1
 if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"
     run_pytest "$test_user (unprivileged)" runuser -u "$test_user" -- env HOME="$stage" PATH=/usr/local/bin:/usr/bin:/bin \
-        "$venv/bin/python" -m pytest -p no:cacheprovider "${@:--q}" tests || rc=1
+        "$venv/bin/python" -m pytest -p no:cacheprovider "$@" tests || rc=1
 fi
 exit $rc

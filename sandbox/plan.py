@@ -259,7 +259,8 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         mount_ns=ns.mount,
         pid_ns=ns.pid,
         net_ns=spec.network in ("none", "pool"),
-        net_pool=spec.network == "pool",
+        # the network check inspects a leased namespace before the command runs
+        net_pool=spec.network == "pool" or (spec.network != "host" and (spec.check or bool(spec.forward))),
         ipc_ns=ns.ipc,
         uts_ns=ns.uts,
         cgroup_ns=ns.cgroup,

@@ -177,8 +177,7 @@ def spawn_plan(plan: Plan, spec: Spec, argv: Sequence[str], stdio: tuple[int, in
     forwarded ports relayed, and everything given back when it ends."""
     from .. import isolation, netpool
 
-    network = "pool" if plan.check_network else spec.network
-    pool = netpool.pool_for(network) if plan.net_ns else None
+    pool = netpool.pool_for("pool" if plan.net_pool else "none") if plan.net_ns else None
     lease = pool.lease() if pool is not None else None
     cleanups: list[Callable[[], None]] = []
     if lease is not None:

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 from .errors import SpecError
-from .plan import HostInfo, Plan, check_argv, compile_plan
+from .host import HostInfo
+from .plan import Plan, check_argv, compile_plan
 from .probe import probe
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
 from .spec import Spec

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 from . import spec as S
 from .errors import SpecError
-from .plan import HostInfo, resolve_env
+from .host import HostInfo, effective_caps, userns_available
+from .plan import resolve_env
 from .seccomp import Seccomp
 
 MAX_ARGS = 9000
@@ -655,23 +656,6 @@ def _namespaces(st: _State, base: S.Spec | None, uid: int) -> S.Namespaces:
     )
 
 
-def userns_available() -> bool:
-    """bwrap's `--unshare-user-try` test: the kernel has user namespaces and they are not disabled."""
-    if not os.path.exists("/proc/self/ns/user"):
-        return False
-    if _read_text("/sys/module/user_namespace/parameters/enable").startswith("N"):
-        return False
-    return _read_text("/proc/sys/user/max_user_namespaces").strip() != "0"
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def _seccomp(st: _State, base: S.Spec | None) -> Seccomp | None:
     """`--seccomp FD`'s raw program, else the starting Spec's policy (the default policy)."""
     if st.seccomp_fd is None:
@@ -731,14 +715,3 @@ def _capabilities(st: _State, base: S.Spec | None, uid: int) -> tuple[str, ...]:
         names = set(S.CAPABILITIES) if name == "ALL" else {name}
         caps = caps | names if add else caps - names
     return tuple(c for c in S.CAPABILITIES if c in caps)
-
-
-def effective_caps() -> set[str]:
-    """The capability names in this process's effective set (/proc/self/status CapEff)."""
-    try:
-        with open("/proc/self/status") as f:
-            line = next((ln for ln in f if ln.startswith("CapEff:")), "CapEff: 0")
-    except OSError:
-        return set()
-    mask = int(line.split()[1], 16)
-    return {name for bit, name in enumerate(S.CAPABILITIES) if mask >> bit & 1}

@@ -15,7 +15,8 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .plan import HostInfo, check_argv, compile_plan
+from .host import HostInfo
+from .plan import check_argv, compile_plan
 from .spec import Spec
 
 LAUNCHER_NAME = "sandbox-launch"

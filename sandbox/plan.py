@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from . import spec as S
 from .errors import SpecError
+from .host import HostInfo
 from .seccomp import compile_policy
 
 
@@ -64,25 +65,6 @@ class Op:
     size: int = 0
     flags: OpFlag = OpFlag.NONE
     origin: int = -1  # index of the Spec mount this op came from
-
-
-@dataclass(frozen=True)
-class HostInfo:
-    """What the planner needs to know about the calling process."""
-
-    uid: int
-    gid: int
-    cwd: str | None
-    environ: Mapping[str, str]
-
-    @classmethod
-    def current(cls) -> HostInfo:
-        """Read the calling process's ids, cwd and environment."""
-        try:
-            cwd: str | None = os.getcwd()
-        except OSError:
-            cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ)
 
 
 # rlimit resources by Limits field, and the unit each field counts in.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import sandbox
-from sandbox.backends.bwrap import decode_exit_code, last_bwrap_line
+from sandbox.backends.bwrap.messages import decode_exit_code, last_bwrap_line
 
 pytestmark = pytest.mark.integration
 

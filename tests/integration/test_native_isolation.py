@@ -39,7 +39,8 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
-from sandbox.plan import HostInfo, Op, OpKind, compile_plan
+from sandbox.host import HostInfo
+from sandbox.plan import Op, OpKind, compile_plan
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("require_native")]
 

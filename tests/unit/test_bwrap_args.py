@@ -14,12 +14,11 @@ from sandbox.bwrap_args import (
     MAX_ARGS,
     BwrapArgsError,
     CliExtras,
-    effective_caps,
     from_bwrap_args,
     parse_bwrap_args,
-    userns_available,
 )
 from sandbox.errors import SpecError
+from sandbox.host import effective_caps, userns_available
 from sandbox.seccomp import Seccomp, compile_policy
 
 ENV = {"HOME": "/home/u", "PATH": "/usr/bin:/bin", "FOO": "foo", "LANG": "C.UTF-8"}

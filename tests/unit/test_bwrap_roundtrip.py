@@ -20,7 +20,8 @@ from sandbox import spec as S
 from sandbox.bwrap_args import from_bwrap_args
 from sandbox.bwrap_render import BwrapArgv, render_plan, to_bwrap_args
 from sandbox.errors import SpecError
-from sandbox.plan import HostInfo, compile_plan, parent_mode_for
+from sandbox.host import HostInfo
+from sandbox.plan import compile_plan, parent_mode_for
 
 CALLER_CWD = "/"
 SLOW_OK = [HealthCheck.filter_too_much, HealthCheck.too_slow]

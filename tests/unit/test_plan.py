@@ -22,9 +22,9 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
+from sandbox.host import HostInfo
 from sandbox.plan import (
     DEFAULT_PATH,
-    HostInfo,
     Op,
     OpFlag,
     OpKind,

@@ -1,0 +1,336 @@
+"""Driving one bwrap process: from rendering to "the command was exec'd".
+
+The Plan is rendered to bwrap options (`sandbox.bwrap_render.render_plan`)
+passed through an `--args` memfd, so neither the options nor the
+environment's values show in `ps`. bwrap is started with
+`subprocess.Popen(close_fds=True)` (no Python runs between fork and exec) and
+`launch()` returns only once the command has been exec'd, raising SetupError,
+ExecError or UnavailableError otherwise, like the native backend. How:
+
+- `--json-status-fd`: bwrap writes `{"child-pid": N, ...}` once its sandbox
+  child exists, and `{"exit-code": N}` only if the command was exec'd.
+- `--block-fd`: the sandbox child reads it after setup (the byte is there
+  already) and closes it; when every copy of the pipe's read end is closed,
+  setup is over.
+- rlimits: with limits, `--seccomp` reads from a pipe the parent has not
+  written yet, so bwrap waits right after setup; the parent applies the
+  plan's rlimits to the child with prlimit(2) (so they bind the command and
+  its reaper, nothing of the setup, as in the native backend), then writes
+  the program.
+- exec: the command's process (the child, or its first child under bwrap's
+  pid-1 reaper) is watched until its /proc cmdline is no longer bwrap's. If
+  bwrap exits first without an exit-code record, setup or exec failed, and
+  bwrap's message says which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...bwrap_render import BwrapArgv, data_fd, render_plan
+from ...errors import SetupError
+from ...plan import Plan
+from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
+from .outside import _isolate
+from .procfs import _close, _first_child, _read, _readable, _std
+
+MAX_POLL_S = 0.002
+ALLOW_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
+
+
+@dataclass
+class _Pipes:
+    """The pipes between the parent and bwrap: status (bwrap writes JSON),
+    block (setup is over when its read ends are all closed) and, with rlimits,
+    seccomp (bwrap blocks reading it right after setup)."""
+
+    status_r: int
+    status_w: int
+    block_r: int
+    block_w: int
+    seccomp_r: int = -1
+    seccomp_w: int = -1
+
+    @classmethod
+    def make(cls, barrier: bool) -> _Pipes:
+        fds: list[int] = []
+        try:
+            for _ in range(3 if barrier else 2):
+                fds += os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return cls(*fds)
+
+    def child_started(self) -> None:
+        """bwrap holds its ends now: close ours."""
+        for name in ("status_w", "block_r", "seccomp_r"):
+            self.close_one(name)
+
+    def close_one(self, name: str) -> None:
+        _close(getattr(self, name))
+        setattr(self, name, -1)
+
+    def close(self) -> None:
+        for name in ("status_r", "status_w", "block_r", "block_w", "seccomp_r", "seccomp_w"):
+            self.close_one(name)
+
+
+@dataclass
+class _Status:
+    """The JSON status records bwrap writes, read as they come."""
+
+    fd: int
+    buffer: bytes = b""
+    eof: bool = False
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def read_available(self) -> None:
+        """Read what is there without blocking."""
+        while not self.eof and _readable([self.fd], 0):
+            self._read_once()
+
+    def read_until(self, key: str, pidfd: int) -> bool:
+        """Block until a record with `key` arrives (True) or bwrap exits (False)."""
+        while self.find(key) is None:
+            if self.eof:
+                return False
+            ready = _readable([self.fd, pidfd], None)
+            if self.fd in ready:
+                self._read_once()
+            elif pidfd in ready:
+                self.read_available()
+                return self.find(key) is not None
+        return True
+
+    def _read_once(self) -> None:
+        chunk = os.read(self.fd, 4096)
+        if not chunk:
+            self.eof = True
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self.records.append(_json_record(line))
+
+    def find(self, key: str) -> Any:
+        """The value of `key` in the records so far, or None."""
+        for rec in self.records:
+            if key in rec:
+                return rec[key]
+        return None
+
+
+def _json_record(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class _Run:
+    """One bwrap invocation, from rendering to "the command was exec'd"."""
+
+    def __init__(self, bwrap: str, plan: Plan, argv: list[str]) -> None:
+        self.bwrap, self.plan, self.argv = bwrap, plan, argv
+        self.t0 = time.monotonic()
+        self.timings: dict[str, float] = {}
+
+    def _stamp(self, name: str) -> None:
+        self.timings[name] = (time.monotonic() - self.t0) * 1e6
+
+    def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> dict[str, Any]:
+        tap = _StderrTap(stdio[2])
+        plan = self.plan
+        # a pause after setup, before exec: bwrap waits there for its seccomp program
+        pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths))
+        try:
+            with render_plan(self.plan, pipes.seccomp_r if pipes.seccomp_r >= 0 else None) as opts:
+                popen = self._spawn(opts, pipes, stdio, pass_fds)
+            pipes.child_started()
+            return self._follow(popen, pipes, tap)
+        except BaseException:
+            pipes.close()
+            raise
+
+    def _spawn(self, opts: BwrapArgv, pipes: _Pipes, stdio: tuple[int, int, int],
+               pass_fds: tuple[int, ...]) -> subprocess.Popen[bytes]:
+        opts = BwrapArgv([*opts, "--json-status-fd", str(pipes.status_w), "--block-fd", str(pipes.block_r)],
+                         opts.fds)
+        args_fd = data_fd(b"".join(os.fsencode(a) + b"\0" for a in opts))
+        try:
+            self.command_line = [self.bwrap, "--args", str(args_fd), "--", *self.argv]
+            keep = {fd for fd in pass_fds if fd > 2} | {args_fd, pipes.status_w, pipes.block_r, *opts.fds}
+            if pipes.seccomp_r >= 0:
+                keep.add(pipes.seccomp_r)
+            popen = subprocess.Popen(
+                self.command_line, stdin=_std(stdio[0]), stdout=_std(stdio[1]), stderr=_std(stdio[2]),
+                pass_fds=sorted(keep), close_fds=True, start_new_session=False)
+        finally:
+            os.close(args_fd)
+        self._stamp("spawned")
+        return popen
+
+    def _follow(self, popen: subprocess.Popen[bytes], pipes: _Pipes, tap: _StderrTap) -> dict[str, Any]:
+        """Drive bwrap to the exec of the command; raise if it fails first.
+        Whatever interrupts this (even KeyboardInterrupt) kills bwrap first."""
+        status = _Status(pipes.status_r)
+        pidfd = os.pidfd_open(popen.pid)
+        try:
+            if self._drive(popen, pipes, status, pidfd):
+                return self._started(popen, pipes, status)
+            self._wait_exit(popen.pid)
+            status.read_available()
+            if status.find("exit-code") is not None:  # ran and ended already
+                return self._started(popen, pipes, status)
+            popen.wait()
+            raise self._failure(tap, setup_done="ready" in self.timings)
+        except BaseException:
+            if popen.returncode is None:
+                popen.kill()
+                popen.wait()
+            raise
+        finally:
+            os.close(pidfd)
+
+    def _drive(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status, pidfd: int) -> bool:
+        """True once the command is seen exec'd; False if bwrap exits first."""
+        if not status.read_until("child-pid", pidfd):
+            return False
+        child = int(status.find("child-pid"))
+        self._stamp("child")
+        try:
+            os.write(pipes.block_w, b"x")
+        except BrokenPipeError:
+            return False
+        if self._wait_setup(pipes.block_w, pidfd):
+            self._stamp("ready")
+            self._release(popen, child, pipes)
+        if not self._wait_exec(child, pidfd):
+            return False
+        self._stamp("exec")
+        return True
+
+    def _release(self, popen: subprocess.Popen[bytes], child: int, pipes: _Pipes) -> None:
+        """Setup is over; with rlimits bwrap now waits for its seccomp program:
+        set the limits on it, then hand the program over."""
+        if pipes.seccomp_w < 0:
+            return
+        self.isolation = _isolate(self.plan, popen, child)
+        if self._apply_rlimits(popen, child):
+            try:
+                os.write(pipes.seccomp_w, self.plan.seccomp or ALLOW_ALL)
+            except BrokenPipeError:
+                pass  # bwrap died; the caller finds out how
+        pipes.close_one("seccomp_w")
+
+    def _started(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status) -> dict[str, Any]:
+        _close(pipes.block_w)
+        pipes.block_w = -1
+        pipes.status_r = -1  # owned by the decoder from now on
+        decoder = _Decoder(popen, status)
+        isolated = getattr(self, "isolation", None)
+        return {"pid": popen.pid, "status_fd": -1, "timings": dict(self.timings), "decode_status": decoder,
+                "isolation": isolated.findings if isolated else {}, "on_exit": isolated.close if isolated else None}
+
+    # ------------------------------------------------------------ steps
+
+    def _apply_rlimits(self, popen: subprocess.Popen[bytes], child: int) -> bool:
+        """Set the plan's rlimits on bwrap's sandbox child (False if it is gone)."""
+        for res, value in self.plan.rlimits:
+            try:
+                _soft, hard = resource.prlimit(child, res)
+                v = value if hard == resource.RLIM_INFINITY else min(value, hard)
+                resource.prlimit(child, res, (v, v))
+            except ProcessLookupError:
+                return False
+            except OSError as exc:
+                popen.kill()
+                popen.wait()
+                raise SetupError(f"Can't set resource limit {res}: {exc.strerror}", step="rlimit",
+                                 errno=exc.errno or 0, backend="bwrap") from None
+        return True
+
+    @staticmethod
+    def _wait_setup(block_w: int, pidfd: int) -> bool:
+        """Wait until every read end of the block pipe is closed (setup done, or bwrap died)."""
+        poller = select.poll()
+        poller.register(block_w, 0)
+        poller.register(pidfd, select.POLLIN)
+        while True:
+            for fd, _ev in poller.poll():
+                if fd == block_w:
+                    return True
+                if fd == pidfd:
+                    return False
+
+    def _wait_exec(self, child: int, pidfd: int) -> bool:
+        """Poll the command's process until it is no longer bwrap (True) or bwrap exits (False)."""
+        mine = b"".join(os.fsencode(a) + b"\0" for a in self.command_line)
+        reaper = self.plan.pid_ns and self.plan.reaper
+        delay = 0.00005
+        while True:
+            pid = _first_child(child) if reaper else child
+            if pid is not None:
+                cmdline = _read(f"/proc/{pid}/cmdline")
+                if cmdline and cmdline != mine:
+                    return True
+            if _readable([pidfd], 0):
+                return False
+            time.sleep(delay)  # sub-millisecond: poll(2) counts in milliseconds
+            delay = min(delay * 2, MAX_POLL_S)
+
+    @staticmethod
+    def _wait_exit(pid: int) -> None:
+        """Wait for bwrap to exit, leaving it to be reaped."""
+        while True:
+            try:
+                os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+                return
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+
+    def _failure(self, tap: _StderrTap, setup_done: bool) -> Exception:
+        """The exception for a bwrap that exited without running the command."""
+        message = tap.read()
+        if message is None:
+            message = _Diagnose(self.bwrap, self.plan, self.argv, setup_done).message()
+        return _error_from(message, self.plan, self.argv, setup_done)
+
+
+class _Decoder:
+    """Maps bwrap's wait status to the command's returncode (SandboxProcess.decode_status)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], status: _Status) -> None:
+        self.popen = popen  # kept so subprocess never reaps bwrap behind SandboxProcess's back
+        self.status = status
+
+    def __call__(self, raw_status: int, code: int) -> int:
+        self.status.read_available()
+        exit_code = self.status.find("exit-code")
+        self.close()
+        self.popen.returncode = code  # reaped by SandboxProcess
+        if os.WIFSIGNALED(raw_status) or exit_code is None:
+            return code
+        return decode_exit_code(int(exit_code))
+
+    def close(self) -> None:
+        _close(self.status.fd)
+        self.status.fd = -1
+        self.status.eof = True
+
+    def __del__(self) -> None:
+        if self.status.fd >= 0:
+            self.close()

@@ -7,10 +7,10 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
+from . import backends
 from .errors import SpecError
 from .host import HostInfo
-from .plan import Plan, check_argv, compile_plan
-from .probe import probe
+from .plan import check_argv, compile_plan, refusal
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
 from .spec import Spec
 
@@ -83,17 +83,6 @@ def _check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
     return tuple(fds)
 
 
-def _launch(backend: str, plan: Plan, spec: Spec, argv: list[str], stdio: list[int],
-            pass_fds: tuple[int, ...]) -> dict[str, Any]:
-    if backend == "native":
-        from .backends import native
-        started = native.spawn_plan(plan, spec, argv, tuple(stdio), pass_fds)
-        return {"pid": started.pid, "status_fd": started.status_fd, "timings": started.timings,
-                "on_exit": started.on_exit, "isolation": started.isolation}
-    from .backends import bwrap
-    return bwrap.launch(plan, spec, argv, tuple(stdio), pass_fds)
-
-
 def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: StdioArg = None,
           stderr: StdioArg = None, pass_fds: Iterable[int] = (), backend: str = "auto") -> SandboxProcess:
     """Start `argv` in a sandbox described by `spec`; return at once.
@@ -102,22 +91,32 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     PIPE, DEVNULL, STDOUT for stderr, an fd or a file). Only stdio and
     `pass_fds` are open in the command. `backend` is "auto" (native where the
     host allows it, else bwrap), "native" or "bwrap".
+
+    Raises SpecError (a ValueError) for bad arguments; SetupError when a setup
+    step fails; ExecError (also FileNotFoundError or PermissionError) when the
+    command cannot be executed; IsolationError when an isolation check fails;
+    UnavailableError when no backend can run here. The command never runs
+    in any of these cases.
     """
     args = check_argv(argv)
     if not isinstance(spec, Spec):
         raise SpecError("spec", spec, "must be a sandbox.Spec")
     fds = _check_pass_fds(pass_fds)
-    name, reason = probe().choose(backend)
-    plan = compile_plan(spec, HostInfo.current())
+    name, reason = backends.choose(backend)
+    host = HostInfo.current(backend=name)
+    plan = compile_plan(spec, host)
+    refused = refusal(plan, host)
+    if refused is not None:
+        raise refused
     stdio = _Stdio(stdin, stdout, stderr)
     try:
-        launched = _launch(name, plan, spec, args, stdio.child, fds)
+        launched = backends.get(name).launch(plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
     except BaseException:
         stdio.abort()
         raise
     stdio.started()
-    return SandboxProcess(args, backend=name, backend_reason=reason, stdin=stdio.parent[0],
-                          stdout=stdio.parent[1], stderr=stdio.parent[2], network=spec.network, **launched)
+    return SandboxProcess(args, launched, backend=name, backend_reason=reason, network=plan.network,
+                          pipes=(stdio.parent[0], stdio.parent[1], stdio.parent[2]))
 
 
 def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, capture_output: bool = False,
@@ -129,7 +128,8 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
     On timeout every process of the sandbox is killed and
     subprocess.TimeoutExpired raised; `check=True` raises
     subprocess.CalledProcessError on a non-zero exit. The result carries
-    `.backend` and `.timings` (setup stages, µs).
+    `.backend`, `.network` (the namespace it ran in), `.isolation` and
+    `.timings` (setup stages, µs). Raises what spawn() raises.
     """
     if capture_output:
         if stdout is not None or stderr is not None:

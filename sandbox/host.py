@@ -12,24 +12,60 @@ from dataclasses import dataclass
 
 from .spec import CAPABILITIES
 
+# A documented switch: set to 1 to refuse the native backend (forces the
+# bwrap fallback), e.g. to test the fallback path or work around a kernel bug.
+DISABLE_NATIVE_ENV = "SANDBOX_DISABLE_NATIVE"
+BWRAP_ENV = "SANDBOX_BWRAP"  # the bwrap binary to use instead of the one on PATH
+
+USERNS_SYSCTLS = (
+    "/proc/sys/user/max_user_namespaces",
+    "/proc/sys/kernel/unprivileged_userns_clone",
+    "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+)
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """The process-wide network namespace pool (sandbox.netpool), as planning sees it."""
+
+    # "init": its namespaces are owned by the caller's user namespace (root);
+    # "userns": by a user namespace of the pool's, which maps the caller to 0.
+    owner: str = "userns"
+    serves_none: bool = False  # network="none" leases from it too (netpool.enable())
+
+    @classmethod
+    def current(cls) -> PoolInfo:
+        """The shared pool's owner (what it would be, if not started yet) and whether it serves "none"."""
+        from . import netpool  # the pool is a runtime service above these facts: read it only here
+
+        pool = netpool.pool_for("none")
+        if pool is not None:
+            return cls(owner=pool.owner, serves_none=True)
+        return cls(owner="init" if os.geteuid() == 0 else "userns", serves_none=False)
+
 
 @dataclass(frozen=True)
 class HostInfo:
-    """What the planner needs to know about the calling process."""
+    """What the planner needs to know about the calling process and the chosen backend."""
 
     uid: int
     gid: int
     cwd: str | None
     environ: Mapping[str, str]
+    is_root: bool = False  # effective uid 0: may create namespaces without a user namespace
+    backend: str = "native"  # the backend that will run the plan
+    pool: PoolInfo = PoolInfo()
 
     @classmethod
-    def current(cls) -> HostInfo:
-        """Read the calling process's ids, cwd and environment."""
+    def current(cls, backend: str = "native") -> HostInfo:
+        """Read the calling process's ids, cwd and environment, and the pool's state."""
         try:
             cwd: str | None = os.getcwd()
         except OSError:
             cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ)
+        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, is_root=os.geteuid() == 0,
+                   backend=backend,
+                   pool=PoolInfo.current())
 
 
 def userns_available() -> bool:
@@ -39,6 +75,16 @@ def userns_available() -> bool:
     if _read_text("/sys/module/user_namespace/parameters/enable").startswith("N"):
         return False
     return _read_text("/proc/sys/user/max_user_namespaces").strip() != "0"
+
+
+def userns_sysctls() -> dict[str, str]:
+    """The sysctls that decide whether unprivileged user namespaces work, by dotted name (those present)."""
+    out = {}
+    for path in USERNS_SYSCTLS:
+        text = _read_text(path)
+        if text:
+            out[path[len("/proc/sys/"):].replace("/", ".")] = text.strip()
+    return out
 
 
 def effective_caps() -> set[str]:

@@ -11,14 +11,16 @@ needs to know about the calling process comes in as a HostInfo.
 from __future__ import annotations
 
 import enum
+import errno as E
 import fnmatch
 import os
 import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from . import spec as S
-from .errors import SpecError
+from .errors import SandboxError, SetupError, SpecError, UnavailableError
 from .host import HostInfo
 from .seccomp import compile_policy
 
@@ -77,6 +79,8 @@ RLIMITS: dict[str, tuple[int, int]] = {
     "file_bytes": (resource.RLIMIT_FSIZE, 1),
 }
 
+Network = Literal["none", "pool", "host"]
+
 # What execvp searches when PATH is unset (glibc's default), as under bwrap.
 DEFAULT_PATH = "/bin:/usr/bin"
 
@@ -90,13 +94,18 @@ class Plan:
     user_ns: bool
     mount_ns: bool
     pid_ns: bool
-    net_ns: bool  # a private, loopback-only network namespace
-    net_pool: bool  # ... leased from a pool where the backend can (else a fresh one)
+    # The network namespace: "none", a fresh loopback-only one of its own;
+    # "pool", a loopback-only one leased from the process-wide pool (native
+    # only); "host", the caller's.
+    network: Network
+    recycle_lease: bool  # a leased namespace may be reused after this sandbox (else it is destroyed)
     ipc_ns: bool
     uts_ns: bool
     cgroup_ns: bool
-    # identity: host ids, ids seen inside, and whether uid/gid 0 must be mapped
-    # during setup (devpts needs it) and the final ids set in a nested userns.
+    # identity: the outside ids written to the id maps (the caller's, or 0 in
+    # a pool's user namespace, which maps the caller to 0), ids seen inside,
+    # and whether uid/gid 0 must be mapped during setup (devpts needs it) and
+    # the final ids set in a nested userns.
     host_uid: int
     host_gid: int
     uid: int
@@ -121,6 +130,11 @@ class Plan:
     probe_paths: tuple[str, ...] = ()  # must not exist inside (checked before exec)
     forward: tuple[tuple[int, int | str], ...] = ()  # inside port -> host target
     check_network: bool = False  # inspect the network namespace from the host before the command runs
+
+    @property
+    def net_ns(self) -> bool:
+        """A network namespace is created for this sandbox (not leased, not the host's)."""
+        return self.network == "none"
 
 
 def parent_mode_for(perms: int | None) -> int:
@@ -214,6 +228,21 @@ def cwd_candidates(spec: S.Spec, host: HostInfo, env: Mapping[str, str]) -> tupl
     return tuple(dict.fromkeys(cands)), False
 
 
+def plan_network(spec: S.Spec, host: HostInfo) -> Network:
+    """Which network namespace the sandbox gets. A leased one where the
+    backend can join it (native) and the Spec asks for the pool, the pool
+    serves network="none", or the namespace is inspected before the command
+    runs (the check reads a leased namespace); else a fresh one; or the host's."""
+    if spec.network == "host":
+        return "host"
+    if host.backend != "native":
+        return "none"
+    wants_check = spec.check or bool(spec.forward)
+    if spec.network == "pool" or wants_check or host.pool.serves_none:
+        return "pool"
+    return "none"
+
+
 def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     """Compile `spec` for a caller described by `host`."""
     ns = spec.namespaces
@@ -232,6 +261,8 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     # mapped, so such sandboxes map 0 during setup and switch to the
     # requested ids in a nested user namespace afterwards.
     map_root = ns.user and has_dev and (uid != 0 or gid != 0)
+    network = plan_network(spec, host)
+    in_pool_userns = network == "pool" and host.pool.owner == "userns"
     keep = 0
     for cap in spec.cap_add:
         keep |= 1 << S.CAPABILITIES.index(cap)
@@ -240,14 +271,17 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         user_ns=ns.user,
         mount_ns=ns.mount,
         pid_ns=ns.pid,
-        net_ns=spec.network in ("none", "pool"),
-        # the network check inspects a leased namespace before the command runs
-        net_pool=spec.network == "pool" or (spec.network != "host" and (spec.check or bool(spec.forward))),
+        network=network,
+        # Recycle a leased namespace only if every process of the tenant is
+        # surely gone when pid 1 is (a pid namespace) and it never held
+        # capabilities over the namespace (its own user namespace is a child
+        # of the namespace's owner).
+        recycle_lease=network == "pool" and ns.pid and ns.user,
         ipc_ns=ns.ipc,
         uts_ns=ns.uts,
         cgroup_ns=ns.cgroup,
-        host_uid=host.uid,
-        host_gid=host.gid,
+        host_uid=0 if in_pool_userns else host.uid,
+        host_gid=0 if in_pool_userns else host.gid,
         uid=uid,
         gid=gid,
         map_root_first=map_root,
@@ -271,6 +305,26 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         forward=spec.forward,
         check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
     )
+
+
+def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
+    """Why `host.backend` must not run `plan`, or None. Decided before
+    anything runs, so every backend fails the same way at the same moment."""
+    others = plan.mount_ns or plan.pid_ns or plan.net_ns or plan.ipc_ns or plan.uts_ns or plan.cgroup_ns
+    if not plan.user_ns and others and not host.is_root:
+        # Without a user namespace only root may create namespaces (bwrap
+        # would quietly add a user namespace instead).
+        return SetupError("Creating new namespace failed: Operation not permitted (no user namespace requested)",
+                          step="clone", errno=E.EPERM, backend=host.backend)
+    if host.backend != "bwrap":
+        return None
+    if plan.landlock and not plan.landlock_best_effort:
+        return UnavailableError("landlock=True needs the native backend (bwrap has no Landlock support); "
+                                "use landlock='best-effort' to run without it under bwrap")
+    for op in plan.ops:
+        if op.kind is OpKind.BIND and op.flags & OpFlag.RDONLY and not op.flags & OpFlag.NODEV:
+            return SpecError(f"mounts[{op.origin}]", op.dest, "bwrap cannot bind read-only with device access")
+    return None
 
 
 def check_argv(argv: Sequence[str]) -> list[str]:

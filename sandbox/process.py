@@ -8,8 +8,9 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from typing import IO, Any
+
+from .backends import Launched
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -26,7 +27,7 @@ class CompletedProcess(subprocess.CompletedProcess):
         self.backend = backend
         self.backend_reason = backend_reason
         self.timings = timings or {}
-        self.network = network  # the Spec's network setting: "none", "pool" or "host"
+        self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
         self.isolation = isolation or {}  # what the isolation checks established
 
 
@@ -38,45 +39,27 @@ class SandboxProcess:
     sandbox; `returncode` is the command's exit code, or -N if signal N killed it.
     """
 
-    def __init__(self, args: list[str], pid: int, *, backend: str, status_fd: int = -1,
-                 stdin: IO[bytes] | None = None, stdout: IO[bytes] | None = None, stderr: IO[bytes] | None = None,
-                 backend_reason: str = "", timings: dict[str, float] | None = None,
-                 decode_status: Callable[[int, int], int] | None = None,
-                 on_exit: Callable[[], None] | None = None, network: str = "none",
-                 isolation: dict[str, Any] | None = None) -> None:
+    def __init__(self, args: list[str], launched: Launched, *, backend: str, backend_reason: str = "",
+                 network: str = "none", pipes: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None] = (
+                     None, None, None)) -> None:
         self.args = args
-        self.pid = pid
+        self.pid = launched.pid
         self.backend = backend
         self.backend_reason = backend_reason
-        self.timings = timings or {}
-        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.timings = launched.timings
+        self.stdin, self.stdout, self.stderr = pipes
         self.returncode: int | None = None
-        self._status_fd = status_fd
-        self._decode_status = decode_status
-        self._on_exit = on_exit
-        self.network = network
-        self.isolation = isolation or {}
+        self._exit = launched.exit
+        self._on_exit = launched.on_exit
+        self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
+        self.isolation = launched.isolation
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ status
 
     def _finish(self, status: int) -> None:
         """Record the exit of the first process (lock held)."""
-        if self._status_fd >= 0:
-            # The reaper writes the command's raw wait status before it exits;
-            # its own exit code cannot say "killed by signal N".
-            try:
-                data = os.read(self._status_fd, 4)
-            except OSError:
-                data = b""
-            os.close(self._status_fd)
-            self._status_fd = -1
-            if len(data) == 4:
-                status = int.from_bytes(data, "little", signed=True)
-        code = os.waitstatus_to_exitcode(status)
-        if self._decode_status is not None:
-            code = self._decode_status(status, code)
-        self.returncode = code
+        self.returncode = self._exit.returncode(status)
         if self._on_exit is not None:  # e.g. give a leased network namespace back
             hook, self._on_exit = self._on_exit, None
             hook()
@@ -171,13 +154,6 @@ class SandboxProcess:
                 pass
         self.wait()
         self._close_pipes()
-
-    def __del__(self) -> None:
-        if getattr(self, "_status_fd", -1) >= 0:
-            try:
-                os.close(self._status_fd)
-            except OSError:
-                pass
 
     def __repr__(self) -> str:
         return f"<SandboxProcess pid={self.pid} backend={self.backend} returncode={self.returncode}>"

@@ -462,8 +462,7 @@ def spawn_plan_unchecked(spec: Spec, extra_ops: tuple[Op, ...], argv: list[str])
 
     plan = compile_plan(spec, HostInfo.current())
     plan = dataclasses.replace(plan, ops=plan.ops + extra_ops)
-    started = native.spawn_plan(plan, spec, argv, (-1, -1, -1), ())
-    proc = sandbox.SandboxProcess(argv, started.pid, backend="native", status_fd=started.status_fd)
+    proc = sandbox.SandboxProcess(argv, native.launch(plan, argv, (-1, -1, -1), ()), backend="native")
     return proc.wait(timeout=30)
 
 

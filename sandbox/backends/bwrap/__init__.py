@@ -5,43 +5,66 @@ How it drives bwrap is in driver.py; what still differs from the native backend 
 
 from __future__ import annotations
 
-import errno as E
+import functools
 import os
-from typing import Any
+import shutil
+import subprocess
 
-from ...errors import SetupError, UnavailableError
+from ...errors import UnavailableError
+from ...host import BWRAP_ENV
 from ...plan import Plan
-from ...probe import probe
-from ...spec import Spec
+from .. import Launched
 from .driver import _Run
 
-# ---------------------------------------------------------------- entry point
 
-def launch(plan: Plan, spec: Spec, argv: list[str], stdio: tuple[int, int, int],
-           pass_fds: tuple[int, ...]) -> dict[str, Any]:
-    """Start `argv` under `plan` with bwrap; return SandboxProcess keyword arguments.
+@functools.cache
+def _find() -> tuple[str | None, str]:
+    path = os.environ.get(BWRAP_ENV) or shutil.which("bwrap")
+    if not path:
+        return None, f"not found on PATH (set {BWRAP_ENV} to its path)"
+    if not os.access(path, os.X_OK):
+        return None, f"{path} is not executable"
+    # bwrap needs the same kernel permissions (unless it is setuid): try it once.
+    try:
+        done = subprocess.run([path, "--ro-bind", "/", "/", "--", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{path} does not run: {exc}"
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        return None, f"{path} cannot create a sandbox here: {message[-1] if message else done.returncode}"
+    return path, "works"
 
-    Returns once the command has been exec'd. Raises SetupError if the
-    sandbox could not be set up, ExecError if the command could not be
-    executed, UnavailableError if bwrap is missing.
+
+def bwrap_path() -> str | None:
+    """The bwrap binary this backend runs, if it works here (found and tried once per process)."""
+    return _find()[0]
+
+
+def available() -> tuple[bool, str]:
+    """Whether bwrap is there and can make a sandbox here; the reason names the binary."""
+    _find.cache_clear()
+    path, reason = _find()
+    return path is not None, reason
+
+
+def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
+    """Start `argv` under `plan` with bwrap; return once the command has been exec'd.
+
+    Raises SetupError if the sandbox could not be set up, ExecError if the
+    command could not be executed, UnavailableError if bwrap is missing.
     """
-    bwrap = probe().bwrap
-    if not bwrap:
-        raise UnavailableError(f"bwrap backend unavailable: {probe().bwrap_reason}")
-    _refuse_like_native(plan)
-    if plan.landlock and not plan.landlock_best_effort:
-        raise UnavailableError("landlock=True needs the native backend (bwrap has no Landlock support); "
-                               "use landlock='best-effort' to run without it under bwrap")
-    run = _Run(bwrap, plan, argv)
-    return run.start(stdio, pass_fds)
+    path, reason = _find()
+    if path is None:
+        raise UnavailableError(f"bwrap backend unavailable: {reason}")
+    return _Run(path, plan, argv).start(stdio, pass_fds)
 
 
-def _refuse_like_native(plan: Plan) -> None:
-    """Without a user namespace only root can make namespaces; bwrap would
-    quietly add one for everybody else, the native backend fails."""
-    others = plan.mount_ns or plan.pid_ns or plan.net_ns or plan.ipc_ns or plan.uts_ns or plan.cgroup_ns
-    if not plan.user_ns and others and os.geteuid() != 0:
-        raise SetupError("Creating new namespace failed: Operation not permitted (no user namespace requested)",
-                         step="clone", errno=E.EPERM, backend="bwrap")
+class _Bwrap:
+    """The bwrap backend (the Backend protocol of sandbox.backends)."""
+
+    name = "bwrap"
+    available = staticmethod(available)
+    launch = staticmethod(launch)
 
 
+BACKEND = _Bwrap()

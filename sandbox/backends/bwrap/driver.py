@@ -38,8 +38,9 @@ from typing import Any
 from ...bwrap_render import BwrapArgv, data_fd, render_plan
 from ...errors import SetupError
 from ...plan import Plan
+from .. import Launched
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
-from .outside import _isolate
+from .outside import _isolate, _Isolated
 from .procfs import _close, _first_child, _read, _readable, _std
 
 MAX_POLL_S = 0.002
@@ -145,11 +146,12 @@ class _Run:
         self.bwrap, self.plan, self.argv = bwrap, plan, argv
         self.t0 = time.monotonic()
         self.timings: dict[str, float] = {}
+        self.isolated: _Isolated | None = None
 
     def _stamp(self, name: str) -> None:
         self.timings[name] = (time.monotonic() - self.t0) * 1e6
 
-    def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> dict[str, Any]:
+    def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
         tap = _StderrTap(stdio[2])
         plan = self.plan
         # a pause after setup, before exec: bwrap waits there for its seccomp program
@@ -181,7 +183,7 @@ class _Run:
         self._stamp("spawned")
         return popen
 
-    def _follow(self, popen: subprocess.Popen[bytes], pipes: _Pipes, tap: _StderrTap) -> dict[str, Any]:
+    def _follow(self, popen: subprocess.Popen[bytes], pipes: _Pipes, tap: _StderrTap) -> Launched:
         """Drive bwrap to the exec of the command; raise if it fails first.
         Whatever interrupts this (even KeyboardInterrupt) kills bwrap first."""
         status = _Status(pipes.status_r)
@@ -215,18 +217,18 @@ class _Run:
             return False
         if self._wait_setup(pipes.block_w, pidfd):
             self._stamp("ready")
-            self._release(popen, child, pipes)
+            self._resume_after_setup(popen, child, pipes)
         if not self._wait_exec(child, pidfd):
             return False
         self._stamp("exec")
         return True
 
-    def _release(self, popen: subprocess.Popen[bytes], child: int, pipes: _Pipes) -> None:
+    def _resume_after_setup(self, popen: subprocess.Popen[bytes], child: int, pipes: _Pipes) -> None:
         """Setup is over; with rlimits bwrap now waits for its seccomp program:
         set the limits on it, then hand the program over."""
         if pipes.seccomp_w < 0:
             return
-        self.isolation = _isolate(self.plan, popen, child)
+        self.isolated = _isolate(self.plan, popen, child)
         if self._apply_rlimits(popen, child):
             try:
                 os.write(pipes.seccomp_w, self.plan.seccomp or ALLOW_ALL)
@@ -234,14 +236,15 @@ class _Run:
                 pass  # bwrap died; the caller finds out how
         pipes.close_one("seccomp_w")
 
-    def _started(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status) -> dict[str, Any]:
+    def _started(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status) -> Launched:
         _close(pipes.block_w)
         pipes.block_w = -1
         pipes.status_r = -1  # owned by the decoder from now on
-        decoder = _Decoder(popen, status)
-        isolated = getattr(self, "isolation", None)
-        return {"pid": popen.pid, "status_fd": -1, "timings": dict(self.timings), "decode_status": decoder,
-                "isolation": isolated.findings if isolated else {}, "on_exit": isolated.close if isolated else None}
+        isolated = self.isolated
+        timings = {"start": 0.0, **self.timings}
+        return Launched(pid=popen.pid, exit=_Decoder(popen, status), timings=timings,
+                        isolation=isolated.findings if isolated else {},
+                        on_exit=isolated.close if isolated else None)
 
     # ------------------------------------------------------------ steps
 
@@ -311,13 +314,16 @@ class _Run:
 
 
 class _Decoder:
-    """Maps bwrap's wait status to the command's returncode (SandboxProcess.decode_status)."""
+    """bwrap's wait status to the command's returncode: bwrap's JSON exit-code
+    record when there is one (an ExitSource of sandbox.backends)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], status: _Status) -> None:
         self.popen = popen  # kept so subprocess never reaps bwrap behind SandboxProcess's back
         self.status = status
 
-    def __call__(self, raw_status: int, code: int) -> int:
+    def returncode(self, raw_status: int) -> int:
+        """The command's returncode, -N if signal N killed it."""
+        code = os.waitstatus_to_exitcode(raw_status)
         self.status.read_available()
         exit_code = self.status.find("exit-code")
         self.close()
@@ -327,6 +333,7 @@ class _Decoder:
         return decode_exit_code(int(exit_code))
 
     def close(self) -> None:
+        """Close the status pipe (idempotent)."""
         _close(self.status.fd)
         self.status.fd = -1
         self.status.eof = True

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import dataclasses
+import errno as E
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ... import forward, isolation, netpool
 from ...errors import SandboxError
+from ...host import DISABLE_NATIVE_ENV, userns_sysctls
 from ...plan import Plan
-from ...spec import Spec
+from .. import ExitSource, Launched, WaitStatus
 from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize
 
 __all__ = ["BIN_DIR", "INIT_PATH", "STEP_NAMES", "Started", "blob_for", "ffi", "lib", "newroot_dir",
-           "serialize", "setup_error", "spawn_blob", "spawn_plan"]
+           "serialize", "setup_error", "spawn_blob", "launch", "available", "BACKEND"]
 
 _init_fd_lock = threading.Lock()
 _init_fd: int | None = None
@@ -43,49 +45,47 @@ def cstrings(items: Sequence[str | bytes]) -> tuple[object, list[object]]:
     return ffi.new("char *[]", [*keep, ffi.NULL]), keep
 
 
-def spawn_plan(plan: Plan, spec: Spec, argv: Sequence[str], stdio: tuple[int, int, int],
-               pass_fds: Sequence[int]) -> Started:
+def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
     """Start `argv` under `plan` with the native core: in a leased network
-    namespace when the plan asks for the pool or for a network check, with its
-    forwarded ports relayed, and everything given back when it ends."""
-    from ... import isolation, netpool
-
-    pool = netpool.pool_for("pool" if plan.net_pool else "none") if plan.net_ns else None
-    lease = pool.lease() if pool is not None else None
+    namespace when the plan says so (inspected first when it asks for a
+    check), with its forwarded ports relayed, and everything given back when
+    it ends."""
     cleanups: list[Callable[[], None]] = []
-    if lease is not None:
-        # Recycle only if every process of the tenant is surely gone when pid 1
-        # is (a pid namespace) and it never held capabilities over the namespace
-        # (its own user namespace is a child of the namespace's owner).
-        recycle = plan.pid_ns and plan.user_ns
-        cleanups.append(lambda: lease.release(recycle=recycle, wait=False))
+    lease = _lease(plan, cleanups)
     try:
-        findings = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
-        run_plan = plan_in_lease(plan, lease.userns_fd is not None) if lease is not None else plan
+        found = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
         join = None if lease is None else (-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd)
-        started = _spawn_forwarding(run_plan, argv, plan.env, stdio, pass_fds, join, cleanups)
+        started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups)
     except BaseException:
         _run_all(cleanups)
         raise
-    started.isolation = isolation.findings(plan, findings)
+    findings = isolation.findings(plan, found)
     if plan.landlock:
-        started.isolation["landlock_abi"] = started.landlock_abi  # 0: best-effort, and the kernel has none
-    started.on_exit = lambda: _run_all(cleanups)
-    return started
+        findings["landlock_abi"] = started.landlock_abi  # 0: best-effort, and the kernel has none
+    exit_source: ExitSource = ReaperStatus(started.status_fd) if started.status_fd >= 0 else WaitStatus()
+    return Launched(pid=started.pid, exit=exit_source, timings=started.timings, isolation=findings,
+                    on_exit=lambda: _run_all(cleanups))
 
 
-def _spawn_forwarding(plan: Plan, argv: Sequence[str], env: Sequence[str], stdio: tuple[int, int, int],
-                      pass_fds: Sequence[int], join: tuple[int, int] | None,
-                      cleanups: list[Callable[[], None]]) -> Started:
+def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | None:
+    """A namespace leased from the shared pool when the plan runs in one."""
+    if plan.network != "pool":
+        return None
+    pool = netpool.pool_for("pool")
+    assert pool is not None
+    lease = pool.lease()
+    cleanups.append(lambda: lease.release(recycle=plan.recycle_lease, wait=False))
+    return lease
+
+
+def _spawn_forwarding(plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
+                      join: tuple[int, int] | None, cleanups: list[Callable[[], None]]) -> Started:
     """spawn_blob, plus the relay of `plan.forward` when there is one."""
     if not plan.forward:
-        return spawn_blob(blob_for(plan), plan, argv, env, stdio, pass_fds, join_ns=join)
-    from ... import forward
-
+        return spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with mine, theirs:
-        started = spawn_blob(blob_for(plan), plan, argv, env, stdio, pass_fds, join_ns=join,
-                             listen_to=theirs.fileno())
+        started = spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, listen_to=theirs.fileno())
         relay = forward.start(mine, plan.forward)
     cleanups.insert(0, relay.close)
     return started
@@ -97,33 +97,49 @@ def _run_all(cleanups: list[Callable[[], None]]) -> None:
     cleanups.clear()
 
 
-def plan_in_lease(plan: Plan, pool_userns: bool) -> Plan:
-    """The plan as run inside a leased namespace: no network namespace of its
-    own (lo is already up), and, in a pool's user namespace, ids relative to it
-    (the pool maps the caller to 0)."""
-    changes: dict[str, object] = {"net_ns": False}
-    if pool_userns:
-        changes.update(host_uid=0, host_gid=0)
-    return dataclasses.replace(plan, **changes)
+class ReaperStatus:
+    """The command's status as sandbox-init reports it: the raw wait status
+    written to a pipe before it exits (its own exit code could not say
+    "killed by signal N")."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def returncode(self, raw_status: int) -> int:
+        """The reported status if there is one, else the reaper's own."""
+        try:
+            data = os.read(self.fd, 4) if self.fd >= 0 else b""
+        except OSError:
+            data = b""
+        self.close()
+        if len(data) == 4:
+            raw_status = int.from_bytes(data, "little", signed=True)
+        return os.waitstatus_to_exitcode(raw_status)
+
+    def close(self) -> None:
+        """Close the pipe (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.close()
 
 
 @dataclass
 class Started:
-    """A native sandbox that has exec'd its command."""
+    """What the C core reports for a sandbox that has exec'd its command."""
 
     pid: int
     status_fd: int
     timings: dict[str, float]
     landlock_abi: int = 0
-    on_exit: Callable[[], None] | None = None
-    isolation: dict[str, object] | None = None
 
 
 def spawn_blob(
     blob: bytes,
     plan: Plan,
     argv: Sequence[str],
-    env: Sequence[str],
     stdio: tuple[int, int, int],
     pass_fds: Sequence[int],
     join_ns: tuple[int, int] | None = None,
@@ -135,7 +151,7 @@ def spawn_blob(
     run in instead of a new one. `listen_to`: the Unix socket that receives
     the listening sockets of `plan.forward`."""
     c_argv, keep_a = cstrings(argv)
-    c_env, keep_e = cstrings(env)
+    c_env, keep_e = cstrings(plan.env)
     c_pass = ffi.new("int[]", list(pass_fds) or [0])
     res = ffi.new("struct sbx_result *")
     init = init_fd() if plan.reaper else -1
@@ -148,6 +164,49 @@ def spawn_blob(
     t = res.t_ns
     base = t[lib.SBX_T_START]
     timings = {STAMP_NAMES[i]: (t[i] - base) / 1000.0 for i in range(lib.SBX_N_STAMPS) if t[i]}
+    timings["exec"] = timings.get("done", 0.0)  # the parent saw the command exec'd
     return Started(pid=res.pid, status_fd=res.status_fd, timings=timings, landlock_abi=res.landlock_abi)
 
 
+# ---------------------------------------------------------------- availability
+
+def available() -> tuple[bool, str]:
+    """Whether this host lets the native core make its namespaces and use the mount API (tried once)."""
+    if os.environ.get(DISABLE_NATIVE_ENV, "") not in ("", "0"):
+        return False, f"disabled by {DISABLE_NATIVE_ENV}={os.environ[DISABLE_NATIVE_ENV]}"
+    if not INIT_PATH.exists():
+        return False, f"sandbox-init missing at {INIT_PATH}; reinstall the package"
+    res = ffi.new("struct sbx_result *")
+    ns = lib.SBX_NS_USER | lib.SBX_NS_MOUNT | lib.SBX_NS_PID | lib.SBX_NS_NET | lib.SBX_NS_IPC | lib.SBX_NS_UTS
+    if lib.sbx_probe(ns, res) == 0:
+        return True, "user, mount, pid, net, ipc and uts namespaces and the mount API work"
+    step = STEP_NAMES.get(res.step, str(res.step))
+    if res.step == lib.SBX_STEP_CLONE:
+        return False, _explain_clone(res.err, userns_sysctls())
+    name = E.errorcode.get(res.err, str(res.err))
+    return False, f"{step.replace('_', ' ')} failed with {name} (kernel too old or a policy blocks the mount API?)"
+
+
+def _explain_clone(err: int, sysctls: dict[str, str]) -> str:
+    text = f"{E.errorcode.get(err, err)} from clone"
+    hints = []
+    if sysctls.get("user.max_user_namespaces") == "0":
+        hints.append("user.max_user_namespaces=0")
+    if sysctls.get("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        hints.append("kernel.apparmor_restrict_unprivileged_userns=1")
+    if sysctls.get("kernel.unprivileged_userns_clone") == "0":
+        hints.append("kernel.unprivileged_userns_clone=0")
+    if not hints and err in (E.EPERM, E.EACCES):
+        hints.append("blocked by a seccomp policy or an LSM?")
+    return f"user namespaces: {text}" + (f" ({', '.join(hints)})" if hints else "")
+
+
+class _Native:
+    """The native backend (the Backend protocol of sandbox.backends)."""
+
+    name = "native"
+    available = staticmethod(available)
+    launch = staticmethod(launch)
+
+
+BACKEND = _Native()

@@ -1,0 +1,85 @@
+"""The planner's network and refusal decisions: which namespace a sandbox
+gets, which ids its maps write, and what a backend must refuse up front."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+
+import pytest
+
+from sandbox import Namespaces, RoBind, SetupError, Spec, SpecError, UnavailableError
+from sandbox.host import HostInfo, PoolInfo
+from sandbox.plan import OpFlag, compile_plan, refusal
+
+USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={})
+ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True, pool=PoolInfo(owner="init"))
+
+
+def host(base: HostInfo = USER, **changes: object) -> HostInfo:
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.mark.parametrize(("spec", "h", "expected"), [
+    (Spec(), USER, "none"),
+    (Spec(network="host"), USER, "host"),
+    (Spec(network="pool"), USER, "pool"),
+    (Spec(network="pool"), host(backend="bwrap"), "none"),  # bwrap makes its own
+    (Spec(check=True), USER, "pool"),  # the check reads a leased namespace
+    (Spec(forward={8080: 9000}), USER, "pool"),
+    (Spec(forward={8080: 9000}), host(backend="bwrap"), "none"),
+    (Spec(), host(pool=PoolInfo(serves_none=True)), "pool"),
+    (Spec(), host(backend="bwrap", pool=PoolInfo(serves_none=True)), "none"),
+    (Spec(network="host", check=True), USER, "host"),
+])
+def test_network_namespace_is_decided_by_the_plan(spec: Spec, h: HostInfo, expected: str) -> None:
+    plan = compile_plan(spec, h)
+    assert plan.network == expected
+    assert plan.net_ns is (expected == "none")
+
+
+def test_ids_in_a_pools_user_namespace_are_relative_to_it() -> None:
+    leased = compile_plan(Spec(network="pool"), USER)
+    assert (leased.host_uid, leased.host_gid) == (0, 0)  # the pool's userns maps the caller to 0
+    assert (leased.uid, leased.gid) == (1000, 1000)
+    fresh = compile_plan(Spec(), USER)
+    assert (fresh.host_uid, fresh.host_gid) == (1000, 1000)
+    as_root = compile_plan(Spec(network="pool"), host(ROOT, uid=0, gid=0))
+    assert (as_root.host_uid, as_root.host_gid) == (0, 0)
+    owned_by_init = compile_plan(Spec(network="pool", uid=5, gid=6), host(USER, pool=PoolInfo(owner="init")))
+    assert (owned_by_init.host_uid, owned_by_init.host_gid) == (1000, 1000)
+
+
+@pytest.mark.parametrize(("namespaces", "recycle"), [
+    (Namespaces(), True),
+    (Namespaces(pid=False), False),  # a process could outlive pid 1 in the namespace
+    (Namespaces(user=False), False),  # capabilities over the namespace's owner
+])
+def test_a_lease_is_recycled_only_when_the_tenant_surely_left(namespaces: Namespaces, recycle: bool) -> None:
+    plan = compile_plan(Spec(network="pool", namespaces=namespaces), ROOT)
+    assert plan.recycle_lease is recycle
+    assert compile_plan(Spec(namespaces=namespaces), ROOT).recycle_lease is False  # nothing leased
+
+
+@pytest.mark.parametrize("backend", ["native", "bwrap"])
+def test_no_user_namespace_is_refused_for_non_root_on_every_backend(backend: str) -> None:
+    h = host(backend=backend)
+    err = refusal(compile_plan(Spec(namespaces=Namespaces(user=False)), h), h)
+    assert isinstance(err, SetupError)
+    assert (err.step, err.errno, err.backend) == ("clone", errno.EPERM, backend)
+    h = host(ROOT, backend=backend)
+    assert refusal(compile_plan(Spec(namespaces=Namespaces(user=False)), h), h) is None
+
+
+def test_bwrap_refuses_what_it_cannot_express() -> None:
+    bw = host(backend="bwrap")
+    assert isinstance(refusal(compile_plan(Spec(landlock=True), bw), bw), UnavailableError)
+    assert refusal(compile_plan(Spec(landlock="best-effort"), bw), bw) is None
+    assert refusal(compile_plan(Spec(landlock=True), USER), USER) is None
+    # No Spec says "read-only with devices", but a plan edited by hand may.
+    plan = compile_plan(Spec(mounts=[RoBind("/usr"), RoBind("/dev")]), bw)
+    ro_dev = dataclasses.replace(plan.ops[1], flags=plan.ops[1].flags & ~OpFlag.NODEV)
+    plan = dataclasses.replace(plan, ops=(plan.ops[0], ro_dev))
+    err = refusal(plan, bw)
+    assert isinstance(err, SpecError) and err.field == "mounts[1]"
+    assert refusal(plan, USER) is None

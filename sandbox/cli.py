@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .bwrap_args import parse_bwrap_args
+from .bwrap.parse import parse_bwrap_args
 from .errors import ExecError, ExecNotFoundError, SandboxError, SpecError
 from .spec import Spec
 

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from .api import run, spawn
-from .bwrap_args import from_bwrap_args
+from .bwrap import from_bwrap_args
 from .errors import (
     ExecError,
     ExecNotFoundError,

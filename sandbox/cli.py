@@ -19,7 +19,8 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .bwrap_args import parse_bwrap_args
+from .bwrap import grammar
+from .bwrap.parse import parse_bwrap_args
 from .errors import ExecError, ExecNotFoundError, SandboxError, SpecError
 from .spec import Spec
 
@@ -42,81 +43,10 @@ commands:
     probe    Report what this host supports
 """
 
-RUN_HELP = """\
-usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
-
-Options follow bubblewrap 0.8.0: `--opt value` only, applied in order, ending
-at `--` or at the first argument that does not start with `-`.
-
-    --help                       Print this help
-    --version                    Print version
-    --args FD                    Parse NUL-separated args from FD
-    --unshare-all                Unshare every namespace we support by default
-    --share-net                  Retain the network namespace
-    --unshare-user               Create new user namespace (implied when not root)
-    --unshare-user-try           Create new user namespace if possible
-    --unshare-ipc                Create new ipc namespace
-    --unshare-pid                Create new pid namespace
-    --unshare-net                Create new network namespace (loopback only)
-    --unshare-uts                Create new uts namespace
-    --unshare-cgroup             Create new cgroup namespace
-    --unshare-cgroup-try         Create new cgroup namespace if possible
-    --uid UID                    Custom uid in the sandbox (requires a user namespace)
-    --gid GID                    Custom gid in the sandbox (requires a user namespace)
-    --hostname NAME              Custom hostname in the sandbox (requires --unshare-uts)
-    --chdir DIR                  Change directory to DIR
-    --clearenv                   Unset all environment variables
-    --setenv VAR VALUE           Set an environment variable
-    --unsetenv VAR               Unset an environment variable
-    --bind SRC DEST              Bind mount the host path SRC on DEST
-    --bind-try SRC DEST          Equal to --bind but ignores non-existent SRC
-    --dev-bind SRC DEST          Bind mount the host path SRC on DEST, allowing device access
-    --dev-bind-try SRC DEST      Equal to --dev-bind but ignores non-existent SRC
-    --ro-bind SRC DEST           Bind mount the host path SRC readonly on DEST
-    --ro-bind-try SRC DEST       Equal to --ro-bind but ignores non-existent SRC
-    --remount-ro DEST            Remount DEST as readonly; does not recursively remount
-    --proc DEST                  Mount new procfs on DEST
-    --dev DEST                   Mount new dev on DEST
-    --tmpfs DEST                 Mount new tmpfs on DEST
-    --dir DEST                   Create dir at DEST
-    --file FD DEST               Copy from FD to destination DEST
-    --bind-data FD DEST          Copy from FD to file which is bind-mounted on DEST
-    --ro-bind-data FD DEST       Copy from FD to file which is readonly bind-mounted on DEST
-    --symlink SRC DEST           Create symlink at DEST with target SRC
-    --new-session                Create a new terminal session
-    --die-with-parent            Kill COMMAND with SIGKILL when the sandbox's parent dies
-    --as-pid-1                   Do not install a reaper process with PID=1
-    --disable-userns             Disable further use of user namespaces (requires --unshare-user)
-    --seccomp FD                 Use the raw seccomp BPF program read from FD instead of the default policy
-    --cap-add CAP                Add cap CAP (or ALL)
-    --cap-drop CAP               Drop cap CAP (or ALL)
-    --perms OCTAL                Set permissions of next argument (--dir, --file, --tmpfs, ...)
-    --size BYTES                 Set size of next argument (only for --tmpfs)
-    --chmod OCTAL PATH           Change permissions of PATH (must already exist)
-
-Options of this package:
-    --spec FILE_OR_JSON          Start from this Spec (JSON text or a file); other options apply on top
-    --backend native|bwrap|auto  Choose the backend (default auto)
-    --close-fds                  Do not pass inherited fds other than stdin/stdout/stderr
-    --netns-pool                 With --unshare-net: lease the network namespace from a pool
-    --limit-cpu SECONDS          RLIMIT_CPU
-    --limit-memory MB            RLIMIT_AS
-    --limit-file MB              RLIMIT_FSIZE
-    --limit-nofile N             RLIMIT_NOFILE
-    --limit-nproc N              RLIMIT_NPROC
-
-Refused (bubblewrap options not supported here): --userns, --userns2, --pidns,
---lock-file, --sync-fd, --block-fd, --userns-block-fd, --info-fd, --json-status-fd,
---add-seccomp-fd, --exec-label, --file-label, --assert-userns-disabled, --mqueue,
---bind-fd, --ro-bind-fd.
-
-Unlike bubblewrap, every sandbox gets this package's default seccomp policy
-unless `--seccomp FD` replaces it (or a `--spec` has "seccomp": null).
-
+EXIT_HELP = """\
 Exit status: COMMAND's own; 128+N if signal N killed it; 125 for a bad option,
 a failed setup or no usable backend; 126 if COMMAND cannot be executed; 127 if
-it does not exist.
-"""
+it does not exist."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +76,8 @@ def run(args: Sequence[str]) -> int:
     for warning in extras.warnings:
         _say(warning)
     if extras.show_help:
-        sys.stdout.write(RUN_HELP)
+        print(grammar.usage())
+        print(EXIT_HELP)
         return 0
     if extras.show_version:
         print(f"sandbox {_version()}")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import spec as S
+from sandbox.bwrap import grammar
 
 pytestmark = pytest.mark.integration
 
@@ -291,6 +292,11 @@ class TestCommands:
             result = cli(*args)
             assert result.returncode == 0
             assert "usage:" in result.stdout
+
+    def test_run_help_is_the_grammar_usage(self):
+        result = cli("run", "--help")
+        assert result.returncode == 0 and result.stdout.startswith(grammar.usage())
+        assert "Exit status:" in result.stdout
 
     def test_run_version(self):
         result = cli("run", "--version")

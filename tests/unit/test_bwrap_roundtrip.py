@@ -17,8 +17,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sandbox import spec as S
-from sandbox.bwrap_args import from_bwrap_args
-from sandbox.bwrap_render import BwrapArgv, render_plan, to_bwrap_args
+from sandbox.backends.bwrap.render import render_plan
+from sandbox.bwrap.argv import BwrapArgv
+from sandbox.bwrap.parse import from_bwrap_args
+from sandbox.bwrap.unparse import to_bwrap_args
 from sandbox.errors import SpecError
 from sandbox.host import HostInfo
 from sandbox.plan import compile_plan, parent_mode_for

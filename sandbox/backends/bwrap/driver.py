@@ -1,6 +1,6 @@
 """Driving one bwrap process: from rendering to "the command was exec'd".
 
-The Plan is rendered to bwrap options (`sandbox.bwrap_render.render_plan`)
+The Plan is rendered to bwrap options (`render.render_plan`)
 passed through an `--args` memfd, so neither the options nor the
 environment's values show in `ps`. bwrap is started with
 `subprocess.Popen(close_fds=True)` (no Python runs between fork and exec) and
@@ -35,13 +35,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...bwrap_render import BwrapArgv, data_fd, render_plan
+from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError
 from ...plan import Plan
 from .. import Launched
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
 from .procfs import _close, _first_child, _read, _readable, _std
+from .render import render_plan
 
 MAX_POLL_S = 0.002
 ALLOW_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K SECCOMP_RET_ALLOW

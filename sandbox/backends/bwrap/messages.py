@@ -11,10 +11,11 @@ import stat
 import subprocess
 from collections.abc import Sequence
 
-from ...bwrap_render import data_fd, render_plan
+from ...bwrap.argv import data_fd
 from ...errors import ExecError, SetupError, UnavailableError
 from ...plan import OpKind, Plan
 from .. import availability
+from .render import render_plan
 
 GLIBC_DEFAULT_PATH = "/bin:/usr/bin"
 NEWROOT = "/newroot"

@@ -10,13 +10,9 @@ import subprocess
 import pytest
 
 from sandbox import spec as S
-from sandbox.bwrap_args import (
-    MAX_ARGS,
-    BwrapArgsError,
-    CliExtras,
-    from_bwrap_args,
-    parse_bwrap_args,
-)
+from sandbox.bwrap.grammar import MAX_ARGS, BwrapArgsError
+from sandbox.bwrap.parse import CliExtras, from_bwrap_args, parse_bwrap_args
+from sandbox.bwrap.unparse import to_bwrap_args
 from sandbox.errors import SpecError
 from sandbox.host import effective_caps, userns_available
 from sandbox.seccomp import Seccomp, compile_policy
@@ -146,33 +142,6 @@ class TestGrammar:
             spec_of("--symlink", "a", "/x", "--symlink", "b", "/x")
         with pytest.raises(SpecError, match=r"\.\."):
             spec_of("--dir", "/a/../b")
-
-
-# ---------------------------------------------------------------- unsupported options
-
-UNSUPPORTED = [
-    "--userns", "--userns2", "--pidns", "--lock-file", "--sync-fd", "--block-fd", "--userns-block-fd",
-    "--info-fd", "--json-status-fd", "--add-seccomp-fd", "--exec-label", "--file-label",
-    "--assert-userns-disabled", "--mqueue", "--bind-fd", "--ro-bind-fd",
-]
-
-
-class TestUnsupported:
-    @pytest.mark.parametrize("opt", UNSUPPORTED)
-    def test_refused_by_name(self, opt):
-        err = error_of(opt, "3", "/dest")
-        assert opt in str(err) and "not supported" in str(err)
-        assert err.field == opt
-
-    @pytest.mark.parametrize("opt", UNSUPPORTED)
-    def test_refused_even_without_a_value(self, opt):
-        with pytest.raises(BwrapArgsError, match="not supported"):
-            parse_bwrap_args([opt], environ=ENV, cwd=CWD, uid=1000)
-
-    def test_refused_after_valid_options_and_inside_args_files(self):
-        fd = pipe_with(b"--add-seccomp-fd\x0010\x00")
-        with pytest.raises(BwrapArgsError, match="--add-seccomp-fd is not supported"):
-            parse("--unshare-pid", "--args", str(fd))
 
 
 # ---------------------------------------------------------------- filesystem operations
@@ -864,8 +833,6 @@ def test_seccomp_data_error_matches_bwrap(data):
 
 
 def test_round_trip_with_the_renderer():
-    from sandbox.bwrap_render import to_bwrap_args
-
     spec = S.Spec(
         mounts=(S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Proc(), S.Dev(), S.Tmpfs("/tmp", size=1 << 20),
                 S.Dir("/tmp/d", perms=0o700), S.File("/etc/motd", b"hi", perms=0o644, readonly=True)),

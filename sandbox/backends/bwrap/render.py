@@ -1,0 +1,140 @@
+"""Render a compiled Plan as the options the bwrap backend gives /usr/bin/bwrap (0.8.0).
+
+The options are spelled by `sandbox.bwrap.argv`, as the CLI's unparser
+spells them. What this module adds is the Plan's decisions, where bwrap's
+own rules would decide otherwise: explicit parent directories where bwrap's
+mode rule differs from the plan's, /dev/shm's mode, exact capabilities and
+environment. File data and the seccomp program travel in memfds, listed in
+the returned argv's `.fds`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ... import spec as S
+from ...bwrap.argv import (
+    BwrapArgv,
+    bind_args,
+    cap_args,
+    chmod_args,
+    dir_args,
+    env_args,
+    file_args,
+    seccomp_args,
+    tmpfs_args,
+    unshare_args,
+)
+from ...errors import SpecError
+from ...plan import Op, OpFlag, OpKind, Plan, parent_mode_for
+
+
+def implicit_parent_mode(op: Op) -> int:
+    """The mode bwrap gives missing parents of `op`: from --perms for the ops
+    that take one (tmpfs, dir, file), 0700 for the others."""
+    if op.kind in (OpKind.TMPFS, OpKind.DIR, OpKind.FILE):
+        return parent_mode_for(op.mode)
+    return 0o700
+
+
+def _ancestors(path: str) -> list[str]:
+    """'/a/b/c' -> ['/a', '/a/b'] (the root excluded)."""
+    parts = [p for p in path.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _parents(op: Op) -> list[str]:
+    """Explicit `--dir` options that create missing parents with op.parent_mode
+    when bwrap's implicit rule would choose another mode."""
+    if op.parent_mode == implicit_parent_mode(op):
+        return []
+    out: list[str] = []
+    for parent in _ancestors(op.dest):
+        out += dir_args(parent, op.parent_mode)
+    return out
+
+
+def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
+    """The bwrap options for one operation; a FILE's data goes into a new fd appended to `fds`.
+
+    With `match_native`, a DEV op also gets the native backend's 1777 dev/shm
+    (bwrap makes it 0755, unusable for POSIX shm by the sandbox's user)."""
+    kind = op.kind
+    if kind is OpKind.BIND:
+        return bind_args(op.src, op.dest, readonly=bool(op.flags & OpFlag.RDONLY),
+                         devices=not op.flags & OpFlag.NODEV, optional=bool(op.flags & OpFlag.OPTIONAL))
+    if kind is OpKind.TMPFS:
+        return tmpfs_args(op.dest, op.mode, op.size)
+    if kind is OpKind.PROC:
+        return ["--proc", op.dest]
+    if kind is OpKind.DEV:
+        shm = chmod_args(op.dest.rstrip("/") + "/shm", 0o1777) if match_native else []
+        return ["--dev", op.dest, *shm]
+    if kind is OpKind.DIR:
+        return dir_args(op.dest, op.mode)
+    if kind is OpKind.SYMLINK:
+        return ["--symlink", op.src, op.dest]
+    if kind is OpKind.FILE:
+        return file_args(op.dest, op.data, op.mode, bool(op.flags & OpFlag.RDONLY), fds)
+    if kind is OpKind.REMOUNT_RO:
+        return ["--remount-ro", op.dest]
+    if kind is OpKind.CHMOD:
+        return chmod_args(op.dest, op.mode)
+    raise SpecError("mounts", op.kind, "operation bwrap cannot express")
+
+
+def render_ops(ops: Sequence[Op], fds: list[int], match_native: bool = True) -> list[str]:
+    """The options for `ops`, in order. `match_native` adds what makes bwrap's
+    result equal the native backend's: explicit parent directories where
+    bwrap's mode rule differs from the plan's, and dev/shm's mode."""
+    out: list[str] = []
+    for op in ops:
+        if match_native:
+            out += _parents(op)
+        out += render_op(op, fds, match_native)
+    return out
+
+
+def render_plan(plan: Plan, seccomp_fd: int | None = None) -> BwrapArgv:
+    """bwrap 0.8.0 options (without the command) that set up `plan`.
+
+    The seccomp program goes into a memfd, or is expected on `seccomp_fd` if
+    given (the caller writes it; bwrap reads it after setup, to EOF).
+
+    Not rendered, because bwrap has no option for them: `plan.rlimits` (the
+    backend applies them itself) and the non-strict cwd candidates (bwrap's
+    own rule picks among the caller's cwd, $HOME and /). Without a mount
+    namespace in the plan, the host's root is bound whole (`--dev-bind / /`),
+    since bwrap always makes one.
+    """
+    fds: list[int] = []
+    try:
+        args = unshare_args(user=plan.user_ns, pid=plan.pid_ns, net=plan.net_ns, ipc=plan.ipc_ns,
+                            uts=plan.uts_ns, cgroup=plan.cgroup_ns)
+        if plan.user_ns:
+            args += ["--uid", str(plan.uid), "--gid", str(plan.gid)]
+        if plan.disable_userns:
+            args.append("--disable-userns")
+        if plan.hostname is not None:
+            args += ["--hostname", plan.hostname]
+        if not plan.mount_ns:
+            args += bind_args("/", "/", readonly=False, devices=True, optional=False)
+        args += render_ops(plan.ops, fds)
+        args += env_args((name, value) for name, _, value in (e.partition("=") for e in plan.env))
+        if plan.cwd_strict:
+            args += ["--chdir", plan.cwd_candidates[0]]
+        if plan.die_with_parent:
+            args.append("--die-with-parent")
+        if plan.new_session:
+            args.append("--new-session")
+        if plan.pid_ns and not plan.reaper:
+            args.append("--as-pid-1")
+        args += cap_args(name for bit, name in enumerate(S.CAPABILITIES) if plan.keep_caps >> bit & 1)
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
+        elif plan.seccomp:
+            args += seccomp_args(plan.seccomp, fds)
+    except BaseException:
+        BwrapArgv((), fds).close()
+        raise
+    return BwrapArgv(args, fds)

@@ -54,7 +54,8 @@ class HostInfo:
     environ: Mapping[str, str]
     is_root: bool = False  # effective uid 0: may create namespaces without a user namespace
     backend: str = "native"  # the backend that will run the plan
-    pool: PoolInfo = PoolInfo()
+    pool: PoolInfo | None = PoolInfo()  # None: the executor cannot join a pooled namespace
+
 
     @classmethod
     def current(cls, backend: str = "native") -> HostInfo:
@@ -64,8 +65,7 @@ class HostInfo:
         except OSError:
             cwd = None
         return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, is_root=os.geteuid() == 0,
-                   backend=backend,
-                   pool=PoolInfo.current())
+                   backend=backend, pool=PoolInfo.current() if backend == "native" else None)
 
 
 def userns_available() -> bool:

@@ -53,7 +53,8 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     command = check_argv(argv)
     path = launcher_path()
     if probe().native and os.access(path, os.X_OK):
-        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={})
+        # sandbox-launch makes its own namespaces: it cannot join a pooled one
+        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, pool=None)
         blob = native.blob_for(compile_plan(spec, host))
         return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]

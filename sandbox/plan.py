@@ -230,12 +230,12 @@ def cwd_candidates(spec: S.Spec, host: HostInfo, env: Mapping[str, str]) -> tupl
 
 def plan_network(spec: S.Spec, host: HostInfo) -> Network:
     """Which network namespace the sandbox gets. A leased one where the
-    backend can join it (native) and the Spec asks for the pool, the pool
+    executor can join one (host.pool) and the Spec asks for the pool, the pool
     serves network="none", or the namespace is inspected before the command
     runs (the check reads a leased namespace); else a fresh one; or the host's."""
     if spec.network == "host":
         return "host"
-    if host.backend != "native":
+    if host.pool is None:
         return "none"
     wants_check = spec.check or bool(spec.forward)
     if spec.network == "pool" or wants_check or host.pool.serves_none:
@@ -262,7 +262,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     # requested ids in a nested user namespace afterwards.
     map_root = ns.user and has_dev and (uid != 0 or gid != 0)
     network = plan_network(spec, host)
-    in_pool_userns = network == "pool" and host.pool.owner == "userns"
+    in_pool_userns = network == "pool" and host.pool is not None and host.pool.owner == "userns"
     keep = 0
     for cap in spec.cap_add:
         keep |= 1 << S.CAPABILITIES.index(cap)

@@ -24,12 +24,12 @@ def host(base: HostInfo = USER, **changes: object) -> HostInfo:
     (Spec(), USER, "none"),
     (Spec(network="host"), USER, "host"),
     (Spec(network="pool"), USER, "pool"),
-    (Spec(network="pool"), host(backend="bwrap"), "none"),  # bwrap makes its own
+    (Spec(network="pool"), host(backend="bwrap", pool=None), "none"),  # bwrap makes its own
     (Spec(check=True), USER, "pool"),  # the check reads a leased namespace
     (Spec(forward={8080: 9000}), USER, "pool"),
-    (Spec(forward={8080: 9000}), host(backend="bwrap"), "none"),
+    (Spec(forward={8080: 9000}), host(backend="bwrap", pool=None), "none"),
     (Spec(), host(pool=PoolInfo(serves_none=True)), "pool"),
-    (Spec(), host(backend="bwrap", pool=PoolInfo(serves_none=True)), "none"),
+    (Spec(), host(backend="bwrap", pool=None), "none"),
     (Spec(network="host", check=True), USER, "host"),
 ])
 def test_network_namespace_is_decided_by_the_plan(spec: Spec, h: HostInfo, expected: str) -> None:

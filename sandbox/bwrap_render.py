@@ -25,8 +25,24 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from . import spec as S
 from .errors import SpecError
-from .plan import Op, OpFlag, OpKind, Plan, compile_mount, parent_mode_for, resolve_env
+from .plan import (
+    DEV_MODE,
+    DEV_SHM_MODE,
+    Op,
+    OpFlag,
+    OpKind,
+    Plan,
+    compile_mount,
+    parent_mode_for,
+    resolve_env,
+)
 from .seccomp import compile_policy
+
+# What bwrap 0.8.0 makes by itself: --dev's tmpfs and its shm directory are
+# 0755; --remount-ro adds nodev and nosuid (bind_mount() in bind-mount.c).
+BWRAP_DEV_MODE = 0o755
+BWRAP_DEV_SHM_MODE = 0o755
+REMOUNT_RO_FLAGS = OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID
 
 LIMIT_OPTIONS = {
     "cpu_s": "--limit-cpu",
@@ -102,6 +118,8 @@ def _parents(op: Op) -> list[str]:
 
 
 def _bind_option(op: Op) -> str:
+    if not op.flags & OpFlag.NOSUID:
+        raise SpecError("mounts", op.dest, "bwrap always binds nosuid")
     readonly = bool(op.flags & OpFlag.RDONLY)
     nodev = bool(op.flags & OpFlag.NODEV)
     if readonly and not nodev:
@@ -110,11 +128,27 @@ def _bind_option(op: Op) -> str:
     return name + ("-try" if op.flags & OpFlag.OPTIONAL else "")
 
 
+def _dev_options(op: Op, match_native: bool) -> list[str]:
+    """`--dev`, then `--chmod` for each mode of the op bwrap's own --dev does not make.
+    Without `match_native` (this package's grammar, where --dev is a Dev mount) the op must be a Dev's."""
+    if not match_native:
+        if (op.mode, op.shm_mode) != (DEV_MODE, DEV_SHM_MODE):
+            raise SpecError("mounts", op.dest, "--dev makes /dev and /dev/shm with the default modes only")
+        return ["--dev", op.dest]
+    out = ["--dev", op.dest]
+    if op.mode != BWRAP_DEV_MODE:
+        out += ["--chmod", f"{op.mode:04o}", op.dest]
+    if op.shm_mode != BWRAP_DEV_SHM_MODE:
+        out += ["--chmod", f"{op.shm_mode:04o}", op.dest.rstrip("/") + "/shm"]
+    return out
+
+
 def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     """The bwrap options for one operation; a FILE's data goes into a new fd appended to `fds`.
 
-    With `match_native`, a DEV op also gets the native backend's 1777 dev/shm
-    (bwrap makes it 0755, unusable for POSIX shm by the sandbox's user)."""
+    With `match_native`, the options are for the real bwrap and make what the
+    native backend makes (a DEV op's modes, where bwrap's differ); without,
+    they are in this package's grammar."""
     kind = op.kind
     if kind is OpKind.BIND:
         return [_bind_option(op), op.src, op.dest]
@@ -124,8 +158,7 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     if kind is OpKind.PROC:
         return ["--proc", op.dest]
     if kind is OpKind.DEV:
-        shm = ["--chmod", "1777", op.dest.rstrip("/") + "/shm"] if match_native else []
-        return ["--dev", op.dest, *shm]
+        return _dev_options(op, match_native)
     if kind is OpKind.DIR:
         return ["--perms", f"{op.mode:04o}", "--dir", op.dest]
     if kind is OpKind.SYMLINK:
@@ -136,6 +169,8 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
         option = "--ro-bind-data" if op.flags & OpFlag.RDONLY else "--file"
         return ["--perms", f"{op.mode:04o}", option, str(fd), op.dest]
     if kind is OpKind.REMOUNT_RO:
+        if op.flags != REMOUNT_RO_FLAGS:
+            raise SpecError("mounts", op.dest, "bwrap's --remount-ro always sets ro, nodev and nosuid")
         return ["--remount-ro", op.dest]
     if kind is OpKind.CHMOD:
         return ["--chmod", f"{op.mode:04o}", op.dest]

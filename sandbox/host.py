@@ -7,10 +7,15 @@ HostInfo, read here and nowhere else.
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .spec import CAPABILITIES
+
+# The resources a Spec's Limits can set (plan.RLIMITS maps its fields to them).
+LIMITED_RESOURCES = (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE,
+                     resource.RLIMIT_NPROC)
 
 
 @dataclass(frozen=True)
@@ -21,15 +26,27 @@ class HostInfo:
     gid: int
     cwd: str | None
     environ: Mapping[str, str]
+    # finite hard rlimits by resource (a resource not listed has none)
+    hard_limits: Mapping[int, int] = field(default_factory=dict)
 
     @classmethod
     def current(cls) -> HostInfo:
-        """Read the calling process's ids, cwd and environment."""
+        """Read the calling process's ids, cwd, environment and hard limits."""
         try:
             cwd: str | None = os.getcwd()
         except OSError:
             cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ)
+        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits())
+
+
+def hard_limits() -> dict[int, int]:
+    """This process's finite hard limits of the resources a Spec can limit."""
+    out = {}
+    for res in LIMITED_RESOURCES:
+        hard = resource.getrlimit(res)[1]
+        if hard != resource.RLIM_INFINITY:
+            out[res] = hard
+    return out
 
 
 def userns_available() -> bool:

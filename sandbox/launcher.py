@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .host import HostInfo
+from .host import HostInfo, hard_limits
 from .plan import check_argv, compile_plan
 from .spec import Spec
 
@@ -53,7 +53,7 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     command = check_argv(argv)
     path = launcher_path()
     if probe().native and os.access(path, os.X_OK):
-        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={})
+        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, hard_limits=hard_limits())
         blob = native.blob_for(compile_plan(spec, host))
         return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]

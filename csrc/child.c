@@ -18,15 +18,29 @@
 #include <unistd.h>
 
 /* The caller blocked every signal before clone; handlers it installed
- * (Python's, for one) must not run here, in its memory. Reset them all. */
-static void reset_signals(void)
+ * (Python's, for one) must not run here, in its memory: they are always
+ * reset. Ignored signals are the plan's decision (SBX_OPT_RESET_SIGNALS):
+ * reset too, or left ignored as across fork and exec. */
+static void reset_signals(int ignored_too)
 {
-    struct sigaction dfl;
+    struct sigaction dfl, cur;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++)
-        if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &dfl, NULL); /* glibc-internal signals fail harmlessly */
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        if (!ignored_too && sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
+            continue;
+        sigaction(sig, &dfl, NULL); /* glibc-internal signals fail harmlessly */
+    }
+}
+
+/* The mask the command starts with: none blocked, or the spawning thread's
+ * (as across fork and exec), as the plan says. */
+static const sigset_t *command_mask(struct sbx_ctx *c, sigset_t *none)
+{
+    sigemptyset(none);
+    return (c->h->opts & SBX_OPT_RESET_SIGNALS) ? none : &c->caller_mask;
 }
 
 static void enter_cwd(struct sbx_ctx *c)
@@ -77,9 +91,20 @@ static void setup_filesystem(struct sbx_ctx *c)
 /* Exec the pid-1 reaper from its fd (it need not be visible inside); it
  * forks the command and reports its status. Our memory is the caller's, so
  * we cannot stay resident as pid 1 ourselves. Its argv was built by the
- * parent (a large argv would not fit on this stack). */
+ * parent (a large argv would not fit on this stack); its "--" separator
+ * carries the command's signal mask if that is not empty. */
 static _Noreturn void exec_reaper(struct sbx_ctx *c)
 {
+    sigset_t none;
+    const sigset_t *mask = command_mask(c, &none);
+    unsigned long bits = 0;
+    for (int sig = 1; sig <= 64; sig++)
+        if (sigismember(mask, sig) == 1)
+            bits |= 1UL << (sig - 1);
+    char sep[3 + 16] = "--";
+    if (bits)
+        sbx_fmt_uint(sep + 2, bits, 16);
+    c->init_argv[4] = sep;
     sbx_stamp(c, SBX_T_READY);
     c->reached_exec = 1;
     execveat(c->init_fd, "", c->init_argv, c->envp, AT_EMPTY_PATH);
@@ -114,7 +139,7 @@ int sbx_child_main(void *arg)
     int reaper = (h->opts & SBX_OPT_REAPER) != 0;
 
     sbx_stamp(c, SBX_T_CHILD);
-    reset_signals();
+    reset_signals((h->opts & SBX_OPT_RESET_SIGNALS) != 0);
     /* The signal comes when the spawning *thread* exits. The reaper gets a
      * catchable one and checks whether the caller process is really gone. */
     int pdeath = reaper ? SBX_PDEATH_SIGNAL : SIGKILL;
@@ -144,8 +169,7 @@ int sbx_child_main(void *arg)
         exec_reaper(c);
 
     sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
+    sigprocmask(SIG_SETMASK, command_mask(c, &none), NULL);
     sbx_stamp(c, SBX_T_READY);
     c->reached_exec = 1;
     sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, h->path), c->sh_argv);

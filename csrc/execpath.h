@@ -34,8 +34,10 @@ static inline long sbx_exec_one(const char *path, char *const argv[], char *cons
     return err;
 }
 
-/* Try `file` in each PATH entry (or as given if it has a '/'). Returns the
- * errno to report: EACCES if some candidate existed but could not run. */
+/* Try `file` in each entry of `path` (or as given if it has a '/'). `path`
+ * is the plan's, never a default of ours; an empty entry is the current
+ * directory, as for execvp. Returns the errno to report: EACCES if some
+ * candidate existed but could not run. */
 static inline int sbx_exec_path(const char *file, char *const argv[], char *const envp[], const char *path,
                                 sbx_exec_fn exec, char **sh_argv)
 {
@@ -47,7 +49,7 @@ static inline int sbx_exec_path(const char *file, char *const argv[], char *cons
             return (int)-sbx_exec_one(file, argv, envp, exec, sh_argv);
         flen++;
     }
-    const char *p = (path && *path) ? path : "/usr/local/bin:/usr/bin:/bin";
+    const char *p = path ? path : "";
     for (;;) {
         const char *end = p;
         while (*end && *end != ':')

@@ -2,15 +2,21 @@
  *
  * The child that set the sandbox up shares its caller's memory, so it execs
  * this small program instead of staying resident:
- *     sandbox-init ERR_FD STATUS_FD PATH -- COMMAND [ARGS...]
+ *     sandbox-init ERR_FD STATUS_FD PATH --[MASK] COMMAND [ARGS...]
  * It forks COMMAND (reporting an exec failure on ERR_FD, as the setup child
- * would), forwards the signals it receives to COMMAND, reaps every orphan
+ * would; MASK, in hex, is the signal mask COMMAND starts with, default none
+ * blocked), forwards the signals it receives to COMMAND, reaps every orphan
  * re-parented to it, and when COMMAND ends writes its raw wait status to
  * STATUS_FD and exits. The death of pid 1 makes the kernel SIGKILL every
  * other process of the namespace, so nothing outlives the command.
  * Signals from inside the namespace cannot kill pid 1 (the kernel drops
  * those it has no handler for), so the status pipe, not our own exit
  * status, carries "killed by signal N" out.
+ *
+ *     sandbox-init --exec-default-signals PROGRAM [ARGS...]
+ * only execs PROGRAM with every signal at its default disposition and none
+ * blocked: the bwrap backend starts bwrap through it, since bwrap passes on
+ * what it inherits and subprocess cannot reset ignored signals.
  *
  * It is built freestanding on x86_64 (no libc: raw syscalls, its own entry
  * point), because static glibc's start-up alone costs ~250 µs per exec in a
@@ -79,6 +85,21 @@ static void report(int fd, int step, int err)
     write_all(fd, r, sizeof r);
 }
 
+static unsigned long parse_hex(const char *s)
+{
+    unsigned long v = 0;
+    for (; *s; s++)
+        v = v << 4 | (unsigned long)(*s <= '9' ? *s - '0' : (*s | 0x20) - 'a' + 10);
+    return v;
+}
+
+static int streq(const char *a, const char *b)
+{
+    while (*a && *a == *b)
+        a++, b++;
+    return *a == *b;
+}
+
 static int parse_fd(const char *s)
 {
     long v = 0;
@@ -97,18 +118,31 @@ static void set_mask(unsigned long mask)
     sys6(__NR_rt_sigprocmask, 2 /* SIG_SETMASK */, (long)&mask, 0, sizeof mask, 0, 0);
 }
 
+static _Noreturn void exec_default_signals(char **argv, char **envp)
+{
+    /* all zero: SIG_DFL, no flags, whatever this architecture's layout */
+    static const unsigned long dfl[8];
+    const long nsig = 8 * sizeof(unsigned long); /* the kernel's sigset, as in set_mask */
+    for (long sig = 1; sig <= nsig; sig++)
+        if (sig != 9 && sig != 19) /* SIGKILL, SIGSTOP */
+            sys6(__NR_rt_sigaction, sig, (long)dfl, 0, nsig / 8, 0, 0);
+    set_mask(0);
+    SYS(execve, argv[0], argv, envp);
+    die(127);
+}
+
 static long raw_execve(const char *path, char *const argv[], char *const envp[])
 {
     return SYS(execve, path, argv, envp);
 }
 
-static _Noreturn void run_command(int err_fd, const char *path, char **argv, char **envp)
+static _Noreturn void run_command(int err_fd, const char *path, unsigned long mask, char **argv, char **envp)
 {
     long argc = 0;
     while (argv[argc])
         argc++;
     char *sh_argv[argc + 2];
-    set_mask(0);
+    set_mask(mask);
     int err = sbx_exec_path(argv[0], argv, envp, path, raw_execve, sh_argv);
     report(err_fd, SBX_STEP_EXEC, err);
     die(err == SBX_ENOENT ? 127 : 126);
@@ -166,6 +200,8 @@ static _Noreturn void reap(long command, int status_fd)
 
 int sbx_init_main(long argc, char **argv, char **envp)
 {
+    if (argc >= 3 && streq(argv[1], "--exec-default-signals"))
+        exec_default_signals(argv + 2, envp);
     if (argc < 6 || argv[4][0] != '-' || argv[4][1] != '-')
         die(125);
     int err_fd = parse_fd(argv[1]), status_fd = parse_fd(argv[2]);
@@ -181,7 +217,7 @@ int sbx_init_main(long argc, char **argv, char **envp)
         die(125);
     }
     if (command == 0)
-        run_command(err_fd, argv[3], argv + 5, envp);
+        run_command(err_fd, argv[3], parse_hex(argv[4] + 2), argv + 5, envp);
     /* Keep only the status pipe: the command's stdio and passed fds must
      * reach EOF when the command (not this reaper) closes them. */
     for (int fd = 0; fd < 3; fd++)

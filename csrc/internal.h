@@ -8,6 +8,7 @@
 #define SANDBOX_INTERNAL_H
 
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -43,6 +44,7 @@ struct sbx_ctx {
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
     void *inner_stack;          /* top of the setup child's stack when joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
+    sigset_t caller_mask;       /* the spawning thread's signal mask before clone */
     struct sbx_result *res;
 };
 

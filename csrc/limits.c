@@ -19,16 +19,9 @@
 void sbx_apply_rlimits(struct sbx_ctx *c)
 {
     const struct sbx_rlimit *rl = (const void *)(c->blob + c->h->rlimits_off);
+    /* The plan already capped each value at the caller's hard limit. */
     for (uint32_t i = 0; i < c->h->n_rlimits; i++) {
-        struct rlimit cur;
-        if (getrlimit((int)rl[i].resource, &cur) < 0)
-            sbx_fail(c, SBX_STEP_RLIMIT, (int)i, errno, SBX_D_NONE);
-        /* Raising a hard limit needs privilege in the initial namespace;
-         * a request above it is already satisfied by the lower hard limit. */
-        rlim_t v = rl[i].value;
-        if (cur.rlim_max != RLIM_INFINITY && v > cur.rlim_max)
-            v = cur.rlim_max;
-        struct rlimit want = {v, v};
+        struct rlimit want = {rl[i].value, rl[i].value};
         if (setrlimit((int)rl[i].resource, &want) < 0)
             sbx_fail(c, SBX_STEP_RLIMIT, (int)i, errno, SBX_D_NONE);
     }

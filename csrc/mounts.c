@@ -45,9 +45,12 @@ static int open_inside(struct sbx_ctx *c, const char *path, uint64_t flags)
     return sbx_openat2(c->root_fd, path, flags | O_CLOEXEC, 0, RESOLVE_INSIDE);
 }
 
+/* The mount attributes an op's flags ask for, one for one. */
 static unsigned bind_attrs(uint32_t flags)
 {
-    unsigned attrs = MOUNT_ATTR_NOSUID;
+    unsigned attrs = 0;
+    if (flags & SBX_F_NOSUID)
+        attrs |= MOUNT_ATTR_NOSUID;
     if (flags & SBX_F_NODEV)
         attrs |= MOUNT_ATTR_NODEV;
     if (flags & SBX_F_RDONLY)
@@ -284,12 +287,15 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     c->src_fds[i] = -1;
 }
 
-/* A minimal /dev as bwrap's --dev: a tmpfs holding binds of the host's
- * harmless device nodes, the usual links, shm, and a private devpts. */
+/* A minimal /dev as bwrap's --dev: a tmpfs (op->mode) holding binds of the
+ * host's harmless device nodes, the usual links, shm (op->shm_mode), and a
+ * private devpts. */
 static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    static const char *const tmpfs_kv[] = {"mode", "755", NULL};
     static const char *const pts_kv[] = {"ptmxmode", "0666", "mode", "620", NULL};
+    char mode[16];
+    const char *tmpfs_kv[] = {"mode", mode, NULL};
+    sbx_fmt_uint(mode, op->mode, 8);
     const char *dest = sbx_str(c, op->dest);
     int fd = mountpoint(c, i, dest, 1, op->parent_mode);
     int dev = fresh_fs(c, i, "tmpfs", tmpfs_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
@@ -311,7 +317,7 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
     for (size_t k = 0; k < sizeof dev_links / sizeof *dev_links; k++)
         if (symlinkat(dev_links[k][1], dev, dev_links[k][0]) < 0)
             sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
-    if (mkdirat(dev, "shm", 01777) < 0 || mkdirat(dev, "pts", 0755) < 0)
+    if (mkdirat(dev, "shm", op->shm_mode) < 0 || mkdirat(dev, "pts", 0755) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
     int pts = openat(dev, "pts", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (pts < 0)
@@ -384,7 +390,7 @@ static void op_remount_ro(struct sbx_ctx *c, int i, const struct sbx_op *op)
     int fd = open_inside(c, sbx_str(c, op->dest), O_PATH);
     if (fd < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-    if (sbx_mount_setattr(fd, "", AT_EMPTY_PATH, bind_attrs(op->flags) | MOUNT_ATTR_NOSUID, 0) < 0)
+    if (sbx_mount_setattr(fd, "", AT_EMPTY_PATH, bind_attrs(op->flags), 0) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_ATTR);
     close(fd);
 }

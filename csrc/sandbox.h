@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 8
+#define SBX_ABI_VERSION 9
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -42,6 +42,7 @@
 #define SBX_OPT_DISABLE_USERNS 64 /* ... in which no further userns can be created */
 #define SBX_OPT_LANDLOCK 128      /* restrict file access with Landlock */
 #define SBX_OPT_LANDLOCK_BEST_EFFORT 256 /* ... but run without it where the kernel lacks it */
+#define SBX_OPT_RESET_SIGNALS 512 /* the command starts with no signal ignored or blocked */
 
 /* Landlock rule flags (struct sbx_landlock.flags) */
 #define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */
@@ -62,6 +63,7 @@ enum sbx_op_kind {
 #define SBX_F_NODEV 2
 #define SBX_F_OPTIONAL 4
 #define SBX_F_FRESH 8
+#define SBX_F_NOSUID 16
 
 /* setup steps, reported on failure (and used to name timing stamps) */
 enum sbx_step {
@@ -166,19 +168,21 @@ struct sbx_landlock {
 struct sbx_op {
     uint32_t kind;          /* enum sbx_op_kind */
     uint32_t flags;         /* SBX_F_* */
-    uint32_t mode;          /* mode of what is created */
+    uint32_t mode;          /* mode of what is created (DEV: its tmpfs) */
     uint32_t parent_mode;   /* mode of missing parents */
     uint64_t size;          /* tmpfs size in bytes, 0 = default */
     uint32_t src;           /* string offset: host path (BIND) or link target */
     uint32_t dest;          /* string offset: absolute path inside */
     uint32_t data;          /* byte offset of FILE contents */
     uint32_t data_len;
+    uint32_t shm_mode;      /* DEV: mode of its shm directory */
+    uint32_t pad;
 };
 
 struct sbx_rlimit {
     uint32_t resource;
     uint32_t pad;
-    uint64_t value;         /* soft = hard = min(value, current hard) */
+    uint64_t value;         /* soft = hard = value */
 };
 
 struct sbx_result {

@@ -185,6 +185,7 @@ static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
     /* No signal handler of the caller may run in the child (it shares our
      * memory); the child resets the handlers before unblocking. */
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    c->caller_mask = old;
     pid_t pid = clone(fn, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, c);
     int saved = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -7,10 +7,15 @@ HostInfo, read here and nowhere else.
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .spec import CAPABILITIES
+
+# The resources a Spec's Limits can set (plan.RLIMITS maps its fields to them).
+LIMITED_RESOURCES = (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE,
+                     resource.RLIMIT_NPROC)
 
 # A documented switch: set to 1 to refuse the native backend (forces the
 # bwrap fallback), e.g. to test the fallback path or work around a kernel bug.
@@ -52,20 +57,32 @@ class HostInfo:
     gid: int
     cwd: str | None
     environ: Mapping[str, str]
+    # finite hard rlimits by resource (a resource not listed has none)
+    hard_limits: Mapping[int, int] = field(default_factory=dict)
     is_root: bool = False  # effective uid 0: may create namespaces without a user namespace
     backend: str = "native"  # the backend that will run the plan
     pool: PoolInfo | None = PoolInfo()  # None: the executor cannot join a pooled namespace
 
-
     @classmethod
     def current(cls, backend: str = "native") -> HostInfo:
-        """Read the calling process's ids, cwd and environment, and the pool's state."""
+        """Read the calling process's ids, cwd, environment and hard limits, and the pool's state."""
         try:
             cwd: str | None = os.getcwd()
         except OSError:
             cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, is_root=os.geteuid() == 0,
-                   backend=backend, pool=PoolInfo.current() if backend == "native" else None)
+        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits(),
+                   is_root=os.geteuid() == 0, backend=backend,
+                   pool=PoolInfo.current() if backend == "native" else None)
+
+
+def hard_limits() -> dict[int, int]:
+    """This process's finite hard limits of the resources a Spec can limit."""
+    out = {}
+    for res in LIMITED_RESOURCES:
+        hard = resource.getrlimit(res)[1]
+        if hard != resource.RLIM_INFINITY:
+            out[res] = hard
+    return out
 
 
 def userns_available() -> bool:

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .host import HostInfo
+from .host import HostInfo, hard_limits
 from .plan import check_argv, compile_plan
 from .spec import Spec
 
@@ -54,7 +54,7 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     path = launcher_path()
     if probe().native and os.access(path, os.X_OK):
         # sandbox-launch makes its own namespaces: it cannot join a pooled one
-        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, pool=None)
+        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, hard_limits=hard_limits(), pool=None)
         blob = native.blob_for(compile_plan(spec, host))
         return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]

@@ -47,6 +47,7 @@ class OpFlag(enum.IntFlag):
     NODEV = 2  # device nodes unusable
     OPTIONAL = 4  # skip if the source is missing (bwrap's -try)
     FRESH = 8  # PROC: a new procfs (pid namespace); else the host's bound
+    NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,9 @@ class Op:
     """One setup operation, with every attribute decided.
 
     `dest` is the path inside the sandbox; `src` a host path (BIND) or a link
-    target (SYMLINK); `mode` the mode of what is created; `parent_mode` the mode
-    of any missing parent directory; `size` a tmpfs size in bytes (0 = default).
+    target (SYMLINK); `mode` the mode of what is created (for DEV, its tmpfs);
+    `shm_mode` the mode of DEV's shm directory; `parent_mode` the mode of any
+    missing parent directory; `size` a tmpfs size in bytes (0 = default).
     """
 
     kind: OpKind
@@ -66,6 +68,7 @@ class Op:
     parent_mode: int = 0o700
     size: int = 0
     flags: OpFlag = OpFlag.NONE
+    shm_mode: int = 0
     origin: int = -1  # index of the Spec mount this op came from
 
 
@@ -83,6 +86,12 @@ Network = Literal["none", "pool", "host"]
 
 # What execvp searches when PATH is unset (glibc's default), as under bwrap.
 DEFAULT_PATH = "/bin:/usr/bin"
+
+# A minimal /dev (bwrap's --dev): a 0755 tmpfs whose shm directory is
+# world-writable and sticky, like the host's /dev/shm, so POSIX shared memory
+# works for the sandbox's user.
+DEV_MODE = 0o755
+DEV_SHM_MODE = 0o1777
 
 
 @dataclass(frozen=True)
@@ -115,13 +124,17 @@ class Plan:
     disable_userns: bool  # ... in which no further user namespace can be created
     hostname: str | None
     env: tuple[str, ...]  # "NAME=value", the complete environment of the command
-    path: str  # PATH used to find the command
+    path: str  # PATH used to find the command (never empty)
     cwd_candidates: tuple[str, ...]
     cwd_strict: bool  # the first candidate must work (given cwd)
     rlimits: tuple[tuple[int, int], ...]
     keep_caps: int  # bitmask of capabilities kept (cap_add)
     die_with_parent: bool
     new_session: bool
+    # The command starts with no signal ignored or blocked (else it keeps the
+    # caller's ignored signals and the spawning thread's mask, as across fork
+    # and exec). The caller's handlers never reach it either way.
+    reset_signals: bool
     reaper: bool  # a C pid 1 reaps orphans and reports the command's status
     seccomp: bytes = b""  # the BPF program installed last, b"" for none
     landlock: bool = False
@@ -154,7 +167,7 @@ def parent_mode_for(perms: int | None) -> int:
 def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
     """Turn one Spec mount into its Op."""
     if isinstance(m, S.Bind):
-        flags = OpFlag.NONE
+        flags = OpFlag.NOSUID
         if m.readonly:
             flags |= OpFlag.RDONLY
         if not m.devices:
@@ -168,7 +181,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
     if isinstance(m, S.Proc):
         return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i)
     if isinstance(m, S.Dev):
-        return Op(OpKind.DEV, m.dest, mode=0o755, origin=i)
+        return Op(OpKind.DEV, m.dest, mode=DEV_MODE, shm_mode=DEV_SHM_MODE, origin=i)
     if isinstance(m, S.Dir):
         return Op(OpKind.DIR, m.dest, mode=m.perms, parent_mode=parent_mode_for(m.perms), origin=i)
     if isinstance(m, S.Symlink):
@@ -177,7 +190,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
         return Op(OpKind.FILE, m.dest, data=m.data, mode=m.perms, parent_mode=parent_mode_for(m.perms),
                   flags=OpFlag.RDONLY if m.readonly else OpFlag.NONE, origin=i)
     if isinstance(m, S.RemountRo):
-        return Op(OpKind.REMOUNT_RO, m.dest, flags=OpFlag.RDONLY | OpFlag.NODEV, origin=i)
+        return Op(OpKind.REMOUNT_RO, m.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID, origin=i)
     if isinstance(m, S.Chmod):
         return Op(OpKind.CHMOD, m.path, mode=m.perms, origin=i)
     raise SpecError(f"mounts[{i}]", m, "unsupported mount operation")
@@ -213,6 +226,15 @@ def resolve_env(spec: S.Spec, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def command_path(env: Mapping[str, str]) -> str:
+    """Where the command is searched, as execvp reads PATH: the environment's,
+    else glibc's default. Never empty: an empty PATH is the current directory."""
+    path = env.get("PATH")
+    if path is None:
+        return DEFAULT_PATH
+    return path or "."
+
+
 def cwd_candidates(spec: S.Spec, host: HostInfo, env: Mapping[str, str]) -> tuple[tuple[str, ...], bool]:
     """bwrap's rule: the given cwd (must work), else the caller's cwd if it
     exists inside, else the command's $HOME, else /."""
@@ -243,6 +265,19 @@ def plan_network(spec: S.Spec, host: HostInfo) -> Network:
     return "none"
 
 
+def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
+    """(resource, value) pairs, sorted: the smallest value asked for each
+    resource, capped at the caller's hard limit. Raising a hard limit needs
+    privilege in the initial user namespace, and the lower hard limit already
+    satisfies the request. Backends set soft and hard to the value as is."""
+    rlimits: dict[int, int] = {}
+    for name, (res, unit) in RLIMITS.items():
+        value = getattr(limits, name)
+        if value is not None:
+            rlimits[res] = min(value * unit, rlimits.get(res, value * unit), hard_limits.get(res, value * unit))
+    return tuple(sorted(rlimits.items()))
+
+
 def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     """Compile `spec` for a caller described by `host`."""
     ns = spec.namespaces
@@ -252,11 +287,6 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     has_dev = any(op.kind is OpKind.DEV for op in ops)
     env = resolve_env(spec, host.environ)
     cands, strict = cwd_candidates(spec, host, env)
-    rlimits: dict[int, int] = {}
-    for name, (res, unit) in RLIMITS.items():
-        value = getattr(spec.limits, name)
-        if value is not None:
-            rlimits[res] = min(value * unit, rlimits.get(res, value * unit))
     # devpts refuses to mount in a user namespace without uid and gid 0
     # mapped, so such sandboxes map 0 during setup and switch to the
     # requested ids in a nested user namespace afterwards.
@@ -289,13 +319,17 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         disable_userns=spec.disable_userns,
         hostname=spec.hostname,
         env=tuple(f"{k}={v}" for k, v in env.items()),
-        path=env.get("PATH", DEFAULT_PATH),
+        path=command_path(env),
         cwd_candidates=cands,
         cwd_strict=strict,
-        rlimits=tuple(sorted(rlimits.items())),
+        rlimits=plan_rlimits(spec.limits, host.hard_limits),
         keep_caps=keep,
         die_with_parent=spec.die_with_parent,
         new_session=spec.new_session,
+        # The command starts afresh: a caller that ignores SIGPIPE (as Python
+        # does), SIGHUP (nohup) or SIGINT (a script's background job), or
+        # blocks signals in its thread, does not pass that on.
+        reset_signals=True,
         reaper=ns.pid and not spec.as_pid_1,
         seccomp=compile_policy(spec.seccomp) if spec.seccomp is not None else b"",
         landlock=bool(spec.landlock),

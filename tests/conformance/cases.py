@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno as E
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,6 +112,8 @@ class Case:
     host_env: Mapping[str, str] = field(default_factory=dict)  # added to the caller's environ
     leak_fd: bool = False  # the caller holds an inheritable fd (LEAKED_FD) that must not get in
     probe_on_host: bool = False  # run the probe from its host path (for worlds without the base)
+    host_ignores: tuple[int, ...] = ()  # signals the caller ignores while it spawns
+    host_blocks: tuple[int, ...] = ()  # signals the spawning thread blocks meanwhile
     # Documented backend differences: backend -> key paths whose expectation
     # does not hold there (and that the differential test ignores).
     differs: Mapping[str, tuple[Path, ...]] = field(default_factory=dict)
@@ -202,6 +205,9 @@ MOUNT_CASES = [
                  ("writable", "/dev/null"): "yes", ("mounts", "points", "/dev/pts", "fstype"): "devpts",
                  ("mounts", "points", "/dev", "flags"): FLAGS_RW,
                  ("mounts", "points", "/dev/null", "flags"): ["nosuid", "rw"]}),
+    Case("dev_modes", mounts=(S.Dev(),), request={"paths": ["/dev", "/dev/shm"], "writable": ["/dev/shm"]},
+         expect={("paths", "/dev", "mode"): "0o755", ("paths", "/dev/shm", "mode"): "0o1777",
+                 ("writable", "/dev/shm"): "yes"}),
     Case("dir_perms_and_parents", mounts=(S.Dir("/d/e/f", perms=0o710), S.Dir("/d")),
          request={"paths": ["/d", "/d/e", "/d/e/f"]},
          expect={("paths", "/d", "mode"): "0o750", ("paths", "/d/e", "mode"): "0o750",
@@ -334,6 +340,8 @@ LIMIT_CASES = [
                  ("rlimits", "fsize"): [1 << 20, 1 << 20], ("rlimits", "nofile"): [64, 64],
                  ("rlimits", "nproc"): [4000, 4000], ("actions",): ["EFBIG"]}),
     Case("rlimit_file_bytes", spec={"limits": S.Limits(file_bytes=1000)}, expect={("rlimits", "fsize"): [1000, 1000]}),
+    Case("rlimit_above_the_hard_limit_is_capped", spec={"limits": S.Limits(nofile=1 << 40)},
+         expect={("rlimits", "nofile"): HostValue("rlimit.nofile.hard")}),
 ]
 
 PROCESS_CASES = [
@@ -352,6 +360,20 @@ PROCESS_CASES = [
          expect={("proc", "sid_is_pid"): True, ("proc", "tty"): OneOf(("ENXIO", "ENODEV"))}),
     Case("no_new_session", mounts=(S.Proc(),), spec={"as_pid_1": True, "new_session": False},
          expect={("proc", "sid_is_pid"): False}),
+]
+
+# Python (the probe) ignores SIGPIPE and SIGXFSZ itself; nothing else may be
+# ignored or blocked when the command starts, whatever the caller does.
+PROBE_IGNORES = f"{1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1):016x}"
+CALLER_SIGNALS = {"host_ignores": (signal.SIGUSR1, signal.SIGHUP), "host_blocks": (signal.SIGUSR2,)}
+DEFAULT_SIGNALS = {("status", "SigIgn"): PROBE_IGNORES, ("status", "SigBlk"): "0" * 16}
+SIGNAL_CASES = [
+    Case("signals_start_at_their_defaults", mounts=(S.Proc(),), expect=DEFAULT_SIGNALS),
+    Case("caller_signals_do_not_reach_the_command", mounts=(S.Proc(),), expect=DEFAULT_SIGNALS, **CALLER_SIGNALS),
+    Case("caller_signals_do_not_reach_pid_1", mounts=(S.Proc(),), spec={"as_pid_1": True}, expect=DEFAULT_SIGNALS,
+         **CALLER_SIGNALS),
+    Case("caller_signals_without_pid_namespace", mounts=(S.Proc(),), spec={"namespaces": S.Namespaces(pid=False)},
+         expect=DEFAULT_SIGNALS, **CALLER_SIGNALS),
 ]
 
 ERROR_CASES = [
@@ -420,7 +442,7 @@ def _seccomp_cases() -> list[Case]:
 SECCOMP_CASES = _seccomp_cases()
 
 CASES: list[Case] = (MOUNT_CASES + NAMESPACE_CASES + IDENTITY_CASES + ENV_CASES + LIMIT_CASES + PROCESS_CASES
-                     + ERROR_CASES + SECCOMP_CASES)
+                     + SIGNAL_CASES + ERROR_CASES + SECCOMP_CASES)
 
 
 def fill(value: Any, ctx: Mapping[str, Any]) -> Any:

@@ -31,7 +31,7 @@ RLIMITS = {"cpu": resource.RLIMIT_CPU, "as": resource.RLIMIT_AS, "fsize": resour
            "nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC}
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 MOUNT_FLAGS = ("ro", "rw", "nosuid", "nodev", "noexec")
-STATUS_KEYS = ("NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
+STATUS_KEYS = ("NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb", "SigIgn", "SigBlk")
 
 
 def err_name(exc: OSError) -> str:

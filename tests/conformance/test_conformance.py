@@ -8,8 +8,11 @@ whole reports after removing what legitimately differs (see `normalize`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
+import signal
 import socket
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -73,8 +76,9 @@ def host_view() -> dict[str, Any]:
     with open("/proc/self/uid_map") as f:
         uid_map = f.read().split()
     view: dict[str, Any] = {f"ns.{ns}": os.readlink(f"/proc/self/ns/{ns}") for ns in NAMESPACES}
+    nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     view.update({"hostname": socket.gethostname(), "net.interfaces": interfaces, "ids.uid_map": uid_map,
-                 "uid": os.getuid(), "gid": os.getgid()})
+                 "uid": os.getuid(), "gid": os.getgid(), "rlimit.nofile.hard": [nofile_hard, nofile_hard]})
     return view
 
 
@@ -127,8 +131,21 @@ def run_case(case: Case, backend: str, ctx: Mapping[str, Any], monkeypatch: pyte
     for name, value in case.host_env.items():
         monkeypatch.setenv(name, fill(value, ctx))
     spec = build_spec(case, ctx)
-    with extra_fds(case) as fds:
+    with extra_fds(case) as fds, caller_signals(case.host_ignores, case.host_blocks):
         return sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
+
+
+@contextlib.contextmanager
+def caller_signals(ignore: tuple[int, ...], block: tuple[int, ...]) -> Iterator[None]:
+    """While the case runs: the test process ignores `ignore` and this thread blocks `block`."""
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 class extra_fds:

@@ -10,6 +10,7 @@ travels through real memfds that `from_bwrap_args` reads and closes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -17,13 +18,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sandbox import spec as S
-from sandbox.backends.bwrap.render import render_plan
+from sandbox.backends.bwrap.render import render_op, render_plan
 from sandbox.bwrap.argv import BwrapArgv
 from sandbox.bwrap.parse import from_bwrap_args
 from sandbox.bwrap.unparse import to_bwrap_args
 from sandbox.errors import SpecError
 from sandbox.host import HostInfo
-from sandbox.plan import compile_plan, parent_mode_for
+from sandbox.plan import OpFlag, compile_plan, parent_mode_for
 
 CALLER_CWD = "/"
 SLOW_OK = [HealthCheck.filter_too_much, HealthCheck.too_slow]
@@ -163,3 +164,22 @@ def test_plan_rendering_matches_native_parent_modes() -> None:
             wanted = f"{op.parent_mode:04o}"
             assert args[file_at - 10:file_at - 2] == ["--perms", wanted, "--dir", "/a", "--perms", wanted,
                                                       "--dir", "/a/b"]
+
+
+def test_dev_modes_are_rendered_where_bwrap_makes_others() -> None:
+    (op,) = compile_plan(S.Spec(mounts=[S.Dev("/d")]), HostInfo(uid=0, gid=0, cwd="/", environ={})).ops
+    assert render_op(op, [], match_native=True) == ["--dev", "/d", "--chmod", "1777", "/d/shm"]
+    assert render_op(op, [], match_native=False) == ["--dev", "/d"]
+    other = dataclasses.replace(op, mode=0o700, shm_mode=0o755)
+    assert render_op(other, [], match_native=True) == ["--dev", "/d", "--chmod", "0700", "/d"]
+    with pytest.raises(SpecError):
+        render_op(other, [], match_native=False)  # the grammar's --dev has the default modes
+
+
+@pytest.mark.parametrize("mount", [S.Bind("/a"), S.RoBind("/a"), S.DevBind("/a"), S.RemountRo("/a")])
+def test_binds_without_nosuid_are_refused(mount: S.Mount) -> None:
+    """bwrap binds (and remounts) nosuid whatever it is told: a plan that says otherwise cannot run there."""
+    (op,) = compile_plan(S.Spec(mounts=[mount]), HostInfo(uid=0, gid=0, cwd="/", environ={})).ops
+    assert render_op(op, [])
+    with pytest.raises(SpecError):
+        render_op(dataclasses.replace(op, flags=op.flags & ~OpFlag.NOSUID), [])

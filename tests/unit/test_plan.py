@@ -22,9 +22,12 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
-from sandbox.host import HostInfo
+from sandbox.host import LIMITED_RESOURCES, HostInfo, hard_limits
 from sandbox.plan import (
     DEFAULT_PATH,
+    DEV_MODE,
+    DEV_SHM_MODE,
+    RLIMITS,
     Op,
     OpFlag,
     OpKind,
@@ -123,15 +126,15 @@ def test_tmpfs_default_size_is_zero() -> None:
 @pytest.mark.parametrize(
     ("mount", "flags"),
     [
-        (Bind("/a"), OpFlag.NODEV),
-        (RoBind("/a"), OpFlag.RDONLY | OpFlag.NODEV),
-        (DevBind("/a"), OpFlag.NONE),
-        (Bind("/a", optional=True), OpFlag.NODEV | OpFlag.OPTIONAL),
-        (RoBind("/a", optional=True), OpFlag.RDONLY | OpFlag.NODEV | OpFlag.OPTIONAL),
-        (DevBind("/a", optional=True), OpFlag.OPTIONAL),
+        (Bind("/a"), OpFlag.NODEV | OpFlag.NOSUID),
+        (RoBind("/a"), OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID),
+        (DevBind("/a"), OpFlag.NOSUID),
+        (Bind("/a", optional=True), OpFlag.NODEV | OpFlag.OPTIONAL | OpFlag.NOSUID),
+        (RoBind("/a", optional=True), OpFlag.RDONLY | OpFlag.NODEV | OpFlag.OPTIONAL | OpFlag.NOSUID),
+        (DevBind("/a", optional=True), OpFlag.OPTIONAL | OpFlag.NOSUID),
         (File("/f", readonly=True), OpFlag.RDONLY),
         (File("/f"), OpFlag.NONE),
-        (RemountRo("/a"), OpFlag.RDONLY | OpFlag.NODEV),
+        (RemountRo("/a"), OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID),
         (Tmpfs("/a"), OpFlag.NODEV),
         (Chmod("/a", 0o700), OpFlag.NONE),
         (Dir("/a"), OpFlag.NONE),
@@ -162,8 +165,20 @@ def test_op_kind_numbers_match_the_c_enum() -> None:
     lib = native.lib
     for kind in OpKind:
         assert getattr(lib, f"SBX_OP_{kind.name}") == kind.value
-    for flag in (OpFlag.RDONLY, OpFlag.NODEV, OpFlag.OPTIONAL, OpFlag.FRESH):
-        assert getattr(lib, f"SBX_F_{flag.name}") == flag.value
+    for flag in OpFlag:
+        if flag is not OpFlag.NONE:
+            assert getattr(lib, f"SBX_F_{flag.name}") == flag.value
+
+
+def test_every_bind_is_nosuid() -> None:
+    for mount in (Bind("/a"), RoBind("/a"), DevBind("/a"), Bind("/a", optional=True)):
+        assert only_op(mount).flags & OpFlag.NOSUID
+
+
+def test_dev_carries_its_modes() -> None:
+    op = only_op(Dev())
+    assert (op.kind, op.mode, op.shm_mode) == (OpKind.DEV, DEV_MODE, DEV_SHM_MODE)
+    assert (DEV_MODE, DEV_SHM_MODE) == (0o755, 0o1777)
 
 
 # ---------------------------------------------------------------- proc
@@ -186,6 +201,12 @@ def test_env_is_empty_by_default() -> None:
     plan = plan_of(Spec())
     assert plan.env == ()
     assert plan.path == DEFAULT_PATH
+
+
+@pytest.mark.parametrize(("env", "path"), [({}, "/bin:/usr/bin"), ({"PATH": "/x:/y"}, "/x:/y"), ({"PATH": ""}, ".")])
+def test_path_is_never_empty(env: dict[str, str], path: str) -> None:
+    # execvp's reading: unset is glibc's default, empty is the current directory
+    assert plan_of(Spec(env=env)).path == path
 
 
 def test_explicit_env_only() -> None:
@@ -276,6 +297,39 @@ def test_rlimit_units() -> None:
 def test_no_limits_no_rlimits() -> None:
     assert plan_of(Spec()).rlimits == ()
     assert dict(plan_of(Spec(limits=Limits(nofile=5))).rlimits) == {resource.RLIMIT_NOFILE: 5}
+
+
+def test_rlimits_are_capped_at_the_callers_hard_limit() -> None:
+    host = HostInfo(uid=1, gid=1, cwd="/", environ={},
+                    hard_limits={resource.RLIMIT_NOFILE: 1024, resource.RLIMIT_CPU: 100})
+    limits = Limits(nofile=1 << 20, cpu_s=5, nproc=7)
+    assert dict(plan_of(Spec(limits=limits), host).rlimits) == {
+        resource.RLIMIT_NOFILE: 1024, resource.RLIMIT_CPU: 5, resource.RLIMIT_NPROC: 7}
+
+
+def test_the_smallest_request_for_a_resource_wins() -> None:
+    host = HostInfo(uid=1, gid=1, cwd="/", environ={}, hard_limits={resource.RLIMIT_FSIZE: 3 << 20})
+    assert plan_of(Spec(limits=Limits(file_mb=2, file_bytes=5 << 20)), host).rlimits == (
+        (resource.RLIMIT_FSIZE, 2 << 20),)
+    assert plan_of(Spec(limits=Limits(file_mb=4, file_bytes=5 << 20)), host).rlimits == (
+        (resource.RLIMIT_FSIZE, 3 << 20),)
+
+
+def test_hard_limits_are_read_for_every_limited_resource() -> None:
+    assert {res for res, _unit in RLIMITS.values()} == set(LIMITED_RESOURCES)
+    expected = {res: resource.getrlimit(res)[1] for res in LIMITED_RESOURCES}
+    assert hard_limits() == {res: hard for res, hard in expected.items() if hard != resource.RLIM_INFINITY}
+    assert HostInfo.current().hard_limits == hard_limits()
+    assert HOST.hard_limits == {}  # not given: nothing is capped
+
+
+# ---------------------------------------------------------------- signals
+
+
+def test_the_command_starts_with_default_signals() -> None:
+    assert plan_of(Spec()).reset_signals is True
+    assert plan_of(Spec(as_pid_1=True)).reset_signals is True
+    assert plan_of(Spec(namespaces=Namespaces(pid=False))).reset_signals is True
 
 
 # ---------------------------------------------------------------- identity

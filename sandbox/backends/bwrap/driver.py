@@ -17,6 +17,9 @@ ExecError or UnavailableError otherwise, like the native backend. How:
   plan's rlimits to the child with prlimit(2) (so they bind the command and
   its reaper, nothing of the setup, as in the native backend), then writes
   the program.
+- signals: bwrap passes on the dispositions and mask it starts with, so where
+  the plan resets them it is started through `sandbox-init
+  --exec-default-signals` (Popen itself resets only SIGPIPE and SIGXFSZ).
 - exec: the command's process (the child, or its first child under bwrap's
   pid-1 reaper) is watched until its /proc cmdline is no longer bwrap's. If
   bwrap exits first without an exit-code record, setup or exec failed, and
@@ -29,14 +32,16 @@ import json
 import os
 import resource
 import select
+import shutil
 import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...bwrap.argv import BwrapArgv, data_fd
-from ...errors import SetupError
+from ...errors import SetupError, UnavailableError
 from ...plan import Plan
 from .. import Launched
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
@@ -45,6 +50,7 @@ from .procfs import _close, _first_child, _read, _readable, _std
 from .render import render_plan
 
 MAX_POLL_S = 0.002
+SIGNAL_RESETTER = Path(__file__).resolve().parents[2] / "_bin" / "sandbox-init"
 ALLOW_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
 
 
@@ -172,17 +178,29 @@ class _Run:
                          opts.fds)
         args_fd = data_fd(b"".join(os.fsencode(a) + b"\0" for a in opts))
         try:
-            self.command_line = [self.bwrap, "--args", str(args_fd), "--", *self.argv]
+            bwrap = self.bwrap if "/" in self.bwrap else shutil.which(self.bwrap) or self.bwrap
+            self.command_line = [bwrap, "--args", str(args_fd), "--", *self.argv]
             keep = {fd for fd in pass_fds if fd > 2} | {args_fd, pipes.status_w, pipes.block_r, *opts.fds}
             if pipes.seccomp_r >= 0:
                 keep.add(pipes.seccomp_r)
             popen = subprocess.Popen(
-                self.command_line, stdin=_std(stdio[0]), stdout=_std(stdio[1]), stderr=_std(stdio[2]),
-                pass_fds=sorted(keep), close_fds=True, start_new_session=False)
+                self._exec_line(), stdin=_std(stdio[0]), stdout=_std(stdio[1]), stderr=_std(stdio[2]),
+                pass_fds=sorted(keep), close_fds=True, start_new_session=False,
+                restore_signals=self.plan.reset_signals)
         finally:
             os.close(args_fd)
         self._stamp("spawned")
         return popen
+
+    def _exec_line(self) -> list[str]:
+        """What Popen runs. bwrap passes on the dispositions and mask it starts
+        with, and Popen resets only SIGPIPE and SIGXFSZ: where the plan resets
+        signals, bwrap is started through sandbox-init, which resets them all."""
+        if not self.plan.reset_signals:
+            return self.command_line
+        if not os.access(SIGNAL_RESETTER, os.X_OK):
+            raise UnavailableError(f"sandbox-init is missing at {SIGNAL_RESETTER}; reinstall the package")
+        return [str(SIGNAL_RESETTER), "--exec-default-signals", *self.command_line]
 
     def _follow(self, popen: subprocess.Popen[bytes], pipes: _Pipes, tap: _StderrTap) -> Launched:
         """Drive bwrap to the exec of the command; raise if it fails first.
@@ -250,12 +268,10 @@ class _Run:
     # ------------------------------------------------------------ steps
 
     def _apply_rlimits(self, popen: subprocess.Popen[bytes], child: int) -> bool:
-        """Set the plan's rlimits on bwrap's sandbox child (False if it is gone)."""
+        """Set the plan's rlimits on bwrap's sandbox child, as they are (False if it is gone)."""
         for res, value in self.plan.rlimits:
             try:
-                _soft, hard = resource.prlimit(child, res)
-                v = value if hard == resource.RLIM_INFINITY else min(value, hard)
-                resource.prlimit(child, res, (v, v))
+                resource.prlimit(child, res, (value, value))
             except ProcessLookupError:
                 return False
             except OSError as exc:

@@ -17,7 +17,6 @@ from ...plan import OpKind, Plan
 from .. import availability
 from .render import render_plan
 
-GLIBC_DEFAULT_PATH = "/bin:/usr/bin"
 NEWROOT = "/newroot"
 ERRNO_BY_TEXT = {os.strerror(n): n for n in sorted(E.errorcode, reverse=True)}
 
@@ -143,9 +142,7 @@ def _exec_candidates(command: str, plan: Plan) -> list[str]:
     """Where execvp looks for `command`, as absolute paths (relative ones are skipped)."""
     if "/" in command:
         return [command] if command.startswith("/") else []
-    env = dict(e.split("=", 1) for e in plan.env)
-    dirs = env.get("PATH", GLIBC_DEFAULT_PATH).split(":")
-    return [f"{d.rstrip('/')}/{command}" for d in dirs if d.startswith("/")][:32]
+    return [f"{d.rstrip('/')}/{command}" for d in plan.path.split(":") if d.startswith("/")][:32]
 
 
 _SOURCE = re.compile(r"Can't find source path (?P<path>.*?): ")

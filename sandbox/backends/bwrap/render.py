@@ -26,7 +26,13 @@ from ...bwrap.argv import (
     unshare_args,
 )
 from ...errors import SpecError
-from ...plan import Op, OpFlag, OpKind, Plan, parent_mode_for
+from ...plan import DEV_MODE, DEV_SHM_MODE, Op, OpFlag, OpKind, Plan, parent_mode_for
+
+# What bwrap 0.8.0 makes by itself: --dev's tmpfs and its shm directory are
+# 0755; --remount-ro adds nodev and nosuid (bind_mount() in bind-mount.c).
+BWRAP_DEV_MODE = 0o755
+BWRAP_DEV_SHM_MODE = 0o755
+REMOUNT_RO_FLAGS = OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID
 
 
 def implicit_parent_mode(op: Op) -> int:
@@ -54,13 +60,31 @@ def _parents(op: Op) -> list[str]:
     return out
 
 
+def _dev_options(op: Op, match_native: bool) -> list[str]:
+    """`--dev`, then `--chmod` for each mode of the op bwrap's own --dev does not make.
+    Without `match_native` (this package's grammar, where --dev is a Dev mount) the op must be a Dev's."""
+    if not match_native:
+        if (op.mode, op.shm_mode) != (DEV_MODE, DEV_SHM_MODE):
+            raise SpecError("mounts", op.dest, "--dev makes /dev and /dev/shm with the default modes only")
+        return ["--dev", op.dest]
+    out = ["--dev", op.dest]
+    if op.mode != BWRAP_DEV_MODE:
+        out += chmod_args(op.dest, op.mode)
+    if op.shm_mode != BWRAP_DEV_SHM_MODE:
+        out += chmod_args(op.dest.rstrip("/") + "/shm", op.shm_mode)
+    return out
+
+
 def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     """The bwrap options for one operation; a FILE's data goes into a new fd appended to `fds`.
 
-    With `match_native`, a DEV op also gets the native backend's 1777 dev/shm
-    (bwrap makes it 0755, unusable for POSIX shm by the sandbox's user)."""
+    With `match_native`, the options are for the real bwrap and make what the
+    native backend makes (a DEV op's modes, where bwrap's differ); without,
+    they are in this package's grammar."""
     kind = op.kind
     if kind is OpKind.BIND:
+        if not op.flags & OpFlag.NOSUID:
+            raise SpecError("mounts", op.dest, "bwrap always binds nosuid")
         return bind_args(op.src, op.dest, readonly=bool(op.flags & OpFlag.RDONLY),
                          devices=not op.flags & OpFlag.NODEV, optional=bool(op.flags & OpFlag.OPTIONAL))
     if kind is OpKind.TMPFS:
@@ -68,8 +92,7 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     if kind is OpKind.PROC:
         return ["--proc", op.dest]
     if kind is OpKind.DEV:
-        shm = chmod_args(op.dest.rstrip("/") + "/shm", 0o1777) if match_native else []
-        return ["--dev", op.dest, *shm]
+        return _dev_options(op, match_native)
     if kind is OpKind.DIR:
         return dir_args(op.dest, op.mode)
     if kind is OpKind.SYMLINK:
@@ -77,6 +100,8 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     if kind is OpKind.FILE:
         return file_args(op.dest, op.data, op.mode, bool(op.flags & OpFlag.RDONLY), fds)
     if kind is OpKind.REMOUNT_RO:
+        if op.flags != REMOUNT_RO_FLAGS:
+            raise SpecError("mounts", op.dest, "bwrap's --remount-ro always sets ro, nodev and nosuid")
         return ["--remount-ro", op.dest]
     if kind is OpKind.CHMOD:
         return chmod_args(op.dest, op.mode)

@@ -17,7 +17,7 @@ from ...plan import Plan
 from .core import ABI_VERSION, ffi, lib
 
 HEADER = struct.Struct("<26IQ")
-OP = struct.Struct("<4IQ4I")
+OP = struct.Struct("<4IQ6I")
 RLIMIT = struct.Struct("<IIQ")
 LANDLOCK = struct.Struct("<II")
 for _name, _st in (("struct sbx_header", HEADER), ("struct sbx_op", OP), ("struct sbx_rlimit", RLIMIT),
@@ -35,7 +35,7 @@ OPT_BITS = (
     ("new_session", lib.SBX_OPT_NEW_SESSION), ("map_root_first", lib.SBX_OPT_MAP_ROOT_FIRST),
     ("cwd_strict", lib.SBX_OPT_CWD_STRICT), ("nested_userns", lib.SBX_OPT_NESTED_USERNS),
     ("disable_userns", lib.SBX_OPT_DISABLE_USERNS), ("landlock", lib.SBX_OPT_LANDLOCK),
-    ("landlock_best_effort", lib.SBX_OPT_LANDLOCK_BEST_EFFORT),
+    ("landlock_best_effort", lib.SBX_OPT_LANDLOCK_BEST_EFFORT), ("reset_signals", lib.SBX_OPT_RESET_SIGNALS),
 )
 
 
@@ -77,7 +77,7 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     ops = b"".join(
         OP.pack(op.kind, op.flags, op.mode, op.parent_mode, op.size,
                 strings.add(op.src or None), strings.add(op.dest),
-                strings.add(op.data, terminate=False) if op.data else 0, len(op.data))
+                strings.add(op.data, terminate=False) if op.data else 0, len(op.data), op.shm_mode, 0)
         for op in plan.ops
     )
     cwds = struct.pack(f"<{n_cwd}I", *(strings.add(c) for c in plan.cwd_candidates))

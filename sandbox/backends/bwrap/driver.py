@@ -29,7 +29,6 @@ import json
 import os
 import resource
 import select
-import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from typing import Any
 from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError
 from ...plan import Plan
+from ...seccomp.bpf import ALLOW_ALL
 from .. import Launched
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
@@ -45,7 +45,6 @@ from .procfs import _close, _first_child, _read, _readable, _std
 from .render import render_plan
 
 MAX_POLL_S = 0.002
-ALLOW_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
 
 
 @dataclass

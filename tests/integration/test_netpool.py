@@ -27,7 +27,10 @@ from typing import Any
 
 import pytest
 
+from sandbox import isolation
+from sandbox.errors import IsolationError
 from sandbox.netpool import FACTORY_MARKER, Lease, NetnsPool, NetnsPoolError
+from sandbox.netpool.baseline import _snapshot
 from sandbox.netpool.factory import FACTORY_PATH
 
 pytestmark = pytest.mark.integration
@@ -269,6 +272,19 @@ def test_leased_namespace_is_loopback_only(make_pool: Callable[..., NetnsPool], 
         assert lease.netns_inode != own and os.fstat(lease.netns_fd).st_ino == lease.netns_inode
 
 
+
+def test_isolation_check_holds_pyroute2_reads_to_the_pool_definition(make_pool: Callable[..., NetnsPool]) -> None:
+    """sandbox.isolation reads with pyroute2 the same rows the pool's decoder
+    reads, and fails on what the pool would: a route in a table other than main too."""
+    pool = make_pool(1, refill=False)
+    with pool.lease() as lease:
+        assert isolation.read_netns(lease.netlink) == _snapshot(lease._ns.rtnl)
+        addresses = ["127.0.0.1/8", "::1/128"] if HAS_IPV6 else ["127.0.0.1/8"]
+        assert isolation.check_netns(lease.netlink) == {"interfaces": ["lo"], "addresses": addresses, "routes": 0}
+        lease.netlink.route("add", dst="10.98.0.0/16", oif=1, table=100)
+        with pytest.raises(IsolationError, match="table=100"):
+            isolation.check_netns(lease.netlink)
+        assert lease.release().reasons == ("routes",)
 
 def test_tenant_cannot_reconfigure_the_namespace(make_pool: Callable[..., NetnsPool]) -> None:
     """A tenant in its own user namespace (as a sandbox will be) has no

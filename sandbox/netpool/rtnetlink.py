@@ -6,6 +6,15 @@ of its sequence number. The dumps decode what a namespace holds into rows
 and list its sockets. Rows also come from pyroute2 messages
 (`*_from_pyroute2`), for readers that hold an IPRoute (sandbox.isolation).
 
+The messages are decoded here with struct, not with pyroute2's message
+classes, for speed: a pool checks a namespace at every release (four dumps).
+Measured with benchmarks/netlink_decode.py (a fresh pool namespace, the
+same bytes decoded into the same rows; pyroute2 0.9.7, Linux 6.18, a
+busy 2-core machine), pyroute2's classes cost 50-190 µs more per dump
+than this decoder (links 150, addresses 50, routes 190, rules 170): about
+610 µs against 50 µs for the four. A decoder of our own was to stay only
+if pyroute2 cost over ~50 µs more per dump: it does.
+
 Also here: the kernel numbers the pool and the backends share (nsfs and
 socket ioctls, interface flags).
 """

@@ -31,42 +31,32 @@ import time
 from collections.abc import Callable
 
 from sandbox.netpool import NetnsPool
+from sandbox.netpool.factory import FACTORY_PATH
 
 # argv: mode (kernel-unshare | kernel-setns), n, userns fd (-1), netns fd a, netns fd b
-HELPER = r'''
-import ctypes, fcntl, json, os, socket, struct, sys, time
-libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-def call(rc, what):
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, what)
-def write(path, text):
-    fd = os.open(path, os.O_WRONLY)
-    os.write(fd, text.encode())
-    os.close(fd)
+HELPER = f"_FACTORY_MAIN = {str(FACTORY_PATH)!r}\n" + r'''
+import fcntl, importlib.util, json, os, socket, struct, sys, time
+_spec = importlib.util.spec_from_file_location("_factory_main", _FACTORY_MAIN)  # the factory's helpers
+fm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fm)
 mode, n, userns, a, b = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 times = []
 if mode == "kernel-unshare":
     if os.geteuid() != 0:
-        uid, gid = os.geteuid(), os.getegid()
-        call(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-        write("/proc/self/setgroups", "deny")
-        write("/proc/self/uid_map", "0 %d 1" % uid)
-        write("/proc/self/gid_map", "0 %d 1" % gid)
+        fm.unshare_userns()
     for _ in range(n):
         t0 = time.perf_counter_ns()
-        call(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        fm.call(fm.libc.unshare(fm.CLONE_NEWNET), "unshare(CLONE_NEWNET)")
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         fcntl.ioctl(s, 0x8914, struct.pack("16sH22x", b"lo", 0x41))  # SIOCSIFFLAGS: IFF_UP|IFF_RUNNING
         s.close()
         times.append(time.perf_counter_ns() - t0)
 else:
     if userns >= 0:
-        call(libc.setns(userns, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
+        fm.call(fm.libc.setns(userns, fm.CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
     for i in range(n):
         t0 = time.perf_counter_ns()
-        call(libc.setns(a if i % 2 else b, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+        fm.call(fm.libc.setns(a if i % 2 else b, fm.CLONE_NEWNET), "setns(CLONE_NEWNET)")
         times.append(time.perf_counter_ns() - t0)
 print(json.dumps(times))
 '''

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandbox import seccomp as S
 from sandbox import syscalls
+from sandbox.seccomp.bpf import _insns
 
 HELPER_C = r"""
 #define _GNU_SOURCE
@@ -105,7 +106,7 @@ def emulated_instructions(prog: bytes) -> int:
     total = 0
     for nr in range(max(syscalls.table().values()) + 1):
         data = S.seccomp_data(nr)
-        total += _const_walk(S._insns(prog), data)
+        total += _const_walk(_insns(prog), data)
     return total
 
 

@@ -91,3 +91,7 @@ class IsolationError(SandboxError):
         self.path = path
         self.errno = errno
         super().__init__(message)
+
+
+class NetnsPoolError(SandboxError):
+    """A namespace could not be created or verified, or the pool is closed."""

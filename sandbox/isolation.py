@@ -2,41 +2,47 @@
 
 With `Spec(check=True)` (and always when ports are forwarded) the sandbox runs
 in a leased namespace (sandbox.netpool), which is inspected with pyroute2
-through a netlink socket bound to it before the command starts: exactly `lo`,
-up, with 127.0.0.1/8 and ::1/128, and no route in the main table. Anything
-else fails the start with IsolationError naming it. Probe paths are checked
-inside by the setup child (see Spec.probe_paths). The findings are part of the
-result (`.isolation`).
+through a netlink socket bound to it before the command starts. What pyroute2
+reads is held to the pool's own definition of loopback-only
+(sandbox.netpool.baseline): exactly `lo`, up, with 127.0.0.1/8 and ::1/128,
+only the routes the kernel makes for lo, in any table, and only the default
+policy rules. Anything else fails the start with IsolationError naming it.
+Probe paths are checked inside by the setup child (see Spec.probe_paths). The
+findings are part of the result (`.isolation`).
 """
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from .errors import IsolationError
+from .netpool.baseline import _State, _verify_fresh
+from .netpool.rtnetlink import addr_from_pyroute2, link_from_pyroute2, route_from_pyroute2, rule_from_pyroute2
 from .plan import Plan
 
-IFF_UP = 0x1
-EXPECTED_ADDRESSES = {"127.0.0.1/8", "::1/128"}
-MAIN_TABLE = 254
+
+def read_netns(ipr: Any) -> _State:
+    """The namespace of `ipr` (a pyroute2 IPRoute bound to it), as the pool's snapshot rows."""
+    return _State(
+        links=frozenset(map(link_from_pyroute2, ipr.link("dump"))),
+        addrs=frozenset(map(addr_from_pyroute2, ipr.addr("dump", family=socket.AF_UNSPEC))),
+        routes=frozenset(map(route_from_pyroute2, ipr.route("dump", family=socket.AF_UNSPEC))),  # every table
+        rules=frozenset(map(rule_from_pyroute2, ipr.rule("dump", family=socket.AF_UNSPEC))),
+    )
 
 
 def check_netns(ipr: Any) -> dict[str, Any]:
     """Inspect a network namespace through `ipr` (a pyroute2 IPRoute bound to
     it); raise IsolationError naming what should not be there."""
-    links = [(link.get_attr("IFLA_IFNAME"), bool(link["flags"] & IFF_UP)) for link in ipr.get_links()]
-    addresses = sorted(f"{a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}" for a in ipr.get_addr())
-    routes = [r for r in ipr.get_routes(table=MAIN_TABLE) if r.get("table", MAIN_TABLE) == MAIN_TABLE]
-    problems = []
-    if links != [("lo", True)]:
-        problems.append(f"interfaces {links} (expected only lo, up)")
-    if set(addresses) != EXPECTED_ADDRESSES:
-        problems.append(f"addresses {addresses} (expected {sorted(EXPECTED_ADDRESSES)})")
-    if routes:
-        problems.append(f"{len(routes)} route(s) in the main table (expected none: nothing may lead out)")
+    state = read_netns(ipr)
+    problems = _verify_fresh(state)
     if problems:
-        raise IsolationError("isolation check failed: the network namespace has " + "; ".join(problems))
-    return {"interfaces": [name for name, _ in links], "addresses": addresses, "routes": 0}
+        raise IsolationError("isolation check failed: the network namespace is not loopback-only: "
+                             + "; ".join(problems))
+    return {"interfaces": sorted(link.name for link in state.links),
+            "addresses": sorted(f"{a.address}/{a.prefixlen}" for a in state.addrs),
+            "routes": 0}  # none leads out
 
 
 def findings(plan: Plan, network: dict[str, Any] | None) -> dict[str, Any]:

@@ -27,7 +27,11 @@ from typing import Any
 
 import pytest
 
+from sandbox import isolation
+from sandbox.errors import IsolationError
 from sandbox.netpool import FACTORY_MARKER, Lease, NetnsPool, NetnsPoolError
+from sandbox.netpool.baseline import _snapshot
+from sandbox.netpool.factory import FACTORY_PATH
 
 pytestmark = pytest.mark.integration
 
@@ -38,36 +42,19 @@ TIMEOUT = 30.0
 # Joins the lease's namespaces, then runs the test's code. argv: userns fd
 # (-1: none), netns fd, mode ("tenant": also unshare a user namespace of its
 # own, like a sandbox; "admin": stay root of the pool's user namespace).
-PRELUDE = r'''
-import ctypes, errno, json, os, socket, sys, time
-_libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-
-def _call(rc, what):
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, "%s: %s" % (what, os.strerror(err)))
-
-def _write(path, text):
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+PRELUDE = f"_FACTORY_MAIN = {str(FACTORY_PATH)!r}\n" + r'''
+import errno, importlib.util, json, os, socket, sys, time
+# The factory's own helpers (it runs -I -S too, stdlib only): loaded from its file, not run.
+_spec = importlib.util.spec_from_file_location("_factory_main", _FACTORY_MAIN)
+_fm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fm)
 
 _userns, _netns, _mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 if _userns >= 0:
-    _call(_libc.setns(_userns, CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
-_call(_libc.setns(_netns, CLONE_NEWNET), "setns(CLONE_NEWNET)")
+    _fm.call(_fm.libc.setns(_userns, _fm.CLONE_NEWUSER), "setns(CLONE_NEWUSER)")
+_fm.call(_fm.libc.setns(_netns, _fm.CLONE_NEWNET), "setns(CLONE_NEWNET)")
 if _mode == "tenant":
-    _uid, _gid = os.geteuid(), os.getegid()
-    _call(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-    try:
-        _write("/proc/self/setgroups", "deny")
-    except OSError:
-        pass
-    _write("/proc/self/uid_map", "0 %d 1" % _uid)
-    _write("/proc/self/gid_map", "0 %d 1" % _gid)
+    _fm.unshare_userns()
 for _fd in {_userns, _netns} - {-1}:
     os.close(_fd)
 
@@ -284,6 +271,20 @@ def test_leased_namespace_is_loopback_only(make_pool: Callable[..., NetnsPool], 
         own = os.stat("/proc/self/ns/net").st_ino
         assert lease.netns_inode != own and os.fstat(lease.netns_fd).st_ino == lease.netns_inode
 
+
+
+def test_isolation_check_holds_pyroute2_reads_to_the_pool_definition(make_pool: Callable[..., NetnsPool]) -> None:
+    """sandbox.isolation reads with pyroute2 the same rows the pool's decoder
+    reads, and fails on what the pool would: a route in a table other than main too."""
+    pool = make_pool(1, refill=False)
+    with pool.lease() as lease:
+        assert isolation.read_netns(lease.netlink) == _snapshot(lease._ns.rtnl)
+        addresses = ["127.0.0.1/8", "::1/128"] if HAS_IPV6 else ["127.0.0.1/8"]
+        assert isolation.check_netns(lease.netlink) == {"interfaces": ["lo"], "addresses": addresses, "routes": 0}
+        lease.netlink.route("add", dst="10.98.0.0/16", oif=1, table=100)
+        with pytest.raises(IsolationError, match="table=100"):
+            isolation.check_netns(lease.netlink)
+        assert lease.release().reasons == ("routes",)
 
 def test_tenant_cannot_reconfigure_the_namespace(make_pool: Callable[..., NetnsPool]) -> None:
     """A tenant in its own user namespace (as a sandbox will be) has no

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import json
 import math
 import struct
+from pathlib import Path
 
 import pytest
 
 from sandbox import seccomp as S
 from sandbox import syscalls
 from sandbox.errors import SpecError
+from sandbox.seccomp.compile import _intervals
+from sandbox.seccomp.default import _ENOSYS_FALLBACK
 
 NR = syscalls.table()
 ALLOW = S.SECCOMP_RET_ALLOW
@@ -111,7 +115,7 @@ def test_abi_constants_and_arch() -> None:
 
 @pytest.mark.parametrize("name", [n for n in S.DEFAULT_POLICY.deny if n != "personality"])
 def test_default_denies(name: str) -> None:
-    want = ENOSYS if name in S._ENOSYS_FALLBACK else EPERM
+    want = ENOSYS if name in _ENOSYS_FALLBACK else EPERM
     assert verdict(DEFAULT, name) == want
     assert verdict(DEFAULT, name, 1, 2, 3, 4, 5, 6) == want
 
@@ -196,6 +200,44 @@ def test_policy_table_describes_effects() -> None:
     assert rows["ioctl"].startswith("ERRNO(EPERM) if args[1] == 0x5412 (low 32 bits);")
     assert rows["ioctl"].endswith("else ALLOW")
     assert rows["personality"].endswith("else ERRNO(EPERM)")
+
+
+def readme_text() -> str:
+    """README.md of the source tree, or as packaged (the suite runs from a staged copy of tests/)."""
+    source = Path(__file__).resolve().parents[2] / "README.md"
+    if source.is_file():
+        return source.read_text()
+    return importlib.metadata.metadata("sandbox")["Description"]
+
+
+def default_policy_rows() -> list[str]:
+    """README's two default-policy tables, body rows only, as policy_table() and the reasons give them:
+    consecutive syscalls with the same effect and reason share a row."""
+    effects = dict(S.policy_table())
+
+    def errno_column(name: str) -> str:
+        effect = effects[name]
+        return "EPERM for the arguments named" if " if " in effect else effect.removeprefix("ERRNO(").rstrip(")")
+
+    def grouped(keys: list[tuple[str, tuple[str, ...]]]) -> list[str]:
+        rows: list[tuple[list[str], tuple[str, ...]]] = []
+        for name, cells in keys:
+            if rows and rows[-1][1] == cells:
+                rows[-1][0].append(name)
+            else:
+                rows.append(([name], cells))
+        return ["| " + " | ".join([", ".join(f"`{n}`" for n in names), *cells]) + " |" for names, cells in rows]
+
+    denied = [(n, (errno_column(n), why)) for n, why in S.DEFAULT_POLICY_REASONS.items()]
+    allowed = [(n, (why,)) for n, why in S.DEFAULT_POLICY_ALLOWED.items()]
+    return grouped(denied) + grouped(allowed)
+
+
+def test_readme_table_matches_the_default_policy() -> None:
+    section = readme_text().split("## Hardening", 1)[1].split("\n## ", 1)[0]
+    documented = [line for line in section.splitlines() if line.startswith("| `")]
+    expected = default_policy_rows()
+    assert documented == expected, "README's default-policy table should read:\n" + "\n".join(expected)
 
 
 # ---------------------------------------------------------------- other policies
@@ -404,7 +446,7 @@ def test_path_length_logarithmic() -> None:
     for step in (32, 8, 3, 2):
         policy = S.Seccomp(deny=tuple(names[::step]))
         prog = S.compile_policy(policy)
-        intervals = len(S._intervals(policy))
+        intervals = len(_intervals(policy))
         bound = 5 + math.ceil(math.log2(intervals))  # ld arch, jeq, ld nr, the tree, ret; +1 for weighting
         assert S.max_path_length(prog) <= bound, (step, intervals)
         assert max(S.path_length(prog, nr) for nr in NR.values()) <= bound
@@ -478,3 +520,9 @@ def test_describe_action() -> None:
     assert S.describe_action(KILL) == "KILL_PROCESS"
     assert S.describe_action(EPERM) == "ERRNO(EPERM)"
     assert S.describe_action(S.SECCOMP_RET_TRACE | 3) == "TRACE(3)"
+
+
+def test_allow_all_is_one_allow() -> None:
+    assert S.ALLOW_ALL == struct.pack("<HBBI", S.BPF_RET | S.BPF_K, 0, 0, S.SECCOMP_RET_ALLOW)
+    S.check_program(S.ALLOW_ALL)
+    assert S.evaluate(S.ALLOW_ALL, NR["getpid"]) == ALLOW

@@ -33,7 +33,6 @@ import os
 import resource
 import select
 import shutil
-import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from typing import Any
 from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError, UnavailableError
 from ...plan import Plan
+from ...seccomp.bpf import ALLOW_ALL
 from .. import Launched
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
@@ -51,7 +51,6 @@ from .render import render_plan
 
 MAX_POLL_S = 0.002
 SIGNAL_RESETTER = Path(__file__).resolve().parents[2] / "_bin" / "sandbox-init"
-ALLOW_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
 
 
 @dataclass

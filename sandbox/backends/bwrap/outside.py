@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import IsolationError, SetupError
+from ...netpool.rtnetlink import NS_GET_USERNS
 from ...plan import Plan
 from .procfs import _close
 
@@ -29,9 +30,6 @@ class _Isolated:
     def close(self) -> None:
         if self.relay is not None:
             self.relay.close()
-
-
-NS_GET_USERNS = 0xB701  # ioctl on a namespace fd: an fd of the user namespace owning it
 
 
 def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolated:

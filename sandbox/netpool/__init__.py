@@ -1,0 +1,128 @@
+"""A pool of pre-made, loopback-only network namespaces that sandboxes lease.
+
+Creating a network namespace is the most expensive step of a sandbox spawn
+(the kernel registers every per-namespace subsystem, and tears it all down
+again asynchronously afterwards). A `NetnsPool` makes them ahead of time, off
+the caller's path, checks each one, and hands them out one tenant at a time:
+
+    with NetnsPool(size=8) as pool:
+        with pool.lease() as lease:
+            ...  # the child setns()es into lease.netns_fd (see below)
+        # on release the namespace is checked again: recycled if clean,
+        # destroyed (and replaced in the background) if not
+
+Kernel background, briefly:
+
+- A namespace lives as long as something references it: a process inside
+  it, an open nsfs file (/proc/PID/ns/net opened by anyone), or (for a
+  network namespace) a socket created in it. So an O_RDONLY fd of
+  /proc/PID/ns/net keeps the namespace alive after every process in it is
+  gone; the pool holds such fds, and closing the last reference is what
+  destroys a namespace.
+- Every namespace is owned by the user namespace its creator was in. The
+  capability checks for it (CAP_NET_ADMIN to configure it, CAP_SYS_ADMIN to
+  setns() into it) are made against that owning user namespace. A process
+  has every capability in a user namespace it owns (its euid created it and
+  it sits in the parent): that is how an unprivileged caller administers the
+  namespaces of an `owner="userns"` pool.
+- A netlink socket talks to the network namespace it was created in,
+  forever, whoever uses it. For requests that change something, the kernel
+  requires CAP_NET_ADMIN over the namespace's owning user namespace from
+  both the task that opened the socket and the task sending the request.
+  The pool's sockets are opened inside the namespace by a small factory
+  process (which is root there) and passed back over a Unix socket with
+  SCM_RIGHTS, so the caller needs no setns() (which a multithreaded process
+  cannot do for user namespaces) to configure and inspect them.
+
+How a namespace is made: one long-lived factory process per pool
+(`factory`, running `_factory_main.py`) does, per request,
+unshare(CLONE_NEWNET), opens the new namespace's nsfs file and a
+NETLINK_ROUTE and a NETLINK_SOCK_DIAG socket in it, sends the three fds
+back and returns to a private "home" namespace of its own, so no process
+stays inside pooled namespaces. For `owner="userns"` it first
+unshare(CLONE_NEWUSER)s and maps the caller's uid and gid to 0, so every
+namespace it makes is owned by that one user namespace, whose fd it sends
+once. The caller then brings lo up over the netlink socket (`rtnetlink`)
+and verifies the result (`baseline`: only lo, UP, 127.0.0.1/8 and ::1/128,
+only the kernel's loopback routes, no sockets) before the namespace enters
+the pool (`pool`, `lease`).
+
+At release the namespace is checked again against that baseline: links,
+addresses, routes (all tables) and policy rules must be as made, and
+sock_diag must find no TCP or UDP (IPv4, IPv6) or Unix socket in any state
+(listening, connected, TIME_WAIT, a taken abstract name). Clean: back to
+the pool. Anything else: destroyed, for the reasons recorded in the
+ReleaseResult and stats(), and replaced by the refill thread. The check
+costs ~150 µs; release(wait=False) leaves it to the refill thread.
+
+The checks use a few raw netlink dumps (`rtnetlink`) rather than pyroute2's
+IPRoute: they run on every release, and pyroute2 0.9's asyncio machinery
+costs 0.3-0.7 ms per dump where a raw dump costs 10-20 µs (its message
+classes alone cost 50-190 µs more per dump than rtnetlink's decoder).
+`Lease.netlink` still gives a full pyroute2 `IPRoute` bound to the
+namespace for callers that want one.
+
+Joining a leased namespace from a child process (what the C core does).
+setns(CLONE_NEWNET) needs CAP_SYS_ADMIN over the namespace's owner, so it
+must happen before the sandbox makes its own user namespace; and that user
+namespace must be made inside the pool's (owner="userns"), which only a
+single-threaded task can setns() into: a clone(CLONE_VM|CLONE_VFORK) child
+of the caller without namespace flags does setns(userns_fd, CLONE_NEWUSER)
+(owner="userns" only), then setns(netns_fd, CLONE_NEWNET), then clones the
+sandbox with CLONE_PARENT|CLONE_NEWUSER|CLONE_NEWPID|... but not
+CLONE_NEWNET. The sandbox's user namespace is then a child of the pool's:
+it has no capability over the pooled namespace and cannot change it (nor
+setns() back out), and the lower ids of its maps are those of the pool's
+user namespace, where the caller is 0.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import NetnsPoolError
+from .factory import FACTORY_MARKER
+from .lease import Lease, ReleaseResult
+from .pool import NetnsPool
+
+__all__ = ["FACTORY_MARKER", "Lease", "NetnsPool", "NetnsPoolError", "ReleaseResult", "disable", "enable", "pool_for"]
+
+
+# ---------------------------------------------------------------- the process-wide pool
+
+_default_lock = threading.Lock()
+_default: NetnsPool | None = None
+_default_for_none = False
+
+
+def enable(size: int = 8, *, for_network_none: bool = True) -> NetnsPool:
+    """Start (or return) the process-wide pool the native backend leases from.
+
+    Sandboxes with `network="pool"` always lease from it (it is started on
+    their first use); with `for_network_none`, `network="none"` ones do too
+    (they see the same loopback-only namespace either way). Off by default.
+    """
+    global _default, _default_for_none
+    with _default_lock:
+        if _default is None or _default.closed:
+            _default = NetnsPool(size=size)
+        _default_for_none = for_network_none
+        return _default
+
+
+def disable() -> None:
+    """Close the process-wide pool; `network="none"` makes fresh namespaces again."""
+    global _default, _default_for_none
+    with _default_lock:
+        pool, _default, _default_for_none = _default, None, False
+    if pool is not None:
+        pool.close()
+
+
+def pool_for(network: str) -> NetnsPool | None:
+    """The pool a sandbox with this `network` setting should lease from, if any."""
+    if network == "pool":
+        return _default if _default is not None and not _default.closed else enable(for_network_none=False)
+    if network == "none" and _default_for_none and _default is not None and not _default.closed:
+        return _default
+    return None

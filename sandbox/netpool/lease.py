@@ -1,0 +1,190 @@
+"""One pooled namespace (`_Netns`: the fds that keep it alive, its baseline)
+and the lease a tenant holds on it (`Lease`, `ReleaseResult`)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import NetnsPoolError
+from .baseline import _diff, _snapshot, _State
+from .rtnetlink import NETLINK_DROP_MEMBERSHIP, NS_GET_USERNS, SIOCGSKNS, SOL_NETLINK, _Netlink, _sockets
+
+if TYPE_CHECKING:
+    from .pool import NetnsPool
+
+
+# ---------------------------------------------------------------- namespaces
+
+def _inode(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _ioctl_inode(fd: int, request: int) -> tuple[int, int]:
+    """(dev, inode) of the namespace fd an nsfs/socket ioctl returns."""
+    ns = fcntl.ioctl(fd, request)
+    try:
+        return _inode(ns)
+    finally:
+        os.close(ns)
+
+
+@dataclass(eq=False)
+class _Netns:
+    """One pooled namespace: the fds that keep it alive and its baseline."""
+
+    netns_fd: int
+    userns_fd: int | None
+    rtnl: _Netlink
+    diag: _Netlink
+    ident: tuple[int, int] = (0, 0)
+    baseline: _State | None = None
+    closed: bool = False
+
+    def destroy(self) -> None:
+        """Close every reference we hold; the kernel tears the namespace down
+        (asynchronously, in its cleanup_net work) once none is left."""
+        if self.closed:
+            return
+        self.closed = True
+        self.rtnl.close()
+        self.diag.close()
+        os.close(self.netns_fd)
+        if self.userns_fd is not None:
+            os.close(self.userns_fd)
+
+    def inspect(self) -> list[tuple[str, str]]:
+        """(reason, detail) for each leftover; empty if the namespace is as made."""
+        assert self.baseline is not None
+        try:
+            problems = _diff(self.baseline, _snapshot(self.rtnl))
+            sockets = _sockets(self.diag)
+        except Exception as e:  # whatever went wrong, an unchecked namespace is not reused
+            return [("error", f"check failed: {e!r}")]
+        if sockets:
+            problems.append(("sockets", f"sockets: {sockets[:5]}{' ...' if len(sockets) > 5 else ''}"))
+        return problems
+
+
+def _check_identity(ns: _Netns, owner_ident: tuple[int, int], own_netns: tuple[int, int]) -> list[str]:
+    """The sockets belong to the namespace, the namespace to the expected
+    user namespace, and it is not our own."""
+    problems = []
+    if ns.ident == own_netns:
+        problems.append("the namespace is the caller's own")
+    for what, nl in (("route", ns.rtnl), ("sock_diag", ns.diag)):
+        if _ioctl_inode(nl.sock.fileno(), SIOCGSKNS) != ns.ident:
+            problems.append(f"the {what} netlink socket belongs to another namespace")
+    if _ioctl_inode(ns.netns_fd, NS_GET_USERNS) != owner_ident:
+        problems.append("the namespace has an unexpected owning user namespace")
+    return problems
+
+
+# ---------------------------------------------------------------- leases
+
+@dataclass(frozen=True)
+class ReleaseResult:
+    """What release() did: `recycled` back into the pool, or destroyed for `reasons`."""
+
+    recycled: bool
+    reasons: tuple[str, ...] = ()
+    details: tuple[str, ...] = ()
+
+
+class Lease:
+    """Exclusive use of one verified network namespace until release().
+
+    `netns_fd` (and, for user-namespace pools, `userns_fd`) stay owned by the
+    pool: do not close them; they are valid until release. `fresh` is true
+    when the pool was empty and the namespace was made on the spot.
+    `result` is what release did, once known.
+    """
+
+    def __init__(self, pool: NetnsPool, ns: _Netns, fresh: bool) -> None:
+        self._pool = pool
+        self._ns = ns
+        self.fresh = fresh
+        self.netns_inode = ns.ident[1]
+        self.result: ReleaseResult | None = None
+        self._released = False
+        self._netlink: Any = None
+
+    def _live(self) -> _Netns:
+        if self._released:
+            raise NetnsPoolError("the lease was released")
+        if self._ns.closed:
+            raise NetnsPoolError("the pool was closed")
+        return self._ns
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    @property
+    def netns_fd(self) -> int:
+        """O_RDONLY|O_CLOEXEC fd of the namespace's nsfs file: setns(fd, CLONE_NEWNET)."""
+        return self._live().netns_fd
+
+    @property
+    def userns_fd(self) -> int | None:
+        """fd of the owning user namespace (None when the caller's own owns it):
+        setns(fd, CLONE_NEWUSER) before setns(netns_fd, CLONE_NEWNET)."""
+        return self._live().userns_fd
+
+    @property
+    def netlink(self) -> Any:
+        """A pyroute2 IPRoute bound to the namespace (made on first use, closed on release).
+
+        Use it from one thread: pyroute2 0.9 keeps per-thread socket state.
+        """
+        ns = self._live()
+        if self._netlink is None:
+            from pyroute2 import IPRoute  # slow import, only when wanted
+
+            self._netlink = IPRoute(fileno=os.dup(ns.rtnl.sock.fileno()))
+        return self._netlink
+
+    def _close_netlink(self) -> None:
+        """Close the pyroute2 handle and undo multicast subscriptions it may
+        have made on the shared socket (events would pile up in it)."""
+        if self._netlink is None:
+            return
+        with contextlib.suppress(Exception):
+            self._netlink.close()
+        self._netlink = None
+        for group in range(1, 33):
+            with contextlib.suppress(OSError):
+                self._ns.rtnl.sock.setsockopt(SOL_NETLINK, NETLINK_DROP_MEMBERSHIP, group)
+
+    def release(self, recycle: bool = True, *, wait: bool = True) -> ReleaseResult | None:
+        """Give the namespace back: recycled if clean, destroyed if not. Idempotent.
+
+        `wait=False` returns at once (None) and leaves the check (~150 µs) to
+        the refill thread, off the caller's path; `result` is set when it is
+        done. Without a refill thread the check runs here regardless.
+
+        `recycle=False` destroys it unchecked (reason "discarded"): for a
+        tenant that had capabilities over the namespace (CAP_NET_ADMIN over
+        its owning user namespace), which could change state these checks
+        do not cover (sysctls, netfilter, qdiscs, ...).
+        """
+        if not self._released:
+            self._released = True
+            self._close_netlink()
+            if wait or not self._pool._defer(self, recycle):
+                self.result = self._pool._release(self._ns, recycle)
+        return self.result
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        return f"<Lease netns inode {self.netns_inode} {state}{' fresh' if self.fresh else ''}>"

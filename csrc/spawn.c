@@ -1,5 +1,6 @@
-/* spawn.c: the caller's side of sbx_spawn(): check the blob, make the
- * pipes, clone the child, and collect its report. */
+/* spawn.c: the caller's side of sbx_spawn(): make the pipes and the memory
+ * the child needs, clone it, and collect its report. The blob is checked
+ * first (wire.c). */
 #include "internal.h"
 
 #include <errno.h>
@@ -14,62 +15,6 @@
 #include <unistd.h>
 
 #define CHILD_STACK (256 * 1024)
-
-static int str_ok(const char *blob, size_t len, uint32_t off)
-{
-    if (off == 0)
-        return 1;
-    if (off >= len)
-        return 0;
-    return memchr(blob + off, 0, len - off) != NULL;
-}
-
-static int range_ok(size_t len, uint32_t off, uint64_t bytes)
-{
-    return off <= len && bytes <= len - off;
-}
-
-int sbx_check_blob(const void *p, size_t len)
-{
-    const char *blob = p;
-    const struct sbx_header *h = p;
-    if (len < sizeof *h || h->magic != SBX_MAGIC || h->abi != SBX_ABI_VERSION || h->size != len)
-        return -EINVAL;
-    if (!range_ok(len, h->ops_off, (uint64_t)h->n_ops * sizeof(struct sbx_op)) || h->ops_off % 8 ||
-        !range_ok(len, h->cwd_off, (uint64_t)h->n_cwd * 4) || h->cwd_off % 4 ||
-        !range_ok(len, h->rlimits_off, (uint64_t)h->n_rlimits * sizeof(struct sbx_rlimit)) || h->rlimits_off % 8 ||
-        !range_ok(len, h->landlock_off, (uint64_t)h->n_landlock * sizeof(struct sbx_landlock)) ||
-        h->landlock_off % 4 || !range_ok(len, h->seccomp_off, h->seccomp_len) || h->seccomp_off % 8 || h->seccomp_len % 8 ||
-        h->seccomp_len / 8 > 4096)
-        return -EINVAL;
-    if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !h->newroot ||
-        !str_ok(blob, len, h->newroot))
-        return -EINVAL;
-    if (!range_ok(len, h->probe_off, (uint64_t)h->n_probe * 4) || h->probe_off % 4 ||
-        !range_ok(len, h->listen_off, (uint64_t)h->n_listen * 4) || h->listen_off % 4)
-        return -EINVAL;
-    const uint32_t *probe = (const void *)(blob + h->probe_off);
-    for (uint32_t i = 0; i < h->n_probe; i++)
-        if (!probe[i] || !str_ok(blob, len, probe[i]))
-            return -EINVAL;
-    const struct sbx_landlock *ll = (const void *)(blob + h->landlock_off);
-    for (uint32_t i = 0; i < h->n_landlock; i++)
-        if (!ll[i].path || !str_ok(blob, len, ll[i].path))
-            return -EINVAL;
-    const uint32_t *cwd = (const void *)(blob + h->cwd_off);
-    for (uint32_t i = 0; i < h->n_cwd; i++)
-        if (!cwd[i] || !str_ok(blob, len, cwd[i]))
-            return -EINVAL;
-    const struct sbx_op *ops = (const void *)(blob + h->ops_off);
-    for (uint32_t i = 0; i < h->n_ops; i++) {
-        if (!ops[i].dest || !str_ok(blob, len, ops[i].dest) || !str_ok(blob, len, ops[i].src) ||
-            !range_ok(len, ops[i].data, ops[i].data_len) || blob[ops[i].dest] != '/')
-            return -EINVAL;
-        if ((ops[i].kind == SBX_OP_BIND || ops[i].kind == SBX_OP_SYMLINK) && !ops[i].src)
-            return -EINVAL;
-    }
-    return 0;
-}
 
 unsigned long sbx_clone_flags(uint32_t ns)
 {

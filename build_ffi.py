@@ -18,8 +18,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 LIB_SOURCES = [
-    "util.c", "wire.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "spawn.c", "probe.c",
-    "nsops.c",
+    "util.c", "wire.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "vmclone.c",
+    "spawn.c", "probe.c", "nsops.c",
 ]
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing"]
 

@@ -99,8 +99,7 @@ int sbx_joiner_main(void *arg)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
     if (setns(c->join_netns_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
-    pid_t pid = clone(sbx_child_main, c->inner_stack, CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD | c->inner_flags,
-                      c);
+    pid_t pid = sbx_clone_vm(sbx_child_main, c, CLONE_PARENT | c->inner_flags, SBX_CHILD_STACK);
     if (pid < 0)
         sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
     c->inner_pid = pid;

@@ -8,6 +8,7 @@
 #define SANDBOX_INTERNAL_H
 
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
@@ -17,6 +18,10 @@
 struct sbx_report {
     int32_t step, op, err, detail;
 };
+
+/* The stack of a child cloned into our memory: the setup child's deepest
+ * frames hold a path buffer (4 KiB) and a few names. */
+#define SBX_CHILD_STACK (256 * 1024)
 
 /* Everything the child needs, prepared by the parent before clone. */
 struct sbx_ctx {
@@ -41,7 +46,6 @@ struct sbx_ctx {
     int join_userns_fd, join_netns_fd; /* a leased netns (and its owner), or -1 */
     int listen_to;              /* where listening sockets for forwarded ports go, or -1 */
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
-    void *inner_stack;          /* top of the setup child's stack when joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
     struct sbx_result *res;
 };
@@ -95,6 +99,12 @@ void sbx_apply_landlock(struct sbx_ctx *c);
 
 /* spawn.c */
 unsigned long sbx_clone_flags(uint32_t ns);
+
+/* vmclone.c: run fn(arg) in a child that shares our memory, on a stack of
+ * `stack` bytes, with every signal blocked; returns once it has exec'd or
+ * exited (its pid), or -1 with errno. `flags` are added to
+ * CLONE_VM|CLONE_VFORK|SIGCHLD (namespaces, CLONE_FILES, CLONE_PARENT). */
+pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t stack);
 
 /* child.c */
 int sbx_child_main(void *arg);

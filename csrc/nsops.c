@@ -17,7 +17,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,25 +69,16 @@ static int ns_child(void *arg)
 
 int sbx_netns_sockets(int userns_fd, int netns_fd, const uint32_t *ports, int n, int *out)
 {
-    static const size_t stack_size = 64 * 1024;
     struct ns_job job = {userns_fd, netns_fd, ports, n, out, 0};
     for (int i = 0; i <= n; i++)
         out[i] = -1;
-    char *stack = mmap(NULL, stack_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED)
-        return -errno;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = clone(ns_child, stack + stack_size, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, &job);
+    pid_t pid = sbx_clone_vm(ns_child, &job, CLONE_FILES, 64 * 1024);
     int err = pid < 0 ? errno : 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid > 0) {
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         err = job.err;
     }
-    munmap(stack, stack_size);
     if (err) {
         for (int i = 0; i <= n; i++)
             if (out[i] >= 0)

@@ -9,12 +9,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CHILD_STACK (256 * 1024)
 
 unsigned long sbx_clone_flags(uint32_t ns)
 {
@@ -111,38 +108,22 @@ static void free_memory(struct sbx_ctx *c)
     c->init_argv = c->sh_argv = NULL;
 }
 
-/* Clone the child: the caller's thread sleeps until it exec's or exits. */
+/* Clone the child: the caller's thread sleeps until it exec's or exits.
+ * To run in a leased network namespace, a joiner is cloned instead: it
+ * enters that namespace and clones the setup child from there. */
 static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
 {
-    /* two stacks: the joiner's (when joining a leased netns) and the setup child's */
-    char *stack = mmap(NULL, 2 * CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED)
+    if (c->join_netns_fd < 0)
+        return sbx_clone_vm(sbx_child_main, c, flags, SBX_CHILD_STACK);
+    c->inner_flags = flags & ~(unsigned long)CLONE_NEWNET;
+    pid_t joiner = sbx_clone_vm(sbx_joiner_main, c, 0, SBX_CHILD_STACK);
+    if (joiner < 0)
         return -1;
-    int (*fn)(void *) = sbx_child_main;
-    if (c->join_netns_fd >= 0) {
-        c->inner_flags = flags & ~(unsigned long)CLONE_NEWNET;
-        c->inner_stack = stack + 2 * CHILD_STACK;
-        fn = sbx_joiner_main;
-        flags = 0;
-    }
-    sigset_t all, old;
-    sigfillset(&all);
-    /* No signal handler of the caller may run in the child (it shares our
-     * memory); the child resets the handlers before unblocking. */
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = clone(fn, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, c);
-    int saved = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (pid > 0 && c->join_netns_fd >= 0) {
-        /* the joiner has exited: reap it; the setup child is ours now */
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-        pid = c->inner_pid;
-        saved = EINVAL; /* if the joiner failed, its report says why */
-    }
-    munmap(stack, 2 * CHILD_STACK);
-    errno = saved;
-    return pid;
+    /* the joiner has exited: reap it; the setup child is ours now */
+    while (waitpid(joiner, NULL, 0) < 0 && errno == EINTR)
+        ;
+    errno = EINVAL; /* if the joiner failed, its report says why */
+    return c->inner_pid;
 }
 
 /* Read the child's report: EOF means the command was exec'd. */

@@ -12,12 +12,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "report.h"
 #include "sandbox.h"
-
-/* The failure record the child sends up its close-on-exec pipe. */
-struct sbx_report {
-    int32_t step, op, err, detail;
-};
 
 /* The stack of a child cloned into our memory: the setup child's deepest
  * frames hold a path buffer (4 KiB) and a few names. */

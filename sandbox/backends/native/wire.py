@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from ...errors import SandboxError
 from ...plan import Plan
@@ -85,7 +86,7 @@ def _op_rows(plan: Plan, strings: _Strings) -> list[dict[str, int]]:
     ]
 
 
-def _header(plan: Plan, offsets: dict[str, int], strings: _Strings, newroot: str) -> object:
+def _header(plan: Plan, offsets: dict[str, int], strings: _Strings, newroot: str) -> Any:
     """The `struct sbx_header` for `plan`, the areas at `offsets`."""
     h = ffi.new("struct sbx_header *")
     h.magic, h.abi = lib.SBX_MAGIC, ABI_VERSION
@@ -132,6 +133,25 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     blob[:HEADER_SIZE] = ffi.buffer(h)
     blob[strings.base:] = strings.data
     return bytes(blob)
+
+
+def header(blob: bytes) -> Any:
+    """The `struct sbx_header` of `blob`, read by field name (a copy)."""
+    if len(blob) < HEADER_SIZE:
+        raise ValueError(f"a blob of {len(blob)} bytes has no header")
+    h = ffi.new("struct sbx_header *")
+    ffi.memmove(h, blob, HEADER_SIZE)
+    return h
+
+
+def op_kind(blob: bytes, index: int) -> int | None:
+    """The kind of op `index` of `blob`, or None where there is no such op."""
+    h = header(blob)
+    if not 0 <= index < h.n_ops or h.ops_off + (index + 1) * OP_SIZE > len(blob):
+        return None
+    op = ffi.new("struct sbx_op *")
+    ffi.memmove(op, blob[h.ops_off + index * OP_SIZE:], OP_SIZE)
+    return int(op.kind)
 
 
 @functools.cache

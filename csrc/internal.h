@@ -69,6 +69,11 @@ int sbx_fsmount(int fd, unsigned flags, unsigned attrs);
 int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sbx_pivot_root(const char *new_root, const char *put_old);
 
+/* Whether `path` exists (a final symlink counts, unfollowed), resolved from
+ * dirfd with openat2's `resolve` flags: 0, or -errno. The isolation check
+ * of probe paths, inside the sandbox (child.c) and from outside (outside.c). */
+int sbx_path_exists(int dirfd, const char *path, uint64_t resolve);
+
 /* idmap.c */
 void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
@@ -82,6 +87,10 @@ void sbx_pivot(struct sbx_ctx *c);
 /* net.c */
 void sbx_loopback_up(struct sbx_ctx *c);
 void sbx_make_listeners(struct sbx_ctx *c);
+/* A listening TCP socket on 127.0.0.1:port of the current network namespace
+ * (close-on-exec, SO_REUSEADDR), or -1 with errno. Used inside the sandbox
+ * (forwarded ports) and from outside (outside.c, for bwrap's sandboxes). */
+int sbx_listen_loopback(uint16_t port);
 
 /* limits.c */
 void sbx_apply_rlimits(struct sbx_ctx *c);

@@ -142,6 +142,17 @@ int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64
     return (int)syscall(SYS_openat2, dfd, path, &how, sizeof how);
 }
 
+int sbx_path_exists(int dirfd, const char *path, uint64_t resolve)
+{
+    /* O_PATH: nothing is opened for reading (no device or FIFO is touched);
+     * O_NOFOLLOW: a final symlink is the entry itself. */
+    int fd = sbx_openat2(dirfd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
+    if (fd < 0)
+        return -errno;
+    close(fd);
+    return 0;
+}
+
 int sbx_pivot_root(const char *new_root, const char *put_old)
 {
     return (int)syscall(SYS_pivot_root, new_root, put_old);

@@ -1,8 +1,24 @@
 /* internal.h: what the C files of the core share. Not part of the cdef.
  *
- * Everything declared here may run in the child between clone and execve,
- * so it is async-signal-safe: no malloc, no stdio, no locks; strings are
- * built in caller-provided stack buffers.
+ * The rule for everything that runs in the child between clone and execve
+ * (most of what is declared here): the child shares the caller's memory and
+ * runs while one of its threads is frozen mid-flight (sbx_clone_vm), so it
+ * may only make system calls and touch its own stack and the prepared
+ * context. As in CPython's _posixsubprocess after vfork:
+ * - no malloc, no stdio, no locks: another thread may hold them, and the
+ *   child would corrupt or deadlock the caller's heap; strings are built in
+ *   caller-provided stack buffers (sbx_fmt_uint, sbx_stpcpy);
+ * - no libc call that acts on every thread of the process: the set*id
+ *   family (glibc signals each thread, SIGSETXID), and setrlimit on musl
+ *   (which signals each thread too). Those signals go to the caller's
+ *   threads, not to the child: they would change their own ids or limits,
+ *   and the thread frozen in clone (every signal blocked) never answers, so
+ *   the child would wait forever. Use the raw system call instead
+ *   (sbx_set_rlimit: prlimit64 on pid 0);
+ * - no fork(), system() or popen(): they run the caller's atfork handlers,
+ *   which take locks.
+ * messages.c and the parent side of spawn.c, probe.c and outside.c run in
+ * the caller and are not bound by this.
  */
 #ifndef SANDBOX_INTERNAL_H
 #define SANDBOX_INTERNAL_H
@@ -68,6 +84,7 @@ int sbx_fsconfig(int fd, unsigned cmd, const char *key, const void *value, int a
 int sbx_fsmount(int fd, unsigned flags, unsigned attrs);
 int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sbx_pivot_root(const char *new_root, const char *put_old);
+int sbx_set_rlimit(int resource, uint64_t soft, uint64_t hard); /* prlimit64(0, ...): no libc broadcast */
 
 /* Whether `path` exists (a final symlink counts, unfollowed), resolved from
  * dirfd with openat2's `resolve` flags: 0, or -errno. The isolation check

@@ -29,7 +29,7 @@ void sbx_apply_rlimits(struct sbx_ctx *c)
         if (cur.rlim_max != RLIM_INFINITY && v > cur.rlim_max)
             v = cur.rlim_max;
         struct rlimit want = {v, v};
-        if (setrlimit((int)rl[i].resource, &want) < 0)
+        if (sbx_set_rlimit((int)rl[i].resource, want.rlim_cur, want.rlim_max) < 0)
             sbx_fail(c, SBX_STEP_RLIMIT, (int)i, errno, SBX_D_NONE);
     }
 }

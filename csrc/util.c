@@ -105,6 +105,15 @@ int sbx_exec_search(const char *file, char *const argv[], char *const envp[], co
     return -1;
 }
 
+int sbx_set_rlimit(int resource, uint64_t soft, uint64_t hard)
+{
+    /* the kernel's struct rlimit64, whatever the width of rlim_t */
+    struct {
+        uint64_t cur, max;
+    } limit = {soft, hard};
+    return (int)syscall(SYS_prlimit64, 0, resource, &limit, NULL);
+}
+
 int sbx_open_tree(int dfd, const char *path, unsigned flags)
 {
     return (int)syscall(SYS_open_tree, dfd, path, flags);

@@ -214,7 +214,8 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
 
 /* What this host allows: clone a child into the namespaces `ns` (SBX_NS_*),
  * map ids, and try the mount API the native backend needs. 0 if everything
- * worked, else -1 with res->step/err saying what was refused. */
+ * worked, else -1 with res->step/err saying what was refused. Threads may
+ * probe at the same time: each probe's state lives in its own call. */
 int sbx_probe(uint32_t ns, struct sbx_result *res);
 
 /* From outside a running sandbox (one bwrap made): enter its network

@@ -67,15 +67,8 @@ def check(data: bytes) -> int:
     return lib.sbx_check_blob(buf, len(data))
 
 
-def header(data: bytes) -> object:
-    """The header of `data`, read by field name (a copy: it may be changed)."""
-    h = ffi.new("struct sbx_header *")
-    ffi.memmove(h, data, ffi.sizeof(h[0]))
-    return h
-
-
 def with_header(data: bytes, **fields: int) -> bytes:
-    h = header(data)
+    h = wire.header(data)
     for name, value in fields.items():
         setattr(h, name, value)
     return bytes(ffi.buffer(h)) + data[wire.HEADER_SIZE:]
@@ -90,7 +83,7 @@ def u32s(data: bytes, offset: int, n: int) -> list[int]:
 
 
 def ops(data: bytes) -> list[object]:
-    h = header(data)
+    h = wire.header(data)
     array = ffi.new("struct sbx_op[]", max(1, h.n_ops))
     ffi.memmove(array, data[h.ops_off:h.ops_off + h.n_ops * wire.OP_SIZE], h.n_ops * wire.OP_SIZE)
     return list(array)[:h.n_ops]
@@ -110,7 +103,7 @@ def test_the_c_validator_accepts_every_plan(name: str) -> None:
 
 def test_the_header_read_by_name_matches_the_plan(name: str) -> None:
     p, data = plan(name), blob(name)
-    h = header(data)
+    h = wire.header(data)
     assert (h.magic, h.abi, h.size) == (lib.SBX_MAGIC, lib.SBX_ABI_VERSION, len(data))
     assert (h.host_uid, h.host_gid, h.uid, h.gid) == (p.host_uid, p.host_gid, p.uid, p.gid)
     assert (h.n_ops, h.n_cwd, h.n_rlimits, h.n_landlock, h.n_probe, h.n_listen) == (
@@ -140,12 +133,12 @@ def test_ops_read_by_name_match_the_plan(name: str) -> None:
 
 def test_rlimits_and_landlock_rules_read_by_name() -> None:
     p, data = plan("seccomp"), blob("seccomp")
-    h = header(data)
+    h = wire.header(data)
     rl = ffi.cast("struct sbx_rlimit *", ffi.from_buffer(data[h.rlimits_off:]))
     assert [(rl[i].resource, rl[i].value) for i in range(h.n_rlimits)] == list(p.rlimits)
     assert (resource.RLIMIT_FSIZE, 4096) in p.rlimits
     p, data = plan("landlock"), blob("landlock")
-    h = header(data)
+    h = wire.header(data)
     ll = ffi.cast("struct sbx_landlock *", ffi.from_buffer(data[h.landlock_off:]))
     got = [(string_at(data, ll[i].path).decode(), bool(ll[i].flags & lib.SBX_LL_WRITE)) for i in range(h.n_landlock)]
     assert got == list(p.landlock_rules) and got
@@ -187,7 +180,7 @@ ARRAYS = {  # count field, offset field, element size, alignment
 
 def bad_arrays(data: bytes) -> Iterator[tuple[str, dict[str, int]]]:
     """Header changes that put an array out of the blob, into the header, or out of alignment."""
-    h = header(data)
+    h = wire.header(data)
     size = len(data)
     for n_field, off_field, elem, align in ARRAYS.values():
         n, off = getattr(h, n_field), getattr(h, off_field)
@@ -226,7 +219,7 @@ def test_every_out_of_range_header_field_is_refused(name: str, kind: str) -> Non
 
 
 def with_op(data: bytes, index: int, /, **fields: int) -> bytes:
-    h = header(data)
+    h = wire.header(data)
     op = ops(data)[index]
     for field, value in fields.items():
         setattr(op, field, value)
@@ -259,7 +252,7 @@ def test_a_bind_without_source_and_a_malformed_string_are_refused() -> None:
     bind = next(i for i, op in enumerate(ops(data)) if op.kind == lib.SBX_OP_BIND)
     assert check(with_op(data, bind, src=0)) < 0
     # a string whose NUL is missing: the last byte of the blob is a NUL; drop it
-    h = header(data)
+    h = wire.header(data)
     assert check(with_header(data[:-1] + b"x", size=h.size)) < 0
 
 
@@ -275,5 +268,5 @@ def test_blobs_are_cached_per_plan() -> None:
     p = plan("binds")
     assert wire.blob_for(p) is wire.blob_for(p)
     assert check(wire.blob_for(p)) == 0
-    assert string_at(wire.blob_for(p), header(wire.blob_for(p)).newroot).decode() == wire.newroot_dir()
+    assert string_at(wire.blob_for(p), wire.header(wire.blob_for(p)).newroot).decode() == wire.newroot_dir()
     assert os.path.isdir(wire.newroot_dir())

@@ -1,8 +1,10 @@
 """cffi build script (out-of-line API mode) for the C core in csrc/.
 
 The cdef is the CDEF region of csrc/sandbox.h, read here, never retyped.
-The syscall table is generated from the kernel headers of the build host:
-the preprocessor lists the __NR_* names and the C compiler resolves them.
+Two tables are generated at build time: the syscall table, from the kernel
+headers of the build host (the preprocessor lists the __NR_* names and the C
+compiler resolves them), and the names of sandbox.h's enums (names_source;
+setup.py compiles the same text into sandbox-launch).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 LIB_SOURCES = [
-    "util.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "spawn.c", "probe.c", "nsops.c",
+    "util.c", "wire.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "vmclone.c",
+    "spawn.c", "probe.c", "outside.c", "messages.c",
 ]
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing"]
 
@@ -30,6 +33,29 @@ def read_cdef(header: Path) -> str:
     if not match:
         raise RuntimeError(f"{header}: no CDEF BEGIN/END region")
     return match.group(1)
+
+
+def enum_members(header: Path, enum: str) -> list[str]:
+    """The member names of `enum <enum>` in `header`, in order."""
+    text = re.sub(r"/\*.*?\*/", "", header.read_text(), flags=re.S)
+    match = re.search(rf"enum {enum}\s*{{(.*?)}};", text, re.S)
+    if not match:
+        raise RuntimeError(f"{header}: no enum {enum}")
+    return re.findall(r"\b(SBX_\w+)\s*=", match.group(1))
+
+
+def names_table(header: Path, enum: str, prefix: str, table: str, count: str) -> str:
+    """C definitions of `table` (value -> lower-case name, e.g. "uid_map") and `count` for `enum`."""
+    items = ",\n    ".join(f'[{m}] = "{m[len(prefix):].lower()}"' for m in enum_members(header, enum))
+    return (f"const char *const {table}[] = {{\n    {items}\n}};\n"
+            f"const int {count} = sizeof {table} / sizeof *{table};\n")
+
+
+def names_source(header: Path = CSRC / "sandbox.h") -> str:
+    """The C source of sbx_step_names and sbx_op_kind_names, from `header`'s enums."""
+    return (f'#include "{header.name}"\n'
+            + names_table(header, "sbx_step", "SBX_STEP_", "sbx_step_names", "sbx_n_steps")
+            + names_table(header, "sbx_op_kind", "SBX_OP_", "sbx_op_kind_names", "sbx_n_op_kinds"))
 
 
 def syscall_names(cc: str) -> list[str]:
@@ -60,7 +86,7 @@ def make_ffibuilder() -> FFI:
     builder.cdef(read_cdef(CSRC / "sandbox.h"))
     builder.set_source(
         "sandbox._native",
-        '#include "sandbox.h"\n' + syscall_table_source(syscall_names(cc)),
+        names_source() + syscall_table_source(syscall_names(cc)),
         sources=[f"csrc/{s}" for s in LIB_SOURCES],
         include_dirs=["csrc"],
         extra_compile_args=CFLAGS,

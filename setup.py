@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 sys.path.insert(0, str(HERE))
 from build_ffi import CFLAGS as LIB_CFLAGS  # noqa: E402
-from build_ffi import LIB_SOURCES  # noqa: E402
+from build_ffi import LIB_SOURCES, names_source  # noqa: E402
 
 CFLAGS = [*LIB_CFLAGS, f"-I{CSRC}"]
 # sandbox-init is freestanding on x86_64 (see csrc/init.c), static libc elsewhere.
@@ -44,10 +44,14 @@ class BuildWithExecutables(build_ext):
         out_dir = Path(self.get_ext_fullpath("sandbox._native")).parent / "_bin"
         out_dir.mkdir(parents=True, exist_ok=True)
         cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        names = Path(self.build_temp) / "sbx_names.c"  # the generated enum names (build_ffi.names_source)
+        names.parent.mkdir(parents=True, exist_ok=True)
+        names.write_text(names_source())
         for name, (sources, extra) in EXECUTABLES.items():
             if not all((CSRC / s).exists() for s in sources):
                 continue
-            cmd = [*cc.split(), *CFLAGS, *extra, "-o", str(out_dir / name), *(str(CSRC / s) for s in sources)]
+            paths = [str(CSRC / s) for s in sources] + ([str(names)] if "messages.c" in sources else [])
+            cmd = [*cc.split(), *CFLAGS, *extra, "-o", str(out_dir / name), *paths]
             self.announce(" ".join(cmd), level=2)
             subprocess.run(cmd, check=True)
 

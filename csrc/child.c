@@ -58,16 +58,19 @@ static void enter_cwd(struct sbx_ctx *c)
 }
 
 /* The isolation check: every probe path (a secret that must not be visible)
- * is proven absent, as the command would look for it, before it runs. Any
- * answer but "no such file" fails the start. */
+ * is proven absent, as the command would look for it (from its root and
+ * cwd, following every link but the last), before it runs. Any answer but
+ * "no such file" fails the start. The setup child may still hold more
+ * capabilities than the command will: that can only find more, never less. */
 static void check_probe_paths(struct sbx_ctx *c)
 {
     const uint32_t *paths = (const void *)(c->blob + c->h->probe_off);
     for (uint32_t i = 0; i < c->h->n_probe; i++) {
-        if (faccessat(AT_FDCWD, sbx_str(c, paths[i]), F_OK, AT_SYMLINK_NOFOLLOW) == 0)
+        int rc = sbx_path_exists(AT_FDCWD, sbx_str(c, paths[i]), 0);
+        if (rc == 0)
             sbx_fail(c, SBX_STEP_ISOLATION, (int)i, EEXIST, SBX_D_EXISTS);
-        if (errno != ENOENT && errno != ENOTDIR)
-            sbx_fail(c, SBX_STEP_ISOLATION, (int)i, errno, SBX_D_NONE);
+        if (rc != -ENOENT && rc != -ENOTDIR)
+            sbx_fail(c, SBX_STEP_ISOLATION, (int)i, -rc, SBX_D_NONE);
     }
 }
 
@@ -124,8 +127,7 @@ int sbx_joiner_main(void *arg)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
     if (setns(c->join_netns_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
-    pid_t pid = clone(sbx_child_main, c->inner_stack, CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD | c->inner_flags,
-                      c);
+    pid_t pid = sbx_clone_vm(sbx_child_main, c, CLONE_PARENT | c->inner_flags, SBX_CHILD_STACK);
     if (pid < 0)
         sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
     c->inner_pid = pid;

@@ -24,6 +24,7 @@
  * falls back to libc's syscall().
  */
 #include "execpath.h"
+#include "report.h"
 #include "sandbox.h"
 
 #include <asm/unistd.h>
@@ -81,8 +82,8 @@ static void write_all(int fd, const void *buf, long len)
 
 static void report(int fd, int step, int err)
 {
-    int32_t r[4] = {step, -1, err, SBX_D_NONE};
-    write_all(fd, r, sizeof r);
+    struct sbx_report r = {.step = step, .op = -1, .err = err, .detail = SBX_D_NONE};
+    write_all(fd, &r, sizeof r);
 }
 
 static unsigned long parse_hex(const char *s)

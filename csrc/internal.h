@@ -1,23 +1,40 @@
 /* internal.h: what the C files of the core share. Not part of the cdef.
  *
- * Everything declared here may run in the child between clone and execve,
- * so it is async-signal-safe: no malloc, no stdio, no locks; strings are
- * built in caller-provided stack buffers.
+ * The rule for everything that runs in the child between clone and execve
+ * (most of what is declared here): the child shares the caller's memory and
+ * runs while one of its threads is frozen mid-flight (sbx_clone_vm), so it
+ * may only make system calls and touch its own stack and the prepared
+ * context. As in CPython's _posixsubprocess after vfork:
+ * - no malloc, no stdio, no locks: another thread may hold them, and the
+ *   child would corrupt or deadlock the caller's heap; strings are built in
+ *   caller-provided stack buffers (sbx_fmt_uint, sbx_stpcpy);
+ * - no libc call that acts on every thread of the process: the set*id
+ *   family (glibc signals each thread, SIGSETXID), and setrlimit on musl
+ *   (which signals each thread too). Those signals go to the caller's
+ *   threads, not to the child: they would change their own ids or limits,
+ *   and the thread frozen in clone (every signal blocked) never answers, so
+ *   the child would wait forever. Use the raw system call instead
+ *   (sbx_set_rlimit: prlimit64 on pid 0);
+ * - no fork(), system() or popen(): they run the caller's atfork handlers,
+ *   which take locks.
+ * messages.c and the parent side of spawn.c, probe.c and outside.c run in
+ * the caller and are not bound by this.
  */
 #ifndef SANDBOX_INTERNAL_H
 #define SANDBOX_INTERNAL_H
 
 #define _GNU_SOURCE
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "report.h"
 #include "sandbox.h"
 
-/* The failure record the child sends up its close-on-exec pipe. */
-struct sbx_report {
-    int32_t step, op, err, detail;
-};
+/* The stack of a child cloned into our memory: the setup child's deepest
+ * frames hold a path buffer (4 KiB) and a few names. */
+#define SBX_CHILD_STACK (256 * 1024)
 
 /* Everything the child needs, prepared by the parent before clone. */
 struct sbx_ctx {
@@ -42,7 +59,6 @@ struct sbx_ctx {
     int join_userns_fd, join_netns_fd; /* a leased netns (and its owner), or -1 */
     int listen_to;              /* where listening sockets for forwarded ports go, or -1 */
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
-    void *inner_stack;          /* top of the setup child's stack when joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
     sigset_t caller_mask;       /* the spawning thread's signal mask before clone */
     struct sbx_result *res;
@@ -70,6 +86,12 @@ int sbx_fsconfig(int fd, unsigned cmd, const char *key, const void *value, int a
 int sbx_fsmount(int fd, unsigned flags, unsigned attrs);
 int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 int sbx_pivot_root(const char *new_root, const char *put_old);
+int sbx_set_rlimit(int resource, uint64_t soft, uint64_t hard); /* prlimit64(0, ...): no libc broadcast */
+
+/* Whether `path` exists (a final symlink counts, unfollowed), resolved from
+ * dirfd with openat2's `resolve` flags: 0, or -errno. The isolation check
+ * of probe paths, inside the sandbox (child.c) and from outside (outside.c). */
+int sbx_path_exists(int dirfd, const char *path, uint64_t resolve);
 
 /* idmap.c */
 void sbx_setup_userns(struct sbx_ctx *c);
@@ -84,6 +106,10 @@ void sbx_pivot(struct sbx_ctx *c);
 /* net.c */
 void sbx_loopback_up(struct sbx_ctx *c);
 void sbx_make_listeners(struct sbx_ctx *c);
+/* A listening TCP socket on 127.0.0.1:port of the current network namespace
+ * (close-on-exec, SO_REUSEADDR), or -1 with errno. Used inside the sandbox
+ * (forwarded ports) and from outside (outside.c, for bwrap's sandboxes). */
+int sbx_listen_loopback(uint16_t port);
 
 /* limits.c */
 void sbx_apply_rlimits(struct sbx_ctx *c);
@@ -97,6 +123,12 @@ void sbx_apply_landlock(struct sbx_ctx *c);
 
 /* spawn.c */
 unsigned long sbx_clone_flags(uint32_t ns);
+
+/* vmclone.c: run fn(arg) in a child that shares our memory, on a stack of
+ * `stack` bytes, with every signal blocked; returns once it has exec'd or
+ * exited (its pid), or -1 with errno. `flags` are added to
+ * CLONE_VM|CLONE_VFORK|SIGCHLD (namespaces, CLONE_FILES, CLONE_PARENT). */
+pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t stack);
 
 /* child.c */
 int sbx_child_main(void *arg);

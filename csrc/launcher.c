@@ -16,19 +16,12 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static const char *const step_names[] = {
-    "none", "config", "pipe", "clone", "signals", "pdeathsig", "setgroups", "uid map", "gid map",
-    "mount private", "source", "new root", "mount operation", "pivot_root", "loopback", "hostname",
-    "nested user namespace", "chdir", "rlimit", "stdio", "fds", "setsid", "capabilities", "no_new_privs",
-    "seccomp", "exec of sandbox-init", "fork", "exec", "disable user namespaces", "landlock",
-    "setup child crashed", "join network namespace", "isolation check", "port forwarding",
-};
 
 static volatile sig_atomic_t child_pid;
 
@@ -69,12 +62,16 @@ static void *b64_decode(const char *s, size_t *len)
     return out;
 }
 
-static _Noreturn void fail(int code, const char *fmt, const char *a, const char *b)
+/* One "sandbox: ..." line on stderr, then exit 125 (a setup failure). */
+static void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...)
 {
-    fprintf(stderr, "sandbox: ");
-    fprintf(stderr, fmt, a, b);
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("sandbox: ", stderr);
+    vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
-    exit(code);
+    va_end(ap);
+    exit(125);
 }
 
 /* O_PATH fd of sandbox-init, which is installed next to this executable. */
@@ -110,33 +107,33 @@ static _Noreturn void exit_like(int status)
     exit(128 + sig); /* a signal that does not kill (e.g. SIGCHLD) */
 }
 
-static void report_failure(const struct sbx_result *res, const struct sbx_header *h, const char *cmd)
+/* The failure in the backend's own words (csrc/messages.c). A command that
+ * could not be exec'd exits like a shell's: 127 not found, 126 otherwise. */
+static _Noreturn void report_failure(const struct sbx_result *res, const void *blob, size_t len, const char *cmd)
 {
-    if (res->step == SBX_STEP_EXEC)
-        fail(res->err == ENOENT ? 127 : 126, "execvp %s: %s", cmd, strerror(res->err));
-    const char *what = res->step >= 0 && res->step < (int)(sizeof step_names / sizeof *step_names)
-                           ? step_names[res->step] : "setup";
-    if (res->op >= 0 && (uint32_t)res->op < h->n_ops && (res->step == SBX_STEP_OP || res->step == SBX_STEP_SOURCE)) {
-        const struct sbx_op *op = (const void *)((const char *)h + h->ops_off + (size_t)res->op * sizeof *op);
-        const char *path = res->step == SBX_STEP_SOURCE ? (const char *)h + op->src : (const char *)h + op->dest;
-        fprintf(stderr, "sandbox: %s failed on %s: %s\n", what, path, strerror(res->err));
-        exit(125);
-    }
-    fail(125, "%s failed: %s", what, strerror(res->err));
+    size_t size = 2 * len + strlen(cmd) + 256;
+    char *text = malloc(size);
+    if (!text)
+        die("setup failed at step %d: %s", res->step, strerror(res->err));
+    sbx_format_error(res, blob, len, cmd, text, size);
+    if (res->step != SBX_STEP_EXEC)
+        die("%s", text);
+    fprintf(stderr, "sandbox: %s\n", text);
+    exit(res->err == ENOENT ? 127 : 126);
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
-        fail(125, "usage: %s --plan BASE64 -- COMMAND [ARGS...]%s", argv[0], "");
+        die("usage: %s --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
     size_t len;
     void *blob = b64_decode(argv[2], &len);
     if (!blob || sbx_check_blob(blob, len) < 0)
-        fail(125, "the plan given to %s is malformed%s", argv[0], "");
+        die("the plan given to %s is malformed", argv[0]);
     const struct sbx_header *h = blob;
     int init_fd = (h->opts & SBX_OPT_REAPER) ? open_init() : -1;
     if ((h->opts & SBX_OPT_REAPER) && init_fd < 0)
-        fail(125, "can't open sandbox-init next to %s: %s", argv[0], strerror(errno));
+        die("can't open sandbox-init next to %s: %s", argv[0], strerror(errno));
 
     static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
     struct sigaction sa = {0};
@@ -148,13 +145,13 @@ int main(int argc, char **argv)
     const int stdio[3] = {-1, -1, -1};
     struct sbx_result res;
     if (sbx_spawn(blob, len, argv + 4, environ, stdio, NULL, 0, init_fd, NULL, -1, &res) < 0)
-        report_failure(&res, h, argv[4]);
+        report_failure(&res, blob, len, argv[4]);
     child_pid = res.pid;
 
     int status;
     while (waitpid(res.pid, &status, 0) < 0)
         if (errno != EINTR)
-            fail(125, "waitpid: %s%s", strerror(errno), "");
+            die("waitpid: %s", strerror(errno));
     int32_t inner;
     if (res.status_fd >= 0 && read(res.status_fd, &inner, sizeof inner) == (ssize_t)sizeof inner)
         status = inner; /* the command's own status, from the reaper */

@@ -21,8 +21,7 @@ void sbx_apply_rlimits(struct sbx_ctx *c)
     const struct sbx_rlimit *rl = (const void *)(c->blob + c->h->rlimits_off);
     /* The plan already capped each value at the caller's hard limit. */
     for (uint32_t i = 0; i < c->h->n_rlimits; i++) {
-        struct rlimit want = {rl[i].value, rl[i].value};
-        if (setrlimit((int)rl[i].resource, &want) < 0)
+        if (sbx_set_rlimit((int)rl[i].resource, rl[i].value, rl[i].value) < 0)
             sbx_fail(c, SBX_STEP_RLIMIT, (int)i, errno, SBX_D_NONE);
     }
 }

@@ -1,4 +1,4 @@
-/* net.c: bring up lo in a fresh network namespace.
+/* net.c: bring up lo in a fresh network namespace, and listen on it.
  *
  * A new network namespace holds only a loopback device, down. Setting
  * IFF_UP makes the kernel assign 127.0.0.1/8 and ::1 itself (the inet and
@@ -49,16 +49,30 @@ static void send_fd(struct sbx_ctx *c, int index, int fd)
         sbx_fail(c, SBX_STEP_FORWARD, index, errno, SBX_D_NONE);
 }
 
+int sbx_listen_loopback(uint16_t port)
+{
+    int one = 1;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 128) < 0) {
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        return -1;
+    }
+    return fd;
+}
+
 void sbx_make_listeners(struct sbx_ctx *c)
 {
     const uint32_t *ports = (const void *)(c->blob + c->h->listen_off);
     for (uint32_t i = 0; i < c->h->n_listen; i++) {
-        int one = 1;
-        struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)ports[i]),
-                                   .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-            bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 128) < 0)
+        int fd = sbx_listen_loopback((uint16_t)ports[i]);
+        if (fd < 0)
             sbx_fail(c, SBX_STEP_FORWARD, (int)i, errno, SBX_D_NONE);
         send_fd(c, (int)i, fd);
         close(fd);

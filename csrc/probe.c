@@ -10,7 +10,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,10 +40,11 @@ static int probe_child(void *arg)
     _exit(0);
 }
 
+/* The child runs on our memory while we wait (sbx_clone_vm), so its
+ * context lives in this frame: concurrent probes share nothing. */
 int sbx_probe(uint32_t ns, struct sbx_result *res)
 {
-    static char stack[64 * 1024] __attribute__((aligned(16)));
-    static struct probe_arg a; /* guarded: callers serialize probes (Python caches) */
+    struct probe_arg a;
     int errp[2];
     memset(res, 0, sizeof *res);
     memset(&a, 0, sizeof a);
@@ -60,9 +60,9 @@ int sbx_probe(uint32_t ns, struct sbx_result *res)
     a.h.gid = a.h.host_gid;
     a.ctx.h = &a.h;
     a.ctx.err_fd = errp[1];
+    a.ctx.proc_fd = -1;
     a.ctx.res = res;
-    unsigned long flags = sbx_clone_flags(ns);
-    pid_t pid = clone(probe_child, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, &a.ctx);
+    pid_t pid = sbx_clone_vm(probe_child, &a.ctx, sbx_clone_flags(ns), 64 * 1024);
     int err = errno;
     close(errp[1]);
     if (pid < 0) {
@@ -74,7 +74,8 @@ int sbx_probe(uint32_t ns, struct sbx_result *res)
     struct sbx_report r;
     ssize_t n = read(errp[0], &r, sizeof r);
     close(errp[0]);
-    waitpid(pid, &res->wait_status, 0);
+    while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
+        ;
     if (n == (ssize_t)sizeof r) {
         res->step = r.step;
         res->err = r.err;

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 9
+#define SBX_ABI_VERSION 10
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -218,7 +218,8 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
 
 /* What this host allows: clone a child into the namespaces `ns` (SBX_NS_*),
  * map ids, and try the mount API the native backend needs. 0 if everything
- * worked, else -1 with res->step/err saying what was refused. */
+ * worked, else -1 with res->step/err saying what was refused. Threads may
+ * probe at the same time: each probe's state lives in its own call. */
 int sbx_probe(uint32_t ns, struct sbx_result *res);
 
 /* From outside a running sandbox (one bwrap made): enter its network
@@ -230,6 +231,28 @@ int sbx_netns_sockets(int userns_fd, int netns_fd, const uint32_t *ports, int n,
 /* Whether `path` exists under root_fd (e.g. /proc/PID/root of a sandbox),
  * resolved inside it without following a final symlink: 0, or -errno. */
 int sbx_exists_in_root(int root_fd, const char *path);
+
+/* A failure record (res->step/op/err/detail of a failed sbx_spawn or
+ * sbx_probe) in words, worded like bwrap's messages: "Can't find source path
+ * /x: No such file or directory". `blob`/`len` is the plan that failed (its
+ * op, cwd and probe paths are named; NULL or a blob sbx_check_blob refuses:
+ * none are), `command` the argv[0] that was run (or NULL). Writes one line,
+ * without newline, truncated to fit `size` (2 * len + strlen(command) + 256
+ * bytes always suffice), into buf; returns buf. */
+const char *sbx_format_error(const struct sbx_result *res, const void *blob, size_t len, const char *command,
+                             char *buf, size_t size);
+
+/* The path that failure concerns (a string inside `blob`: a bind source, an
+ * op's destination, the requested cwd, a probe path), or NULL. */
+const char *sbx_error_path(const struct sbx_result *res, const void *blob, size_t len);
+
+/* The names of enum sbx_step and enum sbx_op_kind ("uid_map", "bind"),
+ * indexed by value (NULL where no value is), generated from this header at
+ * build time by build_ffi.py. */
+extern const char *const sbx_step_names[];
+extern const int sbx_n_steps;
+extern const char *const sbx_op_kind_names[];
+extern const int sbx_n_op_kinds;
 
 /* Syscall numbers of this architecture, from the kernel headers at build time. */
 extern const char *const sbx_syscall_names[];

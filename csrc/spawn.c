@@ -1,5 +1,6 @@
-/* spawn.c: the caller's side of sbx_spawn(): check the blob, make the
- * pipes, clone the child, and collect its report. */
+/* spawn.c: the caller's side of sbx_spawn(): make the pipes and the memory
+ * the child needs, clone it, and collect its report. The blob is checked
+ * first (wire.c). */
 #include "internal.h"
 
 #include <errno.h>
@@ -8,68 +9,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CHILD_STACK (256 * 1024)
-
-static int str_ok(const char *blob, size_t len, uint32_t off)
-{
-    if (off == 0)
-        return 1;
-    if (off >= len)
-        return 0;
-    return memchr(blob + off, 0, len - off) != NULL;
-}
-
-static int range_ok(size_t len, uint32_t off, uint64_t bytes)
-{
-    return off <= len && bytes <= len - off;
-}
-
-int sbx_check_blob(const void *p, size_t len)
-{
-    const char *blob = p;
-    const struct sbx_header *h = p;
-    if (len < sizeof *h || h->magic != SBX_MAGIC || h->abi != SBX_ABI_VERSION || h->size != len)
-        return -EINVAL;
-    if (!range_ok(len, h->ops_off, (uint64_t)h->n_ops * sizeof(struct sbx_op)) || h->ops_off % 8 ||
-        !range_ok(len, h->cwd_off, (uint64_t)h->n_cwd * 4) || h->cwd_off % 4 ||
-        !range_ok(len, h->rlimits_off, (uint64_t)h->n_rlimits * sizeof(struct sbx_rlimit)) || h->rlimits_off % 8 ||
-        !range_ok(len, h->landlock_off, (uint64_t)h->n_landlock * sizeof(struct sbx_landlock)) ||
-        h->landlock_off % 4 || !range_ok(len, h->seccomp_off, h->seccomp_len) || h->seccomp_off % 8 || h->seccomp_len % 8 ||
-        h->seccomp_len / 8 > 4096)
-        return -EINVAL;
-    if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !h->newroot ||
-        !str_ok(blob, len, h->newroot))
-        return -EINVAL;
-    if (!range_ok(len, h->probe_off, (uint64_t)h->n_probe * 4) || h->probe_off % 4 ||
-        !range_ok(len, h->listen_off, (uint64_t)h->n_listen * 4) || h->listen_off % 4)
-        return -EINVAL;
-    const uint32_t *probe = (const void *)(blob + h->probe_off);
-    for (uint32_t i = 0; i < h->n_probe; i++)
-        if (!probe[i] || !str_ok(blob, len, probe[i]))
-            return -EINVAL;
-    const struct sbx_landlock *ll = (const void *)(blob + h->landlock_off);
-    for (uint32_t i = 0; i < h->n_landlock; i++)
-        if (!ll[i].path || !str_ok(blob, len, ll[i].path))
-            return -EINVAL;
-    const uint32_t *cwd = (const void *)(blob + h->cwd_off);
-    for (uint32_t i = 0; i < h->n_cwd; i++)
-        if (!cwd[i] || !str_ok(blob, len, cwd[i]))
-            return -EINVAL;
-    const struct sbx_op *ops = (const void *)(blob + h->ops_off);
-    for (uint32_t i = 0; i < h->n_ops; i++) {
-        if (!ops[i].dest || !str_ok(blob, len, ops[i].dest) || !str_ok(blob, len, ops[i].src) ||
-            !range_ok(len, ops[i].data, ops[i].data_len) || blob[ops[i].dest] != '/')
-            return -EINVAL;
-        if ((ops[i].kind == SBX_OP_BIND || ops[i].kind == SBX_OP_SYMLINK) && !ops[i].src)
-            return -EINVAL;
-    }
-    return 0;
-}
 
 unsigned long sbx_clone_flags(uint32_t ns)
 {
@@ -166,39 +108,24 @@ static void free_memory(struct sbx_ctx *c)
     c->init_argv = c->sh_argv = NULL;
 }
 
-/* Clone the child: the caller's thread sleeps until it exec's or exits. */
+/* Clone the child: the caller's thread sleeps until it exec's or exits.
+ * To run in a leased network namespace, a joiner is cloned instead: it
+ * enters that namespace and clones the setup child from there. */
 static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
 {
-    /* two stacks: the joiner's (when joining a leased netns) and the setup child's */
-    char *stack = mmap(NULL, 2 * CHILD_STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED)
+    /* The command's mask, if the plan keeps it (sbx_clone_vm blocks all). */
+    pthread_sigmask(SIG_SETMASK, NULL, &c->caller_mask);
+    if (c->join_netns_fd < 0)
+        return sbx_clone_vm(sbx_child_main, c, flags, SBX_CHILD_STACK);
+    c->inner_flags = flags & ~(unsigned long)CLONE_NEWNET;
+    pid_t joiner = sbx_clone_vm(sbx_joiner_main, c, 0, SBX_CHILD_STACK);
+    if (joiner < 0)
         return -1;
-    int (*fn)(void *) = sbx_child_main;
-    if (c->join_netns_fd >= 0) {
-        c->inner_flags = flags & ~(unsigned long)CLONE_NEWNET;
-        c->inner_stack = stack + 2 * CHILD_STACK;
-        fn = sbx_joiner_main;
-        flags = 0;
-    }
-    sigset_t all, old;
-    sigfillset(&all);
-    /* No signal handler of the caller may run in the child (it shares our
-     * memory); the child resets the handlers before unblocking. */
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    c->caller_mask = old;
-    pid_t pid = clone(fn, stack + CHILD_STACK, CLONE_VM | CLONE_VFORK | SIGCHLD | flags, c);
-    int saved = errno;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (pid > 0 && c->join_netns_fd >= 0) {
-        /* the joiner has exited: reap it; the setup child is ours now */
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
-            ;
-        pid = c->inner_pid;
-        saved = EINVAL; /* if the joiner failed, its report says why */
-    }
-    munmap(stack, 2 * CHILD_STACK);
-    errno = saved;
-    return pid;
+    /* the joiner has exited: reap it; the setup child is ours now */
+    while (waitpid(joiner, NULL, 0) < 0 && errno == EINTR)
+        ;
+    errno = EINVAL; /* if the joiner failed, its report says why */
+    return c->inner_pid;
 }
 
 /* Read the child's report: EOF means the command was exec'd. */

@@ -105,6 +105,15 @@ int sbx_exec_search(const char *file, char *const argv[], char *const envp[], co
     return -1;
 }
 
+int sbx_set_rlimit(int resource, uint64_t soft, uint64_t hard)
+{
+    /* the kernel's struct rlimit64, whatever the width of rlim_t */
+    struct {
+        uint64_t cur, max;
+    } limit = {soft, hard};
+    return (int)syscall(SYS_prlimit64, 0, resource, &limit, NULL);
+}
+
 int sbx_open_tree(int dfd, const char *path, unsigned flags)
 {
     return (int)syscall(SYS_open_tree, dfd, path, flags);
@@ -140,6 +149,17 @@ int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64
 {
     struct open_how how = {.flags = flags, .mode = mode, .resolve = resolve};
     return (int)syscall(SYS_openat2, dfd, path, &how, sizeof how);
+}
+
+int sbx_path_exists(int dirfd, const char *path, uint64_t resolve)
+{
+    /* O_PATH: nothing is opened for reading (no device or FIFO is touched);
+     * O_NOFOLLOW: a final symlink is the entry itself. */
+    int fd = sbx_openat2(dirfd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, resolve);
+    if (fd < 0)
+        return -errno;
+    close(fd);
+    return 0;
 }
 
 int sbx_pivot_root(const char *new_root, const char *put_old)

@@ -160,7 +160,7 @@ def spawn_blob(
                        join, listen_to, res)
     del keep_a, keep_e
     if rc != 0:
-        raise setup_error(res, plan, argv)
+        raise setup_error(res, blob, argv)
     t = res.t_ns
     base = t[lib.SBX_T_START]
     timings = {STAMP_NAMES[i]: (t[i] - base) / 1000.0 for i in range(lib.SBX_N_STAMPS) if t[i]}

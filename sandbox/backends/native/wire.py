@@ -1,29 +1,28 @@
 """The wire format: a Plan serialized into the C core's blob.
 
 The blob layout is `struct sbx_header` of csrc/sandbox.h followed by the op
-array, the cwd candidates, the rlimits, the seccomp program and a string
-area; every reference is a byte offset from the start. The layout is checked
-against the compiled module's struct sizes at import.
+array, the cwd candidates, the rlimits, the Landlock rules, the probe paths,
+the forwarded ports, the seccomp program and a string area; every reference
+is a byte offset from the start. Every struct is built through cffi from the
+cdef (csrc/sandbox.h), field by field by name, so its layout has one source;
+csrc/wire.c checks the result before anything trusts it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import struct
+from collections.abc import Iterable
+from typing import Any
 
 from ...errors import SandboxError
 from ...plan import Plan
 from .core import ABI_VERSION, ffi, lib
 
-HEADER = struct.Struct("<26IQ")
-OP = struct.Struct("<4IQ6I")
-RLIMIT = struct.Struct("<IIQ")
-LANDLOCK = struct.Struct("<II")
-for _name, _st in (("struct sbx_header", HEADER), ("struct sbx_op", OP), ("struct sbx_rlimit", RLIMIT),
-                   ("struct sbx_landlock", LANDLOCK)):
-    if ffi.sizeof(_name) != _st.size:  # pragma: no cover - a bug, not a build problem
-        raise ImportError(f"sandbox: {_name} is {ffi.sizeof(_name)} bytes in C, {_st.size} in Python")
+HEADER_SIZE = ffi.sizeof("struct sbx_header")
+OP_SIZE = ffi.sizeof("struct sbx_op")
+RLIMIT_SIZE = ffi.sizeof("struct sbx_rlimit")
+LANDLOCK_SIZE = ffi.sizeof("struct sbx_landlock")
 
 NS_BITS = (
     ("user_ns", lib.SBX_NS_USER), ("mount_ns", lib.SBX_NS_MOUNT), ("pid_ns", lib.SBX_NS_PID),
@@ -62,45 +61,98 @@ def _align(n: int, to: int = 8) -> int:
     return (n + to - 1) // to * to
 
 
+def _records(ctype: str, rows: list[dict[str, int]]) -> bytes:
+    """An array of `ctype` (e.g. "struct sbx_op") with its fields set by name."""
+    if not rows:
+        return b""
+    array = ffi.new(f"{ctype}[]", len(rows))
+    for record, row in zip(array, rows, strict=True):
+        for name, value in row.items():
+            setattr(record, name, value)
+    return bytes(ffi.buffer(array))
+
+
+def _u32s(values: Iterable[int]) -> bytes:
+    values = list(values)
+    return bytes(ffi.buffer(ffi.new("uint32_t[]", values))) if values else b""
+
+
+def _op_rows(plan: Plan, strings: _Strings) -> list[dict[str, int]]:
+    return [
+        {"kind": op.kind, "flags": op.flags, "mode": op.mode, "parent_mode": op.parent_mode, "size": op.size,
+         "src": strings.add(op.src or None), "dest": strings.add(op.dest),
+         "data": strings.add(op.data, terminate=False) if op.data else 0, "data_len": len(op.data),
+         "shm_mode": op.shm_mode}
+        for op in plan.ops
+    ]
+
+
+def _header(plan: Plan, offsets: dict[str, int], strings: _Strings, newroot: str) -> Any:
+    """The `struct sbx_header` for `plan`, the areas at `offsets`."""
+    h = ffi.new("struct sbx_header *")
+    h.magic, h.abi = lib.SBX_MAGIC, ABI_VERSION
+    h.ns = sum(bit for name, bit in NS_BITS if getattr(plan, name))
+    h.opts = sum(bit for name, bit in OPT_BITS if getattr(plan, name))
+    h.host_uid, h.host_gid, h.uid, h.gid = plan.host_uid, plan.host_gid, plan.uid, plan.gid
+    h.n_ops, h.n_cwd, h.n_rlimits = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits)
+    h.n_landlock, h.n_probe, h.n_listen = len(plan.landlock_rules), len(plan.probe_paths), len(plan.forward)
+    for name, offset in offsets.items():
+        setattr(h, name, offset)
+    h.seccomp_len = len(plan.seccomp)
+    if not plan.seccomp:
+        h.seccomp_off = 0
+    h.hostname, h.path, h.newroot = strings.add(plan.hostname), strings.add(plan.path), strings.add(newroot)
+    h.keep_caps = plan.keep_caps
+    return h
+
+
 def serialize(plan: Plan, newroot: str) -> bytes:
     """The C core's blob for `plan`, building the root at host dir `newroot`."""
-    seccomp = plan.seccomp
-    n_ops, n_cwd, n_rl, n_ll = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits), len(plan.landlock_rules)
-    ops_off = HEADER.size
-    cwd_off = ops_off + n_ops * OP.size
-    rl_off = _align(cwd_off + 4 * n_cwd)
-    ll_off = rl_off + n_rl * RLIMIT.size
-    probe_off = ll_off + n_ll * LANDLOCK.size
-    listen_off = probe_off + 4 * len(plan.probe_paths)
-    sc_off = _align(listen_off + 4 * len(plan.forward))
-    strings = _Strings(_align(sc_off + len(seccomp)))
-    ops = b"".join(
-        OP.pack(op.kind, op.flags, op.mode, op.parent_mode, op.size,
-                strings.add(op.src or None), strings.add(op.dest),
-                strings.add(op.data, terminate=False) if op.data else 0, len(op.data), op.shm_mode, 0)
-        for op in plan.ops
-    )
-    cwds = struct.pack(f"<{n_cwd}I", *(strings.add(c) for c in plan.cwd_candidates))
-    rls = b"".join(RLIMIT.pack(res, 0, value) for res, value in plan.rlimits)
-    lls = b"".join(LANDLOCK.pack(strings.add(path), lib.SBX_LL_WRITE if rw else 0) for path, rw in plan.landlock_rules)
-    probes = struct.pack(f"<{len(plan.probe_paths)}I", *(strings.add(p) for p in plan.probe_paths))
-    listens = struct.pack(f"<{len(plan.forward)}I", *(port for port, _ in plan.forward))
-    ns = sum(bit for name, bit in NS_BITS if getattr(plan, name))
-    opts = sum(bit for name, bit in OPT_BITS if getattr(plan, name))
-    hostname, path, root = strings.add(plan.hostname), strings.add(plan.path), strings.add(newroot)
-    total = strings.base + len(strings.data)
-    header = HEADER.pack(
-        lib.SBX_MAGIC, ABI_VERSION, total, ns, opts, plan.host_uid, plan.host_gid, plan.uid, plan.gid,
-        n_ops, ops_off, n_cwd, cwd_off, n_rl, rl_off, hostname, path, root,
-        sc_off if seccomp else 0, len(seccomp), n_ll, ll_off, len(plan.probe_paths), probe_off,
-        len(plan.forward), listen_off, plan.keep_caps,
-    )
-    body = header + ops + cwds
-    body += b"\0" * (rl_off - len(body)) + rls + lls + probes + listens
-    body += b"\0" * (sc_off - len(body)) + seccomp
-    body += b"\0" * (strings.base - len(body)) + strings.data
-    assert len(body) == total
-    return bytes(body)
+    off: dict[str, int] = {"ops_off": HEADER_SIZE}
+    off["cwd_off"] = off["ops_off"] + len(plan.ops) * OP_SIZE
+    off["rlimits_off"] = _align(off["cwd_off"] + 4 * len(plan.cwd_candidates))
+    off["landlock_off"] = off["rlimits_off"] + len(plan.rlimits) * RLIMIT_SIZE
+    off["probe_off"] = off["landlock_off"] + len(plan.landlock_rules) * LANDLOCK_SIZE
+    off["listen_off"] = off["probe_off"] + 4 * len(plan.probe_paths)
+    off["seccomp_off"] = _align(off["listen_off"] + 4 * len(plan.forward))
+    strings = _Strings(_align(off["seccomp_off"] + len(plan.seccomp)))
+    areas = {
+        "ops_off": _records("struct sbx_op", _op_rows(plan, strings)),
+        "cwd_off": _u32s(strings.add(c) for c in plan.cwd_candidates),
+        "rlimits_off": _records("struct sbx_rlimit", [{"resource": r, "value": v} for r, v in plan.rlimits]),
+        "landlock_off": _records("struct sbx_landlock", [
+            {"path": strings.add(path), "flags": lib.SBX_LL_WRITE if rw else 0} for path, rw in plan.landlock_rules]),
+        "probe_off": _u32s(strings.add(p) for p in plan.probe_paths),
+        "listen_off": _u32s(port for port, _ in plan.forward),
+        "seccomp_off": plan.seccomp,
+    }
+    h = _header(plan, off, strings, newroot)
+    h.size = strings.base + len(strings.data)
+    blob = bytearray(h.size)
+    for name, data in areas.items():
+        blob[off[name]:off[name] + len(data)] = data
+    blob[:HEADER_SIZE] = ffi.buffer(h)
+    blob[strings.base:] = strings.data
+    return bytes(blob)
+
+
+def header(blob: bytes) -> Any:
+    """The `struct sbx_header` of `blob`, read by field name (a copy)."""
+    if len(blob) < HEADER_SIZE:
+        raise ValueError(f"a blob of {len(blob)} bytes has no header")
+    h = ffi.new("struct sbx_header *")
+    ffi.memmove(h, blob, HEADER_SIZE)
+    return h
+
+
+def op_kind(blob: bytes, index: int) -> int | None:
+    """The kind of op `index` of `blob`, or None where there is no such op."""
+    h = header(blob)
+    if not 0 <= index < h.n_ops or h.ops_off + (index + 1) * OP_SIZE > len(blob):
+        return None
+    op = ffi.new("struct sbx_op *")
+    ffi.memmove(op, blob[h.ops_off + index * OP_SIZE:], OP_SIZE)
+    return int(op.kind)
 
 
 @functools.cache

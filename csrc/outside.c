@@ -1,5 +1,5 @@
-/* nsops.c: work inside a running sandbox's namespaces from the outside
- * (used when bwrap, not our own child, set the sandbox up).
+/* outside.c: work on a running sandbox from the outside: the bwrap
+ * backend's helpers (bwrap, not our own child, set that sandbox up).
  *
  * Entering a user namespace is refused to a multithreaded process, and an
  * unprivileged caller can only enter a network namespace through the user
@@ -11,13 +11,11 @@
 #include "internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <linux/openat2.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,24 +29,6 @@ struct ns_job {
     int err;
 };
 
-static int listen_on(uint32_t port)
-{
-    int one = 1;
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-        bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 128) < 0) {
-        int saved = errno;
-        close(fd);
-        errno = saved;
-        return -1;
-    }
-    return fd;
-}
-
 static int ns_child(void *arg)
 {
     struct ns_job *job = arg;
@@ -57,7 +37,7 @@ static int ns_child(void *arg)
         _exit(1);
     }
     for (int i = 0; i < job->n; i++) {
-        job->out[i] = listen_on(job->ports[i]);
+        job->out[i] = sbx_listen_loopback((uint16_t)job->ports[i]);
         if (job->out[i] < 0) {
             job->err = errno;
             _exit(1);
@@ -70,25 +50,16 @@ static int ns_child(void *arg)
 
 int sbx_netns_sockets(int userns_fd, int netns_fd, const uint32_t *ports, int n, int *out)
 {
-    static const size_t stack_size = 64 * 1024;
     struct ns_job job = {userns_fd, netns_fd, ports, n, out, 0};
     for (int i = 0; i <= n; i++)
         out[i] = -1;
-    char *stack = mmap(NULL, stack_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (stack == MAP_FAILED)
-        return -errno;
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = clone(ns_child, stack + stack_size, CLONE_VM | CLONE_VFORK | CLONE_FILES | SIGCHLD, &job);
+    pid_t pid = sbx_clone_vm(ns_child, &job, CLONE_FILES, 64 * 1024);
     int err = pid < 0 ? errno : 0;
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (pid > 0) {
         while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         err = job.err;
     }
-    munmap(stack, stack_size);
     if (err) {
         for (int i = 0; i <= n; i++)
             if (out[i] >= 0)
@@ -100,10 +71,8 @@ int sbx_netns_sockets(int userns_fd, int netns_fd, const uint32_t *ports, int n,
 
 int sbx_exists_in_root(int root_fd, const char *path)
 {
-    /* resolved as the sandbox would: '..' and absolute links stay inside */
-    int fd = sbx_openat2(root_fd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
-    if (fd < 0)
-        return -errno;
-    close(fd);
-    return 0;
+    /* Resolved as the sandbox would: '..' and absolute links stay inside.
+     * Magic links (/proc/PID/...) would lead to what our processes see, not
+     * the sandbox's: refused. */
+    return sbx_path_exists(root_fd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS);
 }

@@ -1,0 +1,98 @@
+/* wire.c: the check of a serialized plan (the blob) before anything trusts it.
+ *
+ * The blob is the boundary between Python and the child: everything the
+ * child does between clone and exec reads it, without further checks. So
+ * every count, offset and string it holds is checked here, once, before
+ * clone: each array lies inside the blob, after the header, aligned for its
+ * element type; each string offset points after the header to a string whose
+ * NUL is inside the blob.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <string.h>
+
+#define HEADER_SIZE sizeof(struct sbx_header)
+
+/* Offset 0 means "none"; anything else names a NUL-terminated string that
+ * starts after the header. */
+static int str_ok(const char *blob, size_t len, uint32_t off)
+{
+    if (off == 0)
+        return 1;
+    if (off < HEADER_SIZE || off >= len)
+        return 0;
+    return memchr(blob + off, 0, len - off) != NULL;
+}
+
+static int path_ok(const char *blob, size_t len, uint32_t off)
+{
+    return off != 0 && str_ok(blob, len, off);
+}
+
+/* `n` elements of `size` bytes at `off`: aligned, after the header (unless
+ * empty) and inside the blob. 64-bit arithmetic: n * size cannot wrap. */
+static int array_ok(size_t len, uint32_t off, uint64_t n, uint64_t size, uint32_t align)
+{
+    uint64_t bytes = n * size;
+    if (off % align || off > len || bytes > len - off)
+        return 0;
+    return n == 0 || off >= HEADER_SIZE;
+}
+
+/* A uint32_t[n] of string offsets: every one a path. */
+static int paths_ok(const char *blob, size_t len, uint32_t off, uint32_t n)
+{
+    if (!array_ok(len, off, n, 4, 4))
+        return 0;
+    const uint32_t *paths = (const void *)(blob + off);
+    for (uint32_t i = 0; i < n; i++)
+        if (!path_ok(blob, len, paths[i]))
+            return 0;
+    return 1;
+}
+
+static int op_ok(const char *blob, size_t len, const struct sbx_op *op)
+{
+    if (op->kind < SBX_OP_BIND || op->kind > SBX_OP_CHMOD)
+        return 0;
+    if (!path_ok(blob, len, op->dest) || blob[op->dest] != '/' || !str_ok(blob, len, op->src))
+        return 0;
+    if ((op->kind == SBX_OP_BIND || op->kind == SBX_OP_SYMLINK) && !op->src)
+        return 0;
+    if (op->data_len && !array_ok(len, op->data, op->data_len, 1, 1))
+        return 0;
+    return op->data_len || !op->data;
+}
+
+int sbx_check_blob(const void *p, size_t len)
+{
+    const char *blob = p;
+    const struct sbx_header *h = p;
+    if (!p || (uintptr_t)p % 8 || len < HEADER_SIZE)
+        return -EINVAL;
+    if (h->magic != SBX_MAGIC || h->abi != SBX_ABI_VERSION || h->size != len)
+        return -EINVAL;
+    if (!array_ok(len, h->ops_off, h->n_ops, sizeof(struct sbx_op), 8) ||
+        !array_ok(len, h->rlimits_off, h->n_rlimits, sizeof(struct sbx_rlimit), 8) ||
+        !array_ok(len, h->landlock_off, h->n_landlock, sizeof(struct sbx_landlock), 4) ||
+        !array_ok(len, h->listen_off, h->n_listen, 4, 4))
+        return -EINVAL;
+    /* a seccomp program of at most BPF_MAXINSNS 8-byte instructions */
+    if (h->seccomp_len % 8 || h->seccomp_len / 8 > 4096 ||
+        !array_ok(len, h->seccomp_off, h->seccomp_len / 8, 8, 8))
+        return -EINVAL;
+    if (!str_ok(blob, len, h->hostname) || !str_ok(blob, len, h->path) || !path_ok(blob, len, h->newroot))
+        return -EINVAL;
+    if (!paths_ok(blob, len, h->cwd_off, h->n_cwd) || !paths_ok(blob, len, h->probe_off, h->n_probe))
+        return -EINVAL;
+    const struct sbx_landlock *ll = (const void *)(blob + h->landlock_off);
+    for (uint32_t i = 0; i < h->n_landlock; i++)
+        if (!path_ok(blob, len, ll[i].path))
+            return -EINVAL;
+    const struct sbx_op *ops = (const void *)(blob + h->ops_off);
+    for (uint32_t i = 0; i < h->n_ops; i++)
+        if (!op_ok(blob, len, &ops[i]))
+            return -EINVAL;
+    return 0;
+}

@@ -8,15 +8,39 @@ root: a path that no mount declares does not exist in the sandbox.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from .errors import SpecError
+from .mounts import (
+    MOUNT_TYPES,
+    Bind,
+    Chmod,
+    Dev,
+    DevBind,
+    Dir,
+    File,
+    Mount,
+    Proc,
+    RemountRo,
+    RoBind,
+    Symlink,
+    Tmpfs,
+    mount_from_dict,
+    mount_to_dict,
+    reject_unknown,
+)
 from .seccomp import DEFAULT_POLICY, Seccomp
+from .validate import check_bool, check_path, check_perms, check_positive, check_text, normalize_path
+
+__all__ = [
+    "CAPABILITIES", "MAX_HOSTNAME", "MAX_ID", "MOUNT_TYPES", "NETWORK_MODES", "Bind", "Chmod", "Dev", "DevBind",
+    "Dir", "File", "Limits", "Mount", "Namespaces", "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs",
+    "check_bool", "check_path", "check_perms", "check_positive", "check_text", "normalize_path",
+]
 
 # Capability names in kernel numbering order (linux/capability.h). Index = number.
 CAPABILITIES: tuple[str, ...] = (
@@ -37,280 +61,6 @@ CAPABILITIES: tuple[str, ...] = (
 NETWORK_MODES = ("none", "pool", "host")
 MAX_ID = 2**32 - 2  # (uid_t)-1 is "no id"
 MAX_HOSTNAME = 64
-
-
-# ---------------------------------------------------------------- validators
-
-def check_path(field_name: str, value: object) -> str:
-    """Return `value` if it is an absolute, NUL-free path without '..' parts."""
-    if not isinstance(value, str):
-        raise SpecError(field_name, value, "must be a string path")
-    if not value.startswith("/"):
-        raise SpecError(field_name, value, "must be an absolute path")
-    if "\0" in value:
-        raise SpecError(field_name, value, "contains a NUL byte")
-    if ".." in value.split("/"):
-        raise SpecError(field_name, value, "must not contain '..'")
-    return value
-
-
-def normalize_path(path: str) -> str:
-    """Collapse repeated and trailing slashes and '.' parts ('/a//b/./' -> '/a/b')."""
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    return "/" + "/".join(parts)
-
-
-def check_perms(field_name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0o7777:
-        raise SpecError(field_name, value, "must be an integer mode between 0 and 0o7777")
-    return value
-
-
-def check_positive(field_name: str, value: object, allow_none: bool = True) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(field_name, value, "must be a positive integer")
-    return value
-
-
-def check_text(field_name: str, value: object) -> str:
-    if not isinstance(value, str):
-        raise SpecError(field_name, value, "must be a string")
-    if "\0" in value:
-        raise SpecError(field_name, value, "contains a NUL byte")
-    return value
-
-
-def check_bool(field_name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise SpecError(field_name, value, "must be true or false")
-    return value
-
-
-# ---------------------------------------------------------------- mounts
-
-@dataclass(frozen=True)
-class Mount:
-    """Base of the mount operations. `kind` is the bwrap option name without '--'."""
-
-    kind: ClassVar[str] = ""
-
-    def __post_init__(self) -> None:
-        self.validate(self.kind)
-
-    def validate(self, where: str) -> None:
-        """Check and normalize the fields; raise SpecError naming `where`.field."""
-        raise NotImplementedError
-
-    def target(self) -> str:
-        """The path inside the sandbox this operation creates or changes."""
-        raise NotImplementedError
-
-    def creates(self) -> bool:
-        """True if the operation creates something at target() (not a modifier)."""
-        return True
-
-    def _norm(self, name: str) -> None:
-        object.__setattr__(self, name, normalize_path(getattr(self, name)))
-
-
-@dataclass(frozen=True)
-class Bind(Mount):
-    """Bind host path `src` at `dest` (default: the same path), writable.
-
-    Always recursive and nosuid; nodev unless DevBind. `optional=True` skips a
-    missing source (bwrap's `--bind-try`). A source that is a symlink binds its target.
-    """
-
-    src: str
-    dest: str | None = None
-    optional: bool = False
-    kind: ClassVar[str] = "bind"
-    readonly: ClassVar[bool] = False
-    devices: ClassVar[bool] = False
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.src", self.src)
-        if self.dest is None:
-            object.__setattr__(self, "dest", self.src)
-        check_path(f"{where}.dest", self.dest)
-        check_bool(f"{where}.optional", self.optional)
-        self._norm("src")
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest or self.src
-
-
-@dataclass(frozen=True)
-class RoBind(Bind):
-    """Bind host path `src` at `dest`, read-only on every submount (bwrap `--ro-bind`)."""
-
-    kind: ClassVar[str] = "ro-bind"
-    readonly: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class DevBind(Bind):
-    """Bind host path `src` at `dest` with device access allowed (bwrap `--dev-bind`)."""
-
-    kind: ClassVar[str] = "dev-bind"
-    devices: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class Tmpfs(Mount):
-    """A fresh tmpfs at `dest` (nosuid, nodev), `size` in bytes, mode `perms`."""
-
-    dest: str
-    size: int | None = None
-    perms: int = 0o755
-    kind: ClassVar[str] = "tmpfs"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        check_positive(f"{where}.size", self.size)
-        check_perms(f"{where}.perms", self.perms)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True)
-class Proc(Mount):
-    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound."""
-
-    dest: str = "/proc"
-    kind: ClassVar[str] = "proc"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True)
-class Dev(Mount):
-    """A minimal /dev at `dest`: null, zero, full, random, urandom, tty, a private
-    devpts with ptmx, shm, and the fd/stdin/stdout/stderr links."""
-
-    dest: str = "/dev"
-    kind: ClassVar[str] = "dev"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True)
-class Dir(Mount):
-    """A directory at `dest` with mode `perms` (an existing one keeps its mode)."""
-
-    dest: str
-    perms: int = 0o755
-    kind: ClassVar[str] = "dir"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        check_perms(f"{where}.perms", self.perms)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True)
-class Symlink(Mount):
-    """A symlink at `dest` pointing to `target_path` (bwrap `--symlink TARGET DEST`)."""
-
-    target_path: str
-    dest: str
-    kind: ClassVar[str] = "symlink"
-
-    def validate(self, where: str) -> None:
-        check_text(f"{where}.target_path", self.target_path)
-        if not self.target_path:
-            raise SpecError(f"{where}.target_path", self.target_path, "must not be empty")
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True)
-class File(Mount):
-    """A regular file at `dest` holding `data`, mode `perms`; `readonly` binds it read-only."""
-
-    dest: str
-    data: bytes = b""
-    perms: int = 0o666
-    readonly: bool = False
-    kind: ClassVar[str] = "file"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        if isinstance(self.data, str):
-            object.__setattr__(self, "data", self.data.encode())
-        if not isinstance(self.data, bytes):
-            raise SpecError(f"{where}.data", self.data, "must be bytes or str")
-        check_perms(f"{where}.perms", self.perms)
-        check_bool(f"{where}.readonly", self.readonly)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True)
-class RemountRo(Mount):
-    """Make the mount at `dest` read-only (also nosuid, nodev), not recursively."""
-
-    dest: str
-    kind: ClassVar[str] = "remount-ro"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
-    def creates(self) -> bool:
-        return False
-
-
-@dataclass(frozen=True)
-class Chmod(Mount):
-    """Change the mode of an existing `path` inside the sandbox."""
-
-    path: str
-    perms: int
-    kind: ClassVar[str] = "chmod"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.path", self.path)
-        check_perms(f"{where}.perms", self.perms)
-        self._norm("path")
-
-    def target(self) -> str:
-        return self.path
-
-    def creates(self) -> bool:
-        return False
-
-
-MOUNT_TYPES: dict[str, type[Mount]] = {
-    cls.kind: cls
-    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Dir, Symlink, File, RemountRo, Chmod)
-}
 
 
 # ---------------------------------------------------------------- other parts
@@ -523,7 +273,7 @@ class Spec:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "mounts":
-                value = [_mount_to_dict(m) for m in value]
+                value = [mount_to_dict(m) for m in value]
             elif f.name in ("namespaces", "limits"):
                 value = dataclasses.asdict(value)
             elif f.name == "seccomp":
@@ -547,12 +297,12 @@ class Spec:
         if not isinstance(data, Mapping):
             raise SpecError("spec", data, "must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
-        _reject_unknown("spec", data, known)
+        reject_unknown("spec", data, known)
         kwargs = dict(data)
         if "mounts" in kwargs:
             if not isinstance(kwargs["mounts"], list):
                 raise SpecError("mounts", kwargs["mounts"], "must be a list")
-            kwargs["mounts"] = tuple(_mount_from_dict(f"mounts[{i}]", m) for i, m in enumerate(kwargs["mounts"]))
+            kwargs["mounts"] = tuple(mount_from_dict(f"mounts[{i}]", m) for i, m in enumerate(kwargs["mounts"]))
         if "namespaces" in kwargs:
             kwargs["namespaces"] = _sub_from_dict("namespaces", Namespaces, kwargs["namespaces"])
         if "limits" in kwargs:
@@ -596,50 +346,8 @@ def _cap_name(name: str) -> str:
     return full
 
 
-def _reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
-
-
 def _sub_from_dict(where: str, klass: type, data: object) -> Any:
     if not isinstance(data, Mapping):
         raise SpecError(where, data, "must be a JSON object")
-    _reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
+    reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
     return klass(**data)
-
-
-def _mount_to_dict(m: Mount) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": m.kind}
-    for f in dataclasses.fields(m):
-        value = getattr(m, f.name)
-        if f.name == "data":
-            out["data_base64"] = base64.b64encode(value).decode()
-        else:
-            out[f.name] = value
-    return out
-
-
-def _mount_from_dict(where: str, data: object) -> Mount:
-    if not isinstance(data, Mapping) or "type" not in data:
-        raise SpecError(where, data, "must be an object with a 'type'")
-    klass = MOUNT_TYPES.get(data["type"])
-    if klass is None:
-        raise SpecError(f"{where}.type", data["type"], f"unknown mount type (known: {', '.join(MOUNT_TYPES)})")
-    fields = {f.name for f in dataclasses.fields(klass)}
-    if klass is File:
-        fields = (fields - {"data"}) | {"data_base64"}
-    body = {k: v for k, v in data.items() if k != "type"}
-    _reject_unknown(where, body, fields)
-    if "data_base64" in body:
-        try:
-            body["data"] = base64.b64decode(body.pop("data_base64"), validate=True)
-        except (ValueError, TypeError):
-            raise SpecError(f"{where}.data_base64", data["data_base64"], "is not valid base64") from None
-    try:
-        return klass(**body)
-    except TypeError as exc:
-        raise SpecError(where, dict(data), f"missing a required key: {exc}") from None
-    except SpecError as exc:  # name the mount by its position, not its kind
-        field = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
-        raise SpecError(f"{where}.{field}", exc.value, exc.problem) from None

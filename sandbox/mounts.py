@@ -1,0 +1,282 @@
+"""The mount operations of a Spec, in bubblewrap's vocabulary, and their JSON form.
+
+Frozen and validated on construction (SpecError names the field); applied in
+order inside an empty root by the backends, as the Plan says.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .errors import SpecError
+from .validate import check_bool, check_path, check_perms, check_positive, check_text, normalize_path
+
+
+@dataclass(frozen=True)
+class Mount:
+    """Base of the mount operations. `kind` is the bwrap option name without '--'."""
+
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.validate(self.kind)
+
+    def validate(self, where: str) -> None:
+        """Check and normalize the fields; raise SpecError naming `where`.field."""
+        raise NotImplementedError
+
+    def target(self) -> str:
+        """The path inside the sandbox this operation creates or changes."""
+        raise NotImplementedError
+
+    def creates(self) -> bool:
+        """True if the operation creates something at target() (not a modifier)."""
+        return True
+
+    def _norm(self, name: str) -> None:
+        object.__setattr__(self, name, normalize_path(getattr(self, name)))
+
+
+@dataclass(frozen=True)
+class Bind(Mount):
+    """Bind host path `src` at `dest` (default: the same path), writable.
+
+    Always recursive and nosuid; nodev unless DevBind. `optional=True` skips a
+    missing source (bwrap's `--bind-try`). A source that is a symlink binds its target.
+    """
+
+    src: str
+    dest: str | None = None
+    optional: bool = False
+    kind: ClassVar[str] = "bind"
+    readonly: ClassVar[bool] = False
+    devices: ClassVar[bool] = False
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.src", self.src)
+        if self.dest is None:
+            object.__setattr__(self, "dest", self.src)
+        check_path(f"{where}.dest", self.dest)
+        check_bool(f"{where}.optional", self.optional)
+        self._norm("src")
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest or self.src
+
+
+@dataclass(frozen=True)
+class RoBind(Bind):
+    """Bind host path `src` at `dest`, read-only on every submount (bwrap `--ro-bind`)."""
+
+    kind: ClassVar[str] = "ro-bind"
+    readonly: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class DevBind(Bind):
+    """Bind host path `src` at `dest` with device access allowed (bwrap `--dev-bind`)."""
+
+    kind: ClassVar[str] = "dev-bind"
+    devices: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class Tmpfs(Mount):
+    """A fresh tmpfs at `dest` (nosuid, nodev), `size` in bytes, mode `perms`."""
+
+    dest: str
+    size: int | None = None
+    perms: int = 0o755
+    kind: ClassVar[str] = "tmpfs"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        check_positive(f"{where}.size", self.size)
+        check_perms(f"{where}.perms", self.perms)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Proc(Mount):
+    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound."""
+
+    dest: str = "/proc"
+    kind: ClassVar[str] = "proc"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Dev(Mount):
+    """A minimal /dev at `dest`: null, zero, full, random, urandom, tty, a private
+    devpts with ptmx, shm, and the fd/stdin/stdout/stderr links."""
+
+    dest: str = "/dev"
+    kind: ClassVar[str] = "dev"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Dir(Mount):
+    """A directory at `dest` with mode `perms` (an existing one keeps its mode)."""
+
+    dest: str
+    perms: int = 0o755
+    kind: ClassVar[str] = "dir"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        check_perms(f"{where}.perms", self.perms)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class Symlink(Mount):
+    """A symlink at `dest` pointing to `target_path` (bwrap `--symlink TARGET DEST`)."""
+
+    target_path: str
+    dest: str
+    kind: ClassVar[str] = "symlink"
+
+    def validate(self, where: str) -> None:
+        check_text(f"{where}.target_path", self.target_path)
+        if not self.target_path:
+            raise SpecError(f"{where}.target_path", self.target_path, "must not be empty")
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class File(Mount):
+    """A regular file at `dest` holding `data`, mode `perms`; `readonly` binds it read-only."""
+
+    dest: str
+    data: bytes = b""
+    perms: int = 0o666
+    readonly: bool = False
+    kind: ClassVar[str] = "file"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        if isinstance(self.data, str):
+            object.__setattr__(self, "data", self.data.encode())
+        if not isinstance(self.data, bytes):
+            raise SpecError(f"{where}.data", self.data, "must be bytes or str")
+        check_perms(f"{where}.perms", self.perms)
+        check_bool(f"{where}.readonly", self.readonly)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
+class RemountRo(Mount):
+    """Make the mount at `dest` read-only (also nosuid, nodev), not recursively."""
+
+    dest: str
+    kind: ClassVar[str] = "remount-ro"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+    def creates(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Chmod(Mount):
+    """Change the mode of an existing `path` inside the sandbox."""
+
+    path: str
+    perms: int
+    kind: ClassVar[str] = "chmod"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.path", self.path)
+        check_perms(f"{where}.perms", self.perms)
+        self._norm("path")
+
+    def target(self) -> str:
+        return self.path
+
+    def creates(self) -> bool:
+        return False
+
+
+MOUNT_TYPES: dict[str, type[Mount]] = {
+    cls.kind: cls
+    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Dir, Symlink, File, RemountRo, Chmod)
+}
+
+
+def mount_to_dict(m: Mount) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": m.kind}
+    for f in dataclasses.fields(m):
+        value = getattr(m, f.name)
+        if f.name == "data":
+            out["data_base64"] = base64.b64encode(value).decode()
+        else:
+            out[f.name] = value
+    return out
+
+
+def mount_from_dict(where: str, data: object) -> Mount:
+    if not isinstance(data, Mapping) or "type" not in data:
+        raise SpecError(where, data, "must be an object with a 'type'")
+    klass = MOUNT_TYPES.get(data["type"])
+    if klass is None:
+        raise SpecError(f"{where}.type", data["type"], f"unknown mount type (known: {', '.join(MOUNT_TYPES)})")
+    fields = {f.name for f in dataclasses.fields(klass)}
+    if klass is File:
+        fields = (fields - {"data"}) | {"data_base64"}
+    body = {k: v for k, v in data.items() if k != "type"}
+    reject_unknown(where, body, fields)
+    if "data_base64" in body:
+        try:
+            body["data"] = base64.b64decode(body.pop("data_base64"), validate=True)
+        except (ValueError, TypeError):
+            raise SpecError(f"{where}.data_base64", data["data_base64"], "is not valid base64") from None
+    try:
+        return klass(**body)
+    except TypeError as exc:
+        raise SpecError(where, dict(data), f"missing a required key: {exc}") from None
+    except SpecError as exc:  # name the mount by its position, not its kind
+        field = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
+        raise SpecError(f"{where}.{field}", exc.value, exc.problem) from None
+
+
+def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
+    """SpecError naming the first key of `data` not in `known`."""
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")

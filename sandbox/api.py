@@ -110,7 +110,7 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
         raise refused
     stdio = _Stdio(stdin, stdout, stderr)
     try:
-        launched = backends.get(name).launch(plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
+        launched = backends.launch(name, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
     except BaseException:
         stdio.abort()
         raise

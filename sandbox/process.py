@@ -10,7 +10,7 @@ import threading
 import time
 from typing import IO, Any
 
-from .backends import Launched
+from .backends.contract import Launched
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL

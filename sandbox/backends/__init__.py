@@ -1,86 +1,26 @@
-"""The backend contract: what an executor of a Plan provides, and which one runs.
+"""Which backend runs: the registry of executors of a Plan, and the choice.
 
 A backend is a module of this package that defines `BACKEND`, an object
-implementing `Backend`: it says whether it can run on this host and starts a
-command under a Plan, returning a `Launched` record. It interprets the Plan and
-decides nothing (decisions are `sandbox.plan`'s). Adding one means a module
-and a line in `NAMES`.
+implementing `contract.Backend`: it says whether it can run on this host and
+starts a command under a Plan, returning a `contract.Launched` record. It
+interprets the Plan and decides nothing (decisions are `sandbox.plan`'s).
+Adding one means a module and a line in `NAMES`. This module is the registry:
+it loads backends by name and chooses one; backends import only the contract.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from ..errors import UnavailableError
 from ..plan import Plan
+from .contract import Backend, ExitSource, Launched, WaitStatus
+
+__all__ = ["NAMES", "Backend", "ExitSource", "Launched", "WaitStatus", "availability", "choose", "get", "launch"]
 
 NAMES = ("native", "bwrap")  # the order "auto" tries them in
-
-
-class ExitSource(Protocol):
-    """Turns the first process's wait status into the command's returncode."""
-
-    def returncode(self, raw_status: int) -> int:
-        """The command's returncode (-N if signal N killed it), given the first process's wait status."""
-        ...
-
-    def close(self) -> None:
-        """Release what it holds (called once the returncode is known, or when abandoned)."""
-        ...
-
-
-class WaitStatus:
-    """The first process is the command itself: its own wait status says it all."""
-
-    def returncode(self, raw_status: int) -> int:
-        """os.waitstatus_to_exitcode of the status."""
-        return os.waitstatus_to_exitcode(raw_status)
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A sandbox whose command has been exec'd.
-
-    `pid` is the host pid of its first process (the one to wait for and to
-    signal); `timings` are µs since the start, with at least `start`, `child`
-    (the sandbox's first process exists), `ready` (setup done) and `exec`
-    (the command seen exec'd), plus the backend's own stages; `isolation` what
-    the isolation checks established; `on_exit` runs once the sandbox has
-    ended (gives back a leased namespace, stops a port relay).
-    """
-
-    pid: int
-    exit: ExitSource
-    timings: dict[str, float]
-    isolation: dict[str, Any] = field(default_factory=dict)
-    on_exit: Callable[[], None] | None = None
-
-
-class Backend(Protocol):
-    """An executor of Plans."""
-
-    name: str
-
-    def available(self) -> tuple[bool, str]:
-        """(usable here, why or why not); may be slow: callers cache it."""
-        ...
-
-    def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-               pass_fds: tuple[int, ...]) -> Launched:
-        """Start `argv` under `plan`; return once it has been exec'd.
-
-        Raises SetupError, ExecError, IsolationError or UnavailableError.
-        """
-        ...
 
 
 class _Missing:
@@ -145,3 +85,19 @@ def choose(requested: str) -> tuple[str, str]:
             return name, "auto: " + "; ".join(f"{n} refused ({why})" for n, why in refused)
         refused.append((name, reason))
     raise UnavailableError("no sandbox backend: " + "; ".join(f"{n}: {why}" for n, why in refused))
+
+
+def launch(name: str, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
+           pass_fds: tuple[int, ...]) -> Launched:
+    """`get(name).launch(...)`. An UnavailableError (the backend found it cannot
+    sandbox here) names every backend's reason when none of the others can either."""
+    try:
+        return get(name).launch(plan, argv, stdio, pass_fds)
+    except UnavailableError as exc:
+        others = {n: availability(n) for n in NAMES if n != name}
+        if not others or any(ok for ok, _ in others.values()):
+            raise
+        prefix = f"{name} backend unavailable: "
+        own = str(exc).removeprefix(prefix)
+        reasons = [f"{n}: {own if n == name else others[n][1]}" for n in NAMES]
+        raise UnavailableError("no sandbox backend: " + "; ".join(reasons)) from None

@@ -13,7 +13,7 @@ import subprocess
 from ...errors import UnavailableError
 from ...host import BWRAP_ENV
 from ...plan import Plan
-from .. import Launched
+from ..contract import Launched
 from .driver import _Run
 
 

@@ -43,7 +43,7 @@ from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError, UnavailableError
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
-from .. import Launched
+from ..contract import Launched
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
 from .procfs import _close, _first_child, _read, _readable, _std

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from ...bwrap.argv import data_fd
 from ...errors import ExecError, SetupError, UnavailableError
 from ...plan import OpKind, Plan
-from .. import availability
 from .render import render_plan
 
 NEWROOT = "/newroot"
@@ -169,9 +168,6 @@ def _error_from(message: str, plan: Plan, argv: Sequence[str], setup_done: bool)
         return ExecError.from_errno(errno or E.ENOENT, argv[0], backend="bwrap")
     step, path = _step_and_path(message, plan)
     if step == "clone":  # this host lets bwrap make no namespace: the backend is unusable here
-        native_ok, native_reason = availability("native")
-        if not native_ok:
-            return UnavailableError(f"no sandbox backend: native: {native_reason}; bwrap: {message}")
         return UnavailableError(f"bwrap backend unavailable: {message}")
     return SetupError(message, step=step, path=path, errno=errno, backend="bwrap")
 

@@ -13,7 +13,7 @@ from ... import forward, isolation, netpool
 from ...errors import SandboxError
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
 from ...plan import Plan
-from .. import ExitSource, Launched, WaitStatus
+from ..contract import ExitSource, Launched, WaitStatus
 from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize

@@ -1,0 +1,70 @@
+"""The backend contract: what an executor of a Plan provides, and the record it returns."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..plan import Plan
+
+
+class ExitSource(Protocol):
+    """Turns the first process's wait status into the command's returncode."""
+
+    def returncode(self, raw_status: int) -> int:
+        """The command's returncode (-N if signal N killed it), given the first process's wait status."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (called once the returncode is known, or when abandoned)."""
+        ...
+
+
+class WaitStatus:
+    """The first process is the command itself: its own wait status says it all."""
+
+    def returncode(self, raw_status: int) -> int:
+        """os.waitstatus_to_exitcode of the status."""
+        return os.waitstatus_to_exitcode(raw_status)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A sandbox whose command has been exec'd.
+
+    `pid` is the host pid of its first process (the one to wait for and to
+    signal); `timings` are µs since the start, with at least `start`, `child`
+    (the sandbox's first process exists), `ready` (setup done) and `exec`
+    (the command seen exec'd), plus the backend's own stages; `isolation` what
+    the isolation checks established; `on_exit` runs once the sandbox has
+    ended (gives back a leased namespace, stops a port relay).
+    """
+
+    pid: int
+    exit: ExitSource
+    timings: dict[str, float]
+    isolation: dict[str, Any] = field(default_factory=dict)
+    on_exit: Callable[[], None] | None = None
+
+
+class Backend(Protocol):
+    """An executor of Plans."""
+
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, why or why not); may be slow: callers cache it."""
+        ...
+
+    def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
+               pass_fds: tuple[int, ...]) -> Launched:
+        """Start `argv` under `plan`; return once it has been exec'd.
+
+        Raises SetupError, ExecError, IsolationError or UnavailableError.
+        """
+        ...

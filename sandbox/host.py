@@ -33,20 +33,18 @@ USERNS_SYSCTLS = (
 class PoolInfo:
     """The process-wide network namespace pool (sandbox.netpool), as planning sees it."""
 
-    # "init": its namespaces are owned by the caller's user namespace (root);
-    # "userns": by a user namespace of the pool's, which maps the caller to 0.
-    owner: str = "userns"
-    serves_none: bool = False  # network="none" leases from it too (netpool.enable())
+    serves_none: bool = False  # network="none" leases from it now (on by default once it is filled)
 
     @classmethod
     def current(cls) -> PoolInfo:
-        """The shared pool's owner (what it would be, if not started yet) and whether it serves "none"."""
+        """Whether the shared pool serves network="none" right now: it does by
+        default, once it holds a ready namespace (the first spawns of a
+        process do not wait for it to fill). Starts the pool in the
+        background where it is on and not running."""
         from . import netpool  # the pool is a runtime service above these facts: read it only here
 
         pool = netpool.pool_for("none")
-        if pool is not None:
-            return cls(owner=pool.owner, serves_none=True)
-        return cls(owner="init" if os.geteuid() == 0 else "userns", serves_none=False)
+        return cls(serves_none=pool is not None and pool.has_idle())
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,9 @@ RLIMITS: dict[str, tuple[int, int]] = {
 
 Network = Literal["none", "pool", "host"]
 
+# Capabilities checked against the network namespace's owner.
+NETWORK_CAPS = frozenset({"CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW"})
+
 # What execvp searches when PATH is unset (glibc's default), as under bwrap.
 DEFAULT_PATH = "/bin:/usr/bin"
 
@@ -111,10 +114,9 @@ class Plan:
     ipc_ns: bool
     uts_ns: bool
     cgroup_ns: bool
-    # identity: the outside ids written to the id maps (the caller's, or 0 in
-    # a pool's user namespace, which maps the caller to 0), ids seen inside,
-    # and whether uid/gid 0 must be mapped during setup (devpts needs it) and
-    # the final ids set in a nested userns.
+    # identity: the caller's ids (the outside of the id maps), ids seen
+    # inside, and whether uid/gid 0 must be mapped during setup (devpts needs
+    # it) and the final ids set in a nested userns.
     host_uid: int
     host_gid: int
     uid: int
@@ -260,7 +262,12 @@ def plan_network(spec: S.Spec, host: HostInfo) -> Network:
     if host.pool is None:
         return "none"
     wants_check = spec.check or bool(spec.forward)
-    if spec.network == "pool" or wants_check or host.pool.serves_none:
+    if spec.network == "pool" or wants_check:
+        return "pool"
+    # A leased namespace is owned by the pool's user namespace, where the
+    # sandbox holds no capability: network capabilities it keeps (binding a
+    # port below 1024, raw sockets, ...) work only in a namespace of its own.
+    if host.pool.serves_none and not NETWORK_CAPS & set(spec.cap_add):
         return "pool"
     return "none"
 
@@ -292,7 +299,6 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     # requested ids in a nested user namespace afterwards.
     map_root = ns.user and has_dev and (uid != 0 or gid != 0)
     network = plan_network(spec, host)
-    in_pool_userns = network == "pool" and host.pool is not None and host.pool.owner == "userns"
     keep = 0
     for cap in spec.cap_add:
         keep |= 1 << S.CAPABILITIES.index(cap)
@@ -310,8 +316,8 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         ipc_ns=ns.ipc,
         uts_ns=ns.uts,
         cgroup_ns=ns.cgroup,
-        host_uid=0 if in_pool_userns else host.uid,
-        host_gid=0 if in_pool_userns else host.gid,
+        host_uid=host.uid,
+        host_gid=host.gid,
         uid=uid,
         gid=gid,
         map_root_first=map_root,

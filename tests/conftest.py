@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 
 import sandbox
-from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs
+from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs, netpool
+from sandbox.netpool import FACTORY_MARKER
 
 BASE_MOUNTS: tuple[Mount, ...] = (
     RoBind("/usr"),
@@ -137,16 +138,26 @@ def proc_stat(pid: int | str) -> tuple[str, list[str]] | None:
 
 
 def child_pids(parent: int | None = None) -> set[int]:
-    """Pids (zombies included) whose parent is `parent` (default: this process)."""
+    """Pids (zombies included) whose parent is `parent` (default: this process),
+    except the shared network namespace pool's factory (a long-lived helper of
+    the process, started on first use; tests/integration/test_netpool.py checks it)."""
     me = os.getpid() if parent is None else parent
     out = set()
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         st = proc_stat(name)
-        if st is not None and int(st[1][1]) == me:
+        if st is not None and int(st[1][1]) == me and not _is_pool_factory(name):
             out.add(int(name))
     return out
+
+
+def _is_pool_factory(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return FACTORY_MARKER.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0, interval: float = 0.01) -> bool:
@@ -208,8 +219,17 @@ def procs() -> type[Procs]:
 # ---------------------------------------------------------------- fds
 
 def count_fds() -> int:
-    """Open fds of this process (listing /proc/self/fd opens one itself, every time)."""
+    """Open fds of this process (listing /proc/self/fd opens one itself, every
+    time), once the shared namespace pool, whose fds come and go as it
+    recycles and refills in the background, is full and idle again."""
+    pool = netpool.shared_pool()
+    if pool is not None:
+        wait_until(lambda: _pool_at_rest(pool.stats()), timeout=15.0)
     return len(os.listdir("/proc/self/fd"))
+
+
+def _pool_at_rest(stats: dict[str, Any]) -> bool:
+    return stats["idle"] == stats["size"] and stats["in_use"] == 0 and stats["unchecked"] == 0
 
 
 @pytest.fixture

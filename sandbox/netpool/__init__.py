@@ -40,8 +40,8 @@ unshare(CLONE_NEWNET), opens the new namespace's nsfs file and a
 NETLINK_ROUTE and a NETLINK_SOCK_DIAG socket in it, sends the three fds
 back and returns to a private "home" namespace of its own, so no process
 stays inside pooled namespaces. For `owner="userns"` it first
-unshare(CLONE_NEWUSER)s and maps the caller's uid and gid to 0, so every
-namespace it makes is owned by that one user namespace, whose fd it sends
+unshare(CLONE_NEWUSER)s and maps the caller's uid and gid to themselves, so
+every namespace it makes is owned by that one user namespace, whose fd it sends
 once. The caller then brings lo up over the netlink socket (`rtnetlink`)
 and verifies the result (`baseline`: only lo, UP, 127.0.0.1/8 and ::1/128,
 only the kernel's loopback routes, no sockets) before the namespace enters
@@ -72,12 +72,13 @@ of the caller without namespace flags does setns(userns_fd, CLONE_NEWUSER)
 sandbox with CLONE_PARENT|CLONE_NEWUSER|CLONE_NEWPID|... but not
 CLONE_NEWNET. The sandbox's user namespace is then a child of the pool's:
 it has no capability over the pooled namespace and cannot change it (nor
-setns() back out), and the lower ids of its maps are those of the pool's
-user namespace, where the caller is 0.
+setns() back out); the pool's user namespace maps the caller's ids to
+themselves, so the sandbox's maps read as they would without the pool.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 
 from ..errors import NetnsPoolError
@@ -85,44 +86,88 @@ from .factory import FACTORY_MARKER
 from .lease import Lease, ReleaseResult
 from .pool import NetnsPool
 
-__all__ = ["FACTORY_MARKER", "Lease", "NetnsPool", "NetnsPoolError", "ReleaseResult", "disable", "enable", "pool_for"]
+__all__ = [
+    "FACTORY_MARKER", "POOL_ENV", "Lease", "NetnsPool", "NetnsPoolError", "ReleaseResult", "disable", "enable",
+    "pool_for", "restore_default", "serves_network_none", "shared_pool",
+]
 
 
 # ---------------------------------------------------------------- the process-wide pool
 
+# Set to 0 to keep network="none" sandboxes on fresh namespaces (the shared
+# pool is then only started for network="pool").
+POOL_ENV = "SANDBOX_NETNS_POOL"
+DEFAULT_SIZE = 8
+
 _default_lock = threading.Lock()
 _default: NetnsPool | None = None
-_default_for_none = False
+_for_none: bool | None = None  # None: the default, on unless SANDBOX_NETNS_POOL=0
 
 
-def enable(size: int = 8, *, for_network_none: bool = True) -> NetnsPool:
+def _shared(size: int = DEFAULT_SIZE) -> NetnsPool:
+    """The process-wide pool, started (in the background) if there is none in
+    this process. A pool inherited through fork() belongs to the parent: the
+    child forgets it and starts its own. Hold _default_lock."""
+    global _default
+    if _default is not None and (_default.closed or _default.owner_pid != os.getpid()):
+        if not _default.closed:
+            _default.close()  # in a forked child this only drops the parent's fds
+        _default = None
+    if _default is None:
+        _default = NetnsPool(size=size)
+    return _default
+
+
+def enable(size: int = DEFAULT_SIZE, *, for_network_none: bool = True) -> NetnsPool:
     """Start (or return) the process-wide pool the native backend leases from.
 
-    Sandboxes with `network="pool"` always lease from it (it is started on
-    their first use); with `for_network_none`, `network="none"` ones do too
-    (they see the same loopback-only namespace either way). Off by default.
+    Sandboxes with `network="pool"` always lease from it; with
+    `for_network_none`, `network="none"` ones do too (they see the same
+    loopback-only namespace either way), which is also the default.
     """
-    global _default, _default_for_none
+    global _for_none
     with _default_lock:
-        if _default is None or _default.closed:
-            _default = NetnsPool(size=size)
-        _default_for_none = for_network_none
-        return _default
+        _for_none = for_network_none
+        return _shared(size)
 
 
 def disable() -> None:
-    """Close the process-wide pool; `network="none"` makes fresh namespaces again."""
-    global _default, _default_for_none
+    """Close the process-wide pool; `network="none"` makes fresh namespaces
+    again for the rest of the process (until enable())."""
+    global _default, _for_none
     with _default_lock:
-        pool, _default, _default_for_none = _default, None, False
+        pool, _default, _for_none = _default, None, False
     if pool is not None:
         pool.close()
 
 
+def restore_default() -> None:
+    """Undo enable()/disable(): network="none" follows SANDBOX_NETNS_POOL
+    again (the pool is started again on the next use)."""
+    global _for_none
+    with _default_lock:
+        _for_none = None
+
+
+def shared_pool() -> NetnsPool | None:
+    """The process-wide pool if it is running in this process (not starting it)."""
+    with _default_lock:
+        pool = _default
+    return pool if pool is not None and not pool.closed and pool.owner_pid == os.getpid() else None
+
+
+def serves_network_none() -> bool:
+    """Whether network="none" sandboxes lease from the process-wide pool:
+    by default yes, unless SANDBOX_NETNS_POOL=0 or disable() said otherwise."""
+    if _for_none is not None:
+        return _for_none
+    return os.environ.get(POOL_ENV, "1") != "0"
+
+
 def pool_for(network: str) -> NetnsPool | None:
-    """The pool a sandbox with this `network` setting should lease from, if any."""
-    if network == "pool":
-        return _default if _default is not None and not _default.closed else enable(for_network_none=False)
-    if network == "none" and _default_for_none and _default is not None and not _default.closed:
-        return _default
+    """The pool a sandbox with this `network` setting should lease from, if
+    any; the process-wide pool is started in the background on first use."""
+    with _default_lock:
+        if network == "pool" or (network == "none" and serves_network_none()):
+            return _shared()
     return None

@@ -13,8 +13,8 @@ Per request it does unshare(CLONE_NEWNET), opens the new namespace's nsfs
 file and a NETLINK_ROUTE and a NETLINK_SOCK_DIAG socket in it, and returns
 to a private "home" namespace of its own, so no process stays inside pooled
 namespaces. In "userns" mode it first unshare(CLONE_NEWUSER)s and maps the
-caller's uid and gid to 0, so every namespace it makes is owned by that one
-user namespace.
+caller's uid and gid to themselves, so every namespace it makes is owned by
+that one user namespace.
 
 The helpers (`call`, `write`, `unshare_userns`) are also what the tests use
 to join a leased namespace the way a sandbox does.
@@ -56,17 +56,19 @@ def nsfd(kind: str) -> int:
 
 
 def unshare_userns() -> None:
-    """Enter a new user namespace where uid/gid 0 are the caller's ids outside.
+    """Enter a new user namespace that maps the caller's uid and gid to themselves.
 
     A process may write its own maps if they name only its own ids, and
     setgroups must be denied first for the gid map. After unshare the
-    process holds every capability in the new namespace (none outside it).
+    process holds every capability in the new namespace (none outside it),
+    whatever its uid there; the identity map keeps a sandbox's own maps
+    reading as they would without the pool ("1000 1000 1", not "1000 0 1").
     """
     uid, gid = os.geteuid(), os.getegid()
     call(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
     write("/proc/self/setgroups", "deny")
-    write("/proc/self/uid_map", f"0 {uid} 1")
-    write("/proc/self/gid_map", f"0 {gid} 1")
+    write("/proc/self/uid_map", f"{uid} {uid} 1")
+    write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
 def make(chan: socket.socket, home: int) -> None:

@@ -340,6 +340,16 @@ class NetnsPool:
             }
 
     @property
+    def owner_pid(self) -> int:
+        """The process that made the pool (a forked child must not use it)."""
+        return self._pid
+
+    def has_idle(self) -> bool:
+        """Whether a namespace is ready to lease without waiting."""
+        with self._cond:
+            return bool(self._idle)
+
+    @property
     def factory_pid(self) -> int | None:
         """Pid of the running factory process, if any."""
         factory = self._factory

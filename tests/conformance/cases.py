@@ -129,8 +129,10 @@ def rw(src: str, dest: str | None = None, optional: bool = False) -> S.Bind:
     return S.Bind(src, dest, optional)
 
 
-PASSED_FD = 37  # the number a passed pipe gets (pass_fd=True)
-LEAKED_FD = 38  # an inheritable fd of the caller's (leak_fd=True)
+# Fixed numbers, far above what the test process uses (its long-lived fds,
+# such as the shared namespace pool's, must never be clobbered by dup2).
+PASSED_FD = 901  # the number a passed pipe gets (pass_fd=True)
+LEAKED_FD = 902  # an inheritable fd of the caller's (leak_fd=True)
 IPV6_LOOPBACK = "lo/00000000000000000000000000000001"
 LO_FLAGS = ["LOOPBACK", "RUNNING", "UP"]
 FLAGS_RO = ["nodev", "nosuid", "ro"]

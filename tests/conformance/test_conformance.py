@@ -157,6 +157,12 @@ class extra_fds:
         self.fds: list[int] = []
 
     def __enter__(self) -> list[int]:
+        for fd in (LEAKED_FD, PASSED_FD):
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue
+            raise RuntimeError(f"fd {fd} is in use in the test process: dup2 onto it would close it")
         if self.case.leak_fd:
             fd = os.open("/dev/null", os.O_RDONLY)
             os.dup2(fd, LEAKED_FD, inheritable=True)

@@ -202,3 +202,4 @@ def test_nothing_is_left_after_the_session(base_spec) -> None:
     assert pool.stats()["in_use"] == 0
     netpool.disable()
     assert pool.closed
+    netpool.restore_default()

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import isolation
+from sandbox import isolation, netpool
 from sandbox.errors import IsolationError
 from sandbox.netpool import FACTORY_MARKER, Lease, NetnsPool, NetnsPoolError
 from sandbox.netpool.baseline import _snapshot
@@ -182,7 +182,10 @@ def assert_pristine_netlink(lease: Lease) -> None:
 
 
 def factory_pids() -> list[int]:
-    """Pids of live netns factory processes that are children of this process."""
+    """Pids of live netns factory processes that are children of this process,
+    except the process-wide pool's (sandboxes of other tests lease from it)."""
+    shared = netpool.shared_pool()
+    spared = shared.factory_pid if shared is not None else None
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -194,7 +197,7 @@ def factory_pids() -> list[int]:
             continue
         if FACTORY_MARKER.encode() in cmdline.split(b"\0") and stat[0] != "Z" and stat[1] == str(os.getpid()):
             out.append(int(name))
-    return out
+    return [pid for pid in out if pid != spared]
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import sys
 import textwrap
+from collections.abc import Iterator
 
 import pytest
 
@@ -36,14 +39,26 @@ CONNECT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def pool():
-    """A process-wide pool for the test, closed (factory and namespaces gone) after it."""
-    p = netpool.enable(size=2, for_network_none=False)
-    p.wait_filled(10)
-    yield p
+@contextlib.contextmanager
+def shared_pool(size: int, for_network_none: bool) -> Iterator[netpool.NetnsPool]:
+    """A new process-wide pool of `size` for the test (any running one is
+    closed first), closed after it; then the default again."""
     netpool.disable()
-    assert p.closed
+    p = netpool.enable(size=size, for_network_none=for_network_none)
+    try:
+        p.wait_filled(10)
+        yield p
+    finally:
+        netpool.disable()
+        assert p.closed
+        netpool.restore_default()
+
+
+@pytest.fixture
+def pool() -> Iterator[netpool.NetnsPool]:
+    """A process-wide pool for the test, closed (factory and namespaces gone) after it."""
+    with shared_pool(2, for_network_none=False) as p:
+        yield p
 
 
 def test_a_pooled_sandbox_sees_only_loopback_and_cannot_change_it(pool, base_spec, run_sh) -> None:
@@ -76,9 +91,7 @@ def test_two_pooled_sandboxes_cannot_reach_each_other(pool, base_spec) -> None:
 
 
 def test_a_recycled_namespace_carries_nothing_from_its_previous_tenant(base_spec) -> None:
-    p = netpool.enable(size=1, for_network_none=False)
-    try:
-        p.wait_filled(10)
+    with shared_pool(1, for_network_none=False) as p:
         spec = base_spec(network="pool")
         listen = ("import os, socket; s = socket.socket(); s.bind(('127.0.0.1', 47002)); s.listen();"
                   " print(os.readlink('/proc/self/ns/net'))")
@@ -91,23 +104,47 @@ def test_a_recycled_namespace_carries_nothing_from_its_previous_tenant(base_spec
         assert ns_second == first.stdout.strip()  # the same namespace, recycled
         assert lines == "2"  # two header lines, no socket left from the first tenant
         assert p.stats()["recycled"] >= 1
-    finally:
-        netpool.disable()
 
 
-def test_network_none_uses_the_pool_only_when_enabled(base_spec, run_sh) -> None:
-    p = netpool.enable(size=1, for_network_none=True)
-    try:
-        p.wait_filled(10)
+def test_network_none_uses_the_pool_when_enabled(base_spec, run_sh) -> None:
+    with shared_pool(1, for_network_none=True) as p:
         before = p.stats()["leased"]
-        assert run_sh("true", base_spec(network="none")).returncode == 0
+        done = run_sh("true", base_spec(network="none"))
+        assert done.returncode == 0 and done.network == "pool"
         assert p.stats()["leased"] == before + 1
+    netpool.disable()
+    try:
+        assert netpool.pool_for("none") is None
+        done = run_sh("true", base_spec(network="none"))
+        assert done.network == "none"  # a fresh namespace of its own
     finally:
-        netpool.disable()
-    assert netpool.pool_for("none") is None
+        netpool.restore_default()
+
+
+def test_the_pool_is_on_by_default_and_the_first_spawn_does_not_wait_for_it(base_spec, run_sh) -> None:
+    netpool.disable()
+    netpool.restore_default()
+    assert netpool.shared_pool() is None
+    first = run_sh("true", base_spec(network="none"))
+    assert first.network == "none"  # the pool was only just started: a fresh namespace, no waiting
+    pool = netpool.shared_pool()
+    assert pool is not None and pool.wait_filled(10)
+    later = run_sh("readlink /proc/self/ns/net", base_spec(network="none"))
+    assert later.network == "pool" and later.stdout.startswith("net:[")
+
+
+def test_the_pool_can_be_turned_off_by_the_environment(base_spec) -> None:
+    spec = base_spec(network="none")
+    code = ("import sandbox, sys; s = sandbox.Spec.from_json(sys.argv[1]);"
+            " [sandbox.run(['true'], s, backend='native') for _ in range(3)];"
+            " from sandbox import netpool; print(netpool.serves_network_none(), netpool.shared_pool())")
+    out = subprocess.run([sys.executable, "-c", code, spec.to_json()], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "SANDBOX_NETNS_POOL": "0"}, check=True)
+    assert out.stdout.split() == ["False", "None"]
 
 
 def test_disable_leaves_no_factory_behind(base_spec) -> None:
+    netpool.disable()
     p = netpool.enable(size=1, for_network_none=False)
     p.wait_filled(10)
     factory = p.factory_pid
@@ -120,3 +157,4 @@ def test_disable_leaves_no_factory_behind(base_spec) -> None:
         pass
     state = open(f"/proc/{factory}/stat").read().split()[2] if os.path.exists(f"/proc/{factory}") else "gone"
     assert state in ("gone", "Z")
+    netpool.restore_default()

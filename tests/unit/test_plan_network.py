@@ -13,7 +13,7 @@ from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import OpFlag, compile_plan, refusal
 
 USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={})
-ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True, pool=PoolInfo(owner="init"))
+ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True)
 
 
 def host(base: HostInfo = USER, **changes: object) -> HostInfo:
@@ -31,6 +31,9 @@ def host(base: HostInfo = USER, **changes: object) -> HostInfo:
     (Spec(), host(pool=PoolInfo(serves_none=True)), "pool"),
     (Spec(), host(backend="bwrap", pool=None), "none"),
     (Spec(network="host", check=True), USER, "host"),
+    # network capabilities are checked against the namespace's owner: a leased one is the pool's
+    (Spec(cap_add=["CAP_NET_BIND_SERVICE"]), host(pool=PoolInfo(serves_none=True)), "none"),
+    (Spec(cap_add=["CAP_CHOWN"]), host(pool=PoolInfo(serves_none=True)), "pool"),
 ])
 def test_network_namespace_is_decided_by_the_plan(spec: Spec, h: HostInfo, expected: str) -> None:
     plan = compile_plan(spec, h)
@@ -38,16 +41,12 @@ def test_network_namespace_is_decided_by_the_plan(spec: Spec, h: HostInfo, expec
     assert plan.net_ns is (expected == "none")
 
 
-def test_ids_in_a_pools_user_namespace_are_relative_to_it() -> None:
-    leased = compile_plan(Spec(network="pool"), USER)
-    assert (leased.host_uid, leased.host_gid) == (0, 0)  # the pool's userns maps the caller to 0
-    assert (leased.uid, leased.gid) == (1000, 1000)
-    fresh = compile_plan(Spec(), USER)
-    assert (fresh.host_uid, fresh.host_gid) == (1000, 1000)
-    as_root = compile_plan(Spec(network="pool"), host(ROOT, uid=0, gid=0))
-    assert (as_root.host_uid, as_root.host_gid) == (0, 0)
-    owned_by_init = compile_plan(Spec(network="pool", uid=5, gid=6), host(USER, pool=PoolInfo(owner="init")))
-    assert (owned_by_init.host_uid, owned_by_init.host_gid) == (1000, 1000)
+def test_ids_are_the_callers_whatever_the_network() -> None:
+    # The pool's user namespace maps the caller's ids to themselves, so the
+    # sandbox's maps name them in a leased namespace too.
+    for spec in (Spec(network="pool"), Spec(), Spec(network="host")):
+        plan = compile_plan(spec, USER)
+        assert (plan.host_uid, plan.host_gid, plan.uid, plan.gid) == (1000, 1000, 1000, 1000)
 
 
 @pytest.mark.parametrize(("namespaces", "recycle"), [

@@ -496,8 +496,8 @@ ERROR_CASES = [
          error=("SetupError", {"step": "dir", "path": "/usr/newdir", "errno": E.EROFS})),
     Case("chmod_on_read_only", mounts=(S.Chmod("/usr", 0o700),),
          error=("SetupError", {"step": "chmod", "path": "/usr", "errno": E.EROFS}),
-         known_bug={"bwrap": "the step is taken from the first operation on the path (the RoBind), "
-                             "not from the message's verb: step='bind'"}),
+         known_bug={"bwrap": "sandbox's bwrap backend (messages._op_step) takes the step from the first "
+                             "operation on the path (the RoBind), not from the message's verb: step='bind'"}),
 ]
 
 

@@ -3,6 +3,10 @@
 Nothing here is autouse: every fixture is requested by name, so the other
 test modules (which define their own module-level helpers) are unaffected.
 
+- `SYSTEM_MOUNTS`, `BASE_MOUNTS`, `make_base_spec`: the one base world every
+  test module builds on (the conformance suite takes SYSTEM_MOUNTS, the
+  distribution's programs only; the others BASE_MOUNTS). Import them with
+  `from conftest import ...`.
 - `base_spec`: build a minimal working world (/usr read-only, the usual
   /bin, /lib, /lib64 links, /proc, /dev, a private /tmp) plus extras.
 - `run_sh`: run a shell snippet in a native sandbox, return the
@@ -31,15 +35,15 @@ import sandbox
 from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs, netpool
 from sandbox.netpool import FACTORY_MARKER
 
-BASE_MOUNTS: tuple[Mount, ...] = (
+# The distribution's programs and libraries, read-only, and nothing else.
+SYSTEM_MOUNTS: tuple[Mount, ...] = (
     RoBind("/usr"),
     Symlink("usr/bin", "/bin"),
     Symlink("usr/lib", "/lib"),
     Symlink("usr/lib64", "/lib64"),
-    Proc(),
-    Dev(),
-    Tmpfs("/tmp"),
 )
+# A world an ordinary command runs in: the above, /proc, /dev and a private /tmp.
+BASE_MOUNTS: tuple[Mount, ...] = (*SYSTEM_MOUNTS, Proc(), Dev(), Tmpfs("/tmp"))
 BASE_ENV = {"PATH": "/usr/bin:/bin"}
 DEFAULT_TIMEOUT = 60.0
 

@@ -3,17 +3,23 @@
 Run INSIDE the sandbox by the conformance suite with the interpreter visible
 there (Debian's /usr/bin/python3): standard library only, never `sandbox`.
 
-    python3 -I -S probe.py '{"paths": [...], "writable": [...], "mounts": [...], "actions": [...], "exit": 0}'
+    python3 -I -S probe.py '{"paths": [...], "writable": [...], "mounts": [...], "below": [...],
+                             "actions": [...], "exit": 0}'
 
 Every section is gathered independently; an error becomes {"error": "ENAME"}
 instead of stopping the probe. After printing, the probe exits with
-`"exit"` or kills itself with `"signal"` if the request says so.
+`"exit"`, kills itself with `"signal"` or spins until a limit kills it
+(`"spin"`) if the request says so.
+
+`path_info` and `writable` are also used on the host side by the test
+runner (to see what a sandbox left in a host directory).
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import resource
@@ -73,9 +79,16 @@ def path_info(path: str) -> dict[str, Any]:
         info["resolves"] = os.path.exists(path)
     elif stat.S_ISREG(st.st_mode) and st.st_size <= 4096:
         info["content"] = guarded(lambda: read_text(path))
+        info["size"] = st.st_size
+        info["sha256"] = guarded(lambda: sha256_of(path))
     elif stat.S_ISDIR(st.st_mode):
         info["entries"] = guarded(lambda: sorted(os.listdir(path)))
     return info
+
+
+def sha256_of(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def writable(path: str) -> str:
@@ -105,7 +118,7 @@ def mountinfo() -> list[dict[str, Any]]:
         left, right = line.split(" - ", 1)
         fields, rfields = left.split(), right.split()
         opts = set(fields[5].split(",")) | set(rfields[2].split(","))
-        out.append({"point": unescape(fields[4]), "fstype": rfields[0],
+        out.append({"point": unescape(fields[4]), "root": unescape(fields[3]), "fstype": rfields[0],
                     "flags": sorted(f for f in MOUNT_FLAGS if f in set(fields[5].split(","))),
                     "mode": next((o[5:] for o in opts if o.startswith("mode=")), None),
                     "size": next((o[5:] for o in opts if o.startswith("size=")), None)})
@@ -120,6 +133,21 @@ def mount_info(points: list[str]) -> dict[str, Any]:
         top = [m for m in table if m["point"] == point]
         found[point] = top[-1] if top else None
     return {"points": found, "count": len(table)}
+
+
+def mounts_below(prefixes: list[str]) -> dict[str, Any]:
+    """For each prefix: how many mount points are at or below it, and the flags
+    their visible mounts all share (a mount stacked over another hides it; the
+    topmost is listed last)."""
+    if not prefixes:
+        return {}
+    visible = {m["point"]: m for m in mountinfo()}
+    out: dict[str, Any] = {}
+    for prefix in prefixes:
+        under = [m for p, m in visible.items() if p == prefix or p.startswith(prefix.rstrip("/") + "/")]
+        common = set(MOUNT_FLAGS).intersection(*(m["flags"] for m in under)) if under else set()
+        out[prefix] = {"count": len(under), "flags": sorted(common)}
+    return out
 
 
 # ---------------------------------------------------------------- identity and processes
@@ -193,7 +221,12 @@ def network() -> dict[str, Any]:
     inet6 = guarded(lambda: sorted({ln.split()[5] + "/" + ln.split()[0] for ln in
                                     read_text("/proc/net/if_inet6").splitlines() if ln.strip()}))
     return {"interfaces": names, "flags": {n: interface_flags(n) for n in names},
-            "ipv4_local": guarded(ipv4_local), "inet6": inet6}
+            "ipv4_local": guarded(ipv4_local), "inet6": inet6,
+            # the IPv4 main table (local routes live in another table) and the
+            # devices the IPv6 routes go through
+            "ipv4_routes": guarded(lambda: len(read_text("/proc/net/route").splitlines()[1:])),
+            "ipv6_route_devs": guarded(lambda: sorted({ln.split()[-1] for ln in
+                                                       read_text("/proc/net/ipv6_route").splitlines()}))}
 
 
 # ---------------------------------------------------------------- limits and fds
@@ -228,27 +261,99 @@ def fd_targets(fds: list[int]) -> dict[str, str]:
 # ---------------------------------------------------------------- actions
 
 def act(action: list[Any]) -> Any:
-    """Small experiments: ["write", path, nbytes], ["mkdir", path], ["symlink", target, path], ["fork", n],
-    ["unshare_user"] (try to make a user namespace, through libc with ctypes)."""
+    """One small experiment; "ok", its result, or the errno's name (see ACTIONS)."""
     verb, *args = action
+    if verb not in ACTIONS:
+        return {"error": f"unknown action {verb}"}
     try:
-        if verb == "write":
-            write_all(args[0], int(args[1]))
-        elif verb == "mkdir":
-            os.mkdir(args[0])
-        elif verb == "symlink":
-            os.symlink(args[0], args[1])
-        elif verb == "fork":
-            return fork_many(int(args[0]))
-        elif verb == "unshare_user":
-            return unshare_user()
-        elif verb == "syscalls":
-            return raw_syscalls(args[0])
-        else:
-            return {"error": f"unknown action {verb}"}
+        result = ACTIONS[verb](*args)
     except OSError as exc:
         return err_name(exc)
-    return "ok"
+    except MemoryError:
+        return "MemoryError"
+    return "ok" if result is None else result
+
+
+def append(path: str, text: str) -> None:
+    with open(path, "a") as f:
+        f.write(text)
+
+
+def read_hex(path: str, size: int) -> str:
+    """Up to `size` bytes of `path`, in hex."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, size).hex()
+    finally:
+        os.close(fd)
+
+
+def owner(path: str) -> str:
+    st = os.stat(path)
+    return f"{st.st_uid}:{st.st_gid}"
+
+
+def run(argv: list[str]) -> list[Any]:
+    """Run `argv` (no shell): [its exit status, its stdout]."""
+    import subprocess
+
+    done = subprocess.run(argv, stdout=subprocess.PIPE, text=True, timeout=30)
+    return [done.returncode, done.stdout]
+
+
+def pty_echo() -> list[str]:
+    """Open a pseudo-terminal pair; the slave's name and what a line written
+    to it reads back as on the master (the line discipline adds the \r)."""
+    master, slave = os.openpty()
+    try:
+        name = os.ttyname(slave)
+        os.write(slave, b"hi\n")
+        return [name, os.read(master, 10).hex()]
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def tcp_echo(host: str) -> str:
+    """Connect to a listener of our own on `host` (a loopback address) and read back what was sent."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as srv:
+        srv.bind((host, 0))
+        srv.listen(1)
+        with socket.create_connection(srv.getsockname()[:2], timeout=5) as cli:
+            conn, _ = srv.accept()
+            with conn:
+                cli.sendall(b"ping")
+                return conn.recv(4).decode()
+
+
+def udp_connect(host: str) -> None:
+    """A UDP connect() only looks a route up (nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))
+
+
+def bind_port(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, int(port)))
+
+
+def allocate(size: int) -> None:
+    buf = bytearray(int(size))
+    del buf
+
+
+def open_until_full() -> list[Any]:
+    """Open / until the fd table is full: [the errno's name, the highest fd opened]."""
+    fds: list[int] = []
+    try:
+        while True:
+            fds.append(os.open("/", os.O_RDONLY))
+    except OSError as exc:
+        return [err_name(exc), max(fds, default=-1)]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def write_all(path: str, size: int) -> None:
@@ -288,6 +393,8 @@ def unshare_user() -> str:
 
 
 def fork_many(n: int) -> Any:
+    """Fork `n` children that exit at once; they are reaped only at the end,
+    so all `n` count against RLIMIT_NPROC together."""
     pids = []
     try:
         for _ in range(n):
@@ -303,6 +410,36 @@ def fork_many(n: int) -> Any:
     return "ok"
 
 
+ACTIONS: dict[str, Callable[..., Any]] = {
+    "write": lambda path, size: write_all(path, int(size)),  # [path, nbytes] of "x"
+    "append": append,  # [path, text]
+    "mkdir": os.mkdir,  # [path]
+    "rm": os.unlink,  # [path]
+    "symlink": os.symlink,  # [target, path]
+    "size": lambda path: os.stat(path).st_size,
+    "mode": lambda path: oct(stat.S_IMODE(os.stat(path).st_mode)),
+    "owner": owner,  # "uid:gid"
+    "read": read_hex,  # [path, nbytes]
+    "count": lambda path, size: len(bytes.fromhex(read_hex(path, int(size)))),  # how many bytes a read gets
+    "pty": pty_echo,
+    "run": run,  # [argv]
+    "tcp_echo": tcp_echo,  # [loopback address]
+    "udp_connect": udp_connect,  # [address]
+    "bind": bind_port,  # [address, port]
+    "alloc": allocate,  # [nbytes]
+    "open_until_full": open_until_full,
+    "fork": lambda n: fork_many(int(n)),
+    "unshare_user": lambda: unshare_user(),  # try to make a user namespace, through libc with ctypes
+    "syscalls": lambda calls: raw_syscalls(calls),  # [[nr, a0..a5], ...]
+}
+
+
+def current_umask() -> str:
+    mask = os.umask(0)
+    os.umask(mask)
+    return oct(mask)
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv: list[str]) -> int:
@@ -312,6 +449,7 @@ def main(argv: list[str]) -> int:
         "paths": {p: path_info(p) for p in req.get("paths", [])},
         "writable": {p: writable(p) for p in req.get("writable", [])},
         "mounts": guarded(lambda: mount_info(req.get("mounts", []))),
+        "below": guarded(lambda: mounts_below(req.get("below", []))),
         "ids": ids(),
         "proc": processes(),
         "status": guarded(proc_status),
@@ -320,6 +458,7 @@ def main(argv: list[str]) -> int:
         "net": guarded(network),
         "env": dict(os.environ),
         "cwd": guarded(os.getcwd),
+        "umask": current_umask(),
         "rlimits": rlimits(),
         "fds": fds,
         "fd_types": fd_targets(fds),
@@ -327,6 +466,8 @@ def main(argv: list[str]) -> int:
     }
     sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
     sys.stdout.flush()
+    while req.get("spin"):
+        pass
     if req.get("signal"):
         sig = int(req["signal"])
         if sig not in (signal.SIGKILL, signal.SIGSTOP):

@@ -12,29 +12,32 @@ import contextlib
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
+import stat
+import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import SYSTEM_MOUNTS
 
 import sandbox
 from sandbox import errors
 from sandbox import spec as S
 
-from .cases import CASES, HOST_TREE, LEAKED_FD, PASSED_FD, Case, Matcher, fill
+from . import probe
+from .cases import CASES, HOST_TREE, LEAKED_FD, PASSED_FD
+from .model import Case, Matcher, fill
 
 pytestmark = pytest.mark.integration
 
 PYTHON = "/usr/bin/python3"
 PROBE_PATH = Path(__file__).with_name("probe.py")
 PROBE = PROBE_PATH.read_bytes()
-BASE_WORLD = (
-    S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Symlink("usr/lib", "/lib"),
-    S.Symlink("usr/lib64", "/lib64"), S.File("/probe.py", PROBE, perms=0o644, readonly=True),
-)
+BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=True))
 BACKENDS = ("native", "bwrap")
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
@@ -56,8 +59,9 @@ def require(backend: str) -> None:
 
 # ---------------------------------------------------------------- host context
 
-def make_tree(root: Path) -> None:
-    for name, content in HOST_TREE.items():
+def make_tree(root: Path, tree: Mapping[str, str | None] = HOST_TREE) -> None:
+    """Make `tree` (name -> None for a directory, "->x" for a symlink, else a file's text) below `root`."""
+    for name, content in tree.items():
         path = root / name
         if content is None:
             path.mkdir(mode=0o755)
@@ -76,9 +80,13 @@ def host_view() -> dict[str, Any]:
     with open("/proc/self/uid_map") as f:
         uid_map = f.read().split()
     view: dict[str, Any] = {f"ns.{ns}": os.readlink(f"/proc/self/ns/{ns}") for ns in NAMESPACES}
+    with open("/proc/1/cmdline") as f:
+        pid1_cmdline = f.read().split("\0")[:-1]
     nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     view.update({"hostname": socket.gethostname(), "net.interfaces": interfaces, "ids.uid_map": uid_map,
-                 "uid": os.getuid(), "gid": os.getgid(), "rlimit.nofile.hard": [nofile_hard, nofile_hard]})
+                 "uid": os.getuid(), "gid": os.getgid(), "rlimit.nofile.hard": [nofile_hard, nofile_hard],
+                 "proc.pid1_cmdline": pid1_cmdline,
+                 "mode./usr/share": oct(stat.S_IMODE(os.stat("/usr/share").st_mode))})
     return view
 
 
@@ -100,7 +108,7 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def build_spec(case: Case, ctx: Mapping[str, Any]) -> S.Spec:
     mounts = (BASE_WORLD if case.base else ()) + tuple(fill(m, ctx) for m in case.mounts)
-    if case.request.get("mounts") and not any(isinstance(m, S.Proc) for m in mounts):
+    if (case.request.get("mounts") or case.request.get("below")) and not any(isinstance(m, S.Proc) for m in mounts):
         mounts += (S.Proc(),)  # the probe reads /proc/self/mountinfo
     return S.Spec(mounts=mounts, **fill(dict(case.spec), ctx))
 
@@ -119,20 +127,38 @@ def mark_known_bugs(case: Case, backends: tuple[str, ...]) -> None:
 
 
 def run_case(case: Case, backend: str, ctx: Mapping[str, Any], monkeypatch: pytest.MonkeyPatch
-             ) -> sandbox.CompletedProcess:
-    """Run `case` on `backend` (raises what spawn raises)."""
+             ) -> tuple[sandbox.CompletedProcess, dict[str, Any]]:
+    """Run `case` on `backend` (raises what spawn raises); return the result
+    and what the host then sees of the case's scratch paths."""
     if case.root_only and os.getuid() != 0:
         pytest.skip("needs root")
     if case.nonroot_only and os.getuid() == 0:
-        pytest.skip("root may make namespaces without a user namespace")
+        pytest.skip("host root is exempt")
     # A fixed caller: its cwd and HOME exist inside only where a case binds them.
     monkeypatch.chdir(fill(case.host_cwd or "/{host}/cwd", ctx))
     monkeypatch.setenv("HOME", "/nonexistent-home")
     for name, value in case.host_env.items():
         monkeypatch.setenv(name, fill(value, ctx))
-    spec = build_spec(case, ctx)
-    with extra_fds(case) as fds, caller_signals(case.host_ignores, case.host_blocks):
-        return sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
+    with (scratch_dir(case, ctx) as run_ctx, caller_umask(case.host_umask), extra_fds(case) as fds,
+          caller_signals(case.host_ignores, case.host_blocks)):
+        spec = build_spec(case, run_ctx)
+        result = sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
+        return result, host_report(case, run_ctx)
+
+
+@contextlib.contextmanager
+def scratch_dir(case: Case, ctx: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """`ctx`, plus (if the case has a scratch tree) a fresh host directory made
+    from it at "{scratch}", removed afterwards."""
+    if case.scratch is None:
+        yield ctx
+        return
+    root = Path(tempfile.mkdtemp(prefix="scratch-", dir=ctx["host"]))
+    try:
+        make_tree(root, case.scratch)
+        yield {**ctx, "scratch": str(root)}
+    finally:
+        shutil.rmtree(root)
 
 
 @contextlib.contextmanager
@@ -146,6 +172,34 @@ def caller_signals(ignore: tuple[int, ...], block: tuple[int, ...]) -> Iterator[
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def caller_umask(mask: int | None) -> Iterator[None]:
+    if mask is None:
+        yield
+        return
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def host_report(case: Case, ctx: Mapping[str, Any]) -> dict[str, Any]:
+    """What the host sees at each of the case's host_paths (relative to its
+    scratch directory): the probe's path_info, whether the caller owns it and
+    whether the caller can still write it."""
+    out = {}
+    for name in case.host_paths:
+        path = os.path.join(ctx["scratch"], name)
+        info = probe.path_info(path)
+        if info["exists"]:
+            st = os.lstat(path)
+            mine = (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
+            info.update(owner="caller" if mine else f"{st.st_uid}:{st.st_gid}", writable=probe.writable(path))
+        out[name] = info
+    return out
 
 
 class extra_fds:
@@ -181,9 +235,13 @@ class extra_fds:
             os.close(fd)
 
 
-def report_of(result: sandbox.CompletedProcess) -> dict[str, Any]:
+def report_of(result: sandbox.CompletedProcess, host: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The probe's report, with the host's view of the scratch paths under "host"."""
     assert result.stdout, f"no report; stderr: {result.stderr!r}"
-    return json.loads(result.stdout)
+    report = json.loads(result.stdout)
+    if host:
+        report["host"] = host
+    return report
 
 
 def lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:
@@ -198,7 +256,7 @@ def lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 def check_expectations(case: Case, backend: str, report: Mapping[str, Any], ctx: Mapping[str, Any]) -> None:
     failures = []
     for path, expected in case.expect.items():
-        if path in case.differs.get(backend, ()):
+        if any(path[:len(other)] == other for other in case.differs.get(backend, ())):
             continue
         path = fill(path, ctx)
         expected = fill(expected, ctx)
@@ -242,11 +300,12 @@ def run_and_check(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: py
             run_case(case, backend, ctx, monkeypatch)
         check_error(case, info.value, ctx)
         return
-    result = run_case(case, backend, ctx, monkeypatch)
+    result, host = run_case(case, backend, ctx, monkeypatch)
     assert result.backend == backend
-    assert result.returncode == case.returncode, result.stderr
+    codes = case.returncode if isinstance(case.returncode, tuple) else (case.returncode,)
+    assert result.returncode in codes, result.stderr
     if case.argv is None:
-        report = report_of(result)
+        report = report_of(result, host)
         if backend == "bwrap":  # a documented difference: bwrap always sets PWD
             assert report["env"].pop("PWD") == report["cwd"]
         check_expectations(case, backend, report, ctx)
@@ -263,8 +322,10 @@ def normalize(report: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
     - without a user namespace, CapBnd (bwrap 0.8.0 shrinks the bounding set
       only in a user namespace it made);
     - the number of mounts (bwrap does not self-bind a non-writable /proc/sys)
-      and the mode= option of the tmpfs behind the root and behind File
-      mounts (bwrap's root is a directory of its staging tmpfs).
+      and the mode= option and root of the tmpfs behind the root and behind
+      File mounts (bwrap's root is a directory of its staging tmpfs);
+    - how many host mounts a recursive bind of a host tree brought along
+      (the host's own mount table may change between the two runs).
     """
     out = json.loads(json.dumps(report))
     out["ns"] = {ns: "unknown" if not isinstance(value, str) else "host" if value == ctx[f"ns.{ns}"] else "new"
@@ -278,24 +339,28 @@ def normalize(report: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
     out["env"].pop("PWD", None)
     if out["ns"]["user"] == "host" and isinstance(out.get("status"), dict):
         out["status"].pop("CapBnd", None)  # bwrap drops the bounding set only in a user namespace
+    if isinstance(out.get("below"), dict):
+        for tree in out["below"].values():
+            tree.pop("count", None)
     mounts = out.get("mounts")
     if isinstance(mounts, dict):
         mounts.pop("count", None)
         for point, info in (mounts.get("points") or {}).items():
             if info and (point == "/" or (out["paths"].get(point) or {}).get("type") == "file"):
                 info.pop("mode", None)
+                info.pop("root", None)
     return out
 
 
 def outcome(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
     try:
-        result = run_case(case, backend, ctx, monkeypatch)
+        result, host = run_case(case, backend, ctx, monkeypatch)
     except sandbox.SandboxError as exc:
         return {"error": type(exc).__name__, "step": getattr(exc, "step", None), "path": getattr(exc, "path", None),
                 "errno": getattr(exc, "errno", None)}
     out: dict[str, Any] = {"returncode": result.returncode}
     if case.argv is None and result.stdout:
-        out["report"] = normalize(report_of(result), ctx)
+        out["report"] = normalize(report_of(result, host), ctx)
         for path in {p for paths in case.differs.values() for p in paths}:
             drop(out["report"], path)
     return out

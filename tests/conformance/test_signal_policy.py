@@ -14,7 +14,8 @@ import sandbox.api
 from sandbox import spec as S
 from sandbox.plan import Plan
 
-from .cases import CALLER_SIGNALS, Case
+from .cases import CALLER_SIGNALS
+from .model import Case
 from .test_conformance import backend, ctx, report_of, run_case  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def test_signals_kept_when_the_plan_says_so(spec: dict[str, Any], backend: str, 
 
     monkeypatch.setattr(sandbox.api, "compile_plan", keeping_signals)
     case = Case("keep_signals", mounts=(S.Proc(),), spec=spec, **CALLER_SIGNALS)
-    result = run_case(case, backend, ctx, monkeypatch)
+    result, _ = run_case(case, backend, ctx, monkeypatch)
     assert result.returncode == 0, result.stderr
     status = report_of(result)["status"]
     assert status["SigIgn"] == bits(signal.SIGPIPE, signal.SIGXFSZ, *CALLER_SIGNALS["host_ignores"])

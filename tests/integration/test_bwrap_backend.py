@@ -1,5 +1,5 @@
 """The bwrap backend's own mechanics: synchronous errors whatever stderr is,
-the exit status mapping, killing, fd and argv hygiene, timings.
+exit statuses, killing, fd and argv hygiene, timings.
 
 What a sandbox looks like from inside is the conformance suite's job
 (tests/conformance); this module checks how the backend drives bwrap.
@@ -15,23 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import make_base_spec, sleep_cmd
 
 import sandbox
-from sandbox.backends.bwrap.messages import decode_exit_code, last_bwrap_line
 
 pytestmark = pytest.mark.integration
-
-BASE = (sandbox.RoBind("/usr"), sandbox.Symlink("usr/bin", "/bin"), sandbox.Symlink("usr/lib", "/lib"),
-        sandbox.Symlink("usr/lib64", "/lib64"), sandbox.Proc(), sandbox.Dev(), sandbox.Tmpfs("/tmp"))
-
-
-def make_base_spec(*extra: sandbox.Mount, **fields: object) -> sandbox.Spec:
-    fields.setdefault("env", {"PATH": "/usr/bin:/bin"})
-    return sandbox.Spec(mounts=(*BASE, *extra), **fields)  # type: ignore[arg-type]
-
-
-def sleep_cmd(marker: str) -> str:
-    return f"sleep 1000 {marker}"  # GNU sleep sums its operands; the marker is a number
 
 
 @pytest.fixture(autouse=True)
@@ -102,21 +90,9 @@ def test_a_piped_stderr_holds_only_the_commands_output() -> None:
     assert (result.stdout, result.stderr) == (b"out\n", b"err\n")
 
 
-@pytest.mark.parametrize("code, expected", [(0, 0), (1, 1), (128, 128), (129, -1), (137, -9), (143, -15),
-                                            (192, -64), (193, 193), (255, 255)])
-def test_exit_code_mapping(code: int, expected: int) -> None:
-    assert decode_exit_code(code) == expected
-
-
 def test_exit_status_and_signals() -> None:
     assert bwrap_run(["sh", "-c", "exit 42"]).returncode == 42
     assert bwrap_run(["sh", "-c", "kill -KILL $$"]).returncode == -9
-
-
-def test_last_bwrap_line() -> None:
-    data = b"noise\nbwrap: first\nmore\nbwrap: Can't mkdir /x: Read-only file system\n"
-    assert last_bwrap_line(data) == "Can't mkdir /x: Read-only file system"
-    assert last_bwrap_line(b"nothing here\n") is None
 
 
 def test_kill_ends_every_process(no_leftovers: str, procs: Any) -> None:

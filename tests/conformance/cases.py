@@ -497,9 +497,7 @@ ERROR_CASES = [
     Case("dir_on_read_only", mounts=(S.Dir("/usr/newdir"),),
          error=("SetupError", {"step": "dir", "path": "/usr/newdir", "errno": E.EROFS})),
     Case("chmod_on_read_only", mounts=(S.Chmod("/usr", 0o700),),
-         error=("SetupError", {"step": "chmod", "path": "/usr", "errno": E.EROFS}),
-         known_bug={"bwrap": "sandbox's bwrap backend (messages._op_step) takes the step from the first "
-                             "operation on the path (the RoBind), not from the message's verb: step='bind'"}),
+         error=("SetupError", {"step": "chmod", "path": "/usr", "errno": E.EROFS})),
 ]
 
 

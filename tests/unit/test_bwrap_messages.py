@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.backends.bwrap.messages import decode_exit_code, last_bwrap_line
+from sandbox import Chmod, Dir, RemountRo, RoBind, SetupError, Spec, Tmpfs, UnavailableError
+from sandbox.backends.bwrap.messages import _error_from, decode_exit_code, last_bwrap_line
+from sandbox.host import HostInfo
+from sandbox.plan import Plan, compile_plan
 
 
 @pytest.mark.parametrize("code, expected", [(0, 0), (1, 1), (128, 128), (129, -1), (137, -9), (143, -15),
@@ -18,3 +21,29 @@ def test_last_bwrap_line() -> None:
     data = b"noise\nbwrap: first\nmore\nbwrap: Can't mkdir /x: Read-only file system\n"
     assert last_bwrap_line(data) == "Can't mkdir /x: Read-only file system"
     assert last_bwrap_line(b"nothing here\n") is None
+
+
+def _plan(*mounts: object) -> Plan:
+    return compile_plan(Spec(mounts=list(mounts)), HostInfo(uid=1000, gid=1000, cwd="/", environ={}, pool=None))
+
+
+@pytest.mark.parametrize("message, step, path", [
+    # the verb names the operation where several act on one path
+    ("Can't chmod 0700 /usr: Read-only file system", "chmod", "/usr"),
+    ("Can't bind mount /oldroot/usr on /newroot/usr: No such file or directory", "ro_bind", "/usr"),
+    ("Can't remount readonly on /usr: Operation not permitted", "remount_ro", "/usr"),
+    ("Can't mount tmpfs on /newroot/tmp: No space left on device", "tmpfs", "/tmp"),
+    ("Can't find source path /nope: No such file or directory", "source", "/nope"),
+    ("Can't mkdir /usr/new: Read-only file system", "dir", "/usr/new"),
+    ("Can't chdir to /nowhere: No such file or directory", "cwd", "/nowhere"),
+    ("Creating new namespace failed: Operation not permitted", "clone", None),
+])
+def test_a_message_names_the_failed_step_and_path(message: str, step: str, path: str | None) -> None:
+    plan = _plan(RoBind("/usr"), RemountRo("/usr"), Chmod("/usr", 0o700), Tmpfs("/tmp"), Dir("/usr/new"))
+    err = _error_from(message, plan, ["true"], setup_done=False)
+    expected_step = "bind" if step == "ro_bind" else step  # OpKind.BIND, read-only or not
+    if step == "clone":  # bwrap cannot make namespaces here: the backend is unusable
+        assert isinstance(err, UnavailableError)
+        return
+    assert isinstance(err, SetupError)
+    assert (err.step, err.path, err.backend) == (expected_step, path, "bwrap")

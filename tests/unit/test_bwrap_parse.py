@@ -36,12 +36,25 @@ def error_of(*args: str, **kw) -> BwrapArgsError:
     return info.value
 
 
+# What each fd a test made refers to: a background thread of this process
+# (the namespace pool's) may reuse a closed fd's number at any time, so
+# "closed" means the number no longer refers to that same file.
+_MADE: dict[int, tuple[int, int]] = {}
+
+
+def track(fd: int) -> int:
+    """Remember what `fd` refers to, for is_closed()."""
+    st = os.fstat(fd)
+    _MADE[fd] = (st.st_dev, st.st_ino)
+    return fd
+
+
 def pipe_with(data: bytes) -> int:
     """A pipe's read end holding `data` (writer closed); `data` must fit in the pipe."""
     r, w = os.pipe()
     assert os.write(w, data) == len(data)
     os.close(w)
-    return r
+    return track(r)
 
 
 def memfd_with(data: bytes) -> int:
@@ -53,11 +66,12 @@ def memfd_with(data: bytes) -> int:
 
 
 def is_closed(fd: int) -> bool:
+    """The test's `fd` was closed (its number is free, or now refers to another file)."""
     try:
-        os.fstat(fd)
+        st = os.fstat(fd)
     except OSError as exc:
         return exc.errno == errno.EBADF
-    return False
+    return _MADE.get(fd) != (st.st_dev, st.st_ino)
 
 
 # ---------------------------------------------------------------- grammar
@@ -323,7 +337,7 @@ class TestFdOptions:
     def test_file_from_a_regular_file(self, tmp_path):
         path = tmp_path / "data"
         path.write_bytes(b"x" * 200_000)
-        fd = os.open(path, os.O_RDONLY)
+        fd = track(os.open(path, os.O_RDONLY))
         assert spec_of("--file", str(fd), "/big").mounts[0].data == b"x" * 200_000
         assert is_closed(fd)
 
@@ -845,6 +859,8 @@ def test_round_trip_with_the_renderer():
         new_session=False, seccomp=Seccomp(raw=DENY_CHMOD), disable_userns=True,
     )
     args = to_bwrap_args(spec, ["sh", "-c", "true"])
+    for fd in args.fds:
+        track(fd)
     parsed, argv = from_bwrap_args(list(args), environ={}, cwd="/", uid=0, gid=0)
     assert argv == ["sh", "-c", "true"]
     assert parsed == spec

@@ -186,7 +186,7 @@ def _step_and_path(message: str, plan: Plan) -> tuple[str, str | None]:
     m = _PATHS.search(message)
     if m:
         path = m.group("path")
-        return _op_step(plan, path), path
+        return _op_step(plan, path, message), path
     for prefix, step in _STEPS:
         if prefix in message:
             path = message.split("Can't chdir to ", 1)[1].split(": ")[0] if step == "cwd" else None
@@ -194,12 +194,22 @@ def _step_and_path(message: str, plan: Plan) -> tuple[str, str | None]:
     return "setup", None
 
 
-def _op_step(plan: Plan, path: str) -> str:
-    """The kind of the operation `path` belongs to (its destination, or one below it)."""
-    for op in plan.ops:
-        if op.dest == path:
-            return op.kind.name.lower()
-    for op in plan.ops:
-        if op.dest.startswith(path.rstrip("/") + "/"):
-            return op.kind.name.lower()
-    return OpKind.BIND.name.lower() if "bind mount" in path else "op"
+# What each of bwrap's "Can't VERB ..." messages was doing.
+_VERB_KINDS = (
+    ("bind mount", OpKind.BIND), ("remount readonly", OpKind.REMOUNT_RO), ("chmod", OpKind.CHMOD),
+    ("make symlink", OpKind.SYMLINK), ("create symlink", OpKind.SYMLINK), ("create file", OpKind.FILE),
+    ("write data to file", OpKind.FILE), ("create tmpfile", OpKind.FILE), ("set mode", OpKind.FILE),
+    ("mount tmpfs", OpKind.TMPFS), ("mount proc", OpKind.PROC),
+)
+
+
+def _op_step(plan: Plan, path: str, message: str) -> str:
+    """The kind of the operation that failed on `path` (its destination, or
+    one below it), of the kind the message's verb names where it names one."""
+    kind = next((k for verb, k in _VERB_KINDS if f"Can't {verb}" in message), None)
+    ops = [op for op in plan.ops if op.dest == path]
+    ops = ops or [op for op in plan.ops if op.dest.startswith(path.rstrip("/") + "/")]
+    chosen = next((op for op in ops if op.kind is kind), ops[0] if ops else None)
+    if chosen is not None:
+        return chosen.kind.name.lower()
+    return kind.name.lower() if kind is not None else "op"

@@ -24,10 +24,14 @@ LIB_SOURCES = [
     "spawn.c", "probe.c", "outside.c", "messages.c",
 ]
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing"]
+# Every header of csrc/: the module depends on them (a header-only change rebuilds it).
+HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
 
 
 def read_cdef(header: Path) -> str:
     """The text between the CDEF BEGIN/END markers of `header`."""
+    if not header.is_file():
+        raise RuntimeError(f"{header} is missing: the source tree is incomplete (an sdist must carry csrc/)")
     text = header.read_text()
     match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
     if not match:
@@ -79,6 +83,17 @@ def syscall_table_source(names: list[str]) -> str:
     )
 
 
+def syscall_table_or_error(cc: str) -> str:
+    """`syscall_table_source` of this host's syscalls; where the compiler or the
+    kernel headers are missing, an `#error` instead. setup.py's build_ext
+    checks the toolchain before compiling and says what to install, so this
+    only lets an sdist be made (cffi runs this script even then)."""
+    try:
+        return syscall_table_source(syscall_names(cc))
+    except (OSError, subprocess.CalledProcessError) as exc:
+        return f'#error "cannot list the syscalls with {cc}: {exc}"\n'
+
+
 def make_ffibuilder() -> FFI:
     """The FFI builder for `sandbox._native`."""
     cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
@@ -86,9 +101,10 @@ def make_ffibuilder() -> FFI:
     builder.cdef(read_cdef(CSRC / "sandbox.h"))
     builder.set_source(
         "sandbox._native",
-        names_source() + syscall_table_source(syscall_names(cc)),
+        names_source() + syscall_table_or_error(cc),
         sources=[f"csrc/{s}" for s in LIB_SOURCES],
         include_dirs=["csrc"],
+        depends=[f"csrc/{h}" for h in HEADERS],
         extra_compile_args=CFLAGS,
     )
     return builder

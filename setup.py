@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -16,10 +18,14 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+from setuptools.errors import SetupError as DistutilsSetupError
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 sys.path.insert(0, str(HERE))
+if not (HERE / "build_ffi.py").is_file():
+    raise SystemExit(f"{HERE}: build_ffi.py is missing: the source tree is incomplete (see MANIFEST.in)")
 from build_ffi import CFLAGS as LIB_CFLAGS  # noqa: E402
 from build_ffi import LIB_SOURCES, names_source  # noqa: E402
 
@@ -36,28 +42,104 @@ EXECUTABLES = {
 }
 
 
+class BuildError(DistutilsSetupError):
+    """A build that cannot succeed here; the message says what to install."""
+
+
+def toolchain_problems(cc: str) -> list[str]:
+    """What is missing to build the C core: the sources, a C compiler, the
+    Python headers, the kernel's UAPI headers. Each line says what to install."""
+    problems = []
+    sources = _with_headers({*LIB_SOURCES, *(s for srcs, _ in EXECUTABLES.values() for s in srcs)})
+    missing = sorted(s for s in sources if not (CSRC / s).is_file())
+    if missing:
+        problems.append(f"csrc/ lacks {', '.join(missing)}: the source tree is incomplete "
+                        "(an sdist must carry csrc/*.c and csrc/*.h; see MANIFEST.in)")
+    if shutil.which(cc.split()[0]) is None:
+        problems.append(f"no C compiler ({cc!r} is not on PATH): install gcc "
+                        "(Debian/Ubuntu: apt-get install gcc libc6-dev; Fedora: dnf install gcc)")
+        return problems
+    include = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not include.is_file():
+        problems.append(f"no Python headers ({include} is missing): install the headers of this "
+                        f"Python {sys.version_info.major}.{sys.version_info.minor} "
+                        "(Debian/Ubuntu: apt-get install python3-dev; Fedora: dnf install python3-devel)")
+    uapi = sorted({h for s in sources for h in _includes(s, r"<((?:linux|asm)/[\w./]+)>")})
+    probe = "".join(f"#include <{h}>\n" for h in uapi)
+    result = subprocess.run([*cc.split(), "-E", "-x", "c", "-o", os.devnull, "-"], input=probe,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        first = next((ln for ln in result.stderr.splitlines() if "error" in ln), result.stderr.strip())
+        problems.append(f"the kernel's UAPI headers are missing or too old ({first.strip()}); the core needs "
+                        "those of Linux 5.13 or later (linux/landlock.h, linux/openat2.h, linux/mount.h): "
+                        "install linux-libc-dev (Debian/Ubuntu) or kernel-headers (Fedora)")
+    return problems
+
+
+def _includes(name: str, pattern: str) -> list[str]:
+    """The #include targets in csrc/`name` that match `pattern` (none if it is missing)."""
+    path = CSRC / name
+    return re.findall(rf"^#include {pattern}", path.read_text(), re.M) if path.is_file() else []
+
+
+def _with_headers(sources: set[str]) -> set[str]:
+    """`sources` and every csrc/ header they include, directly or not."""
+    found, todo = set(sources), list(sources)
+    while todo:
+        for header in _includes(todo.pop(), r'"([\w.]+)"'):
+            if header not in found:
+                found.add(header)
+                todo.append(header)
+    return found
+
+
 class BuildWithExecutables(build_ext):
-    """build_ext that also links the helper executables next to the module."""
+    """build_ext that checks the toolchain first and also links the helper
+    executables next to the module. Nothing is skipped: a missing source or
+    tool fails the build with what to install."""
 
     def run(self) -> None:
-        super().run()
-        out_dir = Path(self.get_ext_fullpath("sandbox._native")).parent / "_bin"
-        out_dir.mkdir(parents=True, exist_ok=True)
         cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        problems = toolchain_problems(cc)
+        if problems:
+            raise BuildError("cannot build sandbox's C core:\n  - " + "\n  - ".join(problems))
+        target = Path(self.get_ext_fullpath("sandbox._native"))
+        for other in target.parent.glob("_native.*so"):
+            if other.name != target.name:  # e.g. a per-version build would shadow the abi3 module
+                other.unlink()
+        super().run()
+        out_dir = target.parent / "_bin"
+        out_dir.mkdir(parents=True, exist_ok=True)
         names = Path(self.build_temp) / "sbx_names.c"  # the generated enum names (build_ffi.names_source)
         names.parent.mkdir(parents=True, exist_ok=True)
         names.write_text(names_source())
         for name, (sources, extra) in EXECUTABLES.items():
-            if not all((CSRC / s).exists() for s in sources):
-                continue
             paths = [str(CSRC / s) for s in sources] + ([str(names)] if "messages.c" in sources else [])
             cmd = [*cc.split(), *CFLAGS, *extra, "-o", str(out_dir / name), *paths]
             self.announce(" ".join(cmd), level=2)
-            subprocess.run(cmd, check=True)
+            if subprocess.run(cmd).returncode != 0:
+                raise BuildError(f"linking {name} failed (the compiler's message is above): {' '.join(cmd)}")
+
+
+class BuildPyWithoutStaleModules(build_py):
+    """build_py that first removes the modules an earlier build left in build/lib
+    that the source tree no longer has (pip builds in the tree's build/ and
+    reuses it: a moved or deleted module would be packaged again)."""
+
+    def run(self) -> None:
+        current = {Path(self.build_lib, *package.split("."), Path(path).name)
+                   for package, _, path in self.find_all_modules()}
+        root = Path(self.build_lib, "sandbox")
+        for stale in [p for p in root.rglob("*.py") if p not in current] if root.is_dir() else []:
+            stale.unlink()
+        super().run()
 
 
 setup(
     cffi_modules=["build_ffi.py:ffibuilder"],
-    cmdclass={"build_ext": BuildWithExecutables},
-    package_data={"sandbox": ["_bin/*"]},
+    cmdclass={"build_ext": BuildWithExecutables, "build_py": BuildPyWithoutStaleModules},
+    package_data={"sandbox": ["_bin/*", "py.typed"]},
+    # The module uses only the stable ABI (cffi defines Py_LIMITED_API): one
+    # wheel, tagged cp311-abi3, serves every CPython from 3.11 on.
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )

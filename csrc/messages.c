@@ -88,7 +88,7 @@ static const char *kind_name(uint32_t kind)
 }
 
 /* What an operation was doing, as bwrap says it (bubblewrap.c setup_newroot). */
-static void put_op(struct out *o, struct plan_view v, const struct sbx_op *op, int detail)
+static void put_op(struct out *o, struct plan_view v, const struct sbx_op *op, int detail, int err)
 {
     const char *dest = or_empty(str_at(v, op->dest)), *src = or_empty(str_at(v, op->src));
     switch (detail) {
@@ -105,9 +105,14 @@ static void put_op(struct out *o, struct plan_view v, const struct sbx_op *op, i
         put(o, "Can't make symlink at %s: existing destination is not %s", dest, src);
         return;
     case SBX_D_CREATE:
-        put(o, "Can't create %s at %s",
-            op->kind == SBX_OP_DIR ? "directory" : op->kind == SBX_OP_SYMLINK ? "symlink"
-            : op->kind == SBX_OP_FILE ? "file" : "mount point", dest);
+        if (err == ENOTDIR && op->kind != SBX_OP_DIR && op->kind != SBX_OP_SYMLINK && op->kind != SBX_OP_FILE)
+            put(o, "Can't mkdir %s", dest); /* a directory mount point, as bwrap's ensure_dir */
+        else if (err == EISDIR && op->kind == SBX_OP_BIND)
+            put(o, "Can't create file at %s", dest); /* a file mount point, as bwrap's ensure_file */
+        else
+            put(o, "Can't create %s at %s",
+                op->kind == SBX_OP_DIR ? "directory" : op->kind == SBX_OP_SYMLINK ? "symlink"
+                : op->kind == SBX_OP_FILE ? "file" : "mount point", dest);
         return;
     case SBX_D_RESOLVE:
         put(o, "Can't open %s inside the sandbox", dest);
@@ -170,7 +175,7 @@ const char *sbx_format_error(const struct sbx_result *res, const void *blob, siz
     case SBX_STEP_OP: {
         const struct sbx_op *op = op_at(v, res->op);
         if (op)
-            put_op(&o, v, op, res->detail);
+            put_op(&o, v, op, res->detail, res->err);
         else
             put(&o, "Can't apply a mount operation");
         break;
@@ -186,7 +191,11 @@ const char *sbx_format_error(const struct sbx_result *res, const void *blob, siz
         break;
     case SBX_STEP_CLONE:
         put(&o, "Creating new namespace failed");
-        if (res->err == EPERM || res->err == ENOSPC || res->err == EACCES)
+        if (res->err == ENOSPC) /* clone(2): a per-user namespace count or the nesting depth (32) */
+            put(&o, " (a namespace limit was reached: raise the user.max_*_namespaces sysctl at its limit, "
+                    "e.g. `sysctl -w user.max_user_namespaces=N`, or end other sandboxes; nesting stops at "
+                    "32 levels)");
+        else if (res->err == EPERM || res->err == EACCES)
             put(&o, " (user namespaces blocked? see `python -m sandbox probe`)");
         break;
     case SBX_STEP_CONFIG:

@@ -108,12 +108,19 @@ static int open_parent(struct sbx_ctx *c, int i, const char *path, uint32_t pmod
     sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_PARENTS);
 }
 
-/* Open (creating if needed) a directory or an empty file to mount on. */
+/* Open (creating if needed) a directory or an empty file to mount on.
+ * The kernel refuses to attach a directory on a non-directory or the
+ * reverse (EINVAL from move_mount); bwrap finds out earlier, making the
+ * mount point (ensure_dir: ENOTDIR, ensure_file: EISDIR): report it so. */
 static int mountpoint(struct sbx_ctx *c, int i, const char *path, int is_dir, uint32_t pmode)
 {
     int fd = open_inside(c, path, O_PATH);
-    if (fd >= 0)
+    if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode) == !!is_dir)
+            sbx_fail(c, SBX_STEP_OP, i, is_dir ? ENOTDIR : EISDIR, SBX_D_CREATE);
         return fd;
+    }
     if (errno != ENOENT)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
     char name[256];

@@ -1,12 +1,19 @@
 """sandbox: start commands in Linux namespace sandboxes, fast, with bubblewrap's semantics.
 
     import sandbox
-    spec = sandbox.Spec(mounts=[sandbox.RoBind("/usr"), sandbox.Symlink("usr/bin", "/bin"), ...])
+    spec = sandbox.presets.minimal_system()     # /usr read-only and its links, /proc, /dev, /tmp
     result = sandbox.run(["sh", "-c", "echo hi"], spec, capture_output=True)
+    print(result.stdout, result.backend, result.backend_reason)
+
+`sandbox.probe()` says what this host allows; `sandbox.explain(spec, argv)`
+describes a sandbox without starting it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from . import presets
 from .api import run, spawn
 from .bwrap import from_bwrap_args
 from .errors import (
@@ -19,7 +26,8 @@ from .errors import (
     SpecError,
     UnavailableError,
 )
-from .probe import ProbeResult, probe
+from .explain import explain
+from .probe import ProbeResult
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
 from .spec import (
     Bind,
@@ -39,11 +47,19 @@ from .spec import (
     Tmpfs,
 )
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from .probe import probe
+else:
+    # The module sandbox.probe, callable: sandbox.probe() is sandbox.probe.probe().
+    from . import probe
+from .seccomp import ArgRule, Seccomp
+
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
 __all__ = [
-    "DEVNULL", "PIPE", "STDOUT", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir", "ExecError",
-    "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount", "Namespaces",
-    "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "SetupError", "Spec",
-    "SpecError", "Symlink", "Tmpfs", "UnavailableError", "from_bwrap_args", "probe", "run", "spawn",
+    "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
+    "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
+    "Namespaces", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "Seccomp",
+    "SetupError", "Spec", "SpecError", "Symlink", "Tmpfs", "UnavailableError", "explain", "from_bwrap_args",
+    "presets", "probe", "run", "spawn",
 ]

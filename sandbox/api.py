@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from . import backends
@@ -83,14 +83,31 @@ def _check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
     return tuple(fds)
 
 
+def with_call_options(spec: Spec, cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None) -> Spec:
+    """`spec` with a call's `cwd` and `env` applied: `cwd` replaces `spec.cwd` (a path
+    inside the sandbox, which must exist there); `env`, like subprocess's, is the
+    command's whole environment (it replaces `spec.env`, and `spec.env_inherit`
+    takes nothing from the caller). Validated as a Spec is."""
+    if cwd is not None:
+        spec = spec.replace(cwd=os.fspath(cwd))
+    if env is not None:
+        if not isinstance(env, Mapping):
+            raise SpecError("env", env, "must be a mapping of names to values")
+        spec = spec.replace(env=dict(env), env_inherit=())
+    return spec
+
+
 def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: StdioArg = None,
-          stderr: StdioArg = None, pass_fds: Iterable[int] = (), backend: str = "auto") -> SandboxProcess:
+          stderr: StdioArg = None, pass_fds: Iterable[int] = (), backend: str = "auto",
+          cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> SandboxProcess:
     """Start `argv` in a sandbox described by `spec`; return at once.
 
     stdin/stdout/stderr take what subprocess.Popen takes (None inherits,
     PIPE, DEVNULL, STDOUT for stderr, an fd or a file). Only stdio and
     `pass_fds` are open in the command. `backend` is "auto" (native where the
-    host allows it, else bwrap), "native" or "bwrap".
+    host allows it, else bwrap), "native" or "bwrap". `cwd` and `env` override
+    the Spec's for this call (see `with_call_options`: `env` is the whole
+    environment, as in subprocess).
 
     Raises SpecError (a ValueError) for bad arguments; SetupError when a setup
     step fails; ExecError (also FileNotFoundError or PermissionError) when the
@@ -101,6 +118,7 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     args = check_argv(argv)
     if not isinstance(spec, Spec):
         raise SpecError("spec", spec, "must be a sandbox.Spec")
+    spec = with_call_options(spec, cwd, env)
     fds = _check_pass_fds(pass_fds)
     name, reason = backends.choose(backend)
     host = HostInfo.current(backend=name)
@@ -122,14 +140,19 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
 def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
         stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
-        backend: str = "auto") -> CompletedProcess:
+        backend: str = "auto", cwd: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None) -> CompletedProcess:
     """Run `argv` in a sandbox and wait, like subprocess.run.
 
     On timeout every process of the sandbox is killed and
     subprocess.TimeoutExpired raised; `check=True` raises
-    subprocess.CalledProcessError on a non-zero exit. The result carries
-    `.backend`, `.network` (the namespace it ran in), `.isolation` and
-    `.timings` (setup stages, µs). Raises what spawn() raises.
+    subprocess.CalledProcessError on a non-zero exit. `cwd` and `env`
+    override the Spec's for this call, as in spawn(). The result carries
+    `.backend` and `.backend_reason` (which backend ran, and why), `.network`
+    (the namespace it ran in), `.isolation` and `.timings`: microseconds
+    since the spawn began, by stage (`start`, `child`, `ready`, `exec` on
+    every backend; the native one adds `idmap`, `mounts`, `pivot`, `return`,
+    `done`). Raises what spawn() raises.
     """
     if capture_output:
         if stdout is not None or stderr is not None:
@@ -140,7 +163,8 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
             raise SpecError("input", "...", "cannot be combined with stdin")
         stdin = PIPE
     data = input.encode() if isinstance(input, str) else input
-    with spawn(argv, spec, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, backend=backend) as proc:
+    with spawn(argv, spec, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, backend=backend,
+               cwd=cwd, env=env) as proc:
         try:
             out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired as exc:

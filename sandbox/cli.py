@@ -1,5 +1,6 @@
 """The command line: `python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]`
-(bubblewrap 0.8.0's options) and `python -m sandbox probe`.
+(bubblewrap 0.8.0's options), `python -m sandbox probe` and `--version`.
+The `sandbox` console script is the same.
 
 Exit status of `run`: the command's own; 128+N if signal N killed it; 125 for
 a bad option, a failed setup or no usable backend; 126 if the command cannot
@@ -35,12 +36,23 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 USAGE = """\
 usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
        python -m sandbox probe
+       python -m sandbox --version
        python -m sandbox --help
 
 commands:
     run      Run COMMAND in a sandbox described by bubblewrap-style OPTIONS
-             (see `python -m sandbox run --help`)
-    probe    Report what this host supports
+             (see `python -m sandbox run --help`; `--dry-run` shows the
+             sandbox without running it, `--verbose` says which backend ran)
+    probe    Report what this host supports: which backends can run and why
+"""
+
+PROBE_HELP = """\
+usage: python -m sandbox probe
+
+Report what this host supports: the kernel, the caller's uid, whether the
+native backend (the compiled core in this package, in-process namespaces) and
+the bwrap backend (bubblewrap on PATH or $SANDBOX_BWRAP) can run, and if not
+why, the user-namespace sysctls, and which package was imported. Exit status 0.
 """
 
 EXIT_HELP = """\
@@ -58,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     if command in ("-h", "--help", "help"):
         sys.stdout.write(USAGE)
+        return 0
+    if command in ("-V", "--version"):
+        print(f"sandbox {_version()}")
         return 0
     if command == "run":
         return run(rest)
@@ -82,17 +97,22 @@ def run(args: Sequence[str]) -> int:
     if extras.show_version:
         print(f"sandbox {_version()}")
         return 0
+    if extras.dry_run:
+        return _dry_run(command, spec, extras.backend)
     pass_fds: tuple[int, ...] = ()
     if not extras.close_fds:
         pass_fds = tuple(fd for fd in inherited if fd not in extras.consumed_fds and _is_open(fd))
-    return _execute(command, spec, pass_fds, extras.backend)
+    return _execute(command, spec, pass_fds, extras.backend, extras.verbose)
 
 
 def probe(args: Sequence[str]) -> int:
     """`probe`: print what this host supports."""
+    if args[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(PROBE_HELP)
+        return 0
     if args:
-        return _fail(EXIT_SETUP, f"probe takes no arguments (got {args[0]!r})")
-    from . import probe as probe_host
+        return _fail(EXIT_SETUP, f"probe takes no arguments (got {args[0]!r}; try --help)")
+    from .probe import probe as probe_host
 
     try:
         report = probe_host()
@@ -104,13 +124,26 @@ def probe(args: Sequence[str]) -> int:
 
 # ---------------------------------------------------------------- running
 
-def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str) -> int:
+def _dry_run(command: list[str], spec: Spec, backend: str) -> int:
+    """`--dry-run`: print the sandbox in words and as a bwrap command line."""
+    from .explain import explain
+
+    try:
+        print(explain(spec, command, backend))
+    except SandboxError as exc:
+        return _fail(EXIT_SETUP, exc)
+    return 0
+
+
+def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str, verbose: bool = False) -> int:
     """Spawn the sandbox, forward signals while waiting, map the outcome to an exit status."""
     from . import spawn
 
     with SignalForwarder() as forwarder:
         try:
             proc = spawn(command, spec, pass_fds=pass_fds, backend=backend)
+            if verbose:
+                _say(f"{proc.backend} backend ({proc.backend_reason}), network {proc.network}")
             returncode = forwarder.wait(proc)
         except ExecNotFoundError as exc:
             return _fail(EXIT_NOTFOUND, exc)
@@ -244,10 +277,7 @@ def _message(error: object) -> str:
 
 
 def _version() -> str:
-    from importlib import metadata
+    """The version of the code running (not of whatever is installed elsewhere)."""
+    from . import __version__
 
-    try:
-        return metadata.version("sandbox")
-    except metadata.PackageNotFoundError:
-        package = sys.modules.get(__package__ or "sandbox")
-        return str(getattr(package, "__version__", "unknown"))
+    return __version__

@@ -6,6 +6,8 @@ HostInfo, read here and nowhere else.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import resource
 from collections.abc import Mapping
@@ -60,6 +62,7 @@ class HostInfo:
     is_root: bool = False  # effective uid 0: may create namespaces without a user namespace
     backend: str = "native"  # the backend that will run the plan
     pool: PoolInfo | None = PoolInfo()  # None: the executor cannot join a pooled namespace
+    core_missing: str | None = None  # why the compiled core (sandbox._native) is not there; None if it is
 
     @classmethod
     def current(cls, backend: str = "native") -> HostInfo:
@@ -70,7 +73,19 @@ class HostInfo:
             cwd = None
         return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits(),
                    is_root=os.geteuid() == 0, backend=backend,
-                   pool=PoolInfo.current() if backend == "native" else None)
+                   pool=PoolInfo.current() if backend == "native" else None, core_missing=core_missing())
+
+
+@functools.cache
+def core_missing() -> str | None:
+    """Why this package's compiled core cannot be found (an uncompiled source
+    checkout, a build that failed), or None when it is there."""
+    package = __package__ or "sandbox"
+    if importlib.util.find_spec(f"{package}._native") is None:
+        where = os.path.dirname(os.path.abspath(__file__))
+        return (f"the compiled core {package}._native is not built in {where} (an uncompiled source checkout "
+                "imported instead of the installed package? run from another directory, or `pip install .`)")
+    return None
 
 
 def hard_limits() -> dict[int, int]:

@@ -358,6 +358,13 @@ def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
                           step="clone", errno=E.EPERM, backend=host.backend)
     if host.backend != "bwrap":
         return None
+    outside = [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
+                                       ("forward", plan.forward), ("check", plan.check_network)) if used]
+    if outside and host.core_missing:
+        # The bwrap backend does this work from outside the sandbox, with the
+        # compiled core's helpers (entering its namespaces, openat2).
+        return UnavailableError(f"the bwrap backend needs the compiled core for {', '.join(outside)}: "
+                                f"{host.core_missing}")
     if plan.landlock and not plan.landlock_best_effort:
         return UnavailableError("landlock=True needs the native backend (bwrap has no Landlock support); "
                                 "use landlock='best-effort' to run without it under bwrap")

@@ -1,10 +1,18 @@
-"""What this host allows: a report of every backend's availability. Cached per process."""
+"""What this host allows: a report of every backend's availability. Cached per process.
+
+`sandbox.probe` is this module, and calling it calls `probe()`:
+`sandbox.probe()` and `sandbox.probe.probe()` are the same, and
+`import sandbox.probe` gives the module (with `ProbeResult`).
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import types
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import backends
 from .backends import bwrap as bwrap_backend
@@ -24,6 +32,8 @@ class ProbeResult:
     kernel: str
     uid: int
     sysctls: dict[str, str] = field(default_factory=dict)
+    package: str = ""  # the directory the running `sandbox` package was imported from
+    version: str = ""
 
     def choose(self, backend: str) -> tuple[str, str]:
         """(backend name, reason) for a request of `backend`: `sandbox.backends.choose`."""
@@ -37,6 +47,8 @@ class ProbeResult:
             f"bwrap backend: {self.bwrap or 'no'} ({self.bwrap_reason})",
         ]
         lines += [f"sysctl {k} = {v}" for k, v in sorted(self.sysctls.items())]
+        if self.package:
+            lines.append(f"package: sandbox {self.version} in {self.package}")
         return "\n".join(lines)
 
 
@@ -58,4 +70,21 @@ def _report(refresh: bool) -> ProbeResult:
     bwrap_ok, bwrap_reason = backends.availability("bwrap", refresh=refresh)
     return ProbeResult(native=native_ok, native_reason=native_reason,
                        bwrap=bwrap_backend.bwrap_path() if bwrap_ok else None, bwrap_reason=bwrap_reason,
-                       kernel=os.uname().release, uid=os.getuid(), sysctls=userns_sysctls())
+                       kernel=os.uname().release, uid=os.getuid(), sysctls=userns_sysctls(),
+                       package=str(Path(__file__).resolve().parent), version=_version())
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+class _CallableModule(types.ModuleType):
+    """This module's type: calling the module calls `probe()` (so `sandbox.probe()` keeps working)."""
+
+    def __call__(self, refresh: bool = False) -> ProbeResult:
+        return probe(refresh)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -87,6 +87,8 @@ class ParseState:
     base: S.Spec | None = None
     backend: str = "auto"
     close_fds: bool = False
+    verbose: bool = False  # --verbose: say which backend runs and why
+    dry_run: bool = False  # --dry-run: describe the sandbox, run nothing
     consumed: list[int] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
@@ -251,6 +253,14 @@ def _opt_backend(st: ParseState, opt: str, values: list[str]) -> None:
 
 def _opt_close_fds(st: ParseState, opt: str, values: list[str]) -> None:
     st.close_fds = True
+
+
+def _opt_verbose(st: ParseState, opt: str, values: list[str]) -> None:
+    st.verbose = True
+
+
+def _opt_dry_run(st: ParseState, opt: str, values: list[str]) -> None:
+    st.dry_run = True
 
 
 def _opt_netns_pool(st: ParseState, opt: str, values: list[str]) -> None:
@@ -523,6 +533,9 @@ OPTIONS: tuple[Option, ...] = (
            _opt_close_fds),
     Option("--netns-pool", 0, (), "With --unshare-net: lease the network namespace from a pool", OURS,
            _opt_netns_pool),
+    Option("--verbose", 0, (), "Say on stderr which backend runs COMMAND, and why", OURS, _opt_verbose),
+    Option("--dry-run", 0, (), "Print the sandbox in words and as a bwrap command line; run nothing", OURS,
+           _opt_dry_run),
     *(Option(limit.option, 1, (limit.metavar,), limit.help, OURS, _opt_limit) for limit in LIMITS),
 
     _refuse("--userns", ("FD",), "Use this user namespace", _OWN_NS),

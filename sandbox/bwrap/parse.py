@@ -45,6 +45,8 @@ class CliExtras:
     consumed_fds: fds read and closed while parsing (`--args`, `--file`, ...);
     they must not be passed through.
     warnings: bwrap-style warnings ("Only the last --chdir option will take effect").
+    verbose: `--verbose`: say on stderr which backend runs the command and why.
+    dry_run: `--dry-run`: describe the sandbox and its bwrap command line, run nothing.
     show_help / show_version: `--help` / `--version` was given; parsing stopped there.
     """
 
@@ -52,6 +54,8 @@ class CliExtras:
     close_fds: bool = False
     consumed_fds: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
+    verbose: bool = False
+    dry_run: bool = False
     show_help: bool = False
     show_version: bool = False
 
@@ -104,7 +108,8 @@ def from_bwrap_args(
 def _extras(st: ParseState) -> CliExtras:
     return CliExtras(
         backend=st.backend, close_fds=st.close_fds, consumed_fds=tuple(st.consumed),
-        warnings=tuple(st.warnings), show_help=st.stop == "help", show_version=st.stop == "version",
+        warnings=tuple(st.warnings), verbose=st.verbose, dry_run=st.dry_run,
+        show_help=st.stop == "help", show_version=st.stop == "version",
     )
 
 

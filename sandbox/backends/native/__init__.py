@@ -188,17 +188,22 @@ def available() -> tuple[bool, str]:
 
 
 def _explain_clone(err: int, sysctls: dict[str, str]) -> str:
+    """Why clone(CLONE_NEWUSER|...) failed with `err`, and what to change."""
     text = f"{E.errorcode.get(err, err)} from clone"
     hints = []
     if sysctls.get("user.max_user_namespaces") == "0":
-        hints.append("user.max_user_namespaces=0")
+        hints.append("user.max_user_namespaces=0: raise it, e.g. `sysctl -w user.max_user_namespaces=65536`")
     if sysctls.get("kernel.apparmor_restrict_unprivileged_userns") == "1":
-        hints.append("kernel.apparmor_restrict_unprivileged_userns=1")
+        hints.append("kernel.apparmor_restrict_unprivileged_userns=1: set it to 0, or give this interpreter "
+                     "an AppArmor profile that allows `userns,`")
     if sysctls.get("kernel.unprivileged_userns_clone") == "0":
-        hints.append("kernel.unprivileged_userns_clone=0")
+        hints.append("kernel.unprivileged_userns_clone=0: set it to 1")
+    if not hints and err == E.ENOSPC:
+        hints.append("a namespace limit is reached: raise the user.max_*_namespaces sysctl at its limit "
+                     "(/proc/sys/user/), or end other sandboxes; nesting stops at 32 levels")
     if not hints and err in (E.EPERM, E.EACCES):
         hints.append("blocked by a seccomp policy or an LSM?")
-    return f"user namespaces: {text}" + (f" ({', '.join(hints)})" if hints else "")
+    return f"user namespaces: {text}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 class _Native:

@@ -1,7 +1,13 @@
 """Shared fixtures for the native-core tests.
 
-Nothing here is autouse: every fixture is requested by name, so the other
-test modules (which define their own module-level helpers) are unaffected.
+The tests exercise the installed package, never the source tree's uncompiled
+`sandbox/`: `python -m pytest` run from a checkout puts the checkout first on
+sys.path, so tests/_installed.py, imported first, takes it off again (unless
+the checkout is what is installed, as with `pip install -e .`).
+
+One fixture is autouse: `nothing_outlives_the_test` (tests/leakcheck.py),
+which fails a test after which a process, a mount or a namespace fd it made
+is left. The others are requested by name.
 
 - `SYSTEM_MOUNTS`, `BASE_MOUNTS`, `make_base_spec`: the one base world every
   test module builds on (the conformance suite takes SYSTEM_MOUNTS, the
@@ -29,7 +35,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import _installed  # noqa: F401  (first: decides which `sandbox` the tests import)
 import pytest
+from leakcheck import nothing_outlives_the_test  # noqa: F401  (autouse: registered by being here)
 
 import sandbox
 from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs, netpool

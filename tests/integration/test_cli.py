@@ -1,18 +1,28 @@
-"""`python -m sandbox run/probe` as a real subprocess, running real sandboxes."""
+"""`python -m sandbox run/probe` as a real subprocess, running real sandboxes.
+
+The subprocess runs the package the tests import (the installed one): `-P`
+keeps its cwd, which may be a checkout's root, off sys.path.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leakcheck import descendants, kill_trees
 
+import sandbox
 from sandbox import spec as S
 from sandbox.bwrap import grammar
+from sandbox.seccomp import DEFAULT_POLICY, compile_policy
 
 pytestmark = pytest.mark.integration
 
@@ -25,17 +35,13 @@ SYSTEM = [
 BWRAP = shutil.which("bwrap")
 
 
-def _environ(env: dict[str, str] | None) -> dict[str, str]:
-    environ = dict(os.environ if env is None else env)
-    old = os.environ.get("PYTHONPATH")
-    environ["PYTHONPATH"] = str(REPO) + (os.pathsep + old if old else "")
-    return environ
+PYTHON_M_SANDBOX = [sys.executable, "-P", "-m", "sandbox"]
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: str | Path = REPO, pass_fds: tuple[int, ...] = (),
         input: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run `python -m sandbox ARGS` and capture its output."""
-    return subprocess.run([sys.executable, "-m", "sandbox", *args], env=_environ(env), cwd=cwd, pass_fds=pass_fds,
+    return subprocess.run([*PYTHON_M_SANDBOX, *args], env=env, cwd=cwd, pass_fds=pass_fds,
                           input=input, capture_output=True, text=True, timeout=TIMEOUT)
 
 
@@ -51,13 +57,21 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def start(*args: str) -> subprocess.Popen[str]:
-    """Start `python -m sandbox run ARGS` and wait until the command prints its first line."""
-    proc = subprocess.Popen([sys.executable, "-m", "sandbox", "run", *args], env=_environ(None), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "ready\n"
-    return proc
+@contextlib.contextmanager
+def start(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """Start `python -m sandbox run ARGS` and wait until the command prints its first line.
+    On the way out, passed or failed, the CLI and its sandbox are gone (bwrap's default
+    is no --die-with-parent: killing the CLI alone would leave the sandbox running)."""
+    proc = subprocess.Popen([*PYTHON_M_SANDBOX, "run", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        yield proc
+    finally:
+        if proc.poll() is None:
+            kill_trees({proc.pid, *descendants(proc.pid)})
+        proc.communicate()
 
 
 # ---------------------------------------------------------------- exit status
@@ -264,19 +278,19 @@ class TestSignals:
     @pytest.mark.parametrize("extra", [[], ["--unshare-pid"]])
     @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
     def test_forwarded_signal_ends_the_command(self, extra, sig):
-        proc = start(*SYSTEM, *extra, "--", "sh", "-c", "echo ready; exec sleep 60")
-        proc.send_signal(sig)
-        assert proc.wait(timeout=TIMEOUT) == 128 + sig
+        with start(*SYSTEM, *extra, "--", "sh", "-c", "echo ready; exec sleep 60") as proc:
+            proc.send_signal(sig)
+            assert proc.wait(timeout=TIMEOUT) == 128 + sig
 
     @pytest.mark.parametrize("extra", [[], ["--unshare-pid"], ["--unshare-pid", "--as-pid-1"]])
     def test_command_can_catch_a_forwarded_signal(self, extra):
         # Short foreground sleeps: the shell runs the trap when the current one ends, wherever
         # the signal lands (a signal that arrives just before `wait` starts can be missed by dash).
         script = 'trap "echo caught; exit 7" TERM; echo ready; while :; do sleep 0.05; done'
-        proc = start(*SYSTEM, *extra, "--", "sh", "-c", script)
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=TIMEOUT)
-        assert (proc.returncode, out) == (7, "caught\n")
+        with start(*SYSTEM, *extra, "--", "sh", "-c", script) as proc:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=TIMEOUT)
+            assert (proc.returncode, out) == (7, "caught\n")
 
 
 # ---------------------------------------------------------------- other commands
@@ -301,6 +315,65 @@ class TestCommands:
     def test_run_version(self):
         result = cli("run", "--version")
         assert result.returncode == 0 and result.stdout.startswith("sandbox ")
+
+    @pytest.mark.parametrize("flag", ["--version", "-V"])
+    def test_version(self, flag):
+        result = cli(flag)
+        assert (result.returncode, result.stdout) == (0, f"sandbox {sandbox.__version__}\n")
+
+    def test_probe_help(self):
+        result = cli("probe", "--help")
+        assert result.returncode == 0 and result.stdout.startswith("usage: python -m sandbox probe")
+
+    def test_probe_names_the_package_the_tests_import(self):
+        result = cli("probe")
+        package = Path(sandbox.__file__).resolve().parent
+        assert f"package: sandbox {sandbox.__version__} in {package}\n" in result.stdout + "\n"
+
+    def test_verbose_says_which_backend_ran_and_why(self):
+        expected = sandbox.probe().choose("auto")
+        result = run(*SYSTEM, "--verbose", "true")
+        assert result.returncode == 0, result.stderr
+        assert result.stderr.startswith(f"sandbox: {expected[0]} backend ({expected[1]}), network ")
+
+    def test_dry_run_describes_and_runs_nothing(self, tmp_path):
+        marker = tmp_path / "ran"
+        result = run(*SYSTEM, "--tmpfs", "/tmp", "--unshare-all", "--hostname", "box", "--limit-nofile", "64",
+                     "--dry-run", "--bind", str(tmp_path), "/w", "touch", f"/w/{marker.name}")
+        assert result.returncode == 0, result.stderr
+        assert not marker.exists()
+        words, _, bwrap = result.stdout.partition("equivalent bwrap command line:\n")
+        assert words.startswith("backend: ")
+        for expected in ("bind /usr at /usr, read-only", "symlink /bin -> usr/bin", "tmpfs at /tmp, mode 0755",
+                         f"bind {tmp_path} at /w, writable", "hostname: box", "RLIMIT_NOFILE 64 open files",
+                         "namespaces: new user, mount, pid, ipc, uts", "network: its own: only lo"):
+            assert expected in words, (expected, words)
+        line = bwrap.splitlines()[0]
+        assert line.startswith("bwrap --unshare-user") and line.endswith(f"-- touch /w/{marker.name}")
+        assert f"--bind {tmp_path} /w" in line and "--hostname box" in line and "--seccomp 3" in line
+        assert "RLIMIT_NOFILE 64" in bwrap.splitlines()[-1]
+
+    @pytest.mark.skipif(BWRAP is None, reason="bwrap is not installed")
+    def test_dry_run_bwrap_line_runs_under_the_real_bwrap(self):
+        result = run(*SYSTEM, "--unshare-all", "--clearenv", "--dry-run", "--file", "0", "/etc/motd", "cat",
+                     "/etc/motd", input="hello\n")
+        line = result.stdout.split("equivalent bwrap command line:\n")[1].splitlines()[0]
+        argv = shlex.split(line)
+        # The text numbers the fds from 3 (the data, then the program): put real ones in their place.
+        data, program = os.pipe(), os.pipe()
+        os.write(data[1], b"hello\n")
+        os.write(program[1], compile_policy(DEFAULT_POLICY))
+        for fd in (data[1], program[1]):
+            os.close(fd)
+        argv[argv.index("--file") + 1] = str(data[0])
+        argv[argv.index("--seccomp") + 1] = str(program[0])
+        try:
+            real = subprocess.run(argv, pass_fds=(data[0], program[0]), capture_output=True, text=True,
+                                  timeout=TIMEOUT, cwd="/")
+        finally:
+            os.close(data[0])
+            os.close(program[0])
+        assert (real.returncode, real.stdout) == (0, "hello\n"), real.stderr
 
     def test_unknown_command(self):
         result = cli("frobnicate")

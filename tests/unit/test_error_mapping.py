@@ -100,6 +100,17 @@ def test_op_failures(op: int, detail: int, step: str, path: str, text: str) -> N
     assert str(e) == f"{text}: {os.strerror(E.EROFS)}"
 
 
+@pytest.mark.parametrize(("op", "err", "text"), [
+    (DATA, E.EISDIR, "Can't create file at /data"),  # a file bound where a directory is: bwrap's ensure_file
+    (DATA, E.ENOTDIR, "Can't mkdir /data"),  # a directory bound where a file is: bwrap's ensure_dir
+    (index(OpKind.TMPFS, "/tmp"), E.ENOTDIR, "Can't mkdir /tmp"),
+    (index(OpKind.DIR, "/d"), E.ENOTDIR, "Can't create directory at /d"),
+])
+def test_a_mount_point_of_the_wrong_type_is_worded_as_bwrap_words_it(op: int, err: int, text: str) -> None:
+    e = error(lib.SBX_STEP_OP, op, err, lib.SBX_D_CREATE)
+    assert (type(e), str(e), e.errno) == (SetupError, f"{text}: {os.strerror(err)}", err)
+
+
 def test_every_op_detail_is_worded_for_every_op() -> None:
     for op in range(len(STRICT.ops)):
         for detail in range(lib.SBX_D_NONE, lib.SBX_D_EXISTS + 1):
@@ -176,8 +187,12 @@ def test_setup_steps(step: int, name: str, text: str) -> None:
 
 def test_clone_failures_hint_at_blocked_user_namespaces() -> None:
     hint = " (user namespaces blocked? see `python -m sandbox probe`)"
-    for err in (E.EPERM, E.ENOSPC, E.EACCES):
+    for err in (E.EPERM, E.EACCES):
         assert str(error(lib.SBX_STEP_CLONE, err=err)) == f"Creating new namespace failed{hint}: {os.strerror(err)}"
+    limit = str(error(lib.SBX_STEP_CLONE, err=E.ENOSPC))
+    assert limit.startswith("Creating new namespace failed (a namespace limit was reached: raise the "
+                            "user.max_*_namespaces sysctl at its limit, e.g. `sysctl -w user.max_user_namespaces=N`")
+    assert limit.endswith(f": {os.strerror(E.ENOSPC)}")
     e = error(lib.SBX_STEP_CLONE, err=E.EINVAL)
     assert (e.step, str(e)) == ("clone", f"Creating new namespace failed: {os.strerror(E.EINVAL)}")
 

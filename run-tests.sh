@@ -4,25 +4,24 @@
 # sandbox are not root). Usage: ./run-tests.sh [pytest args...]
 #
 # The package is installed (not editable) into a venv made with the system
-# python3, in a world-readable place, and the tests run from a staged copy,
-# so the unprivileged run imports exactly what a user would.
+# python3 (tools/setup-venv.sh says where, and what else it changes). The
+# first run is the developer's `pip install . && python -m pytest` from this
+# checkout: the tests import the installed package, not the checkout's
+# uncompiled sandbox/ (tests/_installed.py). The unprivileged run, as
+# $SANDBOX_TEST_USER (default sbxtest, a system user created if missing),
+# runs a world-readable staged copy of the tests.
+# SANDBOX_SKIP_UNPRIVILEGED=1 skips it.
 set -euo pipefail
 src=$(cd "$(dirname "$0")" && pwd)
 test_user=${SANDBOX_TEST_USER:-sbxtest}
 [ $# -gt 0 ] || set -- -q -ra  # default pytest options
 venv=$("$src/tools/setup-venv.sh")
 
-stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
-trap 'rm -rf "$stage"' EXIT
-cp -r "$src/tests" "$src/pyproject.toml" "$stage/"
-chmod -R a+rX "$stage"
-chmod 755 "$stage"
-
-run_pytest() {  # run_pytest LABEL [runner...] -- pytest args
-    local label=$1; shift
+run_pytest() {  # run_pytest LABEL DIR [runner...] -- pytest args
+    local label=$1 dir=$2; shift 2
     echo "=== tests as $label ==="
     set +e
-    (cd "$stage" && "$@")
+    (cd "$dir" && "$@")
     local rc=$?
     set -e
     if [ $rc = 5 ]; then echo "no tests ran as $label" >&2; return 1; fi
@@ -30,10 +29,15 @@ run_pytest() {  # run_pytest LABEL [runner...] -- pytest args
 }
 
 rc=0
-run_pytest "$(id -un) (uid $(id -u))" "$venv/bin/python" -m pytest -p no:cacheprovider "$@" tests || rc=1
+run_pytest "$(id -un) (uid $(id -u))" "$src" "$venv/bin/python" -m pytest -p no:cacheprovider "$@" || rc=1
 if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
+    stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
+    trap 'rm -rf "$stage"' EXIT
+    cp -r "$src/tests" "$src/pyproject.toml" "$stage/"
+    chmod -R a+rX "$stage"
+    chmod 755 "$stage"
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"
-    run_pytest "$test_user (unprivileged)" runuser -u "$test_user" -- env HOME="$stage" PATH=/usr/local/bin:/usr/bin:/bin \
-        "$venv/bin/python" -m pytest -p no:cacheprovider "$@" tests || rc=1
+    run_pytest "$test_user (unprivileged)" "$stage" runuser -u "$test_user" -- env HOME="$stage" \
+        PATH=/usr/local/bin:/usr/bin:/bin "$venv/bin/python" -m pytest -p no:cacheprovider "$@" || rc=1
 fi
 exit $rc

@@ -66,7 +66,9 @@ def python_mounts(executable: str | None = None) -> tuple[Mount, ...]:
 def python_interpreter(*mounts: Mount, executable: str | None = None, **fields: Any) -> Spec:
     """`minimal_system` plus the interpreter (this one by default) and its venv, read-only,
     with its bin directory first in PATH: `run(["python3", "-c", ...], python_interpreter())`
-    runs the same Python with the same installed packages. Bytecode is not written."""
+    runs the same Python with the packages installed in it. Bytecode is not written.
+    A package installed in editable mode (`pip install -e`) lives in its source tree:
+    bind that too."""
     python = executable or sys.executable
     bindir = os.path.dirname(os.path.abspath(python))
     fields.setdefault("env", {"PATH": f"{bindir}:{SYSTEM_PATH}", "PYTHONDONTWRITEBYTECODE": "1"})

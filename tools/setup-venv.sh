@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# Install the package (and the test tools) into a venv made with the system
-# python3, in a place every user can read; print the venv's path.
-# Used by run-demo.sh and run-tests.sh. Needs gcc and the Python headers
-# (Debian: python3-dev python3-venv); as root it installs bubblewrap too.
+# Install the package with its test extra into a venv made with the system
+# python3, in a place every user can read; print the venv's path on stdout
+# (progress goes to stderr). Used by run-demo.sh and run-tests.sh.
+#
+# What it changes on this machine:
+# - as root, without bwrap: `apt-get install bubblewrap` (the fallback backend);
+# - the venv: /opt/sandbox-venv as root, ~/.cache/sandbox-venv otherwise, or
+#   $SANDBOX_VENV; made once (pip is upgraded then, not on every run) and
+#   made world-readable (the tests run again as an unprivileged user);
+# - this checkout's build/ (pip builds the C core there; stale modules are
+#   dropped and a changed header rebuilds the core, see setup.py).
+# Needs gcc, the Python headers and the kernel headers (Debian: gcc
+# python3-dev python3-venv linux-libc-dev); a missing one fails the build
+# with what to install. $SANDBOX_PYTHON picks another interpreter.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 PY=${SANDBOX_PYTHON:-/usr/bin/python3}
 if [ "$(id -u)" = 0 ]; then venv=${SANDBOX_VENV:-/opt/sandbox-venv}; else venv=${SANDBOX_VENV:-$HOME/.cache/sandbox-venv}; fi
+say() { echo "setup-venv: $*" >&2; }
 if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
+    say "installing bubblewrap (apt-get)"
     apt-get update -qq >&2 && apt-get install -y -qq bubblewrap >&2
 fi
-[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv" >&2
-"$venv/bin/pip" install -q --upgrade pip >&2
-"$venv/bin/pip" install -q "$src" pytest hypothesis >&2
+if [ ! -x "$venv/bin/python" ]; then
+    say "creating the venv $venv with $PY"
+    "$PY" -m venv "$venv" >&2
+    "$venv/bin/pip" install -q --upgrade pip >&2
+fi
+say "building the C core and installing sandbox[test] from $src into $venv (about 20 s)"
+"$venv/bin/pip" install -q "$src[test]" >&2
 chmod -R a+rX "$venv"
+say "ready: $("$venv/bin/sandbox" --version)"
 echo "$venv"

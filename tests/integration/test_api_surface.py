@@ -65,11 +65,13 @@ def test_minimal_system_adds_mounts_after_its_own(tmp_path: Path) -> None:
 
 
 def test_python_interpreter_runs_this_python_with_its_packages() -> None:
-    code = "import sys, sandbox; print(sys.prefix); print(sandbox.__file__)"
+    import cffi  # a dependency: installed in this interpreter's environment
+
+    code = "import sys, cffi; print(sys.prefix); print(cffi.__file__)"
     r = sandbox.run([sys.executable, "-c", code], presets.python_interpreter(), capture_output=True, text=True,
                     timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == [sys.prefix, sandbox.__file__]
+    assert r.stdout.splitlines() == [sys.prefix, cffi.__file__]
 
 
 def test_host_view_is_the_host_read_only(tmp_path: Path) -> None:

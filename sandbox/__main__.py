@@ -1,8 +1,38 @@
-"""`python -m sandbox`: the command line (see sandbox.cli)."""
+"""`python -m sandbox`: the command line (see sandbox.cli).
+
+Run from a source checkout's root, `python -m` imports the checkout's
+`sandbox/` (the current directory comes first on sys.path), which is the
+source without its compiled core: every sandbox would quietly run through
+the bwrap fallback. When that is so and the package is installed elsewhere,
+the command runs again as `python -P -m sandbox ...` (-P: the current
+directory is not put on sys.path), so it is always the installed package
+that runs. A checkout built in place (`pip install -e .`) runs as it is.
+"""
 
 from __future__ import annotations
 
-from .cli import main
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+
+def _shadowing_an_installed_copy() -> bool:
+    """Whether this is an uncompiled checkout, imported from the current directory,
+    that hides an installed `sandbox`."""
+    here = Path(__file__).resolve().parent
+    if sys.flags.safe_path or importlib.util.find_spec(f"{__package__}._native") is not None:
+        return False
+    if not sys.path or Path(sys.path[0] or ".").resolve() != here.parent:
+        return False
+    other = importlib.machinery.PathFinder.find_spec("sandbox", sys.path[1:])
+    return other is not None and other.origin is not None and Path(other.origin).resolve().parent != here
+
 
 if __name__ == "__main__":
+    if _shadowing_an_installed_copy():
+        os.execv(sys.executable, [sys.executable, "-P", "-m", "sandbox", *sys.argv[1:]])
+    from .cli import main
+
     raise SystemExit(main())

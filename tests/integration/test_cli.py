@@ -330,6 +330,15 @@ class TestCommands:
         package = Path(sandbox.__file__).resolve().parent
         assert f"package: sandbox {sandbox.__version__} in {package}\n" in result.stdout + "\n"
 
+    def test_python_m_sandbox_in_an_uncompiled_checkout_runs_the_installed_package(self, tmp_path):
+        # A source checkout's root: sandbox/ without its compiled core, which `python -m` would import.
+        installed = Path(sandbox.__file__).resolve().parent
+        shutil.copytree(installed, tmp_path / "sandbox", ignore=shutil.ignore_patterns("_native*", "_bin", "*.pyc"))
+        result = subprocess.run([sys.executable, "-m", "sandbox", "probe"], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=TIMEOUT, env={**os.environ, "PYTHONSAFEPATH": ""})
+        assert result.returncode == 0, result.stderr
+        assert f"package: sandbox {sandbox.__version__} in {installed}\n" in result.stdout + "\n"
+
     def test_verbose_says_which_backend_ran_and_why(self):
         expected = sandbox.probe().choose("auto")
         result = run(*SYSTEM, "--verbose", "true")

@@ -26,8 +26,24 @@ def _shadowing_an_installed_copy() -> bool:
         return False
     if not sys.path or Path(sys.path[0] or ".").resolve() != here.parent:
         return False
-    other = importlib.machinery.PathFinder.find_spec("sandbox", sys.path[1:])
+    other = _find_elsewhere("sandbox", sys.path[1:])
     return other is not None and other.origin is not None and Path(other.origin).resolve().parent != here
+
+
+def _find_elsewhere(name: str, path: list[str]) -> importlib.machinery.ModuleSpec | None:
+    """What the import system would find for `name` with `path` as sys.path (an
+    editable install's finder included), ignoring the module already imported."""
+    saved = sys.path[:]
+    sys.path[:] = path
+    try:
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            found = find(name, None) if find is not None else None
+            if found is not None:
+                return found
+        return None
+    finally:
+        sys.path[:] = saved
 
 
 if __name__ == "__main__":

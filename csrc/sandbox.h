@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 10
+#define SBX_ABI_VERSION 11
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */

@@ -62,6 +62,9 @@ static int op_ok(const char *blob, size_t len, const struct sbx_op *op)
         return 0;
     if (op->data_len && !array_ok(len, op->data, op->data_len, 1, 1))
         return 0;
+    /* PROC: its covers, each a NUL-terminated entry */
+    if (op->kind == SBX_OP_PROC && op->data_len && blob[op->data + op->data_len - 1])
+        return 0;
     return op->data_len || !op->data;
 }
 

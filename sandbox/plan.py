@@ -50,6 +50,32 @@ class OpFlag(enum.IntFlag):
     NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
 
 
+class Cover(enum.Enum):
+    """How an entry below a Proc mount is covered (the letter is its tag on the wire)."""
+
+    READ_ONLY = "r"  # bound read-only over itself, with everything below it
+    MASK = "m"  # hidden: the host's /dev/null bound over it, without device access, so it cannot be opened
+
+
+# What every Proc gets, in this order, on every backend; an entry this kernel
+# does not have is skipped. Read-only: the entries that reconfigure the kernel
+# or hardware. A root caller's sandbox runs as uid 0 of the host (without
+# capabilities), which owns them, so mode bits alone do not stop its writes
+# (bwrap 0.8.0 leaves /proc/sys writable: its access(W_OK) test always fails
+# on that directory). Masked: files only the host's root may read (kernel
+# memory layout and timers, the aids of heap exploits; the kernel's log and
+# memory; page flags), the kernel keyrings as root sees them, and the network
+# namespace's TCP Fast Open key.
+PROC_COVERS: tuple[tuple[str, Cover], ...] = (
+    *((name, Cover.READ_ONLY) for name in (
+        "sys", "sysrq-trigger", "irq", "bus", "fs", "acpi", "asound", "scsi", "driver", "mtrr")),
+    *((name, Cover.MASK) for name in (
+        "kcore", "kmsg", "kpagecount", "kpageflags", "kpagecgroup", "slabinfo", "vmallocinfo", "pagetypeinfo",
+        "timer_list", "timer_stats", "sched_debug", "latency_stats", "keys", "key-users",
+        "sys/net/ipv4/tcp_fastopen_key")),
+)
+
+
 @dataclass(frozen=True)
 class Op:
     """One setup operation, with every attribute decided.
@@ -57,7 +83,9 @@ class Op:
     `dest` is the path inside the sandbox; `src` a host path (BIND) or a link
     target (SYMLINK); `mode` the mode of what is created (for DEV, its tmpfs);
     `shm_mode` the mode of DEV's shm directory; `parent_mode` the mode of any
-    missing parent directory; `size` a tmpfs size in bytes (0 = default).
+    missing parent directory; `size` a tmpfs size in bytes (0 = default);
+    `covers` (PROC) the entries below it covered right after it is mounted,
+    as paths relative to `dest`.
     """
 
     kind: OpKind
@@ -70,6 +98,7 @@ class Op:
     flags: OpFlag = OpFlag.NONE
     shm_mode: int = 0
     origin: int = -1  # index of the Spec mount this op came from
+    covers: tuple[tuple[str, Cover], ...] = ()
 
 
 # rlimit resources by Limits field, and the unit each field counts in.
@@ -181,7 +210,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
         return Op(OpKind.TMPFS, m.dest, mode=m.perms, size=m.size or 0,
                   parent_mode=parent_mode_for(m.perms), flags=OpFlag.NODEV, origin=i)
     if isinstance(m, S.Proc):
-        return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i)
+        return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i, covers=PROC_COVERS)
     if isinstance(m, S.Dev):
         return Op(OpKind.DEV, m.dest, mode=DEV_MODE, shm_mode=DEV_SHM_MODE, origin=i)
     if isinstance(m, S.Dir):

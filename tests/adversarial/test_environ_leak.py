@@ -24,8 +24,13 @@ pytestmark = pytest.mark.integration
 SCAN = """
 import os, sys
 needle = sys.argv[1].encode()
+def threads(pid):
+    try:
+        return ["task/" + t + "/" for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:  # gone already
+        return []
 for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-    for sub in ["", *["task/" + t + "/" for t in os.listdir(f"/proc/{pid}/task")]]:
+    for sub in ["", *threads(pid)]:
         for name in ("environ", "cmdline"):
             try:
                 with open(f"/proc/{pid}/{sub}{name}", "rb") as f:

@@ -28,7 +28,7 @@ from sandbox import (
 )
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo
-from sandbox.plan import Plan, compile_plan
+from sandbox.plan import OpKind, Plan, compile_plan
 
 HOST = HostInfo(uid=1000, gid=1001, cwd="/home/u/project", environ={"HOME": "/home/u", "PATH": "/host/bin"})
 NEWROOT = "/tmp"
@@ -128,7 +128,9 @@ def test_ops_read_by_name_match_the_plan(name: str) -> None:
             op.kind, op.flags, op.mode, op.parent_mode, op.size)
         assert string_at(data, raw.dest).decode() == op.dest
         assert (string_at(data, raw.src).decode() if raw.src else "") == (op.src or "")
-        assert data[raw.data:raw.data + raw.data_len] == op.data
+        covers = [(c.value + path).encode() for path, c in op.covers]
+        expected = b"".join(c + b"\0" for c in covers) if op.kind is OpKind.PROC else op.data
+        assert data[raw.data:raw.data + raw.data_len] == expected
 
 
 def test_rlimits_and_landlock_rules_read_by_name() -> None:

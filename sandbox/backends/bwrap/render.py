@@ -10,6 +10,7 @@ the returned argv's `.fds`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from ... import spec as S
@@ -26,13 +27,18 @@ from ...bwrap.argv import (
     unshare_args,
 )
 from ...errors import SpecError
-from ...plan import DEV_MODE, DEV_SHM_MODE, Op, OpFlag, OpKind, Plan, parent_mode_for
+from ...plan import DEV_MODE, DEV_SHM_MODE, Cover, Op, OpFlag, OpKind, Plan, parent_mode_for
 
 # What bwrap 0.8.0 makes by itself: --dev's tmpfs and its shm directory are
 # 0755; --remount-ro adds nodev and nosuid (bind_mount() in bind-mount.c).
 BWRAP_DEV_MODE = 0o755
 BWRAP_DEV_SHM_MODE = 0o755
 REMOUNT_RO_FLAGS = OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID
+# bwrap resolves a source SRC as /oldroot/SRC (the host's root, put there by
+# its first pivot_root) and a destination DEST as /newroot/DEST: so the source
+# NEWROOT_SOURCE + DEST, /oldroot/../newroot/DEST, is DEST in the sandbox
+# being built (how the covers of a fresh procfs bind its entries over themselves).
+NEWROOT_SOURCE = "/../newroot"
 
 
 def implicit_parent_mode(op: Op) -> int:
@@ -75,6 +81,28 @@ def _dev_options(op: Op, match_native: bool) -> list[str]:
     return out
 
 
+def _proc_options(op: Op, match_native: bool) -> list[str]:
+    """`--proc`, then, for the real bwrap, the op's covers as the native backend makes them.
+
+    bwrap 0.8.0 covers only sys, sysrq-trigger, irq and bus read-only, and
+    only where its access(W_OK) test passes: never /proc/sys, whose
+    directory refuses write access to everyone, while uid 0 of the host may
+    write its files. So each read-only cover is an explicit bind of the entry
+    over itself (`-try`: skipped where this kernel lacks it); each mask binds
+    /dev/null, which bwrap binds without device access, over an entry this
+    kernel has (the sandbox's procfs has the host's global entries)."""
+    out = ["--proc", op.dest]
+    if not match_native:
+        return out  # this package's --proc implies the covers
+    for path, cover in op.covers:
+        dest = op.dest.rstrip("/") + "/" + path
+        if cover is Cover.READ_ONLY:
+            out += ["--ro-bind-try", NEWROOT_SOURCE + dest, dest]
+        elif os.path.lexists("/proc/" + path):
+            out += ["--ro-bind", "/dev/null", dest]
+    return out
+
+
 def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     """The bwrap options for one operation; a FILE's data goes into a new fd appended to `fds`.
 
@@ -90,7 +118,7 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     if kind is OpKind.TMPFS:
         return tmpfs_args(op.dest, op.mode, op.size)
     if kind is OpKind.PROC:
-        return ["--proc", op.dest]
+        return _proc_options(op, match_native)
     if kind is OpKind.DEV:
         return _dev_options(op, match_native)
     if kind is OpKind.DIR:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import SandboxError
-from ...plan import Plan
+from ...plan import Op, OpKind, Plan
 from .core import ABI_VERSION, ffi, lib
 
 HEADER_SIZE = ffi.sizeof("struct sbx_header")
@@ -77,14 +77,23 @@ def _u32s(values: Iterable[int]) -> bytes:
     return bytes(ffi.buffer(ffi.new("uint32_t[]", values))) if values else b""
 
 
+def _op_data(op: Op) -> bytes:
+    """An op's data area: a FILE's contents; a PROC's covers, each its tag and
+    path, NUL-terminated (csrc/mounts.c op_proc reads them in order)."""
+    if op.kind is OpKind.PROC:
+        return b"".join(cover.value.encode() + os.fsencode(path) + b"\0" for path, cover in op.covers)
+    return op.data
+
+
 def _op_rows(plan: Plan, strings: _Strings) -> list[dict[str, int]]:
-    return [
-        {"kind": op.kind, "flags": op.flags, "mode": op.mode, "parent_mode": op.parent_mode, "size": op.size,
-         "src": strings.add(op.src or None), "dest": strings.add(op.dest),
-         "data": strings.add(op.data, terminate=False) if op.data else 0, "data_len": len(op.data),
-         "shm_mode": op.shm_mode}
-        for op in plan.ops
-    ]
+    rows = []
+    for op in plan.ops:
+        data = _op_data(op)
+        rows.append({"kind": op.kind, "flags": op.flags, "mode": op.mode, "parent_mode": op.parent_mode,
+                     "size": op.size, "src": strings.add(op.src or None), "dest": strings.add(op.dest),
+                     "data": strings.add(data, terminate=False) if data else 0, "data_len": len(data),
+                     "shm_mode": op.shm_mode})
+    return rows
 
 
 def _header(plan: Plan, offsets: dict[str, int], strings: _Strings, newroot: str) -> Any:

@@ -1,0 +1,65 @@
+"""The covers every Proc gets are decided once, in the plan, and both backends carry them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from sandbox import Proc, Spec
+from sandbox.backends.bwrap.render import NEWROOT_SOURCE, render_op
+from sandbox.backends.native import ffi, lib, wire
+from sandbox.host import HostInfo
+from sandbox.plan import PROC_COVERS, Cover, OpKind, compile_plan
+
+HOST = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, pool=None)
+
+
+@pytest.mark.parametrize("pid_ns", [True, False])
+def test_every_proc_gets_the_covers(pid_ns: bool) -> None:
+    from sandbox import Namespaces
+
+    spec = Spec(mounts=[Proc("/proc"), Proc("/p2")], namespaces=Namespaces(pid=pid_ns))
+    ops = compile_plan(spec, HOST).ops
+    assert [op.covers for op in ops] == [PROC_COVERS, PROC_COVERS]
+
+
+def test_the_covers_hold_what_the_review_found() -> None:
+    covers = dict(PROC_COVERS)
+    assert covers["sys"] is Cover.READ_ONLY  # core_pattern, as uid 0 of the host
+    for name in ("slabinfo", "kpageflags", "timer_list", "vmallocinfo", "pagetypeinfo"):
+        assert covers[name] is Cover.MASK
+    # read-only covers come first: a mask below one is made on the read-only mount
+    kinds = [cover for _, cover in PROC_COVERS]
+    assert kinds == sorted(kinds, key=lambda c: c is Cover.MASK)
+
+
+def test_bwrap_renders_the_covers_for_bwrap_only() -> None:
+    (op,) = compile_plan(Spec(mounts=[Proc("/proc")]), HOST).ops
+    assert render_op(op, [], match_native=False) == ["--proc", "/proc"]
+    args = render_op(op, [], match_native=True)
+    assert args[:2] == ["--proc", "/proc"]
+    assert ["--ro-bind-try", NEWROOT_SOURCE + "/proc/sys", "/proc/sys"] == args[2:5]
+    masked = [args[i + 2] for i in range(len(args)) if args[i] == "--ro-bind" and args[i + 1] == "/dev/null"]
+    assert masked == ["/proc/" + p for p, c in PROC_COVERS if c is Cover.MASK and os.path.lexists("/proc/" + p)]
+
+
+def _check(data: bytes) -> int:
+    """sbx_check_blob on a private, 8-aligned copy of `data`."""
+    buf = ffi.new("uint64_t[]", max(1, (len(data) + 7) // 8))
+    ffi.memmove(buf, data, len(data))
+    return lib.sbx_check_blob(buf, len(data))
+
+
+def test_native_blob_carries_the_covers_and_the_validator_wants_them_terminated() -> None:
+    plan = compile_plan(Spec(mounts=[Proc("/proc")]), HOST)
+    data = bytearray(wire.serialize(plan, "/tmp/x"))
+    assert _check(bytes(data)) == 0
+    h = wire.header(bytes(data))
+    raw = ffi.new("struct sbx_op *")
+    ffi.memmove(raw, bytes(data[h.ops_off:h.ops_off + wire.OP_SIZE]), wire.OP_SIZE)
+    assert raw.kind == OpKind.PROC
+    entries = bytes(data[raw.data:raw.data + raw.data_len]).split(b"\0")[:-1]
+    assert entries == [(c.value + p).encode() for p, c in PROC_COVERS]
+    data[raw.data + raw.data_len - 1] = ord("x")  # the last entry unterminated
+    assert _check(bytes(data)) != 0

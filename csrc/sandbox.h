@@ -228,9 +228,13 @@ int sbx_probe(uint32_t ns, struct sbx_result *res);
  * into out[0..n]. 0, or -errno with nothing left open. */
 int sbx_netns_sockets(int userns_fd, int netns_fd, const uint32_t *ports, int n, int *out);
 
-/* Whether `path` exists under root_fd (e.g. /proc/PID/root of a sandbox),
- * resolved inside it without following a final symlink: 0, or -errno. */
-int sbx_exists_in_root(int root_fd, const char *path);
+/* From outside a running sandbox (one bwrap made): whether each of the n
+ * paths exists inside it, as one of its processes would see it: a process
+ * enters its mount namespace (through userns_fd, its owner, unless -1) and its
+ * pid namespace (unless -1: the caller's own), so /proc/self, '..' and every link resolve as for the
+ * sandbox's own processes; a final symlink is not followed. results[i]: 0,
+ * or -errno. Returns 0, or -errno if the namespaces could not be entered. */
+int sbx_probe_inside(int userns_fd, int mntns_fd, int pidns_fd, const char *const *paths, int n, int *results);
 
 /* A failure record (res->step/op/err/detail of a failed sbx_spawn or
  * sbx_probe) in words, worded like bwrap's messages: "Can't find source path

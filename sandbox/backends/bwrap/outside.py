@@ -1,5 +1,5 @@
 """Work done on a bwrap sandbox from outside while bwrap waits after setup:
-probe paths proven absent, the network namespace inspected, forwarded ports'
+probe paths proven absent (looked up from inside its namespaces), the network namespace inspected, forwarded ports'
 listeners made inside it."""
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolate
     from ..._native import ffi, lib
 
     try:
-        for path in plan.probe_paths:
-            _probe_absent(ffi, lib, child, path)
+        if plan.probe_paths:
+            _probe_absent(ffi, lib, child, plan.probe_paths)
         if not (plan.forward or plan.check_network):
             return _Isolated(isolation.findings(plan, None))
         sockets = _netns_sockets(ffi, lib, child, [port for port, _ in plan.forward])
@@ -64,18 +64,42 @@ def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolate
         raise
 
 
-def _probe_absent(ffi: Any, lib: Any, child: int, path: str) -> None:
-    root = os.open(f"/proc/{child}/root", os.O_PATH | os.O_CLOEXEC)
+def _probe_absent(ffi: Any, lib: Any, child: int, paths: tuple[str, ...]) -> None:
+    """Prove each probe path absent inside, looked up by a process in the
+    sandbox's mount and pid namespaces (so /proc/self, /proc/1/root and every
+    link resolve as for the sandbox's processes, as in the native backend's
+    check); any answer but "no such file" raises."""
+    fds: list[int] = []
     try:
-        rc = lib.sbx_exists_in_root(root, path.encode())
+        mntns = os.open(f"/proc/{child}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        fds.append(mntns)
+        pidns = -1  # without a pid namespace of its own, the sandbox's is ours: nothing to enter
+        if not _same_file(f"/proc/{child}/ns/pid", "/proc/self/ns/pid"):
+            pidns = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            fds.append(pidns)
+        # entering a mount namespace needs CAP_SYS_ADMIN over it: through its owner unless we are root
+        owner = fcntl.ioctl(mntns, NS_GET_USERNS) if os.geteuid() != 0 else -1
+        if owner >= 0:
+            fds.append(owner)
+        encoded = [ffi.new("char[]", os.fsencode(p)) for p in paths]
+        results = ffi.new("int[]", len(paths))
+        rc = lib.sbx_probe_inside(owner, mntns, pidns, ffi.new("char *[]", encoded), len(paths), results)
     finally:
-        os.close(root)
-    if rc == 0:
-        raise IsolationError(f"isolation check failed: probe path {path} is visible inside the sandbox",
-                             path=path, errno=E.EEXIST)
-    if rc not in (-E.ENOENT, -E.ENOTDIR):
-        raise IsolationError(f"isolation check failed: probe path {path} cannot be proven absent "
-                             f"({os.strerror(-rc)})", path=path, errno=-rc)
+        for fd in fds:
+            _close(fd)
+    for i, path in enumerate(paths):
+        err = -rc if rc < 0 else -results[i]
+        if err == 0:
+            raise IsolationError(f"isolation check failed: probe path {path} is visible inside the sandbox",
+                                 path=path, errno=E.EEXIST)
+        if err not in (E.ENOENT, E.ENOTDIR):
+            raise IsolationError(f"isolation check failed: probe path {path} cannot be proven absent "
+                                 f"({os.strerror(err)})", path=path, errno=err)
+
+
+def _same_file(a: str, b: str) -> bool:
+    sa, sb = os.stat(a), os.stat(b)
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _netns_sockets(ffi: Any, lib: Any, child: int, ports: list[int]) -> list[int]:

@@ -22,6 +22,9 @@ ExecError or UnavailableError otherwise, like the native backend. How:
   --exec-default-signals` (Popen itself resets only SIGPIPE and SIGXFSZ).
 - environment: bwrap starts with an empty one (`BWRAP_ENVIRONMENT`), so
   nothing of the caller's is readable inside through /proc/1/environ.
+- destinations inside bound host trees are checked, and the writes there
+  done, before bwrap starts; the mounts bwrap makes there are verified after
+  setup (dests.py).
 - exec: the command's process (the child, or its first child under bwrap's
   pid-1 reaper) is watched until its /proc cmdline is no longer bwrap's. If
   bwrap exits first without an exit-code record, setup or exec failed, and
@@ -30,11 +33,13 @@ ExecError or UnavailableError otherwise, like the native backend. How:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import select
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -46,6 +51,7 @@ from ...errors import SetupError, UnavailableError
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
 from ..contract import Launched
+from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
 from .procfs import _close, _first_child, _read, _readable, _std
@@ -161,17 +167,21 @@ class _Run:
         self.t0 = time.monotonic()
         self.timings: dict[str, float] = {}
         self.isolated: _Isolated | None = None
+        self.guard = dests.Guard()
 
     def _stamp(self, name: str) -> None:
         self.timings[name] = (time.monotonic() - self.t0) * 1e6
 
     def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
-        tap = _StderrTap(stdio[2])
         plan = self.plan
+        # destinations inside bound trees: checked, and the writes there done, before bwrap runs
+        self.guard = dests.prepare(plan)
+        tap = _StderrTap(stdio[2])
         # a pause after setup, before exec: bwrap waits there for its seccomp program
-        pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths))
+        pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths
+                                         or self.guard.verify))
         try:
-            with render_plan(self.plan, pipes.seccomp_r if pipes.seccomp_r >= 0 else None) as opts:
+            with render_plan(plan, pipes.seccomp_r if pipes.seccomp_r >= 0 else None, self.guard.done) as opts:
                 popen = self._spawn(opts, pipes, stdio, pass_fds)
             pipes.child_started()
             return self._follow(popen, pipes, tap)
@@ -254,6 +264,7 @@ class _Run:
         set the limits on it, then hand the program over."""
         if pipes.seccomp_w < 0:
             return
+        self._verify_mounts(popen, child)
         self.isolated = _isolate(self.plan, popen, child)
         if self._apply_rlimits(popen, child):
             try:
@@ -273,6 +284,17 @@ class _Run:
                         on_exit=isolated.close if isolated else None)
 
     # ------------------------------------------------------------ steps
+
+    def _verify_mounts(self, popen: subprocess.Popen[bytes], child: int) -> None:
+        """The mounts below bound trees are where the plan put them; else kill bwrap and raise."""
+        try:
+            dests.verify(self.guard, child)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)  # first: it must not go on to read a closed seccomp pipe
+            popen.kill()
+            popen.wait()
+            raise
 
     def _apply_rlimits(self, popen: subprocess.Popen[bytes], child: int) -> bool:
         """Set the plan's rlimits on bwrap's sandbox child, as they are (False if it is gone)."""
@@ -333,7 +355,7 @@ class _Run:
         """The exception for a bwrap that exited without running the command."""
         message = tap.read()
         if message is None:
-            message = _Diagnose(self.bwrap, self.plan, self.argv, setup_done).message()
+            message = _Diagnose(self.bwrap, self.plan, self.argv, setup_done, self.guard.done).message()
         return _error_from(message, self.plan, self.argv, setup_done)
 
 

@@ -9,7 +9,7 @@ import re
 import secrets
 import stat
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ...bwrap.argv import data_fd
 from ...errors import ExecError, SetupError, UnavailableError
@@ -93,9 +93,11 @@ class _Diagnose:
     `--chdir` (which tells a missing path from an existing one).
     """
 
-    def __init__(self, bwrap: str, plan: Plan, argv: Sequence[str], setup_done: bool) -> None:
+    def __init__(self, bwrap: str, plan: Plan, argv: Sequence[str], setup_done: bool,
+                 skip: Collection[int] = ()) -> None:
         self.bwrap, self.plan, self.argv = bwrap, plan, argv
         self.setup_done = setup_done
+        self.skip = skip  # ops done outside bwrap (dests.py): not done again
         self.marker = f"/.sandbox-diagnostic-{secrets.token_hex(16)}"
 
     def message(self) -> str:
@@ -124,7 +126,7 @@ class _Diagnose:
 
     def _bwrap(self, extra: list[str], command: list[str]) -> str | None:
         """Run bwrap with the plan's options plus `extra`; its last message."""
-        with render_plan(self.plan) as opts:
+        with render_plan(self.plan, skip=self.skip) as opts:
             args_fd = data_fd(b"".join(os.fsencode(a) + b"\0" for a in [*opts, *extra]))
             try:
                 proc = subprocess.run([self.bwrap, "--args", str(args_fd), "--", *command],

@@ -11,7 +11,7 @@ the returned argv's `.fds`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from ... import spec as S
 from ...bwrap.argv import (
@@ -136,20 +136,25 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     raise SpecError("mounts", op.kind, "operation bwrap cannot express")
 
 
-def render_ops(ops: Sequence[Op], fds: list[int], match_native: bool = True) -> list[str]:
-    """The options for `ops`, in order. `match_native` adds what makes bwrap's
+def render_ops(ops: Sequence[Op], fds: list[int], match_native: bool = True,
+               skip: Collection[int] = ()) -> list[str]:
+    """The options for `ops`, in order, but those whose index is in `skip`
+    (done already, see dests.py). `match_native` adds what makes bwrap's
     result equal the native backend's: explicit parent directories where
     bwrap's mode rule differs from the plan's, and dev/shm's mode."""
     out: list[str] = []
-    for op in ops:
+    for i, op in enumerate(ops):
+        if i in skip:
+            continue
         if match_native:
             out += _parents(op)
         out += render_op(op, fds, match_native)
     return out
 
 
-def render_plan(plan: Plan, seccomp_fd: int | None = None) -> BwrapArgv:
-    """bwrap 0.8.0 options (without the command) that set up `plan`.
+def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int] = ()) -> BwrapArgv:
+    """bwrap 0.8.0 options (without the command) that set up `plan`, but the
+    ops whose index is in `skip` (done already, see dests.py).
 
     The seccomp program goes into a memfd, or is expected on `seccomp_fd` if
     given (the caller writes it; bwrap reads it after setup, to EOF).
@@ -172,7 +177,7 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None) -> BwrapArgv:
             args += ["--hostname", plan.hostname]
         if not plan.mount_ns:
             args += bind_args("/", "/", readonly=False, devices=True, optional=False)
-        args += render_ops(plan.ops, fds)
+        args += render_ops(plan.ops, fds, skip=skip)
         args += env_args((name, value) for name, _, value in (e.partition("=") for e in plan.env))
         if plan.cwd_strict:
             args += ["--chdir", plan.cwd_candidates[0]]

@@ -64,11 +64,10 @@ class Guard:
 
 @dataclass
 class _Walk:
-    """The model of the tree bwrap builds: mounts in order, and the links our own ops made."""
+    """The model of the tree bwrap builds: its mounts, in order."""
 
     plan: Plan
     mounts: list[_Mount] = field(default_factory=list)
-    links: dict[str, str] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
     verify: list[tuple[Op, str]] = field(default_factory=list)
 
@@ -96,36 +95,17 @@ def prepare(plan: Plan) -> Guard:
 
 
 def _step(walk: _Walk, i: int, op: Op) -> None:
-    where = _resolve(walk, op)
-    if where is None:  # through an absolute link of the plan's own: bwrap fails there by itself
-        return
-    dest, mount, rel = where
+    dest, mount, rel = _resolve(walk, op)
     if mount is not None and mount.src_fd >= 0 and _inside_tree(walk, i, op, mount, rel):
         walk.verify.append((op, mount.dest))
     _record(walk, op, dest)
 
 
-def _resolve(walk: _Walk, op: Op) -> tuple[str, _Mount | None, str] | None:
-    """Where `op.dest` is in the model, following the links the plan made in
-    our own filesystems (bwrap follows them too): (path, its mount, path
-    relative to the mount). Links inside bound trees are checked later."""
-    comps = [c for c in op.dest.split("/") if c]
-    path = "/"
-    hops = 0
-    while comps:
-        comp = comps.pop(0)
-        path = _join(path, comp)
-        mount = walk.visible(path)
-        if (mount is None or mount.src_fd < 0) and path in walk.links and (comps or op.kind is not OpKind.SYMLINK):
-            target = walk.links[path]
-            hops += 1
-            if target.startswith("/") or hops > 40:
-                return None  # bwrap resolves an absolute link against its own root, where it fails
-            path = os.path.dirname(path)
-            comps = [c for c in target.split("/") if c] + comps
-            continue
-        if comp == "..":
-            path = os.path.dirname(os.path.dirname(path)) or "/"
+def _resolve(walk: _Walk, op: Op) -> tuple[str, _Mount | None, str]:
+    """Where `op.dest` is in the model: (path, the mount it lies in, the path
+    relative to that mount). A Spec puts no destination below a link of its
+    own (validate.py), and `dest` is normalized: nothing to follow here."""
+    path = op.dest
     mount = walk.visible(path)
     rel = "" if mount is None else path[len(mount.dest):].lstrip("/")
     return path, mount, rel
@@ -140,8 +120,8 @@ def _record(walk: _Walk, op: Op, dest: str) -> None:
     if op.kind is OpKind.BIND:
         try:
             fd = os.open(op.src, os.O_PATH | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return  # an optional source that is missing (else bwrap fails on it)
+        except OSError:
+            return  # an optional source that is missing, or bwrap fails on it and says why
         walk.mounts.append(_Mount(dest, fd, bool(op.flags & OpFlag.RDONLY)))
     elif op.kind in (OpKind.TMPFS, OpKind.PROC, OpKind.DEV) or (
             op.kind is OpKind.FILE and op.flags & OpFlag.RDONLY):
@@ -150,10 +130,6 @@ def _record(walk: _Walk, op: Op, dest: str) -> None:
         mount = walk.visible(dest)
         if mount is not None and mount.dest == dest:
             mount.readonly = True
-    elif op.kind is OpKind.SYMLINK:
-        mount = walk.visible(dest)
-        if mount is None or mount.src_fd < 0:
-            walk.links[dest] = op.src
 
 
 # ---------------------------------------------------------------- inside a bound tree

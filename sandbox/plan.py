@@ -57,23 +57,28 @@ class Cover(enum.Enum):
     MASK = "m"  # hidden: the host's /dev/null bound over it, without device access, so it cannot be opened
 
 
-# What every Proc gets, in this order, on every backend; an entry this kernel
+# What a Proc gets, in this order, on every backend; an entry this kernel
 # does not have is skipped. Read-only: the entries that reconfigure the kernel
 # or hardware. A root caller's sandbox runs as uid 0 of the host (without
 # capabilities), which owns them, so mode bits alone do not stop its writes
 # (bwrap 0.8.0 leaves /proc/sys writable: its access(W_OK) test always fails
-# on that directory). Masked: files only the host's root may read (kernel
-# memory layout and timers, the aids of heap exploits; the kernel's log and
-# memory; page flags), the kernel keyrings as root sees them, and the network
-# namespace's TCP Fast Open key.
-PROC_COVERS: tuple[tuple[str, Cover], ...] = (
-    *((name, Cover.READ_ONLY) for name in (
-        "sys", "sysrq-trigger", "irq", "bus", "fs", "acpi", "asound", "scsi", "driver", "mtrr")),
-    *((name, Cover.MASK) for name in (
-        "kcore", "kmsg", "kpagecount", "kpageflags", "kpagecgroup", "slabinfo", "vmallocinfo", "pagetypeinfo",
-        "timer_list", "timer_stats", "sched_debug", "latency_stats", "keys", "key-users",
-        "sys/net/ipv4/tcp_fastopen_key")),
-)
+# on that directory). Masked for every sandbox: the kernel keyrings as the
+# caller sees them, the network namespace's TCP Fast Open key, latency
+# statistics. Masked where the sandbox is uid 0 of the host (a root caller,
+# whatever uid it has inside): the files only root may read that no
+# capability guards (kernel memory layout and timers, the aids of heap
+# exploits, and page flags); others (kcore, kmsg, mtrr) check capabilities
+# the sandbox never has.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "acpi", "asound", "scsi", "driver")
+PROC_MASKED = ("keys", "key-users", "latency_stats", "sys/net/ipv4/tcp_fastopen_key")
+PROC_MASKED_FOR_ROOT = ("slabinfo", "vmallocinfo", "pagetypeinfo", "timer_list", "timer_stats", "sched_debug",
+                        "kpagecount", "kpageflags", "kpagecgroup")
+
+
+def proc_covers(host_uid: int) -> tuple[tuple[str, Cover], ...]:
+    """The covers of every Proc of a sandbox whose caller has `host_uid`."""
+    masked = PROC_MASKED + (PROC_MASKED_FOR_ROOT if host_uid == 0 else ())
+    return (*((name, Cover.READ_ONLY) for name in PROC_READ_ONLY), *((name, Cover.MASK) for name in masked))
 
 
 @dataclass(frozen=True)
@@ -195,7 +200,7 @@ def parent_mode_for(perms: int | None) -> int:
     return mode
 
 
-def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
+def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cover], ...] = ()) -> Op:
     """Turn one Spec mount into its Op."""
     if isinstance(m, S.Bind):
         flags = OpFlag.NOSUID
@@ -210,7 +215,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool) -> Op:
         return Op(OpKind.TMPFS, m.dest, mode=m.perms, size=m.size or 0,
                   parent_mode=parent_mode_for(m.perms), flags=OpFlag.NODEV, origin=i)
     if isinstance(m, S.Proc):
-        return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i, covers=PROC_COVERS)
+        return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i, covers=covers)
     if isinstance(m, S.Dev):
         return Op(OpKind.DEV, m.dest, mode=DEV_MODE, shm_mode=DEV_SHM_MODE, origin=i)
     if isinstance(m, S.Dir):
@@ -317,7 +322,8 @@ def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int]) -> tuple[tupl
 def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     """Compile `spec` for a caller described by `host`."""
     ns = spec.namespaces
-    ops = tuple(compile_mount(i, m, ns.pid) for i, m in enumerate(spec.mounts))
+    covers = proc_covers(host.uid)
+    ops = tuple(compile_mount(i, m, ns.pid, covers) for i, m in enumerate(spec.mounts))
     uid = host.uid if spec.uid is None else spec.uid
     gid = host.gid if spec.gid is None else spec.gid
     has_dev = any(op.kind is OpKind.DEV for op in ops)

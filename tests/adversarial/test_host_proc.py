@@ -4,7 +4,7 @@ A root caller's sandbox runs as uid 0 of the host, without capabilities:
 mode bits alone let it write the sysctls (kernel.core_pattern set to
 "|program" runs that program as real root on the next crash) and read the
 0400 files (kernel memory layout, timers). Every Proc gets the plan's covers
-(plan.PROC_COVERS) on both backends: the entries that configure the kernel
+(plan.proc_covers) on both backends: the entries that configure the kernel
 read-only, the root-only ones masked. Unprivileged callers must see the same.
 """
 
@@ -15,7 +15,7 @@ import os
 import pytest
 
 from sandbox import Namespaces
-from sandbox.plan import PROC_COVERS, Cover
+from sandbox.plan import Cover, proc_covers
 
 from .attack import BACKENDS, make_base_spec, require, run_py, run_sh
 
@@ -93,11 +93,12 @@ def test_every_cover_applies(backend: str) -> None:
     """Each cover the plan lists and this kernel has is there: read-only entries
     are read-only mounts (a masked one also cannot be opened)."""
     require(backend)
-    paths = ["/proc/" + path for path, _ in PROC_COVERS]
+    covers = proc_covers(os.getuid())
+    paths = ["/proc/" + path for path, _ in covers]
     done = run_py(backend, COVER_STATE, make_base_spec(), *paths)
     assert done.returncode == 0, done.stderr
     seen = dict(line.split() for line in done.stdout.splitlines())
-    for path, cover in PROC_COVERS:
+    for path, cover in covers:
         host_has = os.path.lexists("/proc/" + path)
         want = ("masked" if cover is Cover.MASK else "ro") if host_has else "absent"
         assert seen["/proc/" + path] == want, (path, seen)

@@ -10,9 +10,11 @@ from sandbox import Proc, Spec
 from sandbox.backends.bwrap.render import NEWROOT_SOURCE, render_op
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo
-from sandbox.plan import PROC_COVERS, Cover, OpKind, compile_plan
+from sandbox.plan import PROC_MASKED_FOR_ROOT, Cover, OpKind, compile_plan, proc_covers
 
 HOST = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, pool=None)
+ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, pool=None, is_root=True)
+PROC_COVERS = proc_covers(1000)
 
 
 @pytest.mark.parametrize("pid_ns", [True, False])
@@ -25,13 +27,24 @@ def test_every_proc_gets_the_covers(pid_ns: bool) -> None:
 
 
 def test_the_covers_hold_what_the_review_found() -> None:
-    covers = dict(PROC_COVERS)
+    covers = dict(proc_covers(0))
     assert covers["sys"] is Cover.READ_ONLY  # core_pattern, as uid 0 of the host
-    for name in ("slabinfo", "kpageflags", "timer_list", "vmallocinfo", "pagetypeinfo"):
+    for name in ("slabinfo", "kpageflags", "timer_list", "vmallocinfo", "pagetypeinfo", "keys"):
         assert covers[name] is Cover.MASK
     # read-only covers come first: a mask below one is made on the read-only mount
-    kinds = [cover for _, cover in PROC_COVERS]
+    kinds = [cover for _, cover in covers.items()]
     assert kinds == sorted(kinds, key=lambda c: c is Cover.MASK)
+
+
+def test_root_only_files_are_masked_where_the_sandbox_is_the_hosts_root() -> None:
+    """Whatever uid it has inside, a root caller's sandbox is uid 0 of the host (the owner of those files)."""
+    from sandbox import Proc as P
+
+    for spec in (Spec(mounts=[P()]), Spec(mounts=[P()], uid=1000, gid=1000)):
+        (op,) = compile_plan(spec, ROOT).ops
+        assert set(PROC_MASKED_FOR_ROOT) <= {p for p, _ in op.covers}
+    (op,) = compile_plan(Spec(mounts=[P()]), HOST).ops
+    assert not set(PROC_MASKED_FOR_ROOT) & {p for p, _ in op.covers}
 
 
 def test_bwrap_renders_the_covers_for_bwrap_only() -> None:

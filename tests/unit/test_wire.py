@@ -86,7 +86,8 @@ def ops(data: bytes) -> list[object]:
     h = wire.header(data)
     array = ffi.new("struct sbx_op[]", max(1, h.n_ops))
     ffi.memmove(array, data[h.ops_off:h.ops_off + h.n_ops * wire.OP_SIZE], h.n_ops * wire.OP_SIZE)
-    return list(array)[:h.n_ops]
+    # each op copied into memory it owns: the items of `array` would point into it after it is freed
+    return [ffi.new("struct sbx_op *", array[i]) for i in range(h.n_ops)]
 
 
 @pytest.fixture(params=sorted(SPECS))
@@ -226,7 +227,7 @@ def with_op(data: bytes, index: int, /, **fields: int) -> bytes:
     for field, value in fields.items():
         setattr(op, field, value)
     at = h.ops_off + index * wire.OP_SIZE
-    return data[:at] + bytes(ffi.buffer(ffi.addressof(op), wire.OP_SIZE)) + data[at + wire.OP_SIZE:]
+    return data[:at] + bytes(ffi.buffer(op, wire.OP_SIZE)) + data[at + wire.OP_SIZE:]
 
 
 def test_every_out_of_range_op_field_is_refused() -> None:

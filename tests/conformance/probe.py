@@ -23,11 +23,13 @@ import hashlib
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import stat
 import struct
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -308,7 +310,14 @@ def pty_echo() -> list[str]:
     try:
         name = os.ttyname(slave)
         os.write(slave, b"hi\n")
-        return [name, os.read(master, 10).hex()]
+        # The line discipline hands the output over asynchronously: one read
+        # may return only part of the line, so read until it has all come.
+        data = b""
+        deadline = time.monotonic() + 5
+        while len(data) < 4 and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.1)[0]:
+                data += os.read(master, 10)
+        return [name, data.hex()]
     finally:
         os.close(master)
         os.close(slave)

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 LIB_SOURCES = [
     "util.c", "wire.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "vmclone.c",
-    "spawn.c", "probe.c", "outside.c", "messages.c",
+    "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "detach.c",
 ]
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing"]
 # Every header of csrc/: the module depends on them (a header-only change rebuilds it).

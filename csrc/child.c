@@ -43,7 +43,7 @@ static const sigset_t *command_mask(struct sbx_ctx *c, sigset_t *none)
     return (c->h->opts & SBX_OPT_RESET_SIGNALS) ? none : &c->caller_mask;
 }
 
-static void enter_cwd(struct sbx_ctx *c)
+void sbx_enter_cwd(struct sbx_ctx *c)
 {
     const uint32_t *cands = (const void *)(c->blob + c->h->cwd_off);
     int err = ENOENT;
@@ -62,7 +62,7 @@ static void enter_cwd(struct sbx_ctx *c)
  * cwd, following every link but the last), before it runs. Any answer but
  * "no such file" fails the start. The setup child may still hold more
  * capabilities than the command will: that can only find more, never less. */
-static void check_probe_paths(struct sbx_ctx *c)
+void sbx_check_probe_paths(struct sbx_ctx *c)
 {
     const uint32_t *paths = (const void *)(c->blob + c->h->probe_off);
     for (uint32_t i = 0; i < c->h->n_probe; i++) {
@@ -157,8 +157,8 @@ int sbx_child_main(void *arg)
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
         sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
     sbx_nested_userns(c);
-    enter_cwd(c);
-    check_probe_paths(c);
+    sbx_enter_cwd(c);
+    sbx_check_probe_paths(c);
     sbx_apply_rlimits(c);
     sbx_setup_stdio_fds(c, reaper ? c->err_fd : -1, reaper ? c->status_fd : -1);
     if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)

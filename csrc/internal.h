@@ -61,6 +61,8 @@ struct sbx_ctx {
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
     sigset_t caller_mask;       /* the spawning thread's signal mask before clone */
+    const int *trees;           /* detached trees of the SBX_F_DETACHED binds, in op order (-1: missing) */
+    int n_trees;
     struct sbx_result *res;
 };
 
@@ -123,6 +125,8 @@ void sbx_apply_landlock(struct sbx_ctx *c);
 
 /* spawn.c */
 unsigned long sbx_clone_flags(uint32_t ns);
+/* A close-on-exec pipe whose ends are >= 3 (clear of stdio's dup2s). */
+int sbx_high_pipe(int fds[2]);
 
 /* vmclone.c: run fn(arg) in a child that shares our memory, on a stack of
  * `stack` bytes, with every signal blocked; returns once it has exec'd or
@@ -133,5 +137,7 @@ pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t sta
 /* child.c */
 int sbx_child_main(void *arg);
 int sbx_joiner_main(void *arg);
+void sbx_enter_cwd(struct sbx_ctx *c);
+void sbx_check_probe_paths(struct sbx_ctx *c);
 
 #endif

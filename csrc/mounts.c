@@ -220,15 +220,22 @@ static int under(const char *path, const char *dir)
 
 /* Sources the new root's tmpfs will cover (those under its host directory)
  * are cloned now, before it is mounted; the others when their op runs, so
- * a spec with thousands of binds never holds thousands of fds at once. */
+ * a spec with thousands of binds never holds thousands of fds at once.
+ * A detached source (SBX_F_DETACHED) was cloned by the caller (detach.c). */
 void sbx_open_sources(struct sbx_ctx *c)
 {
     const char *newroot = sbx_str(c, c->h->newroot);
+    int tree = 0;
     for (uint32_t i = 0; i < c->h->n_ops; i++) {
         const struct sbx_op *op = &c->ops[i];
         c->src_fds[i] = -1;
-        if (op->kind == SBX_OP_BIND)
+        if (op->kind == SBX_OP_BIND && (op->flags & SBX_F_DETACHED)) {
+            c->src_fds[i] = tree < c->n_trees ? c->trees[tree++] : -1;
+            if (c->src_fds[i] < 0 && !(op->flags & SBX_F_OPTIONAL))
+                sbx_fail(c, SBX_STEP_SOURCE, (int)i, ENOENT, SBX_D_SOURCE);
+        } else if (op->kind == SBX_OP_BIND) {
             c->src_fds[i] = under(sbx_str(c, op->src), newroot) ? clone_source(c, i) : SRC_DEFERRED;
+        }
     }
 }
 
@@ -301,10 +308,42 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
-    cover_proc(c, i, op, mnt);
+    /* A template's proc stays plain: a task's fresh proc needs one that is
+     * fully visible, without (locked) mounts over its entries. */
+    if (!(op->flags & SBX_F_PLAIN))
+        cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
     c->src_fds[i] = -1;
+}
+
+static const char *const pts_kv[] = {"ptmxmode", "0666", "mode", "620", NULL};
+
+/* A task's copy of a template's /dev (SBX_F_REFRESH): the shared tmpfs
+ * becomes read-only, and shm (op->shm_mode) and devpts are fresh. */
+static void dev_refresh(struct sbx_ctx *c, int i, const struct sbx_op *op)
+{
+    char mode[16];
+    const char *shm_kv[] = {"mode", mode, NULL};
+    sbx_fmt_uint(mode, op->shm_mode, 8);
+    int dev = open_inside(c, sbx_str(c, op->dest), O_PATH | O_DIRECTORY);
+    if (dev < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
+    if (sbx_mount_setattr(dev, "", AT_EMPTY_PATH, MOUNT_ATTR_RDONLY, 0) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_ATTR);
+    const char *names[] = {"shm", "pts"};
+    for (int k = 0; k < 2; k++) {
+        int at = openat(dev, names[k], O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (at < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
+        int mnt = k ? fresh_fs(c, i, "devpts", pts_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)
+                    : fresh_fs(c, i, "tmpfs", shm_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        if (sbx_move_mount(mnt, "", at, "", EMPTY_PATHS) < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+        close(mnt);
+        close(at);
+    }
+    close(dev);
 }
 
 /* A minimal /dev as bwrap's --dev: a tmpfs (op->mode) holding binds of the
@@ -312,9 +351,12 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
  * private devpts. */
 static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    static const char *const pts_kv[] = {"ptmxmode", "0666", "mode", "620", NULL};
     char mode[16];
     const char *tmpfs_kv[] = {"mode", mode, NULL};
+    if (op->flags & SBX_F_REFRESH) {
+        dev_refresh(c, i, op);
+        return;
+    }
     sbx_fmt_uint(mode, op->mode, 8);
     const char *dest = sbx_str(c, op->dest);
     int fd = mountpoint(c, i, dest, 1, op->parent_mode);

@@ -64,6 +64,9 @@ enum sbx_op_kind {
 #define SBX_F_OPTIONAL 4
 #define SBX_F_FRESH 8
 #define SBX_F_NOSUID 16
+#define SBX_F_PLAIN 32     /* PROC: no read-only mounts over its entries (a template's proc) */
+#define SBX_F_REFRESH 64   /* DEV: a task's copy of a template's /dev: read-only, fresh shm and devpts */
+#define SBX_F_DETACHED 128 /* BIND: the source is a detached tree (sbx_detach_tree) handed to sbx_fork_sandbox */
 
 /* setup steps, reported on failure (and used to name timing stamps) */
 enum sbx_step {
@@ -215,6 +218,38 @@ int sbx_check_blob(const void *blob, size_t len);
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[],
               const int stdio[3], const int *pass_fds, int n_pass, int init_fd,
               const int join_ns[2], int listen_to, struct sbx_result *res);
+
+/* Fork a sandbox from the calling process, as fork() does: the child gets a
+ * copy of the caller's memory (no CLONE_VM), so the caller must be
+ * single-threaded, and it gets the caller's copy of a template's mount tree
+ * (the caller sits in a prepared root: WorkerPool's zygote). The child enters
+ * the plan's new namespaces (with a pid namespace it is their pid 1), applies
+ * the plan's operations to its copy of the tree in place (the blob's newroot
+ * is "/"), and sets up as sbx_spawn's child does: id maps, lo, cwd, rlimits,
+ * session, capabilities, NO_NEW_PRIVS, Landlock, seccomp. stdio[i] becomes
+ * fd i (-1: keep fd i); the pass_fds stay open with their flags; every other
+ * fd is closed. trees: one detached tree (sbx_detach_tree) per SBX_F_DETACHED
+ * bind, in op order (-1: an optional source was missing); they are consumed.
+ * Returns 0 in the child once it is set up, ready to run the caller's code.
+ * In the parent it returns at once, while the child sets up: the child's pid
+ * (res->pid), with res->status_fd the read end of its report pipe, to pass
+ * to sbx_fork_ready(); or -1 if the clone failed (res->step/err). */
+int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                     const int *trees, int n_trees, struct sbx_result *res);
+
+/* The end of a forked child's setup: reads its report from report_fd (from
+ * sbx_fork_sandbox's res->status_fd; blocks until the child is ready or dead)
+ * and closes it. 0 if the child is ready (res->landlock_abi and its timing
+ * stamps set), -1 if its setup failed (res->step/op/err/detail), the child
+ * then reaped: no process is left behind. */
+int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res);
+
+/* Clone the mount tree at host path `path`, recursively, as a detached mount
+ * with the SBX_F_RDONLY/NODEV/NOSUID of `flags` set, for an SBX_F_DETACHED
+ * bind of a sandbox that cannot see the host. Needs no privilege (a
+ * short-lived child does it in new user and mount namespaces). Returns the
+ * tree's fd (close-on-exec), or -1 with res->step (SOURCE) and res->err. */
+int sbx_detach_tree(const char *path, uint32_t flags, struct sbx_result *res);
 
 /* What this host allows: clone a child into the namespaces `ns` (SBX_NS_*),
  * map ids, and try the mount API the native backend needs. 0 if everything

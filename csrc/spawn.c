@@ -35,7 +35,7 @@ static uint64_t now_ns(void)
 
 /* A close-on-exec pipe whose ends are >= 3, so the child's dup2 of stdio
  * onto 0-2 can never overwrite them. */
-static int high_pipe(int fds[2])
+int sbx_high_pipe(int fds[2])
 {
     if (pipe2(fds, O_CLOEXEC) < 0)
         return -1;
@@ -167,11 +167,11 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         return -1;
     }
     int errp[2], statp[2] = {-1, -1};
-    if (high_pipe(errp) < 0) {
+    if (sbx_high_pipe(errp) < 0) {
         fail_early(res, SBX_STEP_PIPE, errno);
         return -1;
     }
-    if (reaper && high_pipe(statp) < 0) {
+    if (reaper && sbx_high_pipe(statp) < 0) {
         fail_early(res, SBX_STEP_PIPE, errno);
         close(errp[0]);
         close(errp[1]);

@@ -56,10 +56,20 @@ from .seccomp import ArgRule, Seccomp
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
+
+def __getattr__(name: str) -> object:
+    """WorkerPool is imported on first use (it brings cloudpickle along)."""
+    if name == "WorkerPool":
+        from .workerpool import WorkerPool
+
+        return WorkerPool
+    raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
+
+
 __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
     "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
     "Namespaces", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "Seccomp",
-    "SetupError", "Spec", "SpecError", "Symlink", "Tmpfs", "UnavailableError", "explain", "from_bwrap_args",
-    "presets", "probe", "run", "spawn",
+    "SetupError", "Spec", "SpecError", "Symlink", "Tmpfs", "UnavailableError", "WorkerPool", "explain",
+    "from_bwrap_args", "presets", "probe", "run", "spawn",
 ]

@@ -16,7 +16,7 @@ import fnmatch
 import os
 import resource
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from . import spec as S
@@ -48,6 +48,9 @@ class OpFlag(enum.IntFlag):
     OPTIONAL = 4  # skip if the source is missing (bwrap's -try)
     FRESH = 8  # PROC: a new procfs (pid namespace); else the host's bound
     NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
+    PLAIN = 32  # PROC: no read-only mounts over its entries (a template's proc, see template_plan)
+    REFRESH = 64  # DEV: a task's copy of a template's /dev: read-only, with a fresh shm and devpts
+    DETACHED = 128  # BIND: the source arrives as a detached tree (a forked task's per-task bind)
 
 
 class Cover(enum.Enum):
@@ -427,3 +430,100 @@ def check_argv(argv: Sequence[str]) -> list[str]:
     if not out[0]:
         raise SpecError("argv[0]", out[0], "must not be empty")
     return out
+
+
+# ---------------------------------------------------------------- forked tasks
+# A template (WorkerPool's zygote) is a process in a prepared root from which
+# each task's sandbox is forked (sbx_fork_sandbox): the task's mount namespace
+# is a copy of the template's, changed in place by the task's own operations.
+
+# A template's uid when its tasks run as uid 0: a user namespace that maps its
+# parent's uid 0 may only be made by a holder of CAP_SETFCAP (the kernel's
+# verify_root_map), which the template drops, so it runs as this uid instead
+# and its tasks map their 0 onto it (the same id outside).
+TEMPLATE_ROOT_STAND_IN = 1
+
+_MOUNTING = (OpKind.BIND, OpKind.TMPFS, OpKind.PROC, OpKind.DEV)
+
+
+def _beneath(path: str, top: str) -> bool:
+    return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def template_plan(plan: Plan) -> Plan:
+    """The plan of a template from which tasks of `plan` are forked: the same
+    mounts, but every proc plain (a task's fresh proc needs a fully visible
+    one), never uid 0 (TEMPLATE_ROOT_STAND_IN), and nothing each task applies
+    itself: seccomp (tasks make user namespaces), Landlock, rlimits, kept
+    capabilities, disable_userns."""
+    uid = plan.uid if plan.uid != 0 else TEMPLATE_ROOT_STAND_IN
+    has_dev = any(op.kind is OpKind.DEV for op in plan.ops)
+    map_root = plan.user_ns and has_dev and (uid != 0 or plan.gid != 0)
+    ops = tuple(replace(op, flags=op.flags | OpFlag.PLAIN) if op.kind is OpKind.PROC else op for op in plan.ops)
+    return replace(plan, ops=ops, uid=uid, map_root_first=map_root, nested_userns=map_root, disable_userns=False,
+                   rlimits=(), keep_caps=0, seccomp=b"", landlock=False, landlock_best_effort=False,
+                   landlock_rules=())
+
+
+def task_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
+    """What a task changes on its copy of a template built by `ops`: the root
+    read-only (unless a bind is the root: shared on purpose), a fresh
+    filesystem over every tmpfs and proc, /dev read-only with a fresh shm and
+    devpts, and every operation beneath those replayed in order (a bind from
+    the template's own tree at its destination). What a later mount hides in
+    the template stays hidden. Nothing one task writes is seen by another,
+    except through a writable bind."""
+    def shadowed(i: int) -> bool:
+        return any(later.kind in _MOUNTING and _beneath(ops[i].dest, later.dest) for later in ops[i + 1:])
+
+    visible = [op for i, op in enumerate(ops) if not shadowed(i)]
+    out: list[Op] = []
+    if not any(op.kind is OpKind.BIND and op.dest == "/" for op in visible):
+        out.append(Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
+    fresh: list[str] = []
+    for op in visible:
+        inside = any(_beneath(op.dest, d) for d in fresh)
+        if op.kind is OpKind.DEV:
+            if inside:
+                raise SpecError(f"mounts[{op.origin}]", op.dest, "a Dev inside a fresh filesystem cannot be forked")
+            out.append(replace(op, flags=op.flags | OpFlag.REFRESH))
+            fresh += [op.dest.rstrip("/") + "/shm", op.dest.rstrip("/") + "/pts"]
+        elif op.kind in (OpKind.TMPFS, OpKind.PROC) and op.dest != "/":
+            out.append(replace(op, flags=op.flags & ~OpFlag.PLAIN))
+            fresh.append(op.dest)
+        elif inside:
+            out.append(replace(op, src=op.dest) if op.kind is OpKind.BIND else op)
+    return tuple(out)
+
+
+def task_plan(plan: Plan, template: Plan) -> Plan:
+    """The plan of one task forked from `template` (template_plan(plan)): its
+    operations change the template's tree in place; new user, mount, pid (it
+    is their pid 1), ipc, uts and loopback-only network namespaces; its ids
+    mapped onto the template's; and plan's own seccomp, Landlock, rlimits,
+    capabilities, cwd and probe paths."""
+    ops = task_ops(template.ops)
+    has_dev = any(op.kind is OpKind.DEV for op in ops)
+    map_root = has_dev and (plan.uid != 0 or plan.gid != 0)
+    return replace(plan, ops=ops, user_ns=True, mount_ns=True, pid_ns=True, network="none", recycle_lease=False,
+                   ipc_ns=True, uts_ns=True, host_uid=template.uid, host_gid=template.gid,
+                   map_root_first=map_root, nested_userns=map_root or plan.disable_userns, hostname=None,
+                   die_with_parent=True, reset_signals=False, reaper=False, forward=(), check_network=False)
+
+
+def with_task_binds(plan: Plan, binds: Sequence[S.Bind]) -> Plan:
+    """`plan` (a task_plan) with per-task binds on top, in order, their sources
+    handed to the task as detached trees (the task cannot see the host)."""
+    extra = []
+    for i, bind in enumerate(binds):
+        if not isinstance(bind, S.Bind):
+            raise SpecError(f"binds[{i}]", bind, "must be a Bind, RoBind or DevBind")
+        op = compile_mount(i, bind, True)
+        extra.append(replace(op, flags=op.flags | OpFlag.DETACHED))
+    if not extra:
+        return plan
+    rules = dict(plan.landlock_rules)
+    for path, writable in landlock_rules(tuple(extra)):
+        rules[path] = rules.get(path, False) or writable
+    return replace(plan, ops=plan.ops + tuple(extra),
+                   landlock_rules=tuple(rules.items()) if plan.landlock else ())

@@ -1,0 +1,281 @@
+/* forksandbox.c: sbx_fork_sandbox(), a sandbox forked from a warm process.
+ *
+ * A template process already sits in a prepared root (WorkerPool's zygote:
+ * an interpreter with its imports done). Each task's sandbox is a fork of it
+ * into new namespaces: clone3 without CLONE_VM, so the child gets a copy of
+ * the caller's memory (the caller must be single-threaded: only the calling
+ * thread is copied), sets itself up over the blob, and then RETURNS 0, as
+ * fork() does, so the caller's code runs the task in it. The caller gets the
+ * child's pid at once, and its end of a report pipe: sbx_fork_ready() reads
+ * there whether the setup worked (so a zygote can go on meanwhile).
+ *
+ * The setup is child.c's sequence minus what the template already did: the
+ * child's mount namespace is a copy of the template's, so instead of a new
+ * root and a pivot the plan's (task) operations are applied in place on it
+ * (fresh tmpfs, proc, /dev/shm and devpts over the template's shared ones,
+ * the shared root made read-only, per-task binds from detached trees); then
+ * lo up, cwd, the probe paths, rlimits, the fd table (every fd but stdio and
+ * the kept ones is closed: there is no exec to close them), session,
+ * capabilities, NO_NEW_PRIVS, Landlock and seccomp.
+ *
+ * With CLONE_NEWPID the child is pid 1 of its pid namespace: when it exits,
+ * or is killed, the kernel kills everything it started.
+ *
+ * libc: fork() tells the child's libc its new thread id through
+ * CLONE_CHILD_SETTID on libc's own tid field (raise() and pthread_kill() read
+ * it). A raw clone3 does the same here, on the field's address as the kernel
+ * knows it (PR_GET_TID_ADDRESS: libc registered it with set_tid_address).
+ * Nothing else of fork()'s bookkeeping matters in a single-threaded caller.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef PR_GET_TID_ADDRESS
+#define PR_GET_TID_ADDRESS 40
+#endif
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The lowest kept fd (a pass fd or the report pipe) at or above `lo`, or -1. */
+static int next_kept(const struct sbx_ctx *c, int lo)
+{
+    int best = c->err_fd >= lo ? c->err_fd : -1;
+    for (int k = 0; k < c->n_pass; k++)
+        if (c->pass_fds[k] >= lo && (best < 0 || c->pass_fds[k] < best))
+            best = c->pass_fds[k];
+    return best;
+}
+
+/* stdio[i] becomes fd i; then every fd >= 3 but the pass fds and the report
+ * pipe is closed (the caller's sockets, its other tasks' fds): nothing will
+ * exec, so close-on-exec would not do it. The kept fds keep their flags. */
+static void task_fds(struct sbx_ctx *c)
+{
+    for (int i = 0; i < 3; i++) {
+        int src = c->stdio[i];
+        if (src < 0 || src == i)
+            continue;
+        if (src < 3) /* an earlier dup2 may have replaced it */
+            sbx_fail(c, SBX_STEP_STDIO, i, EINVAL, SBX_D_NONE);
+        if (dup2(src, i) < 0)
+            sbx_fail(c, SBX_STEP_STDIO, i, errno, SBX_D_NONE);
+    }
+    for (int lo = 3;;) {
+        int keep = next_kept(c, lo);
+        unsigned hi = keep < 0 ? ~0U : (unsigned)keep - 1;
+        if (keep != lo && syscall(SYS_close_range, (unsigned)lo, hi, 0) < 0)
+            sbx_fail(c, SBX_STEP_FDS, lo, errno, SBX_D_NONE);
+        if (keep < 0)
+            return;
+        lo = keep + 1;
+    }
+}
+
+/* The template's mount tree, copied into our namespace, changed in place by
+ * the plan's operations. Every bind source (a path inside, or a detached
+ * tree) is taken before any operation can cover it: the blob's new root is
+ * "/", under which every source lies (sbx_open_sources). */
+static void task_mounts(struct sbx_ctx *c)
+{
+    if (!(c->h->ns & SBX_NS_MOUNT))
+        return;
+    /* Slave, so nothing done here propagates back to the template. */
+    if (mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL) < 0)
+        sbx_fail(c, SBX_STEP_MOUNT_PRIVATE, -1, errno, SBX_D_NONE);
+    mode_t saved = umask(0);
+    sbx_open_sources(c);
+    c->root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (c->root_fd < 0)
+        sbx_fail(c, SBX_STEP_NEWROOT, -1, errno, SBX_D_RESOLVE);
+    sbx_apply_ops(c);
+    close(c->root_fd);
+    c->root_fd = -1;
+    umask(saved);
+    sbx_stamp(c, SBX_T_MOUNTS);
+}
+
+/* The child, from clone3 to the return into the caller's code. */
+static void task_setup(struct sbx_ctx *c, int report_rd)
+{
+    const struct sbx_header *h = c->h;
+    close(report_rd);
+    sbx_stamp(c, SBX_T_CHILD);
+    if ((h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
+    sbx_setup_userns(c);
+    sbx_stamp(c, SBX_T_IDMAP);
+    task_mounts(c);
+    if (h->ns & SBX_NS_NET)
+        sbx_loopback_up(c);
+    if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
+        sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
+    sbx_nested_userns(c);
+    if (c->proc_fd >= 0) {
+        close(c->proc_fd);
+        c->proc_fd = -1;
+    }
+    sbx_enter_cwd(c);
+    sbx_check_probe_paths(c);
+    sbx_apply_rlimits(c);
+    task_fds(c);
+    if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
+        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    sbx_drop_caps(c);
+    sbx_no_new_privs(c);
+    sbx_apply_landlock(c);
+    sbx_install_seccomp(c);
+    sbx_stamp(c, SBX_T_READY);
+    /* A record without a step tells the parent we are ready (EOF alone
+     * would mean we died); its detail is the Landlock ABI applied. Our
+     * timing stamps follow (our memory is not the parent's). */
+    sbx_report_fd(c->err_fd, SBX_STEP_NONE, -1, 0, c->res->landlock_abi);
+    sbx_write_all(c->err_fd, c->res->t_ns, sizeof c->res->t_ns);
+    close(c->err_fd);
+}
+
+static int count_detached(const struct sbx_header *h, const struct sbx_op *ops)
+{
+    int n = 0;
+    for (uint32_t i = 0; i < h->n_ops; i++)
+        if (ops[i].kind == SBX_OP_BIND && (ops[i].flags & SBX_F_DETACHED))
+            n++;
+    return n;
+}
+
+static pid_t clone_task(unsigned long flags)
+{
+    unsigned long tid_addr = 0;
+    if (prctl(PR_GET_TID_ADDRESS, &tid_addr, 0, 0, 0) < 0)
+        return -1;
+    struct clone_args args;
+    memset(&args, 0, sizeof args);
+    args.flags = flags | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID;
+    args.child_tid = tid_addr;
+    args.exit_signal = SIGCHLD;
+    return (pid_t)syscall(SYS_clone3, &args, sizeof args);
+}
+
+/* Read the child's report (step NONE: it is ready); 0 at EOF without one. */
+static int read_report(int fd, struct sbx_report *r)
+{
+    size_t got = 0;
+    while (got < sizeof *r) {
+        ssize_t n = read(fd, (char *)r + got, sizeof *r - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got == sizeof *r;
+}
+
+static int fail_early(struct sbx_result *res, int step, int err)
+{
+    res->step = step;
+    res->err = err;
+    return -1;
+}
+
+int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                     const int *trees, int n_trees, struct sbx_result *res)
+{
+    memset(res, 0, sizeof *res);
+    res->pid = -1;
+    res->status_fd = -1;
+    res->op = -1;
+    res->t_ns[SBX_T_START] = now_ns();
+    if (sbx_check_blob(blob, len) < 0)
+        return fail_early(res, SBX_STEP_CONFIG, EINVAL);
+    const struct sbx_header *h = blob;
+    const struct sbx_op *ops = (const void *)((const char *)blob + h->ops_off);
+    if ((h->opts & SBX_OPT_REAPER) || h->n_listen || count_detached(h, ops) != n_trees)
+        return fail_early(res, SBX_STEP_CONFIG, EINVAL);
+    int errp[2];
+    if (sbx_high_pipe(errp) < 0)
+        return fail_early(res, SBX_STEP_PIPE, errno);
+    struct sbx_ctx c = {
+        .blob = blob, .h = h, .ops = ops, .stdio = {stdio[0], stdio[1], stdio[2]},
+        .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = -1, .err_fd = errp[1], .status_fd = -1,
+        .root_fd = -1, .proc_fd = -1, .res = res, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1,
+        .trees = trees, .n_trees = n_trees,
+    };
+    c.src_fds = malloc((h->n_ops + 1) * sizeof *c.src_fds);
+    if (!c.src_fds) {
+        close(errp[0]);
+        close(errp[1]);
+        return fail_early(res, SBX_STEP_PIPE, ENOMEM);
+    }
+    /* Every signal blocked across the clone: no handler of the caller's may
+     * run in the child before it is set up. Both sides restore the mask. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pid_t pid = clone_task(sbx_clone_flags(h->ns));
+    if (pid == 0) {
+        task_setup(&c, errp[0]);
+        free(c.src_fds);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        return 0;
+    }
+    int clone_err = errno;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    res->t_ns[SBX_T_RETURN] = now_ns();
+    free(c.src_fds);
+    close(errp[1]);
+    if (pid < 0) {
+        close(errp[0]);
+        return fail_early(res, SBX_STEP_CLONE, clone_err);
+    }
+    res->pid = pid;
+    res->status_fd = errp[0];
+    return pid;
+}
+
+int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res)
+{
+    struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
+    uint64_t t[SBX_N_STAMPS];
+    int reported = read_report(report_fd, &r);
+    int stamped = reported && r.step == SBX_STEP_NONE && read(report_fd, t, sizeof t) == (ssize_t)sizeof t;
+    close(report_fd);
+    res->status_fd = -1;
+    res->t_ns[SBX_T_DONE] = now_ns();
+    if (reported && r.step == SBX_STEP_NONE) {
+        for (int k = SBX_T_CHILD; stamped && k <= SBX_T_READY; k++)
+            res->t_ns[k] = t[k];
+        res->landlock_abi = r.detail;
+        return 0;
+    }
+    res->step = r.step;
+    res->op = r.op;
+    res->err = r.err;
+    res->detail = r.detail;
+    /* The task never ran: reap what is left so nothing survives. */
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
+        ;
+    if (res->step == SBX_STEP_CRASHED && WIFSIGNALED(res->wait_status))
+        res->err = WTERMSIG(res->wait_status);
+    res->pid = -1;
+    return -1;
+}

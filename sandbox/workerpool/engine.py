@@ -1,0 +1,422 @@
+"""The caller's side of a WorkerPool: starting tasks, and one I/O thread that finishes them.
+
+Per task the caller makes a socketpair (the task reads its payload from it and
+writes its reply) and two pipes (its stdout and stderr), hands the task's ends
+to the zygote with SPAWN and closes its own copies of them; the task writes
+straight to the caller, nothing is relayed. The I/O thread reads replies and
+output, the zygote's STARTED/FAILED/EXITED, enforces timeouts (KILL: the
+zygote kills the task's pid 1, which ends its whole sandbox), starts queued
+tasks when a slot frees, and completes the futures.
+
+A task is finished when its reply is complete and its three channels are at
+EOF (the kernel closes them when its pid 1 exits), or, without a reply, when
+the zygote reports how it ended. Its slot (max_workers) is freed when the
+zygote reports its end.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import selectors
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backends.native import ffi, setup_error
+from . import zygote as Z
+from .results import BrokenWorkerPool, ReplyLoader, TaskError, TaskFuture, TaskTimeoutError
+
+_CHUNK = 1 << 16
+
+
+@dataclass(eq=False)
+class Task:
+    """One submitted call and its channels (the caller's ends)."""
+
+    id: int
+    future: TaskFuture
+    payload: bytes
+    timeout: float | None = None
+    env: dict[str, str] | None = None
+    blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
+    trees: list[int] = field(default_factory=list)  # detached trees of its binds (-1: optional, missing)
+    sock: socket.socket | None = None
+    pipes: dict[int, bytearray] = field(default_factory=dict)  # open stdout/stderr read ends -> their bytes
+    output: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
+    reply: bytearray = field(default_factory=bytearray)
+    unsent: memoryview | None = None
+    open_channels: int = 3
+    deadline: float | None = None
+    timed_out: bool = False
+    status: int | None = None  # raw wait status, once the zygote reported it
+    failure: BaseException | None = None
+    ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
+    done: bool = False
+    t0: float = 0.0  # when SPAWN was sent (monotonic)
+
+    def reply_complete(self) -> bool:
+        if len(self.reply) < Z.LENGTH.size:
+            return False
+        (size,) = Z.LENGTH.unpack_from(self.reply)
+        return len(self.reply) >= Z.LENGTH.size + size
+
+
+class Engine:
+    """Task bookkeeping and the I/O thread of one pool."""
+
+    def __init__(self, ctl: socket.socket, zygote_stderr: int, max_workers: int, loader: ReplyLoader,
+                 on_closed: Callable[[], None]) -> None:
+        self.ctl = ctl
+        self.max_workers = max_workers
+        self.loader = loader
+        self.on_closed = on_closed  # reaps the zygote once the thread ends
+        self.lock = threading.Lock()
+        self.queued: collections.deque[Task] = collections.deque()
+        self.tasks: dict[int, Task] = {}  # started (SPAWN sent), slot not yet freed
+        self.inbox: collections.deque[Task] = collections.deque()  # started, channels to register
+        self.unfinished: set[Task] = set()  # started, future not yet done
+        self.broken: str | None = None
+        self.closing = False
+        self.zygote_stderr = bytearray()
+        self.sel = selectors.DefaultSelector()
+        self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
+        self.sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
+        os.set_blocking(zygote_stderr, False)
+        self.sel.register(zygote_stderr, selectors.EVENT_READ, ("zstderr", None))
+        self.thread = threading.Thread(target=self._run, name="WorkerPool-io", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------ any thread
+
+    def submit(self, task: Task) -> None:
+        """Start `task` now if a slot is free, else queue it."""
+        with self.lock:
+            if self.broken is not None:
+                raise BrokenWorkerPool(self.broken)
+            if self.closing:
+                raise RuntimeError("cannot submit to a WorkerPool after shutdown()")
+            if len(self.tasks) >= self.max_workers:
+                self.queued.append(task)
+                return
+            self.tasks[task.id] = task
+        self._start(task)
+
+    def shutdown(self, cancel_futures: bool) -> None:
+        """Accept no more tasks; the thread ends once every task has ended."""
+        with self.lock:
+            self.closing = True
+            cancelled = list(self.queued) if cancel_futures else []
+            if cancel_futures:
+                self.queued.clear()
+        for task in cancelled:
+            task.future.cancel()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _start(self, task: Task) -> None:
+        """Make the task's channels, write its payload (what the socket does not
+        take now, the I/O thread writes), and send SPAWN. Runs in the submitting
+        thread or the I/O thread; after SPAWN only the I/O thread touches the
+        task's channels."""
+        if not task.future.set_running_or_notify_cancel():
+            self._release(task)
+            return
+        with self.lock:
+            self.unfinished.add(task)
+        theirs: list[int] = []
+        try:
+            mine, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            theirs.append(their_sock.detach())
+            task.sock = mine
+            for buf in task.output:
+                r, w = os.pipe2(os.O_CLOEXEC)
+                task.pipes[r] = buf
+                theirs.append(w)
+            mine.setblocking(False)
+            data = Z.LENGTH.pack(len(task.payload)) + task.payload
+            task.payload = b""
+            try:
+                sent = mine.send(data)
+            except BlockingIOError:
+                sent = 0
+            task.unsent = memoryview(data)[sent:] if sent < len(data) else None
+            body: dict[str, Any] = {"id": task.id, "trees": [fd >= 0 for fd in task.trees]}
+            if task.env:
+                body["env"] = task.env
+            if task.blob is not None:
+                body["blob"] = True
+                theirs.append(_memfd(task.blob))
+            theirs += [fd for fd in task.trees if fd >= 0]
+            task.trees = []
+            if task.timeout is not None:
+                task.deadline = time.monotonic() + task.timeout
+            task.t0 = time.monotonic()
+            Z.send(self.ctl, Z.SPAWN, body, theirs)
+        except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
+            self._drop_channels(task)
+            self._complete(task, False, exc)
+            self._release(task)
+            return
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self.inbox.append(task)
+        self._wake()
+
+    def _release(self, task: Task) -> None:
+        """The task holds no slot any more: start a queued one in its place."""
+        task.ended = True
+        with self.lock:
+            self.tasks.pop(task.id, None)
+            nxt = self.queued.popleft() if self.queued and self.broken is None else None
+            if nxt is not None:
+                self.tasks[nxt.id] = nxt
+        for fd in task.trees:
+            if fd >= 0:
+                os.close(fd)
+        task.trees = []
+        if nxt is not None:
+            self._start(nxt)
+
+    # ------------------------------------------------------------ the I/O thread
+
+    def _run(self) -> None:
+        try:
+            while not self._finished():
+                timeout = self._next_deadline()
+                for key, events in self.sel.select(timeout):
+                    self._event(key, events)
+                self._expire()
+        except BaseException as exc:  # noqa: BLE001 - any failure here breaks the pool, never hangs it
+            self._break(f"the WorkerPool's I/O thread failed: {exc!r}")
+        finally:
+            self._close()
+
+    def _finished(self) -> bool:
+        if self.broken is not None:
+            return True
+        with self.lock:
+            return self.closing and not self.tasks and not self.queued and not self.unfinished
+
+    def _event(self, key: selectors.SelectorKey, events: int) -> None:
+        what, task = key.data
+        if what == "wake":
+            while True:
+                try:
+                    if not os.read(self.wake_r, 4096):
+                        break
+                except BlockingIOError:
+                    break
+            while self.inbox:
+                self._register(self.inbox.popleft())
+        elif what == "ctl":
+            self._control()
+        elif what == "zstderr":
+            self._read_zygote_stderr(key.fd)
+        elif what == "sock":
+            if events & selectors.EVENT_WRITE:
+                self._write_payload(task)
+            if events & selectors.EVENT_READ:
+                self._read_reply(task)
+        else:
+            self._read_pipe(task, key.fd)
+
+    def _register(self, task: Task) -> None:
+        if task.done:  # failed before its channels were registered: they are closed
+            return
+        assert task.sock is not None
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if task.unsent is not None else 0)
+        self.sel.register(task.sock, events, ("sock", task))
+        for fd in task.pipes:
+            self.sel.register(fd, selectors.EVENT_READ, ("pipe", task))
+
+    def _write_payload(self, task: Task) -> None:
+        assert task.sock is not None and task.unsent is not None
+        try:
+            sent = task.sock.send(task.unsent)
+        except BlockingIOError:
+            return
+        except OSError:
+            sent = len(task.unsent)  # the task is gone; its end says why
+        task.unsent = task.unsent[sent:] if sent < len(task.unsent) else None
+        if task.unsent is None:
+            self.sel.modify(task.sock, selectors.EVENT_READ, ("sock", task))
+
+    def _read_reply(self, task: Task) -> None:
+        assert task.sock is not None
+        try:
+            chunk = task.sock.recv(_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            task.reply += chunk
+            return
+        self.sel.unregister(task.sock)
+        task.sock.close()
+        task.open_channels -= 1
+        self._maybe_finish(task)
+
+    def _read_pipe(self, task: Task, fd: int) -> None:
+        chunk = os.read(fd, _CHUNK)
+        if chunk:
+            task.pipes[fd] += chunk
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        del task.pipes[fd]
+        task.open_channels -= 1
+        self._maybe_finish(task)
+
+    def _read_zygote_stderr(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return
+        if not chunk:
+            self.sel.unregister(fd)
+            os.close(fd)
+            return
+        self.zygote_stderr = (self.zygote_stderr + chunk)[-8192:]
+
+    def _control(self) -> None:
+        message = Z.recv(self.ctl)
+        if message is None:
+            tail = self.zygote_stderr.decode(errors="replace").strip()
+            self._break("the WorkerPool's zygote exited" + (f": {tail}" if tail else ""))
+            return
+        kind, body, fds = message
+        for fd in fds:
+            os.close(fd)
+        task = self.tasks.get(body.get("id", -1))
+        if task is None:
+            return
+        if kind == Z.STARTED:
+            task.future.timings.update({f"fork.{k}": v for k, v in body.get("t", {}).items()})
+            task.future.timings["started"] = (time.monotonic() - task.t0) * 1e6
+        elif kind == Z.FAILED:
+            res = ffi.new("struct sbx_result *")
+            for name in ("step", "op", "err", "detail", "wait_status"):
+                setattr(res, name, body[name])
+            task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
+            self._release(task)
+            self._maybe_finish(task)
+        elif kind == Z.EXITED:
+            task.status = body["status"]
+            self._release(task)
+            self._maybe_finish(task)
+
+    task_blob = b""  # set by the pool: the task plan's blob, for setup error messages
+
+    def _next_deadline(self) -> float | None:
+        deadlines = [t.deadline for t in list(self.tasks.values()) if t.deadline is not None and not t.timed_out]
+        return None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for task in list(self.tasks.values()):
+            if task.deadline is not None and not task.timed_out and now >= task.deadline and not task.done:
+                task.timed_out = True
+                Z.send(self.ctl, Z.KILL, {"id": task.id})
+
+    # ------------------------------------------------------------ completion
+
+    def _maybe_finish(self, task: Task) -> None:
+        if task.done:
+            return
+        if task.failure is not None:
+            self._drop_channels(task)
+            self._complete(task, False, task.failure)
+        elif task.open_channels == 0 and task.reply_complete() and not task.timed_out:
+            self._outputs(task)
+            try:
+                ok, value = self.loader.outcome(bytes(task.reply[Z.LENGTH.size:]))
+            except Exception as exc:  # noqa: BLE001 - an unloadable reply is the task's error
+                ok, value = False, exc
+            self._complete(task, ok, value)
+        elif task.open_channels == 0 and task.status is not None:
+            self._outputs(task)
+            self._complete(task, False, self._ended_error(task))
+
+    def _complete(self, task: Task, ok: bool, value: Any) -> None:
+        """Set the task's future (once) and forget its reply."""
+        if task.done:
+            return
+        task.done = True
+        task.reply = bytearray()
+        task.future.timings["done"] = (time.monotonic() - task.t0) * 1e6
+        with self.lock:
+            self.unfinished.discard(task)
+        if task.future.done():
+            return
+        if ok:
+            task.future.set_result(value)
+        else:
+            task.future.set_exception(value)
+
+    def _outputs(self, task: Task) -> None:
+        task.future.stdout, task.future.stderr = (bytes(b) for b in task.output)
+
+    def _ended_error(self, task: Task) -> TaskError:
+        assert task.status is not None
+        code = os.waitstatus_to_exitcode(task.status)
+        fut = task.future
+        if task.timed_out:
+            return TaskTimeoutError(f"the task ran past its timeout of {task.timeout} s; its sandbox was killed",
+                                    returncode=code, stdout=fut.stdout, stderr=fut.stderr)
+        how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        return TaskError(f"the task's sandbox {how} without a result", returncode=code, stdout=fut.stdout,
+                         stderr=fut.stderr)
+
+    def _drop_channels(self, task: Task) -> None:
+        """Close the task's channels (unregistering those the thread watches)."""
+        registered = self.sel.get_map()
+        if task.sock is not None:
+            if task.sock.fileno() >= 0 and task.sock.fileno() in registered:
+                self.sel.unregister(task.sock)
+            task.sock.close()
+        for fd in task.pipes:
+            if fd in registered:
+                self.sel.unregister(fd)
+            os.close(fd)
+        task.pipes = {}
+        task.open_channels = 0
+
+    def _break(self, reason: str) -> None:
+        """The zygote is gone: every task not done fails, none starts."""
+        with self.lock:
+            if self.broken is None:
+                self.broken = reason
+            pending = list(self.queued) + list(self.unfinished)
+            self.queued.clear()
+            self.tasks.clear()
+        self.inbox.clear()
+        for task in pending:
+            if not task.done:
+                self._drop_channels(task)
+                self._complete(task, False, BrokenWorkerPool(reason))
+
+    def _close(self) -> None:
+        self.sel.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
+        self.ctl.close()
+        self.on_closed()
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    return fd

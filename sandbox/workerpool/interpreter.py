@@ -1,0 +1,91 @@
+"""The zygote's Spec: the caller's Spec plus the caller's interpreter, read-only.
+
+The zygote is a fresh run of the caller's own interpreter, so the sandbox must
+show its executable (and each symlink on the way to it), its standard library,
+its site directories (a venv's too), and where this package and cloudpickle
+live, all read-only at their host paths. The shared libraries the interpreter
+links (libc, libffi) come from the Spec itself (a RoBind of /usr, as usual).
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from collections.abc import Iterable
+from pathlib import Path
+
+import cloudpickle
+
+from .. import spec as S
+from ..errors import SpecError
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the `sandbox` package
+CLOUDPICKLE_ROOT = str(Path(cloudpickle.__file__).resolve().parents[1])
+ZYGOTE_SCRIPT = str(Path(__file__).resolve().parent / "zygote.py")
+
+
+def _beneath(path: str, top: str) -> bool:
+    return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def executable_chain(path: str) -> list[str]:
+    """`path` and every symlink it leads through, ending at the real file."""
+    chain: list[str] = []
+    while path not in chain:
+        chain.append(path)
+        if not os.path.islink(path):
+            break
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return chain
+
+
+def interpreter_paths() -> list[str]:
+    """Host paths of the calling interpreter that its fresh run needs, the
+    fewest that cover them all (none beneath another), existing ones only."""
+    found = executable_chain(sys.executable)
+    if sys.prefix != sys.base_prefix:
+        found.append(sys.prefix)  # a venv: its pyvenv.cfg, bin and site-packages
+    found += [sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    found += [PACKAGE_ROOT, CLOUDPICKLE_ROOT]
+    paths = sorted({os.path.normpath(p) for p in found if p and os.path.exists(p)})
+    return [p for p in paths if not any(q != p and _beneath(p, q) for q in paths)]
+
+
+def visible_roots() -> tuple[str, ...]:
+    """Where the zygote can import modules from: a module whose file lies
+    elsewhere (a script, a test) is sent to tasks by value."""
+    return tuple(p for p in interpreter_paths() if os.path.isdir(p))
+
+
+def _covered(path: str, mounts: Iterable[S.Mount]) -> bool:
+    """A read-only bind of the Spec already shows `path` at its host path."""
+    return any(isinstance(m, S.Bind) and m.readonly and m.target() == m.src and _beneath(path, m.src)
+               for m in mounts)
+
+
+def check_spec(spec: S.Spec) -> None:
+    """Refuse, by field, what a WorkerPool's tasks cannot be given."""
+    ns = spec.namespaces
+    if not (ns.user and ns.mount and ns.pid and ns.ipc and ns.uts):
+        raise SpecError("namespaces", ns, "WorkerPool tasks always get user, mount, pid, ipc and uts namespaces")
+    if spec.network == "host":
+        raise SpecError("network", spec.network, "WorkerPool tasks always get a loopback-only network namespace")
+    if spec.forward or spec.check:
+        raise SpecError("forward" if spec.forward else "check", spec.forward or spec.check,
+                        "not supported by WorkerPool")
+    if not spec.die_with_parent:
+        raise SpecError("die_with_parent", False, "a WorkerPool and its tasks always die with the caller")
+    if not any(isinstance(m, S.Proc) for m in spec.mounts):
+        raise SpecError("mounts", "no Proc", "WorkerPool needs a Proc mount (tasks map their ids through it and "
+                        "mount their own)")
+
+
+def zygote_spec(spec: S.Spec) -> S.Spec:
+    """`spec` with the interpreter's paths bound read-only after its own mounts (skipping
+    those a read-only bind of the Spec already shows), a reaper as pid 1."""
+    check_spec(spec)
+    extra = [S.RoBind(p) for p in interpreter_paths() if not _covered(p, spec.mounts)]
+    return spec.replace(mounts=(*spec.mounts, *extra), as_pid_1=False)

@@ -1,0 +1,235 @@
+"""WorkerPool: a concurrent.futures.Executor whose every task runs in a sandbox of its own."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import socket
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Executor
+from typing import Any
+
+import cloudpickle
+
+from .. import backends
+from .. import spec as S
+from ..backends.native import ffi, lib, serialize, setup_error
+from ..errors import SandboxError, SpecError
+from ..host import HostInfo
+from ..plan import OpFlag, compile_plan, refusal, task_plan, template_plan, with_task_binds
+from ..process import SandboxProcess
+from . import zygote as Z
+from .engine import Engine, Task
+from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, visible_roots, zygote_spec
+from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
+
+_by_value_lock = threading.Lock()
+
+
+class WorkerPool(Executor):
+    """Run Python functions, each in a fresh sandbox of `spec`, forked from a warm interpreter.
+
+        with sandbox.WorkerPool(spec, preload=["json"], max_workers=4) as pool:
+            print(pool.submit(json.dumps, {"a": 1}).result())
+
+    A fresh interpreter (the caller's own executable, never a fork of the
+    caller: no memory, secret or thread of the caller reaches it) starts once
+    in a sandbox of `spec`'s root with the interpreter's standard library and
+    site directories bound read-only, imports `preload`, and forks one
+    sandbox per task: new user, mount, pid, ipc, uts and loopback-only network
+    namespaces, fresh tmpfs for every Tmpfs of the Spec and for /dev/shm, its
+    own /proc, the root read-only, capabilities dropped, NO_NEW_PRIVS, and
+    the Spec's seccomp, Landlock and limits. Nothing one task writes is seen
+    by another, except through a writable bind of the Spec.
+
+    `submit(fn, *args, **kwargs)` returns a TaskFuture (its `stdout` and
+    `stderr` hold what the task wrote); `submit_task` adds a per-task
+    `timeout` (the task's whole sandbox is killed), extra `binds` (their
+    destinations must exist in the Spec's tree, e.g. a Dir, or lie in one of
+    its Tmpfs) and `env`. Functions defined in `__main__`, closures and
+    functions of modules the sandbox cannot import are sent by value
+    (cloudpickle). An exception comes back as itself, with the remote
+    traceback as its `__cause__`; a task that dies without a result fails
+    with TaskError (TaskTimeoutError on timeout).
+
+    Replies are pickled inside the sandbox, so they are loaded with an
+    allowlist (plain data and exception classes already imported here) unless
+    `trust_results=True`; `result_types` allows more classes.
+
+    Raises SpecError for what tasks cannot be given (see
+    interpreter.check_spec), UnavailableError where the native backend
+    cannot run, SandboxError if the zygote fails to start.
+    """
+
+    def __init__(self, spec: S.Spec, preload: Sequence[str] = (), max_workers: int | None = None, *,
+                 timeout: float | None = None, trust_results: bool = False, result_types: Iterable[type] = (),
+                 startup_timeout: float = 60.0) -> None:
+        if not isinstance(spec, S.Spec):
+            raise SpecError("spec", spec, "must be a sandbox.Spec")
+        if max_workers is None:
+            max_workers = os.cpu_count() or 1
+        if max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        self._timeout = timeout
+        self._ids = itertools.count(1)
+        self._roots = visible_roots()
+        backends.choose("native")
+        host = HostInfo.current(backend="native")
+        plan = compile_plan(zygote_spec(spec), host)
+        refused = refusal(plan, host)
+        if refused is not None:
+            raise refused
+        template = template_plan(plan)
+        self._task_plan = task_plan(plan, template)
+        self._task_blob = serialize(self._task_plan, "/")
+        ctl, zstderr, self._zygote = _start_zygote(template, self._task_blob, list(preload), startup_timeout)
+        self._engine = Engine(ctl, zstderr, max_workers, ReplyLoader(trust_results, result_types),
+                              on_closed=_reaper(self._zygote))
+        self._engine.task_blob = self._task_blob
+        self._finalizer = weakref.finalize(self, self._engine.shutdown, False)
+
+    @property
+    def pid(self) -> int:
+        """Host pid of the zygote's sandbox (its pid 1); every task is a descendant."""
+        return self._zygote.pid
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
+        """Run `fn(*args, **kwargs)` in a new sandbox (the pool's default timeout)."""
+        return self.submit_task(fn, args, kwargs)
+
+    def submit_task(self, fn: Callable[..., Any], /, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+                    *, timeout: float | None = None, binds: Sequence[S.Bind] = (),
+                    env: Mapping[str, str] | None = None) -> TaskFuture:
+        """Run `fn(*args, **kwargs)` in a new sandbox with a `timeout` in seconds
+        (default: the pool's), extra `binds` on top of the Spec's mounts, and
+        `env` added to its os.environ."""
+        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise SpecError("env", env, "must map strings to strings")
+        payload = self._pickle(fn, tuple(args), dict(kwargs or {}))
+        task = Task(id=next(self._ids), future=TaskFuture(), payload=payload,
+                    timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None)
+        if binds:
+            self._add_binds(task, binds)
+        try:
+            self._engine.submit(task)
+        except BaseException:
+            for fd in task.trees:
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        return task.future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Accept no more tasks; with `cancel_futures`, cancel those not started;
+        with `wait`, return once every task has ended and the zygote is gone."""
+        self._engine.shutdown(cancel_futures)
+        if wait:
+            self._engine.thread.join()
+
+    # ------------------------------------------------------------ helpers
+
+    def _pickle(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        """cloudpickle the call; modules the zygote cannot import are sent by value."""
+        with _by_value_lock:
+            for obj in (fn, *args, *kwargs.values()):
+                module = sys.modules.get(getattr(obj, "__module__", None) or type(obj).__module__)
+                if module is not None and not self._visible(module):
+                    cloudpickle.register_pickle_by_value(module)
+            return cloudpickle.dumps((fn, args, kwargs))
+
+    def _visible(self, module: Any) -> bool:
+        if module.__name__ == "__main__" or getattr(module, "__file__", None) is None:
+            return True  # __main__ is sent by value anyway; builtins need nothing
+        path = os.path.realpath(module.__file__)
+        return any(path.startswith(root.rstrip("/") + "/") for root in self._roots)
+
+    def _add_binds(self, task: Task, binds: Sequence[S.Bind]) -> None:
+        """Clone each bind's host tree (detached) and give the task its own plan."""
+        plan = with_task_binds(self._task_plan, binds)
+        task.blob = serialize(plan, "/")
+        first = len(self._task_plan.ops)
+        for index, op in enumerate(plan.ops[first:], start=first):
+            res = ffi.new("struct sbx_result *")
+            fd = lib.sbx_detach_tree(os.fsencode(op.src), int(op.flags), res)
+            if fd < 0 and not (res.err == errno.ENOENT and op.flags & OpFlag.OPTIONAL):
+                for tree in task.trees:
+                    if tree >= 0:
+                        os.close(tree)
+                res.op = index
+                raise setup_error(res, task.blob, ["<task>"])
+            task.trees.append(fd)
+
+
+def _start_zygote(template: Any, task_blob: bytes, preload: list[str],
+                  startup_timeout: float) -> tuple[socket.socket, int, SandboxProcess]:
+    """Start the zygote through the native backend, send INIT, wait for READY."""
+    ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    argv = [sys.executable, "-I", ZYGOTE_SCRIPT, str(theirs.fileno())]
+    try:
+        launched = backends.get("native").launch(template, argv, (devnull, devnull, err_w), (theirs.fileno(),))
+    except BaseException:
+        for fd in (err_r, err_w, devnull):
+            os.close(fd)
+        ctl.close()
+        theirs.close()
+        raise
+    proc = SandboxProcess(argv, launched, backend="native", network=template.network)
+    for fd in (err_w, devnull):
+        os.close(fd)
+    theirs.close()
+    try:
+        blob_fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
+        try:
+            os.write(blob_fd, task_blob)
+            Z.send(ctl, Z.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT]}, [blob_fd])
+        finally:
+            os.close(blob_fd)
+        ctl.settimeout(startup_timeout)
+        message = Z.recv(ctl)
+        ctl.settimeout(None)
+        if message is None or message[0] != Z.READY:
+            detail = message[1].get("message", "") if message is not None else _drain(err_r)
+            raise SandboxError(f"the WorkerPool's zygote failed to start:\n{detail.strip()}")
+    except BaseException as exc:
+        ctl.close()
+        proc.kill()
+        proc.wait()
+        os.close(err_r)
+        if isinstance(exc, (TimeoutError, OSError)) and not isinstance(exc, SandboxError):
+            raise BrokenWorkerPool(f"the WorkerPool's zygote did not start: {exc}") from exc
+        raise
+    return ctl, err_r, proc
+
+
+def _native_path() -> str:
+    """The compiled core's file, which the zygote loads by path."""
+    from .. import _native
+
+    assert _native.__file__ is not None
+    return _native.__file__
+
+
+def _drain(fd: int) -> str:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks).decode(errors="replace")
+        chunks.append(chunk)
+
+
+def _reaper(proc: SandboxProcess) -> Callable[[], None]:
+    """Wait for the zygote's sandbox once its control socket is closed (kill it if it lingers)."""
+    def reap() -> None:
+        try:
+            proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - a zygote that does not leave is killed
+            proc.kill()
+            proc.wait()
+    return reap

@@ -1,0 +1,151 @@
+"""What comes back from a task: its reply, loaded safely, and the errors a task can end with.
+
+A reply is pickled by code in the sandbox, so loading it with pickle would let
+that code run anything in the caller (pickle calls whatever callable the data
+names). By default it is loaded with an allowlist instead: plain data
+(numbers, strings, bytes, containers, datetime, Decimal, Fraction, UUID, paths)
+and exception classes the caller has already imported; `result_types` adds
+classes the caller vouches for, `trusted=True` loads anything.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from collections.abc import Iterable
+from concurrent.futures import BrokenExecutor, Future
+from typing import Any
+
+from ..errors import SandboxError
+
+SAFE_GLOBALS: dict[str, frozenset[str]] = {
+    "builtins": frozenset({"int", "float", "complex", "str", "bytes", "bytearray", "bool", "tuple", "list", "dict",
+                           "set", "frozenset", "slice", "range"}),
+    "collections": frozenset({"OrderedDict", "deque", "Counter", "defaultdict"}),
+    "datetime": frozenset({"date", "time", "datetime", "timedelta", "timezone"}),
+    "decimal": frozenset({"Decimal"}),
+    "fractions": frozenset({"Fraction"}),
+    "uuid": frozenset({"UUID", "SafeUUID"}),
+    "pathlib": frozenset({"PurePath", "PurePosixPath", "PosixPath", "Path"}),
+}
+
+
+class TaskFuture(Future):
+    """A WorkerPool task's Future, with what the task wrote to its stdout and
+    stderr (bytes, complete once the future is done)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stdout = b""
+        self.stderr = b""
+        self.timings: dict[str, float] = {}  # µs: clone and setup (in the zygote), started and done (since SPAWN)
+
+
+class TaskError(SandboxError):
+    """The task's sandbox ended without a reply: it exited (os._exit, a crash)
+    or was killed. `returncode` is its exit code, or -N if signal N ended it;
+    `stdout` and `stderr` what it wrote."""
+
+    def __init__(self, message: str, *, returncode: int | None = None, stdout: bytes = b"",
+                 stderr: bytes = b"") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+class TaskTimeoutError(TaskError, TimeoutError):
+    """The task ran past its timeout; its whole sandbox was killed."""
+
+
+class RemoteError(SandboxError):
+    """The task raised an exception that cannot be rebuilt here (its class is
+    not allowed, or it could not be pickled): `type_name` and `message` say
+    what it was; `__cause__` holds the remote traceback."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
+        self.message = message
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a task (set as its __cause__)."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.tb}"""'
+
+
+class BrokenWorkerPool(BrokenExecutor, SandboxError):
+    """The pool's zygote died or could not start; no task can run any more."""
+
+
+class UnsafeResultError(SandboxError, pickle.UnpicklingError):
+    """The reply names a class or function the safe loader does not rebuild."""
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.allowed = allowed
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name in SAFE_GLOBALS.get(module, ()) or (module, name) in self.allowed:
+            return super().find_class(module, name)
+        found = _loaded_attr(module, name)
+        if isinstance(found, type) and issubclass(found, BaseException):
+            return found
+        raise UnsafeResultError(
+            f"the task's reply holds {module}.{name}, which is not rebuilt without trust: return plain data, "
+            "list the class in WorkerPool(result_types=...), or pass trust_results=True (the task's code could "
+            "then run code in this process)")
+
+
+def _loaded_attr(module: str, qualname: str) -> Any:
+    """`module.qualname` if that module is already imported (nothing is imported here), else None."""
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        if obj is None or part.startswith("__"):
+            return None
+        obj = getattr(obj, part, None)
+    return obj
+
+
+class ReplyLoader:
+    """Loads task replies: safely (an allowlist), or with pickle if trusted."""
+
+    def __init__(self, trusted: bool = False, result_types: Iterable[type] = ()) -> None:
+        self.trusted = trusted
+        self.allowed = frozenset((t.__module__, t.__qualname__) for t in result_types)
+
+    def loads(self, data: bytes) -> Any:
+        """One pickled object."""
+        if self.trusted:
+            return pickle.loads(data)
+        return _SafeUnpickler(data, self.allowed).load()
+
+    def outcome(self, data: bytes) -> tuple[bool, Any]:
+        """(True, value) or (False, exception with the remote traceback as its __cause__)."""
+        ok, payload = self.loads(data)
+        if ok:
+            return True, payload
+        return False, self.exception(payload)
+
+    def exception(self, record: dict[str, Any]) -> BaseException:
+        """The exception of an error record, rebuilt if allowed, else a RemoteError."""
+        exc: BaseException | None = None
+        if record.get("exception") is not None:
+            try:
+                loaded = self.loads(record["exception"])
+                exc = loaded if isinstance(loaded, BaseException) else None
+            except Exception:  # noqa: BLE001 - an exception we may not rebuild comes back by name
+                exc = None
+        if exc is None:
+            exc = RemoteError(str(record.get("type", "?")), str(record.get("message", "")))
+        exc.__cause__ = RemoteTraceback(str(record.get("traceback", "")))
+        return exc

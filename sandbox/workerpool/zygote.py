@@ -1,0 +1,340 @@
+"""The zygote: a fresh interpreter inside a WorkerPool's sandbox that forks one sandbox per task.
+
+The caller starts it through the native backend as a script of its own
+interpreter (`python -I zygote.py CTL_FD`): it is never a fork of the caller,
+and it imports neither the `sandbox` package nor anything but the standard
+library, cloudpickle and the pool's `preload` modules. It loads the C core by
+path and, per task, calls sbx_fork_sandbox(), which returns twice like fork():
+in the zygote with the task's pid, and in the task, which is then set up (its
+own namespaces, fresh filesystems, capabilities dropped, seccomp) and runs the
+function. The zygote never unpickles anything and never runs task code.
+
+The caller's side also imports this module, for the message format below.
+
+Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
+a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
+    caller -> zygote  INIT  {native, preload, path}       fds: [task blob memfd]
+                      SPAWN {id, env?, blob?, trees}      fds: [result, stdout, stderr, (blob memfd), trees...]
+                      KILL  {id}
+    zygote -> caller  READY {pid} | ERROR {message}
+                      STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
+                      EXITED {id, status}                 (a raw wait status)
+The task reads its payload from its result socket (a u64 length, then the
+pickled (fn, args, kwargs)) and writes its reply there (a u64 length, then
+the pickled (ok, value or exception record)).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import struct
+import sys
+from typing import Any, NoReturn
+
+INIT, SPAWN, KILL = b"I", b"S", b"K"
+READY, ERROR, STARTED, FAILED, EXITED = b"R", b"E", b"s", b"f", b"x"
+_HEADER = struct.Struct("<cI")
+LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
+MAX_MESSAGE = 60 * 1024
+MAX_FDS = 64
+STAMPS = ("start", "child", "idmap", "mounts", "pivot", "ready", "return", "done")  # enum sbx_stamp
+
+
+def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Send one control message (its fds with SCM_RIGHTS)."""
+    data = json.dumps(body, separators=(",", ":")).encode()
+    packet = _HEADER.pack(kind, len(data)) + data
+    if len(packet) > MAX_MESSAGE:
+        raise ValueError(f"control message of {len(packet)} bytes is too large (at most {MAX_MESSAGE})")
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([packet], ancillary)
+
+
+def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
+    """Receive one control message: (kind, body, fds), or None at EOF."""
+    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
+    fds = array.array("i")
+    for level, type_, payload in ancillary:
+        if level == socket.SOL_SOCKET and type_ == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < _HEADER.size:
+        raise ValueError("truncated control message")
+    kind, size = _HEADER.unpack_from(data)
+    return kind, json.loads(data[_HEADER.size:_HEADER.size + size]), list(fds)
+
+
+def read_fd(fd: int) -> bytes:
+    """The whole content of a memfd (from offset 0), which is then closed."""
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- the task
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(min(size - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("the caller closed the task's channel")
+        buf += chunk
+    return bytes(buf)
+
+
+def _error_record(exc: BaseException) -> dict[str, Any]:
+    """What the caller needs to raise `exc` again: the exception pickled if
+    possible, else its type's name and message; and the formatted traceback."""
+    import traceback
+
+    import cloudpickle
+
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
+        message = "<unprintable>"
+    try:
+        pickled = cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - unpicklable exceptions come back by name
+        pickled = None
+    kind = type(exc)
+    return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": message, "exception": pickled,
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+def _execute(payload: bytes) -> bytes:
+    """Run the pickled call; the pickled reply (ok, value or error record)."""
+    import pickle
+
+    import cloudpickle
+
+    try:
+        fn, args, kwargs = pickle.loads(payload)
+        reply: tuple[bool, Any] = (True, fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - everything the task raises goes back to the caller
+        reply = (False, _error_record(exc))
+    try:
+        return cloudpickle.dumps(reply)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result is the task's error
+        return cloudpickle.dumps((False, _error_record(exc)))
+
+
+def run_task(result_fd: int, env: dict[str, str] | None) -> NoReturn:
+    """The task's sandbox, after sbx_fork_sandbox returned 0 in it: run the
+    call read from `result_fd`, write the reply there, and exit without
+    unwinding into the zygote's code (os._exit: no atexit, no finalizers)."""
+    code = 0
+    try:
+        if env:
+            os.environ.update(env)
+        with socket.socket(fileno=result_fd) as sock:
+            (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+            reply = _execute(_recv_exact(sock, size))
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110 - a closed stream must not lose the reply
+                    pass
+            sock.sendall(LENGTH.pack(len(reply)) + reply)
+        # EOF on every channel now, not after the exit has torn down our memory
+        for fd in (1, 2):
+            os.close(fd)
+    except BaseException:  # noqa: BLE001 - the channel itself failed: say so on the task's stderr
+        code = 70
+        try:
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001, S110
+            pass
+    os._exit(code)
+
+
+# ---------------------------------------------------------------- the zygote
+
+class Zygote:
+    """The resident process: receives SPAWN and KILL, forks tasks, reports their ends."""
+
+    def __init__(self, ctl: socket.socket) -> None:
+        self.ctl = ctl
+        self.blob = b""
+        self.tasks: dict[int, tuple[int, int]] = {}  # pidfd -> (task id, pid)
+        self.pidfds: dict[int, int] = {}  # task id -> pidfd
+        self.setting_up: dict[int, tuple[int, int, Any]] = {}  # report fd -> (task id, pid, sbx_result)
+
+    def init(self, body: dict[str, Any], fds: list[int]) -> None:
+        """Load the C core, import `preload`, check that no thread was started."""
+        import ctypes
+        import importlib
+        import importlib.util
+
+        for entry in body.get("path", []):
+            if entry not in sys.path:
+                sys.path.append(entry)
+        spec = importlib.util.spec_from_file_location("sandbox._native", body["native"])
+        assert spec is not None and spec.loader is not None
+        native = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(native)
+        self.ffi, self.lib = native.ffi, native.lib
+        # sbx_fork_sandbox is called with the GIL held, as os.fork() calls
+        # fork(): cffi would release it across the clone. PyDLL keeps it.
+        self.fork_c = ctypes.PyDLL(body["native"]).sbx_fork_sandbox
+        self.fork_c.restype = ctypes.c_int
+        self.fork_c.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        self.api = ctypes.pythonapi
+        self.blob = read_fd(fds[0])
+        import pickle  # noqa: F401
+        import traceback  # noqa: F401
+
+        import cloudpickle  # noqa: F401 - every task unpickles with it: import once, here
+
+        for name in body.get("preload", []):
+            importlib.import_module(name)
+        threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["1"]
+        if len(threads) != 1:
+            raise RuntimeError(f"preloading {body.get('preload')} started {len(threads) - 1} thread(s); "
+                               "a zygote must stay single-threaded to fork")
+
+    def addr(self, cdata: Any) -> int:
+        return int(self.ffi.cast("uintptr_t", cdata))
+
+    def fork(self, blob: bytes, stdio: list[int], keep: list[int], trees: list[int]) -> tuple[int, Any]:
+        """sbx_fork_sandbox, between CPython's before- and after-fork hooks
+        (the task's random is reseeded there, as after os.fork())."""
+        ffi = self.ffi
+        res = ffi.new("struct sbx_result *")
+        c_blob = ffi.from_buffer(blob)
+        c_stdio = ffi.new("int[3]", stdio)
+        c_keep = ffi.new("int[]", keep or [0])
+        c_trees = ffi.new("int[]", trees or [0])
+        self.api.PyOS_BeforeFork()
+        pid = self.fork_c(self.addr(c_blob), len(blob), self.addr(c_stdio), self.addr(c_keep), len(keep),
+                          self.addr(c_trees), len(trees), self.addr(res))
+        if pid == 0:
+            self.api.PyOS_AfterFork_Child()
+        else:
+            self.api.PyOS_AfterFork_Parent()
+        return pid, res
+
+    def spawn(self, body: dict[str, Any], fds: list[int]) -> None:
+        """Fork the task of a SPAWN message (in the task, run it: never returns).
+        Its setup goes on while the zygote serves: its report fd is watched."""
+        result_fd, out_fd, err_fd, *rest = fds
+        blob = read_fd(rest.pop(0)) if body.get("blob") else self.blob
+        trees = [rest.pop(0) if present else -1 for present in body.get("trees", [])]
+        try:
+            pid, res = self.fork(blob, [-1, out_fd, err_fd], [result_fd], trees)
+            if pid == 0:
+                self.ctl.detach()  # its fd is closed in the task; the object must not close another
+                run_task(result_fd, body.get("env"))
+        finally:
+            for fd in (result_fd, out_fd, err_fd, *trees, *rest):
+                if fd >= 0:
+                    os.close(fd)
+        if pid < 0:
+            self.failed(body["id"], res)
+            return
+        self.setting_up[res.status_fd] = (body["id"], pid, res)
+        self.poll.register(res.status_fd, self.POLLIN)
+
+    def ready(self, report_fd: int) -> None:
+        """A task's setup ended: watch it (pidfd) and say STARTED, or say FAILED."""
+        task_id, pid, res = self.setting_up.pop(report_fd)
+        self.poll.unregister(report_fd)
+        if self.lib.sbx_fork_ready(report_fd, pid, res) < 0:
+            self.failed(task_id, res)
+            return
+        pidfd = os.pidfd_open(pid)
+        self.tasks[pidfd] = (task_id, pid)
+        self.pidfds[task_id] = pidfd
+        self.poll.register(pidfd, self.POLLIN)
+        t = res.t_ns  # enum sbx_stamp: start, child, idmap, mounts, pivot, ready, return, done
+        stamps = {name: (t[k] - t[0]) / 1000 for k, name in enumerate(STAMPS) if t[k] >= t[0] and t[k]}
+        send(self.ctl, STARTED, {"id": task_id, "pid": pid, "t": stamps})
+
+    def failed(self, task_id: int, res: Any) -> None:
+        send(self.ctl, FAILED, {"id": task_id, "step": res.step, "op": res.op, "err": res.err,
+                                "detail": res.detail, "wait_status": res.wait_status})
+
+    def reap(self, pidfd: int) -> None:
+        """A task ended: report its wait status."""
+        task_id, pid = self.tasks.pop(pidfd)
+        del self.pidfds[task_id]
+        self.poll.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        send(self.ctl, EXITED, {"id": task_id, "status": status})
+
+    def kill(self, task_id: int) -> None:
+        """SIGKILL to the task's pid 1: the kernel ends its whole pid namespace."""
+        import signal
+
+        pidfd = self.pidfds.get(task_id)
+        if pidfd is None:  # still setting up: its setup ends in its death
+            for _, (setup_id, pid, _) in self.setting_up.items():
+                if setup_id == task_id:
+                    os.kill(pid, signal.SIGKILL)
+        elif pidfd is not None:
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def serve(self) -> None:
+        """Until the caller closes the control socket."""
+        import select
+
+        self.POLLIN = select.POLLIN
+        self.poll = select.poll()  # no fd of its own, unlike epoll: nothing for a task to inherit
+        ctl_fd = self.ctl.fileno()
+        self.poll.register(ctl_fd, select.POLLIN)
+        while True:
+            for fd, _ in self.poll.poll():
+                if fd in self.setting_up:
+                    self.ready(fd)
+                    continue
+                if fd != ctl_fd:
+                    self.reap(fd)
+                    continue
+                message = recv(self.ctl)
+                if message is None:
+                    return
+                kind, body, fds = message
+                if kind == SPAWN:
+                    self.spawn(body, fds)
+                elif kind == KILL:
+                    self.kill(body["id"])
+
+
+def main(argv: list[str]) -> int:
+    """The zygote's entry point: INIT, READY, then serve."""
+    ctl = socket.socket(fileno=int(argv[1]))
+    zygote = Zygote(ctl)
+    try:
+        message = recv(ctl)
+        if message is None or message[0] != INIT:
+            return 1
+        zygote.init(message[1], message[2])
+    except BaseException:  # noqa: BLE001 - reported to the caller, which raises it
+        import traceback
+
+        send(ctl, ERROR, {"message": traceback.format_exc()})
+        return 1
+    send(ctl, READY, {"pid": os.getpid()})
+    zygote.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

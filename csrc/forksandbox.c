@@ -12,8 +12,9 @@
  * The setup is child.c's sequence minus what the template already did: the
  * child's mount namespace is a copy of the template's, so instead of a new
  * root and a pivot the plan's (task) operations are applied in place on it
- * (fresh tmpfs, proc, /dev/shm and devpts over the template's shared ones,
- * the shared root made read-only, per-task binds from detached trees); then
+ * (fresh tmpfs, proc, /dev/shm and devpts over the template's read-only
+ * shared ones, private copies of writable files, per-task binds from
+ * detached trees: mounts.c's in-place mode, newroot "/"); then
  * lo up, cwd, the probe paths, rlimits, the fd table (every fd but stdio and
  * the kept ones is closed: there is no exec to close them), session,
  * capabilities, NO_NEW_PRIVS, Landlock and seccomp.
@@ -103,9 +104,7 @@ static void task_mounts(struct sbx_ctx *c)
         sbx_fail(c, SBX_STEP_MOUNT_PRIVATE, -1, errno, SBX_D_NONE);
     mode_t saved = umask(0);
     sbx_open_sources(c);
-    c->root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (c->root_fd < 0)
-        sbx_fail(c, SBX_STEP_NEWROOT, -1, errno, SBX_D_RESOLVE);
+    sbx_make_newroot(c); /* in place: the root is the copy of the template's */
     sbx_apply_ops(c);
     close(c->root_fd);
     c->root_fd = -1;
@@ -156,7 +155,7 @@ static int count_detached(const struct sbx_header *h, const struct sbx_op *ops)
 {
     int n = 0;
     for (uint32_t i = 0; i < h->n_ops; i++)
-        if (ops[i].kind == SBX_OP_BIND && (ops[i].flags & SBX_F_DETACHED))
+        if (ops[i].kind == SBX_OP_BIND && (ops[i].flags & SBX_F_FROM_FD))
             n++;
     return n;
 }
@@ -208,7 +207,9 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
         return fail_early(res, SBX_STEP_CONFIG, EINVAL);
     const struct sbx_header *h = blob;
     const struct sbx_op *ops = (const void *)((const char *)blob + h->ops_off);
-    if ((h->opts & SBX_OPT_REAPER) || h->n_listen || count_detached(h, ops) != n_trees)
+    const char *newroot = (const char *)blob + h->newroot;
+    if ((h->opts & SBX_OPT_REAPER) || h->n_listen || count_detached(h, ops) != n_trees ||
+        newroot[0] != '/' || newroot[1] != 0)
         return fail_early(res, SBX_STEP_CONFIG, EINVAL);
     int errp[2];
     if (sbx_high_pipe(errp) < 0)
@@ -217,7 +218,7 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
         .blob = blob, .h = h, .ops = ops, .stdio = {stdio[0], stdio[1], stdio[2]},
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = -1, .err_fd = errp[1], .status_fd = -1,
         .root_fd = -1, .proc_fd = -1, .res = res, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1,
-        .trees = trees, .n_trees = n_trees,
+        .bind_fds = trees,
     };
     c.src_fds = malloc((h->n_ops + 1) * sizeof *c.src_fds);
     if (!c.src_fds) {

@@ -61,8 +61,7 @@ struct sbx_ctx {
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
     sigset_t caller_mask;       /* the spawning thread's signal mask before clone */
-    const int *trees;           /* detached trees of the SBX_F_DETACHED binds, in op order (-1: missing) */
-    int n_trees;
+    const int *bind_fds;        /* sources of the SBX_F_FROM_FD binds, in op order */
     struct sbx_result *res;
 };
 
@@ -100,6 +99,7 @@ void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
 
 /* mounts.c */
+int sbx_in_place(const struct sbx_ctx *c);
 void sbx_open_sources(struct sbx_ctx *c);
 void sbx_make_newroot(struct sbx_ctx *c);
 void sbx_apply_ops(struct sbx_ctx *c);

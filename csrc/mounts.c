@@ -17,6 +17,11 @@
  *   (tmpfs, proc, devpts) come from fsopen()/fsmount().
  * - pivot_root(".", ".") stacks the old root on the new one; a lazy unmount
  *   of "." then drops the host tree from the namespace.
+ * - In place (newroot "/", a Template's sandbox): the root is the copy of
+ *   the template's prepared tree this mount namespace starts with; the ops
+ *   (fresh filesystems, private files, per-call binds) go on top of it, and
+ *   there is nothing to pivot. Every source is then a path of that copy or
+ *   an fd from the caller, cloned before the first op covers anything.
  */
 #include "internal.h"
 
@@ -220,28 +225,36 @@ static int under(const char *path, const char *dir)
 
 /* Sources the new root's tmpfs will cover (those under its host directory)
  * are cloned now, before it is mounted; the others when their op runs, so
- * a spec with thousands of binds never holds thousands of fds at once.
- * A detached source (SBX_F_DETACHED) was cloned by the caller (detach.c). */
+ * a spec with thousands of binds never holds thousands of fds at once. */
 void sbx_open_sources(struct sbx_ctx *c)
 {
     const char *newroot = sbx_str(c, c->h->newroot);
-    int tree = 0;
+    int from_fd = 0;
     for (uint32_t i = 0; i < c->h->n_ops; i++) {
         const struct sbx_op *op = &c->ops[i];
         c->src_fds[i] = -1;
-        if (op->kind == SBX_OP_BIND && (op->flags & SBX_F_DETACHED)) {
-            c->src_fds[i] = tree < c->n_trees ? c->trees[tree++] : -1;
-            if (c->src_fds[i] < 0 && !(op->flags & SBX_F_OPTIONAL))
-                sbx_fail(c, SBX_STEP_SOURCE, (int)i, ENOENT, SBX_D_SOURCE);
-        } else if (op->kind == SBX_OP_BIND) {
+        if (op->kind == SBX_OP_BIND && (op->flags & SBX_F_FROM_FD))
+            c->src_fds[i] = c->bind_fds[from_fd++];
+        else if (op->kind == SBX_OP_BIND)
             c->src_fds[i] = under(sbx_str(c, op->src), newroot) ? clone_source(c, i) : SRC_DEFERRED;
-        }
     }
+}
+
+int sbx_in_place(const struct sbx_ctx *c)
+{
+    const char *dir = sbx_str(c, c->h->newroot);
+    return dir[0] == '/' && dir[1] == 0;
 }
 
 void sbx_make_newroot(struct sbx_ctx *c)
 {
     const char *dir = sbx_str(c, c->h->newroot);
+    if (sbx_in_place(c)) {
+        c->root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (c->root_fd < 0)
+            sbx_fail(c, SBX_STEP_NEWROOT, -1, errno, SBX_D_RESOLVE);
+        return;
+    }
     if (mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") < 0)
         sbx_fail(c, SBX_STEP_NEWROOT, -1, errno, SBX_D_MOUNT);
     c->root_fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -308,42 +321,30 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
-    /* A template's proc stays plain: a task's fresh proc needs one that is
-     * fully visible, without (locked) mounts over its entries. */
-    if (!(op->flags & SBX_F_PLAIN))
+    /* A Template's own proc stays uncovered: a fresh proc may be mounted in
+     * a user namespace only where a fully visible one already is. */
+    if (!(op->flags & SBX_F_BARE))
         cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
     c->src_fds[i] = -1;
 }
 
-static const char *const pts_kv[] = {"ptmxmode", "0666", "mode", "620", NULL};
-
-/* A task's copy of a template's /dev (SBX_F_REFRESH): the shared tmpfs
- * becomes read-only, and shm (op->shm_mode) and devpts are fresh. */
-static void dev_refresh(struct sbx_ctx *c, int i, const struct sbx_op *op)
+/* A private devpts instance on `pts`. */
+static void mount_devpts(struct sbx_ctx *c, int i, int pts)
 {
-    char mode[16];
-    const char *shm_kv[] = {"mode", mode, NULL};
-    sbx_fmt_uint(mode, op->shm_mode, 8);
-    int dev = open_inside(c, sbx_str(c, op->dest), O_PATH | O_DIRECTORY);
-    if (dev < 0)
-        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-    if (sbx_mount_setattr(dev, "", AT_EMPTY_PATH, MOUNT_ATTR_RDONLY, 0) < 0)
-        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_ATTR);
-    const char *names[] = {"shm", "pts"};
-    for (int k = 0; k < 2; k++) {
-        int at = openat(dev, names[k], O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (at < 0)
-            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-        int mnt = k ? fresh_fs(c, i, "devpts", pts_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC)
-                    : fresh_fs(c, i, "tmpfs", shm_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-        if (sbx_move_mount(mnt, "", at, "", EMPTY_PATHS) < 0)
-            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
-        close(mnt);
-        close(at);
-    }
-    close(dev);
+    static const char *const pts_kv[] = {"ptmxmode", "0666", "mode", "620", NULL};
+    int mnt = fresh_fs(c, i, "devpts", pts_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
+    if (sbx_move_mount(mnt, "", pts, "", EMPTY_PATHS) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+    close(mnt);
+}
+
+static void op_devpts(struct sbx_ctx *c, int i, const struct sbx_op *op)
+{
+    int fd = mountpoint(c, i, sbx_str(c, op->dest), 1, op->parent_mode);
+    mount_devpts(c, i, fd);
+    close(fd);
 }
 
 /* A minimal /dev as bwrap's --dev: a tmpfs (op->mode) holding binds of the
@@ -353,10 +354,6 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     char mode[16];
     const char *tmpfs_kv[] = {"mode", mode, NULL};
-    if (op->flags & SBX_F_REFRESH) {
-        dev_refresh(c, i, op);
-        return;
-    }
     sbx_fmt_uint(mode, op->mode, 8);
     const char *dest = sbx_str(c, op->dest);
     int fd = mountpoint(c, i, dest, 1, op->parent_mode);
@@ -384,10 +381,7 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
     int pts = openat(dev, "pts", O_PATH | O_DIRECTORY | O_CLOEXEC);
     if (pts < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-    int mnt = fresh_fs(c, i, "devpts", pts_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC);
-    if (sbx_move_mount(mnt, "", pts, "", EMPTY_PATHS) < 0)
-        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
-    close(mnt);
+    mount_devpts(c, i, pts);
     close(pts);
     close(dev);
 }
@@ -427,10 +421,38 @@ static void op_symlink(struct sbx_ctx *c, int i, const struct sbx_op *op)
     close(parent);
 }
 
+/* A private writable file for one sandbox of a Template, whose root is
+ * shared and read-only: the file is made on a small tmpfs of its own and
+ * that file alone is bound on dest (which the template created). */
+static void op_private_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
+{
+    static const char *const kv[] = {"mode", "700", NULL};
+    const char *dest = sbx_str(c, op->dest);
+    int fd = mountpoint(c, i, dest, 0, op->parent_mode);
+    int fs = fresh_fs(c, i, "tmpfs", kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+    int f = openat(fs, "f", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, op->mode);
+    if (f < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
+    if (sbx_write_all(f, c->blob + op->data, op->data_len) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_WRITE);
+    close(f);
+    int tree = sbx_open_tree(fs, "f", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+    if (tree < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
+    attach(c, i, tree, fd, dest);
+    close(tree);
+    close(fs);
+    close(fd);
+}
+
 static void op_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     char name[256];
     const char *dest = sbx_str(c, op->dest);
+    if (op->flags & SBX_F_FRESH) {
+        op_private_file(c, i, op);
+        return;
+    }
     close(open_parent(c, i, dest, op->parent_mode, name));
     int fd = sbx_openat2(c->root_fd, dest, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, op->mode, RESOLVE_INSIDE);
     if (fd < 0)
@@ -485,6 +507,7 @@ void sbx_apply_ops(struct sbx_ctx *c)
         case SBX_OP_FILE: op_file(c, (int)i, op); break;
         case SBX_OP_REMOUNT_RO: op_remount_ro(c, (int)i, op); break;
         case SBX_OP_CHMOD: op_chmod(c, (int)i, op); break;
+        case SBX_OP_DEVPTS: op_devpts(c, (int)i, op); break;
         default: sbx_fail(c, SBX_STEP_OP, (int)i, EINVAL, SBX_D_NONE);
         }
     }

@@ -57,16 +57,16 @@ enum sbx_op_kind {
     SBX_OP_SYMLINK = 6,
     SBX_OP_FILE = 7,
     SBX_OP_REMOUNT_RO = 8,
-    SBX_OP_CHMOD = 9
+    SBX_OP_CHMOD = 9,
+    SBX_OP_DEVPTS = 10   /* a private devpts instance (a Template's sandbox, on its shared /dev) */
 };
 #define SBX_F_RDONLY 1
 #define SBX_F_NODEV 2
 #define SBX_F_OPTIONAL 4
-#define SBX_F_FRESH 8
+#define SBX_F_FRESH 8     /* PROC: a new procfs (pid namespace); FILE: a private copy bound on dest */
 #define SBX_F_NOSUID 16
-#define SBX_F_PLAIN 32     /* PROC: no read-only mounts over its entries (a template's proc) */
-#define SBX_F_REFRESH 64   /* DEV: a task's copy of a template's /dev: read-only, fresh shm and devpts */
-#define SBX_F_DETACHED 128 /* BIND: the source is a detached tree (sbx_detach_tree) handed to sbx_fork_sandbox */
+#define SBX_F_BARE 32     /* PROC: without the read-only covers (a Template's own, fully visible proc) */
+#define SBX_F_FROM_FD 64  /* BIND: the source tree was cloned by the caller and comes as an fd */
 
 /* setup steps, reported on failure (and used to name timing stamps) */
 enum sbx_step {
@@ -228,8 +228,8 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
  * is "/"), and sets up as sbx_spawn's child does: id maps, lo, cwd, rlimits,
  * session, capabilities, NO_NEW_PRIVS, Landlock, seccomp. stdio[i] becomes
  * fd i (-1: keep fd i); the pass_fds stay open with their flags; every other
- * fd is closed. trees: one detached tree (sbx_detach_tree) per SBX_F_DETACHED
- * bind, in op order (-1: an optional source was missing); they are consumed.
+ * fd is closed. trees: one detached tree (sbx_detach_tree) per SBX_F_FROM_FD
+ * bind, in op order; they are consumed.
  * Returns 0 in the child once it is set up, ready to run the caller's code.
  * In the parent it returns at once, while the child sets up: the child's pid
  * (res->pid), with res->status_fd the read end of its report pipe, to pass
@@ -245,8 +245,8 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
 int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res);
 
 /* Clone the mount tree at host path `path`, recursively, as a detached mount
- * with the SBX_F_RDONLY/NODEV/NOSUID of `flags` set, for an SBX_F_DETACHED
- * bind of a sandbox that cannot see the host. Needs no privilege (a
+ * with the SBX_F_RDONLY/NODEV/NOSUID of `flags` set, for a per-sandbox
+ * bind (SBX_F_FROM_FD) of a sandbox that cannot see the host. Needs no privilege (a
  * short-lived child does it in new user and mount namespaces). Returns the
  * tree's fd (close-on-exec), or -1 with res->step (SOURCE) and res->err. */
 int sbx_detach_tree(const char *path, uint32_t flags, struct sbx_result *res);

@@ -14,6 +14,7 @@ import enum
 import errno as E
 import fnmatch
 import os
+import posixpath
 import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ class OpKind(enum.IntEnum):
     FILE = 7
     REMOUNT_RO = 8
     CHMOD = 9
+    DEVPTS = 10  # a private devpts (a Template's sandbox, on the template's /dev)
 
 
 class OpFlag(enum.IntFlag):
@@ -46,11 +48,10 @@ class OpFlag(enum.IntFlag):
     RDONLY = 1  # mount read-only, recursively for binds
     NODEV = 2  # device nodes unusable
     OPTIONAL = 4  # skip if the source is missing (bwrap's -try)
-    FRESH = 8  # PROC: a new procfs (pid namespace); else the host's bound
+    FRESH = 8  # PROC: a new procfs (pid namespace), else the host's bound; FILE: a private copy bound on dest
     NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
-    PLAIN = 32  # PROC: no read-only mounts over its entries (a template's proc, see template_plan)
-    REFRESH = 64  # DEV: a task's copy of a template's /dev: read-only, with a fresh shm and devpts
-    DETACHED = 128  # BIND: the source arrives as a detached tree (a forked task's per-task bind)
+    BARE = 32  # PROC: without the read-only covers (a Template's own proc, which must be fully visible)
+    FROM_FD = 64  # BIND: the source tree is cloned by the caller and handed over as an fd
 
 
 class Cover(enum.Enum):
@@ -432,98 +433,107 @@ def check_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-# ---------------------------------------------------------------- forked tasks
-# A template (WorkerPool's zygote) is a process in a prepared root from which
-# each task's sandbox is forked (sbx_fork_sandbox): the task's mount namespace
-# is a copy of the template's, changed in place by the task's own operations.
 
-# A template's uid when its tasks run as uid 0: a user namespace that maps its
-# parent's uid 0 may only be made by a holder of CAP_SETFCAP (the kernel's
-# verify_root_map), which the template drops, so it runs as this uid instead
-# and its tasks map their 0 onto it (the same id outside).
-TEMPLATE_ROOT_STAND_IN = 1
+# ---------------------------------------------------------------- warm sandboxes
+# A template process prepares once what every sandbox of a Plan shares, and
+# each sandbox, cloned or forked from it into a copy of that root, does the
+# rest in place (newroot "/"). Which is which is decided here.
 
-_MOUNTING = (OpKind.BIND, OpKind.TMPFS, OpKind.PROC, OpKind.DEV)
+def _under(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _beneath(path: str, top: str) -> bool:
-    return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def template_plan(plan: Plan) -> Plan:
-    """The plan of a template from which tasks of `plan` are forked: the same
-    mounts, but every proc plain (a task's fresh proc needs a fully visible
-    one), never uid 0 (TEMPLATE_ROOT_STAND_IN), and nothing each task applies
-    itself: seccomp (tasks make user namespaces), Landlock, rlimits, kept
-    capabilities, disable_userns."""
-    uid = plan.uid if plan.uid != 0 else TEMPLATE_ROOT_STAND_IN
-    has_dev = any(op.kind is OpKind.DEV for op in plan.ops)
-    map_root = plan.user_ns and has_dev and (uid != 0 or plan.gid != 0)
-    ops = tuple(replace(op, flags=op.flags | OpFlag.PLAIN) if op.kind is OpKind.PROC else op for op in plan.ops)
-    return replace(plan, ops=ops, uid=uid, map_root_first=map_root, nested_userns=map_root, disable_userns=False,
-                   rlimits=(), keep_caps=0, seccomp=b"", landlock=False, landlock_best_effort=False,
-                   landlock_rules=())
-
-
-def task_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
-    """What a task changes on its copy of a template built by `ops`: the root
-    read-only (unless a bind is the root: shared on purpose), a fresh
-    filesystem over every tmpfs and proc, /dev read-only with a fresh shm and
-    devpts, and every operation beneath those replayed in order (a bind from
-    the template's own tree at its destination). What a later mount hides in
-    the template stays hidden. Nothing one task writes is seen by another,
-    except through a writable bind."""
-    def shadowed(i: int) -> bool:
-        return any(later.kind in _MOUNTING and _beneath(ops[i].dest, later.dest) for later in ops[i + 1:])
-
-    visible = [op for i, op in enumerate(ops) if not shadowed(i)]
-    out: list[Op] = []
-    if not any(op.kind is OpKind.BIND and op.dest == "/" for op in visible):
+def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
+    """What the template builds: every op (what its sandboxes make afresh
+    needs a mount point), its own procfs without covers (a fresh proc may be
+    mounted in a user namespace only where a fully visible one is), then its
+    root, /dev and tmpfs read-only: each is one filesystem shared by every
+    sandbox, and read-only mounts stay locked so in their copies."""
+    out = [replace(op, flags=op.flags | OpFlag.BARE) if op.kind is OpKind.PROC else op for op in ops]
+    if not any(op.dest == "/" and op.kind is OpKind.BIND for op in ops):
         out.append(Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
-    fresh: list[str] = []
-    for op in visible:
-        inside = any(_beneath(op.dest, d) for d in fresh)
-        if op.kind is OpKind.DEV:
-            if inside:
-                raise SpecError(f"mounts[{op.origin}]", op.dest, "a Dev inside a fresh filesystem cannot be forked")
-            out.append(replace(op, flags=op.flags | OpFlag.REFRESH))
-            fresh += [op.dest.rstrip("/") + "/shm", op.dest.rstrip("/") + "/pts"]
-        elif op.kind in (OpKind.TMPFS, OpKind.PROC) and op.dest != "/":
-            out.append(replace(op, flags=op.flags & ~OpFlag.PLAIN))
-            fresh.append(op.dest)
-        elif inside:
-            out.append(replace(op, src=op.dest) if op.kind is OpKind.BIND else op)
+    out += [Op(OpKind.REMOUNT_RO, op.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID,
+               origin=op.origin)
+            for op in ops if op.kind in (OpKind.DEV, OpKind.TMPFS)]
     return tuple(out)
 
 
-def task_plan(plan: Plan, template: Plan) -> Plan:
-    """The plan of one task forked from `template` (template_plan(plan)): its
-    operations change the template's tree in place; new user, mount, pid (it
-    is their pid 1), ipc, uts and loopback-only network namespaces; its ids
-    mapped onto the template's; and plan's own seccomp, Landlock, rlimits,
-    capabilities, cwd and probe paths."""
-    ops = task_ops(template.ops)
-    has_dev = any(op.kind is OpKind.DEV for op in ops)
-    map_root = has_dev and (plan.uid != 0 or plan.gid != 0)
-    return replace(plan, ops=ops, user_ns=True, mount_ns=True, pid_ns=True, network="none", recycle_lease=False,
-                   ipc_ns=True, uts_ns=True, host_uid=template.uid, host_gid=template.gid,
+def sandbox_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
+    """What each sandbox of a Template applies on its copy of the template's
+    root, so that nothing one writes is visible to another: a fresh tmpfs for
+    every Tmpfs, a fresh proc (with its covers), a fresh /dev/shm and devpts,
+    a private copy of every writable File; and every op beneath one of those
+    again (they cover the template's): binds then come from the copy itself."""
+    fresh: list[str] = []
+    out: list[Op] = []
+    for op in ops:
+        inside = _under(op.dest, fresh)
+        if op.kind is OpKind.DEV and not inside:
+            shm, pts = posixpath.join(op.dest, "shm"), posixpath.join(op.dest, "pts")
+            out += [Op(OpKind.TMPFS, shm, mode=op.shm_mode, flags=OpFlag.NODEV, origin=op.origin),
+                    Op(OpKind.DEVPTS, pts, origin=op.origin)]
+            fresh += [shm, pts]
+        elif op.kind in (OpKind.TMPFS, OpKind.DEV, OpKind.PROC):
+            out.append(op)
+            fresh += [op.dest] if op.kind is not OpKind.PROC else []
+        elif op.kind is OpKind.BIND and inside:
+            out.append(replace(op, src=op.dest))  # cloned from the copy before anything covers it
+        elif op.kind is OpKind.FILE and not inside and not op.flags & OpFlag.RDONLY:
+            out.append(replace(op, flags=op.flags | OpFlag.FRESH))
+            fresh.append(op.dest)
+        elif inside:
+            out.append(op)
+    return tuple(out)
+
+
+# WorkerPool's zygote: a template whose sandboxes are forks of it (sbx_fork_sandbox).
+
+# The zygote's uid when its tasks run as uid 0. A user namespace that maps its
+# parent's uid 0 may only be made by a creator that held CAP_SETFCAP (the
+# kernel's verify_root_map); the zygote runs task-free code but holds no
+# capability at all, so it runs as this uid, and its tasks map their 0 onto it
+# (the same id outside).
+ZYGOTE_ROOT_STAND_IN = 1
+
+
+def zygote_plan(plan: Plan) -> Plan:
+    """The plan of a WorkerPool's zygote, from which tasks of `plan` are
+    forked: template_ops' root (its proc bare, its root, /dev and tmpfs
+    read-only), a reaper as pid 1 and the caller's death as its end, never
+    uid 0 (ZYGOTE_ROOT_STAND_IN), no capability, and nothing each task applies
+    itself: seccomp (tasks create user namespaces), Landlock (it would bind
+    the tasks' per-task binds too), rlimits, disable_userns."""
+    uid = plan.uid if plan.uid != 0 else ZYGOTE_ROOT_STAND_IN
+    map_root = plan.user_ns and any(op.kind is OpKind.DEV for op in plan.ops) and (uid, plan.gid) != (0, 0)
+    return replace(plan, ops=template_ops(plan.ops), uid=uid, map_root_first=map_root, nested_userns=map_root,
+                   disable_userns=False, rlimits=(), keep_caps=0, die_with_parent=True, reaper=True, seccomp=b"",
+                   landlock=False, landlock_best_effort=False, landlock_rules=(), forward=(), check_network=False)
+
+
+def task_plan(plan: Plan, zygote: Plan) -> Plan:
+    """The plan of one task forked from `zygote` (zygote_plan(plan)):
+    sandbox_ops on its copy of the zygote's root; new user (its ids mapped
+    onto the zygote's), mount, pid (the task is their pid 1), ipc, uts and
+    loopback-only network namespaces; and plan's own seccomp, Landlock,
+    rlimits, capabilities, cwd and probe paths."""
+    map_root = any(op.kind is OpKind.DEV for op in plan.ops) and (plan.uid, plan.gid) != (0, 0)
+    return replace(plan, ops=sandbox_ops(plan.ops), user_ns=True, mount_ns=True, pid_ns=True, network="none",
+                   recycle_lease=False, ipc_ns=True, uts_ns=True, host_uid=zygote.uid, host_gid=zygote.gid,
                    map_root_first=map_root, nested_userns=map_root or plan.disable_userns, hostname=None,
                    die_with_parent=True, reset_signals=False, reaper=False, forward=(), check_network=False)
 
 
 def with_task_binds(plan: Plan, binds: Sequence[S.Bind]) -> Plan:
-    """`plan` (a task_plan) with per-task binds on top, in order, their sources
-    handed to the task as detached trees (the task cannot see the host)."""
+    """`plan` (a task_plan) with per-task binds on top, in order, their source
+    trees cloned by the caller and handed over (FROM_FD): the task cannot see
+    the host. Their Landlock rules join the plan's."""
     extra = []
     for i, bind in enumerate(binds):
         if not isinstance(bind, S.Bind):
             raise SpecError(f"binds[{i}]", bind, "must be a Bind, RoBind or DevBind")
         op = compile_mount(i, bind, True)
-        extra.append(replace(op, flags=op.flags | OpFlag.DETACHED))
-    if not extra:
-        return plan
+        extra.append(replace(op, flags=op.flags | OpFlag.FROM_FD))
     rules = dict(plan.landlock_rules)
     for path, writable in landlock_rules(tuple(extra)):
         rules[path] = rules.get(path, False) or writable
-    return replace(plan, ops=plan.ops + tuple(extra),
-                   landlock_rules=tuple(rules.items()) if plan.landlock else ())
+    return replace(plan, ops=plan.ops + tuple(extra), landlock_rules=tuple(rules.items()) if plan.landlock else ())

@@ -44,7 +44,7 @@ class Task:
     timeout: float | None = None
     env: dict[str, str] | None = None
     blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
-    trees: list[int] = field(default_factory=list)  # detached trees of its binds (-1: optional, missing)
+    trees: list[int] = field(default_factory=list)  # detached source trees of its per-task binds
     sock: socket.socket | None = None
     pipes: dict[int, bytearray] = field(default_factory=dict)  # open stdout/stderr read ends -> their bytes
     output: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
@@ -151,13 +151,13 @@ class Engine:
             except BlockingIOError:
                 sent = 0
             task.unsent = memoryview(data)[sent:] if sent < len(data) else None
-            body: dict[str, Any] = {"id": task.id, "trees": [fd >= 0 for fd in task.trees]}
+            body: dict[str, Any] = {"id": task.id, "trees": len(task.trees)}
             if task.env:
                 body["env"] = task.env
             if task.blob is not None:
                 body["blob"] = True
                 theirs.append(_memfd(task.blob))
-            theirs += [fd for fd in task.trees if fd >= 0]
+            theirs += task.trees
             task.trees = []
             if task.timeout is not None:
                 task.deadline = time.monotonic() + task.timeout
@@ -183,8 +183,7 @@ class Engine:
             if nxt is not None:
                 self.tasks[nxt.id] = nxt
         for fd in task.trees:
-            if fd >= 0:
-                os.close(fd)
+            os.close(fd)
         task.trees = []
         if nxt is not None:
             self._start(nxt)

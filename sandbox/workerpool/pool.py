@@ -17,10 +17,10 @@ import cloudpickle
 
 from .. import backends
 from .. import spec as S
-from ..backends.native import ffi, lib, serialize, setup_error
-from ..errors import SandboxError, SpecError
+from ..backends.native import ffi, lib, serialize
+from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
-from ..plan import OpFlag, compile_plan, refusal, task_plan, template_plan, with_task_binds
+from ..plan import compile_mount, compile_plan, refusal, task_plan, with_task_binds, zygote_plan
 from ..process import SandboxProcess
 from . import zygote as Z
 from .engine import Engine, Task
@@ -83,10 +83,10 @@ class WorkerPool(Executor):
         refused = refusal(plan, host)
         if refused is not None:
             raise refused
-        template = template_plan(plan)
-        self._task_plan = task_plan(plan, template)
+        zygote = zygote_plan(plan)
+        self._task_plan = task_plan(plan, zygote)
         self._task_blob = serialize(self._task_plan, "/")
-        ctl, zstderr, self._zygote = _start_zygote(template, self._task_blob, list(preload), startup_timeout)
+        ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), startup_timeout)
         self._engine = Engine(ctl, zstderr, max_workers, ReplyLoader(trust_results, result_types),
                               on_closed=_reaper(self._zygote))
         self._engine.task_blob = self._task_blob
@@ -118,8 +118,7 @@ class WorkerPool(Executor):
             self._engine.submit(task)
         except BaseException:
             for fd in task.trees:
-                if fd >= 0:
-                    os.close(fd)
+                os.close(fd)
             raise
         return task.future
 
@@ -148,20 +147,28 @@ class WorkerPool(Executor):
         return any(path.startswith(root.rstrip("/") + "/") for root in self._roots)
 
     def _add_binds(self, task: Task, binds: Sequence[S.Bind]) -> None:
-        """Clone each bind's host tree (detached) and give the task its own plan."""
-        plan = with_task_binds(self._task_plan, binds)
-        task.blob = serialize(plan, "/")
-        first = len(self._task_plan.ops)
-        for index, op in enumerate(plan.ops[first:], start=first):
-            res = ffi.new("struct sbx_result *")
-            fd = lib.sbx_detach_tree(os.fsencode(op.src), int(op.flags), res)
-            if fd < 0 and not (res.err == errno.ENOENT and op.flags & OpFlag.OPTIONAL):
-                for tree in task.trees:
-                    if tree >= 0:
-                        os.close(tree)
-                res.op = index
-                raise setup_error(res, task.blob, ["<task>"])
-            task.trees.append(fd)
+        """Clone each bind's host tree (a detached mount; a missing optional
+        source is skipped, as bwrap's -try) and give the task its own plan."""
+        kept: list[S.Bind] = []
+        try:
+            for i, bind in enumerate(binds):
+                if not isinstance(bind, S.Bind):
+                    raise SpecError(f"binds[{i}]", bind, "must be a Bind, RoBind or DevBind")
+                op = compile_mount(i, bind, True)
+                res = ffi.new("struct sbx_result *")
+                fd = lib.sbx_detach_tree(os.fsencode(op.src), int(op.flags), res)
+                if fd < 0 and res.err == errno.ENOENT and bind.optional:
+                    continue
+                if fd < 0:
+                    raise SetupError(f"Can't find source path {op.src}: {os.strerror(res.err)}", step="source",
+                                     path=op.src, errno=res.err, backend="native")
+                task.trees.append(fd)
+                kept.append(bind)
+        except BaseException:
+            for fd in task.trees:
+                os.close(fd)
+            raise
+        task.blob = serialize(with_task_binds(self._task_plan, kept), "/")
 
 
 def _start_zygote(template: Any, task_blob: bytes, preload: list[str],

@@ -14,7 +14,7 @@ The caller's side also imports this module, for the message format below.
 Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
 a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
     caller -> zygote  INIT  {native, preload, path}       fds: [task blob memfd]
-                      SPAWN {id, env?, blob?, trees}      fds: [result, stdout, stderr, (blob memfd), trees...]
+                      SPAWN {id, env?, blob?, trees: n}   fds: [result, stdout, stderr, (blob memfd), n trees]
                       KILL  {id}
     zygote -> caller  READY {pid} | ERROR {message}
                       STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
@@ -232,7 +232,7 @@ class Zygote:
         Its setup goes on while the zygote serves: its report fd is watched."""
         result_fd, out_fd, err_fd, *rest = fds
         blob = read_fd(rest.pop(0)) if body.get("blob") else self.blob
-        trees = [rest.pop(0) if present else -1 for present in body.get("trees", [])]
+        trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
         try:
             pid, res = self.fork(blob, [-1, out_fd, err_fd], [result_fd], trees)
             if pid == 0:
@@ -240,8 +240,7 @@ class Zygote:
                 run_task(result_fd, body.get("env"))
         finally:
             for fd in (result_fd, out_fd, err_fd, *trees, *rest):
-                if fd >= 0:
-                    os.close(fd)
+                os.close(fd)
         if pid < 0:
             self.failed(body["id"], res)
             return

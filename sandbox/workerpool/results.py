@@ -137,15 +137,33 @@ class ReplyLoader:
         return False, self.exception(payload)
 
     def exception(self, record: dict[str, Any]) -> BaseException:
-        """The exception of an error record, rebuilt if allowed, else a RemoteError."""
-        exc: BaseException | None = None
-        if record.get("exception") is not None:
-            try:
-                loaded = self.loads(record["exception"])
-                exc = loaded if isinstance(loaded, BaseException) else None
-            except Exception:  # noqa: BLE001 - an exception we may not rebuild comes back by name
-                exc = None
+        """The exception of an error record: unpickled if allowed; else made
+        again from its class, if the caller has imported it (without running
+        its __init__), with its args and attributes; else a RemoteError naming
+        it. Its __cause__ is the remote traceback."""
+        exc = self._rebuilt(record)
         if exc is None:
-            exc = RemoteError(str(record.get("type", "?")), str(record.get("message", "")))
+            name = f"{record.get('module', '?')}.{record.get('qualname', '?')}"
+            exc = RemoteError(name, str(record.get("message", "")))
         exc.__cause__ = RemoteTraceback(str(record.get("traceback", "")))
         return exc
+
+    def _rebuilt(self, record: dict[str, Any]) -> BaseException | None:
+        try:
+            loaded = self.loads(record["exception"]) if record.get("exception") is not None else None
+            if isinstance(loaded, BaseException):
+                return loaded
+        except Exception:  # noqa: BLE001, S110 - a class pickled by value is made again below
+            pass
+        cls = _loaded_attr(str(record.get("module")), str(record.get("qualname")))
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)) or record.get("args") is None:
+            return None
+        try:
+            args, state = self.loads(record["args"])
+            # as pickle does for exceptions, but without calling __init__
+            exc = cls.__new__(cls, *args)
+            exc.args = tuple(args)
+            exc.__dict__.update(state)
+            return exc
+        except Exception:  # noqa: BLE001 - an exception we cannot make again comes back by name
+            return None

@@ -91,23 +91,28 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return bytes(buf)
 
 
+def _dumps_or_none(obj: Any) -> bytes | None:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - what cannot be pickled comes back by name
+        return None
+
+
 def _error_record(exc: BaseException) -> dict[str, Any]:
     """What the caller needs to raise `exc` again: the exception pickled if
-    possible, else its type's name and message; and the formatted traceback."""
+    possible, its class's module and name, its args and attributes (to make it
+    again from a class the caller has), its message, and the formatted traceback."""
     import traceback
-
-    import cloudpickle
 
     try:
         message = str(exc)
     except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
         message = "<unprintable>"
-    try:
-        pickled = cloudpickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - unpicklable exceptions come back by name
-        pickled = None
     kind = type(exc)
-    return {"type": f"{kind.__module__}.{kind.__qualname__}", "message": message, "exception": pickled,
+    return {"module": kind.__module__, "qualname": kind.__qualname__, "message": message,
+            "exception": _dumps_or_none(exc), "args": _dumps_or_none((exc.args, getattr(exc, "__dict__", {}))),
             "traceback": "".join(traceback.format_exception(exc))}
 
 

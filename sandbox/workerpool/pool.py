@@ -56,6 +56,11 @@ class WorkerPool(Executor):
     traceback as its `__cause__`; a task that dies without a result fails
     with TaskError (TaskTimeoutError on timeout).
 
+    `spares` sandboxes (default: up to 2) are forked ahead of their tasks,
+    each set up and waiting for one task, so a task needing no plan of its
+    own (no per-task binds) starts without waiting for a fork; a spare serves
+    one task only, and is replaced as soon as it is taken.
+
     Replies are pickled inside the sandbox, so they are loaded with an
     allowlist (plain data and exception classes already imported here) unless
     `trust_results=True`; `result_types` allows more classes.
@@ -66,8 +71,8 @@ class WorkerPool(Executor):
     """
 
     def __init__(self, spec: S.Spec, preload: Sequence[str] = (), max_workers: int | None = None, *,
-                 timeout: float | None = None, trust_results: bool = False, result_types: Iterable[type] = (),
-                 startup_timeout: float = 60.0) -> None:
+                 timeout: float | None = None, spares: int | None = None, trust_results: bool = False,
+                 result_types: Iterable[type] = (), startup_timeout: float = 60.0) -> None:
         if not isinstance(spec, S.Spec):
             raise SpecError("spec", spec, "must be a sandbox.Spec")
         if max_workers is None:
@@ -86,7 +91,8 @@ class WorkerPool(Executor):
         zygote = zygote_plan(plan)
         self._task_plan = task_plan(plan, zygote)
         self._task_blob = serialize(self._task_plan, "/")
-        ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), startup_timeout)
+        spares = min(2, max_workers) if spares is None else spares
+        ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), spares, startup_timeout)
         self._engine = Engine(ctl, zstderr, max_workers, ReplyLoader(trust_results, result_types),
                               on_closed=_reaper(self._zygote))
         self._engine.task_blob = self._task_blob
@@ -171,7 +177,7 @@ class WorkerPool(Executor):
         task.blob = serialize(with_task_binds(self._task_plan, kept), "/")
 
 
-def _start_zygote(template: Any, task_blob: bytes, preload: list[str],
+def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int,
                   startup_timeout: float) -> tuple[socket.socket, int, SandboxProcess]:
     """Start the zygote through the native backend, send INIT, wait for READY."""
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -194,7 +200,8 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str],
         blob_fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
         try:
             os.write(blob_fd, task_blob)
-            Z.send(ctl, Z.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT]}, [blob_fd])
+            Z.send(ctl, Z.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT],
+                                 "spares": spares}, [blob_fd])
         finally:
             os.close(blob_fd)
         ctl.settimeout(startup_timeout)

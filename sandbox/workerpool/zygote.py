@@ -9,11 +9,18 @@ in the zygote with the task's pid, and in the task, which is then set up (its
 own namespaces, fresh filesystems, capabilities dropped, seccomp) and runs the
 function. The zygote never unpickles anything and never runs task code.
 
+Spares: when idle, the zygote forks up to `spares` sandboxes of the pool's
+plan ahead of their tasks; each waits on a socket for one task's channels,
+closes that socket and runs the task. A fork's cost (page tables, namespaces,
+setup, the copy-on-write faults of its first steps) is then paid before the
+task is submitted. A task with a plan of its own (per-task binds) is forked
+for itself.
+
 The caller's side also imports this module, for the message format below.
 
 Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
 a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
-    caller -> zygote  INIT  {native, preload, path}       fds: [task blob memfd]
+    caller -> zygote  INIT  {native, preload, path, spares}  fds: [task blob memfd]
                       SPAWN {id, env?, blob?, trees: n}   fds: [result, stdout, stderr, (blob memfd), n trees]
                       KILL  {id}
     zygote -> caller  READY {pid} | ERROR {message}
@@ -165,21 +172,52 @@ def run_task(result_fd: int, env: dict[str, str] | None) -> NoReturn:
     os._exit(code)
 
 
+def spare_main(sock_fd: int) -> NoReturn:
+    """A spare sandbox, forked before its task is known: wait for the task's
+    channels from the zygote (then close that socket: no way back to the
+    zygote is left), put its stdout and stderr on 1 and 2, and run it."""
+    try:
+        with socket.socket(fileno=sock_fd) as sock:
+            message = recv(sock)
+        if message is None:
+            os._exit(0)  # the zygote dropped us
+        _, body, (result_fd, out_fd, err_fd) = message
+        for fd, target in ((out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+    except BaseException:  # noqa: BLE001 - nothing to report to: the task's channels are not ours
+        os._exit(70)
+    run_task(result_fd, body.get("env"))
+
+
 # ---------------------------------------------------------------- the zygote
 
+class Child:
+    """A sandbox forked by the zygote: a task's, or a spare waiting for one (task_id None)."""
+
+    def __init__(self, pid: int, res: Any, task_id: int | None = None, sock: socket.socket | None = None) -> None:
+        self.pid, self.res, self.task_id, self.sock = pid, res, task_id, sock
+        self.pidfd = -1
+
+
 class Zygote:
-    """The resident process: receives SPAWN and KILL, forks tasks, reports their ends."""
+    """The resident process: receives SPAWN and KILL, forks tasks (or hands
+    them to spares forked ahead of time), reports their ends."""
 
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
         self.blob = b""
-        self.tasks: dict[int, tuple[int, int]] = {}  # pidfd -> (task id, pid)
-        self.pidfds: dict[int, int] = {}  # task id -> pidfd
-        self.setting_up: dict[int, tuple[int, int, Any]] = {}  # report fd -> (task id, pid, sbx_result)
+        self.children: dict[int, Child] = {}  # pidfd -> a running child
+        self.tasks: dict[int, Child] = {}  # task id -> its child
+        self.setting_up: dict[int, Child] = {}  # report fd -> a child still setting up
+        self.spares: list[Child] = []  # ready, waiting for a task
+        self.spare_target = 0
+        self.spares_failed = False  # a spare's setup failed: fork per task from now on
 
     def init(self, body: dict[str, Any], fds: list[int]) -> None:
         """Load the C core, import `preload`, check that no thread was started."""
         import ctypes
+        import gc
         import importlib
         import importlib.util
 
@@ -199,6 +237,7 @@ class Zygote:
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         self.api = ctypes.pythonapi
         self.blob = read_fd(fds[0])
+        self.spare_target = int(body.get("spares", 0))
         import pickle  # noqa: F401
         import traceback  # noqa: F401
 
@@ -210,6 +249,10 @@ class Zygote:
         if len(threads) != 1:
             raise RuntimeError(f"preloading {body.get('preload')} started {len(threads) - 1} thread(s); "
                                "a zygote must stay single-threaded to fork")
+        # What is imported now lives on in every task: keep the collector off
+        # it, so that no task writes (copies) those pages just to scan them.
+        gc.collect()
+        gc.freeze()
 
     def addr(self, cdata: Any) -> int:
         return int(self.ffi.cast("uintptr_t", cdata))
@@ -233,9 +276,13 @@ class Zygote:
         return pid, res
 
     def spawn(self, body: dict[str, Any], fds: list[int]) -> None:
-        """Fork the task of a SPAWN message (in the task, run it: never returns).
-        Its setup goes on while the zygote serves: its report fd is watched."""
+        """Start the task of a SPAWN message: on a spare if one is ready and the
+        task needs no plan of its own, else in a sandbox forked for it (in the
+        task, run it: never returns). A fork's setup goes on while the zygote
+        serves: its report fd is watched."""
         result_fd, out_fd, err_fd, *rest = fds
+        if not body.get("blob") and not body.get("trees") and self.assign(body, fds):
+            return
         blob = read_fd(rest.pop(0)) if body.get("blob") else self.blob
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
         try:
@@ -249,54 +296,110 @@ class Zygote:
         if pid < 0:
             self.failed(body["id"], res)
             return
-        self.setting_up[res.status_fd] = (body["id"], pid, res)
-        self.poll.register(res.status_fd, self.POLLIN)
+        self.watch_setup(Child(pid, res, task_id=body["id"]))
+
+    def assign(self, body: dict[str, Any], fds: list[int]) -> bool:
+        """Hand a task's channels to a ready spare (then it is the task's sandbox)."""
+        while self.spares:
+            child = self.spares.pop(0)
+            assert child.sock is not None
+            try:
+                send(child.sock, SPAWN, {"env": body.get("env")}, fds)
+            except OSError:
+                continue  # it died meanwhile: its pidfd reports it
+            finally:
+                child.sock.close()
+                child.sock = None
+            for fd in fds:
+                os.close(fd)
+            child.task_id = body["id"]
+            self.tasks[child.task_id] = child
+            send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "spare": True})
+            return True
+        return False
+
+    def make_spare(self) -> None:
+        """Fork a sandbox ahead of its task (the pool's plan), waiting on a socket."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid, res = self.fork(self.blob, [-1, -1, -1], [theirs.fileno()], [])
+            if pid == 0:
+                self.ctl.detach()
+                mine.detach()
+                spare_main(theirs.detach())
+        finally:
+            theirs.close()
+        if pid < 0:
+            mine.close()
+            self.spares_failed = True
+            return
+        self.watch_setup(Child(pid, res, sock=mine))
+
+    def watch_setup(self, child: Child) -> None:
+        self.setting_up[child.res.status_fd] = child
+        self.poll.register(child.res.status_fd, self.POLLIN)
 
     def ready(self, report_fd: int) -> None:
-        """A task's setup ended: watch it (pidfd) and say STARTED, or say FAILED."""
-        task_id, pid, res = self.setting_up.pop(report_fd)
+        """A child's setup ended: watch it (pidfd), and say STARTED for a task's
+        or keep a spare; or say FAILED (a spare's failure stops the spares)."""
+        child = self.setting_up.pop(report_fd)
         self.poll.unregister(report_fd)
-        if self.lib.sbx_fork_ready(report_fd, pid, res) < 0:
-            self.failed(task_id, res)
+        if self.lib.sbx_fork_ready(report_fd, child.pid, child.res) < 0:
+            if child.task_id is None:
+                self.spares_failed = True
+                assert child.sock is not None
+                child.sock.close()
+            else:
+                self.failed(child.task_id, child.res)
             return
-        pidfd = os.pidfd_open(pid)
-        self.tasks[pidfd] = (task_id, pid)
-        self.pidfds[task_id] = pidfd
-        self.poll.register(pidfd, self.POLLIN)
-        t = res.t_ns  # enum sbx_stamp: start, child, idmap, mounts, pivot, ready, return, done
+        child.pidfd = os.pidfd_open(child.pid)
+        self.children[child.pidfd] = child
+        self.poll.register(child.pidfd, self.POLLIN)
+        if child.task_id is None:
+            self.spares.append(child)
+            return
+        self.tasks[child.task_id] = child
+        t = child.res.t_ns  # enum sbx_stamp: start, child, idmap, mounts, pivot, ready, return, done
         stamps = {name: (t[k] - t[0]) / 1000 for k, name in enumerate(STAMPS) if t[k] >= t[0] and t[k]}
-        send(self.ctl, STARTED, {"id": task_id, "pid": pid, "t": stamps})
+        send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "t": stamps})
 
     def failed(self, task_id: int, res: Any) -> None:
         send(self.ctl, FAILED, {"id": task_id, "step": res.step, "op": res.op, "err": res.err,
                                 "detail": res.detail, "wait_status": res.wait_status})
 
     def reap(self, pidfd: int) -> None:
-        """A task ended: report its wait status."""
-        task_id, pid = self.tasks.pop(pidfd)
-        del self.pidfds[task_id]
+        """A child ended: report its task's wait status (or forget the spare)."""
+        child = self.children.pop(pidfd)
         self.poll.unregister(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        send(self.ctl, EXITED, {"id": task_id, "status": status})
+        _, status = os.waitpid(child.pid, 0)
+        if child.task_id is None:
+            self.spares.remove(child)
+            if child.sock is not None:
+                child.sock.close()
+            return
+        del self.tasks[child.task_id]
+        send(self.ctl, EXITED, {"id": child.task_id, "status": status})
 
     def kill(self, task_id: int) -> None:
         """SIGKILL to the task's pid 1: the kernel ends its whole pid namespace."""
         import signal
 
-        pidfd = self.pidfds.get(task_id)
-        if pidfd is None:  # still setting up: its setup ends in its death
-            for _, (setup_id, pid, _) in self.setting_up.items():
-                if setup_id == task_id:
-                    os.kill(pid, signal.SIGKILL)
-        elif pidfd is not None:
+        child = self.tasks.get(task_id) or next(
+            (c for c in self.setting_up.values() if c.task_id == task_id), None)
+        if child is not None:
             try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                os.kill(child.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
+    def want_spare(self) -> bool:
+        pending = sum(1 for c in self.setting_up.values() if c.task_id is None)
+        return not self.spares_failed and len(self.spares) + pending < self.spare_target
+
     def serve(self) -> None:
-        """Until the caller closes the control socket."""
+        """Until the caller closes the control socket. Spares are forked when
+        nothing else is waiting."""
         import select
 
         self.POLLIN = select.POLLIN
@@ -304,21 +407,23 @@ class Zygote:
         ctl_fd = self.ctl.fileno()
         self.poll.register(ctl_fd, select.POLLIN)
         while True:
-            for fd, _ in self.poll.poll():
+            events = self.poll.poll(0 if self.want_spare() else None)
+            if not events and self.want_spare():
+                self.make_spare()
+            for fd, _ in events:
                 if fd in self.setting_up:
                     self.ready(fd)
-                    continue
-                if fd != ctl_fd:
+                elif fd != ctl_fd:
                     self.reap(fd)
-                    continue
-                message = recv(self.ctl)
-                if message is None:
-                    return
-                kind, body, fds = message
-                if kind == SPAWN:
-                    self.spawn(body, fds)
-                elif kind == KILL:
-                    self.kill(body["id"])
+                else:
+                    message = recv(self.ctl)
+                    if message is None:
+                        return
+                    kind, body, fds = message
+                    if kind == SPAWN:
+                        self.spawn(body, fds)
+                    elif kind == KILL:
+                        self.kill(body["id"])
 
 
 def main(argv: list[str]) -> int:

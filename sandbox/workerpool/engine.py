@@ -165,6 +165,8 @@ class Engine:
             Z.send(self.ctl, Z.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
             self._drop_channels(task)
+            if isinstance(exc, (BrokenPipeError, ConnectionError)):
+                exc = BrokenWorkerPool(f"the WorkerPool's zygote is gone ({exc})")
             self._complete(task, False, exc)
             self._release(task)
             return

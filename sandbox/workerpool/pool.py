@@ -17,7 +17,7 @@ import cloudpickle
 
 from .. import backends
 from .. import spec as S
-from ..backends.native import ffi, lib, serialize
+from ..backends.native import ffi, lib, serialize, setup_error
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
 from ..plan import compile_mount, compile_plan, refusal, task_plan, with_task_binds, zygote_plan
@@ -207,6 +207,11 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
         ctl.settimeout(startup_timeout)
         message = Z.recv(ctl)
         ctl.settimeout(None)
+        if message is not None and "failure" in message[1]:
+            res = ffi.new("struct sbx_result *")
+            for name, value in message[1]["failure"].items():
+                setattr(res, name, value)
+            raise setup_error(res, task_blob, ["<task>"])
         if message is None or message[0] != Z.READY:
             detail = message[1].get("message", "") if message is not None else _drain(err_r)
             raise SandboxError(f"the WorkerPool's zygote failed to start:\n{detail.strip()}")

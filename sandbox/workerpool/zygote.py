@@ -213,6 +213,10 @@ class Zygote:
         self.spares: list[Child] = []  # ready, waiting for a task
         self.spare_target = 0
         self.spares_failed = False  # a spare's setup failed: fork per task from now on
+        import select
+
+        self.POLLIN = select.POLLIN
+        self.poll = select.poll()  # no fd of its own, unlike epoll: nothing for a task to inherit
 
     def init(self, body: dict[str, Any], fds: list[int]) -> None:
         """Load the C core, import `preload`, check that no thread was started."""
@@ -318,8 +322,9 @@ class Zygote:
             return True
         return False
 
-    def make_spare(self) -> None:
-        """Fork a sandbox ahead of its task (the pool's plan), waiting on a socket."""
+    def make_spare(self) -> tuple[Child | None, Any]:
+        """Fork a sandbox ahead of its task (the pool's plan), waiting on a
+        socket: (its Child, setting up; or None if the clone failed, res)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             pid, res = self.fork(self.blob, [-1, -1, -1], [theirs.fileno()], [])
@@ -332,8 +337,10 @@ class Zygote:
         if pid < 0:
             mine.close()
             self.spares_failed = True
-            return
-        self.watch_setup(Child(pid, res, sock=mine))
+            return None, res
+        child = Child(pid, res, sock=mine)
+        self.watch_setup(child)
+        return child, res
 
     def watch_setup(self, child: Child) -> None:
         self.setting_up[child.res.status_fd] = child
@@ -374,7 +381,8 @@ class Zygote:
         os.close(pidfd)
         _, status = os.waitpid(child.pid, 0)
         if child.task_id is None:
-            self.spares.remove(child)
+            if child in self.spares:
+                self.spares.remove(child)
             if child.sock is not None:
                 child.sock.close()
             return
@@ -393,6 +401,23 @@ class Zygote:
             except ProcessLookupError:
                 pass
 
+    def check(self) -> Any:
+        """Fork one sandbox of the pool's plan and wait for its setup, so that a
+        plan tasks cannot be set up with fails the pool's start: the failure
+        record, or None (the sandbox is kept as a spare if spares are wanted)."""
+        child, res = self.make_spare()
+        if child is None:
+            return res
+        self.ready(res.status_fd)
+        if self.spares_failed:
+            return res
+        if self.spare_target == 0:
+            self.spares.remove(child)
+            assert child.sock is not None
+            child.sock.close()  # it exits at EOF; its pidfd reports it
+            child.sock = None
+        return None
+
     def want_spare(self) -> bool:
         pending = sum(1 for c in self.setting_up.values() if c.task_id is None)
         return not self.spares_failed and len(self.spares) + pending < self.spare_target
@@ -400,12 +425,8 @@ class Zygote:
     def serve(self) -> None:
         """Until the caller closes the control socket. Spares are forked when
         nothing else is waiting."""
-        import select
-
-        self.POLLIN = select.POLLIN
-        self.poll = select.poll()  # no fd of its own, unlike epoll: nothing for a task to inherit
         ctl_fd = self.ctl.fileno()
-        self.poll.register(ctl_fd, select.POLLIN)
+        self.poll.register(ctl_fd, self.POLLIN)
         while True:
             events = self.poll.poll(0 if self.want_spare() else None)
             if not events and self.want_spare():
@@ -435,10 +456,15 @@ def main(argv: list[str]) -> int:
         if message is None or message[0] != INIT:
             return 1
         zygote.init(message[1], message[2])
+        res = zygote.check()
     except BaseException:  # noqa: BLE001 - reported to the caller, which raises it
         import traceback
 
         send(ctl, ERROR, {"message": traceback.format_exc()})
+        return 1
+    if res is not None:
+        send(ctl, ERROR, {"message": "a task's sandbox could not be set up", "failure": {
+            name: getattr(res, name) for name in ("step", "op", "err", "detail", "wait_status")}})
         return 1
     send(ctl, READY, {"pid": os.getpid()})
     zygote.serve()

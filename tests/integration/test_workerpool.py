@@ -290,6 +290,13 @@ def test_a_broken_preload_fails_the_start() -> None:
         sandbox.WorkerPool(make_base_spec(), preload=["no_such_module"])
 
 
+def test_a_spec_whose_tasks_cannot_start_fails_the_start() -> None:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    with pytest.raises(sandbox.IsolationError, match="/usr"):
+        sandbox.WorkerPool(make_base_spec(probe_paths=["/usr/bin"]))
+
+
 def test_futures_are_concurrent_futures(pool: sandbox.WorkerPool) -> None:
     futs = [pool.submit(double, i) for i in range(6)]
     done = {f.result() for f in concurrent.futures.as_completed(futs, timeout=60)}

@@ -95,17 +95,14 @@ class Engine:
     # ------------------------------------------------------------ any thread
 
     def submit(self, task: Task) -> None:
-        """Start `task` now if a slot is free, else queue it."""
+        """Queue `task`; it starts at once if a slot is free."""
         with self.lock:
             if self.broken is not None:
                 raise BrokenWorkerPool(self.broken)
             if self.closing:
                 raise RuntimeError("cannot submit to a WorkerPool after shutdown()")
-            if len(self.tasks) >= self.max_workers:
-                self.queued.append(task)
-                return
-            self.tasks[task.id] = task
-        self._start(task)
+            self.queued.append(task)
+        self._fill()
 
     def shutdown(self, cancel_futures: bool) -> None:
         """Accept no more tasks; the thread ends once every task has ended."""
@@ -116,7 +113,23 @@ class Engine:
                 self.queued.clear()
         for task in cancelled:
             task.future.cancel()
+            _close_trees(task)
         self._wake()
+
+    def _fill(self) -> None:
+        """Start queued tasks while slots are free (any thread; a loop, never a recursion)."""
+        while True:
+            with self.lock:
+                if self.broken is not None or not self.queued or len(self.tasks) >= self.max_workers:
+                    return
+                task = self.queued.popleft()
+                if not task.future.set_running_or_notify_cancel():
+                    _close_trees(task)
+                    continue
+                self.tasks[task.id] = task
+                self.unfinished.add(task)
+            if not self._start(task):
+                self._free(task)
 
     def _wake(self) -> None:
         try:
@@ -124,16 +137,11 @@ class Engine:
         except (BlockingIOError, OSError):
             pass
 
-    def _start(self, task: Task) -> None:
+    def _start(self, task: Task) -> bool:
         """Make the task's channels, write its payload (what the socket does not
-        take now, the I/O thread writes), and send SPAWN. Runs in the submitting
-        thread or the I/O thread; after SPAWN only the I/O thread touches the
-        task's channels."""
-        if not task.future.set_running_or_notify_cancel():
-            self._release(task)
-            return
-        with self.lock:
-            self.unfinished.add(task)
+        take now, the I/O thread writes), and send SPAWN; False if that failed
+        (the task has failed). Runs in any thread; after SPAWN only the I/O
+        thread touches the task's channels."""
         theirs: list[int] = []
         try:
             mine, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -167,28 +175,28 @@ class Engine:
             self._drop_channels(task)
             if isinstance(exc, (BrokenPipeError, ConnectionError)):
                 exc = BrokenWorkerPool(f"the WorkerPool's zygote is gone ({exc})")
+                with self.lock:
+                    self.broken = self.broken or str(exc)
             self._complete(task, False, exc)
-            self._release(task)
-            return
+            return False
         finally:
             for fd in theirs:
                 os.close(fd)
         self.inbox.append(task)
         self._wake()
+        return True
 
-    def _release(self, task: Task) -> None:
-        """The task holds no slot any more: start a queued one in its place."""
+    def _free(self, task: Task) -> None:
+        """The task holds no slot any more."""
         task.ended = True
         with self.lock:
             self.tasks.pop(task.id, None)
-            nxt = self.queued.popleft() if self.queued and self.broken is None else None
-            if nxt is not None:
-                self.tasks[nxt.id] = nxt
-        for fd in task.trees:
-            os.close(fd)
-        task.trees = []
-        if nxt is not None:
-            self._start(nxt)
+        _close_trees(task)
+
+    def _release(self, task: Task) -> None:
+        """The task's sandbox has ended: its slot goes to a queued task."""
+        self._free(task)
+        self._fill()
 
     # ------------------------------------------------------------ the I/O thread
 
@@ -405,6 +413,7 @@ class Engine:
             self.tasks.clear()
         self.inbox.clear()
         for task in pending:
+            _close_trees(task)
             if not task.done:
                 self._drop_channels(task)
                 self._complete(task, False, BrokenWorkerPool(reason))
@@ -415,6 +424,12 @@ class Engine:
         os.close(self.wake_w)
         self.ctl.close()
         self.on_closed()
+
+
+def _close_trees(task: Task) -> None:
+    for fd in task.trees:
+        os.close(fd)
+    task.trees = []
 
 
 def _memfd(data: bytes) -> int:

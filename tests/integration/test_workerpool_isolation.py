@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -51,6 +51,20 @@ def descendants(pid: int) -> set[int]:
                     found.add(kid)
                     todo.append(kid)
     return found
+
+
+def settled(measure: Callable[[], object], quiet: float = 0.3, timeout: float = 20.0) -> object:
+    """`measure()` once it has not changed for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last, since = measure(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = measure()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
 
 
 def zygote_pid(pool: sandbox.WorkerPool) -> int:
@@ -169,9 +183,9 @@ def test_tasks_leave_nothing_behind() -> None:
             return (len(os.listdir("/proc/self/fd")), len(os.listdir(f"/proc/{zygote}/fd")),
                     len(Path(f"/proc/{zygote}/mountinfo").read_text().splitlines()), len(descendants(p.pid)))
 
-        # the zygote and its two spares, each waiting for a task
+        # the zygote and its two spares, each set up and waiting for a task
         assert wait_until(lambda: len(descendants(p.pid)) == 3, timeout=10)
-        before = footprint()
+        before = settled(footprint)
         results = list(p.map(abs, range(-1000, 0)))
         assert results == list(range(1000, 0, -1))
         # No task process is left, and neither the caller nor the zygote holds

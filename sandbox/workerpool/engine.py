@@ -2,7 +2,8 @@
 
 Per task the caller makes a socketpair (the task reads its payload from it and
 writes its reply) and two pipes (its stdout and stderr), hands the task's ends
-to the zygote with SPAWN and closes its own copies of them; the task writes
+to a spare sandbox the zygote forked ahead (or to the zygote with SPAWN, which
+forks one for the task) and closes its own copies of them; the task writes
 straight to the caller, nothing is relayed. The I/O thread reads replies and
 output, the zygote's STARTED/FAILED/EXITED, enforces timeouts (KILL: the
 zygote kills the task's pid 1, which ends its whole sandbox), starts queued
@@ -58,6 +59,8 @@ class Task:
     ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
     done: bool = False
     t0: float = 0.0  # when SPAWN was sent (monotonic)
+    pid: int = 0  # a spare's pid (in the zygote's pid namespace), once it runs this task
+    pidfd: int = -1  # ... and a pidfd of it, to kill it
 
     def reply_complete(self) -> bool:
         if len(self.reply) < Z.LENGTH.size:
@@ -80,6 +83,8 @@ class Engine:
         self.tasks: dict[int, Task] = {}  # started (SPAWN sent), slot not yet freed
         self.inbox: collections.deque[Task] = collections.deque()  # started, channels to register
         self.unfinished: set[Task] = set()  # started, future not yet done
+        self.spares: collections.deque[tuple[int, socket.socket, int]] = collections.deque()  # (pid, sock, pidfd)
+        self.by_pid: dict[int, Task] = {}  # tasks run by spares
         self.broken: str | None = None
         self.closing = False
         self.zygote_stderr = bytearray()
@@ -170,7 +175,8 @@ class Engine:
             if task.timeout is not None:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
-            Z.send(self.ctl, Z.SPAWN, body, theirs)
+            if task.blob is not None or body["trees"] or not self._to_spare(task, body, theirs):
+                Z.send(self.ctl, Z.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
             self._drop_channels(task)
             if isinstance(exc, (BrokenPipeError, ConnectionError)):
@@ -186,11 +192,37 @@ class Engine:
         self._wake()
         return True
 
+    def _to_spare(self, task: Task, body: dict[str, Any], fds: list[int]) -> bool:
+        """Hand the task's channels to a ready spare (then it is the task's
+        sandbox), and tell the zygote; False if no spare took it."""
+        while True:
+            with self.lock:
+                if not self.spares:
+                    return False
+                pid, sock, pidfd = self.spares.popleft()
+                self.by_pid[pid] = task
+                task.pid, task.pidfd = pid, pidfd
+            try:
+                with sock:
+                    Z.send(sock, Z.SPAWN, {"env": body.get("env")}, fds[:3])
+            except OSError:  # it died meanwhile: the zygote reports its end
+                with self.lock:
+                    self.by_pid.pop(pid, None)
+                task.pid, task.pidfd = 0, -1
+                os.close(pidfd)
+                continue
+            Z.send(self.ctl, Z.TAKEN, {"pid": pid, "id": task.id})
+            return True
+
     def _free(self, task: Task) -> None:
         """The task holds no slot any more."""
         task.ended = True
         with self.lock:
             self.tasks.pop(task.id, None)
+            self.by_pid.pop(task.pid, None)
+        if task.pidfd >= 0:
+            os.close(task.pidfd)
+            task.pidfd = -1
         _close_trees(task)
 
     def _release(self, task: Task) -> None:
@@ -307,8 +339,15 @@ class Engine:
             self._break("the WorkerPool's zygote exited" + (f": {tail}" if tail else ""))
             return
         kind, body, fds = message
+        if kind == Z.SPARE:
+            with self.lock:
+                self.spares.append((body["pid"], socket.socket(fileno=fds[0]), fds[1]))
+            return
         for fd in fds:
             os.close(fd)
+        if kind == Z.EXITED and body.get("id") is None:
+            self._spare_exited(body["pid"], body["status"])
+            return
         task = self.tasks.get(body.get("id", -1))
         if task is None:
             return
@@ -327,6 +366,21 @@ class Engine:
             self._release(task)
             self._maybe_finish(task)
 
+    def _spare_exited(self, pid: int, status: int) -> None:
+        """A spare ended: a task's (its end raced the TAKEN), or an unused one."""
+        with self.lock:
+            task = self.by_pid.get(pid)
+            unused = [s for s in self.spares if s[0] == pid]
+            for spare in unused:
+                self.spares.remove(spare)
+        for _, sock, pidfd in unused:
+            sock.close()
+            os.close(pidfd)
+        if task is not None:
+            task.status = status
+            self._release(task)
+            self._maybe_finish(task)
+
     task_blob = b""  # set by the pool: the task plan's blob, for setup error messages
 
     def _next_deadline(self) -> float | None:
@@ -338,7 +392,13 @@ class Engine:
         for task in list(self.tasks.values()):
             if task.deadline is not None and not task.timed_out and now >= task.deadline and not task.done:
                 task.timed_out = True
-                Z.send(self.ctl, Z.KILL, {"id": task.id})
+                if task.pidfd >= 0:  # a spare's: its pid 1, so the kernel ends its whole pid namespace
+                    try:
+                        signal.pidfd_send_signal(task.pidfd, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                else:
+                    Z.send(self.ctl, Z.KILL, {"id": task.id})
 
     # ------------------------------------------------------------ completion
 
@@ -419,6 +479,12 @@ class Engine:
                 self._complete(task, False, BrokenWorkerPool(reason))
 
     def _close(self) -> None:
+        with self.lock:
+            spares = list(self.spares)
+            self.spares.clear()
+        for _, sock, pidfd in spares:  # unused spares exit at EOF
+            sock.close()
+            os.close(pidfd)
         self.sel.close()
         os.close(self.wake_r)
         os.close(self.wake_w)

@@ -10,11 +10,12 @@ own namespaces, fresh filesystems, capabilities dropped, seccomp) and runs the
 function. The zygote never unpickles anything and never runs task code.
 
 Spares: when idle, the zygote forks up to `spares` sandboxes of the pool's
-plan ahead of their tasks; each waits on a socket for one task's channels,
+plan ahead of their tasks and hands each to the caller (SPARE: a socket to it
+and a pidfd). The caller sends a task's channels straight to a spare, which
 closes that socket and runs the task. A fork's cost (page tables, namespaces,
 setup, the copy-on-write faults of its first steps) is then paid before the
-task is submitted. A task with a plan of its own (per-task binds) is forked
-for itself.
+task is submitted, and the zygote is not on the task's path. A task with a
+plan of its own (per-task binds) is forked for itself (SPAWN).
 
 The caller's side also imports this module, for the message format below.
 
@@ -23,9 +24,12 @@ a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
     caller -> zygote  INIT  {native, preload, path, spares}  fds: [task blob memfd]
                       SPAWN {id, env?, blob?, trees: n}   fds: [result, stdout, stderr, (blob memfd), n trees]
                       KILL  {id}
+                      TAKEN {pid, id}                     (the caller gave spare pid task id)
     zygote -> caller  READY {pid} | ERROR {message}
+                      SPARE {pid}                         fds: [socket to the spare, pidfd]
                       STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
-                      EXITED {id, status}                 (a raw wait status)
+                      EXITED {id, pid, status}            (a raw wait status; id null: an unused spare)
+    caller -> spare   SPAWN {env?}                        fds: [result, stdout, stderr]
 The task reads its payload from its result socket (a u64 length, then the
 pickled (fn, args, kwargs)) and writes its reply there (a u64 length, then
 the pickled (ok, value or exception record)).
@@ -41,8 +45,8 @@ import struct
 import sys
 from typing import Any, NoReturn
 
-INIT, SPAWN, KILL = b"I", b"S", b"K"
-READY, ERROR, STARTED, FAILED, EXITED = b"R", b"E", b"s", b"f", b"x"
+INIT, SPAWN, KILL, TAKEN = b"I", b"S", b"K", b"T"
+READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
 _HEADER = struct.Struct("<cI")
 LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
 MAX_MESSAGE = 60 * 1024
@@ -201,8 +205,8 @@ class Child:
 
 
 class Zygote:
-    """The resident process: receives SPAWN and KILL, forks tasks (or hands
-    them to spares forked ahead of time), reports their ends."""
+    """The resident process: forks spares for the caller, and tasks on SPAWN;
+    kills on KILL; reports every end."""
 
     def __init__(self, ctl: socket.socket) -> None:
         self.ctl = ctl
@@ -210,7 +214,7 @@ class Zygote:
         self.children: dict[int, Child] = {}  # pidfd -> a running child
         self.tasks: dict[int, Child] = {}  # task id -> its child
         self.setting_up: dict[int, Child] = {}  # report fd -> a child still setting up
-        self.spares: list[Child] = []  # ready, waiting for a task
+        self.spares: dict[int, Child] = {}  # pid -> a spare handed to the caller, not yet taken
         self.spare_target = 0
         self.spares_failed = False  # a spare's setup failed: fork per task from now on
         import select
@@ -280,13 +284,10 @@ class Zygote:
         return pid, res
 
     def spawn(self, body: dict[str, Any], fds: list[int]) -> None:
-        """Start the task of a SPAWN message: on a spare if one is ready and the
-        task needs no plan of its own, else in a sandbox forked for it (in the
-        task, run it: never returns). A fork's setup goes on while the zygote
-        serves: its report fd is watched."""
+        """Fork the task of a SPAWN message (in the task, run it: never
+        returns). Its setup goes on while the zygote serves: its report fd is
+        watched."""
         result_fd, out_fd, err_fd, *rest = fds
-        if not body.get("blob") and not body.get("trees") and self.assign(body, fds):
-            return
         blob = read_fd(rest.pop(0)) if body.get("blob") else self.blob
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
         try:
@@ -302,25 +303,12 @@ class Zygote:
             return
         self.watch_setup(Child(pid, res, task_id=body["id"]))
 
-    def assign(self, body: dict[str, Any], fds: list[int]) -> bool:
-        """Hand a task's channels to a ready spare (then it is the task's sandbox)."""
-        while self.spares:
-            child = self.spares.pop(0)
-            assert child.sock is not None
-            try:
-                send(child.sock, SPAWN, {"env": body.get("env")}, fds)
-            except OSError:
-                continue  # it died meanwhile: its pidfd reports it
-            finally:
-                child.sock.close()
-                child.sock = None
-            for fd in fds:
-                os.close(fd)
+    def taken(self, body: dict[str, Any]) -> None:
+        """The caller gave a spare a task: its end is that task's."""
+        child = self.spares.pop(body["pid"], None)
+        if child is not None:
             child.task_id = body["id"]
             self.tasks[child.task_id] = child
-            send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "spare": True})
-            return True
-        return False
 
     def make_spare(self) -> tuple[Child | None, Any]:
         """Fork a sandbox ahead of its task (the pool's plan), waiting on a
@@ -359,16 +347,32 @@ class Zygote:
             else:
                 self.failed(child.task_id, child.res)
             return
-        child.pidfd = os.pidfd_open(child.pid)
-        self.children[child.pidfd] = child
-        self.poll.register(child.pidfd, self.POLLIN)
+        self.watch(child)
         if child.task_id is None:
-            self.spares.append(child)
+            self.offer(child)
             return
         self.tasks[child.task_id] = child
         t = child.res.t_ns  # enum sbx_stamp: start, child, idmap, mounts, pivot, ready, return, done
         stamps = {name: (t[k] - t[0]) / 1000 for k, name in enumerate(STAMPS) if t[k] >= t[0] and t[k]}
         send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "t": stamps})
+
+    def watch(self, child: Child) -> None:
+        child.pidfd = os.pidfd_open(child.pid)
+        self.children[child.pidfd] = child
+        self.poll.register(child.pidfd, self.POLLIN)
+
+    def offer(self, child: Child) -> None:
+        """Hand a ready spare to the caller (a socket to it and a pidfd); the
+        zygote keeps only its own pidfd, to reap it."""
+        assert child.sock is not None
+        self.spares[child.pid] = child
+        pidfd = os.pidfd_open(child.pid)
+        try:
+            send(self.ctl, SPARE, {"pid": child.pid}, [child.sock.fileno(), pidfd])
+        finally:
+            os.close(pidfd)
+            child.sock.close()
+            child.sock = None
 
     def failed(self, task_id: int, res: Any) -> None:
         send(self.ctl, FAILED, {"id": task_id, "step": res.step, "op": res.op, "err": res.err,
@@ -381,13 +385,12 @@ class Zygote:
         os.close(pidfd)
         _, status = os.waitpid(child.pid, 0)
         if child.task_id is None:
-            if child in self.spares:
-                self.spares.remove(child)
+            self.spares.pop(child.pid, None)
             if child.sock is not None:
                 child.sock.close()
-            return
-        del self.tasks[child.task_id]
-        send(self.ctl, EXITED, {"id": child.task_id, "status": status})
+        else:
+            del self.tasks[child.task_id]
+        send(self.ctl, EXITED, {"id": child.task_id, "pid": child.pid, "status": status})
 
     def kill(self, task_id: int) -> None:
         """SIGKILL to the task's pid 1: the kernel ends its whole pid namespace."""
@@ -401,22 +404,23 @@ class Zygote:
             except ProcessLookupError:
                 pass
 
-    def check(self) -> Any:
+    def check(self) -> tuple[Child | None, Any]:
         """Fork one sandbox of the pool's plan and wait for its setup, so that a
-        plan tasks cannot be set up with fails the pool's start: the failure
-        record, or None (the sandbox is kept as a spare if spares are wanted)."""
+        plan tasks cannot be set up with fails the pool's start: (the sandbox,
+        to offer as a spare once READY, or None; its sbx_result)."""
         child, res = self.make_spare()
         if child is None:
-            return res
-        self.ready(res.status_fd)
-        if self.spares_failed:
-            return res
-        if self.spare_target == 0:
-            self.spares.remove(child)
+            return None, res
+        report_fd = res.status_fd
+        del self.setting_up[report_fd]
+        self.poll.unregister(report_fd)
+        if self.lib.sbx_fork_ready(report_fd, child.pid, res) < 0:
+            self.spares_failed = True
             assert child.sock is not None
-            child.sock.close()  # it exits at EOF; its pidfd reports it
-            child.sock = None
-        return None
+            child.sock.close()
+            return None, res
+        self.watch(child)
+        return child, res
 
     def want_spare(self) -> bool:
         pending = sum(1 for c in self.setting_up.values() if c.task_id is None)
@@ -445,6 +449,8 @@ class Zygote:
                         self.spawn(body, fds)
                     elif kind == KILL:
                         self.kill(body["id"])
+                    elif kind == TAKEN:
+                        self.taken(body)
 
 
 def main(argv: list[str]) -> int:
@@ -456,17 +462,22 @@ def main(argv: list[str]) -> int:
         if message is None or message[0] != INIT:
             return 1
         zygote.init(message[1], message[2])
-        res = zygote.check()
+        first, res = zygote.check()
     except BaseException:  # noqa: BLE001 - reported to the caller, which raises it
         import traceback
 
         send(ctl, ERROR, {"message": traceback.format_exc()})
         return 1
-    if res is not None:
+    if first is None:
         send(ctl, ERROR, {"message": "a task's sandbox could not be set up", "failure": {
             name: getattr(res, name) for name in ("step", "op", "err", "detail", "wait_status")}})
         return 1
     send(ctl, READY, {"pid": os.getpid()})
+    if zygote.spare_target:
+        zygote.offer(first)
+    else:
+        assert first.sock is not None
+        first.sock.close()  # unused: it exits at EOF, and is reaped as any child
     zygote.serve()
     return 0
 

@@ -25,48 +25,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..backends.native import ffi, setup_error
-from . import zygote as Z
-from .results import BrokenWorkerPool, ReplyLoader, TaskError, TaskFuture, TaskTimeoutError
+from . import channel as ch
+from .results import BrokenWorkerPool, ReplyLoader
+from .task import Task
 
 _CHUNK = 1 << 16
-
-
-@dataclass(eq=False)
-class Task:
-    """One submitted call and its channels (the caller's ends)."""
-
-    id: int
-    future: TaskFuture
-    payload: bytes
-    timeout: float | None = None
-    env: dict[str, str] | None = None
-    blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
-    trees: list[int] = field(default_factory=list)  # detached source trees of its per-task binds
-    sock: socket.socket | None = None
-    pipes: dict[int, bytearray] = field(default_factory=dict)  # open stdout/stderr read ends -> their bytes
-    output: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
-    reply: bytearray = field(default_factory=bytearray)
-    unsent: memoryview | None = None
-    open_channels: int = 3
-    deadline: float | None = None
-    timed_out: bool = False
-    status: int | None = None  # raw wait status, once the zygote reported it
-    failure: BaseException | None = None
-    ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
-    done: bool = False
-    t0: float = 0.0  # when SPAWN was sent (monotonic)
-    pid: int = 0  # a spare's pid (in the zygote's pid namespace), once it runs this task
-    pidfd: int = -1  # ... and a pidfd of it, to kill it
-
-    def reply_complete(self) -> bool:
-        if len(self.reply) < Z.LENGTH.size:
-            return False
-        (size,) = Z.LENGTH.unpack_from(self.reply)
-        return len(self.reply) >= Z.LENGTH.size + size
 
 
 class Engine:
@@ -118,7 +84,7 @@ class Engine:
                 self.queued.clear()
         for task in cancelled:
             task.future.cancel()
-            _close_trees(task)
+            task.close_trees()
         self._wake()
 
     def _fill(self) -> None:
@@ -129,7 +95,7 @@ class Engine:
                     return
                 task = self.queued.popleft()
                 if not task.future.set_running_or_notify_cancel():
-                    _close_trees(task)
+                    task.close_trees()
                     continue
                 self.tasks[task.id] = task
                 self.unfinished.add(task)
@@ -157,7 +123,7 @@ class Engine:
                 task.pipes[r] = buf
                 theirs.append(w)
             mine.setblocking(False)
-            data = Z.LENGTH.pack(len(task.payload)) + task.payload
+            data = ch.LENGTH.pack(len(task.payload)) + task.payload
             task.payload = b""
             try:
                 sent = mine.send(data)
@@ -176,7 +142,7 @@ class Engine:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
             if task.blob is not None or body["trees"] or not self._to_spare(task, body, theirs):
-                Z.send(self.ctl, Z.SPAWN, body, theirs)
+                ch.send(self.ctl, ch.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
             self._drop_channels(task)
             if isinstance(exc, (BrokenPipeError, ConnectionError)):
@@ -204,14 +170,14 @@ class Engine:
                 task.pid, task.pidfd = pid, pidfd
             try:
                 with sock:
-                    Z.send(sock, Z.SPAWN, {"env": body.get("env")}, fds[:3])
+                    ch.send(sock, ch.SPAWN, {"env": body.get("env")}, fds[:3])
             except OSError:  # it died meanwhile: the zygote reports its end
                 with self.lock:
                     self.by_pid.pop(pid, None)
                 task.pid, task.pidfd = 0, -1
                 os.close(pidfd)
                 continue
-            Z.send(self.ctl, Z.TAKEN, {"pid": pid, "id": task.id})
+            ch.send(self.ctl, ch.TAKEN, {"pid": pid, "id": task.id})
             return True
 
     def _free(self, task: Task) -> None:
@@ -223,7 +189,7 @@ class Engine:
         if task.pidfd >= 0:
             os.close(task.pidfd)
             task.pidfd = -1
-        _close_trees(task)
+        task.close_trees()
 
     def _release(self, task: Task) -> None:
         """The task's sandbox has ended: its slot goes to a queued task."""
@@ -333,35 +299,35 @@ class Engine:
         self.zygote_stderr = (self.zygote_stderr + chunk)[-8192:]
 
     def _control(self) -> None:
-        message = Z.recv(self.ctl)
+        message = ch.recv(self.ctl)
         if message is None:
             tail = self.zygote_stderr.decode(errors="replace").strip()
             self._break("the WorkerPool's zygote exited" + (f": {tail}" if tail else ""))
             return
         kind, body, fds = message
-        if kind == Z.SPARE:
+        if kind == ch.SPARE:
             with self.lock:
                 self.spares.append((body["pid"], socket.socket(fileno=fds[0]), fds[1]))
             return
         for fd in fds:
             os.close(fd)
-        if kind == Z.EXITED and body.get("id") is None:
+        if kind == ch.EXITED and body.get("id") is None:
             self._spare_exited(body["pid"], body["status"])
             return
         task = self.tasks.get(body.get("id", -1))
         if task is None:
             return
-        if kind == Z.STARTED:
+        if kind == ch.STARTED:
             task.future.timings.update({f"fork.{k}": v for k, v in body.get("t", {}).items()})
             task.future.timings["started"] = (time.monotonic() - task.t0) * 1e6
-        elif kind == Z.FAILED:
+        elif kind == ch.FAILED:
             res = ffi.new("struct sbx_result *")
             for name in ("step", "op", "err", "detail", "wait_status"):
                 setattr(res, name, body[name])
             task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
             self._release(task)
             self._maybe_finish(task)
-        elif kind == Z.EXITED:
+        elif kind == ch.EXITED:
             task.status = body["status"]
             self._release(task)
             self._maybe_finish(task)
@@ -398,7 +364,7 @@ class Engine:
                     except ProcessLookupError:
                         pass
                 else:
-                    Z.send(self.ctl, Z.KILL, {"id": task.id})
+                    ch.send(self.ctl, ch.KILL, {"id": task.id})
 
     # ------------------------------------------------------------ completion
 
@@ -409,15 +375,15 @@ class Engine:
             self._drop_channels(task)
             self._complete(task, False, task.failure)
         elif task.open_channels == 0 and task.reply_complete() and not task.timed_out:
-            self._outputs(task)
+            task.record_outputs()
             try:
-                ok, value = self.loader.outcome(bytes(task.reply[Z.LENGTH.size:]))
+                ok, value = self.loader.outcome(bytes(task.reply[ch.LENGTH.size:]))
             except Exception as exc:  # noqa: BLE001 - an unloadable reply is the task's error
                 ok, value = False, exc
             self._complete(task, ok, value)
         elif task.open_channels == 0 and task.status is not None:
-            self._outputs(task)
-            self._complete(task, False, self._ended_error(task))
+            task.record_outputs()
+            self._complete(task, False, task.ended_error())
 
     def _complete(self, task: Task, ok: bool, value: Any) -> None:
         """Set the task's future (once) and forget its reply."""
@@ -434,20 +400,6 @@ class Engine:
             task.future.set_result(value)
         else:
             task.future.set_exception(value)
-
-    def _outputs(self, task: Task) -> None:
-        task.future.stdout, task.future.stderr = (bytes(b) for b in task.output)
-
-    def _ended_error(self, task: Task) -> TaskError:
-        assert task.status is not None
-        code = os.waitstatus_to_exitcode(task.status)
-        fut = task.future
-        if task.timed_out:
-            return TaskTimeoutError(f"the task ran past its timeout of {task.timeout} s; its sandbox was killed",
-                                    returncode=code, stdout=fut.stdout, stderr=fut.stderr)
-        how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-        return TaskError(f"the task's sandbox {how} without a result", returncode=code, stdout=fut.stdout,
-                         stderr=fut.stderr)
 
     def _drop_channels(self, task: Task) -> None:
         """Close the task's channels (unregistering those the thread watches)."""
@@ -473,7 +425,7 @@ class Engine:
             self.tasks.clear()
         self.inbox.clear()
         for task in pending:
-            _close_trees(task)
+            task.close_trees()
             if not task.done:
                 self._drop_channels(task)
                 self._complete(task, False, BrokenWorkerPool(reason))
@@ -490,12 +442,6 @@ class Engine:
         os.close(self.wake_w)
         self.ctl.close()
         self.on_closed()
-
-
-def _close_trees(task: Task) -> None:
-    for fd in task.trees:
-        os.close(fd)
-    task.trees = []
 
 
 def _memfd(data: bytes) -> int:

@@ -22,7 +22,7 @@ from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
 from ..plan import compile_mount, compile_plan, refusal, task_plan, with_task_binds, zygote_plan
 from ..process import SandboxProcess
-from . import zygote as Z
+from . import channel as ch
 from .engine import Engine, Task
 from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, visible_roots, zygote_spec
 from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
@@ -200,19 +200,19 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
         blob_fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
         try:
             os.write(blob_fd, task_blob)
-            Z.send(ctl, Z.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT],
+            ch.send(ctl, ch.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT],
                                  "spares": spares}, [blob_fd])
         finally:
             os.close(blob_fd)
         ctl.settimeout(startup_timeout)
-        message = Z.recv(ctl)
+        message = ch.recv(ctl)
         ctl.settimeout(None)
         if message is not None and "failure" in message[1]:
             res = ffi.new("struct sbx_result *")
             for name, value in message[1]["failure"].items():
                 setattr(res, name, value)
             raise setup_error(res, task_blob, ["<task>"])
-        if message is None or message[0] != Z.READY:
+        if message is None or message[0] != ch.READY:
             detail = message[1].get("message", "") if message is not None else _drain(err_r)
             raise SandboxError(f"the WorkerPool's zygote failed to start:\n{detail.strip()}")
     except BaseException as exc:

@@ -9,189 +9,50 @@ in the zygote with the task's pid, and in the task, which is then set up (its
 own namespaces, fresh filesystems, capabilities dropped, seccomp) and runs the
 function. The zygote never unpickles anything and never runs task code.
 
-Spares: when idle, the zygote forks up to `spares` sandboxes of the pool's
-plan ahead of their tasks and hands each to the caller (SPARE: a socket to it
+Spares: when idle (nothing to do, no spare taken for QUIET seconds, or none
+left), the zygote forks up to `spares` sandboxes of the pool's plan ahead of
+their tasks (never while a task it could slow down has just started) and
+hands each to the caller (SPARE: a socket to it
 and a pidfd). The caller sends a task's channels straight to a spare, which
 closes that socket and runs the task. A fork's cost (page tables, namespaces,
 setup, the copy-on-write faults of its first steps) is then paid before the
 task is submitted, and the zygote is not on the task's path. A task with a
 plan of its own (per-task binds) is forked for itself (SPAWN).
 
-The caller's side also imports this module, for the message format below.
-
-Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
-a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
-    caller -> zygote  INIT  {native, preload, path, spares}  fds: [task blob memfd]
-                      SPAWN {id, env?, blob?, trees: n}   fds: [result, stdout, stderr, (blob memfd), n trees]
-                      KILL  {id}
-                      TAKEN {pid, id}                     (the caller gave spare pid task id)
-    zygote -> caller  READY {pid} | ERROR {message}
-                      SPARE {pid}                         fds: [socket to the spare, pidfd]
-                      STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
-                      EXITED {id, pid, status}            (a raw wait status; id null: an unused spare)
-    caller -> spare   SPAWN {env?}                        fds: [result, stdout, stderr]
-The task reads its payload from its result socket (a u64 length, then the
-pickled (fn, args, kwargs)) and writes its reply there (a u64 length, then
-the pickled (ok, value or exception record)).
+The messages and the task's side are channel.py's (loaded here by path).
 """
 
 from __future__ import annotations
 
-import array
-import json
 import os
 import socket
-import struct
 import sys
-from typing import Any, NoReturn
+from types import ModuleType
+from typing import Any
 
-INIT, SPAWN, KILL, TAKEN = b"I", b"S", b"K", b"T"
-READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
-_HEADER = struct.Struct("<cI")
-LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
-MAX_MESSAGE = 60 * 1024
-MAX_FDS = 64
-STAMPS = ("start", "child", "idmap", "mounts", "pivot", "ready", "return", "done")  # enum sbx_stamp
+QUIET = 0.005  # seconds without a spare taken before the zygote forks the next (it competes for the CPU)
 
 
-def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Send one control message (its fds with SCM_RIGHTS)."""
-    data = json.dumps(body, separators=(",", ":")).encode()
-    packet = _HEADER.pack(kind, len(data)) + data
-    if len(packet) > MAX_MESSAGE:
-        raise ValueError(f"control message of {len(packet)} bytes is too large (at most {MAX_MESSAGE})")
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([packet], ancillary)
+def _channel() -> ModuleType:
+    """channel.py: a sibling module, or, when this runs as the zygote's script, loaded by path."""
+    if __package__:
+        from . import channel
+
+        return channel
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_sandbox_workerpool_channel",
+                                                  os.path.join(os.path.dirname(__file__), "channel.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
-    """Receive one control message: (kind, body, fds), or None at EOF."""
-    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
-    fds = array.array("i")
-    for level, type_, payload in ancillary:
-        if level == socket.SOL_SOCKET and type_ == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if not data:
-        for fd in fds:
-            os.close(fd)
-        return None
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < _HEADER.size:
-        raise ValueError("truncated control message")
-    kind, size = _HEADER.unpack_from(data)
-    return kind, json.loads(data[_HEADER.size:_HEADER.size + size]), list(fds)
-
-
-def read_fd(fd: int) -> bytes:
-    """The whole content of a memfd (from offset 0), which is then closed."""
-    try:
-        size = os.fstat(fd).st_size
-        return os.pread(fd, size, 0)
-    finally:
-        os.close(fd)
-
-
-# ---------------------------------------------------------------- the task
-
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(min(size - len(buf), 1 << 20))
-        if not chunk:
-            raise EOFError("the caller closed the task's channel")
-        buf += chunk
-    return bytes(buf)
-
-
-def _dumps_or_none(obj: Any) -> bytes | None:
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(obj)
-    except Exception:  # noqa: BLE001 - what cannot be pickled comes back by name
-        return None
-
-
-def _error_record(exc: BaseException) -> dict[str, Any]:
-    """What the caller needs to raise `exc` again: the exception pickled if
-    possible, its class's module and name, its args and attributes (to make it
-    again from a class the caller has), its message, and the formatted traceback."""
-    import traceback
-
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
-        message = "<unprintable>"
-    kind = type(exc)
-    return {"module": kind.__module__, "qualname": kind.__qualname__, "message": message,
-            "exception": _dumps_or_none(exc), "args": _dumps_or_none((exc.args, getattr(exc, "__dict__", {}))),
-            "traceback": "".join(traceback.format_exception(exc))}
-
-
-def _execute(payload: bytes) -> bytes:
-    """Run the pickled call; the pickled reply (ok, value or error record)."""
-    import pickle
-
-    import cloudpickle
-
-    try:
-        fn, args, kwargs = pickle.loads(payload)
-        reply: tuple[bool, Any] = (True, fn(*args, **kwargs))
-    except BaseException as exc:  # noqa: BLE001 - everything the task raises goes back to the caller
-        reply = (False, _error_record(exc))
-    try:
-        return cloudpickle.dumps(reply)
-    except Exception as exc:  # noqa: BLE001 - an unpicklable result is the task's error
-        return cloudpickle.dumps((False, _error_record(exc)))
-
-
-def run_task(result_fd: int, env: dict[str, str] | None) -> NoReturn:
-    """The task's sandbox, after sbx_fork_sandbox returned 0 in it: run the
-    call read from `result_fd`, write the reply there, and exit without
-    unwinding into the zygote's code (os._exit: no atexit, no finalizers)."""
-    code = 0
-    try:
-        if env:
-            os.environ.update(env)
-        with socket.socket(fileno=result_fd) as sock:
-            (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
-            reply = _execute(_recv_exact(sock, size))
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except Exception:  # noqa: BLE001, S110 - a closed stream must not lose the reply
-                    pass
-            sock.sendall(LENGTH.pack(len(reply)) + reply)
-        # EOF on every channel now, not after the exit has torn down our memory
-        for fd in (1, 2):
-            os.close(fd)
-    except BaseException:  # noqa: BLE001 - the channel itself failed: say so on the task's stderr
-        code = 70
-        try:
-            import traceback
-
-            traceback.print_exc()
-            sys.stderr.flush()
-        except BaseException:  # noqa: BLE001, S110
-            pass
-    os._exit(code)
-
-
-def spare_main(sock_fd: int) -> NoReturn:
-    """A spare sandbox, forked before its task is known: wait for the task's
-    channels from the zygote (then close that socket: no way back to the
-    zygote is left), put its stdout and stderr on 1 and 2, and run it."""
-    try:
-        with socket.socket(fileno=sock_fd) as sock:
-            message = recv(sock)
-        if message is None:
-            os._exit(0)  # the zygote dropped us
-        _, body, (result_fd, out_fd, err_fd) = message
-        for fd, target in ((out_fd, 1), (err_fd, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-    except BaseException:  # noqa: BLE001 - nothing to report to: the task's channels are not ours
-        os._exit(70)
-    run_task(result_fd, body.get("env"))
+C = _channel()
+INIT, SPAWN, KILL, TAKEN = C.INIT, C.SPAWN, C.KILL, C.TAKEN
+READY, ERROR, SPARE, STARTED, FAILED, EXITED = C.READY, C.ERROR, C.SPARE, C.STARTED, C.FAILED, C.EXITED
+send, recv, read_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.run_task, C.spare_main
 
 
 # ---------------------------------------------------------------- the zygote
@@ -202,6 +63,7 @@ class Child:
     def __init__(self, pid: int, res: Any, task_id: int | None = None, sock: socket.socket | None = None) -> None:
         self.pid, self.res, self.task_id, self.sock = pid, res, task_id, sock
         self.pidfd = -1
+        self.claim: tuple[dict[str, Any], list[int]] | None = None  # a SPAWN waiting for this spare's setup
 
 
 class Zygote:
@@ -217,6 +79,7 @@ class Zygote:
         self.spares: dict[int, Child] = {}  # pid -> a spare handed to the caller, not yet taken
         self.spare_target = 0
         self.spares_failed = False  # a spare's setup failed: fork per task from now on
+        self.last_taken = 0.0  # monotonic time of the last TAKEN
         import select
 
         self.POLLIN = select.POLLIN
@@ -288,6 +151,11 @@ class Zygote:
         returns). Its setup goes on while the zygote serves: its report fd is
         watched."""
         result_fd, out_fd, err_fd, *rest = fds
+        if not body.get("blob") and not body.get("trees"):
+            pending = next((c for c in self.setting_up.values() if c.task_id is None and c.claim is None), None)
+            if pending is not None:  # a spare is being set up: take it rather than fork twice
+                pending.claim = (body, fds)
+                return
         blob = read_fd(rest.pop(0)) if body.get("blob") else self.blob
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
         try:
@@ -305,6 +173,9 @@ class Zygote:
 
     def taken(self, body: dict[str, Any]) -> None:
         """The caller gave a spare a task: its end is that task's."""
+        import time
+
+        self.last_taken = time.monotonic()
         child = self.spares.pop(body["pid"], None)
         if child is not None:
             child.task_id = body["id"]
@@ -344,17 +215,40 @@ class Zygote:
                 self.spares_failed = True
                 assert child.sock is not None
                 child.sock.close()
+                if child.claim is not None:
+                    for fd in child.claim[1]:
+                        os.close(fd)
+                    self.failed(child.claim[0]["id"], child.res)
             else:
                 self.failed(child.task_id, child.res)
             return
         self.watch(child)
+        if child.task_id is None and child.claim is not None:
+            self.assign(child, *child.claim)
+            return
         if child.task_id is None:
             self.offer(child)
             return
         self.tasks[child.task_id] = child
         t = child.res.t_ns  # enum sbx_stamp: start, child, idmap, mounts, pivot, ready, return, done
-        stamps = {name: (t[k] - t[0]) / 1000 for k, name in enumerate(STAMPS) if t[k] >= t[0] and t[k]}
+        stamps = {name: (t[k] - t[0]) / 1000 for k, name in enumerate(C.STAMPS) if t[k] >= t[0] and t[k]}
         send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "t": stamps})
+
+    def assign(self, child: Child, body: dict[str, Any], fds: list[int]) -> None:
+        """Give a spare the task that claimed it while it was set up."""
+        assert child.sock is not None
+        child.task_id = body["id"]
+        self.tasks[child.task_id] = child
+        try:
+            send(child.sock, SPAWN, {"env": body.get("env")}, fds)
+        except OSError:
+            pass  # it died meanwhile: its end is the task's
+        finally:
+            child.sock.close()
+            child.sock = None
+            for fd in fds:
+                os.close(fd)
+        send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "spare": True})
 
     def watch(self, child: Child) -> None:
         child.pidfd = os.pidfd_open(child.pid)
@@ -397,7 +291,8 @@ class Zygote:
         import signal
 
         child = self.tasks.get(task_id) or next(
-            (c for c in self.setting_up.values() if c.task_id == task_id), None)
+            (c for c in self.setting_up.values()
+             if c.task_id == task_id or (c.claim is not None and c.claim[0]["id"] == task_id)), None)
         if child is not None:
             try:
                 os.kill(child.pid, signal.SIGKILL)
@@ -422,9 +317,17 @@ class Zygote:
         self.watch(child)
         return child, res
 
-    def want_spare(self) -> bool:
-        pending = sum(1 for c in self.setting_up.values() if c.task_id is None)
-        return not self.spares_failed and len(self.spares) + pending < self.spare_target
+    def want_spare(self) -> float | None:
+        """0 if a spare should be forked now; else how long to wait before one
+        may be (the last was taken less than QUIET ago); None if none is wanted."""
+        import time
+
+        pending = sum(1 for c in self.setting_up.values() if c.task_id is None and c.claim is None)
+        if self.spares_failed or len(self.spares) + pending >= self.spare_target:
+            return None
+        if not self.spares and not pending:
+            return 0.0
+        return max(0.0, self.last_taken + QUIET - time.monotonic())
 
     def serve(self) -> None:
         """Until the caller closes the control socket. Spares are forked when
@@ -432,8 +335,9 @@ class Zygote:
         ctl_fd = self.ctl.fileno()
         self.poll.register(ctl_fd, self.POLLIN)
         while True:
-            events = self.poll.poll(0 if self.want_spare() else None)
-            if not events and self.want_spare():
+            wait = self.want_spare()
+            events = self.poll.poll(None if wait is None else int(wait * 1000))
+            if not events and self.want_spare() == 0.0:
                 self.make_spare()
             for fd, _ in events:
                 if fd in self.setting_up:

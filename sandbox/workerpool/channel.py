@@ -1,0 +1,180 @@
+"""The WorkerPool's channels: the control messages, and the task's side of them.
+
+Both ends import this: the caller (as sandbox.workerpool.channel) and the
+zygote (loaded by path: it imports no part of the `sandbox` package), whose
+forked tasks run run_task() or spare_main().
+
+Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
+a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
+    caller -> zygote  INIT  {native, preload, path, spares}  fds: [task blob memfd]
+                      SPAWN {id, env?, blob?, trees: n}   fds: [result, stdout, stderr, (blob memfd), n trees]
+                      KILL  {id}
+                      TAKEN {pid, id}                     (the caller gave spare pid task id)
+    zygote -> caller  READY {pid} | ERROR {message}
+                      SPARE {pid}                         fds: [socket to the spare, pidfd]
+                      STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
+                      EXITED {id, pid, status}            (a raw wait status; id null: an unused spare)
+    caller -> spare   SPAWN {env?}                        fds: [result, stdout, stderr]
+The task reads its payload from its result socket (a u64 length, then the
+pickled (fn, args, kwargs)) and writes its reply there (a u64 length, then
+the pickled (ok, value or exception record)).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import socket
+import struct
+import sys
+from typing import Any, NoReturn
+
+INIT, SPAWN, KILL, TAKEN = b"I", b"S", b"K", b"T"
+READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
+_HEADER = struct.Struct("<cI")
+LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
+MAX_MESSAGE = 60 * 1024
+MAX_FDS = 64
+STAMPS = ("start", "child", "idmap", "mounts", "pivot", "ready", "return", "done")  # enum sbx_stamp
+
+
+def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    """Send one control message (its fds with SCM_RIGHTS)."""
+    data = json.dumps(body, separators=(",", ":")).encode()
+    packet = _HEADER.pack(kind, len(data)) + data
+    if len(packet) > MAX_MESSAGE:
+        raise ValueError(f"control message of {len(packet)} bytes is too large (at most {MAX_MESSAGE})")
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([packet], ancillary)
+
+
+def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
+    """Receive one control message: (kind, body, fds), or None at EOF."""
+    data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
+    fds = array.array("i")
+    for level, type_, payload in ancillary:
+        if level == socket.SOL_SOCKET and type_ == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        return None
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < _HEADER.size:
+        raise ValueError("truncated control message")
+    kind, size = _HEADER.unpack_from(data)
+    return kind, json.loads(data[_HEADER.size:_HEADER.size + size]), list(fds)
+
+
+def read_fd(fd: int) -> bytes:
+    """The whole content of a memfd (from offset 0), which is then closed."""
+    try:
+        size = os.fstat(fd).st_size
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- the task
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < size:
+        chunk = sock.recv(min(size - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("the caller closed the task's channel")
+        buf += chunk
+    return bytes(buf)
+
+
+def _dumps_or_none(obj: Any) -> bytes | None:
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(obj)
+    except Exception:  # noqa: BLE001 - what cannot be pickled comes back by name
+        return None
+
+
+def _error_record(exc: BaseException) -> dict[str, Any]:
+    """What the caller needs to raise `exc` again: the exception pickled if
+    possible, its class's module and name, its args and attributes (to make it
+    again from a class the caller has), its message, and the formatted traceback."""
+    import traceback
+
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
+        message = "<unprintable>"
+    kind = type(exc)
+    return {"module": kind.__module__, "qualname": kind.__qualname__, "message": message,
+            "exception": _dumps_or_none(exc), "args": _dumps_or_none((exc.args, getattr(exc, "__dict__", {}))),
+            "traceback": "".join(traceback.format_exception(exc))}
+
+
+def _execute(payload: bytes) -> bytes:
+    """Run the pickled call; the pickled reply (ok, value or error record)."""
+    import pickle
+
+    import cloudpickle
+
+    try:
+        fn, args, kwargs = pickle.loads(payload)
+        reply: tuple[bool, Any] = (True, fn(*args, **kwargs))
+    except BaseException as exc:  # noqa: BLE001 - everything the task raises goes back to the caller
+        reply = (False, _error_record(exc))
+    try:
+        return cloudpickle.dumps(reply)
+    except Exception as exc:  # noqa: BLE001 - an unpicklable result is the task's error
+        return cloudpickle.dumps((False, _error_record(exc)))
+
+
+def run_task(result_fd: int, env: dict[str, str] | None) -> NoReturn:
+    """The task's sandbox, after sbx_fork_sandbox returned 0 in it: run the
+    call read from `result_fd`, write the reply there, and exit without
+    unwinding into the zygote's code (os._exit: no atexit, no finalizers)."""
+    code = 0
+    try:
+        if env:
+            os.environ.update(env)
+        with socket.socket(fileno=result_fd) as sock:
+            (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+            reply = _execute(_recv_exact(sock, size))
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001, S110 - a closed stream must not lose the reply
+                    pass
+            # EOF on every channel now, not after the exit has torn down our
+            # memory; the output first, so the caller finds all at once
+            for fd in (1, 2):
+                os.close(fd)
+            sock.sendall(LENGTH.pack(len(reply)) + reply)
+    except BaseException:  # noqa: BLE001 - the channel itself failed: say so on the task's stderr
+        code = 70
+        try:
+            import traceback
+
+            traceback.print_exc()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001, S110
+            pass
+    os._exit(code)
+
+
+def spare_main(sock_fd: int) -> NoReturn:
+    """A spare sandbox, forked before its task is known: wait for the task's
+    channels from the zygote (then close that socket: no way back to the
+    zygote is left), put its stdout and stderr on 1 and 2, and run it."""
+    try:
+        with socket.socket(fileno=sock_fd) as sock:
+            message = recv(sock)
+        if message is None:
+            os._exit(0)  # the zygote dropped us
+        _, body, (result_fd, out_fd, err_fd) = message
+        for fd, target in ((out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+    except BaseException:  # noqa: BLE001 - nothing to report to: the task's channels are not ours
+        os._exit(70)
+    run_task(result_fd, body.get("env"))

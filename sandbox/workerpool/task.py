@@ -1,0 +1,67 @@
+"""One WorkerPool task as the caller's I/O sees it: its channels, what came back, how it ended."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from dataclasses import dataclass, field
+
+from . import channel as ch
+from .results import TaskError, TaskFuture, TaskTimeoutError
+
+
+@dataclass(eq=False)
+class Task:
+    """One submitted call and its channels (the caller's ends)."""
+
+    id: int
+    future: TaskFuture
+    payload: bytes
+    timeout: float | None = None
+    env: dict[str, str] | None = None
+    blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
+    trees: list[int] = field(default_factory=list)  # detached source trees of its per-task binds
+    sock: socket.socket | None = None
+    pipes: dict[int, bytearray] = field(default_factory=dict)  # open stdout/stderr read ends -> their bytes
+    output: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
+    reply: bytearray = field(default_factory=bytearray)
+    unsent: memoryview | None = None
+    open_channels: int = 3
+    deadline: float | None = None
+    timed_out: bool = False
+    status: int | None = None  # raw wait status, once the zygote reported it
+    failure: BaseException | None = None
+    ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
+    done: bool = False
+    t0: float = 0.0  # when SPAWN was sent (monotonic)
+    pid: int = 0  # a spare's pid (in the zygote's pid namespace), once it runs this task
+    pidfd: int = -1  # ... and a pidfd of it, to kill it
+
+    def reply_complete(self) -> bool:
+        if len(self.reply) < ch.LENGTH.size:
+            return False
+        (size,) = ch.LENGTH.unpack_from(self.reply)
+        return len(self.reply) >= ch.LENGTH.size + size
+
+    def record_outputs(self) -> None:
+        """What the task wrote to its stdout and stderr, onto its future."""
+        self.future.stdout, self.future.stderr = (bytes(b) for b in self.output)
+
+    def ended_error(self) -> TaskError:
+        """The error of a task whose sandbox ended (status known) without a reply."""
+        assert self.status is not None
+        code = os.waitstatus_to_exitcode(self.status)
+        fut = self.future
+        if self.timed_out:
+            return TaskTimeoutError(f"the task ran past its timeout of {self.timeout} s; its sandbox was killed",
+                                    returncode=code, stdout=fut.stdout, stderr=fut.stderr)
+        how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        return TaskError(f"the task's sandbox {how} without a result", returncode=code, stdout=fut.stdout,
+                         stderr=fut.stderr)
+
+    def close_trees(self) -> None:
+        """Close the detached trees of its binds (if it never got to hand them over)."""
+        for fd in self.trees:
+            os.close(fd)
+        self.trees = []

@@ -301,3 +301,28 @@ def test_futures_are_concurrent_futures(pool: sandbox.WorkerPool) -> None:
     futs = [pool.submit(double, i) for i in range(6)]
     done = {f.result() for f in concurrent.futures.as_completed(futs, timeout=60)}
     assert done == {0, 2, 4, 6, 8, 10}
+
+
+def task_identity() -> tuple[int, int, int, int]:
+    import ctypes
+    import resource
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    userns = 0 if libc.unshare(0x10000000) == 0 else ctypes.get_errno()  # CLONE_NEWUSER
+    return os.getuid(), os.getgid(), resource.getrlimit(resource.RLIMIT_NOFILE)[0], userns
+
+
+@pytest.mark.parametrize("fields,expect", [
+    ({"uid": 0, "gid": 0}, lambda r: r[:2] == (0, 0)),
+    ({"uid": 1234, "gid": 1234}, lambda r: r[:2] == (1234, 1234)),
+    ({"limits": sandbox.Limits(nofile=64)}, lambda r: r[2] == 64),
+    ({"seccomp": None}, lambda r: r[3] == 0),  # without the policy a task may make a user namespace ...
+    ({"seccomp": None, "disable_userns": True}, lambda r: r[3] != 0),  # ... unless disable_userns
+    ({"landlock": "best-effort"}, lambda r: r[0] == os.getuid()),
+])
+def test_the_specs_ids_limits_and_hardening_reach_every_task(fields: dict, expect) -> None:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    with sandbox.WorkerPool(make_base_spec(**fields), max_workers=1) as p:
+        result = p.submit(task_identity).result(timeout=60)
+    assert expect(result), result

@@ -59,7 +59,7 @@ class WorkerPool(Executor):
     `spares` sandboxes (default: up to 2) are forked ahead of their tasks,
     each set up and waiting for one task, so a task needing no plan of its
     own (no per-task binds) starts without waiting for a fork; a spare serves
-    one task only, and is replaced as soon as it is taken.
+    one task only, and is replaced when the pool is quiet (or none is left).
 
     Replies are pickled inside the sandbox, so they are loaded with an
     allowlist (plain data and exception classes already imported here) unless

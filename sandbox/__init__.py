@@ -49,6 +49,7 @@ from .spec import (
 
 if TYPE_CHECKING:
     from .probe import probe
+    from .workerpool import WorkerPool
 else:
     # The module sandbox.probe, callable: sandbox.probe() is sandbox.probe.probe().
     from . import probe

@@ -249,3 +249,23 @@ def test_landlock_and_per_task_binds(tmp_path: Path) -> None:
     with sandbox.WorkerPool(spec, max_workers=1) as p:
         out = p.submit_task(work, binds=[Bind(str(shared), "/data")]).result(timeout=60)
     assert out == (shared / "out").read_text() == Path("/usr/lib/os-release").read_text()[:4]
+
+
+def test_the_zygote_dying_breaks_the_pool_not_the_caller() -> None:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    from sandbox.workerpool import BrokenWorkerPool
+
+    p = sandbox.WorkerPool(make_base_spec(), max_workers=2)
+    try:
+        running = p.submit(time.sleep, 100)
+        time.sleep(0.5)
+        os.kill(zygote_pid(p), signal.SIGKILL)
+        with pytest.raises(BrokenWorkerPool):
+            running.result(timeout=30)
+        assert wait_until(lambda: not descendants(p.pid), timeout=10)  # its tasks went with it
+        with pytest.raises(BrokenWorkerPool):
+            p.submit(abs, 1)
+    finally:
+        p.shutdown(wait=True)
+    assert proc_stat(p.pid) is None

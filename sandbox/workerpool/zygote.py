@@ -9,12 +9,11 @@ in the zygote with the task's pid, and in the task, which is then set up (its
 own namespaces, fresh filesystems, capabilities dropped, seccomp) and runs the
 function. The zygote never unpickles anything and never runs task code.
 
-Spares: when idle (nothing to do, no spare taken for QUIET seconds, or none
-left), the zygote forks up to `spares` sandboxes of the pool's plan ahead of
-their tasks (never while a task it could slow down has just started) and
-hands each to the caller (SPARE: a socket to it
-and a pidfd). The caller sends a task's channels straight to a spare, which
-closes that socket and runs the task. A fork's cost (page tables, namespaces,
+Spares: when idle (nothing to do, and no spare taken for QUIET seconds, or
+none left), the zygote forks up to `spares` sandboxes of the pool's plan ahead
+of their tasks and hands each to the caller (SPARE: a socket to it and a
+pidfd). The caller sends a task's channels straight to a spare, which closes
+that socket and runs the task. A fork's cost (page tables, namespaces,
 setup, the copy-on-write faults of its first steps) is then paid before the
 task is submitted, and the zygote is not on the task's path. A task with a
 plan of its own (per-task binds) is forked for itself (SPAWN).

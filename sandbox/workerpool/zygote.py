@@ -23,6 +23,7 @@ The messages and the task's side are channel.py's (loaded here by path).
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -335,7 +336,7 @@ class Zygote:
         self.poll.register(ctl_fd, self.POLLIN)
         while True:
             wait = self.want_spare()
-            events = self.poll.poll(None if wait is None else int(wait * 1000))
+            events = self.poll.poll(None if wait is None else math.ceil(wait * 1000))  # ceil: never spin
             if not events and self.want_spare() == 0.0:
                 self.make_spare()
             for fd, _ in events:

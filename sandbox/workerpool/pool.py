@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import os
@@ -83,7 +84,9 @@ class WorkerPool(Executor):
         self._ids = itertools.count(1)
         self._roots = visible_roots()
         backends.choose("native")
-        host = HostInfo.current(backend="native")
+        # The zygote never uses its network namespace (each task makes its
+        # own): it takes a fresh one, never a lease from the pool.
+        host = dataclasses.replace(HostInfo.current(backend="native"), pool=None)
         plan = compile_plan(zygote_spec(spec), host)
         refused = refusal(plan, host)
         if refused is not None:

@@ -27,7 +27,7 @@ from sandbox.workerpool import RemoteError, RemoteTraceback, TaskError, TaskTime
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pool() -> Iterator[sandbox.WorkerPool]:
     if not sandbox.probe().native:
         pytest.skip("native backend unavailable")

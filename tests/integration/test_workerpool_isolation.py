@@ -23,7 +23,7 @@ from sandbox import Bind, Dir
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def pool() -> Iterator[sandbox.WorkerPool]:
     if not sandbox.probe().native:
         pytest.skip("native backend unavailable")

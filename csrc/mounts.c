@@ -321,10 +321,7 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
-    /* A Template's own proc stays uncovered: a fresh proc may be mounted in
-     * a user namespace only where a fully visible one already is. */
-    if (!(op->flags & SBX_F_BARE))
-        cover_proc(c, i, op, mnt);
+    cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
     c->src_fds[i] = -1;

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 11
+#define SBX_ABI_VERSION 12
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -65,7 +65,6 @@ enum sbx_op_kind {
 #define SBX_F_OPTIONAL 4
 #define SBX_F_FRESH 8     /* PROC: a new procfs (pid namespace); FILE: a private copy bound on dest */
 #define SBX_F_NOSUID 16
-#define SBX_F_BARE 32     /* PROC: without the read-only covers (a Template's own, fully visible proc) */
 #define SBX_F_FROM_FD 64  /* BIND: the source tree was cloned by the caller and comes as an fd */
 
 /* setup steps, reported on failure (and used to name timing stamps) */

@@ -50,7 +50,6 @@ class OpFlag(enum.IntFlag):
     OPTIONAL = 4  # skip if the source is missing (bwrap's -try)
     FRESH = 8  # PROC: a new procfs (pid namespace), else the host's bound; FILE: a private copy bound on dest
     NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
-    BARE = 32  # PROC: without the read-only covers (a Template's own proc, which must be fully visible)
     FROM_FD = 64  # BIND: the source tree is cloned by the caller and handed over as an fd
 
 
@@ -449,7 +448,7 @@ def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
     mounted in a user namespace only where a fully visible one is), then its
     root, /dev and tmpfs read-only: each is one filesystem shared by every
     sandbox, and read-only mounts stay locked so in their copies."""
-    out = [replace(op, flags=op.flags | OpFlag.BARE) if op.kind is OpKind.PROC else op for op in ops]
+    out = [replace(op, covers=()) if op.kind is OpKind.PROC else op for op in ops]
     if not any(op.dest == "/" and op.kind is OpKind.BIND for op in ops):
         out.append(Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
     out += [Op(OpKind.REMOUNT_RO, op.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID,
@@ -498,7 +497,7 @@ ZYGOTE_ROOT_STAND_IN = 1
 
 def zygote_plan(plan: Plan) -> Plan:
     """The plan of a WorkerPool's zygote, from which tasks of `plan` are
-    forked: template_ops' root (its proc bare, its root, /dev and tmpfs
+    forked: template_ops' root (its proc uncovered, its root, /dev and tmpfs
     read-only), a reaper as pid 1 and the caller's death as its end, never
     uid 0 (ZYGOTE_ROOT_STAND_IN), no capability, and nothing each task applies
     itself: seccomp (tasks create user namespaces), Landlock (it would bind

@@ -81,6 +81,9 @@ def check_spec(spec: S.Spec) -> None:
     if not any(isinstance(m, S.Proc) for m in spec.mounts):
         raise SpecError("mounts", "no Proc", "WorkerPool needs a Proc mount (tasks map their ids through it and "
                         "mount their own)")
+    if not any(isinstance(m, S.Dev) and m.dest == "/dev" for m in spec.mounts):
+        raise SpecError("mounts", "no Dev at /dev", "WorkerPool needs a Dev at /dev (a task's /proc covers mask "
+                        "files with the /dev/null of the zygote's tree)")
 
 
 def zygote_spec(spec: S.Spec) -> S.Spec:

@@ -50,7 +50,7 @@ def test_the_zygote_applies_nothing_a_task_applies_itself() -> None:
 def test_the_zygote_root_is_shared_and_read_only() -> None:
     _, zygote, _ = plans()
     proc = next(op for op in zygote.ops if op.kind is OpKind.PROC)
-    assert proc.flags & OpFlag.BARE  # fully visible: a task's fresh proc needs one
+    assert proc.covers == ()  # fully visible: a task's fresh proc needs one
     read_only = {op.dest for op in zygote.ops if op.kind is OpKind.REMOUNT_RO}
     assert read_only == {"/", "/dev", "/tmp", "/scratch"}
 
@@ -84,7 +84,7 @@ def test_a_task_makes_fresh_what_it_could_write() -> None:
         (OpKind.FILE, "/etc/conf"),
     ]
     proc = task.ops[0]
-    assert proc.flags & OpFlag.FRESH and not proc.flags & OpFlag.BARE
+    assert proc.flags & OpFlag.FRESH and proc.covers  # a task's own proc has every cover
     assert task.ops[-1].flags & OpFlag.FRESH  # a writable File outside a tmpfs: a private copy per task
 
 
@@ -114,6 +114,7 @@ def test_per_task_binds_come_from_fds_with_their_landlock_rules() -> None:
     ({"forward": {8080: 9000}}, "forward"),
     ({"die_with_parent": False}, "die_with_parent"),
     ({"mounts": (RoBind("/usr"),)}, "mounts"),
+    ({"mounts": (RoBind("/usr"), Proc())}, "mounts"),
 ])
 def test_what_tasks_cannot_be_given_is_refused_by_field(fields: dict, field: str) -> None:
     fields.setdefault("mounts", MOUNTS)
@@ -123,14 +124,14 @@ def test_what_tasks_cannot_be_given_is_refused_by_field(fields: dict, field: str
 
 
 def test_the_zygote_spec_adds_the_interpreter_read_only() -> None:
-    spec = zygote_spec(Spec(mounts=(Proc(), Tmpfs("/tmp"))))
-    added = spec.mounts[2:]
+    spec = zygote_spec(Spec(mounts=(Proc(), Dev(), Tmpfs("/tmp"))))
+    added = spec.mounts[3:]
     assert all(isinstance(m, RoBind) and m.target() == m.src for m in added)
     assert {m.src for m in added} == set(interpreter_paths())
     assert any(os.path.realpath(sys.executable) == m.src or os.path.realpath(sys.executable).startswith(m.src + "/")
                for m in added)
-    covered = zygote_spec(Spec(mounts=(RoBind("/"), Proc())))
-    assert covered.mounts == (RoBind("/"), Proc())  # a read-only bind of / already shows everything
+    covered = zygote_spec(Spec(mounts=(RoBind("/"), Proc(), Dev())))
+    assert covered.mounts == (RoBind("/"), Proc(), Dev())  # a read-only bind of / already shows everything
 
 
 def test_interpreter_paths_are_the_fewest(tmp_path) -> None:

@@ -68,7 +68,12 @@ def settled(measure: Callable[[], object], quiet: float = 0.3, timeout: float = 
 
 
 def zygote_pid(pool: sandbox.WorkerPool) -> int:
-    (pid,) = {p for p in descendants(pool.pid) if proc_stat(p) and int(proc_stat(p)[1][1]) == pool.pid}
+    children = set()
+    for p in descendants(pool.pid):
+        st = proc_stat(p)  # once: a task may exit between two reads
+        if st is not None and int(st[1][1]) == pool.pid:
+            children.add(p)
+    (pid,) = children
     return pid
 
 

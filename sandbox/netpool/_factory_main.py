@@ -30,6 +30,10 @@ import sys
 
 CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 NETLINK_ROUTE, NETLINK_SOCK_DIAG = 0, 4
+# Per-namespace counters a tenant can read and move: the IPv4 and IPv6 MIBs
+# and every device's packet and byte counts (lo's, in a pooled namespace);
+# and IPv6 flow labels, which linger (6 s and more) after their socket closed.
+COUNTER_FILES = ("snmp", "netstat", "snmp6", "dev", "ip6_flowlabel")
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -71,21 +75,37 @@ def unshare_userns() -> None:
     write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
+def counter_fds() -> dict[str, int]:
+    """Open this namespace's counter files that exist (snmp6 needs IPv6)."""
+    fds = {}
+    for name in COUNTER_FILES:
+        try:
+            fds[name] = os.open("/proc/self/net/" + name, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+    return fds
+
+
 def make(chan: socket.socket, home: int) -> None:
     """Make one namespace, send its fds over `chan`, and go back `home`."""
     call(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    counters: dict[str, int] = {}
     try:
         net = nsfd("net")
         rtnl = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE)
         diag = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG)
+        counters = counter_fds()
     finally:
         call(libc.setns(home, CLONE_NEWNET), "setns(home network namespace)")
     try:
-        socket.send_fds(chan, [b"ok"], [net, rtnl.fileno(), diag.fileno()])
+        msg = " ".join(["ok", *counters]).encode()
+        socket.send_fds(chan, [msg], [net, rtnl.fileno(), diag.fileno(), *counters.values()])
     finally:
         os.close(net)
         rtnl.close()
         diag.close()
+        for fd in counters.values():
+            os.close(fd)
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NetnsPoolError
@@ -42,7 +42,9 @@ class _Netns:
     rtnl: _Netlink
     diag: _Netlink
     ident: tuple[int, int] = (0, 0)
+    counters: dict[str, int] = field(default_factory=dict)  # counter file name -> fd opened inside
     baseline: _State | None = None
+    counters_baseline: dict[str, bytes] = field(default_factory=dict)
     closed: bool = False
 
     def destroy(self) -> None:
@@ -56,6 +58,12 @@ class _Netns:
         os.close(self.netns_fd)
         if self.userns_fd is not None:
             os.close(self.userns_fd)
+        for fd in self.counters.values():
+            os.close(fd)
+
+    def read_counters(self) -> dict[str, bytes]:
+        """The namespace's counter files (_factory_main.COUNTER_FILES), now."""
+        return {name: _read_all(fd) for name, fd in self.counters.items()}
 
     def inspect(self) -> list[tuple[str, str]]:
         """(reason, detail) for each leftover; empty if the namespace is as made."""
@@ -63,11 +71,26 @@ class _Netns:
         try:
             problems = _diff(self.baseline, _snapshot(self.rtnl))
             sockets = _sockets(self.diag)
+            moved = [name for name, text in self.read_counters().items() if text != self.counters_baseline[name]]
         except Exception as e:  # whatever went wrong, an unchecked namespace is not reused
             return [("error", f"check failed: {e!r}")]
         if sockets:
             problems.append(("sockets", f"sockets: {sockets[:5]}{' ...' if len(sockets) > 5 else ''}"))
+        if moved:
+            # No counter of a namespace can be reset (the MIBs are per-cpu sums
+            # the kernel only adds to; a device's stats likewise): a namespace
+            # whose counters moved would show the next tenant what this one did.
+            problems.append(("counters", f"counters moved: {', '.join('/proc/net/' + n for n in moved)}"))
         return problems
+
+
+def _read_all(fd: int) -> bytes:
+    """All of a /proc seq file, from the start (each read from offset 0 regenerates it)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _check_identity(ns: _Netns, owner_ident: tuple[int, int], own_netns: tuple[int, int]) -> list[str]:

@@ -2,9 +2,11 @@
 
 A `NetnsPool` gets namespaces from its factory (sandbox.netpool.factory),
 brings lo up and checks each (sandbox.netpool.baseline) before it enters
-the pool, and at release compares it with that baseline and looks for
-leftover sockets: clean, it is leased again; anything else, it is destroyed
-and a refill thread makes a replacement.
+the pool, and at release compares it with that baseline, looks for
+leftover sockets and rereads its counters (/proc/net/snmp, netstat, snmp6,
+dev): clean and untouched, it is leased again; anything else (a tenant that
+sent even one packet), it is destroyed and a refill thread makes a
+replacement.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ class NetnsPool:
                     raise NetnsPoolError("the pool is closed")
                 factory = self._get_factory()
                 try:
-                    netns_fd, rtnl_fd, diag_fd = factory.new()
+                    netns_fd, rtnl_fd, diag_fd, counters = factory.new()
                     break
                 except NetnsPoolError:
                     factory.close()
@@ -136,7 +138,7 @@ class NetnsPool:
                     if attempt == 2:
                         raise
             userns_fd = os.dup(factory.userns_fd) if factory.userns_fd is not None else None
-        ns = _Netns(netns_fd, userns_fd, _Netlink(rtnl_fd), _Netlink(diag_fd), _inode(netns_fd))
+        ns = _Netns(netns_fd, userns_fd, _Netlink(rtnl_fd), _Netlink(diag_fd), _inode(netns_fd), counters)
         try:
             self._configure(ns, _inode(userns_fd) if userns_fd is not None else self._own_userns)
         except BaseException:
@@ -156,6 +158,7 @@ class NetnsPool:
                     _bring_lo_up(ns.rtnl, next(iter(links))[0])
                 state = _snapshot(ns.rtnl)
                 problems = _verify_fresh(state, _sockets(ns.diag))
+                ns.counters_baseline = ns.read_counters()
         except (OSError, ValueError, struct.error) as e:
             raise NetnsPoolError(f"configuring a new network namespace failed: {e}") from e
         if problems:

@@ -37,8 +37,8 @@ Kernel background, briefly:
 How a namespace is made: one long-lived factory process per pool
 (`factory`, running `_factory_main.py`) does, per request,
 unshare(CLONE_NEWNET), opens the new namespace's nsfs file and a
-NETLINK_ROUTE and a NETLINK_SOCK_DIAG socket in it, sends the three fds
-back and returns to a private "home" namespace of its own, so no process
+NETLINK_ROUTE and a NETLINK_SOCK_DIAG socket in it and its counter files
+(/proc/self/net/snmp and the like), sends those fds back and returns to a private "home" namespace of its own, so no process
 stays inside pooled namespaces. For `owner="userns"` it first
 unshare(CLONE_NEWUSER)s and maps the caller's uid and gid to themselves, so
 every namespace it makes is owned by that one user namespace, whose fd it sends
@@ -50,7 +50,9 @@ the pool (`pool`, `lease`).
 At release the namespace is checked again against that baseline: links,
 addresses, routes (all tables) and policy rules must be as made, and
 sock_diag must find no TCP or UDP (IPv4, IPv6) or Unix socket in any state
-(listening, connected, TIME_WAIT, a taken abstract name). Clean: back to
+(listening, connected, TIME_WAIT, a taken abstract name), and its
+counters must not have moved (no counter can be reset, and the next tenant
+would read them). Clean: back to
 the pool. Anything else: destroyed, for the reasons recorded in the
 ReleaseResult and stats(), and replaced by the refill thread. The check
 costs ~150 µs; release(wait=False) leaves it to the refill thread.

@@ -181,6 +181,10 @@ class Plan:
     landlock_rules: tuple[tuple[str, bool], ...] = ()  # (path inside, writable)
     probe_paths: tuple[str, ...] = ()  # must not exist inside (checked before exec)
     forward: tuple[tuple[int, int | str], ...] = ()  # inside port -> host target
+    # Host sources of the writable binds, when a target is a Unix socket path:
+    # the sandbox can plant links below them, so the relay never follows one
+    # there (sandbox.forward.Pin); a target elsewhere is connected by path.
+    forward_writable: tuple[str, ...] = ()
     check_network: bool = False  # inspect the network namespace from the host before the command runs
 
     @property
@@ -233,6 +237,15 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
     if isinstance(m, S.Chmod):
         return Op(OpKind.CHMOD, m.path, mode=m.perms, origin=i)
     raise SpecError(f"mounts[{i}]", m, "unsupported mount operation")
+
+
+def forward_writable(forward: tuple[tuple[int, int | str], ...], ops: tuple[Op, ...]) -> tuple[str, ...]:
+    """The host sources of the writable binds, if a forwarded target is a
+    Unix socket path (one of them may lie below a source the sandbox can
+    write); () otherwise."""
+    if not any(isinstance(target, str) for _, target in forward):
+        return ()
+    return tuple(dict.fromkeys(op.src for op in ops if op.kind is OpKind.BIND and not op.flags & OpFlag.RDONLY))
 
 
 def landlock_rules(ops: tuple[Op, ...]) -> tuple[tuple[str, bool], ...]:
@@ -381,6 +394,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         landlock_rules=landlock_rules(ops) if spec.landlock else (),
         probe_paths=spec.probe_paths,
         forward=spec.forward,
+        forward_writable=forward_writable(spec.forward, ops),
         check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
     )
 

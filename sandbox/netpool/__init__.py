@@ -38,8 +38,9 @@ How a namespace is made: one long-lived factory process per pool
 (`factory`, running `_factory_main.py`) does, per request,
 unshare(CLONE_NEWNET), opens the new namespace's nsfs file and a
 NETLINK_ROUTE and a NETLINK_SOCK_DIAG socket in it and its counter files
-(/proc/self/net/snmp and the like), sends those fds back and returns to a private "home" namespace of its own, so no process
-stays inside pooled namespaces. For `owner="userns"` it first
+(/proc/self/net/snmp and the like), sends those fds back and returns to a
+private "home" namespace of its own, so no process stays inside pooled
+namespaces. For `owner="userns"` it first
 unshare(CLONE_NEWUSER)s and maps the caller's uid and gid to themselves, so
 every namespace it makes is owned by that one user namespace, whose fd it sends
 once. The caller then brings lo up over the netlink socket (`rtnetlink`)

@@ -53,7 +53,8 @@ def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolate
                 network = isolation.check_netns(ipr)
         finally:
             _close(netlink)
-        relay = forward.Forwarder([socket.socket(fileno=fd) for fd in sockets], [t for _, t in plan.forward])
+        relay = forward.Forwarder([socket.socket(fileno=fd) for fd in sockets], [t for _, t in plan.forward],
+                                  plan.forward_writable)
         return _Isolated(isolation.findings(plan, network), relay)
     except BaseException:
         # the sandbox child first: it must not go on to read a closed seccomp pipe (and complain)

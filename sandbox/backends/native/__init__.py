@@ -86,7 +86,7 @@ def _spawn_forwarding(plan: Plan, argv: Sequence[str], stdio: tuple[int, int, in
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with mine, theirs:
         started = spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, listen_to=theirs.fileno())
-        relay = forward.start(mine, plan.forward)
+        relay = forward.start(mine, plan.forward, plan.forward_writable)
     cleanups.insert(0, relay.close)
     return started
 

@@ -253,7 +253,8 @@ def mount_to_dict(m: Mount) -> dict[str, Any]:
 def mount_from_dict(where: str, data: object) -> Mount:
     if not isinstance(data, Mapping) or "type" not in data:
         raise SpecError(where, data, "must be an object with a 'type'")
-    klass = MOUNT_TYPES.get(data["type"])
+    kind = data["type"]
+    klass = MOUNT_TYPES.get(kind) if isinstance(kind, str) else None  # a list or object is no type (unhashable)
     if klass is None:
         raise SpecError(f"{where}.type", data["type"], f"unknown mount type (known: {', '.join(MOUNT_TYPES)})")
     fields = {f.name for f in dataclasses.fields(klass)}

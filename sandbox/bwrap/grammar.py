@@ -236,6 +236,8 @@ def _opt_spec(st: ParseState, opt: str, values: list[str]) -> None:
     if text.lstrip().startswith("{"):
         st.base = S.Spec.from_json(text)
         return
+    if "\0" in text:  # only the Python API can pass one (argv strings end at NUL)
+        raise BwrapArgsError("Can't read --spec file: the path contains a NUL byte", opt, text)
     path = posixpath.join(st.cwd, text)
     try:
         with open(path, "rb") as f:

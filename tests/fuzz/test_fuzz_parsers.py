@@ -225,3 +225,16 @@ def test_every_real_blob_is_accepted() -> None:
         rc, buf = _check(blob)
         assert rc == 0
         _read_paths(buf, len(blob), wire.header(blob).n_ops)
+
+
+# ---------------------------------------------------------------- what the fuzzing found (fixed)
+
+@pytest.mark.parametrize("kind", [[1], {"a": 1}])
+def test_a_mount_type_that_is_a_list_or_object_is_a_spec_error(kind: object) -> None:
+    with pytest.raises(SpecError, match="unknown mount type"):
+        Spec.from_dict({"mounts": [{"type": kind, "dest": "/x"}]})
+
+
+def test_a_spec_path_with_a_nul_byte_is_an_argv_error() -> None:
+    with pytest.raises(SpecError, match="NUL"):
+        parse_bwrap_args(["--spec", "x\0y", "true"], environ=HOST_ENV, cwd="/nonexistent-fuzz", uid=1000, gid=1000)

@@ -184,21 +184,6 @@ static pid_t clone_task(unsigned long flags)
     return (pid_t)syscall(SYS_clone3, &args, sizeof args);
 }
 
-/* Read the child's report (step NONE: it is ready); 0 at EOF without one. */
-static int read_report(int fd, struct sbx_report *r)
-{
-    size_t got = 0;
-    while (got < sizeof *r) {
-        ssize_t n = read(fd, (char *)r + got, sizeof *r - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    return got == sizeof *r;
-}
-
 static int fail_early(struct sbx_result *res, int step, int err)
 {
     res->step = step;
@@ -267,7 +252,7 @@ int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res)
 {
     struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
     uint64_t t[SBX_N_STAMPS];
-    int reported = read_report(report_fd, &r);
+    int reported = sbx_read_report(report_fd, &r);
     int stamped = reported && r.step == SBX_STEP_NONE && read(report_fd, t, sizeof t) == (ssize_t)sizeof t;
     close(report_fd);
     res->status_fd = -1;

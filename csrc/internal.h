@@ -70,6 +70,7 @@ struct sbx_ctx {
 const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
 void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
+int sbx_read_report(int fd, struct sbx_report *r);
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);
 size_t sbx_strlen(const char *s);
 char *sbx_stpcpy(char *dst, const char *src);

@@ -128,21 +128,6 @@ static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
     return c->inner_pid;
 }
 
-/* Read the child's report: EOF means the command was exec'd. */
-static int read_report(int fd, struct sbx_report *r)
-{
-    size_t got = 0;
-    while (got < sizeof *r) {
-        ssize_t n = read(fd, (char *)r + got, sizeof *r - got);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        got += (size_t)n;
-    }
-    return got == sizeof *r;
-}
-
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[], const int stdio[3],
               const int *pass_fds, int n_pass, int init_fd, const int join_ns[2], int listen_to,
               struct sbx_result *res)
@@ -201,7 +186,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
     struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
     if (pid < 0) {
         /* a joiner that failed has reported why; a failed clone has not */
-        if (c.join_netns_fd < 0 || !read_report(errp[0], &r)) {
+        if (c.join_netns_fd < 0 || !sbx_read_report(errp[0], &r)) {
             r.step = SBX_STEP_CLONE;
             r.err = clone_err;
         }
@@ -211,7 +196,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         fail_early(res, r.step, r.err);
         return -1;
     }
-    int reported = read_report(errp[0], &r);
+    int reported = sbx_read_report(errp[0], &r);
     close(errp[0]);
     res->t_ns[SBX_T_DONE] = now_ns();
     if (!reported && c.reached_exec) {

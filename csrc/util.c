@@ -29,6 +29,22 @@ void sbx_report_fd(int fd, int step, int op, int err, int detail)
     sbx_write_all(fd, &r, sizeof r);
 }
 
+/* The parent's side of sbx_report_fd: 1 if a whole report was read, 0 at
+ * EOF without one (the writer exec'd or exited, closing its end). */
+int sbx_read_report(int fd, struct sbx_report *r)
+{
+    size_t got = 0;
+    while (got < sizeof *r) {
+        ssize_t n = read(fd, (char *)r + got, sizeof *r - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    return got == sizeof *r;
+}
+
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)
 {
     sbx_report_fd(c->err_fd, step, op, err, detail);

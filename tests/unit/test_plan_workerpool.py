@@ -13,16 +13,9 @@ import pytest
 
 from sandbox import Bind, Dev, Dir, File, Limits, Namespaces, Proc, RoBind, Spec, SpecError, Symlink, Tmpfs
 from sandbox.host import HostInfo
-from sandbox.plan import (
-    ZYGOTE_ROOT_STAND_IN,
-    OpFlag,
-    OpKind,
-    compile_plan,
-    task_plan,
-    with_task_binds,
-    zygote_plan,
-)
+from sandbox.plan import OpFlag, OpKind, compile_plan
 from sandbox.seccomp import DEFAULT_POLICY
+from sandbox.warm_plan import ZYGOTE_ROOT_STAND_IN, task_plan, with_task_binds, zygote_plan
 from sandbox.workerpool.interpreter import check_spec, executable_chain, interpreter_paths, zygote_spec
 from sandbox.workerpool.results import RemoteError, RemoteTraceback, ReplyLoader, UnsafeResultError
 

@@ -151,50 +151,72 @@ static _Noreturn void run_command(int err_fd, const char *path, unsigned long ma
 
 /* SBX_PDEATH_SIGNAL arrives when the thread that spawned the sandbox exits,
  * which need not be the caller's death. The caller holds the read end of
- * the status pipe until it has collected our status: if no reader is left,
- * poll() reports POLLERR on our write end, and the sandbox ends. */
-static int caller_gone(int status_fd)
+ * the status pipe until it has collected our status: once no reader is left,
+ * poll() reports POLLERR on our write end, and the sandbox ends. The signal
+ * can come before that: when a multi-threaded caller is killed, the kernel
+ * re-parents us (and signals) as the spawning thread exits, while another
+ * thread may still hold the process's files. So after the first such signal
+ * the write end stays watched until the reader is gone. */
+#define POLLIN 0x001
+#define POLLERR 0x008
+#define SFD_FLAGS 02004000 /* SFD_CLOEXEC | SFD_NONBLOCK */
+
+struct pollfd_ {
+    int fd;
+    short events, revents;
+};
+
+/* What reap() needs from a signal: struct signalfd_siginfo opens with
+ * ssi_signo, ssi_errno, ssi_code, ssi_pid and is 128 bytes long. */
+struct sfd_info {
+    unsigned int signo;
+    int errno_, code;
+    unsigned int pid;
+    char rest[112];
+};
+
+static void forward_or_reap(const struct sfd_info *info, long command, int status_fd)
 {
-    struct {
-        int fd;
-        short events, revents;
-    } pfd = {status_fd, 0, 0};
-    long zero[2] = {0, 0}; /* struct timespec: do not wait */
-    return sys6(__NR_ppoll, (long)&pfd, 1, (long)zero, 0, 8, 0) == 1 && (pfd.revents & 0x008 /* POLLERR */);
+    if (info->signo != SIGCHLD_NR) {
+        /* A sender in an ancestor pid namespace shows as pid 0; a signal
+         * sent from inside (the command's kill(0, sig) reaches its whole
+         * process group, pid 1 included) already reached its targets. */
+        if (info->pid == 0)
+            SYS(kill, command, info->signo, 0);
+        return;
+    }
+    int status;
+    long pid;
+    while ((pid = sys6(__NR_wait4, -1, (long)&status, WNOHANG, 0, 0, 0)) > 0) {
+        if (pid != command)
+            continue;
+        write_all(status_fd, &status, sizeof status);
+        int sig_nr = status & 0x7f;
+        die(sig_nr ? 128 + sig_nr : (status >> 8) & 0xff);
+    }
 }
 
-/* Wait for signals: reap on SIGCHLD; forward to the command what came from
- * outside the sandbox. A sender in an ancestor pid namespace shows as pid 0;
- * a signal sent from inside (the command's kill(0, sig) reaches its whole
- * process group, pid 1 included) already reached its targets. */
+/* Wait for signals (every one stays blocked and is read from a signalfd):
+ * reap on SIGCHLD; forward to the command what came from outside. */
 static _Noreturn void reap(long command, int status_fd)
 {
     unsigned long all = ~0UL;
+    int sfd = (int)sys6(__NR_signalfd4, -1, (long)&all, sizeof all, SFD_FLAGS, 0, 0);
+    if (sfd < 0)
+        die(125);
+    struct pollfd_ fds[2] = {{sfd, POLLIN, 0}, {status_fd, 0, 0}};
+    long watched = 1; /* 2 once the spawning thread is gone */
     for (;;) {
-        struct {
-            int signo, errno_, code, align, pid, rest[27];
-        } info; /* siginfo_t: si_pid opens the union, 8-byte aligned */
-        long sig = sys6(__NR_rt_sigtimedwait, (long)&all, (long)&info, 0, sizeof all, 0, 0);
-        if (sig < 0)
+        if (sys6(__NR_ppoll, (long)fds, watched, 0, 0, 8, 0) < 0)
             continue;
-        if (sig == SBX_PDEATH_SIGNAL) {
-            if (caller_gone(status_fd))
-                die(125);
-            continue;
-        }
-        if (sig != SIGCHLD_NR) {
-            if (info.pid == 0)
-                SYS(kill, command, sig, 0);
-            continue;
-        }
-        int status;
-        long pid;
-        while ((pid = sys6(__NR_wait4, -1, (long)&status, WNOHANG, 0, 0, 0)) > 0) {
-            if (pid != command)
-                continue;
-            write_all(status_fd, &status, sizeof status);
-            int sig_nr = status & 0x7f;
-            die(sig_nr ? 128 + sig_nr : (status >> 8) & 0xff);
+        if (fds[1].revents & POLLERR)
+            die(125);
+        struct sfd_info info;
+        while (SYS(read, sfd, &info, sizeof info) == sizeof info) {
+            if (info.signo == SBX_PDEATH_SIGNAL)
+                watched = 2;
+            else
+                forward_or_reap(&info, command, status_fd);
         }
     }
 }

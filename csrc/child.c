@@ -142,10 +142,11 @@ int sbx_child_main(void *arg)
 
     sbx_stamp(c, SBX_T_CHILD);
     reset_signals((h->opts & SBX_OPT_RESET_SIGNALS) != 0);
-    /* The signal comes when the spawning *thread* exits. The reaper gets a
-     * catchable one and checks whether the caller process is really gone. */
-    int pdeath = reaper ? SBX_PDEATH_SIGNAL : SIGKILL;
-    if ((h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, pdeath, 0, 0, 0) < 0)
+    /* The signal comes when the spawning *thread* exits. During setup every
+     * signal is blocked (and the thread waits for us): only SIGKILL can end
+     * a setup stuck in a blocking call when the caller dies. */
+    int die_with_parent = (h->opts & SBX_OPT_DIE_WITH_PARENT) != 0;
+    if (die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
     sbx_setup_userns(c);
     sbx_stamp(c, SBX_T_IDMAP);
@@ -163,6 +164,10 @@ int sbx_child_main(void *arg)
     sbx_setup_stdio_fds(c, reaper ? c->err_fd : -1, reaper ? c->status_fd : -1);
     if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
         sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    /* The reaper gets a catchable one (pending across its exec) and checks
+     * whether the caller process is really gone. Set before seccomp. */
+    if (die_with_parent && reaper && prctl(PR_SET_PDEATHSIG, SBX_PDEATH_SIGNAL, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
     sbx_drop_caps(c);
     sbx_no_new_privs(c);
     sbx_apply_landlock(c);

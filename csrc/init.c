@@ -234,6 +234,10 @@ int sbx_init_main(long argc, char **argv, char **envp)
     SYS(fcntl, status_fd, F_SETFD, FD_CLOEXEC);
     /* every signal stays blocked here; they are taken with sigtimedwait */
     set_mask(~0UL);
+    /* Not dumpable: the command (same uid) can then neither ptrace us (and
+     * turn our parent-death signal into EINTR) nor take our status pipe with
+     * pidfd_getfd. The command's execve makes it dumpable again. */
+    SYS(prctl, 4 /* PR_SET_DUMPABLE */, 0, 0);
     long command = sys6(__NR_clone, SIGCHLD_NR, 0, 0, 0, 0, 0);
     if (command < 0) {
         report(err_fd, SBX_STEP_FORK, (int)-command);

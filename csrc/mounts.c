@@ -451,9 +451,15 @@ static void op_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
         return;
     }
     close(open_parent(c, i, dest, op->parent_mode, name));
-    int fd = sbx_openat2(c->root_fd, dest, O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, op->mode, RESOLVE_INSIDE);
+    /* O_NONBLOCK: a FIFO a previous tenant planted here must not block the
+     * open (no reader: ENXIO); anything but a regular file is refused. */
+    int fd = sbx_openat2(c->root_fd, dest, O_CREAT | O_WRONLY | O_TRUNC | O_NONBLOCK | O_CLOEXEC, op->mode,
+                         RESOLVE_INSIDE);
+    struct stat st;
     if (fd < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        sbx_fail(c, SBX_STEP_OP, i, ENXIO, SBX_D_CREATE);
     if (sbx_write_all(fd, c->blob + op->data, op->data_len) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_WRITE);
     close(fd);

@@ -258,9 +258,13 @@ def _write(op: Op, parent: int, name: str, exists: bool) -> None:
     """Do `op` (File, Dir, Symlink, Chmod) on `name` below `parent`, following no link."""
     try:
         if op.kind is OpKind.FILE:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, op.mode,
-                         dir_fd=parent)
+            # O_NONBLOCK: a FIFO a previous tenant planted must not block us
+            # (no reader: ENXIO); anything but a regular file is refused.
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, op.mode, dir_fd=parent)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(E.ENXIO, "not a regular file")
                 if not exists:
                     os.fchmod(fd, op.mode)
                 view = memoryview(op.data)

@@ -232,7 +232,7 @@ int sbx_init_main(long argc, char **argv, char **envp)
         die(125);
     SYS(fcntl, err_fd, F_SETFD, FD_CLOEXEC);
     SYS(fcntl, status_fd, F_SETFD, FD_CLOEXEC);
-    /* every signal stays blocked here; they are taken with sigtimedwait */
+    /* every signal stays blocked here; reap() reads them from a signalfd */
     set_mask(~0UL);
     /* Not dumpable: the command (same uid) can then neither ptrace us (and
      * turn our parent-death signal into EINTR) nor take our status pipe with

@@ -146,8 +146,8 @@ int sbx_child_main(void *arg)
      * signal is blocked (and the thread waits for us): only SIGKILL can end
      * a setup stuck in a blocking call when the caller dies. */
     int die_with_parent = (h->opts & SBX_OPT_DIE_WITH_PARENT) != 0;
-    if (die_with_parent && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
+    if (die_with_parent)
+        sbx_die_with_spawner(c, SIGKILL);
     sbx_setup_userns(c);
     sbx_stamp(c, SBX_T_IDMAP);
     setup_filesystem(c);
@@ -164,11 +164,12 @@ int sbx_child_main(void *arg)
     sbx_setup_stdio_fds(c, reaper ? c->err_fd : -1, reaper ? c->status_fd : -1);
     if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
         sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    sbx_drop_caps(c);
     /* The reaper gets a catchable one (pending across its exec) and checks
-     * whether the caller process is really gone. Set before seccomp. */
+     * whether the caller process is really gone. Set before seccomp; what is
+     * left until exec (no-new-privs, Landlock, seccomp) cannot block. */
     if (die_with_parent && reaper && prctl(PR_SET_PDEATHSIG, SBX_PDEATH_SIGNAL, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
-    sbx_drop_caps(c);
     sbx_no_new_privs(c);
     sbx_apply_landlock(c);
     sbx_install_seccomp(c);

@@ -126,8 +126,10 @@ static void task_setup(struct sbx_ctx *c, int report_rd)
     const struct sbx_header *h = c->h;
     close(report_rd);
     sbx_stamp(c, SBX_T_CHILD);
-    if ((h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
+    if (h->opts & SBX_OPT_DIE_WITH_PARENT)
+        sbx_die_with_spawner(c, SIGKILL);
+    if (c->spawner_fd >= 0)
+        close(c->spawner_fd);
     unsigned long others = sbx_clone_flags(h->ns) & ~(unsigned long)CLONED_NS;
     if (others && unshare((int)others) < 0)
         sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
@@ -214,10 +216,12 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
         .blob = blob, .h = h, .ops = ops, .stdio = {stdio[0], stdio[1], stdio[2]},
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = -1, .err_fd = errp[1], .status_fd = -1,
         .root_fd = -1, .proc_fd = -1, .res = res, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1,
-        .bind_fds = trees,
+        .bind_fds = trees, .spawner_fd = sbx_open_spawner(),
     };
     c.src_fds = malloc((h->n_ops + 1) * sizeof *c.src_fds);
     if (!c.src_fds) {
+        if (c.spawner_fd >= 0)
+            close(c.spawner_fd);
         close(errp[0]);
         close(errp[1]);
         return fail_early(res, SBX_STEP_PIPE, ENOMEM);
@@ -238,6 +242,8 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     res->t_ns[SBX_T_RETURN] = now_ns();
     free(c.src_fds);
+    if (c.spawner_fd >= 0)
+        close(c.spawner_fd);
     close(errp[1]);
     if (pid < 0) {
         close(errp[0]);

@@ -61,6 +61,7 @@ struct sbx_ctx {
     unsigned long inner_flags;  /* namespaces the setup child creates after joining */
     volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
     sigset_t caller_mask;       /* the spawning thread's signal mask before clone */
+    int spawner_fd;             /* pidfd of the spawning thread (sbx_open_spawner), or -1 */
     const int *bind_fds;        /* sources of the SBX_F_FROM_FD binds, in op order */
     struct sbx_result *res;
 };
@@ -72,6 +73,8 @@ void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
 int sbx_read_report(int fd, struct sbx_report *r);
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);
+int sbx_open_spawner(void);
+void sbx_die_with_spawner(struct sbx_ctx *c, int sig);
 size_t sbx_strlen(const char *s);
 char *sbx_stpcpy(char *dst, const char *src);
 char *sbx_fmt_uint(char *dst, unsigned long value, unsigned base);

@@ -61,7 +61,7 @@ static void fail_early(struct sbx_result *res, int step, int err)
     res->err = err;
 }
 
-static void free_memory(struct sbx_ctx *c);
+static void release_scratch(struct sbx_ctx *c);
 
 static void close_pipes(int errp[2], int statp[2])
 {
@@ -84,7 +84,7 @@ static int prepare_memory(struct sbx_ctx *c, char fds[2][16])
     c->init_argv = malloc((argc + 6) * sizeof *c->init_argv);
     c->sh_argv = malloc((argc + 2) * sizeof *c->sh_argv);
     if (!c->src_fds || !c->init_argv || !c->sh_argv) {
-        free_memory(c);
+        release_scratch(c);
         return -1;
     }
     sbx_fmt_uint(fds[0], (unsigned)c->err_fd, 10);
@@ -99,11 +99,15 @@ static int prepare_memory(struct sbx_ctx *c, char fds[2][16])
     return 0;
 }
 
-static void free_memory(struct sbx_ctx *c)
+/* The parent's scratch for the child: its memory, and the spawner pidfd. */
+static void release_scratch(struct sbx_ctx *c)
 {
     free(c->src_fds);
     free(c->init_argv);
     free(c->sh_argv);
+    if (c->spawner_fd >= 0)
+        close(c->spawner_fd);
+    c->spawner_fd = -1;
     c->src_fds = NULL;
     c->init_argv = c->sh_argv = NULL;
 }
@@ -168,7 +172,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = init_fd,
         .err_fd = errp[1], .status_fd = statp[1], .root_fd = -1, .proc_fd = -1, .res = res,
         .join_userns_fd = join_ns ? join_ns[0] : -1, .join_netns_fd = join_ns ? join_ns[1] : -1, .inner_pid = -1,
-        .listen_to = listen_to,
+        .listen_to = listen_to, .spawner_fd = sbx_open_spawner(),
     };
     char fds[2][16];
     if (prepare_memory(&c, fds) < 0) {
@@ -182,7 +186,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
     close(errp[1]);
     if (reaper)
         close(statp[1]);
-    free_memory(&c);
+    release_scratch(&c);
     struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
     if (pid < 0) {
         /* a joiner that failed has reported why; a failed clone has not */

@@ -6,6 +6,8 @@
 #include <fcntl.h>
 #include <linux/mount.h>
 #include <linux/openat2.h>
+#include <poll.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +51,31 @@ _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail
 {
     sbx_report_fd(c->err_fd, step, op, err, detail);
     _exit(125);
+}
+
+#ifndef PIDFD_THREAD
+#define PIDFD_THREAD O_EXCL /* linux/pidfd.h, 6.9 */
+#endif
+
+/* A pidfd of the calling thread, to be checked by the child it clones
+ * (sbx_die_with_spawner); -1 where the kernel has no thread pidfds. */
+int sbx_open_spawner(void)
+{
+    return (int)syscall(SYS_pidfd_open, (pid_t)syscall(SYS_gettid), PIDFD_THREAD);
+}
+
+/* The parent-death signal comes when the thread that cloned us exits, but
+ * only if it is armed by then: a spawner that died between our clone and
+ * this prctl has already re-parented us, and no signal will come. Its
+ * pidfd, readable once it has exited, closes that window (as bwrap's
+ * getppid() check does; in a new pid namespace getppid() says 0). */
+void sbx_die_with_spawner(struct sbx_ctx *c, int sig)
+{
+    if (prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
+    struct pollfd spawner = {c->spawner_fd, POLLIN, 0};
+    if (c->spawner_fd >= 0 && poll(&spawner, 1, 0) == 1)
+        _exit(125);
 }
 
 size_t sbx_strlen(const char *s)

@@ -107,6 +107,39 @@ def _inner(pid: int) -> bool:
     return any(len(line.split()) > 2 for line in status.splitlines() if line.startswith("NSpid:"))
 
 
+def _describe(pidfd: int) -> str:
+    """The pid, name, namespace pids and capabilities of the process behind `pidfd`."""
+    pid = next(int(line.split()[1]) for line in Path(f"/proc/self/fdinfo/{pidfd}").read_text().splitlines()
+               if line.startswith("Pid:"))
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return f"pid {pid} (gone)"
+    keep = ("Name:", "State:", "PPid:", "NSpid:", "CapEff:")
+    return f"pid {pid}: " + "; ".join(" ".join(line.split()) for line in status if line.startswith(keep))
+
+
+def _in_setup(pid: int) -> bool:
+    """Whether `pid` is a native setup child past its first step and before its last ones.
+
+    Its first step arms SIGKILL as its parent-death signal (a child stopped
+    before that is ended by its own check of the spawner's pidfd once it
+    runs again, not while stopped); the next writes its id maps, which is
+    how we see it from here. After dropping its capabilities it arms the
+    reaper's catchable signal instead, and only no-new-privs, Landlock,
+    seccomp and the exec remain: nothing that can block, so a SIGSTOP is the
+    only way to hold it there, and it ends when continued (sandbox-init
+    sees the pending signal and its caller gone).
+    """
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        mapped = Path(f"/proc/{pid}/uid_map").read_text().strip() != ""
+    except OSError:
+        return False
+    caps = any(line.startswith("CapEff:") and int(line.split()[1], 16) != 0 for line in status.splitlines())
+    return mapped and caps and _comm(pid) not in ("", "sandbox-init", "true")
+
+
 def _stop_a_setup(caller: subprocess.Popen[bytes], backend: str) -> list[int]:
     """SIGSTOP the sandbox processes of `caller` while one is still setting up
     (native: the setup child, not yet exec'd; bwrap: its processes inside the
@@ -131,8 +164,8 @@ def _stop_a_setup(caller: subprocess.Popen[bytes], backend: str) -> list[int]:
                 signal.pidfd_send_signal(fds[-1], signal.SIGSTOP)
             except ProcessLookupError:
                 pass
-        if backend == "bwrap" or all(_comm(p) not in ("", "sandbox-init", "true") for p in procs):
-            return fds  # stopped before exec: in setup
+        if backend == "bwrap" or all(_in_setup(p) for p in procs):
+            return fds  # stopped in setup, its parent-death signal armed
         for fd in fds:
             signal.pidfd_send_signal(fd, signal.SIGCONT)
         for fd in fds:
@@ -167,8 +200,9 @@ def test_caller_killed_during_setup_leaves_nothing(backend: str) -> None:
         for fd in fds:
             gone = select.select([fd], [], [], 10)[0]
             if not gone:
+                what = _describe(fd)
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-                pytest.fail("a setup process outlived its SIGKILLed caller")
+                pytest.fail(f"a setup process outlived its SIGKILLed caller: {what}")
     finally:
         if caller.poll() is None:
             caller.kill()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,13 +47,17 @@ class _Netns:
     baseline: _State | None = None
     counters_baseline: dict[str, bytes] = field(default_factory=dict)
     closed: bool = False
+    _closing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def destroy(self) -> None:
         """Close every reference we hold; the kernel tears the namespace down
-        (asynchronously, in its cleanup_net work) once none is left."""
-        if self.closed:
-            return
-        self.closed = True
+        (asynchronously, in its cleanup_net work) once none is left. Safe to
+        call from several threads: only the first closes (a second close of
+        a reused fd number would close someone else's file)."""
+        with self._closing:
+            if self.closed:
+                return
+            self.closed = True
         self.rtnl.close()
         self.diag.close()
         os.close(self.netns_fd)

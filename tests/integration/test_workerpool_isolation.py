@@ -200,6 +200,12 @@ def test_tasks_leave_nothing_behind() -> None:
     assert not child_pids() & {p.pid, zygote}
 
 
+def _alive(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (read once: it may end between two reads)."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
 def test_killing_the_caller_kills_the_zygote_and_every_task(tmp_path: Path) -> None:
     if not sandbox.probe().native:
         pytest.skip("native backend unavailable")
@@ -235,7 +241,7 @@ def test_killing_the_caller_kills_the_zygote_and_every_task(tmp_path: Path) -> N
     finally:
         caller.kill()
         caller.wait()
-    assert wait_until(lambda: not any(proc_stat(pid) and proc_stat(pid)[0] != "Z" for pid in doomed), timeout=10)
+    assert wait_until(lambda: not any(_alive(pid) for pid in doomed), timeout=10)
     assert not pids_with_marker(marker)
 
 

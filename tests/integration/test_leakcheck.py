@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -139,19 +140,38 @@ def test_a_test_failing_midway_leaves_nothing(tmp_path: Path) -> None:
     assert not pids_with_marker(marker)
     recorded = [json.loads(line) for line in (tmp_path / "namespaces.jsonl").read_text().splitlines()]
     assert len(recorded) >= 3
-    held = {target for target in _namespaces_in_use() for ns in recorded if target in ns.values()}
+    ours = {target for ns in recorded for target in ns.values()}
+    ended = _uptime()
+    held: set[str] = set()
+    for _ in range(50):  # the kernel frees a namespace once its last process is reaped
+        held = _namespaces_in_use(started_before=ended) & ours
+        if not held:
+            break
+        time.sleep(0.1)
     assert not held, f"namespaces of the failed tests' sandboxes still in use: {held}"
 
 
-def _namespaces_in_use() -> set[str]:
-    """The namespaces every process this test can see is in (the others are not ours)."""
+def _uptime() -> float:
+    return float(Path("/proc/uptime").read_text().split()[0])
+
+
+def _namespaces_in_use(started_before: float) -> set[str]:
+    """The namespaces of every process this test can see that started before
+    `started_before` (seconds since boot). A namespace's name is its inode
+    number, which the kernel reuses once it is freed: a process started
+    later (another test's, another user's) may hold a new namespace under an
+    old name, but it cannot have inherited one from the inner session."""
     out = set()
+    tick = os.sysconf("SC_CLK_TCK")
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        for name in ("mnt", "pid", "net", "ipc", "uts"):
-            try:
-                out.add(os.readlink(f"/proc/{pid}/ns/{name}"))
-            except OSError:
-                pass
+        try:
+            # field 22 (starttime, in clock ticks since boot), after the parenthesised name
+            start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / tick
+            links = {os.readlink(f"/proc/{pid}/ns/{name}") for name in ("mnt", "pid", "net", "ipc", "uts")}
+        except (OSError, IndexError, ValueError):
+            continue
+        if start <= started_before:
+            out |= links
     return out
 
 

@@ -1,20 +1,27 @@
 /* child.c: the sandbox's first process, from clone to execve.
  *
- * It shares the caller's memory (CLONE_VM) while the caller's thread waits
- * (CLONE_VFORK), so every step is async-signal-safe and reads only the
- * prepared blob. A failing step writes a report to the close-on-exec pipe
- * and exits; the command is never exec'd over a half-applied plan.
+ * One step sequence (sbx_child_steps) for both executors of the core: the
+ * native spawn's child, which shares the caller's memory (CLONE_VM) while
+ * the caller's thread waits (CLONE_VFORK), and a Template's sandbox, cloned
+ * fork-style by the sandbox-template server (csrc/template.c) into a copy
+ * of its prepared root. So every step is async-signal-safe and reads only
+ * the prepared blob. A failing step writes a report to the close-on-exec
+ * pipe and exits; the command is never exec'd over a half-applied plan.
  */
 #include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/mount.h>
 #include <sched.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The caller blocked every signal before clone; handlers it installed
@@ -74,21 +81,79 @@ void sbx_check_probe_paths(struct sbx_ctx *c)
     }
 }
 
+/* Build the root: a new one, pivoted into; or, in place, the ops of a warm
+ * sandbox (a Template's or a WorkerPool task's) on the copy of its
+ * template's root it starts in: nothing to pivot, nothing to detach, and no
+ * MS_SLAVE pass. That root was built after MS_SLAVE|MS_REC, so its mounts are
+ * slaves or private, never shared; a copy of a mount namespace keeps each
+ * mount's propagation, and a mount made beneath one that is not shared
+ * propagates nowhere: nothing done here reaches the template. */
 static void setup_filesystem(struct sbx_ctx *c)
 {
     if (!(c->h->ns & SBX_NS_MOUNT))
         return;
+    int in_place = sbx_in_place(c);
     /* Slave, so nothing done here propagates back to the host. */
-    if (mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL) < 0)
+    if (!in_place && mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL) < 0)
         sbx_fail(c, SBX_STEP_MOUNT_PRIVATE, -1, errno, SBX_D_NONE);
+    /* A Template's server keeps the host's tree, as this namespace still
+     * shows it, to clone per-call binds from (mounts.c, sbx_clone_tree_at). */
+    if ((c->h->opts & SBX_OPT_HOST_TREE) &&
+        (c->host_tree_fd = sbx_open_tree(AT_FDCWD, "/", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE)) < 0)
+        sbx_fail(c, SBX_STEP_NEWROOT, -1, errno, SBX_D_SOURCE);
     mode_t saved = umask(0);
     sbx_open_sources(c);
     sbx_make_newroot(c);
     sbx_apply_ops(c);
     sbx_stamp(c, SBX_T_MOUNTS);
-    sbx_pivot(c);
+    if (in_place) {
+        close(c->root_fd);
+        c->root_fd = -1;
+    } else {
+        sbx_pivot(c);
+    }
     umask(saved);
     sbx_stamp(c, SBX_T_PIVOT);
+}
+
+int sbx_send_started(struct sbx_ctx *c)
+{
+    struct sbx_stamps_report r = {SBX_STEP_NONE, c->res->landlock_abi, 0, SBX_D_NONE, {0}};
+    for (int k = 0; k < SBX_N_STAMPS; k++)
+        r.t_ns[k] = c->res->t_ns[k];
+    /* pid 1 of its own pid namespace: getpid() names it there */
+    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+    if (pidfd < 0)
+        return -1;
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {.iov_base = &r, .iov_len = sizeof r};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &pidfd, sizeof pidfd);
+    ssize_t n;
+    while ((n = sendmsg(c->err_fd, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    int err = errno;
+    close(pidfd);
+    errno = err;
+    return n == (ssize_t)sizeof r ? 0 : -1;
+}
+
+/* Just before the exec. A Template's sandbox (memory of its own, not the
+ * caller's) tells its caller it is running, with its stage times. */
+static void mark_ready(struct sbx_ctx *c)
+{
+    sbx_stamp(c, SBX_T_READY);
+    c->reached_exec = 1;
+    if (c->send_stamps && sbx_send_started(c) < 0)
+        sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }
 
 /* Exec the pid-1 reaper from its fd (it need not be visible inside); it
@@ -108,10 +173,32 @@ static _Noreturn void exec_reaper(struct sbx_ctx *c)
     if (bits)
         sbx_fmt_uint(sep + 2, bits, 16);
     c->init_argv[4] = sep;
-    sbx_stamp(c, SBX_T_READY);
-    c->reached_exec = 1;
+    mark_ready(c);
     execveat(c->init_fd, "", c->init_argv, c->envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+}
+
+/* The command is itself an executable given as an fd (SBX_OPT_EXEC_FD: a
+ * Template's server, which lives in the root it prepared but is not part
+ * of it). */
+static _Noreturn void exec_from_fd(struct sbx_ctx *c)
+{
+    char *argv[8], number[16];
+    size_t n = 0;
+    for (; c->argv[n] && n < 6; n++)
+        argv[n] = c->argv[n];
+    if (c->argv[n])
+        sbx_fail(c, SBX_STEP_CONFIG, -1, E2BIG, SBX_D_NONE);
+    if (c->h->opts & SBX_OPT_HOST_TREE) {
+        if (fcntl(c->host_tree_fd, F_SETFD, 0) < 0)
+            sbx_fail(c, SBX_STEP_FDS, c->host_tree_fd, errno, SBX_D_NONE);
+        sbx_fmt_uint(number, (unsigned)c->host_tree_fd, 10);
+        argv[n++] = number;
+    }
+    argv[n] = NULL;
+    mark_ready(c);
+    execveat(c->init_fd, "", argv, c->envp, AT_EMPTY_PATH);
+    sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }
 
 /* Join a leased network namespace (entering first the user namespace that
@@ -134,52 +221,145 @@ int sbx_joiner_main(void *arg)
     _exit(0);
 }
 
-int sbx_child_main(void *arg)
+/* The first moments of any sandbox's first process: signals as the
+ * caller left them must not reach handlers, and the parent-death signal. */
+void sbx_child_start(struct sbx_ctx *c)
 {
-    struct sbx_ctx *c = arg;
     const struct sbx_header *h = c->h;
-    int reaper = (h->opts & SBX_OPT_REAPER) != 0;
-
     sbx_stamp(c, SBX_T_CHILD);
     reset_signals((h->opts & SBX_OPT_RESET_SIGNALS) != 0);
     /* The signal comes when the spawning *thread* exits. During setup every
      * signal is blocked (and the thread waits for us): only SIGKILL can end
      * a setup stuck in a blocking call when the caller dies. */
-    int die_with_parent = (h->opts & SBX_OPT_DIE_WITH_PARENT) != 0;
-    if (die_with_parent)
+    if (h->opts & SBX_OPT_DIE_WITH_PARENT)
         sbx_die_with_spawner(c, SIGKILL);
-    sbx_setup_userns(c);
-    sbx_stamp(c, SBX_T_IDMAP);
+}
+
+/* The root, the network and the hostname: what a standby sandbox of a
+ * Template prepares before any request, and a forked sandbox
+ * (forksandbox.c) after its id maps. */
+void sbx_setup_world(struct sbx_ctx *c)
+{
+    const struct sbx_header *h = c->h;
     setup_filesystem(c);
     if (h->ns & SBX_NS_NET)
         sbx_loopback_up(c);
-    if (c->h->n_listen)
+    if (h->n_listen)
         sbx_make_listeners(c);
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
         sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
-    sbx_nested_userns(c);
+}
+
+/* Every step after the world is set up, to the exec. */
+static _Noreturn void finish(struct sbx_ctx *c, int userns_ready)
+{
+    const struct sbx_header *h = c->h;
+    int reaper = (h->opts & SBX_OPT_REAPER) != 0;
+    if (!userns_ready)
+        sbx_nested_userns(c);
     sbx_enter_cwd(c);
     sbx_check_probe_paths(c);
     sbx_apply_rlimits(c);
-    sbx_setup_stdio_fds(c, reaper ? c->err_fd : -1, reaper ? c->status_fd : -1);
+    sbx_place_fds(c);
+    /* sandbox-init is handed the report and status pipes; a resident reaper
+     * keeps its report socket, close-on-exec, away from the command */
+    int handed = reaper && !c->resident;
+    sbx_setup_stdio_fds(c, handed ? c->err_fd : -1, handed ? c->status_fd : -1);
     if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
         sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
     sbx_drop_caps(c);
-    /* The reaper gets a catchable one (pending across its exec) and checks
+    /* sandbox-init gets a catchable one (pending across its exec) and checks
      * whether the caller process is really gone. Set before seccomp; what is
      * left until exec (no-new-privs, Landlock, seccomp) cannot block. */
-    if (die_with_parent && reaper && prctl(PR_SET_PDEATHSIG, SBX_PDEATH_SIGNAL, 0, 0, 0) < 0)
+    if (handed && (h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SBX_PDEATH_SIGNAL, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
     sbx_no_new_privs(c);
     sbx_apply_landlock(c);
+    if (reaper && c->resident)
+        c->resident(c);
     sbx_install_seccomp(c);
     if (reaper)
         exec_reaper(c);
+    if (h->opts & SBX_OPT_EXEC_FD)
+        exec_from_fd(c);
 
     sigset_t none;
     sigprocmask(SIG_SETMASK, command_mask(c, &none), NULL);
-    sbx_stamp(c, SBX_T_READY);
-    c->reached_exec = 1;
+    mark_ready(c);
     sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, h->path), c->sh_argv);
     sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
+}
+
+/* Every step from the id maps to the exec, in order, for both executors. */
+_Noreturn void sbx_child_steps(struct sbx_ctx *c)
+{
+    sbx_setup_userns(c);
+    sbx_stamp(c, SBX_T_IDMAP);
+    sbx_setup_world(c);
+    finish(c, 0);
+}
+
+/* In a child that shares our memory and fds, cloned into a new user
+ * namespace: map the ids (nesting as the plan says), and leave an fd of the
+ * user namespace the command will live in. */
+static int userns_helper(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    sbx_setup_userns(c);
+    sbx_nested_userns(c);
+    c->userns_fd = sbx_proc_open(c, "thread-self/ns/user", O_RDONLY);
+    if (c->userns_fd < 0)
+        sbx_fail(c, SBX_STEP_UID_MAP, -1, errno, SBX_D_NONE);
+    _exit(0);
+}
+
+int sbx_prepare_userns(struct sbx_ctx *c)
+{
+    c->userns_fd = -1;
+    if (!(c->h->ns & SBX_NS_USER))
+        return 0;
+    pid_t pid = sbx_clone_vm(userns_helper, c, CLONE_FILES | CLONE_NEWUSER, SBX_CHILD_STACK);
+    if (pid < 0)
+        return -1;
+    int status, err = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (c->proc_fd >= 0) {
+        close(c->proc_fd); /* the helper's /proc/<pid> */
+        c->proc_fd = -1;
+    }
+    if (c->userns_fd < 0)
+        err = EIO; /* the helper reported why on err_fd */
+    errno = err;
+    return err ? -1 : 0;
+}
+
+/* A standby sandbox of a Template (csrc/template.c): cloned ahead of any
+ * request into every namespace but its user namespace, it builds its world
+ * while it still holds its server's capabilities over them, then waits.
+ * `await` takes a request: it fills in the command's side of `c` (argv,
+ * environment, fds, the request's blob for the remaining steps, where to
+ * report) and joins a leased network namespace if one came with it. Only
+ * then does the sandbox join its user namespace, a child of the server's
+ * made ahead (sbx_prepare_userns, c->userns_fd): the command holds no
+ * capability over any other namespace it lives in. */
+_Noreturn void sbx_standby_steps(struct sbx_ctx *c, void (*await)(struct sbx_ctx *c))
+{
+    sbx_setup_world(c);
+    await(c);
+    if (c->userns_fd >= 0) {
+        if (setns(c->userns_fd, CLONE_NEWUSER) < 0)
+            sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
+        close(c->userns_fd);
+        c->userns_fd = -1;
+    }
+    sbx_stamp(c, SBX_T_IDMAP);
+    finish(c, 1);
+}
+
+int sbx_child_main(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    sbx_child_start(c);
+    sbx_child_steps(c);
 }

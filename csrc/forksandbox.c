@@ -14,7 +14,7 @@
  * root and a pivot the plan's (task) operations are applied in place on it
  * (fresh tmpfs, proc, /dev/shm and devpts over the template's read-only
  * shared ones, private copies of writable files, per-task binds from
- * detached trees: mounts.c's in-place mode, newroot "/"); then
+ * detached trees: child.c's sbx_setup_world, in place with newroot "/"); then
  * lo up, cwd, the probe paths, rlimits, the fd table (every fd but stdio and
  * the kept ones is closed: there is no exec to close them), session,
  * capabilities, NO_NEW_PRIVS, Landlock and seccomp.
@@ -37,9 +37,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -91,27 +89,6 @@ static void task_fds(struct sbx_ctx *c)
     }
 }
 
-/* The template's mount tree, copied into our namespace, changed in place by
- * the plan's operations. Every bind source (a path inside, or a detached
- * tree) is taken before any operation can cover it: the blob's new root is
- * "/", under which every source lies (sbx_open_sources). */
-static void task_mounts(struct sbx_ctx *c)
-{
-    if (!(c->h->ns & SBX_NS_MOUNT))
-        return;
-    /* Slave, so nothing done here propagates back to the template. */
-    if (mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL) < 0)
-        sbx_fail(c, SBX_STEP_MOUNT_PRIVATE, -1, errno, SBX_D_NONE);
-    mode_t saved = umask(0);
-    sbx_open_sources(c);
-    sbx_make_newroot(c); /* in place: the root is the copy of the template's */
-    sbx_apply_ops(c);
-    close(c->root_fd);
-    c->root_fd = -1;
-    umask(saved);
-    sbx_stamp(c, SBX_T_MOUNTS);
-}
-
 /* Only a new user and pid namespace come with the clone (a pid namespace
  * can be entered no other way); the child, their owner, makes the others
  * itself. They are the same namespaces (owned by its user namespace), but
@@ -135,11 +112,7 @@ static void task_setup(struct sbx_ctx *c, int report_rd)
         sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
     sbx_setup_userns(c);
     sbx_stamp(c, SBX_T_IDMAP);
-    task_mounts(c);
-    if (h->ns & SBX_NS_NET)
-        sbx_loopback_up(c);
-    if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
-        sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
+    sbx_setup_world(c); /* child.c: the plan's ops in place on the copy of the template's tree */
     sbx_nested_userns(c);
     if (c->proc_fd >= 0) {
         close(c->proc_fd);

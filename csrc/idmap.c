@@ -54,15 +54,19 @@ void sbx_setup_userns(struct sbx_ctx *c)
     unsigned uid, gid;
     if (!(h->ns & SBX_NS_USER))
         return;
-    c->proc_fd = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC);
+    c->proc_fd = sbx_proc_open(c, "self", O_PATH | O_DIRECTORY);
     if (c->proc_fd < 0)
         sbx_fail(c, SBX_STEP_UID_MAP, -1, errno, SBX_D_NONE);
     setup_ids(h, &uid, &gid);
     map_self(c, uid, gid, h->host_uid, h->host_gid);
     /* The limit lives in this namespace's sysctl view, written while the
      * host /proc is still reachable (the sandbox's /proc/sys is read-only). */
-    if ((h->opts & SBX_OPT_DISABLE_USERNS) && sbx_write_file(AT_FDCWD, "/proc/sys/user/max_user_namespaces", "1") < 0)
-        sbx_fail(c, SBX_STEP_DISABLE_USERNS, -1, errno, SBX_D_NONE);
+    if (h->opts & SBX_OPT_DISABLE_USERNS) {
+        int sys = sbx_proc_open(c, "sys/user", O_PATH | O_DIRECTORY);
+        if (sys < 0 || sbx_write_file(sys, "max_user_namespaces", "1") < 0)
+            sbx_fail(c, SBX_STEP_DISABLE_USERNS, -1, errno, SBX_D_NONE);
+        close(sys);
+    }
 }
 
 /* After setup, enter a nested user namespace whose only ids are the final

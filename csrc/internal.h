@@ -64,6 +64,23 @@ struct sbx_ctx {
     int spawner_fd;             /* pidfd of the spawning thread (sbx_open_spawner), or -1 */
     const int *bind_fds;        /* sources of the SBX_F_FROM_FD binds, in op order */
     struct sbx_result *res;
+    int host_tree_fd;           /* SBX_OPT_HOST_TREE: the clone of the host tree kept for the command */
+    /* a Template's sandbox (csrc/template.c, standby.c); all zero natively */
+    int use_proc_dir;           /* proc_dir is the procfs root to use instead of /proc */
+    int proc_dir;
+    const uint32_t *fd_targets; /* numbers the pass_fds must have (they arrive elsewhere) */
+    int send_stamps;            /* err_fd is a report socket: send the started message (sbx_send_started) */
+    /* With a reaper: instead of exec'ing sandbox-init, stay resident as the
+     * sandbox's pid 1 (csrc/resident.c); the seccomp filter then goes on the
+     * command alone. Only for a child with memory of its own (fork-style). */
+    void (*resident)(struct sbx_ctx *c); /* does not return */
+    char *scrub;                /* memory the resident reaper clears once the command runs */
+    size_t scrub_len;
+    int keep_fd;                /* an fd the resident reaper keeps open until on_running (-1: none) */
+    int userns_fd;              /* a standby's prepared user namespace, joined at the request (-1: none) */
+    void (*on_running)(struct sbx_ctx *c); /* the resident reaper's command runs (NULL: nothing to do) */
+    int *null_trees;            /* detached clones of the host's /dev/null for a proc's masks, used from */
+    int n_null_trees;           /* the end (a Template's root need not have one); 0: clone /dev/null */
 };
 
 
@@ -97,13 +114,26 @@ int sbx_set_rlimit(int resource, uint64_t soft, uint64_t hard); /* prlimit64(0, 
  * dirfd with openat2's `resolve` flags: 0, or -errno. The isolation check
  * of probe paths, inside the sandbox (child.c) and from outside (outside.c). */
 int sbx_path_exists(int dirfd, const char *path, uint64_t resolve);
+int sbx_proc_open(const struct sbx_ctx *c, const char *rel, int flags);
+int sbx_proc_chmod(const struct sbx_ctx *c, const char *rel, unsigned mode);
 
 /* idmap.c */
 void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
 
 /* mounts.c */
+/* Clone the tree at `path`, resolved beneath `root` as if it were "/" (so
+ * no symlink or ".." leads out), as a detached mount with the SBX_F_RDONLY
+ * and SBX_F_NODEV attributes of `flags` and nosuid set: a Template's
+ * per-call bind, cloned by its server from its copy of the host tree. An
+ * fd, or -1 with errno. */
+int sbx_clone_tree_at(int root, const char *path, uint32_t flags);
 int sbx_in_place(const struct sbx_ctx *c);
+/* The covers below every proc's sys/net again, as the current network
+ * namespace shows them: /proc/sys/net/... is looked up per network
+ * namespace, so a standby sandbox that joins a leased one after its proc was
+ * covered covers those afresh (the root is "/", in place). */
+void sbx_cover_proc_netns(struct sbx_ctx *c);
 void sbx_open_sources(struct sbx_ctx *c);
 void sbx_make_newroot(struct sbx_ctx *c);
 void sbx_apply_ops(struct sbx_ctx *c);
@@ -119,6 +149,7 @@ int sbx_listen_loopback(uint16_t port);
 
 /* limits.c */
 void sbx_apply_rlimits(struct sbx_ctx *c);
+void sbx_place_fds(struct sbx_ctx *c);
 void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b);
 void sbx_drop_caps(struct sbx_ctx *c);
 void sbx_no_new_privs(struct sbx_ctx *c);
@@ -138,7 +169,25 @@ int sbx_high_pipe(int fds[2]);
  * CLONE_VM|CLONE_VFORK|SIGCHLD (namespaces, CLONE_FILES, CLONE_PARENT). */
 pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t stack);
 
+/* resident.c (sandbox-template only): ctx->resident of a Template's sandbox */
+_Noreturn void sbx_resident_reaper(struct sbx_ctx *c);
+
 /* child.c */
+/* The message that says a Template's sandbox is running (csrc/sandbox.h,
+ * struct sbx_stamps_report): the stamps and the Landlock ABI, with a pidfd
+ * of the calling process (the sandbox's pid 1) and, implicitly, its
+ * credentials. 0, or -1 with errno. */
+int sbx_send_started(struct sbx_ctx *c);
+void sbx_child_start(struct sbx_ctx *c);
+void sbx_setup_world(struct sbx_ctx *c);
+_Noreturn void sbx_child_steps(struct sbx_ctx *c);
+_Noreturn void sbx_standby_steps(struct sbx_ctx *c, void (*await)(struct sbx_ctx *c));
+/* The user namespace a standby's command will live in, made ahead (by its
+ * server: a helper of ours would take a pid in the sandbox's namespace), in
+ * c->userns_fd: its owner and maps (nested as the plan says) are what the
+ * sandbox's own unshare(CLONE_NEWUSER) would have made; joining it costs one
+ * setns. 0, or -1 (a helper's failure is reported on c->err_fd). */
+int sbx_prepare_userns(struct sbx_ctx *c);
 int sbx_child_main(void *arg);
 int sbx_joiner_main(void *arg);
 void sbx_enter_cwd(struct sbx_ctx *c);

@@ -26,6 +26,44 @@ void sbx_apply_rlimits(struct sbx_ctx *c)
     }
 }
 
+/* A Template's sandbox receives its pass_fds wherever the server's fd
+ * table had room; they must have the caller's numbers inside. Everything
+ * the remaining steps use that lies below the highest target is first
+ * moved above it (so no dup2 below can overwrite it), then each passed fd
+ * is dup'd onto its target. */
+void sbx_place_fds(struct sbx_ctx *c)
+{
+    if (!c->fd_targets)
+        return;
+    int base = 3;
+    for (int k = 0; k < c->n_pass; k++)
+        if ((int)c->fd_targets[k] >= base)
+            base = (int)c->fd_targets[k] + 1;
+    int *keep[] = {&c->stdio[0], &c->stdio[1], &c->stdio[2], &c->err_fd, &c->status_fd, &c->init_fd};
+    for (size_t k = 0; k < sizeof keep / sizeof *keep; k++) {
+        if (*keep[k] < 0 || *keep[k] >= base)
+            continue;
+        int hi = fcntl(*keep[k], F_DUPFD_CLOEXEC, base);
+        if (hi < 0)
+            sbx_fail(c, SBX_STEP_FDS, *keep[k], errno, SBX_D_NONE);
+        *keep[k] = hi;
+    }
+    int *pass = (int *)c->pass_fds; /* the child's own copy of the list */
+    for (int k = 0; k < c->n_pass; k++) {
+        if (pass[k] >= base)
+            continue;
+        int hi = fcntl(pass[k], F_DUPFD_CLOEXEC, base);
+        if (hi < 0)
+            sbx_fail(c, SBX_STEP_FDS, (int)c->fd_targets[k], errno, SBX_D_NONE);
+        pass[k] = hi;
+    }
+    for (int k = 0; k < c->n_pass; k++) {
+        if (dup2(pass[k], (int)c->fd_targets[k]) < 0)
+            sbx_fail(c, SBX_STEP_FDS, (int)c->fd_targets[k], errno, SBX_D_NONE);
+        pass[k] = (int)c->fd_targets[k];
+    }
+}
+
 /* Move the caller's stdio fds to 0-2 and leave open only those, the
  * pass_fds, and the two internal fds (keep_a, keep_b) until exec: every
  * other fd is marked close-on-exec in one close_range() call per gap. */

@@ -20,8 +20,11 @@
  * - In place (newroot "/", a Template's sandbox): the root is the copy of
  *   the template's prepared tree this mount namespace starts with; the ops
  *   (fresh filesystems, private files, per-call binds) go on top of it, and
- *   there is nothing to pivot. Every source is then a path of that copy or
- *   an fd from the caller, cloned before the first op covers anything.
+ *   there is nothing to pivot. Every source is then a path of that copy,
+ *   cloned before the first op covers anything, or (a per-call bind) a tree
+ *   the server cloned from the copy of the host tree it keeps: a detached
+ *   tree can be attached in another mount namespace than the one it was
+ *   cloned in, by whoever may mount there.
  */
 #include "internal.h"
 
@@ -292,20 +295,43 @@ static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
     close(fd);
 }
 
+/* A mask of a Template's sandbox: one of the /dev/null clones its server
+ * made from the host tree (its root may have no /dev/null to clone). */
+static void attach_null(struct sbx_ctx *c, int i, int dest_fd)
+{
+    int tree = c->null_trees[--c->n_null_trees];
+    if (sbx_move_mount(tree, "", dest_fd, "", EMPTY_PATHS) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+    close(tree);
+}
+
 /* The plan's covers of a procfs just attached (plan.PROC_COVERS), in order:
  * "r<path>" binds the entry read-only over itself with everything below it,
  * "m<path>" binds the host's /dev/null over it without device access, so it
  * cannot be opened. Paths are relative to the procfs's root and resolved
  * beneath it (the lookup crosses the read-only covers already made). */
-static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt)
+static int per_netns(const char *path)
+{
+    static const char net[] = "sys/net/";
+    for (size_t k = 0; k < sizeof net - 1; k++)
+        if (path[k] != net[k])
+            return 0;
+    return 1;
+}
+
+static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt, int only_netns)
 {
     const unsigned ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->blob + op->data + k) + 1) {
         const char *entry = c->blob + op->data + k;
+        if (only_netns && !per_netns(entry + 1))
+            continue;
         int sub = sbx_openat2(mnt, entry + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
         if (sub < 0)
             continue; /* not present on this kernel */
-        if (entry[0] == 'm')
+        if (entry[0] == 'm' && c->n_null_trees > 0)
+            attach_null(c, i, sub);
+        else if (entry[0] == 'm')
             rebind(c, i, -1, "/dev/null", ro, 0, sub);
         else
             rebind(c, i, sub, NULL, ro, 1, sub);
@@ -321,10 +347,27 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
-    cover_proc(c, i, op, mnt);
+    cover_proc(c, i, op, mnt, 0);
     close(mnt);
     close(fd);
     c->src_fds[i] = -1;
+}
+
+void sbx_cover_proc_netns(struct sbx_ctx *c)
+{
+    for (uint32_t i = 0; i < c->h->n_ops; i++) {
+        const struct sbx_op *op = &c->ops[i];
+        if (op->kind != SBX_OP_PROC || !op->data_len)
+            continue;
+        int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int mnt = root < 0 ? -1 : sbx_openat2(root, sbx_str(c, op->dest), O_PATH | O_DIRECTORY | O_CLOEXEC, 0,
+                                              RESOLVE_INSIDE);
+        if (mnt < 0)
+            sbx_fail(c, SBX_STEP_OP, (int)i, errno, SBX_D_RESOLVE);
+        close(root);
+        cover_proc(c, (int)i, op, mnt, 1);
+        close(mnt);
+    }
 }
 
 /* A private devpts instance on `pts`. */
@@ -375,11 +418,13 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
             sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
     if (mkdirat(dev, "shm", op->shm_mode) < 0 || mkdirat(dev, "pts", 0755) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
-    int pts = openat(dev, "pts", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (pts < 0)
-        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-    mount_devpts(c, i, pts);
-    close(pts);
+    if (!(op->flags & SBX_F_NO_DEVPTS)) {
+        int pts = openat(dev, "pts", O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (pts < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
+        mount_devpts(c, i, pts);
+        close(pts);
+    }
     close(dev);
 }
 
@@ -489,9 +534,9 @@ static void op_chmod(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (fd < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
     /* chmod through the fd's magic link: the file was resolved inside the
-     * new root, and the host's /proc is still mounted at this point. */
-    sbx_fmt_uint(sbx_stpcpy(path, "/proc/self/fd/"), (unsigned)fd, 10);
-    if (chmod(path, op->mode) < 0)
+     * new root, and a procfs (the host's, before the pivot) is reachable. */
+    sbx_fmt_uint(sbx_stpcpy(path, "self/fd/"), (unsigned)fd, 10);
+    if (sbx_proc_chmod(c, path, op->mode) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CHMOD);
     close(fd);
 }
@@ -522,4 +567,21 @@ void sbx_pivot(struct sbx_ctx *c)
         sbx_fail(c, SBX_STEP_PIVOT, -1, errno, SBX_D_NONE);
     close(c->root_fd);
     c->root_fd = -1;
+}
+
+int sbx_clone_tree_at(int root, const char *path, uint32_t flags)
+{
+    int at = sbx_openat2(root, path, O_PATH | O_CLOEXEC, 0, RESOLVE_INSIDE);
+    if (at < 0)
+        return -1;
+    int tree = sbx_open_tree(at, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH);
+    int err = errno;
+    close(at);
+    if (tree >= 0 && sbx_mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, bind_attrs(flags), 0) < 0) {
+        err = errno;
+        close(tree);
+        tree = -1;
+    }
+    errno = err;
+    return tree;
 }

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 12
+#define SBX_ABI_VERSION 13
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -43,6 +43,10 @@
 #define SBX_OPT_LANDLOCK 128      /* restrict file access with Landlock */
 #define SBX_OPT_LANDLOCK_BEST_EFFORT 256 /* ... but run without it where the kernel lacks it */
 #define SBX_OPT_RESET_SIGNALS 512 /* the command starts with no signal ignored or blocked */
+#define SBX_OPT_EXEC_FD 1024      /* exec argv itself from init_fd (a Template's server), not through sandbox-init */
+#define SBX_OPT_HOST_TREE 2048    /* with EXEC_FD: keep a clone of the host's mount tree open across the exec,
+                                     its fd number appended to argv (a Template's server clones per-call
+                                     binds from it) */
 
 /* Landlock rule flags (struct sbx_landlock.flags) */
 #define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */
@@ -65,6 +69,7 @@ enum sbx_op_kind {
 #define SBX_F_OPTIONAL 4
 #define SBX_F_FRESH 8     /* PROC: a new procfs (pid namespace); FILE: a private copy bound on dest */
 #define SBX_F_NOSUID 16
+#define SBX_F_NO_DEVPTS 32 /* DEV: without devpts (a Template's own /dev: each sandbox mounts its own) */
 #define SBX_F_FROM_FD 64  /* BIND: the source tree was cloned by the caller and comes as an fd */
 
 /* setup steps, reported on failure (and used to name timing stamps) */
@@ -291,6 +296,52 @@ extern const char *const sbx_step_names[];
 extern const int sbx_n_steps;
 extern const char *const sbx_op_kind_names[];
 extern const int sbx_n_op_kinds;
+
+/* A Template (csrc/template.c, the sandbox-template server) takes one
+ * request per sandbox on a SOCK_SEQPACKET socket: this header, then the
+ * per-sandbox blob (blob_len bytes, padded to 8; blob_len 0: the blob the
+ * server stored with SBX_REQ_STORE_BLOB), then uint32_t[n_pass] (the numbers
+ * the passed fds must have inside), then argc + envc NUL-terminated strings
+ * (argv, then the environment). The fds come with SCM_RIGHTS in this order:
+ * the report socket (one end of a SOCK_SEQPACKET pair, the caller keeps the
+ * other), the status pipe's write end (only for a blob without
+ * SBX_OPT_REAPER), a network namespace to join (if SBX_REQ_JOIN_NETNS), the
+ * stdio fds present in stdio_mask (bit i: fd i), then the pass_fds. Requests
+ * on the server's second socket are taken by its standby sandboxes
+ * (csrc/standby.c), in the same format; a request with per-call binds goes to
+ * the server itself. No reply: everything comes on the report socket. */
+#define SBX_REQ_MAGIC 0x51525853
+#define SBX_REQ_JOIN_NETNS 1
+#define SBX_REQ_STORE_BLOB 2        /* keep this blob as the one blob_len 0 names; with argc 0, only that
+                                       (the only fd is a report socket: one report, step 0 when done) */
+#define SBX_REQ_STANDBY 4           /* with a store: keep standby sandboxes of that blob on the second
+                                       socket, answering once the first is ready (or failed) */
+struct sbx_request {
+    uint32_t magic;
+    uint32_t blob_len;
+    uint32_t argc;
+    uint32_t envc;
+    uint32_t n_pass;
+    uint32_t flags;         /* SBX_REQ_* */
+    uint32_t stdio_mask;
+    uint32_t pad;
+};
+
+/* On the report socket, one message each:
+ * - struct sbx_stamps_report (step 0), with the sandbox's pidfd
+ *   (SCM_RIGHTS) and its sender's credentials (SCM_CREDENTIALS: its pid in
+ *   the receiver's pid namespace, with SO_PASSCRED set): sent by the
+ *   sandbox's pid 1 once its command has been exec'd (with a reaper), or
+ *   just before its own exec (without one: EOF then says it exec'd);
+ * - a 16-byte failure (step, op, err, detail) instead, from the server (the
+ *   request, a per-call bind's source, clone), the setup or the command's
+ *   exec; EOF without any message: the sandbox died during its setup;
+ * - later, with a reaper, the command's raw wait status (int32_t), written
+ *   once every other process of the sandbox has gone. */
+struct sbx_stamps_report {
+    int32_t step, op, err, detail;  /* step 0: stamps, not a failure; op: the Landlock ABI applied */
+    uint64_t t_ns[8];               /* enum sbx_stamp, as the child saw them */
+};
 
 /* Syscall numbers of this architecture, from the kernel headers at build time. */
 extern const char *const sbx_syscall_names[];

@@ -151,7 +151,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         fail_early(res, SBX_STEP_FORWARD, EBADF);
         return -1;
     }
-    if (reaper && init_fd < 0) {
+    if ((reaper || (h->opts & SBX_OPT_EXEC_FD)) && init_fd < 0) {
         fail_early(res, SBX_STEP_EXEC_INIT, EBADF);
         return -1;
     }

@@ -8,6 +8,7 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -208,4 +209,25 @@ int sbx_path_exists(int dirfd, const char *path, uint64_t resolve)
 int sbx_pivot_root(const char *new_root, const char *put_old)
 {
     return (int)syscall(SYS_pivot_root, new_root, put_old);
+}
+
+/* Open `rel` under the procfs this child uses: its own root's /proc
+ * natively (the host's, before the pivot), or the fd a Template holds. */
+int sbx_proc_open(const struct sbx_ctx *c, const char *rel, int flags)
+{
+    if (c->use_proc_dir)
+        return openat(c->proc_dir, rel, flags | O_CLOEXEC);
+    char path[64];
+    sbx_stpcpy(sbx_stpcpy(path, "/proc/"), rel);
+    return open(path, flags | O_CLOEXEC);
+}
+
+/* chmod `rel` under that procfs (a magic link: its target is changed). */
+int sbx_proc_chmod(const struct sbx_ctx *c, const char *rel, unsigned mode)
+{
+    if (c->use_proc_dir)
+        return fchmodat(c->proc_dir, rel, mode, 0);
+    char path[64];
+    sbx_stpcpy(sbx_stpcpy(path, "/proc/"), rel);
+    return chmod(path, mode);
 }

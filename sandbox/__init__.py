@@ -49,6 +49,7 @@ from .spec import (
 
 if TYPE_CHECKING:
     from .probe import probe
+    from .template import Template
     from .workerpool import WorkerPool
 else:
     # The module sandbox.probe, callable: sandbox.probe() is sandbox.probe.probe().
@@ -59,11 +60,17 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 
 
 def __getattr__(name: str) -> object:
-    """WorkerPool is imported on first use (it brings cloudpickle along)."""
+    """WorkerPool and Template are imported on first use (WorkerPool brings
+    cloudpickle along; both need the compiled core, which `import sandbox`
+    does not)."""
     if name == "WorkerPool":
         from .workerpool import WorkerPool
 
         return WorkerPool
+    if name == "Template":
+        from .template import Template
+
+        return Template
     raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
 
 
@@ -71,6 +78,6 @@ __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
     "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
     "Namespaces", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "Seccomp",
-    "SetupError", "Spec", "SpecError", "Symlink", "Tmpfs", "UnavailableError", "WorkerPool", "explain",
+    "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs", "UnavailableError", "WorkerPool", "explain",
     "from_bwrap_args", "presets", "probe", "run", "spawn",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from . import backends
@@ -17,7 +17,7 @@ from .spec import Spec
 StdioArg = int | IO[Any] | None
 
 
-class _Stdio:
+class Stdio:
     """The child's three stdio fds, and the parent's ends of any pipes."""
 
     def __init__(self, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> None:
@@ -71,7 +71,7 @@ class _Stdio:
                 f.close()
 
 
-def _check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
+def check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
     fds = sorted(set(pass_fds))
     for fd in fds:
         if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
@@ -119,14 +119,14 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     if not isinstance(spec, Spec):
         raise SpecError("spec", spec, "must be a sandbox.Spec")
     spec = with_call_options(spec, cwd, env)
-    fds = _check_pass_fds(pass_fds)
+    fds = check_pass_fds(pass_fds)
     name, reason = backends.choose(backend)
     host = HostInfo.current(backend=name)
     plan = compile_plan(spec, host)
     refused = refusal(plan, host)
     if refused is not None:
         raise refused
-    stdio = _Stdio(stdin, stdout, stderr)
+    stdio = Stdio(stdin, stdout, stderr)
     try:
         launched = backends.launch(name, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
     except BaseException:
@@ -154,6 +154,18 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
     every backend; the native one adds `idmap`, `mounts`, `pivot`, `return`,
     `done`). Raises what spawn() raises.
     """
+    def start(stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> SandboxProcess:
+        return spawn(argv, spec, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, backend=backend,
+                     cwd=cwd, env=env)
+
+    return run_with(start, input=input, capture_output=capture_output, timeout=timeout, check=check, text=text,
+                    stdin=stdin, stdout=stdout, stderr=stderr)
+
+
+def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *, input: bytes | str | None,
+             capture_output: bool, timeout: float | None, check: bool, text: bool, stdin: StdioArg,
+             stdout: StdioArg, stderr: StdioArg) -> CompletedProcess:
+    """run()'s semantics over `start(stdin, stdout, stderr)`, which spawns the sandbox."""
     if capture_output:
         if stdout is not None or stderr is not None:
             raise SpecError("capture_output", True, "cannot be combined with stdout or stderr")
@@ -163,8 +175,7 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
             raise SpecError("input", "...", "cannot be combined with stdin")
         stdin = PIPE
     data = input.encode() if isinstance(input, str) else input
-    with spawn(argv, spec, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, backend=backend,
-               cwd=cwd, env=env) as proc:
+    with start(stdin, stdout, stderr) as proc:
         try:
             out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired as exc:

@@ -73,7 +73,7 @@ class HostInfo:
             cwd = None
         return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits(),
                    is_root=os.geteuid() == 0, backend=backend,
-                   pool=PoolInfo.current() if backend == "native" else None, core_missing=core_missing())
+                   pool=PoolInfo.current() if backend in ("native", "template") else None, core_missing=core_missing())
 
 
 @functools.cache

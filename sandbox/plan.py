@@ -49,7 +49,8 @@ class OpFlag(enum.IntFlag):
     OPTIONAL = 4  # skip if the source is missing (bwrap's -try)
     FRESH = 8  # PROC: a new procfs (pid namespace), else the host's bound; FILE: a private copy bound on dest
     NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
-    FROM_FD = 64  # BIND: the source tree is cloned by the caller and handed over as an fd
+    NO_DEVPTS = 32  # DEV: without devpts (a Template's own /dev: each of its sandboxes mounts its own)
+    FROM_FD = 64  # BIND: the source tree comes as an fd (cloned by the caller, or by a Template's server)
 
 
 class Cover(enum.Enum):
@@ -185,6 +186,8 @@ class Plan:
     # there (sandbox.forward.Pin); a target elsewhere is connected by path.
     forward_writable: tuple[str, ...] = ()
     check_network: bool = False  # inspect the network namespace from the host before the command runs
+    exec_fd: bool = False  # the command is an executable given as an fd, exec'd as is (a Template's server)
+    host_tree: bool = False  # with exec_fd: keep a clone of the host's mount tree open for it (per-call binds)
 
     @property
     def net_ns(self) -> bool:
@@ -407,6 +410,8 @@ def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
         # would quietly add a user namespace instead).
         return SetupError("Creating new namespace failed: Operation not permitted (no user namespace requested)",
                           step="clone", errno=E.EPERM, backend=host.backend)
+    if host.backend == "template":
+        return template_refusal(plan)
     if host.backend != "bwrap":
         return None
     outside = [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
@@ -423,6 +428,33 @@ def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
         if op.kind is OpKind.BIND and op.flags & OpFlag.RDONLY and not op.flags & OpFlag.NODEV:
             return SpecError(f"mounts[{op.origin}]", op.dest, "bwrap cannot bind read-only with device access")
     return None
+
+
+# A Template (sandbox.template) executes a Plan in two parts: what its
+# resident process prepares once and what each sandbox it clones does;
+# sandbox.warm_plan splits it. What it cannot execute is refused here.
+
+CAP_SYS_ADMIN = S.CAPABILITIES.index("CAP_SYS_ADMIN")
+CAP_SETFCAP = S.CAPABILITIES.index("CAP_SETFCAP")
+CAP_NET_ADMIN = S.CAPABILITIES.index("CAP_NET_ADMIN")
+
+
+def template_refusal(plan: Plan) -> SandboxError | None:
+    """Why a Template cannot execute `plan` (then use sandbox.spawn), or None."""
+    why = None
+    if not plan.user_ns:
+        why = "needs a user namespace (its sandboxes are cloned by an unprivileged process)"
+    elif not plan.mount_ns:
+        why = "needs a mount namespace (each sandbox starts in a copy of the template's root)"
+    elif not plan.pid_ns:
+        why = "needs a pid namespace (without one its sandboxes would share the template's and see each other)"
+    elif plan.forward or plan.check_network:
+        why = "does not forward ports or check the network namespace"
+    elif plan.keep_caps >> CAP_SYS_ADMIN & 1:
+        why = "cannot keep CAP_SYS_ADMIN (a sandbox could unmount what covers the template's shared mounts)"
+    elif any(op.dest == "/" and op.kind is OpKind.TMPFS for op in plan.ops):
+        why = "cannot make a Tmpfs at / (the root is the template's, shared by its sandboxes)"
+    return UnavailableError(f"a Template {why}") if why else None
 
 
 def check_argv(argv: Sequence[str]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -15,6 +16,17 @@ from .backends.contract import Launched
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 STDOUT = subprocess.STDOUT
+
+
+def _readable(fds: int | list[int], timeout: float | None) -> bool:
+    """Whether `fds` (one or several: a pidfd is readable once its process
+    has exited) has a readable one within `timeout` seconds (None: wait as
+    long as it takes)."""
+    poller = select.poll()
+    for fd in [fds] if isinstance(fds, int) else fds:
+        poller.register(fd, select.POLLIN)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    return bool(poller.poll(ms))
 
 
 class CompletedProcess(subprocess.CompletedProcess):
@@ -51,6 +63,8 @@ class SandboxProcess:
         self.returncode: int | None = None
         self._exit = launched.exit
         self._on_exit = launched.on_exit
+        self._pidfd = launched.pidfd  # -1: the first process is our child (waitpid); else poll this pidfd
+        self._ended_fd = launched.ended_fd  # readable once the status is in (launched.exit is an EarlyStatus)
         self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
         self.isolation = launched.isolation
         self._lock = threading.Lock()
@@ -60,18 +74,35 @@ class SandboxProcess:
     def _finish(self, status: int) -> None:
         """Record the exit of the first process (lock held)."""
         self.returncode = self._exit.returncode(status)
+        self._ended_fd = -1  # the exit source held it, and has closed it
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
         if self._on_exit is not None:  # e.g. give a leased network namespace back
             hook, self._on_exit = self._on_exit, None
             hook()
+
+    def _reap(self) -> tuple[int, int]:
+        """(pid, status) of the first process if it has ended, else (0, 0). Not
+        our child (a pidfd): it has ended once the pidfd is readable, or its
+        status is in (every other process is gone then), and the exit source
+        has that status (a SIGKILL status stands in if none)."""
+        if self._pidfd >= 0:
+            if self._ended_fd >= 0 and _readable(self._ended_fd, 0):
+                if self._exit.arrived():  # type: ignore[attr-defined]
+                    return self.pid, signal.SIGKILL
+                self._ended_fd = -1  # gone without a word (killed): wait for the pidfd
+            return (self.pid, signal.SIGKILL) if _readable(self._pidfd, 0) else (0, 0)
+        try:
+            return os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return self.pid, 255 << 8
 
     def poll(self) -> int | None:
         """The return code if the sandbox has ended, else None."""
         with self._lock:
             if self.returncode is None:
-                try:
-                    pid, status = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:
-                    pid, status = self.pid, 255 << 8
+                pid, status = self._reap()
                 if pid:
                     self._finish(status)
             return self.returncode
@@ -82,25 +113,30 @@ class SandboxProcess:
         No lock is held while blocking, so a signal handler may call
         send_signal() or kill() meanwhile.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
-            self._wait_ready(timeout)
-            if self.poll() is None and timeout is not None:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._wait_ready(remaining):
                 raise subprocess.TimeoutExpired(self.args, timeout)
+            self.poll()  # may still be running: its status socket said only that its reaper has gone
         return self.returncode
 
-    def _wait_ready(self, timeout: float | None) -> None:
-        """Block until the first process has exited (a pidfd becomes readable)."""
+    def _wait_ready(self, timeout: float | None) -> bool:
+        """Block until the first process has exited (a pidfd becomes
+        readable) or its status is in (`ended_fd`); False after `timeout`."""
+        with self._lock:
+            own = self._pidfd >= 0
+            try:
+                fds = [os.dup(self._pidfd) if own else os.pidfd_open(self.pid)]
+                if own and self._ended_fd >= 0:
+                    fds.append(os.dup(self._ended_fd))
+            except (ProcessLookupError, OSError):
+                return True  # gone already (or not ours to wait for): poll() says
         try:
-            pidfd = os.pidfd_open(self.pid)
-        except ProcessLookupError:
-            return
-        try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(pidfd, selectors.EVENT_READ)
-                if not sel.select(timeout):
-                    raise subprocess.TimeoutExpired(self.args, timeout)
+            return _readable(fds, timeout)
         finally:
-            os.close(pidfd)
+            for fd in fds:
+                os.close(fd)
 
     # ------------------------------------------------------------ signals
 
@@ -109,7 +145,10 @@ class SandboxProcess:
         with self._lock:
             if self.returncode is None:
                 try:
-                    os.kill(self.pid, sig)
+                    if self._pidfd >= 0:
+                        signal.pidfd_send_signal(self._pidfd, sig)
+                    else:
+                        os.kill(self.pid, sig)
                 except ProcessLookupError:
                     pass
 
@@ -154,6 +193,11 @@ class SandboxProcess:
                 pass
         self.wait()
         self._close_pipes()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pidfd", -1) >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
     def __repr__(self) -> str:
         return f"<SandboxProcess pid={self.pid} backend={self.backend} returncode={self.returncode}>"

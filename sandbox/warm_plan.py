@@ -1,18 +1,33 @@
 """Planning for warm sandboxes: which of a Plan's operations a template
 process prepares once, and which each sandbox cloned or forked from it into a
 copy of that root does afresh, in place (newroot "/"). Pure, like sandbox.plan,
-whose decisions these are.
+whose decisions these are. Two executors use it: sandbox.Template
+(template_plans, plan_for_call: a resident C process clones sandboxes that
+exec a command) and sandbox.WorkerPool (zygote_plan, task_plan: an
+interpreter forks sandboxes that run a function).
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from . import spec as S
 from .errors import SpecError
-from .plan import Op, OpFlag, OpKind, Plan, compile_mount, landlock_rules
+from .plan import (
+    CAP_NET_ADMIN,
+    CAP_SETFCAP,
+    CAP_SYS_ADMIN,
+    DEFAULT_PATH,
+    Op,
+    OpFlag,
+    OpKind,
+    Plan,
+    compile_mount,
+    landlock_rules,
+    plan_rlimits,
+)
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
@@ -113,3 +128,76 @@ def with_task_binds(plan: Plan, binds: Sequence[S.Bind]) -> Plan:
     for path, writable in landlock_rules(tuple(extra)):
         rules[path] = rules.get(path, False) or writable
     return replace(plan, ops=plan.ops + tuple(extra), landlock_rules=tuple(rules.items()) if plan.landlock else ())
+
+
+# sandbox.Template: a resident sandbox-template process clones each sandbox (csrc/template.c).
+
+@dataclass(frozen=True)
+class TemplatePlans:
+    """A Plan split for a Template: `shared` is what its resident process
+    runs as (its namespaces, the root it builds, executing its server from an
+    fd); `sandbox` is what each sandbox does on a copy of that root (newroot
+    "/": the ops apply in place)."""
+
+    shared: Plan
+    sandbox: Plan
+
+
+def server_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
+    """What a Template's process builds (warm_plan.template_ops), its /dev
+    without devpts: each sandbox mounts its own, and the template then needs
+    no uid 0 mapped (devpts wants one in some kernels)."""
+    return tuple(replace(op, flags=op.flags | OpFlag.NO_DEVPTS) if op.kind is OpKind.DEV else op
+                 for op in template_ops(ops))
+
+
+def template_plans(plan: Plan) -> TemplatePlans:
+    """Split `plan` (accepted by plan.template_refusal) for a Template.
+
+    The template runs as the ids its sandboxes' id maps name outside
+    (plan.host_uid/gid), in its own user namespace; or, when the sandboxes
+    join pooled network namespaces, in the pool's user namespace (which owns
+    them: joining one needs CAP_SYS_ADMIN there). It keeps CAP_SYS_ADMIN
+    (over that user namespace alone: it clones per-call binds in its own
+    mount namespace, from the copy of the host tree it keeps) and, as uid 0,
+    CAP_SETFCAP (only a creator that had it may map uid 0 into a child user
+    namespace) and, when its sandboxes get fresh network namespaces,
+    CAP_NET_ADMIN (its standby sandboxes, still in its user namespace, bring
+    up their loopback). It has a pid namespace of its own (it is pid 1 and reaps
+    every sandbox), shares the caller's ipc, uts and cgroup namespaces (each
+    sandbox gets its own as the plan says), and nothing of the command's: no
+    seccomp filter (its sandboxes create user namespaces), no Landlock,
+    rlimits or environment. Its /dev has no devpts, so it needs no uid 0
+    mapped (each sandbox maps it during its own setup, as the plan says).
+    """
+    pooled = plan.network == "pool"
+    caps = (1 << CAP_SYS_ADMIN) | ((plan.host_uid == 0) << CAP_SETFCAP) | (plan.net_ns << CAP_NET_ADMIN)
+    shared = replace(
+        plan, ops=server_ops(plan.ops), user_ns=not pooled, recycle_lease=False, ipc_ns=False, uts_ns=False,
+        cgroup_ns=False, uid=plan.host_uid, gid=plan.host_gid, map_root_first=False, nested_userns=False,
+        disable_userns=False, hostname=None, env=(), path=DEFAULT_PATH, cwd_candidates=("/",), cwd_strict=False,
+        rlimits=(), keep_caps=caps,
+        die_with_parent=False, new_session=True,
+        reaper=False, seccomp=b"", landlock=False, landlock_best_effort=False, landlock_rules=(), probe_paths=(),
+        forward=(), check_network=False, exec_fd=True, host_tree=True,
+    )
+    # The template's death ends every sandbox (they live in its pid namespace).
+    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=sandbox_ops(plan.ops), die_with_parent=False))
+
+
+def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                  limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
+                  hard_limits: Mapping[int, int] | None = None) -> Plan:
+    """A sandbox plan with one call's overrides: the complete environment,
+    the working directory (must exist), the limits, and extra binds
+    (with_task_binds: the template's server clones their source trees from
+    its copy of the host tree)."""
+    changes: dict[str, object] = {}
+    if env is not None:
+        changes.update(env=tuple(f"{k}={v}" for k, v in env.items()), path=env.get("PATH", DEFAULT_PATH))
+    if cwd is not None:
+        changes.update(cwd_candidates=(cwd,), cwd_strict=True)
+    if limits is not None:
+        changes["rlimits"] = plan_rlimits(limits, hard_limits or {})
+    plan = replace(plan, **changes) if changes else plan  # type: ignore[arg-type]
+    return with_task_binds(plan, binds) if binds else plan

@@ -18,9 +18,10 @@ failed midway:
 
 Only this process's own descendants are ever looked at or signalled, never
 another process on the host. Long-lived helpers of the library that start
-on first use and stay for the process's life (the pool's factory) are
-recognised by a marker in their command line: add a helper's marker to
-`LONG_LIVED_MARKERS`. A process orphaned to init during the test (its parent
+on first use and stay for the process's life are
+recognised by a marker in their command line (the pool's factory, the
+template processes sandbox.spawn(backend="template") keeps): add a helper's
+marker to `LONG_LIVED_MARKERS`. A process orphaned to init during the test (its parent
 exited) is out of reach of this check; the `no_leftovers` marker fixture covers those
 tests.
 """
@@ -37,10 +38,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from sandbox.backends.template import KEPT_MARKER
 from sandbox.netpool import FACTORY_MARKER
 from sandbox.netpool import pool as netpool_pool
 
-LONG_LIVED_MARKERS = (FACTORY_MARKER,)
+LONG_LIVED_MARKERS = (FACTORY_MARKER, KEPT_MARKER)
 GRACE_S = 2.0  # a sandbox being torn down as the test ends gets this long to go
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -21,6 +21,7 @@ from .contract import Backend, ExitSource, Launched, WaitStatus
 __all__ = ["NAMES", "Backend", "ExitSource", "Launched", "WaitStatus", "availability", "choose", "get", "launch"]
 
 NAMES = ("native", "bwrap")  # the order "auto" tries them in
+EXPLICIT = ("template",)  # chosen only by name (sandbox.Template's executor)
 
 
 class _Missing:
@@ -40,8 +41,8 @@ class _Missing:
 @functools.cache
 def get(name: str) -> Backend:
     """The backend called `name` (ValueError for an unknown name)."""
-    if name not in NAMES:
-        raise ValueError(f"backend must be 'auto', {', '.join(repr(n) for n in NAMES)}, not {name!r}")
+    if name not in NAMES + EXPLICIT:
+        raise ValueError(f"backend must be 'auto', {', '.join(repr(n) for n in NAMES + EXPLICIT)}, not {name!r}")
     try:
         module = importlib.import_module(f"{__name__}.{name}")
     except ImportError as exc:

@@ -43,6 +43,16 @@ class Launched:
     (the command seen exec'd), plus the backend's own stages; `isolation` what
     the isolation checks established; `on_exit` runs once the sandbox has
     ended (gives back a leased namespace, stops a port relay).
+
+    `pidfd`, when not -1, is a pidfd of the first process, which is then not
+    the caller's child (a Template's sandbox is its server's): it is waited
+    for by polling the pidfd and signalled through it, and its status comes
+    from `exit` alone (given a SIGKILL status if it reports none). The
+    record's owner closes it. `ended_fd`, when not -1 (with a pidfd), becomes
+    readable once the command's status is in, or its writer gone: `exit` is
+    then an EarlyStatus, whose arrived() says which. A status that arrived
+    means every other process of the sandbox has gone: the wait ends there,
+    not at the first process's own exit.
     """
 
     pid: int
@@ -50,6 +60,17 @@ class Launched:
     timings: dict[str, float]
     isolation: dict[str, Any] = field(default_factory=dict)
     on_exit: Callable[[], None] | None = None
+    pidfd: int = -1
+    ended_fd: int = -1
+
+
+class EarlyStatus(ExitSource, Protocol):
+    """An exit source whose status may arrive before the first process has exited."""
+
+    def arrived(self) -> bool:
+        """Take the status once `ended_fd` is readable: True if it came,
+        False if its writer has gone without one (wait for the pidfd then)."""
+        ...
 
 
 class Backend(Protocol):

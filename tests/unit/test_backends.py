@@ -36,7 +36,7 @@ def test_nothing_available_names_every_reason(hosts: dict[str, tuple[bool, str]]
 
 
 def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="backend must be 'auto', 'native', 'bwrap', not 'docker'"):
+    with pytest.raises(ValueError, match="backend must be 'auto', 'native', 'bwrap', 'template', not 'docker'"):
         backends.choose("docker")
 
 

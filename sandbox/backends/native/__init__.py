@@ -45,17 +45,19 @@ def cstrings(items: Sequence[str | bytes]) -> tuple[object, list[object]]:
     return ffi.new("char *[]", [*keep, ffi.NULL]), keep
 
 
-def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
+def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...], *,
+           exec_fd: int | None = None) -> Launched:
     """Start `argv` under `plan` with the native core: in a leased network
     namespace when the plan says so (inspected first when it asks for a
     check), with its forwarded ports relayed, and everything given back when
-    it ends."""
+    it ends. `exec_fd`: the executable to run when `plan.exec_fd` (argv[0]
+    is then only its name)."""
     cleanups: list[Callable[[], None]] = []
     lease = _lease(plan, cleanups)
     try:
         found = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
         join = None if lease is None else (-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd)
-        started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups)
+        started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups, exec_fd)
     except BaseException:
         _run_all(cleanups)
         raise
@@ -79,10 +81,11 @@ def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | No
 
 
 def _spawn_forwarding(plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
-                      join: tuple[int, int] | None, cleanups: list[Callable[[], None]]) -> Started:
+                      join: tuple[int, int] | None, cleanups: list[Callable[[], None]],
+                      exec_fd: int | None = None) -> Started:
     """spawn_blob, plus the relay of `plan.forward` when there is one."""
     if not plan.forward:
-        return spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join)
+        return spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, exec_fd=exec_fd)
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with mine, theirs:
         started = spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, listen_to=theirs.fileno())
@@ -144,17 +147,18 @@ def spawn_blob(
     pass_fds: Sequence[int],
     join_ns: tuple[int, int] | None = None,
     listen_to: int = -1,
+    exec_fd: int | None = None,
 ) -> Started:
     """Start the command; raise SetupError/ExecError if the sandbox failed.
 
     `join_ns` = (userns fd or -1, netns fd): a leased network namespace to
     run in instead of a new one. `listen_to`: the Unix socket that receives
-    the listening sockets of `plan.forward`."""
+    the listening sockets of `plan.forward`. `exec_fd`: what SBX_OPT_EXEC_FD execs."""
     c_argv, keep_a = cstrings(argv)
     c_env, keep_e = cstrings(plan.env)
     c_pass = ffi.new("int[]", list(pass_fds) or [0])
     res = ffi.new("struct sbx_result *")
-    init = init_fd() if plan.reaper else -1
+    init = exec_fd if exec_fd is not None else init_fd() if plan.reaper else -1
     join = [-1, -1] if join_ns is None else list(join_ns)
     rc = lib.sbx_spawn(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds), init,
                        join, listen_to, res)

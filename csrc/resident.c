@@ -1,0 +1,175 @@
+/* resident.c: a Template's sandbox stays resident as its own pid 1.
+ *
+ * The native spawn's child shares its caller's memory, so it must exec
+ * sandbox-init to have a pid 1 that forks the command and reaps. A
+ * Template's sandbox is a fork-style clone of the small sandbox-template
+ * server: it already is a process of its own, so, set up, it stays on as
+ * that pid 1 and saves an exec, a process start and a round trip:
+ * - it clones the command sharing its memory (CLONE_VM|CLONE_VFORK) and
+ *   resumes once the command has exec'd, or failed to: the command child
+ *   installs the seccomp filter (on itself alone; this reaper runs only the
+ *   code below) and execs; a failure is left in this process's memory;
+ * - before that it closes every fd but the command's (stdio, pass_fds) and
+ *   the report socket, and makes itself non-dumpable: its memory is a copy
+ *   of the server's, so neither ptrace nor /proc/1/mem, fd or environ may
+ *   be open to the command (it holds no capability over the user namespace
+ *   this memory belongs to, the server's);
+ * - it sends the started message (csrc/sandbox.h) with a pidfd of itself,
+ *   clears the request its memory still holds, and then behaves as
+ *   sandbox-init (csrc/init.c): every signal stays blocked and is taken with
+ *   sigtimedwait; one from outside the sandbox (si_pid 0: an ancestor pid
+ *   namespace) is forwarded to the command, one from inside already reached
+ *   its targets; orphans are reaped; when the command ends, whatever is left
+ *   in the namespace is killed and reaped, then its raw wait status goes on
+ *   the report socket and pid 1 exits: the caller's wait may end with the
+ *   status, without waiting for the kernel to tear the namespaces down.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+
+/* What the command child left here (the memory is shared until its exec). */
+static struct {
+    struct sbx_ctx *c;
+    int step, err;
+} command;
+
+static int command_main(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    sigset_t none;
+    if (c->h->seccomp_len) {
+        struct sock_fprog prog = {
+            .len = (unsigned short)(c->h->seccomp_len / 8),
+            .filter = (struct sock_filter *)(c->blob + c->h->seccomp_off),
+        };
+        if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) {
+            command.step = SBX_STEP_SECCOMP;
+            command.err = errno;
+            _exit(126);
+        }
+    }
+    /* The command's mask: none blocked (a Template keeps no caller's mask). */
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, c->h->path), c->sh_argv);
+    command.step = SBX_STEP_EXEC;
+    command.err = errno;
+    _exit(errno == ENOENT ? 127 : 126);
+}
+
+#define MAX_KEEP 256 /* the report socket and at most SCM_MAX_FD passed fds */
+
+/* Close every fd but 0-2, the pass_fds (at their numbers by now), keep and c->keep_fd. */
+static void close_all_but(const struct sbx_ctx *c, int keep)
+{
+    int fds[MAX_KEEP];
+    int n = 0;
+    fds[n++] = keep;
+    if (c->keep_fd >= 0)
+        fds[n++] = c->keep_fd;
+    for (int k = 0; k < c->n_pass && n < MAX_KEEP; k++)
+        if (c->pass_fds[k] > 2)
+            fds[n++] = c->pass_fds[k];
+    for (int i = 1; i < n; i++) /* insertion sort: a few fds */
+        for (int j = i; j > 0 && fds[j - 1] > fds[j]; j--) {
+            int t = fds[j];
+            fds[j] = fds[j - 1];
+            fds[j - 1] = t;
+        }
+    unsigned lo = 3;
+    for (int k = 0; k < n; k++) {
+        if ((unsigned)fds[k] > lo)
+            syscall(SYS_close_range, lo, (unsigned)fds[k] - 1, 0);
+        if ((unsigned)fds[k] + 1 > lo)
+            lo = (unsigned)fds[k] + 1;
+    }
+    syscall(SYS_close_range, lo, ~0U, 0);
+}
+
+/* Close every fd but a and b (-1: none). */
+static void close_except(int a, int b)
+{
+    int lo = a < b ? a : b, hi = a < b ? b : a;
+    unsigned next = 0;
+    int keep[2] = {lo, hi};
+    for (int k = 0; k < 2; k++) {
+        if (keep[k] < 0)
+            continue;
+        if ((unsigned)keep[k] > next)
+            syscall(SYS_close_range, next, (unsigned)keep[k] - 1, 0);
+        next = (unsigned)keep[k] + 1;
+    }
+    syscall(SYS_close_range, next, ~0U, 0);
+}
+
+static _Noreturn void reap(pid_t pid, int report)
+{
+    sigset_t all;
+    sigfillset(&all);
+    for (;;) {
+        siginfo_t info;
+        int sig = sigtimedwait(&all, &info, NULL);
+        if (sig < 0)
+            continue;
+        if (sig != SIGCHLD) {
+            if (info.si_pid == 0)
+                kill(pid, sig);
+            continue;
+        }
+        int status, other;
+        pid_t done;
+        while ((done = waitpid(-1, &status, WNOHANG)) > 0) {
+            if (done != pid)
+                continue;
+            /* The sandbox ends with its command: what is left goes now, so
+             * that the status, once written, says the sandbox is gone but
+             * for this process, which exits at once. */
+            kill(-1, SIGKILL);
+            while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+                ;
+            sbx_write_all(report, &status, sizeof status);
+            _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
+        }
+    }
+}
+
+_Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
+{
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+    close_all_but(c, c->err_fd);
+    command.c = c;
+    sbx_stamp(c, SBX_T_READY);
+    c->reached_exec = 1;
+    pid_t pid = sbx_clone_vm(command_main, c, 0, SBX_CHILD_STACK);
+    sbx_stamp(c, SBX_T_RETURN); /* the command has exec'd (or failed to) */
+    if (pid < 0)
+        sbx_fail(c, SBX_STEP_FORK, -1, errno, SBX_D_NONE);
+    if (command.step) {
+        int status;
+        waitpid(pid, &status, 0);
+        sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
+    }
+    /* Only the report socket stays: the command's stdio and passed fds must
+     * reach EOF when the command (not this reaper) closes them. */
+    close_except(c->err_fd, c->keep_fd);
+    if (c->on_running) /* before the caller hears of us (it may kill us at once) */
+        c->on_running(c);
+    if (sbx_send_started(c) < 0) {
+        kill(pid, SIGKILL);
+        _exit(125);
+    }
+    if (c->scrub)
+        memset(c->scrub, 0, c->scrub_len);
+    reap(pid, c->err_fd);
+}

@@ -1,0 +1,185 @@
+/* standby.c: a Template's standby sandboxes, ready before any request.
+ *
+ * The server keeps N_STANDBY of them. Each is cloned with the default
+ * sandbox plan's namespaces but no user namespace: still holding the
+ * server's capabilities over them, it mounts its fresh proc, tmpfs, shm and
+ * devpts, brings up its loopback and sets its hostname (child.c,
+ * sbx_standby_steps), tells the server it is ready, and blocks on the
+ * request socket the server does not read itself. The kernel hands each
+ * request to one waiting standby, which tells the server it was taken (the
+ * server clones a replacement), joins a leased network namespace if one
+ * came with the request, and only then makes its user namespace, a child of
+ * the server's, where the rest of the plan runs: the mounts, the clone and
+ * the namespace creation are off the request's path. Requests with
+ * per-call binds go to the server instead (it clones their sources from
+ * the host tree in its own mount namespace, which the standby has left).
+ *
+ * That the namespaces are owned by the server's user namespace, not the
+ * sandbox's own, only takes from the command: it holds no capability over
+ * any of them. The caller sends a Template's requests here only when its
+ * command keeps no capability (a kept one, CAP_NET_BIND_SERVICE say, would
+ * be checked against the namespace's owner).
+ */
+#include "template.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+struct clone3_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
+};
+
+static int my_slot;
+static struct sbx_result my_res;
+static int my_fds[MAX_FDS];
+
+static void note(int kind, int fd)
+{
+    struct standby_note n = {kind, my_slot};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = &n, .iov_len = sizeof n};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&u, 0, sizeof u);
+        m.msg_control = u.buf;
+        m.msg_controllen = sizeof u.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    }
+    while (sendmsg(notify_wr, &m, MSG_NOSIGNAL) < 0 && errno == EINTR)
+        ;
+}
+
+/* The request must be one of this Template's: its blob differs from the
+ * stored one only in what the remaining steps read (environment, cwd,
+ * limits), never in what this standby has already built. */
+static int compatible(const struct sbx_header *mine, const struct sbx_header *theirs)
+{
+    return theirs->ns == mine->ns && theirs->n_ops == mine->n_ops && theirs->uid == mine->uid &&
+           theirs->gid == mine->gid && theirs->host_uid == mine->host_uid && theirs->host_gid == mine->host_gid &&
+           (theirs->opts & SBX_OPT_REAPER) == (mine->opts & SBX_OPT_REAPER);
+}
+
+static void refuse(struct request *q, int err)
+{
+    if (q->report >= 0)
+        sbx_report_fd(q->report, SBX_STEP_CONFIG, -1, err, SBX_D_NONE);
+    _exit(125);
+}
+
+/* The command runs (the resident reaper says so): time for a replacement. */
+static void running(struct sbx_ctx *c)
+{
+    note(NOTE_RUNNING, -1);
+    close(c->keep_fd);
+    c->keep_fd = -1;
+}
+
+/* Wait for a request and take it (sbx_standby_steps' `await`). */
+static void await_request(struct sbx_ctx *c)
+{
+    int nfds;
+    note(NOTE_READY, -1);
+    ssize_t n = receive_request(fast_fd, my_fds, &nfds);
+    if (n == 0)
+        _exit(0); /* the caller has gone */
+    close(fast_fd);
+    struct request q = {.fds = my_fds, .nfds = nfds, .report = nfds > 0 ? my_fds[0] : -1, .status = -1};
+    if (n < 0 || parse_request(&q, (size_t)n) < 0)
+        refuse(&q, n == -2 ? EMSGSIZE : EINVAL);
+    const struct sbx_header *h = (const void *)q.blob;
+    if (!compatible(c->h, h))
+        refuse(&q, EINVAL);
+    if (!c->resident) { /* as_pid_1: the server writes its status, and replaces it now */
+        note(NOTE_TAKEN, q.status);
+        if (q.status >= 0)
+            close(q.status);
+    }
+    if (c->resident) {
+        c->keep_fd = notify_wr; /* close-on-exec: the command never has it */
+        c->on_running = running;
+    } else {
+        close(notify_wr);
+    }
+    /* From here on the request's blob: the same world, its own command side. */
+    c->blob = q.blob;
+    c->h = h;
+    c->ops = (const void *)(q.blob + h->ops_off);
+    c->argv = q.argv;
+    c->envp = q.envp;
+    for (int i = 0; i < 3; i++)
+        c->stdio[i] = q.stdio[i];
+    c->pass_fds = q.pass;
+    c->n_pass = (int)q.r->n_pass;
+    c->fd_targets = q.targets;
+    c->err_fd = q.report;
+    c->sh_argv = malloc((q.r->argc + 2) * sizeof *c->sh_argv);
+    c->scrub = msg;
+    c->scrub_len = (size_t)n;
+    if (!c->sh_argv)
+        sbx_fail(c, SBX_STEP_CONFIG, -1, ENOMEM, SBX_D_NONE);
+    memset(c->res->t_ns, 0, sizeof c->res->t_ns);
+    sbx_stamp(c, SBX_T_START);
+    sbx_stamp(c, SBX_T_CHILD);
+    if (q.netns >= 0) {
+        if (setns(q.netns, CLONE_NEWNET) < 0)
+            sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
+        close(q.netns);
+        sbx_cover_proc_netns(c); /* its proc's sys/net is the new namespace's now */
+    }
+}
+
+static _Noreturn void standby_main(struct sbx_ctx *c)
+{
+    close(sock_fd);
+    close(notify_rd);
+    close(sig_fd);
+    close(own_netns);
+    close(host_tree);
+    sbx_standby_steps(c, await_request);
+}
+
+pid_t make_standby(int slot)
+{
+    const struct sbx_header *h = (const void *)stored_blob;
+    int *src_fds = malloc((h->n_ops + 1) * sizeof *src_fds);
+    if (!src_fds)
+        return -1;
+    my_slot = slot;
+    memset(&my_res, 0, sizeof my_res);
+    int nulls[MAX_NULL_TREES], n_nulls = make_null_trees(stored_blob, nulls);
+    /* Failures before a request go to the server, as a 16-byte report. */
+    struct sbx_ctx c = {
+        .blob = stored_blob, .h = h, .ops = (const void *)(stored_blob + h->ops_off), .stdio = {-1, -1, -1},
+        .init_fd = -1, .err_fd = notify_wr, .status_fd = -1, .src_fds = src_fds, .root_fd = -1, .proc_fd = -1,
+        .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1, .res = &my_res, .host_tree_fd = -1, .spawner_fd = -1,
+        .use_proc_dir = 1, .proc_dir = proc_dir, .send_stamps = 1, .keep_fd = -1, .userns_fd = -1,
+        .null_trees = nulls, .n_null_trees = n_nulls,
+        .resident = (h->opts & SBX_OPT_REAPER) ? sbx_resident_reaper : NULL,
+    };
+    struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};
+    pid_t pid = -1;
+    if (sbx_prepare_userns(&c) == 0) {
+        pid = (pid_t)syscall(SYS_clone3, &args, sizeof args);
+        if (pid == 0)
+            standby_main(&c);
+    }
+    int err = errno;
+    if (c.userns_fd >= 0)
+        close(c.userns_fd); /* the standby has its own copies of these */
+    close_all(nulls, n_nulls);
+    free(src_fds);
+    errno = err;
+    return pid;
+}

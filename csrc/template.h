@@ -1,0 +1,59 @@
+/* template.h: what the files of sandbox-template share (template.c: the
+ * server and requests it serves itself; standby.c: standby sandboxes). */
+#ifndef SANDBOX_TEMPLATE_H
+#define SANDBOX_TEMPLATE_H
+
+#include "internal.h"
+
+#define MAX_MSG (256 * 1024)
+#define MAX_FDS 253 /* SCM_MAX_FD */
+
+/* The server's own fds; a sandbox closes them first thing. */
+extern int sock_fd;   /* requests the server serves (per-call binds, stores) */
+extern int fast_fd;   /* requests standby sandboxes take */
+extern int notify_rd; /* standby -> server messages (the server's end) */
+extern int notify_wr; /* ... (the standbys' end) */
+extern int proc_dir, host_tree, sig_fd, own_netns;
+
+extern char msg[MAX_MSG]; /* the request being parsed (each process's own copy) */
+extern char *stored_blob; /* SBX_REQ_STORE_BLOB */
+
+/* One request, parsed: pointers into msg (or the stored blob) and the received fds. */
+struct request {
+    const struct sbx_request *r;
+    const char *blob;
+    const uint32_t *targets;
+    char **argv, **envp;
+    int *fds;
+    int nfds, report, status, netns, stdio[3];
+    int *pass;
+};
+
+/* Receive one request and its fds from `fd` into msg; its length, 0 when
+ * the caller has gone, -2 when it did not fit (fds are received still). */
+ssize_t receive_request(int fd, int *fds, int *nfds);
+int parse_request(struct request *q, size_t len);
+
+/* As many detached clones of the host's /dev/null (from the host tree) as
+ * the blob's procs have masks, into out[] (at most MAX_NULL_TREES): a
+ * sandbox's proc masks attach them, its root need not have a /dev/null.
+ * How many (0 if the host has none: the sandbox then clones its own). */
+#define MAX_NULL_TREES 64
+int make_null_trees(const char *blob, int *out);
+void close_all(int *fds, int n);
+
+/* standby.c */
+#define N_STANDBY 2
+/* A message on the notify socket: a 16-byte struct sbx_report instead says
+ * why a standby failed before any request. */
+struct standby_note {
+    int32_t kind; /* NOTE_READY, NOTE_TAKEN (with SCM_RIGHTS: an as_pid_1 sandbox's status fd), NOTE_RUNNING */
+    int32_t slot;
+};
+#define NOTE_READY 1
+#define NOTE_TAKEN 2
+#define NOTE_RUNNING 3
+/* Clone a standby sandbox of the stored blob into `slot`: its pid, or -1. */
+pid_t make_standby(int slot);
+
+#endif

@@ -1,0 +1,135 @@
+"""The Template backend: a third executor of the same Plan.
+
+A Plan is split (sandbox.warm_plan.template_plans) into what a resident process,
+sandbox-template (csrc/template.c), prepares once and what each sandbox it
+clones does on a copy of that root. This module starts such servers and asks
+them for sandboxes: per call it clones the extra binds' source trees, leases
+a network namespace when the plan runs in the pool, and hands both over with
+the stdio and passed fds. sandbox.Template holds one server; `BACKEND`, for
+sandbox.spawn(..., backend="template"), keeps one per plan it has seen.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from ... import isolation, netpool
+from ...errors import SandboxError
+from ...plan import Plan
+from ...warm_plan import TemplatePlans, template_plans
+from .. import Launched
+from ..native import ReaperStatus
+from ..native import available as native_available
+from .server import TEMPLATE_PATH, Server, Started, launched
+
+__all__ = ["BACKEND", "KEPT_MARKER", "Server", "available", "launch_in"]
+
+
+def available() -> tuple[bool, str]:
+    """The native core works here and sandbox-template is installed."""
+    ok, reason = native_available()
+    if not ok:
+        return ok, reason
+    if not TEMPLATE_PATH.exists():
+        return False, f"sandbox-template missing at {TEMPLATE_PATH}; reinstall the package"
+    return True, "native namespaces work and sandbox-template is installed"
+
+
+def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
+              pass_fds: tuple[int, ...]) -> Launched:
+    """Start `argv` in a sandbox cloned by `server`, under its sandbox plan
+    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call)."""
+    lease = None
+    try:
+        if plan.network == "pool":
+            pool = server.pool
+            if pool is None or pool.closed:
+                raise SandboxError("the network namespace pool this Template leases from was closed "
+                                   "(netpool.disable()): make a new Template")
+            lease = pool.lease()
+        started: Started = server.spawn(plan, argv, stdio, pass_fds, lease.netns_fd if lease is not None else -1)
+    except BaseException:
+        if lease is not None:
+            lease.release(recycle=plan.recycle_lease, wait=False)
+        raise
+    findings = isolation.findings(plan, None)
+    if plan.landlock:
+        findings["landlock_abi"] = started.landlock_abi
+    on_exit: Callable[[], None] | None = None
+    if lease is not None:
+        held = lease
+        on_exit = lambda: held.release(recycle=plan.recycle_lease, wait=False)  # noqa: E731
+    exit_source = SandboxStatus(started.status_fd) if plan.reaper else ReaperStatus(started.status_fd)
+    return launched(started, exit_source, findings, on_exit)
+
+
+class SandboxStatus(ReaperStatus):
+    """The command's wait status, as a Template's resident reaper writes it
+    on the report socket once every other process of the sandbox has gone
+    (csrc/resident.c): the wait may end when it arrives (an EarlyStatus)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd)
+        self.status: int | None = None
+
+    def arrived(self) -> bool:
+        """Take the status (the socket is readable): True if it came, False at EOF."""
+        try:
+            data = os.read(self.fd, 4) if self.fd >= 0 else b""
+        except OSError:
+            data = b""
+        if len(data) == 4:
+            self.status = int.from_bytes(data, "little", signed=True)
+        return self.status is not None
+
+    def returncode(self, raw_status: int) -> int:
+        """The status that arrived, else what the socket says (else `raw_status`)."""
+        if self.status is None:
+            return super().returncode(raw_status)
+        self.close()
+        return os.waitstatus_to_exitcode(self.status)
+
+
+# The argv[0] of the servers sandbox.spawn(..., backend="template") keeps for the process's life.
+KEPT_MARKER = "sandbox-template-kept"
+
+
+class _TemplateBackend:
+    """sandbox.spawn(..., backend="template"): one server per plan, kept for the process's life."""
+
+    name = "template"
+    available = staticmethod(available)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._servers: dict[TemplatePlans, Server] = {}
+
+    def server_for(self, plans: TemplatePlans) -> Server:
+        """The server of `plans`: its root (the shared plan) and, as its default, the sandbox plan."""
+        with self._lock:
+            server = self._servers.get(plans)
+            if server is not None and server.pool is not None and server.pool is not netpool.pool_for("pool"):
+                server.close()  # made with a pool that has been replaced since: it cannot join the new one's
+                server = None
+            if server is None or not server.alive():
+                server = self._servers[plans] = Server(plans.shared, plans.sandbox, name=KEPT_MARKER)
+            return server
+
+    def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
+               pass_fds: tuple[int, ...]) -> Launched:
+        plans = template_plans(plan)
+        server = self.server_for(plans)
+        return launch_in(server, server.default, argv, stdio, pass_fds)
+
+    def close(self) -> None:
+        """Stop every server (and so every sandbox they made)."""
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()
+
+
+BACKEND = _TemplateBackend()
+

@@ -1,0 +1,291 @@
+"""One sandbox-template process: started by the native core in the root it
+prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket."""
+
+from __future__ import annotations
+
+import array
+import errno as E
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ... import netpool
+from ...errors import SandboxError, SetupError
+from ...plan import OpFlag, Plan
+from .. import Launched
+from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
+from ..native import launch as native_launch
+from .wire import FAILURE, REQUEST, STAMPS, parse_report, request, sandbox_blob
+
+TEMPLATE_PATH = BIN_DIR / "sandbox-template"
+CREDENTIALS = struct.Struct("<3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass
+class Started:
+    """A sandbox the server cloned and that has exec'd its command."""
+
+    pidfd: int
+    pid: int  # in the caller's pid namespace
+    status_fd: int
+    timings: dict[str, float]
+    landlock_abi: int
+
+
+class Server:
+    """A running sandbox-template for one shared plan.
+
+    It is the caller's child, pid 1 of its own pid namespace; closing its
+    sockets (close(), or the caller's death) makes it exit, and every sandbox
+    it made dies with it. `default` is the sandbox plan without per-call
+    overrides: its blob is stored in the server once. When its command keeps
+    no capability, the server keeps standby sandboxes of it, set up ahead of
+    any request (csrc/standby.c): requests without per-call binds go to
+    them, on a socket of their own; the rest, to the server. Requests from
+    several threads go out one at a time; each sandbox answers on a socket
+    of its own.
+    """
+
+    def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template") -> None:
+        if not TEMPLATE_PATH.exists():
+            raise SandboxError(f"sandbox-template is missing at {TEMPLATE_PATH}; reinstall the package")
+        self.plan = shared
+        self.default = default
+        # A pooled template lives in the user namespace of the pool it was made with, and can join only
+        # that pool's namespaces: it leases from that pool alone.
+        self.pool = netpool.pool_for("pool") if default.network == "pool" else None
+        self.standby_reason = ""  # why it has no standby sandboxes, if it has none
+        self._lock = threading.Lock()
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._fast, theirs_fast = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        opened: list[int] = []
+        try:
+            proc = _open(opened, "/proc", os.O_PATH | os.O_DIRECTORY)
+            exe = _open(opened, str(TEMPLATE_PATH), os.O_PATH)
+            null = _open(opened, os.devnull, os.O_RDWR)
+            # the core appends the number of the host tree it keeps (SBX_OPT_HOST_TREE)
+            argv = [name, str(theirs.fileno()), str(theirs_fast.fileno()), str(proc)]
+            self._launched = native_launch(shared, argv, (null, null, -1),
+                                           tuple(sorted({theirs.fileno(), theirs_fast.fileno(), proc})),
+                                           exec_fd=exe)
+        except BaseException:
+            self._sock.close()
+            self._fast.close()
+            raise
+        finally:
+            theirs.close()
+            theirs_fast.close()
+            for fd in opened:
+                os.close(fd)
+        self.pid = self._launched.pid
+        self.closed = False
+        if self._launched.on_exit is not None:
+            # A pooled template joined a leased namespace only to enter the pool's user namespace: it uses
+            # no network itself, so the pool may count that namespace gone now (not recycled: we stay in it)
+            # rather than for as long as the template lives.
+            self._launched.on_exit()
+        try:
+            self.standby = self._store(default, standby=default.keep_caps == 0)
+        except BaseException:
+            self.close()
+            raise
+
+    def _store(self, plan: Plan, standby: bool) -> bool:
+        """Store `plan`'s blob in the server and, if `standby`, have it keep
+        standby sandboxes of it; whether it does."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with mine:
+            flags = lib.SBX_REQ_STORE_BLOB | (lib.SBX_REQ_STANDBY if standby else 0)
+            blob = sandbox_blob(plan)
+            msg = REQUEST.pack(lib.SBX_REQ_MAGIC, len(blob), 0, 0, 0, flags, 0, 0) + blob
+            try:
+                self._send(self._sock, msg, [theirs.fileno()])
+            finally:
+                theirs.close()
+            data = mine.recv(FAILURE.size)
+        if len(data) != FAILURE.size:
+            raise SandboxError("the template process has gone")
+        step, op, err, detail = FAILURE.unpack(data)
+        if step == lib.SBX_STEP_CONFIG:
+            raise _failure(plan, ["sandbox-template"], step, op, err, detail)
+        if step != lib.SBX_STEP_NONE:  # a standby could not set up here: the server clones per request
+            self.standby_reason = str(_failure(plan, ["(standby)"], step, op, err, detail))
+            return False
+        if not standby:
+            self.standby_reason = "its command keeps capabilities (checked against its namespaces' owner)"
+        return standby
+
+    def spawn(self, plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
+              netns_fd: int = -1) -> Started:
+        """Clone one sandbox for `plan` (a sandbox plan of this template's);
+        return once its command has been exec'd. Raises what spawn raises."""
+        if plan is self.default:
+            blob, fast = b"", self.standby
+        else:  # per-call binds are cloned by the server, in its mount namespace
+            blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
+        child_stdio, mask = _stdio(stdio)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
+        statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
+        fds = [theirs.fileno(), *([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
+               *child_stdio, *pass_fds]
+        msg = request(blob, argv, plan.env, pass_fds, join_netns=netns_fd >= 0, stdio_mask=mask)
+        start = time.monotonic_ns()
+        try:
+            self._send(self._fast if fast else self._sock, msg, fds)
+        except BaseException:
+            mine.close()
+            _close(statr)
+            raise
+        finally:
+            theirs.close()
+            _close(statw)
+        try:
+            landlock_abi, stamps, pid, pidfd = self._started(mine, plan, argv)
+        except BaseException:
+            mine.close()
+            _close(statr)
+            raise
+        # the server's "start" stamp is when it cloned the sandbox: "clone" here
+        timings = {STAMP_NAMES[i] if i else "clone": (t - start) / 1000.0 for i, t in enumerate(stamps) if t}
+        timings["start"] = 0.0
+        timings["exec"] = (time.monotonic_ns() - start) / 1000.0
+        status_fd = mine.detach() if plan.reaper else statr
+        if not plan.reaper:
+            mine.close()
+        return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi)
+
+    def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> None:
+        with self._lock:
+            if self.closed:
+                raise SandboxError("the Template is closed")
+            try:
+                sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+            except OSError as exc:
+                if exc.errno == E.EMSGSIZE:
+                    raise SandboxError("the request is too large for the template (argv, env or fds)") from None
+                raise SandboxError(f"the template process has gone ({exc.strerror})") from None
+
+    def _started(self, sock: socket.socket, plan: Plan, argv: Sequence[str]) -> tuple[int, tuple[int, ...], int, int]:
+        """Wait for the sandbox's word on `sock`: (Landlock ABI, stamps, pid,
+        pidfd) once its command runs; raise why it did not."""
+        data, anc, _, _ = sock.recvmsg(STAMPS.size, ANCILLARY)
+        pidfd, pid = _ancillary(anc)
+        try:
+            if not data:
+                if not self.alive():
+                    raise SandboxError("the template process has gone")
+                raise SetupError("The sandbox's setup child died before its exec", step="crashed",
+                                 errno=0, backend="template")
+            started, failure = parse_report(data)
+            if failure is not None:
+                raise _failure(plan, argv, *failure)
+            assert started is not None and pidfd >= 0
+            while not plan.reaper:  # it sent its word before its own exec: EOF says that exec worked
+                more = sock.recv(STAMPS.size)
+                if not more:
+                    break
+                _, failure = parse_report(more)
+                raise _failure(plan, argv, *(failure or (lib.SBX_STEP_CONFIG, -1, 0, 0)))
+        except BaseException:
+            _close(pidfd)
+            raise
+        return started[0], started[1], pid, pidfd
+
+    def alive(self) -> bool:
+        """Whether the server process is still running."""
+        try:
+            pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return pid == 0
+
+    def close(self) -> None:
+        """Stop the server (its sandboxes die with it) and reap it."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._sock.close()
+            self._fast.close()
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+ANCILLARY = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(CREDENTIALS.size)
+
+
+def _ancillary(anc: list[tuple[int, int, bytes]]) -> tuple[int, int]:
+    """(pidfd or -1, sender's pid or -1) from a report's ancillary data."""
+    pidfd = pid = -1
+    for level, kind, payload in anc:
+        if level != socket.SOL_SOCKET:
+            continue
+        if kind == socket.SCM_RIGHTS:
+            fds = array.array("i", payload[: len(payload) - len(payload) % 4])
+            pidfd = fds[0] if len(fds) else -1
+            for extra in fds[1:]:
+                os.close(extra)
+        elif kind == socket.SCM_CREDENTIALS and len(payload) >= CREDENTIALS.size:
+            pid = CREDENTIALS.unpack_from(payload)[0]
+    return pidfd, pid
+
+
+def _per_call_binds(plan: Plan) -> bool:
+    return any(int(op.flags) & FROM_FD for op in plan.ops)
+
+
+FROM_FD = int(OpFlag.FROM_FD)
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        os.close(fd)
+
+
+def launched(started: Started, exit_source: object, isolation: dict, on_exit: object) -> Launched:
+    """The Launched record of a started sandbox (its status fd tells when it
+    has ended, if its exit source can say so early)."""
+    ended = started.status_fd if hasattr(exit_source, "arrived") else -1
+    return Launched(pid=started.pid, exit=exit_source, timings=started.timings,  # type: ignore[arg-type]
+                    isolation=isolation, on_exit=on_exit, pidfd=started.pidfd, ended_fd=ended)  # type: ignore[arg-type]
+
+
+def _open(opened: list[int], path: str, flags: int) -> int:
+    fd = os.open(path, flags | os.O_CLOEXEC)
+    opened.append(fd)
+    return fd
+
+
+def _stdio(stdio: tuple[int, int, int]) -> tuple[list[int], int]:
+    """The fds to send for the sandbox's stdio (-1: the caller's own fd i,
+    if open) and the mask of those present."""
+    out, mask = [], 0
+    for i, fd in enumerate(stdio):
+        if fd < 0:
+            try:
+                os.fstat(i)
+            except OSError:
+                continue
+            fd = i
+        out.append(fd)
+        mask |= 1 << i
+    return out, mask
+
+
+def _failure(plan: Plan, argv: Sequence[str], step: int, op: int, err: int, detail: int) -> SandboxError:
+    res = ffi.new("struct sbx_result *")
+    res.step, res.op, res.err, res.detail = step, op, err, detail
+    exc = setup_error(res, sandbox_blob(plan), list(argv))
+    if isinstance(exc, SetupError):
+        exc.backend = "template"
+    return exc
+
+
+__all__ = ["Server", "Started", "TEMPLATE_PATH", "launched"]

@@ -1,0 +1,166 @@
+"""sandbox.Template: many sandboxes of one Spec, each started at the cost of a clone.
+
+    with sandbox.Template(spec) as t:
+        for task in tasks:
+            t.run(["python3", "-c", task], capture_output=True, binds=[sandbox.Bind(workdir, "/work")])
+
+Everything the sandboxes of one Spec share is prepared once, in a small
+resident process (sandbox-template) that lives in the prepared root: the mount
+tree with its binds, /dev, the plan and the seccomp program. Each spawn()
+clones a fresh sandbox from it: its own mount namespace (a copy of that tree),
+pid, ipc, uts and user namespaces, a network namespace as the Spec says
+(fresh, leased from the pool, or the host's), and a fresh tmpfs for every
+Tmpfs, a fresh /dev/shm, devpts and /proc. Nothing one sandbox writes is
+visible to another: the template's root, /dev and directories made on them
+are read-only (declare a Tmpfs for scratch space; a writable File is a
+private copy in each sandbox).
+
+Results, errors, timings and guarantees are sandbox.spawn's, with backend
+"template". The Spec is compiled once, when the Template is made: the
+caller's cwd and environment (for env_inherit) are read then. Per call:
+argv, stdio, pass_fds, and `env` (the complete environment), `cwd` (must
+exist inside), `limits`, and `binds` (extra Bind/RoBind/DevBind, whose
+destination must exist in the template's root or lie under a Tmpfs).
+
+Closing the Template (or the caller's death) ends its process and every
+sandbox it made.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from . import backends
+from .api import Stdio, StdioArg, check_pass_fds, run_with
+from .backends.template import Server, launch_in
+from .errors import SpecError
+from .host import HostInfo
+from .plan import check_argv, compile_plan, refusal
+from .process import CompletedProcess, SandboxProcess
+from .spec import Bind, Limits, Spec
+from .warm_plan import plan_for_call, template_plans
+
+__all__ = ["Template"]
+
+
+class Template:
+    """A prepared root and resident process from which sandboxes of `spec` are cloned.
+
+    Raises UnavailableError when the host cannot run it or the Spec asks for
+    what a Template cannot do (no user, mount or pid namespace, port
+    forwarding, the network check, CAP_SYS_ADMIN kept, a Tmpfs at /), and
+    SetupError when building the root fails (a missing bind source...).
+    """
+
+    def __init__(self, spec: Spec) -> None:
+        if not isinstance(spec, Spec):
+            raise SpecError("spec", spec, "must be a sandbox.Spec")
+        backends.choose("template")
+        host = HostInfo.current(backend="template")
+        plan = compile_plan(spec, host)
+        refused = refusal(plan, host)
+        if refused is not None:
+            raise refused
+        self.spec = spec
+        self._hard_limits = host.hard_limits
+        self._plans = template_plans(plan)
+        self._server = Server(self._plans.shared, self._plans.sandbox)
+
+    @property
+    def pid(self) -> int:
+        """The template process's pid (the caller's child)."""
+        return self._server.pid
+
+    def spawn(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
+              stderr: StdioArg = None, pass_fds: Iterable[int] = (), env: Mapping[str, str] | None = None,
+              cwd: str | None = None, limits: Limits | None = None, binds: Sequence[Bind] = ()) -> SandboxProcess:
+        """Start `argv` in a new sandbox cloned from this template; return once it has exec'd.
+
+        Takes what sandbox.spawn takes, plus the per-call overrides (see the
+        module docstring); raises what it raises.
+        """
+        args = check_argv(argv)
+        fds = check_pass_fds(pass_fds) if pass_fds else ()
+        plan = self._plans.sandbox
+        if env is not None or cwd is not None or limits is not None or binds:
+            plan = plan_for_call(plan, env=_check_env(env), cwd=_check_cwd(cwd), limits=_check_limits(limits),
+                                 binds=_check_binds(binds), hard_limits=self._hard_limits)
+        stdio = Stdio(stdin, stdout, stderr)
+        try:
+            launched = launch_in(self._server, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
+        except BaseException:
+            stdio.abort()
+            raise
+        stdio.started()
+        return SandboxProcess(args, launched, backend="template", backend_reason="sandbox.Template",
+                              network=plan.network, pipes=(stdio.parent[0], stdio.parent[1], stdio.parent[2]))
+
+    def run(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
+            timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
+            stdout: StdioArg = None, stderr: StdioArg = None, **call: Any) -> CompletedProcess:
+        """Run `argv` in a new sandbox and wait, like sandbox.run; `call` takes
+        spawn()'s pass_fds, env, cwd, limits and binds."""
+        def start(stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> SandboxProcess:
+            return self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, **call)
+
+        return run_with(start, input=input, capture_output=capture_output, timeout=timeout, check=check,
+                        text=text, stdin=stdin, stdout=stdout, stderr=stderr)
+
+    def close(self) -> None:
+        """End the template process and every sandbox it made (idempotent)."""
+        self._server.close()
+
+    def __enter__(self) -> Template:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        server = getattr(self, "_server", None)
+        if server is not None:
+            server.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._server.closed else f"pid={self._server.pid}"
+        return f"<Template {state} network={self._plans.sandbox.network}>"
+
+
+def _check_env(env: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    if env is None:
+        return None
+    if not isinstance(env, Mapping):
+        raise SpecError("env", env, "must be a mapping of names to values")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise SpecError("env", name, "names must be non-empty strings without '=' or NUL")
+        if not isinstance(value, str) or "\0" in value:
+            raise SpecError(f"env[{name!r}]", value, "must be a string without NUL")
+    return env
+
+
+def _check_cwd(cwd: str | os.PathLike[str] | None) -> str | None:
+    if cwd is None:
+        return None
+    path = os.fspath(cwd)
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+        raise SpecError("cwd", cwd, "must be an absolute path")
+    return path
+
+
+def _check_limits(limits: Limits | None) -> Limits | None:
+    if limits is not None and not isinstance(limits, Limits):
+        raise SpecError("limits", limits, "must be a sandbox.Limits")
+    return limits
+
+
+def _check_binds(binds: Sequence[Bind]) -> tuple[Bind, ...]:
+    out = tuple(binds)
+    for i, b in enumerate(out):
+        if not isinstance(b, Bind):
+            raise SpecError(f"binds[{i}]", b, "must be a Bind, RoBind or DevBind")
+        if b.optional:
+            raise SpecError(f"binds[{i}]", b, "per-call binds cannot be optional")
+    return out

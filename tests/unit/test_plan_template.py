@@ -1,0 +1,115 @@
+"""The split of a Plan for a Template (pure): what the template prepares, what each sandbox does."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox import spec as S
+from sandbox.errors import UnavailableError
+from sandbox.host import HostInfo, PoolInfo
+from sandbox.plan import (
+    CAP_NET_ADMIN,
+    CAP_SETFCAP,
+    CAP_SYS_ADMIN,
+    OpFlag,
+    OpKind,
+    compile_plan,
+    refusal,
+    template_refusal,
+)
+from sandbox.warm_plan import plan_for_call, template_plans
+
+USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, backend="template", pool=PoolInfo())
+ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True, backend="template", pool=PoolInfo())
+WORLD = (S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Proc(), S.Dev(), S.Tmpfs("/tmp"),
+         S.Bind("/srv", "/tmp/srv"), S.File("/etc/rw", b"x"), S.File("/etc/ro", b"y", readonly=True),
+         S.Chmod("/etc/rw", 0o600), S.Dir("/work"))
+
+
+def plans(host: HostInfo = USER, **fields: object):  # type: ignore[no-untyped-def]
+    return template_plans(compile_plan(S.Spec(mounts=WORLD, **fields), host))  # type: ignore[arg-type]
+
+
+def kinds(ops) -> list[tuple[OpKind, str]]:  # type: ignore[no-untyped-def]
+    return [(op.kind, op.dest) for op in ops]
+
+
+def test_each_sandbox_makes_afresh_what_it_may_write() -> None:
+    ops = plans().sandbox.ops
+    assert kinds(ops) == [
+        (OpKind.PROC, "/proc"), (OpKind.TMPFS, "/dev/shm"), (OpKind.DEVPTS, "/dev/pts"), (OpKind.TMPFS, "/tmp"),
+        (OpKind.BIND, "/tmp/srv"), (OpKind.FILE, "/etc/rw"), (OpKind.CHMOD, "/etc/rw"),
+    ]
+    proc, bind, rw = ops[0], ops[4], ops[5]
+    assert proc.flags & OpFlag.FRESH and proc.covers  # a new proc, with its covers
+    assert bind.src == "/tmp/srv"  # re-bound from the template's copy, beneath the fresh /tmp
+    assert rw.flags & OpFlag.FRESH  # a private copy of the writable file
+
+
+def test_the_template_builds_everything_then_makes_shared_filesystems_read_only() -> None:
+    shared = plans().shared
+    proc = next(op for op in shared.ops if op.kind is OpKind.PROC)
+    assert not proc.covers  # fully visible: its sandboxes' fresh procs need it
+    tail = kinds(shared.ops)[len(WORLD):]
+    assert tail == [(OpKind.REMOUNT_RO, "/"), (OpKind.REMOUNT_RO, "/dev"), (OpKind.REMOUNT_RO, "/tmp")]
+
+
+def test_the_template_process() -> None:
+    shared = plans().shared
+    assert (shared.user_ns, shared.mount_ns, shared.pid_ns, shared.reaper, shared.exec_fd) == (True, True, True,
+                                                                                                False, True)
+    assert (shared.ipc_ns, shared.uts_ns, shared.cgroup_ns) == (False, False, False)
+    assert (shared.seccomp, shared.landlock, shared.rlimits, shared.env) == (b"", False, (), ())
+    # it clones per-call binds itself; its standbys bring up the loopback of their fresh network namespaces
+    assert shared.keep_caps == (1 << CAP_SYS_ADMIN) | (1 << CAP_NET_ADMIN) and shared.host_tree
+    assert (shared.uid, shared.gid) == (1000, 1000) and not shared.nested_userns and not shared.map_root_first
+    dev = next(op for op in shared.ops if op.kind is OpKind.DEV)
+    assert dev.flags & OpFlag.NO_DEVPTS  # no devpts in the template's /dev: it needs no uid 0 mapped
+    assert not shared.die_with_parent  # it ends when the caller's socket closes, not with a thread
+    root = plans(ROOT).shared
+    assert root.keep_caps == (1 << CAP_SYS_ADMIN) | (1 << CAP_SETFCAP) | (1 << CAP_NET_ADMIN)  # and map uid 0
+
+
+def test_a_pooled_template_joins_the_pool_user_namespace() -> None:
+    split = plans(network="pool")
+    assert split.shared.network == "pool" and not split.shared.user_ns
+    assert split.shared.keep_caps == 1 << CAP_SYS_ADMIN  # setns (the pool maps the caller's ids to themselves)
+    root = plans(ROOT, network="pool").shared
+    assert root.keep_caps == (1 << CAP_SYS_ADMIN) | (1 << CAP_SETFCAP)  # and uid 0 into its sandboxes
+    assert (split.sandbox.host_uid, split.sandbox.network, split.sandbox.recycle_lease) == (1000, "pool", True)
+
+
+def test_the_sandbox_plan_keeps_the_command_side() -> None:
+    plan = compile_plan(S.Spec(mounts=WORLD, env={"A": "1"}, limits=S.Limits(nofile=10)), USER)
+    sandbox = template_plans(plan).sandbox
+    assert (sandbox.env, sandbox.rlimits, sandbox.seccomp, sandbox.reaper) == (plan.env, plan.rlimits,
+                                                                               plan.seccomp, True)
+    assert not sandbox.die_with_parent  # the template's death ends it
+
+
+def test_per_call_overrides() -> None:
+    base = plans(landlock=True).sandbox
+    call = plan_for_call(base, env={"PATH": "/x"}, cwd="/work", limits=S.Limits(nofile=5),
+                         binds=[S.RoBind("/data", "/tmp/data")])
+    assert (call.env, call.path, call.cwd_candidates, call.cwd_strict) == (("PATH=/x",), "/x", ("/work",), True)
+    assert call.rlimits == ((7, 5),)
+    extra = call.ops[-1]
+    assert (extra.kind, extra.src, extra.dest) == (OpKind.BIND, "/data", "/tmp/data")
+    assert extra.flags & OpFlag.FROM_FD and extra.flags & OpFlag.RDONLY
+    assert ("/tmp/data", False) in call.landlock_rules
+    assert plan_for_call(base) is base
+
+
+@pytest.mark.parametrize(("fields", "why"), [
+    ({"namespaces": S.Namespaces(pid=False)}, "pid namespace"),
+    ({"namespaces": S.Namespaces(user=False)}, "user namespace"),
+    ({"forward": {8080: 80}}, "forward"),
+    ({"uid": 0, "gid": 0, "cap_add": ("CAP_SYS_ADMIN",)}, "CAP_SYS_ADMIN"),
+])
+def test_refusals(fields: dict[str, object], why: str) -> None:
+    plan = compile_plan(S.Spec(mounts=WORLD, **fields), ROOT)  # type: ignore[arg-type]
+    refused = refusal(plan, ROOT)
+    assert isinstance(refused, UnavailableError) and why in str(refused)
+    assert template_refusal(compile_plan(S.Spec(mounts=WORLD), ROOT)) is None
+    no_mount = compile_plan(S.Spec(namespaces=S.Namespaces(mount=False)), ROOT)
+    assert "mount namespace" in str(template_refusal(no_mount))

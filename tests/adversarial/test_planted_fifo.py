@@ -176,6 +176,9 @@ def _stop_a_setup(caller: subprocess.Popen[bytes], backend: str) -> list[int]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_caller_killed_during_setup_leaves_nothing(backend: str) -> None:
     require(backend)
+    if backend == "template":
+        pytest.skip("a Template's sandboxes set up ahead, in its process's pid namespace: they end with it, and "
+                    "it with its caller (test_template.py::test_caller_death_ends_template_and_sandboxes)")
     if backend == "bwrap":
         # A bwrap sandbox side stopped by us outlives its caller: bwrap's own
         # monitor does not end it then. Under bwrap nothing planted can block

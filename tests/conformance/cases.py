@@ -156,7 +156,9 @@ MOUNT_CASES = [
                  ("paths", "/dev/stdout", "target"): "/proc/self/fd/1", ("paths", "/dev/shm", "type"): "dir",
                  ("writable", "/dev/null"): "yes", ("mounts", "points", "/dev/pts", "fstype"): "devpts",
                  ("mounts", "points", "/dev", "flags"): FLAGS_RW,
-                 ("mounts", "points", "/dev/null", "flags"): ["nosuid", "rw"]}),
+                 ("mounts", "points", "/dev/null", "flags"): ["nosuid", "rw"]},
+         # a Template's /dev is one tmpfs shared by its sandboxes: read-only (each has its own shm and pts)
+         differs={"template": (("mounts", "points", "/dev", "flags"),)}),
     Case("dev_modes", mounts=(S.Dev(),), request={"paths": ["/dev", "/dev/shm"], "writable": ["/dev/shm"]},
          expect={("paths", "/dev", "mode"): "0o755", ("paths", "/dev/shm", "mode"): "0o1777",
                  ("writable", "/dev/shm"): "yes"}),
@@ -304,7 +306,8 @@ NAMESPACE_CASES = [
                  ("ns", "ipc"): HostValue("ns.ipc", differ=True), ("ns", "uts"): HostValue("ns.uts", differ=True),
                  ("ns", "cgroup"): HostValue("ns.cgroup", differ=True), ("proc", "pid"): 2, ("proc", "ppid"): 1,
                  ("hostname",): HostValue("hostname"), ("proc", "pid1_cmdline"): Prefix(("sandbox-init",))},
-         differs={"bwrap": (("proc", "pid1_cmdline"),)}),  # pid 1 is bwrap itself
+         # pid 1 is bwrap itself; a Template's sandbox keeps its clone of sandbox-template as its pid 1
+         differs={"bwrap": (("proc", "pid1_cmdline"),), "template": (("proc", "pid1_cmdline"),)}),
     # Only loopback traffic, inside the sandbox's own namespace; a UDP connect() sends nothing.
     Case("network_none_is_loopback_only", mounts=(S.Proc(),),
          request={"actions": [["tcp_echo", "127.0.0.1"], ["tcp_echo", "::1"], ["udp_connect", "192.0.2.1"]]},

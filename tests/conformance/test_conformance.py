@@ -25,7 +25,7 @@ import pytest
 from conftest import SYSTEM_MOUNTS
 
 import sandbox
-from sandbox import errors
+from sandbox import backends, errors
 from sandbox import spec as S
 
 from . import probe
@@ -38,11 +38,13 @@ PYTHON = "/usr/bin/python3"
 PROBE_PATH = Path(__file__).with_name("probe.py")
 PROBE = PROBE_PATH.read_bytes()
 BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=True))
-BACKENDS = ("native", "bwrap")
+BACKENDS = ("native", "bwrap", "template")  # template: every case through a sandbox.Template
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
 def available(backend: str) -> tuple[bool, str]:
+    if backend == "template":
+        return backends.availability("template")
     result = sandbox.probe()
     if backend == "native":
         return result.native, result.native_reason
@@ -142,7 +144,10 @@ def run_case(case: Case, backend: str, ctx: Mapping[str, Any], monkeypatch: pyte
     with (scratch_dir(case, ctx) as run_ctx, caller_umask(case.host_umask), extra_fds(case) as fds,
           caller_signals(case.host_ignores, case.host_blocks)):
         spec = build_spec(case, run_ctx)
-        result = sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
+        if backend == "template":
+            result = run_in_template(spec, command(case), fds)
+        else:
+            result = sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
         return result, host_report(case, run_ctx)
 
 
@@ -200,6 +205,18 @@ def host_report(case: Case, ctx: Mapping[str, Any]) -> dict[str, Any]:
             info.update(owner="caller" if mine else f"{st.st_uid}:{st.st_gid}", writable=probe.writable(path))
         out[name] = info
     return out
+
+
+def run_in_template(spec: S.Spec, argv: list[str], fds: list[int]) -> sandbox.CompletedProcess:
+    """Run through a fresh sandbox.Template; a case it refuses (no mount namespace...) is skipped with its reason."""
+    try:
+        template = sandbox.Template(spec)
+    except sandbox.UnavailableError as exc:
+        if str(exc).startswith("a Template "):
+            pytest.skip(str(exc))
+        raise
+    with template:
+        return template.run(argv, capture_output=True, pass_fds=fds, timeout=60)
 
 
 class extra_fds:
@@ -375,7 +392,7 @@ def drop(report: dict[str, Any], path: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_backends_agree(case: Case, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in BACKENDS:
+    for name in ("native", "bwrap"):
         require(name)
     native = outcome(case, "native", ctx, monkeypatch)
     bwrap = outcome(case, "bwrap", ctx, monkeypatch)

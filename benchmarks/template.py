@@ -1,0 +1,190 @@
+"""sandbox.Template against posix_spawn, sandbox.spawn and bwrap.
+
+Latency: spawn+wait of /bin/true, every variant interleaved in one process
+(round-robin, as benchmarks/latency.py), medians and p99s, each median as a
+ratio to posix_spawn's and to bwrap's. The config is latency.py's
+flatpak-like one, every namespace; the Template and one native row lease
+their network namespace from sandbox.netpool. Throughput: sandboxes/s with
+2 callers (threads) spawning /bin/true back to back for a few seconds.
+
+Binds: the same spawn+wait with 10, 100 and 1000 extra read-only binds in
+the Spec (directories of a temporary tree), for sandbox.spawn, the Template
+and bwrap, interleaved per count: what a large mount table costs each.
+
+Targets (issue 10): Template median <= 1.5x posix_spawn and <= 0.25x bwrap,
+p99 <= 2.5 ms; sustained >= 4x bwrap.
+
+    python benchmarks/template.py [-n 500] [--seconds 5] [--binds 10,100,1000] [--bind-runs 50]
+                                  [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from latency import BWRAP_ARGS, MOUNTS, measure, p99  # noqa: E402
+
+import sandbox  # noqa: E402
+from sandbox import netpool  # noqa: E402
+
+POSIX = "posix_spawn /bin/true"
+BWRAP = "bwrap (same config)"
+TEMPLATE = "Template.spawn, network=pool"
+
+
+STAGES: list[dict[str, float]] = []  # the pooled Template's timings, one dict per spawn
+
+
+def _wait(proc: sandbox.SandboxProcess, stages: list[dict[str, float]] | None = None) -> None:
+    if proc.wait() != 0:
+        raise RuntimeError(f"sandboxed /bin/true exited {proc.returncode}")
+    if stages is not None:
+        stages.append(proc.timings)
+
+
+def stage_table(stages: list[dict[str, float]]) -> str:
+    """Median µs from the caller's start to each stamp of a Template's sandbox (csrc/sandbox.h, enum
+    sbx_stamp; "clone": a standby took the request, "return": the command has exec'd, "exec": the
+    caller knows it)."""
+    order = ("clone", "child", "idmap", "mounts", "ready", "return", "exec")
+    rows = ["| stage | median µs since the call |", "|---|---|"]
+    for name in order:
+        xs = [t[name] for t in stages if name in t]
+        if xs:
+            rows.append(f"| {name} | {statistics.median(xs):.0f} |")
+    return "\n".join(rows)
+
+
+def _posix_spawn() -> None:
+    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+    os.waitpid(pid, 0)
+
+
+def variants(pooled: sandbox.Template, fresh: sandbox.Template) -> dict[str, Callable[[], object]]:
+    """name -> one spawn+wait of /bin/true."""
+    spec = sandbox.Spec(mounts=MOUNTS)
+    out: dict[str, Callable[[], object]] = {
+        POSIX: _posix_spawn,
+        TEMPLATE: lambda: _wait(pooled.spawn(["/bin/true"]), STAGES),
+        "Template.spawn, network=none (fresh netns)": lambda: _wait(fresh.spawn(["/bin/true"])),
+        "sandbox.spawn, network=pool": lambda: _wait(sandbox.spawn(["/bin/true"], spec.replace(network="pool"))),
+        "sandbox.spawn, network=none": lambda: _wait(sandbox.spawn(["/bin/true"], spec)),
+    }
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        out[BWRAP] = lambda: subprocess.run([bwrap, *BWRAP_ARGS, "/bin/true"], check=True)
+    return out
+
+
+def sustained(fn: Callable[[], object], seconds: float, callers: int = 2) -> float:
+    """Sandboxes per second with `callers` threads calling `fn` back to back."""
+    counts = [0] * callers
+    deadline = time.monotonic() + seconds
+
+    def loop(k: int) -> None:
+        while time.monotonic() < deadline:
+            fn()
+            counts[k] += 1
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - start)
+
+
+def _bind_medians(count: int, runs: int, bwrap: str | None) -> dict[str, float]:
+    """Median ms of spawn+wait of /bin/true with `count` extra read-only binds, per variant."""
+    with tempfile.TemporaryDirectory() as tmp:
+        binds = [sandbox.RoBind(os.path.join(tmp, str(i)), f"/data/{i}") for i in range(count)]
+        for b in binds:
+            os.mkdir(b.src)
+        spec = sandbox.Spec(mounts=[*MOUNTS, *binds], network="pool")
+        bwrap_argv = [a for b in binds for a in ("--ro-bind", b.src, b.target())]
+        with sandbox.Template(spec) as t:
+            fns: dict[str, Callable[[], object]] = {
+                "spawn": lambda: _wait(sandbox.spawn(["/bin/true"], spec)),
+                "template": lambda: _wait(t.spawn(["/bin/true"])),
+            }
+            if bwrap:
+                fns["bwrap"] = lambda: subprocess.run([bwrap, *BWRAP_ARGS, *bwrap_argv, "/bin/true"], check=True)
+            return {k: statistics.median(v) for k, v in measure(fns, runs, warmup=5).items()}
+
+
+def bind_costs(counts: list[int], runs: int) -> str:
+    """Spawn+wait of /bin/true against the number of extra binds: sandbox.spawn (leased netns), the
+    Template (leased netns; its root is built once, with the binds) and bwrap, interleaved per count."""
+    rows = ["| extra binds | sandbox.spawn ms | Template ms | bwrap ms | spawn / bwrap | Template / bwrap |",
+            "|---|---|---|---|---|---|"]
+    bwrap = shutil.which("bwrap")
+    for count in counts:
+        med = _bind_medians(count, runs, bwrap)
+        bw = med.get("bwrap")
+        cells = [f"{med['spawn']:.3f}", f"{med['template']:.3f}", f"{bw:.3f}" if bw else "-",
+                 f"{med['spawn'] / bw:.2f}x" if bw else "-", f"{med['template'] / bw:.2f}x" if bw else "-"]
+        rows.append(f"| {count} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def table(times: dict[str, list[float]]) -> str:
+    med = {k: statistics.median(v) for k, v in times.items()}
+    base, bw = med[POSIX], med.get(BWRAP)
+    rows = ["| variant | median ms | p99 ms | / posix_spawn | / bwrap |", "|---|---|---|---|---|"]
+    for name, xs in times.items():
+        r_bw = f"{med[name] / bw:.2f}x" if bw else "-"
+        rows.append(f"| {name} | {med[name]:.3f} | {p99(xs):.3f} | {med[name] / base:.2f}x | {r_bw} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=500, help="runs per variant (default 500)")
+    ap.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput run (default 5)")
+    ap.add_argument("--binds", default="10,100,1000", help="extra bind counts for the binds table ('' skips it)")
+    ap.add_argument("--bind-runs", type=int, default=50, help="runs per variant and bind count (default 50)")
+    ap.add_argument("--json", help="also write the raw per-run times and rates here")
+    args = ap.parse_args()
+    print(f"# /bin/true, n={args.n}, uid={os.getuid()}, python {sys.version.split()[0]}, "
+          f"kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
+    netpool.enable(size=8, for_network_none=False).wait_filled(30)
+    spec = sandbox.Spec(mounts=MOUNTS)
+    with sandbox.Template(spec.replace(network="pool")) as pooled, sandbox.Template(spec) as fresh:
+        fns = variants(pooled, fresh)
+        times = measure(fns, args.n)
+        print(table(times))
+        print("\n" + stage_table(STAGES[-args.n:]))
+        rates = {name: sustained(fns[name], args.seconds) for name in (TEMPLATE, "sandbox.spawn, network=pool",
+                                                                         BWRAP) if name in fns}
+    print("\n| sustained, 2 callers | sandboxes/s | / bwrap |\n|---|---|---|")
+    for name, rate in rates.items():
+        ratio = f"{rate / rates[BWRAP]:.2f}x" if BWRAP in rates else "-"
+        print(f"| {name} | {rate:.0f} | {ratio} |")
+    if args.binds:
+        print("\n" + bind_costs([int(x) for x in args.binds.split(",")], args.bind_runs))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"\n# targets: median {med[TEMPLATE] / med[POSIX]:.2f}x posix_spawn (<= 1.5x), "
+          + (f"{med[TEMPLATE] / med[BWRAP]:.2f}x bwrap (<= 0.25x), " if BWRAP in med else "")
+          + f"p99 {p99(times[TEMPLATE]):.2f} ms (<= 2.5)"
+          + (f", sustained {rates[TEMPLATE] / rates[BWRAP]:.2f}x bwrap (>= 4x)" if BWRAP in rates else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"times": times, "rates": rates}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

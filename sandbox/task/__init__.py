@@ -1,0 +1,47 @@
+"""sandbox.task: a drop-in backend for a framework's sandbox layer.
+
+    from sandbox import task
+    sb = task.Sandbox(read=("/data/split",), write=("/runs/1",), env_allow=("MWM_*",), ports=(8080,))
+    result = task.run(["python3", "agent.py"], sb, capture_output=True)
+
+One frozen description (`Sandbox`, with a JSON form) compiled into a Spec
+(compile.py), commands translated between host and sandbox paths
+(translate.py), an allowlist proxy (proxy.py), records (records.py), a
+sanitized copy for handoffs (copy.py), the launcher `python -m sandbox.task
+SPEC -- CMD...` (launcher.py) and warm workers (workers.py).
+"""
+
+from __future__ import annotations
+
+from .compile import Compiled, compile_task
+from .copy import sanitized_copy
+from .description import Bind, Layout, Limits, Proxy, Sandbox
+from .facts import Facts
+from .run import TaskProcess, run, spawn
+from .translate import Translator
+
+__all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "Proxy", "Sandbox", "TaskProcess", "Translator",
+           "compile", "compile_task", "outside", "relative", "run", "sanitized_copy", "spawn", "translate"]
+
+
+def compile(sb: Sandbox, environ: dict[str, str] | None = None) -> Compiled:  # noqa: A001
+    """`sb` compiled for this host (facts read now) without starting anything."""
+    import os
+
+    env = dict(os.environ if environ is None else environ)
+    return compile_task(sb, Facts.gather(sb, env), env)
+
+
+def translate(sb: Sandbox, argv: list[str]) -> list[str]:
+    """`argv` with host paths rewritten as the sandbox of `sb` sees them."""
+    return Translator.of(sb).argv(argv)
+
+
+def relative(sb: Sandbox, host_path: str) -> str:
+    """`host_path` relative to the layout's inside root, as a learner is told it."""
+    return Translator.of(sb).relative(host_path)
+
+
+def outside(sb: Sandbox, inside_path: str) -> str:
+    """The host path for a path the learner names; SpecError if it is under no bind or escapes."""
+    return Translator.of(sb).outside(inside_path)

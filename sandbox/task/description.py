@@ -1,0 +1,282 @@
+"""The task sandbox's description: one frozen value with a JSON form.
+
+The keys and shapes are those of a framework's sandbox layer (see the README's
+"From a bwrap-rendering layer to sandbox.task"): every key optional, `{}` a
+valid description, unknown keys refused by name, and a JSON round trip gives
+an equal value. Validation happens at construction and raises SpecError
+naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SpecError
+from ..mounts import reject_unknown
+from ..validate import check_bool, check_path, check_positive, check_text, normalize_path
+
+NETWORKS = ("isolated", "open")
+ENFORCE = ("required", "best_effort")
+ROLES = ("task", "judge", "tool", "learner", "llm", "strict")
+
+
+def _path(where: str, value: object) -> str:
+    return normalize_path(check_path(where, value))
+
+
+def _paths(where: str, value: object) -> tuple[str, ...]:
+    return tuple(_path(f"{where}[{i}]", v) for i, v in enumerate(_list(where, value)))
+
+
+def _list(where: str, value: object) -> tuple[Any, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise SpecError(where, value, "must be a list")
+    return tuple(value)
+
+
+def _names(where: str, value: object) -> tuple[str, ...]:
+    out = []
+    for i, v in enumerate(_list(where, value)):
+        check_text(f"{where}[{i}]", v)
+        if not v:
+            raise SpecError(f"{where}[{i}]", v, "must not be empty")
+        out.append(v)
+    return tuple(out)
+
+
+def _port(where: str, value: object) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)  # JSON object keys are strings
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise SpecError(where, value, "must be a port number (1-65535)")
+    return value
+
+
+def _choice(where: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise SpecError(where, value, f"must be one of {', '.join(allowed)}")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Bind:
+    """A host path `source` shown inside as `target`, read-only unless `writable`."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "source", _path("binds.source", self.source))
+        object.__setattr__(self, "target", _path("binds.target", self.target))
+        check_bool("binds.writable", self.writable)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The working directory a learner is told about: `outside` on the host is `inside` in the sandbox."""
+
+    outside: str
+    inside: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outside", _path("layout.outside", self.outside))
+        object.__setattr__(self, "inside", _path("layout.inside", self.inside))
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """An allowlist proxy: HTTP CONNECT and plain HTTP to `allowed_hosts` only (exact names, any port)."""
+
+    allowed_hosts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        hosts = _names("proxy.allowed_hosts", self.allowed_hosts)
+        object.__setattr__(self, "allowed_hosts", tuple(h.lower() for h in hosts))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Applied to the command and everything it starts (rlimits)."""
+
+    memory_mb: int | None = None
+    file_mb: int | None = None
+    cpu_s: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            check_positive(f"limits.{f.name}", getattr(self, f.name))
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """One sandbox of a framework, described (see the module docstring for the JSON form)."""
+
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    binds: tuple[Bind, ...] = ()
+    layout: Layout | None = None
+    chdir: str | None = None
+    packages: tuple[str, ...] = ()
+    framework_package: str | None = None
+    framework: bool = False
+    hide: tuple[str, ...] = ()
+    env_allow: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    network: str = "isolated"
+    ports: tuple[int, ...] = ()
+    sockets: tuple[tuple[int, str], ...] = ()
+    proxy: Proxy | None = None
+    limits: Limits = field(default_factory=Limits)
+    enforce: str = "required"
+    enabled: bool = True
+    records: str | None = None
+    probes: tuple[str, ...] = ()
+    role: str = "task"
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "read", _paths("read", self.read))
+        set_(self, "write", _paths("write", self.write))
+        binds = _list("binds", self.binds)
+        for i, b in enumerate(binds):
+            if not isinstance(b, Bind):
+                raise SpecError(f"binds[{i}]", b, "must be a sandbox.task.Bind")
+        set_(self, "binds", binds)
+        if self.layout is not None and not isinstance(self.layout, Layout):
+            raise SpecError("layout", self.layout, "must be a sandbox.task.Layout or None")
+        if self.chdir is not None:
+            set_(self, "chdir", _path("chdir", self.chdir))
+        set_(self, "packages", _names("packages", self.packages))
+        if self.framework_package is not None:
+            check_text("framework_package", self.framework_package)
+        check_bool("framework", self.framework)
+        set_(self, "hide", _names("hide", self.hide))
+        set_(self, "env_allow", _names("env_allow", self.env_allow))
+        set_(self, "env", _env_pairs(self.env))
+        _choice("network", self.network, NETWORKS)
+        set_(self, "ports", tuple(sorted({_port(f"ports[{i}]", p) for i, p in enumerate(_list("ports", self.ports))})))
+        set_(self, "sockets", _sockets(self.sockets))
+        if self.proxy is not None and not isinstance(self.proxy, Proxy):
+            raise SpecError("proxy", self.proxy, "must be a sandbox.task.Proxy or None")
+        if not isinstance(self.limits, Limits):
+            raise SpecError("limits", self.limits, "must be a sandbox.task.Limits")
+        _choice("enforce", self.enforce, ENFORCE)
+        check_bool("enabled", self.enabled)
+        if self.records is not None:
+            set_(self, "records", _path("records", self.records))
+        set_(self, "probes", _paths("probes", self.probes))
+        _choice("role", self.role, ROLES)
+        if self.network == "open" and (self.ports or self.sockets or self.proxy):
+            what = "ports" if self.ports else "sockets" if self.sockets else "proxy"
+            raise SpecError(what, getattr(self, what), "forwarding needs network 'isolated' ('open' is the host's)")
+
+    # ------------------------------------------------------------ conveniences
+
+    def replace(self, **changes: Any) -> Sandbox:
+        """A copy with `changes` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def view(self, *, binds: tuple[Bind, ...] | list[Bind] = (), layout: Layout | None = None) -> Sandbox:
+        """A new description with its own `binds` and `layout` in place of these,
+        keeping the network, proxy, environment, enforcement, records and limits."""
+        return self.replace(binds=tuple(binds), layout=layout)
+
+    @property
+    def env_dict(self) -> dict[str, str]:
+        """The explicit environment as a dict."""
+        return dict(self.env)
+
+    # ------------------------------------------------------------ JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (every key); `Sandbox.from_dict` inverts it."""
+        return {
+            "read": list(self.read), "write": list(self.write),
+            "binds": [dataclasses.asdict(b) for b in self.binds],
+            "layout": None if self.layout is None else dataclasses.asdict(self.layout),
+            "chdir": self.chdir, "packages": list(self.packages), "framework_package": self.framework_package,
+            "framework": self.framework, "hide": list(self.hide), "env_allow": list(self.env_allow),
+            "env": dict(self.env), "network": self.network, "ports": list(self.ports),
+            "sockets": {str(p): path for p, path in self.sockets},
+            "proxy": None if self.proxy is None else {"allowed_hosts": list(self.proxy.allowed_hosts)},
+            "limits": {k: v for k, v in dataclasses.asdict(self.limits).items() if v is not None},
+            "enforce": self.enforce, "enabled": self.enabled, "records": self.records,
+            "probes": list(self.probes), "role": self.role,
+        }
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Serialize to JSON text."""
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Sandbox:
+        """Build from the JSON form; unknown keys raise SpecError naming the key."""
+        if not isinstance(data, Mapping):
+            raise SpecError("sandbox", data, "must be a JSON object")
+        reject_unknown("sandbox", data, {f.name for f in dataclasses.fields(cls)})
+        kw = dict(data)
+        if "binds" in kw:
+            kw["binds"] = tuple(_sub(f"binds[{i}]", Bind, b) for i, b in enumerate(_list("binds", kw["binds"])))
+        if kw.get("layout") is not None:
+            kw["layout"] = _sub("layout", Layout, kw["layout"])
+        if kw.get("proxy") is not None:
+            kw["proxy"] = _sub("proxy", Proxy, kw["proxy"])
+        if "limits" in kw:
+            kw["limits"] = _sub("limits", Limits, {} if kw["limits"] is None else kw["limits"])
+        for name in ("read", "write", "packages", "hide", "env_allow", "ports", "probes"):
+            if name in kw:
+                kw[name] = _list(name, kw[name])
+        return cls(**kw)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Sandbox:
+        """Parse the JSON form."""
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            shown = text if len(text) < 80 else text[:77] + "..."
+            raise SpecError("sandbox", shown, f"is not valid JSON: {exc}") from None
+        return cls.from_dict(data)
+
+
+def _sub(where: str, klass: type, data: object) -> Any:
+    if not isinstance(data, Mapping):
+        raise SpecError(where, data, "must be a JSON object")
+    reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
+    try:
+        return klass(**data)
+    except TypeError as exc:
+        raise SpecError(where, dict(data), f"missing a required key: {exc}") from None
+    except SpecError as exc:
+        tail = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
+        raise SpecError(f"{where}.{tail}", exc.value, exc.problem) from None
+
+
+def _env_pairs(value: object) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else _list("env", value)
+    out: dict[str, str] = {}
+    for pair in items:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise SpecError("env", value, "must map variable names to values")
+        name, val = pair
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise SpecError("env", name, "variable names must be non-empty, without '=' or NUL")
+        check_text(f"env[{name!r}]", val)
+        out[name] = val
+    return tuple(sorted(out.items()))
+
+
+def _sockets(value: object) -> tuple[tuple[int, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else _list("sockets", value)
+    out: dict[int, str] = {}
+    for pair in items:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise SpecError("sockets", value, "must map inside ports to Unix socket paths")
+        port = _port(f"sockets[{pair[0]!r}]", pair[0])
+        out[port] = _path(f"sockets[{port}]", pair[1])
+    return tuple(sorted(out.items()))

@@ -1,0 +1,60 @@
+"""One JSON record per start, with every key-like value of the caller scrubbed.
+
+The record names variables, never their values. Beyond that, each value of
+a key-like variable of the caller (`*_API_KEY`, `*_KEY`, `*_TOKEN`,
+`*_SECRET`, at least 16 characters) is replaced by `<NAME>` wherever it
+appears in what is kept (a command line that carries a key, for instance).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+KEY_PATTERNS = ("*_API_KEY", "*_KEY", "*_TOKEN", "*_SECRET")
+MIN_SECRET = 16
+RECORD_KEYS = ("role", "time", "backend", "confined", "reason", "command", "chdir", "binds", "hidden", "emptied",
+               "env_names", "network", "ports", "proxy", "limits", "enforce", "check", "exit_status")
+_counter = itertools.count()
+
+
+def secrets_of(environ: Mapping[str, str]) -> dict[str, str]:
+    """value -> name of each key-like variable of `environ` worth scrubbing (longest values first)."""
+    found = {v: k for k, v in environ.items()
+             if len(v) >= MIN_SECRET and any(fnmatch.fnmatchcase(k, p) for p in KEY_PATTERNS)}
+    return dict(sorted(found.items(), key=lambda kv: len(kv[0]), reverse=True))
+
+
+def scrub(value: Any, secrets: Mapping[str, str]) -> Any:
+    """`value` (JSON-ready) with every secret replaced by `<NAME>`, in keys and values alike."""
+    if isinstance(value, str):
+        for secret, name in secrets.items():
+            value = value.replace(secret, f"<{name}>")
+        return value
+    if isinstance(value, Mapping):
+        return {scrub(k, secrets): scrub(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub(v, secrets) for v in value]
+    return value
+
+
+def write_record(directory: str, record: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """Write `record` (scrubbed) as a new JSON file in `directory`; return its path."""
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        raise ValueError(f"record lacks {', '.join(missing)}")
+    data = scrub({k: record[k] for k in RECORD_KEYS}, secrets_of(environ))
+    os.makedirs(directory, exist_ok=True)
+    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{data['role']}-{os.getpid()}-{next(_counter)}.json"
+    path = os.path.join(directory, name)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path

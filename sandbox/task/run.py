@@ -1,0 +1,250 @@
+"""Starting a command under a task description: spawn() and run().
+
+One start: choose a backend (or, without confinement, refuse under
+`required` or run unconfined under `best_effort`), gather the host's facts,
+start the allowlist proxy, compile, check that every forwarded target
+answers, translate the command and start it (the core checks the probes and
+the network namespace before the command runs), and when it ends write the
+record and stop the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, Any
+
+from .. import api, backends
+from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
+from ..plan import check_argv, resolve_env
+from ..spec import Spec
+from .compile import Compiled, compile_task
+from .description import Sandbox
+from .facts import Facts
+from .proxy import AllowlistProxy
+from .records import write_record
+
+StdioArg = int | IO[Any] | None
+
+
+class TaskProcess:
+    """A started task sandbox, shaped like subprocess.Popen. When it ends the
+    record is written (`record_path`) and the proxy stopped."""
+
+    def __init__(self, proc: Any, record: dict[str, Any], sb: Sandbox, environ: Mapping[str, str],
+                 proxy: AllowlistProxy | None, compiled: Compiled | None) -> None:
+        self._proc = proc
+        self.record = record
+        self.record_path: str | None = None
+        self.compiled = compiled
+        self._sb, self._environ, self._proxy = sb, environ, proxy
+        self._finished = False
+        self.args, self.pid = proc.args, proc.pid
+        self.stdin, self.stdout, self.stderr = proc.stdin, proc.stdout, proc.stderr
+
+    @property
+    def returncode(self) -> int | None:
+        """The command's exit code, -N if signal N killed it, None while it runs."""
+        return self._proc.returncode
+
+    @property
+    def confined(self) -> bool:
+        """Whether the command runs in a sandbox."""
+        return bool(self.record["confined"])
+
+    def _finish(self) -> None:
+        if self._finished or self._proc.returncode is None:
+            return
+        self._finished = True
+        if self._proxy is not None:
+            self._proxy.close()
+        self.record["exit_status"] = self._proc.returncode
+        if self._sb.records:
+            self.record_path = write_record(self._sb.records, self.record, self._environ)
+
+    def poll(self) -> int | None:
+        """The return code if it has ended, else None."""
+        rc = self._proc.poll()
+        self._finish()
+        return rc
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the end (subprocess.TimeoutExpired after `timeout` seconds)."""
+        rc = self._proc.wait(timeout)
+        self._finish()
+        return int(rc)
+
+    def communicate(self, input: bytes | None = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """As Popen.communicate."""
+        out = self._proc.communicate(input, timeout)
+        self._finish()
+        return out
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the command (through the sandbox's pid 1)."""
+        self._proc.send_signal(sig)
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        self._proc.terminate()
+
+    def kill(self) -> None:
+        """End the whole sandbox now."""
+        self._proc.kill()
+
+    def __enter__(self) -> TaskProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.kill()
+        self._proc.__exit__(*exc)
+        self._finish()
+
+
+def _record(sb: Sandbox, **fields: Any) -> dict[str, Any]:
+    limits = {k: v for k, v in (("memory_mb", sb.limits.memory_mb), ("file_mb", sb.limits.file_mb),
+                                ("cpu_s", sb.limits.cpu_s)) if v is not None}
+    base: dict[str, Any] = {
+        "role": sb.role, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "backend": None, "confined": False,
+        "reason": None, "command": [], "chdir": sb.chdir, "binds": [], "hidden": [], "emptied": [],
+        "env_names": [], "network": sb.network, "ports": list(sb.ports),
+        "proxy": None if sb.proxy is None else {"allowed_hosts": list(sb.proxy.allowed_hosts)},
+        "limits": limits, "enforce": sb.enforce, "check": [], "exit_status": None,
+    }
+    base.update(fields)
+    return base
+
+
+def check_targets(forward: Sequence[tuple[int, int | str]]) -> list[dict[str, Any]]:
+    """Connect to each forwarded target on the host (the relay's far end);
+    IsolationError naming the first that does not answer."""
+    entries = []
+    for port, target in forward:
+        try:
+            if isinstance(target, int):
+                s = socket.create_connection(("127.0.0.1", target), timeout=5)
+            else:
+                s = socket.socket(socket.AF_UNIX)
+                s.settimeout(5)
+                s.connect(target)
+            s.close()
+        except OSError as exc:
+            raise IsolationError(f"isolation check failed: forwarded port {port} (to {target}) does not answer: "
+                                 f"{exc.strerror or exc}") from None
+        entries.append({"name": f"port {port}", "target": target, "ok": True})
+    return entries
+
+
+def _unconfined(argv: list[str], sb: Sandbox, environ: Mapping[str, str], reason: str, full_env: bool,
+                **popen: Any) -> TaskProcess:
+    env = dict(environ) if full_env else {**resolve_env(Spec(env_inherit=sb.env_allow), environ), **sb.env_dict}
+    if "PATH" not in env and "PATH" in environ:
+        env["PATH"] = environ["PATH"]
+    record = _record(sb, reason=reason, command=argv, env_names=sorted(env))
+    proc = subprocess.Popen(argv, env=env, cwd=sb.chdir, **popen)
+    return TaskProcess(proc, record, sb, environ, None, None)
+
+
+def spawn(argv: Sequence[str], sb: Sandbox, *, backend: str = "auto", stdin: StdioArg = None,
+          stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
+          environ: Mapping[str, str] | None = None) -> TaskProcess:
+    """Start `argv` (host paths, translated) under `sb`; return at once.
+
+    `environ` is the caller's environment the allowlist draws from (default
+    os.environ). Raises UnavailableError under `enforce='required'` when no
+    backend can confine here (before any process starts), IsolationError
+    naming what failed the isolation check (the command never runs), and
+    what sandbox.spawn raises.
+    """
+    if not isinstance(sb, Sandbox):
+        raise SpecError("sandbox", sb, "must be a sandbox.task.Sandbox")
+    args = check_argv(argv)
+    env_in = dict(os.environ if environ is None else environ)
+    popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
+    if not sb.enabled:
+        return _unconfined(args, sb, env_in, "enabled=False", True, **popen)
+    try:
+        name, _ = backends.choose(backend)
+    except UnavailableError as exc:
+        if sb.enforce == "required":
+            raise UnavailableError(f"enforce='required' and no confinement here: {exc}") from None
+        return _unconfined(args, sb, env_in, str(exc), False, **popen)
+    facts = Facts.gather(sb, env_in)
+    proxy = AllowlistProxy(sb.proxy.allowed_hosts) if sb.proxy is not None and sb.network == "isolated" else None
+    try:
+        return _start(args, sb, name, facts, env_in, proxy, popen)
+    except BaseException:
+        if proxy is not None:
+            proxy.close()
+        raise
+
+
+def _start(args: list[str], sb: Sandbox, name: str, facts: Facts, env_in: dict[str, str],
+           proxy: AllowlistProxy | None, popen: dict[str, Any]) -> TaskProcess:
+    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None)
+    command = compiled.translator.argv(args)
+    record = _record(sb, backend=name, confined=True, command=command, chdir=compiled.spec.cwd,
+                     binds=[{"source": b.source, "target": b.target, "writable": b.writable} for b in compiled.binds],
+                     hidden=list(compiled.hidden), emptied=list(compiled.emptied),
+                     env_names=list(compiled.env_names), ports=[p for p, _ in compiled.forward])
+    try:
+        record["check"] = check_targets(compiled.forward)
+        proc = api.spawn(command, compiled.spec, backend=name, **popen)
+    except SandboxError as exc:
+        record["check"] = record["check"] + _failed_checks(exc, compiled)
+        record["reason"] = str(exc)
+        if sb.records:
+            write_record(sb.records, record, env_in)
+        raise
+    record["check"] += _passed_checks(proc.isolation, sb)
+    return TaskProcess(proc, record, sb, env_in, proxy, compiled)
+
+
+def _passed_checks(isolation: Mapping[str, Any], sb: Sandbox) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"name": f"probe {p}", "ok": True, "result": "absent"} for p in sb.probes]
+    net = isolation.get("network")
+    if net is not None:
+        out.append({"name": "network", "ok": True, "result": net})
+    return out
+
+
+def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]]:
+    if not isinstance(exc, IsolationError):
+        return []
+    path = getattr(exc, "path", None)
+    return [{"name": f"probe {path}" if path else "isolation", "ok": False, "result": str(exc)}]
+
+
+def run(argv: Sequence[str], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
+        timeout: float | None = None, text: bool = False, backend: str = "auto",
+        environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess:
+    """Run `argv` under `sb` and wait, like subprocess.run; the result carries
+    `.record` (and `.record_path` when `sb.records` is set)."""
+    if capture_output:
+        stdio["stdout"] = stdio["stderr"] = subprocess.PIPE
+    if input is not None:
+        stdio["stdin"] = subprocess.PIPE
+    data = input.encode() if isinstance(input, str) else input
+    proc = spawn(argv, sb, backend=backend, environ=environ, **stdio)
+    try:
+        out, err = proc.communicate(data, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+    if text:
+        out = out.decode() if out is not None else None
+        err = err.decode() if err is not None else None
+    result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
+    result.record = proc.record  # type: ignore[attr-defined]
+    result.record_path = proc.record_path  # type: ignore[attr-defined]
+    result.confined = proc.confined  # type: ignore[attr-defined]
+    return result

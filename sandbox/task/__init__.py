@@ -19,9 +19,11 @@ from .description import Bind, Layout, Limits, Proxy, Sandbox
 from .facts import Facts
 from .run import TaskProcess, run, spawn
 from .translate import Translator
+from .workers import worker_pool, worker_spec
 
 __all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "Proxy", "Sandbox", "TaskProcess", "Translator",
-           "compile", "compile_task", "outside", "relative", "run", "sanitized_copy", "spawn", "translate"]
+           "compile", "compile_task", "outside", "relative", "run", "sanitized_copy", "spawn", "translate",
+           "worker_pool", "worker_spec"]
 
 
 def compile(sb: Sandbox, environ: dict[str, str] | None = None) -> Compiled:  # noqa: A001

@@ -90,7 +90,7 @@ def _empty(dest: str) -> list[S.Mount]:
     return [S.Tmpfs(dest, perms=0o555), S.RemountRo(dest)]
 
 
-def cover_mounts(path: str, is_dir: bool, names: list[str]) -> list[S.Mount]:
+def cover_mounts(path: str, is_dir: bool, names: list[str], empty_file: str) -> list[S.Mount]:
     """Cover `path` under each of its `names`: a directory by an empty one, a
     file by an empty file and its package's __pycache__ by an empty directory."""
     out: list[S.Mount] = []
@@ -98,7 +98,7 @@ def cover_mounts(path: str, is_dir: bool, names: list[str]) -> list[S.Mount]:
         if is_dir:
             out += _empty(name)
         else:
-            out.append(S.File(name, b"", perms=0o444, readonly=True))
+            out.append(S.RoBind(empty_file, name))
     return out
 
 
@@ -156,7 +156,7 @@ def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_po
     for path in dict.fromkeys(covers):
         names = names_of(path, binds, facts.realpaths)
         is_dir = os.path.isdir(path)
-        mounts += cover_mounts(path, is_dir, names)
+        mounts += cover_mounts(path, is_dir, names, facts.empty_file)
         hidden += names
         if not is_dir:
             cache = [os.path.join(os.path.dirname(n), "__pycache__") for n in names]
@@ -164,6 +164,8 @@ def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_po
             for c in cache:
                 mounts += _empty(c)
             hidden += cache
+    # The root, and the directories made in it for the mounts, read-only too.
+    mounts.append(S.RemountRo("/"))
     env = build_env(sb, facts, environ, tr, binds, proxy_port)
     forward: dict[int, int | str] = {}
     if sb.network == "isolated":

@@ -8,8 +8,11 @@ interpreter (pyenv.PythonFacts), and the files the `hide` names, the
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -36,6 +39,7 @@ class Facts:
     framework_paths: tuple[str, ...]  # where the framework package is installed (covered unless shown)
     packages: tuple[str, ...]  # host paths of `packages`
     realpaths: Mapping[str, str] = field(default_factory=dict)  # a path -> where its links lead
+    empty_file: str = ""  # an empty read-only host file, bound over a hidden file
 
     @classmethod
     def gather(cls, sb: Sandbox, environ: Mapping[str, str], python: PythonFacts | None = None) -> Facts:
@@ -52,7 +56,25 @@ class Facts:
         real = {p: os.path.realpath(p) for p in (*[h for _, h in hidden], *fw, *py.site_dirs,
                                                  *sb.read, *sb.write, *(b.source for b in sb.binds))}
         return cls(python=py, system=system_mounts(), etc=tuple(p for p in ETC_FILES if os.path.exists(p)),
-                   hidden=hidden, framework_paths=tuple(fw), packages=pkgs, realpaths=real)
+                   hidden=hidden, framework_paths=tuple(fw), packages=pkgs, realpaths=real,
+                   empty_file=empty_file() if hidden or fw else "")
+
+
+_empty: list[str] = []
+
+
+def empty_file() -> str:
+    """An empty file of this process (mode 0444, in a private 0711 directory),
+    removed at exit: what a hidden module file is covered with. A file cannot
+    be created over a file of a read-only bind, but one can be bound there."""
+    if not _empty:
+        directory = tempfile.mkdtemp(prefix="sandbox-task-")
+        os.chmod(directory, 0o711)
+        path = os.path.join(directory, "empty")
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444))
+        atexit.register(shutil.rmtree, directory, True)
+        _empty.append(path)
+    return _empty[0]
 
 
 def hide_names(sb: Sandbox, environ: Mapping[str, str]) -> tuple[str, ...]:

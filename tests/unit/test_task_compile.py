@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import Bind as SBind
-from sandbox import File, RemountRo, RoBind, SpecError, Tmpfs
+from sandbox import RemountRo, RoBind, SpecError, Tmpfs
 from sandbox.task import Bind, Facts, Proxy, Sandbox, compile_task
 from sandbox.task.facts import hide_names
 from sandbox.task.pyenv import PythonFacts, locate, pth_additions
@@ -53,14 +53,14 @@ def test_hide_covers_every_name_and_the_pycache(tmp_path: Path) -> None:
     (tmp_path / "lib" / "whole").mkdir()
     hidden = (("pkg.scoring", str(pkg / "scoring.py")), ("whole", str(tmp_path / "lib" / "whole")))
     sb = Sandbox(read=(str(tmp_path / "lib"),), binds=(Bind(str(tmp_path / "lib"), "/w/lib"),), hide=("pkg.scoring",))
-    c = compile_task(sb, facts(hidden=hidden), {})
+    c = compile_task(sb, facts(hidden=hidden, empty_file="/e/empty"), {})
     for root in (str(tmp_path / "lib"), "/w/lib"):
-        assert File(f"{root}/pkg/scoring.py", b"", perms=0o444, readonly=True) in c.spec.mounts
+        assert RoBind("/e/empty", f"{root}/pkg/scoring.py") in c.spec.mounts
         assert Tmpfs(f"{root}/pkg/__pycache__", perms=0o555) in c.spec.mounts
         assert Tmpfs(f"{root}/whole", perms=0o555) in c.spec.mounts
     # the covers come after every bind
-    last_bind = max(i for i, m in enumerate(c.spec.mounts) if isinstance(m, SBind))
-    first_cover = min(i for i, m in enumerate(c.spec.mounts) if isinstance(m, File))
+    last_bind = max(i for i, m in enumerate(c.spec.mounts) if isinstance(m, SBind) and m.src != "/e/empty")
+    first_cover = min(i for i, m in enumerate(c.spec.mounts) if isinstance(m, SBind) and m.src == "/e/empty")
     assert last_bind < first_cover
     assert c.spec.env_dict["SANDBOX_HIDE"] == "pkg.scoring,whole"
 
@@ -113,7 +113,7 @@ def test_forwarding_ports_sockets_env_urls_and_proxy() -> None:
 
 def test_framework_package_covered_unless_asked() -> None:
     fw = ("/venv/lib/python3.11/site-packages/trainer", "/src/checkout/trainer")
-    covered = compile_task(Sandbox(framework_package="trainer"), facts(framework_paths=fw), {})
+    covered = compile_task(Sandbox(framework_package="trainer"), facts(framework_paths=fw, empty_file="/e"), {})
     assert "/venv/lib/python3.11/site-packages/trainer" in covered.hidden
     shown = compile_task(Sandbox(framework_package="trainer", framework=True), facts(framework_paths=fw), {})
     assert not shown.hidden

@@ -14,8 +14,8 @@ from sandbox import task
 PY = sys.executable  # the framework's interpreter: shown inside as installed
 
 
-@pytest.fixture(params=["native", "bwrap"])
-def backend(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(name="backend", params=["native", "bwrap"])
+def task_backend(request: pytest.FixtureRequest) -> str:
     """Each test runs on both backends."""
     if request.param == "bwrap" and not sandbox.probe().bwrap:
         pytest.skip("bwrap is not available")

@@ -8,7 +8,7 @@ import site
 from pathlib import Path
 
 import pytest
-from task_helpers import PY, backend, pyrun, trun  # noqa: F401  (backend: a fixture)
+from task_helpers import PY, pyrun, task_backend, trun  # noqa: F401  (task_backend: the fixture `backend`)
 
 from sandbox import task
 from sandbox.task import Bind, Sandbox
@@ -23,7 +23,8 @@ def test_nothing_undeclared_exists(backend: str, tmp_path: Path) -> None:
     (tmp_path / "undeclared").mkdir()
     os.chdir(tmp_path / "undeclared")  # a caller's cwd that is not declared: absent, and no failure
     try:
-        r = trun('echo ROOT $(ls -A /); for p in /home /root "$1" /etc/shadow /etc/sudoers /etc/ssh /etc/ssl/private; do '
+        r = trun('echo ROOT $(ls -A /); '
+                 'for p in /home /root "$1" /etc/shadow /etc/sudoers /etc/ssh /etc/ssl/private; do '
                  '[ -e "$p" ] && echo "EXISTS $p"; done; pwd; ls /etc; ls "$2" >/dev/null && echo granted-ok',
                  Sandbox(read=(str(tmp_path / "granted"),)), backend, str(tmp_path / "undeclared"),
                  str(tmp_path / "granted"))
@@ -40,7 +41,8 @@ def test_nothing_undeclared_exists(backend: str, tmp_path: Path) -> None:
 def test_only_write_paths_writable_binds_and_tmp_are_writable(backend: str, tmp_path: Path) -> None:
     for d in ("rw", "rw/ro", "ro", "ro/rw", "bound", "bound_rw"):
         (tmp_path / d).mkdir()
-    sb = Sandbox(write=(str(tmp_path / "rw"), str(tmp_path / "ro/rw")), read=(str(tmp_path / "rw/ro"), str(tmp_path / "ro")),
+    sb = Sandbox(write=(str(tmp_path / "rw"), str(tmp_path / "ro/rw")),
+                 read=(str(tmp_path / "rw/ro"), str(tmp_path / "ro")),
                  binds=(Bind(str(tmp_path / "bound"), "/b"), Bind(str(tmp_path / "bound_rw"), "/brw", writable=True)))
     script = ('for p in /tmp "$1/rw" "$1/rw/ro" "$1/ro" "$1/ro/rw" /b /brw /usr /etc; do '
               'if touch "$p/f" 2>/dev/null; then echo "W $p"; else echo "R $p"; fi; done')
@@ -62,7 +64,7 @@ def test_a_link_to_an_undeclared_path_does_not_resolve(backend: str, tmp_path: P
 
 def test_python_as_installed(backend: str) -> None:
     code = ("import sys, os, cloudpickle; print(sys.executable); print(cloudpickle.__file__);"
-            "print(sorted(os.listdir('/usr/lib/python3/dist-packages')) if os.path.isdir('/usr/lib/python3/dist-packages') else 'none')")
+            "d = '/usr/lib/python3/dist-packages'; print(sorted(os.listdir(d)) if os.path.isdir(d) else 'none')")
     r = pyrun(code, Sandbox(), backend)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
@@ -121,7 +123,8 @@ def test_hide_covers_under_two_names_without_running_the_package(backend: str, t
     monkeypatch.syspath_prepend(str(lib))
     sb = Sandbox(read=(str(lib),), binds=(Bind(str(lib), "/w/lib"),), hide=("judgepkg.scoring",),
                  env={"PYTHONPATH": str(lib)})
-    script = ('for root in "$1" /w/lib; do wc -c < "$root/judgepkg/scoring.py"; ls -A "$root/judgepkg/__pycache__" | wc -l; '
+    script = ('for root in "$1" /w/lib; do wc -c < "$root/judgepkg/scoring.py"; '
+              'ls -A "$root/judgepkg/__pycache__" | wc -l; '
               'cat "$root/judgepkg/util.py"; done; echo "HIDE=$SANDBOX_HIDE"; '
               f'{PY} -c "from judgepkg import scoring; print(hasattr(scoring, \'ANSWER\'))"')
     r = trun(script, sb, backend, str(lib))

@@ -11,13 +11,15 @@ sandbox's pid 1 has the launcher's death as its parent-death signal).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from ..errors import SandboxError
 from .description import Sandbox
-from .run import spawn
+from .run import TaskProcess, spawn
 
 USAGE = "usage: python -m sandbox.task [--backend auto|native|bwrap] SPEC -- CMD [ARG...]\n" \
         "SPEC: the description as JSON text, or @FILE"
@@ -46,6 +48,32 @@ def parse(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     return backend, text, args[cut + 1:]
 
 
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def forward_signal(proc: TaskProcess, sig: int) -> None:
+    """Pass `sig` on to the command. The native sandbox's pid 1 forwards what
+    it gets to the command; bwrap's monitor and init do not (a SIGTERM ends
+    the monitor, and the rest dies with it, without the command seeing the
+    signal), so there the command (the child of bwrap's pid 1) gets it directly."""
+    if proc.record.get("backend") == "bwrap":
+        targets = [g for c in _children(proc.pid) for g in _children(c)]
+        if targets:
+            for pid in targets:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            return
+    proc.send_signal(sig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the launcher; return the exit status."""
     try:
@@ -66,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sandbox.task: {exc}", file=sys.stderr)
         return 127
     for sig in FORWARDED:
-        signal.signal(sig, lambda s, _f: proc.send_signal(s))
+        signal.signal(sig, lambda s, _f: forward_signal(proc, s))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     rc = proc.wait()
     return rc if rc >= 0 else 128 - rc

@@ -1,0 +1,69 @@
+"""Task descriptions run as WorkerPool tasks: each call in a fresh task sandbox (native backend)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox import SpecError
+from sandbox.task import Sandbox, worker_pool
+
+pytestmark = pytest.mark.integration
+
+
+def look(paths: list[str]) -> dict[str, object]:
+    import os as _os
+
+    out: dict[str, object] = {p: _os.path.exists(p) for p in paths}
+    try:
+        import cffi
+
+        out["cffi.FFI"] = hasattr(cffi, "FFI")
+    except ImportError:
+        out["cffi.FFI"] = False
+    out["env"] = sorted(_os.environ)
+    with open("/tmp/mine", "a") as f:  # each task has a /tmp of its own
+        f.write("x")
+    out["tmp"] = _os.path.getsize("/tmp/mine")
+    return out
+
+
+def write(path: str) -> str:
+    with open(path, "w") as f:
+        f.write("from a task")
+    return path
+
+
+@pytest.fixture
+def native() -> None:
+    if not sandbox.probe().native:
+        pytest.skip("WorkerPool needs the native backend")
+
+
+@pytest.mark.usefixtures("native")
+def test_each_call_runs_in_a_fresh_task_sandbox(tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    sb = Sandbox(hide=("cffi",), write=(str(tmp_path / "out"),), env={"MODEL": "m"})
+    with worker_pool(sb, max_workers=2) as pool:
+        first, second = (pool.submit(look, ["/root", "/home", str(tmp_path)]).result(timeout=60) for _ in range(2))
+        written = pool.submit(write, str(tmp_path / "out" / "r.txt")).result(timeout=60)
+        # beside the grant lies the task's own /tmp: what it writes there stays there
+        pool.submit(write, str(tmp_path / "elsewhere.txt")).result(timeout=60)
+        with pytest.raises(OSError):
+            pool.submit(write, "/usr/x").result(timeout=60)
+    assert first["/root"] is False and first["/home"] is False and first[str(tmp_path)] is True
+    assert first["cffi.FFI"] is False  # hidden in the workers too
+    assert "MODEL" in first["env"] and "SANDBOX_HIDE" in first["env"]
+    assert first["tmp"] == 1 and second["tmp"] == 1
+    assert Path(written).read_text() == "from a task"
+    assert not (tmp_path / "elsewhere.txt").exists()
+
+
+@pytest.mark.usefixtures("native")
+def test_forwarding_is_refused_for_workers() -> None:
+    with pytest.raises(SpecError, match="WorkerPool"):
+        worker_pool(Sandbox(ports=(8080,)))
+    assert os.environ.get("SANDBOX_HIDE") is None

@@ -96,3 +96,16 @@ def test_enabled_false_confines_nothing_and_holds_nothing_back(tmp_path: Path) -
     assert r.stdout.split()[0] == "visible"
     (rec,) = records_in(tmp_path / "rec")
     assert rec["confined"] is False and rec["reason"] == "enabled=False"
+
+
+def test_a_sandbox_inside_a_task_sandbox_is_refused_by_the_default_policy(backend: str) -> None:
+    """Nested sandboxes: the default seccomp policy denies new user namespaces inside (README, Task sandboxes)."""
+    code = ("import sandbox\n"
+            "for be in ('native', 'bwrap'):\n"
+            "    try:\n"
+            "        sandbox.run(['true'], sandbox.presets.minimal_system(), backend=be)\n"
+            "        print(be, 'started')\n"
+            "    except sandbox.UnavailableError:\n"
+            "        print(be, 'refused')\n")
+    r = task.run([PY, "-c", code], Sandbox(), backend=backend, capture_output=True, text=True, timeout=60)
+    assert r.stdout.split("\n")[:2] == ["native refused", "bwrap refused"], r.stderr

@@ -1,0 +1,114 @@
+"""The task sandbox's start, side by side with the same description rendered for bwrap.
+
+One description (`Sandbox(write=[a scratch dir], env_allow=["LANG"], hide=["cffi"])`,
+isolated network) started five ways, interleaved in one process:
+
+- `task native`: `sandbox.task.run([python3, -c, pass], sb, backend="native")`
+  (the whole task layer: facts, compile, the isolation check, the record);
+- `task bwrap`: the same through the bwrap backend;
+- `bwrap rendered`: the compiled world written as a bwrap command line and
+  run with subprocess.run, which is what a bwrap-rendering framework layer
+  does today (no seccomp, no isolation check: bwrap's floor);
+- `task worker`: one call of a WorkerPool started from the description
+  (`task.worker_pool(sb).submit(pass_fn)`);
+- `bare exec`: `subprocess.run([python3, -c, pass])`, the floor.
+
+Prints median and p90 in ms, and each ratio to `bwrap rendered`.
+
+    python benchmarks/task.py [-n 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+from sandbox import spec as S
+from sandbox import task
+
+PY = sys.executable
+CMD = [PY, "-c", "pass"]
+
+
+def bwrap_argv(spec: S.Spec, argv: list[str]) -> list[str]:
+    """The Spec's world as a plain bwrap command line (a framework's rendering)."""
+    out = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
+    for m in spec.mounts:
+        if isinstance(m, S.RoBind):
+            out += ["--ro-bind-try" if m.optional else "--ro-bind", m.src, m.target()]
+        elif isinstance(m, S.Bind):
+            out += ["--bind", m.src, m.target()]
+        elif isinstance(m, S.Symlink):
+            out += ["--symlink", m.target_path, m.dest]
+        elif isinstance(m, S.Proc):
+            out += ["--proc", m.dest]
+        elif isinstance(m, S.Dev):
+            out += ["--dev", m.dest]
+        elif isinstance(m, S.Tmpfs):
+            out += ["--perms", oct(m.perms)[2:], "--tmpfs", m.dest]
+        elif isinstance(m, S.RemountRo):
+            out += ["--remount-ro", m.dest]
+        else:
+            raise ValueError(f"not rendered: {m}")
+    for name, value in spec.env:
+        out += ["--setenv", name, value]
+    return [*out, "--", *argv]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1000
+
+
+def _pass() -> None:
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=60)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        sb = task.Sandbox(write=(scratch,), env_allow=("LANG",), hide=("cffi",))
+        rendered = bwrap_argv(task.compile(sb).spec, CMD)
+
+        def check(rc: int, what: str) -> None:
+            if rc != 0:
+                raise RuntimeError(f"{what} exited {rc}")
+
+        with task.worker_pool(sb, max_workers=1) as pool:
+            modes: dict[str, Callable[[], object]] = {
+                "task native": lambda: check(task.run(CMD, sb, backend="native").returncode, "task native"),
+                "task bwrap": lambda: check(task.run(CMD, sb, backend="bwrap").returncode, "task bwrap"),
+                "bwrap rendered": lambda: check(subprocess.run(rendered).returncode, "bwrap rendered"),
+                "task worker": lambda: pool.submit(_pass).result(timeout=60),
+                "bare exec": lambda: check(subprocess.run(CMD).returncode, "bare exec"),
+            }
+            times: dict[str, list[float]] = {m: [] for m in modes}
+            for i in range(args.n + 3):
+                for mode, fn in modes.items():
+                    t = timed(fn)
+                    if i >= 3:
+                        times[mode].append(t)
+    base = statistics.median(times["bwrap rendered"])
+    print(f"# task sandbox start of `python3 -c pass` (and one WorkerPool call), n={args.n}, uid={os.getuid()}, "
+          f"load {os.getloadavg()[0]:.1f}")
+    print("| mode | median ms | p90 ms | / bwrap rendered |")
+    print("|---|---|---|---|")
+    for mode, xs in times.items():
+        ys = sorted(xs)
+        med = statistics.median(ys)
+        print(f"| {mode} | {med:.2f} | {ys[int(0.9 * (len(ys) - 1))]:.2f} | {med / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

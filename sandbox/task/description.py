@@ -171,6 +171,9 @@ class Sandbox:
             set_(self, "records", _path("records", self.records))
         set_(self, "probes", _paths("probes", self.probes))
         _choice("role", self.role, ROLES)
+        both = sorted(set(self.ports) & {p for p, _ in self.sockets})
+        if both:
+            raise SpecError("sockets", both[0], "is also in ports: an inside port forwards to one target")
         if self.network == "open" and (self.ports or self.sockets or self.proxy):
             what = "ports" if self.ports else "sockets" if self.sockets else "proxy"
             raise SpecError(what, getattr(self, what), "forwarding needs network 'isolated' ('open' is the host's)")

@@ -41,9 +41,16 @@ class PythonFacts:
 
     @classmethod
     def current(cls) -> PythonFacts:
-        """This interpreter's facts."""
-        from ..workerpool.interpreter import executable_chain
+        """This interpreter's facts; read again when sys.path, PYTHONPATH or a
+        site directory (a .pth file added or removed) changes."""
+        key = (tuple(sys.path), os.environ.get("PYTHONPATH", ""),
+               tuple(_mtime(p) for p in sys.path if p.endswith(("site-packages", "dist-packages"))))
+        if _cache.get("key") != key:
+            _cache["facts"], _cache["key"] = cls._read(), key
+        return _cache["facts"]  # type: ignore[return-value]
 
+    @classmethod
+    def _read(cls) -> PythonFacts:
         site_dirs = _site_dirs()
         chain = tuple(executable_chain(sys.executable))
         # (a venv's platstdlib is its own lib/pythonX.Y, which holds no standard library)
@@ -58,6 +65,27 @@ class PythonFacts:
                    bindir=os.path.dirname(os.path.abspath(sys.executable)), stdlib=stdlib,
                    site_dirs=site_dirs, pth_added=tuple(pth_additions(site_dirs)),
                    other_site_dirs=tuple(p for p in _all_site_dirs() if p not in site_dirs), pythonpath=pp)
+
+
+_cache: dict[str, object] = {}
+
+
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def executable_chain(path: str) -> list[str]:
+    """`path` and every symlink it leads through, ending at the real file."""
+    chain: list[str] = []
+    while path not in chain:
+        chain.append(path)
+        if not os.path.islink(path):
+            break
+        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
+    return chain
 
 
 def _site_dirs() -> tuple[str, ...]:

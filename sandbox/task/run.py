@@ -25,7 +25,7 @@ from .compile import Compiled, compile_task
 from .description import Sandbox
 from .facts import Facts
 from .proxy import AllowlistProxy
-from .records import write_record
+from .records import scrub, secrets_of, write_record
 
 StdioArg = int | IO[Any] | None
 
@@ -64,6 +64,7 @@ class TaskProcess:
         self.record["exit_status"] = self._proc.returncode
         if self._sb.records:
             self.record_path = write_record(self._sb.records, self.record, self._environ)
+        self.record = scrub(self.record, secrets_of(self._environ))
 
     def poll(self) -> int | None:
         """The return code if it has ended, else None."""

@@ -57,7 +57,7 @@ def test_unknown_keys_are_refused_by_name(data: dict, named: str) -> None:
     ({"enforce": "maybe"}, "enforce"), ({"role": "boss"}, "role"), ({"ports": [0]}, "ports"),
     ({"sockets": {"x": "/s"}}, "sockets"), ({"limits": {"cpu_s": -1}}, "limits.cpu_s"),
     ({"enabled": "yes"}, "enabled"), ({"network": "open", "ports": [80]}, "ports"),
-    ({"binds": [{"source": "/a"}]}, "binds[0]"),
+    ({"binds": [{"source": "/a"}]}, "binds[0]"), ({"ports": [7000], "sockets": {"7000": "/s"}}, "sockets"),
 ])
 def test_bad_values_name_the_field(data: dict, field: str) -> None:
     with pytest.raises(SpecError) as info:

@@ -5,6 +5,8 @@ isolated network) started five ways, interleaved in one process:
 
 - `task native`: `sandbox.task.run([python3, -c, pass], sb, backend="native")`
   (the whole task layer: facts, compile, the isolation check, the record);
+- `spawn of the Spec, no netns check`: `sandbox.run` of the compiled Spec with
+  `check=False` (what the namespace inspection costs);
 - `task bwrap`: the same through the bwrap backend;
 - `bwrap rendered`: the compiled world written as a bwrap command line and
   run with subprocess.run, which is what a bwrap-rendering framework layer
@@ -30,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import sandbox
 from sandbox import spec as S
 from sandbox import task
 
@@ -78,7 +81,9 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         sb = task.Sandbox(write=(scratch,), env_allow=("LANG",), hide=("cffi",))
-        rendered = bwrap_argv(task.compile(sb).spec, CMD)
+        compiled = task.compile(sb).spec
+        rendered = bwrap_argv(compiled, CMD)
+        unchecked = compiled.replace(check=False)
 
         def check(rc: int, what: str) -> None:
             if rc != 0:
@@ -87,6 +92,8 @@ def main() -> int:
         with task.worker_pool(sb, max_workers=1) as pool:
             modes: dict[str, Callable[[], object]] = {
                 "task native": lambda: check(task.run(CMD, sb, backend="native").returncode, "task native"),
+                "spawn of the Spec, no netns check": lambda: check(sandbox.run(CMD, unchecked, backend="native")
+                                                                   .returncode, "unchecked"),
                 "task bwrap": lambda: check(task.run(CMD, sb, backend="bwrap").returncode, "task bwrap"),
                 "bwrap rendered": lambda: check(subprocess.run(rendered).returncode, "bwrap rendered"),
                 "task worker": lambda: pool.submit(_pass).result(timeout=60),

@@ -17,12 +17,13 @@ from .compile import Compiled, compile_task
 from .copy import sanitized_copy
 from .description import Bind, Layout, Limits, Proxy, Sandbox
 from .facts import Facts
+from .narrow import narrowed
 from .run import TaskProcess, run, spawn
 from .translate import Translator
 from .workers import worker_pool, worker_spec
 
 __all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "Proxy", "Sandbox", "TaskProcess", "Translator",
-           "compile", "compile_task", "outside", "relative", "run", "sanitized_copy", "spawn", "translate",
+           "compile", "compile_task", "narrowed", "outside", "relative", "run", "sanitized_copy", "spawn", "translate",
            "worker_pool", "worker_spec"]
 
 

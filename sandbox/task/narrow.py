@@ -1,0 +1,76 @@
+"""Nested sandboxes, from the trusted side: a description narrowed from its parent's.
+
+A task sandbox cannot start a sandbox inside itself under the default
+seccomp policy (no new user namespaces there; see the README's "Nested
+sandboxes"). The framework starts the narrower one itself, as a sibling,
+from `narrowed(parent, child)`: the child description is checked to grant
+nothing its parent does not (every path it shows lies under a path the
+parent shows, writable only where the parent's is; no network the parent
+lacks; no port, socket or allowed host beyond the parent's; no variable
+beyond the parent's allowlist), and it inherits what must never loosen: the
+parent's hidden modules and probes are added to its own, its limits are the
+smaller of the two, and its enforcement, records and `enabled` are the
+parent's. SpecError names the first field that would widen.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from ..errors import SpecError
+from .description import Limits, Sandbox
+from .translate import _under
+
+
+def _parent_grants(parent: Sandbox) -> list[tuple[str, bool]]:
+    """(host path, writable) the parent shows, most specific last."""
+    grants = [(p, False) for p in parent.read] + [(p, True) for p in parent.write]
+    grants += [(b.source, b.writable) for b in parent.binds]
+    return sorted(grants, key=lambda g: len(g[0]))
+
+
+def _allowed(path: str, writable: bool, grants: list[tuple[str, bool]]) -> bool:
+    """Whether the parent shows host `path` (writable, if asked): the most specific grant above it decides."""
+    deciding = [w for p, w in grants if _under(path, p)]
+    return bool(deciding) and (deciding[-1] or not writable)
+
+
+def _smaller(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def narrowed(parent: Sandbox, child: Sandbox) -> Sandbox:
+    """`child`, checked to be no wider than `parent`, with the parent's hides,
+    probes, limits, enforcement and records folded in."""
+    grants = _parent_grants(parent)
+    wanted = [("read", p, False) for p in child.read] + [("write", p, True) for p in child.write]
+    wanted += [("binds", b.source, b.writable) for b in child.binds]
+    for field, path, writable in wanted:
+        if not _allowed(path, writable, grants):
+            how = "writable" if writable else "shown"
+            raise SpecError(field, path, f"is not {how} in the parent sandbox: a nested sandbox can only narrow")
+    if child.network == "open" and parent.network != "open":
+        raise SpecError("network", "open", "the parent's network is isolated")
+    extra_ports = sorted(set(child.ports) - set(parent.ports))
+    if extra_ports:
+        raise SpecError("ports", extra_ports[0], "is not forwarded to the parent")
+    if not set(child.sockets) <= set(parent.sockets):
+        raise SpecError("sockets", dict(child.sockets), "forwards a socket the parent does not have")
+    if child.proxy is not None:
+        allowed = set(parent.proxy.allowed_hosts) if parent.proxy is not None else set()
+        extra = sorted(set(child.proxy.allowed_hosts) - allowed)
+        if extra:
+            raise SpecError("proxy.allowed_hosts", extra[0], "is not allowed to the parent")
+    for pattern in child.env_allow:
+        if not any(fnmatch.fnmatchcase(pattern, p) for p in parent.env_allow):
+            raise SpecError("env_allow", pattern, "is not within the parent's env_allow")
+    if child.framework and not parent.framework:
+        raise SpecError("framework", True, "the parent covers the framework package")
+    limits = Limits(**{name: _smaller(getattr(child.limits, name), getattr(parent.limits, name))
+                       for name in ("memory_mb", "file_mb", "cpu_s")})
+    return child.replace(
+        hide=tuple(dict.fromkeys((*parent.hide, *child.hide))),
+        probes=tuple(dict.fromkeys((*parent.probes, *child.probes))),
+        framework_package=child.framework_package or parent.framework_package,
+        limits=limits, enforce=parent.enforce, records=parent.records, enabled=parent.enabled,
+    )

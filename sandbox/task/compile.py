@@ -154,6 +154,9 @@ def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_po
     if sb.framework_package and not sb.framework:
         covers += list(facts.framework_paths)
     for path in dict.fromkeys(covers):
+        # A link is covered where it leads (nothing is mounted on a link:
+        # the link itself then leads to the cover).
+        path = facts.realpaths.get(path, path) if os.path.islink(path) else path
         names = names_of(path, binds, facts.realpaths)
         is_dir = os.path.isdir(path)
         mounts += cover_mounts(path, is_dir, names, facts.empty_file)

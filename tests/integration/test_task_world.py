@@ -165,3 +165,15 @@ def test_limits(backend: str, tmp_path: Path) -> None:
     r = trun('sh -c "head -c 3000000 /dev/zero > $1/big"; echo "status $?"', sb, backend, str(tmp_path))
     assert "status 0" not in r.stdout
     assert (tmp_path / "big").stat().st_size <= 1 << 20
+
+
+def test_a_hidden_package_reached_through_a_link_is_covered_where_it_leads(backend: str, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "real" / "linkpkg").mkdir(parents=True)
+    (tmp_path / "real" / "linkpkg" / "__init__.py").write_text("SECRET = 1\n")
+    (tmp_path / "lib").mkdir()
+    os.symlink("../real/linkpkg", tmp_path / "lib" / "linkpkg")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    sb = Sandbox(read=(str(tmp_path / "lib"), str(tmp_path / "real")), hide=("linkpkg",))
+    r = trun('ls -A "$1/lib/linkpkg/" "$1/real/linkpkg/" | grep -c init', sb, backend, str(tmp_path))
+    assert r.stdout.strip() == "0", r.stderr

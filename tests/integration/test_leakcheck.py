@@ -140,39 +140,34 @@ def test_a_test_failing_midway_leaves_nothing(tmp_path: Path) -> None:
     assert not pids_with_marker(marker)
     recorded = [json.loads(line) for line in (tmp_path / "namespaces.jsonl").read_text().splitlines()]
     assert len(recorded) >= 3
-    ours = {target for ns in recorded for target in ns.values()}
-    ended = _uptime()
-    held: set[str] = set()
+    held: list[int] = []
     for _ in range(50):  # the kernel frees a namespace once its last process is reaped
-        held = _namespaces_in_use(started_before=ended) & ours
+        held = _processes_in(recorded)
         if not held:
             break
         time.sleep(0.1)
-    assert not held, f"namespaces of the failed tests' sandboxes still in use: {held}"
+    assert not held, f"processes still in the failed tests' sandboxes' namespaces: {held}"
 
 
-def _uptime() -> float:
-    return float(Path("/proc/uptime").read_text().split()[0])
+NAMESPACES = ("mnt", "pid", "net", "ipc", "uts")
 
 
-def _namespaces_in_use(started_before: float) -> set[str]:
-    """The namespaces of every process this test can see that started before
-    `started_before` (seconds since boot). A namespace's name is its inode
-    number, which the kernel reuses once it is freed: a process started
-    later (another test's, another user's) may hold a new namespace under an
-    old name, but it cannot have inherited one from the inner session."""
-    out = set()
-    tick = os.sysconf("SC_CLK_TCK")
+def _processes_in(recorded: list[dict[str, str]]) -> list[int]:
+    """The processes this test can see that are in every namespace of one
+    recorded sandbox. A namespace's name is its inode number, which the
+    kernel reuses once the namespace is freed: another process (another
+    test's, another user's) may hold a new namespace under an old name, but
+    not five of them under the five names one sandbox had."""
+    wanted = [tuple(ns[name] for name in NAMESPACES) for ns in recorded]
+    found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            # field 22 (starttime, in clock ticks since boot), after the parenthesised name
-            start = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) / tick
-            links = {os.readlink(f"/proc/{pid}/ns/{name}") for name in ("mnt", "pid", "net", "ipc", "uts")}
-        except (OSError, IndexError, ValueError):
+            links = tuple(os.readlink(f"/proc/{pid}/ns/{name}") for name in NAMESPACES)
+        except OSError:
             continue
-        if start <= started_before:
-            out |= links
-    return out
+        if links in wanted:
+            found.append(int(pid))
+    return found
 
 
 def test_a_passing_test_leaves_the_snapshot_unchanged() -> None:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the package with its test extra into a venv made with the system
+# Install the package with its test extra (or $SANDBOX_EXTRAS, e.g.
+# "test,ray,bench" as CI has it) into a venv made with the system
 # python3, in a place every user can read; print the venv's path on stdout
 # (progress goes to stderr). Used by run-demo.sh and run-tests.sh.
 #
@@ -27,8 +28,9 @@ if [ ! -x "$venv/bin/python" ]; then
     "$PY" -m venv "$venv" >&2
     "$venv/bin/pip" install -q --upgrade pip >&2
 fi
-say "building the C core and installing sandbox[test] from $src into $venv (about 20 s)"
-"$venv/bin/pip" install -q "$src[test]" >&2
+extras=${SANDBOX_EXTRAS:-test}
+say "building the C core and installing sandbox[$extras] from $src into $venv (about 20 s)"
+"$venv/bin/pip" install -q "$src[$extras]" >&2
 chmod -R a+rX "$venv"
 say "ready: $("$venv/bin/sandbox" --version)"
 echo "$venv"

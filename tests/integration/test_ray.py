@@ -1,0 +1,104 @@
+"""sandbox.ray: 200 sandboxed tasks across two WorkerPool actors of a local Ray instance.
+
+Ray runs on loopback only, in a temporary folder of its own, started and
+shut down inside the one test, so the leak check sees every Ray process end.
+Ray replaces a node address of 127.0.0.1 by the host's routable address
+unless it believes it runs a single-machine (Windows/macOS-style) instance:
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, set before Ray is imported, keeps every
+Ray socket on 127.0.0.1 (checked below); no dashboard, no usage report. Ray is
+an optional extra: without it the test skips, except in CI (CI set), which
+installs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import make_base_spec
+
+import sandbox
+from sandbox.workerpool import RemoteTraceback, TaskTimeoutError
+
+pytestmark = pytest.mark.integration
+
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+if importlib.util.find_spec("ray") is None and not os.environ.get("CI"):  # CI installs the extra
+    pytest.skip("Ray is not installed (pip install 'sandbox[ray]')", allow_module_level=True)
+
+
+def whereami(i: int) -> tuple[int, int, str, bool]:
+    """A task: its number, its pid, its hostname, and whether it sees the host's /etc."""
+    import socket
+
+    return i, os.getpid(), socket.gethostname(), os.path.exists("/etc/passwd")
+
+
+def fail(i: int) -> None:
+    raise ValueError(f"task {i} failed")
+
+
+def linger() -> None:
+    time.sleep(60)
+
+
+def noisy() -> str:
+    print("from the sandbox")
+    return os.environ.get("RAY_TASK_VAR", "")
+
+
+@pytest.fixture
+def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    for name, value in LOOPBACK_ONLY.items():
+        monkeypatch.setenv(name, value)  # read when Ray is imported, and by every Ray process
+    ray = importlib.import_module("ray")
+    temp = tempfile.mkdtemp(prefix="sbxray")  # short: Ray's socket paths must fit 107 bytes
+    # Ray puts the driver's cwd on every worker's sys.path: not the checkout, whose
+    # uncompiled sandbox/ would shadow the installed package there.
+    monkeypatch.chdir(temp)
+    monkeypatch.setenv("HOME", temp)  # Ray writes its auth token to ~/.ray: the test's own folder
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+             object_store_memory=80 * 1024 * 1024, log_to_driver=False, configure_logging=False)
+    try:
+        assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
+        yield ray
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_200_tasks_across_two_actors(local_ray: Any) -> None:
+    ray = local_ray
+    from sandbox.ray import RayPool
+
+    spec = make_base_spec(hostname="task")
+    with RayPool(spec, max_workers=4, actors_per_node=2, timeout=30) as pool:
+        assert len(pool.actors) == 2
+        futures = [pool.submit(whereami, i) for i in range(200)]
+        results = [f.result(timeout=120) for f in futures]
+        assert [r[0] for r in results] == list(range(200))
+        # each in a sandbox: its own uts and pid namespaces, the Spec's root (no /etc)
+        assert {(r[2], r[3]) for r in results} == {("task", False)}
+        assert max(r[1] for r in results) < 10, "tasks ran in the host's pid namespace"
+
+        # results through map, exceptions with their remote traceback, stdout and env, timeouts
+        assert list(pool.map(whereami, range(5)))[4][0] == 4
+        err = pool.submit(fail, 3).exception(timeout=60)
+        assert isinstance(err, ValueError) and str(err) == "task 3 failed"
+        assert isinstance(err.__cause__, RemoteTraceback) and "in fail" in err.__cause__.tb
+        out = pool.submit_task(noisy, env={"RAY_TASK_VAR": "seen"})
+        assert out.result(timeout=60) == "seen" and out.stdout == b"from the sandbox\n"
+        assert out.node_id == ray.get_runtime_context().get_node_id()
+        started = time.monotonic()
+        with pytest.raises(TaskTimeoutError):
+            pool.submit_task(linger, timeout=1).result(timeout=60)
+        assert time.monotonic() - started < 30

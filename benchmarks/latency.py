@@ -75,8 +75,10 @@ def _backend(spec: sandbox.Spec, backend: str) -> None:
         raise RuntimeError(f"sandboxed /bin/true exited {proc.returncode}")
 
 
-def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20) -> dict[str, list[float]]:
-    """Run every variant n times, round-robin; return ms per call."""
+def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20,
+            on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Run every variant n times, round-robin; return ms per call. `on_round` is
+    called after each round (a progress bar), outside the timed calls."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     for i in range(warmup + n):
         for name, fn in fns.items():
@@ -84,6 +86,8 @@ def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20) -> d
             fn()
             if i >= warmup:
                 times[name].append((time.perf_counter() - t0) * 1000)
+        if on_round is not None:
+            on_round()
     return times
 
 

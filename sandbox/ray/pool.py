@@ -61,7 +61,8 @@ class RayPool(Executor):
     env=)` return a RayTaskFuture, settled as WorkerPool's would be: the
     value, or the task's exception with its remote traceback as __cause__,
     TaskTimeoutError, TaskError; BrokenWorkerPool if the actor died (its node
-    was lost). Replies are checked against the allowlist on the node, where
+    was lost): its tasks in flight fail so, and later tasks go to the
+    others. Replies are checked against the allowlist on the node, where
     they are loaded; the actor's answer to the driver is Ray's ordinary
     (trusted) pickle. `map` comes from Executor.
 
@@ -150,11 +151,11 @@ class RayPool(Executor):
                     self._idle.wait()
             members, self._members = self._members, []
         closing = [m.actor.close.remote() for m in members]
-        if wait:
+        for ref in closing if wait else ():
             try:
-                ray.get(closing, timeout=60)
-            except ray.exceptions.RayError:
-                pass  # an actor already gone has nothing left to close
+                ray.get(ref, timeout=60)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass  # an actor already gone has nothing left to close; one stuck is killed below
         for m in members:
             ray.kill(m.actor, no_restart=True)
 
@@ -168,6 +169,12 @@ class RayPool(Executor):
         ordered = self._members[start:] + self._members[:start]
         return min(ordered, key=lambda m: m.in_flight)
 
+    def _drop(self, member: _Member) -> None:
+        """No more tasks for a dead actor (its node was lost, or it was killed)."""
+        with self._lock:
+            if member in self._members:
+                self._members.remove(member)
+
     def _done(self, member: _Member) -> None:
         with self._lock:
             member.in_flight -= 1
@@ -178,6 +185,7 @@ class RayPool(Executor):
         try:
             outcome: Outcome = done.result()
         except ray.exceptions.RayActorError as exc:
+            self._drop(member)
             future.set_exception(BrokenWorkerPool(f"the pool's actor on node {member.node_id} "
                                                   f"({member.hostname}) died: {exc}"))
         except BaseException as exc:  # noqa: BLE001 - Ray's own failure (object lost, cancelled...)

@@ -25,7 +25,7 @@ import pytest
 from conftest import make_base_spec
 
 import sandbox
-from sandbox.workerpool import RemoteTraceback, TaskTimeoutError
+from sandbox.workerpool import BrokenWorkerPool, RemoteTraceback, TaskTimeoutError
 
 pytestmark = pytest.mark.integration
 
@@ -102,3 +102,11 @@ def test_200_tasks_across_two_actors(local_ray: Any) -> None:
         with pytest.raises(TaskTimeoutError):
             pool.submit_task(linger, timeout=1).result(timeout=60)
         assert time.monotonic() - started < 30
+
+        # an actor that dies (a lost node) fails its tasks in flight; the other pool takes the rest
+        ray.kill(pool._members[0].actor)
+        lost = [pool.submit_task(linger, timeout=5) for _ in range(2)]
+        errors = {type(f.exception(timeout=60)) for f in lost}
+        assert errors <= {BrokenWorkerPool, TaskTimeoutError} and BrokenWorkerPool in errors, errors
+        assert len(pool.actors) == 1
+        assert [f.result(timeout=60)[0] for f in [pool.submit(whereami, i) for i in range(10)]] == list(range(10))

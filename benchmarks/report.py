@@ -182,7 +182,9 @@ def markdown(results: dict[str, Any], machine: dict[str, str], quick: bool) -> s
               throughput_table(results["throughput"]), "", f"![throughput]({PLOTS['throughput']})", "",
               "## Cost against the number of binds and the size of the environment", "",
               "Each bind is a read-only bind of its own empty directory; each variable is 100 bytes "
-              "(`--setenv` for bwrap).", "",
+              "(`--setenv` for bwrap). The native backend holds an fd per bind source while it spawns: "
+              "the run raises its soft open-files limit to the hard one (1000 binds fail with EMFILE under "
+              "the common soft limit of 1024).", "",
               scaling_table(results["scaling"]), "", f"![scaling]({PLOTS['scaling']})", "",
               "## Python task latency", "",
               f"Every variant runs `{workerpool.CODE}` and returns: the WorkerPool imports them once in its "

@@ -152,8 +152,14 @@ def _window(fn: Callable[[], object], callers: int, seconds: float) -> float:
 
 def scaling(sizes: Sizes, progress: Progress) -> dict[str, dict[str, dict[int, list[float]]]]:
     """ms per spawn+wait of /bin/true, native against bwrap, by the number of
-    read-only binds and by the number of environment variables (100 bytes each)."""
+    read-only binds and by the number of environment variables (100 bytes each).
+
+    The native backend holds one fd per bind source while it spawns, so 1000
+    binds need more than the usual soft limit of 1024 open files: the soft
+    limit is raised to the hard one for the run (a caller with that many
+    binds must do the same)."""
     progress.section("cost vs binds and environment")
+    raise_nofile()
     bwrap = shutil.which("bwrap")
     out: dict[str, dict[str, dict[int, list[float]]]] = {"binds": {}, "env": {}}
     with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as work:
@@ -176,6 +182,15 @@ def scaling(sizes: Sizes, progress: Progress) -> dict[str, dict[str, dict[int, l
 
 def scaling_steps(sizes: Sizes) -> int:
     return sum(sizes.scale_runs(n) + 1 for n in (*sizes.binds, *sizes.env_vars))
+
+
+def raise_nofile() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _bind_case(work: str, n: int, bwrap: str | None) -> dict[str, Callable[[], object]]:

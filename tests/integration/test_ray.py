@@ -110,3 +110,12 @@ def test_200_tasks_across_two_actors(local_ray: Any) -> None:
         assert errors <= {BrokenWorkerPool, TaskTimeoutError} and BrokenWorkerPool in errors, errors
         assert len(pool.actors) == 1
         assert [f.result(timeout=60)[0] for f in [pool.submit(whereami, i) for i in range(10)]] == list(range(10))
+
+
+def test_bad_arguments_are_refused_before_ray_starts() -> None:
+    from sandbox.ray import RayPool
+
+    with pytest.raises(sandbox.SpecError, match="spec"):
+        RayPool("not a spec")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="actors_per_node"):
+        RayPool(make_base_spec(), actors_per_node=0)

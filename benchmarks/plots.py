@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
 
-from .suites import OUTSIDE, RUN_AND_REAP, STAGES  # noqa: E402
+from .suites import stage_order  # noqa: E402
 
 DPI = 110
 
@@ -88,7 +88,7 @@ def python_tasks(times: dict[str, list[float]], path: Path) -> None:
 
 def stages(medians: dict[str, dict[str, float]], path: Path) -> None:
     """One stacked bar per variant: where the µs of a spawn+wait go."""
-    order = [OUTSIDE, *(label for label, _, _ in STAGES), RUN_AND_REAP]
+    order = stage_order(medians)
     names = list(medians)
     fig, ax = plt.subplots(figsize=(10, 1.2 * len(names) + 2))
     left = [0.0] * len(names)
@@ -98,7 +98,7 @@ def stages(medians: dict[str, dict[str, float]], path: Path) -> None:
         ax.barh(names, widths, left=left, label=stage, color=colors(i % 10))
         left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_xlabel("µs (medians of each stage)")
-    ax.set_title("Where a native spawn+wait of /bin/true goes")
+    ax.set_title("Where a spawn+wait of /bin/true goes (native backend; Template where it exists)")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
     ax.grid(True, axis="x", alpha=0.3)
     _save(fig, path)

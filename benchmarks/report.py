@@ -191,8 +191,10 @@ def markdown(results: dict[str, Any], machine: dict[str, str], quick: bool) -> s
               "zygote; the others start `python -I -c` each time. Rows: `benchmarks/workerpool.py`.", "",
               workerpool.table(results["python"]), "", f"![python]({PLOTS['python']})", "",
               "## Where a native spawn's time goes", "",
-              "Medians per stage, from the C core's timestamps (`result.timings`, µs since the spawn began), "
-              "and around them the Python before the core and the wait for the command to exit.", "",
+              "Medians per stage, from the backend's timestamps (`result.timings`, µs since the spawn began; "
+              "each stage is named by the stamp that ends it), and around them the Python before and after the "
+              "core and the wait for the command to exit. A Template's resident process does the mounts once, "
+              "so its sandboxes skip those stages.", "",
               stages_table(results["stages"]), "", f"![stages]({PLOTS['stages']})", ""]
     for title, text in results.get("others", {}).items():
         body = text.strip()
@@ -227,7 +229,7 @@ def scaling_table(data: dict[str, dict[str, dict[int, list[float]]]]) -> str:
 
 def stages_table(medians: dict[str, dict[str, float]]) -> str:
     names = list(medians)
-    order = [suites.OUTSIDE, *(label for label, _, _ in suites.STAGES), suites.RUN_AND_REAP]
+    order = suites.stage_order(medians)
     rows = ["| stage (µs) | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for stage in order:
         rows.append(f"| {stage} | " + " | ".join(f"{medians[n].get(stage, 0):.0f}" for n in names) + " |")

@@ -255,15 +255,18 @@ def python_steps(sizes: Sizes) -> int:
 
 # ---------------------------------------------------------------- where a native spawn's time goes
 
-STAGES = (  # (label, from stamp, to stamp): the C core's stamps, µs since the spawn began
-    ("clone: namespaces made", "start", "child"),
-    ("uid/gid maps", "child", "idmap"),
-    ("mounts", "idmap", "mounts"),
-    ("pivot_root", "mounts", "pivot"),
-    ("limits, seccomp, last setup", "pivot", "ready"),
-    ("execve until the parent resumes", "ready", "return"),
-    ("parent: exec confirmed", "return", "done"),
-)
+# Each stage ends at one of the backend's stamps (µs since the spawn began; the
+# contract's start, child, ready and exec, plus the backend's own), in time order.
+STAMP_LABELS = {
+    "clone": "template: request and clone",
+    "child": "clone: namespaces made",
+    "idmap": "uid/gid maps",
+    "mounts": "mounts",
+    "pivot": "pivot_root",
+    "ready": "rest of the setup (limits, seccomp; a Template: its mounts)",
+    "return": "execve until the parent resumes",
+    "exec": "parent: exec confirmed",
+}
 OUTSIDE = "Python around the core (plan, pool lease)"
 RUN_AND_REAP = "command runs, exits, is reaped"
 
@@ -292,7 +295,8 @@ def stages(sizes: Sizes, progress: Progress) -> dict[str, dict[str, float]]:
                 if i >= 5:
                     samples.setdefault(name, []).append(_stage_split(proc.timings, t0, t1, t2))
             progress.step()
-    return {name: {k: statistics.median(s[k] for s in rows) for k in rows[0]} for name, rows in samples.items()}
+    return {name: {k: statistics.median(s.get(k, 0.0) for s in rows) for k in {k for s in rows for k in s}}
+            for name, rows in samples.items()}
 
 
 def stages_steps(sizes: Sizes) -> int:
@@ -305,11 +309,24 @@ def _spawn_native(spec: sandbox.Spec, pool: bool) -> sandbox.SandboxProcess:
 
 
 def _stage_split(t: dict[str, float], t0: int, t1: int, t2: int) -> dict[str, float]:
-    """µs per stage; what the core's stamps do not cover is put outside them."""
-    out = {label: max(0.0, t.get(b, 0.0) - t.get(a, 0.0)) for label, a, b in STAGES if a in t and b in t}
-    out[OUTSIDE] = max(0.0, (t1 - t0) / 1000 - t.get("done", 0.0))
+    """µs per stage: between the backend's stamps in time order, each named by
+    the stamp that ends it; the Python before and after the core; the wait."""
+    out: dict[str, float] = {}
+    prev = 0.0
+    for name, at in sorted(((k, v) for k, v in t.items() if k not in ("start", "done")), key=lambda kv: kv[1]):
+        label = STAMP_LABELS.get(name, f"until {name}")
+        out[label] = out.get(label, 0.0) + max(0.0, at - prev)
+        prev = max(prev, at)
+    out[OUTSIDE] = max(0.0, (t1 - t0) / 1000 - prev)
     out[RUN_AND_REAP] = (t2 - t1) / 1000
     return out
+
+
+def stage_order(medians: dict[str, dict[str, float]]) -> list[str]:
+    """Every stage that occurs, in the order of a spawn."""
+    known = [OUTSIDE, *STAMP_LABELS.values(), RUN_AND_REAP]
+    seen = {k for m in medians.values() for k in m}
+    return [k for k in known if k in seen] + sorted(seen - set(known))
 
 
 # ---------------------------------------------------------------- the other scripts, as they print

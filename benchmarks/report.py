@@ -215,15 +215,19 @@ def throughput_table(rates: dict[str, dict[int, float]]) -> str:
 
 
 def scaling_table(data: dict[str, dict[str, dict[int, list[float]]]]) -> str:
-    rows = ["| what | size | native median ms | bwrap median ms | bwrap / native | runs |", "|---|---|---|---|---|---|"]
+    variants = list(dict.fromkeys(v for by_variant in data.values() for v in by_variant))
+    rows = ["| what | size | " + " | ".join(f"{v} median ms" for v in variants) + " | bwrap / native | runs |",
+            "|---|---|" + "---|" * (len(variants) + 2)]
     for axis, by_variant in data.items():
         native = by_variant.get("native", {})
         bwrap = by_variant.get("bwrap", {})
         for size in sorted(native):
+            meds = [statistics.median(by_variant[v][size]) if size in by_variant.get(v, {}) else None
+                    for v in variants]
             n = statistics.median(native[size])
             b = statistics.median(bwrap[size]) if size in bwrap else None
-            rows.append(f"| {axis} | {size} | {n:.2f} | {f'{b:.2f}' if b else '-'} | "
-                        f"{f'{b / n:.1f}x' if b else '-'} | {len(native[size])} |")
+            rows.append(f"| {axis} | {size} | " + " | ".join(f"{m:.2f}" if m else "-" for m in meds)
+                        + f" | {f'{b / n:.1f}x' if b else '-'} | {len(native[size])} |")
     return "\n".join(rows)
 
 

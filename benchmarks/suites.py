@@ -10,6 +10,8 @@ workerpool.py's own, so the report measures what those scripts measure.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
 import shutil
 import statistics
@@ -162,8 +164,8 @@ def scaling(sizes: Sizes, progress: Progress) -> dict[str, dict[str, dict[int, l
     raise_nofile()
     bwrap = shutil.which("bwrap")
     out: dict[str, dict[str, dict[int, list[float]]]] = {"binds": {}, "env": {}}
-    with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as work:
-        cases = {("binds", n): _bind_case(work, n, bwrap) for n in sizes.binds}
+    with tempfile.TemporaryDirectory(prefix="sandbox-bench-") as work, contextlib.ExitStack() as stack:
+        cases = {("binds", n): _bind_case(work, n, bwrap, stack) for n in sizes.binds}
         cases |= {("env", n): _env_case(n, bwrap) for n in sizes.env_vars}
         for axis, _ in cases:
             out[axis] = {}
@@ -193,7 +195,8 @@ def raise_nofile() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _bind_case(work: str, n: int, bwrap: str | None) -> dict[str, Callable[[], object]]:
+def _bind_case(work: str, n: int, bwrap: str | None,
+               stack: contextlib.ExitStack) -> dict[str, Callable[[], object]]:
     srcs = []
     for i in range(n):
         src = os.path.join(work, f"b{n}-{i}")
@@ -201,6 +204,9 @@ def _bind_case(work: str, n: int, bwrap: str | None) -> dict[str, Callable[[], o
         srcs.append(src)
     spec = sandbox.Spec(mounts=[*latency.MOUNTS, *(sandbox.RoBind(s, f"/mnt/b{i}") for i, s in enumerate(srcs))])
     fns: dict[str, Callable[[], object]] = {"native": lambda: latency._native(spec)}
+    if template_available():  # the binds are made once, in the template's root
+        tmpl = stack.enter_context(sandbox.Template(spec))  # type: ignore[attr-defined]
+        fns["Template"] = lambda: _check(tmpl.spawn(TRUE).wait())
     if bwrap:
         args = [bwrap, *latency.BWRAP_ARGS]
         for i, src in enumerate(srcs):
@@ -343,6 +349,10 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
         "seccomp_install.py --runs 500": (seccomp_install.main, ["--runs", "500"]),
         "netlink_decode.py -n 500": (netlink_decode.main, ["-n", "500"]),
     }
+    if importlib.util.find_spec(f"{__package__}.template") is not None:  # with sandbox.Template
+        template_bench = importlib.import_module(f"{__package__}.template")
+        runs["template.py -n 300 --seconds 2 --binds 10,100 --bind-runs 10"] = (
+            template_bench.main, ["-n", "300", "--seconds", "2", "--binds", "10,100", "--bind-runs", "10"])
     out = {}
     for title, (main, argv) in runs.items():
         progress.section(title)
@@ -352,7 +362,7 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
 
 
 def others_steps(sizes: Sizes) -> int:
-    return 4 if sizes.others else 0
+    return (4 + template_available()) if sizes.others else 0
 
 
 def _captured(main: Callable[[], int], argv: list[str]) -> str:

@@ -55,13 +55,14 @@ class PoolActor:
                 "hostname": socket.gethostname(), "pid": os.getpid(),
                 "zygote_pid": self.pool.pid if self.pool is not None else None}
 
-    async def run(self, call: bytes, timeout: float | None, env: Mapping[str, str] | None) -> Outcome:
+    async def run(self, call: bytes, timeout: float | None, binds: Sequence[S.Bind],
+                  env: Mapping[str, str] | None) -> Outcome:
         """Run the pickled (fn, args, kwargs) in a fresh sandbox of the pool; never raises."""
         if self.pool is None:
             return Outcome(False, self.error or RuntimeError("the pool did not start"))
         try:
             fn, args, kwargs = cloudpickle.loads(call)  # the driver's pickle (trusted, as Ray's own)
-            future = self.pool.submit_task(fn, args, kwargs, timeout=timeout, env=env)
+            future = self.pool.submit_task(fn, args, kwargs, timeout=timeout, binds=binds, env=env)
         except Exception as exc:  # noqa: BLE001 - a refused task (bad env, unpicklable call) fails its future
             return Outcome(False, _sendable(exc))
         try:

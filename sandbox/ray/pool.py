@@ -58,7 +58,7 @@ class RayPool(Executor):
     initialised with `ray.init()` if the caller has not done it.
 
     `submit(fn, *args, **kwargs)` and `submit_task(fn, args, kwargs, timeout=,
-    env=)` return a RayTaskFuture, settled as WorkerPool's would be: the
+    binds=, env=)` return a RayTaskFuture, settled as WorkerPool's would be: the
     value, or the task's exception with its remote traceback as __cause__,
     TaskTimeoutError, TaskError; BrokenWorkerPool if the actor died (its node
     was lost): its tasks in flight fail so, and later tasks go to the
@@ -119,11 +119,16 @@ class RayPool(Executor):
         return self.submit_task(fn, args, kwargs)
 
     def submit_task(self, fn: Callable[..., Any], /, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
-                    *, timeout: float | None = None, env: Mapping[str, str] | None = None) -> RayTaskFuture:
+                    *, timeout: float | None = None, binds: Sequence[S.Bind] = (),
+                    env: Mapping[str, str] | None = None) -> RayTaskFuture:
         """Run `fn(*args, **kwargs)` in a new sandbox with a `timeout` in seconds
-        (default: the pools') and `env` added to its os.environ."""
+        (default: the pools'), extra `binds` (of the node's paths, as in
+        WorkerPool.submit_task) and `env` added to its os.environ."""
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("env", env, "must map strings to strings")
+        for i, bind in enumerate(binds):
+            if not isinstance(bind, S.Bind):
+                raise SpecError(f"binds[{i}]", bind, "must be a Bind, RoBind or DevBind")
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot submit to a RayPool after shutdown")
@@ -134,7 +139,7 @@ class RayPool(Executor):
         future.set_running_or_notify_cancel()
         try:
             call = _pickle(fn, tuple(args), dict(kwargs or {}))
-            ref = member.actor.run.remote(call, timeout, dict(env) if env else None)
+            ref = member.actor.run.remote(call, timeout, list(binds), dict(env) if env else None)
         except BaseException:
             self._done(member)
             raise

@@ -19,12 +19,14 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import make_base_spec
 
 import sandbox
+from sandbox import Dir, RoBind
 from sandbox.workerpool import BrokenWorkerPool, RemoteTraceback, TaskTimeoutError
 
 pytestmark = pytest.mark.integration
@@ -54,6 +56,11 @@ def noisy() -> str:
     return os.environ.get("RAY_TASK_VAR", "")
 
 
+def read_work() -> str:
+    with open("/work/input.txt") as f:
+        return f.read()
+
+
 @pytest.fixture
 def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     if not sandbox.probe().native:
@@ -76,11 +83,11 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_200_tasks_across_two_actors(local_ray: Any) -> None:
+def test_200_tasks_across_two_actors(local_ray: Any, tmp_path: Path) -> None:
     ray = local_ray
     from sandbox.ray import RayPool
 
-    spec = make_base_spec(hostname="task")
+    spec = make_base_spec(Dir("/work"), hostname="task")
     with RayPool(spec, max_workers=4, actors_per_node=2, timeout=30) as pool:
         assert len(pool.actors) == 2
         futures = [pool.submit(whereami, i) for i in range(200)]
@@ -98,6 +105,10 @@ def test_200_tasks_across_two_actors(local_ray: Any) -> None:
         out = pool.submit_task(noisy, env={"RAY_TASK_VAR": "seen"})
         assert out.result(timeout=60) == "seen" and out.stdout == b"from the sandbox\n"
         assert out.node_id == ray.get_runtime_context().get_node_id()
+        (tmp_path / "input.txt").write_text("bound in")
+        assert pool.submit_task(read_work, binds=[RoBind(str(tmp_path), "/work")]).result(timeout=60) == "bound in"
+        with pytest.raises(FileNotFoundError):
+            pool.submit(read_work).result(timeout=60)  # the bind was that task's only
         started = time.monotonic()
         with pytest.raises(TaskTimeoutError):
             pool.submit_task(linger, timeout=1).result(timeout=60)

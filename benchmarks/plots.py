@@ -36,7 +36,7 @@ def latency_cdf(times: dict[str, list[float]], path: Path, title: str) -> None:
 
 def throughput(rates: dict[str, dict[int, float]], path: Path) -> None:
     """Spawns per second against the number of callers."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(8, 6))
     for name, by_callers in rates.items():
         xs = sorted(by_callers)
         ax.plot(xs, [by_callers[x] for x in xs], marker="o", label=name)
@@ -45,9 +45,10 @@ def throughput(rates: dict[str, dict[int, float]], path: Path) -> None:
     ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("callers (threads spawning and waiting back to back)")
     ax.set_ylabel("spawn+wait of /bin/true per second")
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.set_title("Throughput against the number of callers")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
     _save(fig, path)
 
 
@@ -55,12 +56,20 @@ def scaling(data: dict[str, dict[str, dict[int, list[float]]]], path: Path) -> N
     """Median ms against binds and against environment variables, native and bwrap, log-log."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5))
     labels = {"binds": "read-only binds in the Spec", "env": "environment variables (100 bytes each)"}
+    names = list(dict.fromkeys(v for by_variant in data.values() for v in by_variant))
+    color = {name: f"C{i}" for i, name in enumerate(names)}  # one colour per variant in both panels
     for ax, (axis, by_variant) in zip(axes, data.items(), strict=False):
         for name, by_size in by_variant.items():
             xs = sorted(by_size)
-            ax.plot(xs, [_median(by_size[x]) for x in xs], marker="o", label=name)
+            ax.plot(xs, [_median(by_size[x]) for x in xs], marker="o", label=name, color=color[name])
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.yaxis.set_major_formatter(plain)  # plain numbers at 1, 2, 5 of each decade
+        ax.yaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 5.0)))
+        ax.yaxis.set_minor_formatter(plain)
         ax.set_xlabel(labels.get(axis, axis))
         ax.set_ylabel("median ms per spawn+wait of /bin/true")
         ax.grid(True, which="both", alpha=0.3)
@@ -77,8 +86,9 @@ def python_tasks(times: dict[str, list[float]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 1.5))
     ax.barh(names, meds, xerr=[[0] * len(names), [p - m for p, m in zip(p99s, meds, strict=True)]],
             color="tab:blue", alpha=0.8, capsize=3)
-    for y, m in enumerate(meds):
-        ax.text(m, y, f" {m:.1f}", va="center", fontsize=8)
+    for y, (m, p) in enumerate(zip(meds, p99s, strict=True)):
+        ax.text(p * 1.05, y, f"{m:.1f} (p99 {p:.1f})", va="center", fontsize=8)
+    ax.set_xlim(min(meds) / 2, max(p99s) * 4)  # room for the labels
     _log_x(ax)
     ax.set_xlabel("ms per task: median (bar), p99 (whisker), log scale")
     ax.set_title("A small Python task, same imports (json, asyncio, subprocess)")

@@ -73,9 +73,9 @@ def local_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # uncompiled sandbox/ would shadow the installed package there.
     monkeypatch.chdir(temp)
     monkeypatch.setenv("HOME", temp)  # Ray writes its auth token to ~/.ray: the test's own folder
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
-             object_store_memory=80 * 1024 * 1024, log_to_driver=False, configure_logging=False)
     try:
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", _temp_dir=temp,
+                 object_store_memory=80 * 1024 * 1024, log_to_driver=False, configure_logging=False)
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
         yield ray
     finally:

@@ -124,8 +124,13 @@ void sbx_drop_caps(struct sbx_ctx *c)
     for (int cap = 0; cap <= 63; cap++) {
         if (keep & (1ULL << cap))
             continue;
-        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL)
-            sbx_fail(c, SBX_STEP_CAPS, cap, errno, SBX_D_NONE);
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0)
+            continue;
+        /* EINVAL: past the kernel's last capability (they are numbered
+         * without gaps), so every higher one is unknown to it too */
+        if (errno == EINVAL)
+            break;
+        sbx_fail(c, SBX_STEP_CAPS, cap, errno, SBX_D_NONE);
     }
     data[0].effective = data[0].permitted = data[0].inheritable = (uint32_t)keep;
     data[1].effective = data[1].permitted = data[1].inheritable = (uint32_t)(keep >> 32);

@@ -134,9 +134,11 @@ static _Noreturn void reap(pid_t pid, int report)
             /* The sandbox ends with its command: what is left goes now, so
              * that the status, once written, says the sandbox is gone but
              * for this process, which exits at once. */
-            kill(-1, SIGKILL);
-            while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
-                ;
+            if (waitpid(-1, &other, WNOHANG) >= 0 || errno != ECHILD) {
+                kill(-1, SIGKILL);
+                while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+                    ;
+            }
             sbx_write_all(report, &status, sizeof status);
             _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
         }
@@ -163,12 +165,16 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
     /* Only the report socket stays: the command's stdio and passed fds must
      * reach EOF when the command (not this reaper) closes them. */
     close_except(c->err_fd, c->keep_fd);
-    if (c->on_running) /* before the caller hears of us (it may kill us at once) */
-        c->on_running(c);
     if (sbx_send_started(c) < 0) {
         kill(pid, SIGKILL);
         _exit(125);
     }
+    /* After the caller is woken, not before: the replacement the server
+     * starts at this word competes with the caller for the CPU. (A Template's
+     * standby marked itself taken when the request came: if the caller
+     * kills us first, the server does not take that for a crash.) */
+    if (c->on_running)
+        c->on_running(c);
     if (c->scrub)
         memset(c->scrub, 0, c->scrub_len);
     reap(pid, c->err_fd);

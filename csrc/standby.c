@@ -94,6 +94,7 @@ static void await_request(struct sbx_ctx *c)
     ssize_t n = receive_request(fast_fd, my_fds, &nfds);
     if (n == 0)
         _exit(0); /* the caller has gone */
+    standby_taken[my_slot] = 1;
     close(fast_fd);
     struct request q = {.fds = my_fds, .nfds = nfds, .report = nfds > 0 ? my_fds[0] : -1, .status = -1};
     if (n < 0 || parse_request(&q, (size_t)n) < 0)
@@ -147,6 +148,8 @@ static _Noreturn void standby_main(struct sbx_ctx *c)
     close(sig_fd);
     close(own_netns);
     close(host_tree);
+    if (null_master >= 0)
+        close(null_master);
     sbx_standby_steps(c, await_request);
 }
 

@@ -36,12 +36,14 @@
 #include "template.h"
 
 #include <errno.h>
+#include <linux/mount.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -57,9 +59,10 @@ struct waiter {
     int status_fd;
 };
 
-int sock_fd, fast_fd, notify_rd, notify_wr, proc_dir, host_tree, sig_fd = -1, own_netns = -1;
+int sock_fd, fast_fd, notify_rd, notify_wr, proc_dir, host_tree, sig_fd = -1, own_netns = -1, null_master = -2;
 char msg[MAX_MSG] __attribute__((aligned(8)));
 char *stored_blob;
+volatile int *standby_taken;
 static struct waiter *waiters;
 static size_t n_waiters, cap_waiters;
 /* The standbys: pid 0, to be made; taken: its request is being set up, and
@@ -180,6 +183,25 @@ static void store(size_t len, const int *fds, int nfds)
         sbx_report_fd(fds[0], err ? SBX_STEP_CONFIG : SBX_STEP_NONE, -1, err, SBX_D_NONE);
 }
 
+/* One detached read-only clone of the host's /dev/null. The first is kept
+ * (null_master) and the rest are cloned from it: one open_tree each, its
+ * mount flags copied, instead of a path walk, a clone and a mount_setattr.
+ * A kernel that cannot clone a detached mount (before 6.15) gets the walk. */
+static int null_tree(void)
+{
+    const uint32_t flags = SBX_F_RDONLY | SBX_F_NODEV | SBX_F_NOSUID;
+    if (null_master == -2)
+        null_master = sbx_clone_tree_at(host_tree, "/dev/null", flags);
+    if (null_master >= 0) {
+        int tree = sbx_open_tree(null_master, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH);
+        if (tree >= 0)
+            return tree;
+        close(null_master);
+        null_master = -1;
+    }
+    return sbx_clone_tree_at(host_tree, "/dev/null", flags);
+}
+
 int make_null_trees(const char *blob, int *out)
 {
     const struct sbx_header *h = (const void *)blob;
@@ -193,7 +215,7 @@ int make_null_trees(const char *blob, int *out)
             /* one more below sys/net: a standby covers those again in a leased network namespace */
             int want = entry[0] != 'm' ? 0 : strncmp(entry + 1, "sys/net/", 8) == 0 ? 2 : 1;
             for (; want > 0 && n < MAX_NULL_TREES; want--, n++) {
-                out[n] = sbx_clone_tree_at(host_tree, "/dev/null", SBX_F_RDONLY | SBX_F_NODEV | SBX_F_NOSUID);
+                out[n] = null_tree();
                 if (out[n] < 0) {
                     close_all(out, n);
                     return 0;
@@ -247,6 +269,8 @@ static _Noreturn void child(struct sbx_ctx *c)
     close(sig_fd);
     close(own_netns);
     close(host_tree);
+    if (null_master >= 0)
+        close(null_master);
     sbx_child_steps(c);
 }
 
@@ -446,7 +470,7 @@ static void reap(void)
              * that ended before its command ran). One killed by a signal
              * has crashed. */
             read_notes();
-            if (standby[k].pid == pid && !standby[k].taken && WIFSIGNALED(status))
+            if (standby[k].pid == pid && !standby[k].taken && !standby_taken[k] && WIFSIGNALED(status))
                 standby_failed(SBX_STEP_CRASHED, -1, WTERMSIG(status));
             if (standby[k].pid == pid)
                 standby[k].pid = 0;
@@ -468,6 +492,7 @@ static void make_standbys(void)
         if (standby[k].pid)
             continue;
         standby[k].taken = 0;
+        standby_taken[k] = 0;
         standby[k].pid = make_standby(k);
         if (standby[k].pid < 0) {
             standby[k].pid = 0;
@@ -499,6 +524,14 @@ int main(int argc, char **argv)
     sig_fd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
     own_netns = openat(proc_dir, "thread-self/ns/net", O_RDONLY | O_CLOEXEC);
     if (sig_fd < 0 || own_netns < 0 || socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, notes) < 0)
+        return 125;
+    /* Shared with the standbys (inherited across their fork-style clone):
+     * each marks its slot there the moment it takes a request, without a
+     * message, so that one killed before it could say so is not taken for
+     * a standby that crashed. */
+    standby_taken = mmap(NULL, N_STANDBY * sizeof *standby_taken, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                         -1, 0);
+    if (standby_taken == MAP_FAILED)
         return 125;
     notify_rd = notes[0];
     notify_wr = notes[1];

@@ -14,9 +14,11 @@ extern int fast_fd;   /* requests standby sandboxes take */
 extern int notify_rd; /* standby -> server messages (the server's end) */
 extern int notify_wr; /* ... (the standbys' end) */
 extern int proc_dir, host_tree, sig_fd, own_netns;
+extern int null_master; /* a detached read-only /dev/null to clone (-2: not made yet, -1: none) */
 
 extern char msg[MAX_MSG]; /* the request being parsed (each process's own copy) */
 extern char *stored_blob; /* SBX_REQ_STORE_BLOB */
+extern volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request */
 
 /* One request, parsed: pointers into msg (or the stored blob) and the received fds. */
 struct request {

@@ -119,6 +119,20 @@ def test_standby_sandboxes_take_the_requests(template: sandbox.Template) -> None
     assert "clone" in done.timings and "mounts" not in done.timings  # its world was built before the request
 
 
+def test_a_sandbox_killed_at_once_leaves_the_standbys(template: sandbox.Template) -> None:
+    # A standby tells the template that its command runs only after it has told the caller, so a caller that
+    # kills at once often gets there first. The standby marked itself taken when the request came (memory it
+    # shares with the template): its death must not be taken for a standby that crashed, which would turn the
+    # standbys off and leave every later request to the template's own, slower path.
+    assert template._server.standby, template._server.standby_reason
+    for _ in range(50):
+        proc = template.spawn(["sleep", "60"])
+        proc.kill()
+        assert proc.wait(60) == -signal.SIGKILL
+    done = sh(template, "echo $$")
+    assert "mounts" not in done.timings, done.timings  # a standby took it: its world was built ahead
+
+
 def test_a_command_that_keeps_a_capability(require_native: None) -> None:
     # checked against the namespace's owner: the sandbox makes its namespaces with its own user namespace
     spec = make_base_spec(cap_add=("CAP_NET_BIND_SERVICE",))

@@ -37,6 +37,16 @@ def _plan(*mounts: object) -> Plan:
     ("Can't mkdir /usr/new: Read-only file system", "dir", "/usr/new"),
     ("Can't chdir to /nowhere: No such file or directory", "cwd", "/nowhere"),
     ("Creating new namespace failed: Operation not permitted", "clone", None),
+    # bwrap's words for the steps the native backend names (what tests/faults injects)
+    ("Failed to make / slave: Input/output error", "mount_private", None),
+    ("pivot_root: Input/output error", "pivot", None),
+    ("unmount old root: Input/output error", "pivot", None),
+    ("prctl: Input/output error", "pdeathsig", None),
+    ("prctl(PR_SET_NO_NEW_PRIVS) failed: Input/output error", "no_new_privs", None),
+    ("Dropping capability 0 from bounds: Input/output error", "caps", None),
+    ("capset failed: Input/output error", "caps", None),
+    ("setsid: Input/output error", "session", None),
+    ("Creating newroot failed: Input/output error", "newroot", None),
 ])
 def test_a_message_names_the_failed_step_and_path(message: str, step: str, path: str | None) -> None:
     plan = _plan(RoBind("/usr"), RemountRo("/usr"), Chmod("/usr", 0o700), Tmpfs("/tmp"), Dir("/usr/new"))

@@ -9,11 +9,13 @@ import re
 import secrets
 import stat
 import subprocess
+import tempfile
 from collections.abc import Collection, Sequence
 
 from ...bwrap.argv import data_fd
 from ...errors import ExecError, SetupError, UnavailableError
 from ...plan import OpKind, Plan
+from .procfs import _kill_orphans
 from .render import render_plan
 
 NEWROOT = "/newroot"
@@ -128,15 +130,19 @@ class _Diagnose:
         """Run bwrap with the plan's options plus `extra`; its last message."""
         with render_plan(self.plan, skip=self.skip) as opts:
             args_fd = data_fd(b"".join(os.fsencode(a) + b"\0" for a in [*opts, *extra]))
-            try:
-                proc = subprocess.run([self.bwrap, "--args", str(args_fd), "--", *command],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      pass_fds=[args_fd, *opts.fds], close_fds=True, timeout=30, check=False)
-            except subprocess.TimeoutExpired:
-                return None
-            finally:
-                os.close(args_fd)
-        return last_bwrap_line(proc.stderr)
+            line = [self.bwrap, "--args", str(args_fd), "--", *command]
+            # stderr into a file, not a pipe: a child bwrap left behind would hold a pipe open
+            with tempfile.TemporaryFile() as err:
+                try:
+                    subprocess.run(line, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                   pass_fds=[args_fd, *opts.fds], close_fds=True, timeout=30, check=False)
+                except subprocess.TimeoutExpired:
+                    return None
+                finally:
+                    os.close(args_fd)
+                    _kill_orphans(b"".join(os.fsencode(a) + b"\0" for a in line))  # the re-run fails as the run did
+                err.seek(0)
+                return last_bwrap_line(err.read(1 << 20))
 
 
 def _exec_candidates(command: str, plan: Plan) -> list[str]:
@@ -157,7 +163,15 @@ _STEPS = (
     ("loopback:", "loopback"), ("Can't set hostname", "hostname"), ("unshare user ns", "nested_userns"),
     ("creation of new user namespaces", "disable_userns"), ("Can't read seccomp", "seccomp"),
     ("prctl(PR_SET_SECCOMP)", "seccomp"), ("execvp", "exec"),
+    # the steps below carry the native backend's names (csrc/sandbox.h, SBX_STEP_*)
+    ("Failed to make / slave", "mount_private"), ("Failed to mount tmpfs", "newroot"),
+    ("Creating newroot failed", "newroot"), ("Creating oldroot failed", "newroot"), ("chdir base_path", "newroot"),
+    ("pivot_root", "pivot"), ("fchdir to oldroot", "pivot"), ("unmount old root", "pivot"),
+    ("prctl(PR_SET_NO_NEW_PRIVS)", "no_new_privs"), ("Dropping capability", "caps"), ("capset failed", "caps"),
+    ("capget failed", "caps"), ("prctl(PR_SET_KEEPCAPS)", "caps"), ("prctl(PR_CAP_AMBIENT", "caps"),
+    ("setsid", "session"),
 )
+_PDEATHSIG = "prctl: "  # bwrap's PR_SET_PDEATHSIG failure, worded "prctl: ERROR"
 
 
 def _error_from(message: str, plan: Plan, argv: Sequence[str], setup_done: bool) -> Exception:
@@ -189,6 +203,8 @@ def _step_and_path(message: str, plan: Plan) -> tuple[str, str | None]:
     if m:
         path = m.group("path")
         return _op_step(plan, path, message), path
+    if message.startswith(_PDEATHSIG):
+        return "pdeathsig", None
     for prefix, step in _STEPS:
         if prefix in message:
             path = message.split("Can't chdir to ", 1)[1].split(": ")[0] if step == "cwd" else None

@@ -1,0 +1,112 @@
+"""The faults: one syscall made to fail per entry, and what each backend must raise.
+
+Each `Fault` names the syscall (or, with `rules`, the one use of it) that a
+seccomp filter fails with EIO (`errno`), the world (tests/faults/inject.py)
+whose start makes that call, and per backend the exception class and the
+SetupError step expected, the step names being the native core's
+(csrc/sandbox.h SBX_STEP_*, op kinds for operations). `None` for a backend
+means it never makes that call: the start must then simply succeed (the
+filter is no excuse for anything else to break).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 22, 24, 38
+CLONE_NEWUSER = 0x10000000
+SIOCSIFFLAGS = 0x8914
+AF_INET, AF_NETLINK = 2, 16
+EIO, EMFILE = 5, 24
+
+Expect = tuple[str, str | None] | None  # (exception class, SetupError.step), or None: not called
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    native: Expect
+    bwrap: Expect
+    errnos: tuple[str, ...] = ()  # these syscalls fail, whatever their arguments
+    rules: tuple[dict[str, Any], ...] = ()  # ArgRule fields: fail one use of a syscall
+    world: str = "full"
+    pool: bool = True  # False: network "none" sandboxes get fresh namespaces (no pool)
+    capture: bool = True  # False: stdio on /dev/null (no pipes of the caller's)
+    errno: int = EIO
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def request(self, backend: str, marker: str) -> dict[str, Any]:
+        return {"backend": backend, "marker": marker, "world": self.world, "pool": self.pool,
+                "capture": self.capture, "errnos": {name: self.errno for name in self.errnos},
+                "rules": [{"errno": self.errno, **rule} for rule in self.rules]}
+
+    def expect(self, backend: str) -> Expect:
+        return self.native if backend == "native" else self.bwrap
+
+
+def _arg(syscall: str, index: int, value: int, op: str = "eq") -> dict[str, Any]:
+    return {"syscall": syscall, "arg_index": index, "op": op, "value": value}
+
+
+SETUP = "SetupError"
+FAULTS: tuple[Fault, ...] = (
+    # namespaces: bwrap that can make none means the backend is unusable here
+    Fault("clone(CLONE_NEWUSER)", (SETUP, "clone"), ("UnavailableError", None),
+          rules=(_arg("clone", 0, CLONE_NEWUSER, "has_bits"),)),
+    Fault("setns (a leased namespace)", (SETUP, "join_netns"), None, errnos=("setns",)),
+    Fault("setns (forwarding into the pool's namespace)", (SETUP, "join_netns"), (SETUP, "forward"),
+          errnos=("setns",), world="pool"),
+    Fault("unshare (nested user namespace)", (SETUP, "nested_userns"), (SETUP, "nested_userns"),
+          errnos=("unshare",)),
+    # the mount tree
+    Fault("mount (making / a slave)", (SETUP, "mount_private"), (SETUP, "mount_private"), errnos=("mount",)),
+    Fault("open_tree", (SETUP, "source"), None, errnos=("open_tree",)),
+    Fault("mount_setattr", (SETUP, "source"), None, errnos=("mount_setattr",)),
+    Fault("move_mount", (SETUP, "bind"), None, errnos=("move_mount",)),
+    Fault("fsopen", (SETUP, "proc"), None, errnos=("fsopen",)),
+    Fault("fsconfig", (SETUP, "proc"), None, errnos=("fsconfig",)),
+    Fault("fsmount", (SETUP, "proc"), None, errnos=("fsmount",)),
+    Fault("openat2", (SETUP, "bind"), None, errnos=("openat2",)),
+    Fault("mkdir", (SETUP, "bind"), (SETUP, "newroot"), errnos=("mkdir", "mkdirat")),
+    Fault("symlink", (SETUP, "symlink"), (SETUP, "symlink"), errnos=("symlink", "symlinkat")),
+    Fault("chmod", (SETUP, "chmod"), (SETUP, "chmod"), errnos=("chmod", "fchmod", "fchmodat")),
+    Fault("pivot_root", (SETUP, "pivot"), (SETUP, "pivot"), errnos=("pivot_root",)),
+    Fault("umount2 (the old root)", (SETUP, "pivot"), (SETUP, "pivot"), errnos=("umount2",)),
+    Fault("fchdir", (SETUP, "pivot"), (SETUP, "pivot"), errnos=("fchdir",)),
+    # the rest of the world
+    Fault("sethostname", (SETUP, "hostname"), (SETUP, "hostname"), errnos=("sethostname",)),
+    Fault("ioctl(SIOCSIFFLAGS) (lo up)", (SETUP, "loopback"), None, rules=(_arg("ioctl", 1, SIOCSIFFLAGS),),
+          pool=False),
+    Fault("socket(AF_NETLINK) (lo up)", None, (SETUP, "loopback"), rules=(_arg("socket", 0, AF_NETLINK),),
+          pool=False),
+    Fault("socket(AF_INET) (a forwarded port)", (SETUP, "forward"), (SETUP, "forward"),
+          rules=(_arg("socket", 0, AF_INET),), world="pool"),
+    Fault("prlimit64 (setting a limit)", (SETUP, "rlimit"), (SETUP, "rlimit"),
+          rules=(_arg("prlimit64", 2, 0, "ne"),)),
+    # the process
+    Fault("pipe2", (SETUP, "pipe"), (SETUP, "pipe"), errnos=("pipe2",), capture=False, errno=EMFILE),
+    Fault("dup2/dup3 (stdio)", (SETUP, "stdio"), (SETUP, "exec_init"), errnos=("dup2", "dup3")),
+    Fault("close_range", (SETUP, "fds"), None, errnos=("close_range",)),
+    Fault("setsid", (SETUP, "session"), (SETUP, "session"), errnos=("setsid",)),
+    Fault("prctl(PR_SET_PDEATHSIG)", (SETUP, "pdeathsig"), (SETUP, "pdeathsig"),
+          rules=(_arg("prctl", 0, PR_SET_PDEATHSIG),)),
+    Fault("prctl(PR_CAPBSET_DROP)", (SETUP, "caps"), (SETUP, "caps"), rules=(_arg("prctl", 0, PR_CAPBSET_DROP),)),
+    Fault("capset", (SETUP, "caps"), (SETUP, "caps"), errnos=("capset",)),
+    Fault("prctl(PR_SET_NO_NEW_PRIVS)", (SETUP, "no_new_privs"), (SETUP, "no_new_privs"),
+          rules=(_arg("prctl", 0, PR_SET_NO_NEW_PRIVS),)),
+    Fault("landlock_create_ruleset", (SETUP, "landlock"), None, errnos=("landlock_create_ruleset",),
+          world="landlock"),
+    Fault("landlock_add_rule", (SETUP, "landlock"), None, errnos=("landlock_add_rule",), world="landlock"),
+    Fault("landlock_restrict_self", (SETUP, "landlock"), None, errnos=("landlock_restrict_self",),
+          world="landlock"),
+    Fault("prctl(PR_SET_SECCOMP)", (SETUP, "seccomp"), (SETUP, "seccomp"), rules=(_arg("prctl", 0, PR_SET_SECCOMP),)),
+    Fault("execveat (the reaper)", (SETUP, "exec_init"), None, errnos=("execveat",)),
+    Fault("execve (the command; bwrap itself)", ("ExecError", None), (SETUP, "exec_init"), errnos=("execve",)),
+    # stderr not a pipe of the caller's: bwrap's message is learned by a re-run (bwrap's messages.py)
+    Fault("capset, stderr on /dev/null", (SETUP, "caps"), (SETUP, "caps"), errnos=("capset",), capture=False),
+    Fault("prctl(PR_SET_PDEATHSIG), stderr on /dev/null", (SETUP, "pdeathsig"), (SETUP, "pdeathsig"),
+          rules=(_arg("prctl", 0, PR_SET_PDEATHSIG),), capture=False),
+    Fault("sethostname, stderr on /dev/null", (SETUP, "hostname"), (SETUP, "hostname"), errnos=("sethostname",),
+          capture=False),
+)

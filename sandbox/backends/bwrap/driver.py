@@ -54,7 +54,7 @@ from ..contract import Launched
 from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
-from .procfs import _close, _first_child, _read, _readable, _std
+from .procfs import _close, _first_child, _kill_orphans, _read, _readable, _std
 from .render import render_plan
 
 MAX_POLL_S = 0.002
@@ -178,11 +178,19 @@ class _Run:
         self.guard = dests.prepare(plan)
         tap = _StderrTap(stdio[2])
         # a pause after setup, before exec: bwrap waits there for its seccomp program
-        pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths
-                                         or self.guard.verify))
+        try:
+            pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths
+                                             or self.guard.verify))
+        except OSError as exc:  # the native core's SBX_STEP_PIPE
+            raise SetupError(f"Can't set up the sandbox (pipe): {exc.strerror}", step="pipe", errno=exc.errno or 0,
+                             backend="bwrap") from exc
         try:
             with render_plan(plan, pipes.seccomp_r if pipes.seccomp_r >= 0 else None, self.guard.done) as opts:
-                popen = self._spawn(opts, pipes, stdio, pass_fds)
+                try:
+                    popen = self._spawn(opts, pipes, stdio, pass_fds)
+                except OSError as exc:  # bwrap itself could not be started (fork, stdio, exec)
+                    raise SetupError(f"Can't start bwrap ({self.bwrap}): {exc.strerror}", step="exec_init",
+                                     path=exc.filename, errno=exc.errno or 0, backend="bwrap") from exc
             pipes.child_started()
             return self._follow(popen, pipes, tap)
         except BaseException:
@@ -232,14 +240,21 @@ class _Run:
             if status.find("exit-code") is not None:  # ran and ended already
                 return self._started(popen, pipes, status)
             popen.wait()
+            self._kill_orphans()
             raise self._failure(tap, setup_done="ready" in self.timings)
         except BaseException:
             if popen.returncode is None:
                 popen.kill()
                 popen.wait()
+                self._kill_orphans()
             raise
         finally:
             os.close(pidfd)
+
+    def _kill_orphans(self) -> None:
+        """After bwrap is gone without running the command: kill what it left
+        (see procfs._kill_orphans)."""
+        _kill_orphans(b"".join(os.fsencode(a) + b"\0" for a in self.command_line))
 
     def _drive(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status, pidfd: int) -> bool:
         """True once the command is seen exec'd; False if bwrap exits first."""

@@ -58,7 +58,9 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
         found = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
         join = None if lease is None else (-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd)
         started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups, exec_fd)
-    except BaseException:
+    except BaseException as exc:
+        if lease is not None and getattr(exc, "step", None) == "join_netns":
+            lease.release(recycle=False, wait=False)  # a namespace that could not be joined is not leased again
         _run_all(cleanups)
         raise
     findings = isolation.findings(plan, found)

@@ -49,10 +49,14 @@ def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolate
         try:
             from pyroute2 import IPRoute
 
-            with IPRoute(fileno=netlink) as ipr:
-                network = isolation.check_netns(ipr)
-        finally:
+            ipr = IPRoute(fileno=netlink)
+        except BaseException:
             _close(netlink)
+            raise
+        # IPRoute owns the fd now and closes it: closing it again here would close
+        # whatever another thread opened under that number meanwhile
+        with ipr:
+            network = isolation.check_netns(ipr)
         relay = forward.Forwarder([socket.socket(fileno=fd) for fd in sockets], [t for _, t in plan.forward],
                                   plan.forward_writable)
         return _Isolated(isolation.findings(plan, network), relay)

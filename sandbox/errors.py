@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import signal as _signal
 
 
 class SandboxError(Exception):
@@ -95,3 +96,11 @@ class IsolationError(SandboxError):
 
 class NetnsPoolError(SandboxError):
     """A namespace could not be created or verified, or the pool is closed."""
+
+
+def signal_name(number: int) -> str:
+    """"SIGSYS" for 31; "signal N" for a number that names none (for messages)."""
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

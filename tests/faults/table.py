@@ -14,6 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+O_ACCMODE, O_WRONLY = 3, 1
+MS_NOSUID = 2
+SIGCHLD = 17
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 22, 24, 38
 CLONE_NEWUSER = 0x10000000
 SIOCSIFFLAGS = 0x8914
@@ -39,14 +42,14 @@ class Fault:
     def request(self, backend: str, marker: str) -> dict[str, Any]:
         return {"backend": backend, "marker": marker, "world": self.world, "pool": self.pool,
                 "capture": self.capture, "errnos": {name: self.errno for name in self.errnos},
-                "rules": [{"errno": self.errno, **rule} for rule in self.rules]}
+                "rules": [{"errno": self.errno or None, **rule} for rule in self.rules]}
 
     def expect(self, backend: str) -> Expect:
         return self.native if backend == "native" else self.bwrap
 
 
-def _arg(syscall: str, index: int, value: int, op: str = "eq") -> dict[str, Any]:
-    return {"syscall": syscall, "arg_index": index, "op": op, "value": value}
+def _arg(syscall: str, index: int, value: int, op: str = "eq", **more: Any) -> dict[str, Any]:
+    return {"syscall": syscall, "arg_index": index, "op": op, "value": value, **more}
 
 
 SETUP = "SetupError"
@@ -59,7 +62,13 @@ FAULTS: tuple[Fault, ...] = (
           errnos=("setns",), world="pool"),
     Fault("unshare (nested user namespace)", (SETUP, "nested_userns"), (SETUP, "nested_userns"),
           errnos=("unshare",)),
+    # the id maps: the first file opened for writing is /proc/self/setgroups (native) or,
+    # with disable_userns, the user namespace limit (bwrap)
+    Fault("openat(O_WRONLY)", (SETUP, "setgroups"), (SETUP, "disable_userns"),
+          rules=(_arg("openat", 2, O_WRONLY, "masked_eq", mask=O_ACCMODE),)),
     # the mount tree
+    Fault("mount(MS_NOSUID) (the new root's tmpfs)", (SETUP, "newroot"), (SETUP, "newroot"),
+          rules=(_arg("mount", 3, MS_NOSUID, "has_bits"),)),
     Fault("mount (making / a slave)", (SETUP, "mount_private"), (SETUP, "mount_private"), errnos=("mount",)),
     Fault("open_tree", (SETUP, "source"), None, errnos=("open_tree",)),
     Fault("mount_setattr", (SETUP, "source"), None, errnos=("mount_setattr",)),
@@ -102,6 +111,10 @@ FAULTS: tuple[Fault, ...] = (
           world="landlock"),
     Fault("prctl(PR_SET_SECCOMP)", (SETUP, "seccomp"), (SETUP, "seccomp"), rules=(_arg("prctl", 0, PR_SET_SECCOMP),)),
     Fault("execveat (the reaper)", (SETUP, "exec_init"), None, errnos=("execveat",)),
+    Fault("clone(SIGCHLD) (the reaper forks the command)", (SETUP, "fork"), None, rules=(_arg("clone", 0, SIGCHLD),)),
+    # the setup process killed (SECCOMP_RET_KILL_PROCESS) instead of a failing call
+    Fault("sethostname kills (SIGSYS)", (SETUP, "crashed"), (SETUP, "crashed"),
+          rules=(_arg("sethostname", 0, 0, "ne", action="kill"),), errno=0),
     Fault("execve (the command; bwrap itself)", ("ExecError", None), (SETUP, "exec_init"), errnos=("execve",)),
     # stderr not a pipe of the caller's: bwrap's message is learned by a re-run (bwrap's messages.py)
     Fault("capset, stderr on /dev/null", (SETUP, "caps"), (SETUP, "caps"), errnos=("capset",), capture=False),

@@ -63,6 +63,6 @@ def test_a_failing_step_raises_its_typed_error_and_leaks_nothing(fault: Fault, b
     assert report["typed"], report
     if klass == "SetupError":
         assert report["step"] == step, report
-        assert report["errno"] == fault.errno, report
+        assert report["errno"] == fault.errno, report  # 0 for a kill: it is no errno
     elif klass == "ExecError":
         assert report["errno"] == fault.errno, report

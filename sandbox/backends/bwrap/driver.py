@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from ...bwrap.argv import BwrapArgv, data_fd
-from ...errors import SetupError, UnavailableError
+from ...errors import SetupError, UnavailableError, signal_name
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
 from ..contract import Launched
@@ -241,7 +241,7 @@ class _Run:
                 return self._started(popen, pipes, status)
             popen.wait()
             self._kill_orphans()
-            raise self._failure(tap, setup_done="ready" in self.timings)
+            raise self._failure(tap, setup_done="ready" in self.timings, returncode=popen.returncode)
         except BaseException:
             if popen.returncode is None:
                 popen.kill()
@@ -366,12 +366,17 @@ class _Run:
             except InterruptedError:
                 continue
 
-    def _failure(self, tap: _StderrTap, setup_done: bool) -> Exception:
+    def _failure(self, tap: _StderrTap, setup_done: bool, returncode: int) -> Exception:
         """The exception for a bwrap that exited without running the command."""
         message = tap.read()
         if message is None:
             message = _Diagnose(self.bwrap, self.plan, self.argv, setup_done, self.guard.done).message()
-        return _error_from(message, self.plan, self.argv, setup_done)
+        error = _error_from(message, self.plan, self.argv, setup_done)
+        signum = -decode_exit_code(returncode)  # bwrap exits 128+N when a signal N ended its child
+        if isinstance(error, SetupError) and error.step == "setup" and signum > 0:
+            return SetupError(f"the sandbox's setup process was killed by {signal_name(signum)} before the "
+                              f"command ran ({message})", step="crashed", backend="bwrap")
+        return error
 
 
 class _Decoder:

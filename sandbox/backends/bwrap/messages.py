@@ -109,7 +109,9 @@ class _Diagnose:
                 return "bwrap failed during setup and its message could not be read back"
             return text
         text = self._bwrap([], [self.marker])
-        if text is not None and self.marker not in text:
+        if text is None:  # the re-run died without a word: not an exec failure, which bwrap reports
+            return "bwrap failed during setup and its message could not be read back"
+        if self.marker not in text:
             return text
         return self._exec_message()
 
@@ -169,7 +171,7 @@ _STEPS = (
     ("pivot_root", "pivot"), ("fchdir to oldroot", "pivot"), ("unmount old root", "pivot"),
     ("prctl(PR_SET_NO_NEW_PRIVS)", "no_new_privs"), ("Dropping capability", "caps"), ("capset failed", "caps"),
     ("capget failed", "caps"), ("prctl(PR_SET_KEEPCAPS)", "caps"), ("prctl(PR_CAP_AMBIENT", "caps"),
-    ("setsid", "session"),
+    ("setsid", "session"), ("max_user_namespaces", "disable_userns"),
 )
 _PDEATHSIG = "prctl: "  # bwrap's PR_SET_PDEATHSIG failure, worded "prctl: ERROR"
 

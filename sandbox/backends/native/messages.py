@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ExecError, IsolationError, SandboxError, SetupError
+from ...errors import ExecError, IsolationError, SandboxError, SetupError, signal_name
 from .core import OP_KIND_NAMES, STEP_NAMES, ffi, lib
 from .wire import op_kind
 
@@ -44,6 +44,9 @@ def setup_error(res: Any, blob: bytes, argv: Sequence[str]) -> SandboxError:
     step, err = res.step, res.err
     if step == lib.SBX_STEP_EXEC:
         return ExecError.from_errno(err or E.ENOENT, argv[0])
+    if step == lib.SBX_STEP_CRASHED:  # .err holds the signal that ended the setup child, not an errno
+        return SetupError(f"the sandbox's setup process was killed by {signal_name(err)} before the command ran",
+                          step="crashed", backend="native")
     text, path = describe(res, blob, argv[0] if argv else None)
     if step == lib.SBX_STEP_ISOLATION:
         return IsolationError(text, path=path, errno=err)

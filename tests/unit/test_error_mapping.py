@@ -205,7 +205,14 @@ def test_every_step_maps_to_one_class_and_its_name() -> None:
         assert isinstance(e, expected), step
         if expected is SetupError:
             assert e.step == {lib.SBX_STEP_OP: "bind"}.get(step, name)
-            assert str(e).endswith(f": {os.strerror(E.EIO)}")
+            if step != lib.SBX_STEP_CRASHED:  # its .err is a signal, named below
+                assert str(e).endswith(f": {os.strerror(E.EIO)}")
+
+
+def test_a_crashed_setup_names_the_signal_not_an_errno() -> None:
+    e = error(lib.SBX_STEP_CRASHED, err=31)
+    assert (e.step, e.errno) == ("crashed", 0)
+    assert str(e) == "the sandbox's setup process was killed by SIGSYS before the command ran"
 
 
 def test_no_errno_and_unknown_errno() -> None:

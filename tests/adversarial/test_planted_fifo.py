@@ -10,6 +10,7 @@ and must die with its caller whatever step it is in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import select
@@ -167,7 +168,8 @@ def _stop_a_setup(caller: subprocess.Popen[bytes], backend: str) -> list[int]:
         if backend == "bwrap" or all(_in_setup(p) for p in procs):
             return fds  # stopped in setup, its parent-death signal armed
         for fd in fds:
-            signal.pidfd_send_signal(fd, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended in the meantime
+                signal.pidfd_send_signal(fd, signal.SIGCONT)
         for fd in fds:
             os.close(fd)
     pytest.fail("never caught a sandbox in setup")

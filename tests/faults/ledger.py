@@ -55,14 +55,17 @@ def _rss_kb() -> int:
 
 
 def _long_lived(pid: int) -> bool:
-    """The pool's factory: a helper that lives as long as its pool, by design."""
+    """A helper that lives as long as what keeps it, by design: the pool's
+    factory, or a template kept for `spawn(..., backend="template")`."""
+    from sandbox.backends.template import KEPT_MARKER
     from sandbox.netpool import FACTORY_MARKER
 
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return FACTORY_MARKER.encode() in f.read().split(b"\0")
+            argv = f.read().split(b"\0")
     except OSError:
         return False
+    return FACTORY_MARKER.encode() in argv or argv[0] == KEPT_MARKER.encode()
 
 
 def pool_books() -> dict[str, Any]:

@@ -39,7 +39,7 @@ INIT_FLAGS = (
 )
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
-    "sandbox-launch": (["launcher.c", *LIB_SOURCES], []),
+    "sandbox-launch": (["launcher.c", "handoff.c", *LIB_SOURCES], []),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "standby.c", "resident.c", *LIB_SOURCES], ["-static"]),
 }

@@ -8,9 +8,15 @@
  * 126 not executable; 125 and one "sandbox: ..." line for a setup failure.
  * Signals the launcher receives are forwarded to the sandbox; if the
  * launcher is killed, PR_SET_PDEATHSIG (die_with_parent) takes the sandbox
- * down with it.
+ * down with it. The launcher itself dies with its caller (PR_SET_PDEATHSIG).
+ *
+ * With `--handoff SOCKET` first (sandbox.compat.handoff), the launcher asks
+ * the caller's process, which holds a warm sandbox.Template, to start the
+ * command instead (csrc/handoff.c); if nobody there answers, it runs the
+ * plan itself.
  */
 #include "internal.h"
+#include "handoff.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,7 +70,7 @@ static void *b64_decode(const char *s, size_t *len)
 }
 
 /* One "sandbox: ..." line on stderr, then exit 125 (a setup failure). */
-static void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...)
+void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -93,7 +100,7 @@ static void forward(int sig)
         kill(child_pid, sig);
 }
 
-static _Noreturn void exit_like(int status)
+_Noreturn void exit_like(int status)
 {
     if (WIFEXITED(status))
         exit(WEXITSTATUS(status));
@@ -124,8 +131,20 @@ static _Noreturn void report_failure(const struct sbx_result *res, const void *b
 
 int main(int argc, char **argv)
 {
+    /* Die with the caller: its thread that forked us ends, so do we (and
+     * the sandbox, which dies with us). A caller already gone is checked
+     * in the handoff (the server must be our parent). */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const char *handoff = NULL;
+    if (argc >= 3 && !strcmp(argv[1], "--handoff")) {
+        handoff = argv[2];
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
-        die("usage: %s --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
+        die("usage: %s [--handoff SOCKET] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
+    if (handoff)
+        try_handoff(handoff, argv + 4); /* returns only to fall back */
     size_t len;
     void *blob = b64_decode(argv[2], &len);
     if (!blob || sbx_check_blob(blob, len) < 0)

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import backends
 from .host import HostInfo, hard_limits
 from .plan import check_argv, compile_plan
 from .spec import Spec
@@ -28,14 +29,17 @@ def launcher_path() -> str:
 
 
 def available() -> tuple[bool, str]:
-    """(ok, reason): can launcher_argv() produce something that sandboxes here?"""
+    """(ok, reason): can launcher_argv() produce something that sandboxes here?
+
+    Only the native backend is probed while it works (bwrap only if not).
+    """
     from .probe import probe
 
-    result = probe()
-    if result.native:
+    if backends.availability("native")[0]:
         if os.access(launcher_path(), os.X_OK):
             return True, f"native launcher {launcher_path()}"
         return True, f"{LAUNCHER_NAME} missing; falling back to `python -m sandbox run` (native)"
+    result = probe()
     if result.bwrap:
         return True, f"native refused ({result.native_reason}); `python -m sandbox run` with bwrap"
     return False, f"native: {result.native_reason}; bwrap: {result.bwrap_reason}"
@@ -48,11 +52,10 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     (it is the sandbox's cwd unless `spec.cwd` says otherwise).
     """
     from .backends import native
-    from .probe import probe
 
     command = check_argv(argv)
     path = launcher_path()
-    if probe().native and os.access(path, os.X_OK):
+    if backends.availability("native")[0] and os.access(path, os.X_OK):
         # sandbox-launch makes its own namespaces: it cannot join a pooled one
         host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, hard_limits=hard_limits(), pool=None)
         blob = native.blob_for(compile_plan(spec, host))

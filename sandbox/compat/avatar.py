@@ -259,6 +259,11 @@ def _launcher() -> ModuleType:
         raise SandboxUnavailable(f"the native launcher is not installed ({_LAUNCHER_MODULE} is missing)") from None
 
 
+def _handoff() -> ModuleType:
+    """sandbox.compat.handoff, imported when a warm native sandbox first needs it."""
+    return importlib.import_module(__name__.rsplit(".", 1)[0] + ".handoff")
+
+
 def _native_limits(rlimits: RLimits | None) -> Limits:
     if rlimits is None:  # as in the other backends: no rlimits, no limits
         return Limits()
@@ -305,10 +310,20 @@ class NativeSandbox:
     `sandbox: ...` line on stderr when the setup fails. `preexec_fn` is always
     None. Availability is checked once, at construction: SandboxUnavailable
     (with the reason) if the launcher cannot run here.
+
+    With `warm=True`, the first `prepare()` for a `cwd` also starts building
+    a `sandbox.Template` of that world in this process (in the background,
+    sandbox.compat.handoff); once it is warm, `prepare()` returns a launcher
+    command line that hands the command over to it (the same world, limits,
+    environment and exit-code contract, at a Template's cost), and the
+    launcher sets the sandbox up itself if the template has gone.
+    `prewarm(cwd)` builds it now. Without `warm`, `prepare()` is pure: no
+    I/O, no process, no temporary file; equal inputs give equal results.
     """
 
     allow_network: bool = False
     rlimits: RLimits | None = None
+    warm: bool = False
     mode = "native"
 
     def __post_init__(self) -> None:
@@ -317,12 +332,31 @@ class NativeSandbox:
             raise SandboxUnavailable(reason)
 
     def prepare(self, argv: list[str], cwd: Path) -> ExecSpec:
-        """The launcher command line for `argv` in `cwd`. Pure: no I/O, no
-        process, no temporary file; equal inputs give equal results."""
+        """The launcher command line for `argv` in `cwd` (see the class docstring)."""
         env = hermetic_env(os.environ)
+        if self.warm:
+            route = _handoff().handoff().route(self._key(cwd))
+            if route is not None:
+                return ExecSpec(argv=[*route, "--", *_launcher().check_argv(argv)], env=env, preexec_fn=None)
         spec = native_spec(cwd, allow_network=self.allow_network, rlimits=self.rlimits, environ=env)
         cmd = _launcher().launcher_argv(spec, list(argv), os.fspath(cwd))
+        if self.warm and cmd[0] == _launcher().launcher_path():
+            _handoff().handoff().warm(self._key(cwd), spec, cmd[:cmd.index("--")], wait=False)
         return ExecSpec(argv=list(cmd), env=env, preexec_fn=None)
+
+    def prewarm(self, cwd: Path) -> None:
+        """Build the Template for `cwd` now and wait for it (even without
+        `warm`, prepare() then hands off to it only with `warm=True`);
+        raises what sandbox.Template raises if it cannot be built here."""
+        env = hermetic_env(os.environ)
+        spec = native_spec(cwd, allow_network=self.allow_network, rlimits=self.rlimits, environ=env)
+        cmd = _launcher().launcher_argv(spec, ["true"], os.fspath(cwd))
+        if cmd[0] != _launcher().launcher_path():
+            raise SandboxUnavailable(f"{cmd[0]} is not the native launcher: no handoff")
+        _handoff().handoff().warm(self._key(cwd), spec, cmd[:cmd.index("--")], wait=True)
+
+    def _key(self, cwd: Path | str) -> tuple[str, bool, RLimits | None]:
+        return (os.fspath(cwd), self.allow_network, self.rlimits)
 
 
 # ---------------------------------------------------------------- factory
@@ -337,12 +371,13 @@ def make_sandbox(
     rlimits: RLimits | None = None,
     image: str = "",
     runtime: str = "podman",
+    warm: bool = False,
 ) -> Sandbox:
     """The backend for `mode` (one of MODES).
 
     `none` ignores `rlimits` and `allow_network`; `hermetic-env` ignores
     `allow_network`; `image` and `runtime` are for `container`, which needs an
-    image. Raises ValueError for an unknown mode or a container without an
+    image; `warm` is for `native` (NativeSandbox). Raises ValueError for an unknown mode or a container without an
     image, SandboxUnavailable if `native` cannot run on this host.
     """
     if mode == "none":
@@ -358,5 +393,5 @@ def make_sandbox(
             raise ValueError("sandbox_mode 'container' needs an image (image=...)")
         return Container(image=image, runtime=runtime, allow_network=allow_network, rlimits=rlimits)
     if mode == "native":
-        return NativeSandbox(allow_network=allow_network, rlimits=rlimits)
+        return NativeSandbox(allow_network=allow_network, rlimits=rlimits, warm=warm)
     raise ValueError(f"unknown sandbox_mode: {mode!r}")

@@ -1,0 +1,169 @@
+/* handoff.c: sandbox-launch's side of the handoff (see handoff.h). */
+#define _GNU_SOURCE
+#include "handoff.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static volatile int handoff_fd = -1;
+
+static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
+
+/* A signal for the command: one SIGNAL frame (send is async-signal-safe). */
+static void relay(int sig)
+{
+    int saved = errno;
+    struct handoff_frame f = {HANDOFF_SIGNAL, sig};
+    if (handoff_fd >= 0)
+        send(handoff_fd, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
+    errno = saved;
+}
+
+static void set_handlers(void (*handler)(int))
+{
+    struct sigaction sa = {0};
+    sa.sa_handler = handler;
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++)
+        sigaction(forwarded[i], &sa, NULL);
+}
+
+/* A connection to `path`, served by our parent, or -1. SO_PEERCRED names
+ * the process that listened: a socket left behind by another process, or a
+ * caller that has died since (we would have been reparented), is not used. */
+static int connect_to(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path)
+        return -1;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid != getppid() ||
+        cred.uid != getuid()) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static size_t add(char *out, size_t at, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    if (out)
+        memcpy(out + at, s, n);
+    return at + n;
+}
+
+/* The request: header, then cwd, argv and environ, each NUL-terminated. */
+static char *build_request(const char *cwd, char **argv, size_t *size)
+{
+    struct handoff_request h = {HANDOFF_MAGIC, HANDOFF_VERSION, 0, 0, 0};
+    size_t at = add(NULL, 0, cwd);
+    for (; argv[h.argc]; h.argc++)
+        at = add(NULL, at, argv[h.argc]);
+    for (; environ[h.envc]; h.envc++)
+        at = add(NULL, at, environ[h.envc]);
+    h.size = (uint32_t)at;
+    char *out = malloc(sizeof h + at);
+    if (!out)
+        return NULL;
+    memcpy(out, &h, sizeof h);
+    at = add(out + sizeof h, 0, cwd);
+    for (uint32_t i = 0; i < h.argc; i++)
+        at = add(out + sizeof h, at, argv[i]);
+    for (uint32_t i = 0; i < h.envc; i++)
+        at = add(out + sizeof h, at, environ[i]);
+    *size = sizeof h + at;
+    return out;
+}
+
+static int send_request(int fd, const char *msg, size_t size)
+{
+    int fds[3] = {0, 1, 2};
+    char control[CMSG_SPACE(sizeof fds)];
+    memset(control, 0, sizeof control);
+    struct iovec iov = {(void *)msg, size};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof fds);
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    ssize_t n;
+    do
+        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    return n == (ssize_t)size ? 0 : -1;
+}
+
+/* Wait for the server's answer; act on it, or return to fall back. */
+static void await_answer(int fd)
+{
+    char buf[sizeof(struct handoff_frame) + 4096];
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < (ssize_t)sizeof(struct handoff_frame))
+            die("the process holding the sandbox's template closed the handoff before the command ended");
+        struct handoff_frame f;
+        memcpy(&f, buf, sizeof f);
+        buf[n] = 0;
+        const char *text = buf + sizeof f;
+        if (f.kind == HANDOFF_STATUS)
+            exit_like(f.value >= 0 ? (f.value & 0xff) << 8 : (-f.value) & 0x7f);
+        if (f.kind == HANDOFF_ERROR) {
+            fprintf(stderr, "sandbox: %s\n", text);
+            exit(f.value);
+        }
+        if (f.kind == HANDOFF_FALLBACK)
+            return;
+    }
+}
+
+void try_handoff(const char *path, char **argv)
+{
+    /* stdio that is closed becomes /dev/null here, as the fallback's would
+     * (and so the socket can't take fd 0, 1 or 2) */
+    for (int i = 0; i < 3; i++)
+        if (fcntl(i, F_GETFD) < 0 && open("/dev/null", O_RDWR) != i)
+            return;
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return;
+    int fd = connect_to(path);
+    if (fd < 0)
+        return;
+    size_t size;
+    char *msg = build_request(cwd, argv, &size);
+    if (!msg || send_request(fd, msg, size) < 0) {
+        free(msg);
+        close(fd);
+        return;
+    }
+    free(msg);
+    /* From here a signal for us is one for the command. One that comes
+     * before this point kills the launcher, and the server kills the
+     * sandbox when it sees the connection close. */
+    handoff_fd = fd;
+    set_handlers(relay);
+    await_answer(fd);
+    handoff_fd = -1;
+    set_handlers(SIG_DFL);
+    close(fd);
+}

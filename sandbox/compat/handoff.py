@@ -1,0 +1,373 @@
+"""The harness process's side of sandbox-launch's handoff (csrc/handoff.h).
+
+A harness that execs `sandbox-launch` per command pays for a whole sandbox
+setup every time. When the harness process holds a warm `sandbox.Template`
+for the command's Spec, the launcher instead connects to that template's
+socket and hands over its request (argv, its stdio fds by SCM_RIGHTS, its
+cwd and environment); one thread of this process starts the command through
+the Template and relays back only the exit status, while passing on the
+signals the launcher receives. The launcher's death (the harness's timeout
+kill) kills the sandbox: its connection closes and the sandbox is killed.
+
+Everything runs on one daemon thread (`Handoff`): it builds the Templates
+(so their die-with-parent is tied to a thread that lives as long as the
+process), accepts connections and waits for sandboxes, with one selector.
+Each template has its own listening socket in a private 0700 directory; a
+connection is served only when the peer is a child of this process (the
+launcher the harness itself started), and the launcher checks in turn that
+the socket's server is its parent.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from ..errors import ExecError, ExecNotFoundError, SandboxError, SpecError
+from ..process import SandboxProcess
+from ..spec import Spec
+from ..template import Template
+
+REQUEST = struct.Struct("<5I")  # magic, version, argc, envc, payload size
+FRAME = struct.Struct("<ii")  # kind, value
+MAGIC, VERSION = 0x48584253, 1
+STATUS, ERROR, FALLBACK, SIGNAL = 1, 2, 3, 4
+MAX_REQUEST = 1 << 20  # the launcher falls back on its own beyond what the socket takes
+CREDENTIALS = struct.Struct("<3i")
+
+__all__ = ["Handoff", "handoff"]
+
+
+@dataclass
+class _Warm:
+    """One warm template and its listening socket."""
+
+    template: Template
+    listener: socket.socket
+    path: str
+    prefix: list[str]
+    env: dict[str, str]
+    cwd: str
+    stale: bool = False
+
+
+@dataclass
+class _Running:
+    """One handed-off command: its launcher's connection and its sandbox."""
+
+    conn: socket.socket
+    proc: SandboxProcess
+    ended_fd: int
+    launcher_gone: bool = False
+
+
+class Handoff:
+    """The thread that serves sandbox-launch's handoffs for this process's warm Templates."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="sandbox-handoff-")
+        self._lock = threading.Lock()
+        self._warm: dict[Hashable, _Warm] = {}
+        self._pending: list[Callable[[], None]] = []
+        self._warming: set[Hashable] = set()
+        self._failed: dict[Hashable, BaseException] = {}
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self._closed = False
+        self._pid = os.getpid()
+        self._thread = threading.Thread(target=self._loop, name="sandbox-handoff", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ warming (any thread)
+
+    def route(self, key: Hashable) -> list[str] | None:
+        """The launcher argv (without `--` and the command) that hands off to
+        the warm template for `key`, or None (cold, stale, or another process's)."""
+        warm = self._warm.get(key)
+        if warm is None or warm.stale or os.getpid() != self._pid:
+            return None
+        return warm.prefix
+
+    def warm(self, key: Hashable, spec: Spec, plan_argv: list[str], wait: bool = True) -> None:
+        """Build a Template of `spec` for `key` on the handoff thread (once);
+        `plan_argv` is the launcher's argv to fall back on, up to `--`.
+
+        With `wait`, block until it is warm and raise what Template raised;
+        without, return at once (the template is used once it is ready; a
+        failure is kept, and the key is not tried again).
+        """
+        done = threading.Event()
+        failure: list[BaseException] = []
+        with self._lock:
+            if not wait and (key in self._warming or key in self._failed):
+                return
+            self._warming.add(key)
+
+        def build() -> None:
+            try:
+                if key not in self._warm or self._warm[key].stale:
+                    self._add(key, spec, plan_argv)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+                failure.append(exc)
+                self._failed[key] = exc
+            finally:
+                with self._lock:
+                    self._warming.discard(key)
+                done.set()
+
+        self._call(build)
+        if wait:
+            done.wait()
+            if failure:
+                raise failure[0]
+
+    def close(self) -> None:
+        """Stop serving, end every warm Template (and its sandboxes)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._wake_w, b"x")
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the handoff server is closed")
+            self._pending.append(fn)
+        os.write(self._wake_w, b"x")
+
+    def _add(self, key: Hashable, spec: Spec, plan_argv: list[str]) -> None:
+        template = Template(spec)
+        path = os.path.join(self._dir, f"{len(os.listdir(self._dir))}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        listener.bind(path)
+        listener.listen(64)
+        listener.setblocking(False)
+        prefix = [plan_argv[0], "--handoff", path, *plan_argv[1:]]
+        warm = _Warm(template, listener, path, prefix, spec.env_dict, spec.cwd or "")
+        self._sel.register(listener, selectors.EVENT_READ, ("listen", warm))
+        old = self._warm.get(key)
+        self._warm[key] = warm
+        if old is not None:
+            self._retire(old)
+
+    def _retire(self, warm: _Warm) -> None:
+        warm.stale = True
+        try:
+            self._sel.unregister(warm.listener)
+        except (KeyError, ValueError):
+            pass
+        warm.listener.close()
+        warm.template.close()
+
+    # ------------------------------------------------------------ the loop (handoff thread)
+
+    def _loop(self) -> None:
+        try:
+            while not self._closed:
+                for key, _ in self._sel.select():
+                    kind, data = key.data
+                    if kind == "wake":
+                        self._wake()
+                    elif kind == "listen":
+                        self._accept(data)
+                    elif kind == "request":
+                        self._request(key.fileobj, data)  # type: ignore[arg-type]
+                    elif kind == "launcher":
+                        self._from_launcher(data)
+                    elif kind == "ended":
+                        self._ended(data)
+        finally:
+            self._shutdown()
+
+    def _wake(self) -> None:
+        try:
+            os.read(self._wake_r, 512)
+        except BlockingIOError:
+            pass
+        with self._lock:
+            calls, self._pending = self._pending, []
+        for fn in calls:
+            fn()
+
+    def _accept(self, warm: _Warm) -> None:
+        try:
+            conn, _ = warm.listener.accept()
+        except (BlockingIOError, OSError):
+            return
+        self._sel.register(conn, selectors.EVENT_READ, ("request", warm))
+
+    def _request(self, conn: socket.socket, warm: _Warm) -> None:
+        self._sel.unregister(conn)
+        try:
+            msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+        except OSError:
+            conn.close()
+            return
+        try:
+            if len(fds) != 3 or not _our_child(conn):
+                conn.close()  # not our launcher: it gets EOF (and says so)
+                return
+            self._start(conn, warm, msg, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _start(self, conn: socket.socket, warm: _Warm, msg: bytes, fds: list[int]) -> None:
+        try:
+            cwd, argv, env = _parse(msg)
+        except ValueError as exc:
+            _reply(conn, ERROR, 125, f"bad handoff request: {exc}")
+            conn.close()
+            return
+        try:
+            proc = warm.template.spawn(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2],
+                                       env=None if env == warm.env else env,
+                                       cwd=None if cwd == warm.cwd else cwd)
+        except BaseException as exc:  # noqa: BLE001 - every failure is the launcher's to report
+            self._refused(conn, warm, argv, exc)
+            return
+        conn.setblocking(False)
+        running = _Running(conn, proc, _pidfd(proc))
+        self._sel.register(conn, selectors.EVENT_READ, ("launcher", running))
+        self._sel.register(running.ended_fd, selectors.EVENT_READ, ("ended", running))
+
+    def _refused(self, conn: socket.socket, warm: _Warm, argv: list[str], exc: BaseException) -> None:
+        """Tell the launcher why the command did not start (exit codes as the launcher's own)."""
+        if isinstance(exc, ExecError):
+            _reply(conn, ERROR, 127 if isinstance(exc, ExecNotFoundError) else 126, str(exc))
+        elif isinstance(exc, SpecError | ValueError):
+            _reply(conn, ERROR, 125, str(exc))
+        elif _gone(warm.template.pid):
+            _reply(conn, FALLBACK, 0, "the template has gone")
+            self._retire(warm)
+        else:
+            _reply(conn, ERROR, 125, str(exc) or type(exc).__name__)
+        conn.close()
+
+    def _from_launcher(self, running: _Running) -> None:
+        try:
+            data = running.conn.recv(FRAME.size)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if len(data) == FRAME.size:
+            kind, value = FRAME.unpack(data)
+            if kind == SIGNAL and 0 < value < 65:
+                running.proc.send_signal(value)
+            return
+        # The launcher has gone (killed with the harness's timeout, or by anyone): so does its sandbox.
+        running.launcher_gone = True
+        self._sel.unregister(running.conn)
+        running.proc.kill()
+
+    def _ended(self, running: _Running) -> None:
+        self._sel.unregister(running.ended_fd)
+        os.close(running.ended_fd)
+        code = running.proc.wait()
+        if not running.launcher_gone:
+            self._sel.unregister(running.conn)
+            running.conn.setblocking(True)
+            _reply(running.conn, STATUS, code)
+        running.conn.close()
+
+    def _shutdown(self) -> None:
+        for key in list(self._sel.get_map().values()):
+            kind, data = key.data
+            if kind == "ended":
+                data.proc.kill()
+                data.proc.wait()
+                os.close(data.ended_fd)
+                data.conn.close()
+            elif kind == "request":
+                key.fileobj.close()  # type: ignore[union-attr]
+        for warm in self._warm.values():
+            if not warm.stale:
+                self._retire(warm)
+        self._sel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:
+    """(cwd, argv, env) from a request; ValueError if it is malformed."""
+    if len(msg) < REQUEST.size:
+        raise ValueError("short request")
+    magic, version, argc, envc, size = REQUEST.unpack_from(msg)
+    if magic != MAGIC or version != VERSION or size != len(msg) - REQUEST.size or argc < 1:
+        raise ValueError("not a version 1 handoff request")
+    parts = msg[REQUEST.size:].split(b"\0")
+    if len(parts) != 2 + argc + envc or parts[-1]:
+        raise ValueError("field count does not match")
+    strs = [os.fsdecode(p) for p in parts[:-1]]
+    env = {}
+    for item in strs[1 + argc:]:
+        name, sep, value = item.partition("=")
+        if sep and name:
+            env[name] = value
+    return strs[0], strs[1:1 + argc], env
+
+
+def _our_child(conn: socket.socket) -> bool:
+    """Whether the peer (by SO_PEERCRED) is a child of this process: a
+    launcher the harness started, not some other process that found the socket."""
+    pid, uid, _ = CREDENTIALS.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size))
+    if uid != os.getuid():
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return int(stat.rsplit(b")", 1)[1].split()[1]) == os.getpid()
+
+
+def _gone(pid: int) -> bool:
+    """Whether the template process has exited (a zombie, or reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except OSError:
+        return True
+
+
+def _pidfd(proc: SandboxProcess) -> int:
+    """A pidfd of the sandbox's first process: readable once it has ended."""
+    try:
+        return os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        r, w = os.pipe2(os.O_CLOEXEC)  # gone already: a readable stand-in
+        os.close(w)
+        return r
+
+
+def _reply(conn: socket.socket, kind: int, value: int, text: str = "") -> None:
+    try:
+        conn.send(FRAME.pack(kind, value) + text.encode()[:4000])
+    except OSError:
+        pass  # the launcher has gone: nobody to tell
+
+
+_handoff: Handoff | None = None
+_handoff_lock = threading.Lock()
+
+
+def handoff() -> Handoff:
+    """This process's handoff server (started on first use)."""
+    global _handoff
+    with _handoff_lock:
+        if _handoff is None or _handoff._pid != os.getpid():
+            _handoff = Handoff()
+        return _handoff

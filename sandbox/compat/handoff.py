@@ -58,14 +58,13 @@ class _Warm:
     stale: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class _Running:
     """One handed-off command: its launcher's connection and its sandbox."""
 
     conn: socket.socket
     proc: SandboxProcess
-    ended_fd: int
-    launcher_gone: bool = False
+    done: bool = False  # its status has been sent
 
 
 class Handoff:
@@ -77,11 +76,13 @@ class Handoff:
         self._warm: dict[Hashable, _Warm] = {}
         self._pending: list[Callable[[], None]] = []
         self._warming: set[Hashable] = set()
+        self._running: set[_Running] = set()
         self._failed: dict[Hashable, BaseException] = {}
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._closed = False
+        self.served = 0  # commands started through a Template (not fallen back)
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._loop, name="sandbox-handoff", daemon=True)
         self._thread.start()
@@ -147,7 +148,9 @@ class Handoff:
         os.write(self._wake_w, b"x")
 
     def _add(self, key: Hashable, spec: Spec, plan_argv: list[str]) -> None:
-        template = Template(spec)
+        # The same loopback-only network, but leased from the pool (where it
+        # runs): a fresh namespace costs more than the rest of the clone.
+        template = Template(spec.replace(network="pool") if spec.network == "none" else spec)
         path = os.path.join(self._dir, f"{len(os.listdir(self._dir))}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         listener.bind(path)
@@ -185,8 +188,6 @@ class Handoff:
                         self._request(key.fileobj, data)  # type: ignore[arg-type]
                     elif kind == "launcher":
                         self._from_launcher(data)
-                    elif kind == "ended":
-                        self._ended(data)
         finally:
             self._shutdown()
 
@@ -237,10 +238,14 @@ class Handoff:
         except BaseException as exc:  # noqa: BLE001 - every failure is the launcher's to report
             self._refused(conn, warm, argv, exc)
             return
+        self.served += 1
         conn.setblocking(False)
-        running = _Running(conn, proc, _pidfd(proc))
+        running = _Running(conn, proc)
+        self._running.add(running)
         self._sel.register(conn, selectors.EVENT_READ, ("launcher", running))
-        self._sel.register(running.ended_fd, selectors.EVENT_READ, ("ended", running))
+        # The wait has a thread of its own: SandboxProcess.wait() ends when
+        # the status arrives, before the sandbox's namespaces are torn down.
+        threading.Thread(target=self._wait, args=(running,), name="sandbox-handoff-wait", daemon=True).start()
 
     def _refused(self, conn: socket.socket, warm: _Warm, argv: list[str], exc: BaseException) -> None:
         """Tell the launcher why the command did not start (exit codes as the launcher's own)."""
@@ -267,31 +272,27 @@ class Handoff:
             if kind == SIGNAL and 0 < value < 65:
                 running.proc.send_signal(value)
             return
-        # The launcher has gone (killed with the harness's timeout, or by anyone): so does its sandbox.
-        running.launcher_gone = True
+        # The connection closed: after its status (done), or because the launcher has gone (the harness's
+        # timeout killed it, or anyone did): then so does its sandbox.
         self._sel.unregister(running.conn)
-        running.proc.kill()
-
-    def _ended(self, running: _Running) -> None:
-        self._sel.unregister(running.ended_fd)
-        os.close(running.ended_fd)
-        code = running.proc.wait()
-        if not running.launcher_gone:
-            self._sel.unregister(running.conn)
-            running.conn.setblocking(True)
-            _reply(running.conn, STATUS, code)
+        if not running.done:
+            running.proc.kill()
         running.conn.close()
+        self._running.discard(running)
+
+    def _wait(self, running: _Running) -> None:
+        """(its own thread) Wait for the command and send its status; the loop closes the connection."""
+        code = running.proc.wait()
+        running.done = True
+        _reply(running.conn, STATUS, code)
 
     def _shutdown(self) -> None:
         for key in list(self._sel.get_map().values()):
-            kind, data = key.data
-            if kind == "ended":
-                data.proc.kill()
-                data.proc.wait()
-                os.close(data.ended_fd)
-                data.conn.close()
-            elif kind == "request":
+            if key.data[0] == "request":
                 key.fileobj.close()  # type: ignore[union-attr]
+        for running in list(self._running):
+            running.proc.kill()
+            running.conn.close()
         for warm in self._warm.values():
             if not warm.stale:
                 self._retire(warm)
@@ -341,16 +342,6 @@ def _gone(pid: int) -> bool:
             return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
     except OSError:
         return True
-
-
-def _pidfd(proc: SandboxProcess) -> int:
-    """A pidfd of the sandbox's first process: readable once it has ended."""
-    try:
-        return os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        r, w = os.pipe2(os.O_CLOEXEC)  # gone already: a readable stand-in
-        os.close(w)
-        return r
 
 
 def _reply(conn: socket.socket, kind: int, value: int, text: str = "") -> None:

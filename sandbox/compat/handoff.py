@@ -42,7 +42,7 @@ STATUS, ERROR, FALLBACK, SIGNAL = 1, 2, 3, 4
 MAX_REQUEST = 1 << 20  # the launcher falls back on its own beyond what the socket takes
 CREDENTIALS = struct.Struct("<3i")
 
-__all__ = ["Handoff", "handoff"]
+__all__ = ["Handoff", "close", "handoff"]
 
 
 @dataclass
@@ -362,3 +362,14 @@ def handoff() -> Handoff:
         if _handoff is None or _handoff._pid != os.getpid():
             _handoff = Handoff()
         return _handoff
+
+
+def close() -> None:
+    """Close this process's handoff server, if any: its Templates end (and
+    every sandbox they run); launchers prepared for them fall back to their
+    own setup. A later warm NativeSandbox starts a new one."""
+    global _handoff
+    with _handoff_lock:
+        server, _handoff = _handoff, None
+    if server is not None and server._pid == os.getpid():
+        server.close()

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
-from ..errors import ExecError, ExecNotFoundError, SandboxError, SpecError
+from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
 from ..spec import Spec
 from ..template import Template
@@ -82,7 +82,7 @@ class Handoff:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         self._closed = False
-        self.served = 0  # commands started through a Template (not fallen back)
+        self.served = 0  # requests a Template answered: started, or refused with an error (not fallen back)
         self._pid = os.getpid()
         self._thread = threading.Thread(target=self._loop, name="sandbox-handoff", daemon=True)
         self._thread.start()
@@ -249,15 +249,15 @@ class Handoff:
 
     def _refused(self, conn: socket.socket, warm: _Warm, argv: list[str], exc: BaseException) -> None:
         """Tell the launcher why the command did not start (exit codes as the launcher's own)."""
-        if isinstance(exc, ExecError):
-            _reply(conn, ERROR, 127 if isinstance(exc, ExecNotFoundError) else 126, str(exc))
-        elif isinstance(exc, SpecError | ValueError):
-            _reply(conn, ERROR, 125, str(exc))
-        elif _gone(warm.template.pid):
+        if _gone(warm.template.pid):
             _reply(conn, FALLBACK, 0, "the template has gone")
             self._retire(warm)
         else:
-            _reply(conn, ERROR, 125, str(exc) or type(exc).__name__)
+            self.served += 1
+            if isinstance(exc, ExecError):
+                _reply(conn, ERROR, 127 if isinstance(exc, ExecNotFoundError) else 126, exc.strerror or str(exc))
+            else:
+                _reply(conn, ERROR, 125, str(exc) or type(exc).__name__)
         conn.close()
 
     def _from_launcher(self, running: _Running) -> None:

@@ -11,12 +11,16 @@ slower fallback.
 from __future__ import annotations
 
 import base64
+import json
 import os
+import stat
 import sys
+import tempfile
+import threading
 from collections.abc import Sequence
 
 from . import backends
-from .host import HostInfo, hard_limits
+from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, userns_sysctls
 from .plan import check_argv, compile_plan
 from .spec import Spec
 
@@ -35,7 +39,7 @@ def available() -> tuple[bool, str]:
     """
     from .probe import probe
 
-    if backends.availability("native")[0]:
+    if native_ok():
         if os.access(launcher_path(), os.X_OK):
             return True, f"native launcher {launcher_path()}"
         return True, f"{LAUNCHER_NAME} missing; falling back to `python -m sandbox run` (native)"
@@ -55,9 +59,97 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
 
     command = check_argv(argv)
     path = launcher_path()
-    if backends.availability("native")[0] and os.access(path, os.X_OK):
+    if native_ok() and os.access(path, os.X_OK):
         # sandbox-launch makes its own namespaces: it cannot join a pooled one
         host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, hard_limits=hard_limits(), pool=None)
         blob = native.blob_for(compile_plan(spec, host))
         return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]
+
+
+# ---------------------------------------------------------------- the host probe, cached
+
+_native_ok: bool | None = None
+_native_lock = threading.Lock()
+
+
+def native_ok() -> bool:
+    """Whether the native backend works here: its probe (a clone with every
+    namespace, several ms) is run once per process, and a success is kept in
+    the user's cache directory for as long as the facts it depends on stay
+    the same (the kernel and its boot, the user, the user-namespace sysctls,
+    this package's build). A stale success costs nothing worse than a
+    launcher that exits 125 with the kernel's reason."""
+    global _native_ok
+    with _native_lock:
+        if _native_ok is None:
+            _native_ok = _probe_native()
+        return _native_ok
+
+
+def _probe_native() -> bool:
+    if os.environ.get(DISABLE_NATIVE_ENV, "") not in ("", "0"):
+        return backends.availability("native")[0]
+    path, key = _cache_path(), _cache_key()
+    if path is not None and key is not None and _read_cache(path) == key:
+        return True
+    ok = backends.availability("native")[0]
+    if ok and path is not None and key is not None:
+        _write_cache(path, key)
+    return ok
+
+
+def _cache_key() -> dict[str, object] | None:
+    """What the probe's verdict depends on; None if it cannot be told."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        from . import _native  # type: ignore[attr-defined]
+
+        core = os.stat(_native.__file__)
+        exe = os.stat(launcher_path())
+    except (OSError, ImportError, AttributeError, TypeError):
+        return None
+    uname = os.uname()
+    return {"boot": boot, "kernel": [uname.release, uname.version], "uid": os.getuid(), "gid": os.getgid(),
+            "sysctls": userns_sysctls(), "core": [_native.__file__, core.st_mtime_ns, core.st_size],
+            "launcher": [exe.st_mtime_ns, exe.st_size], "python": sys.version}
+
+
+def _cache_path() -> str | None:
+    """The cache file, in a directory that is ours and writable by no one else."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "sandbox")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        st = os.stat(directory)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return None
+    return os.path.join(directory, f"native-probe-{os.getuid()}.json")
+
+
+def _read_cache(path: str) -> object:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return None
+        try:
+            return json.load(f)
+        except ValueError:
+            return None
+
+
+def _write_cache(path: str, key: dict[str, object]) -> None:
+    try:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".native-probe-")
+        with os.fdopen(fd, "w") as f:
+            json.dump(key, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no cache: the next process probes again

@@ -10,7 +10,7 @@ mode) and `hermetic-env` (no isolation, the floor). Prints median and p99 in
 ms, and what the native mode's first use in a process costs (construction,
 with its host probe, and the first prepare).
 
-    python benchmarks/harness.py [-n 300] [--cmd true]
+    python benchmarks/harness.py [-n 300] [--cmd true] [--blocks]
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox.compat.avatar import RLimits, make_sandbox
+import sandbox
+from sandbox.compat.avatar import RLimits, hermetic_env, make_sandbox, native_spec
 from sandbox.compat.handoff import handoff
 
 
@@ -38,10 +39,32 @@ def one_run(box: object, argv: list[str], cwd: Path) -> float:
     return elapsed
 
 
+class TemplateFloor:
+    """Not a harness mode: the same world's sandbox.Template run in-process
+    (no launcher, no handoff), what the handoff path costs at least."""
+
+    mode = "Template.run (floor)"
+
+    def __init__(self, cwd: Path, limits: RLimits) -> None:
+        spec = native_spec(cwd, rlimits=limits, environ=hermetic_env(os.environ))
+        self.template = sandbox.Template(spec.replace(network="pool"))
+
+    def run(self, argv: list[str]) -> float:
+        t0 = time.perf_counter()
+        done = self.template.run(argv)
+        elapsed = (time.perf_counter() - t0) * 1000
+        if done.returncode != 0:
+            raise RuntimeError(f"Template: {argv} exited {done.returncode}")
+        return elapsed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--cmd", default="true", help="command to run (default: true)")
+    ap.add_argument("--blocks", action="store_true",
+                    help="run each mode's n runs back to back instead of interleaved (a harness uses one mode; "
+                         "interleaved, each run also pays for the teardown of the other modes' namespaces)")
     args = ap.parse_args()
     limits = RLimits()
     with tempfile.TemporaryDirectory() as work:
@@ -58,19 +81,27 @@ def main() -> int:
         t4 = time.perf_counter()
         modes = {"hermetic-env": make_sandbox("hermetic-env", rlimits=limits), "native-handoff": warm,
                  "native": native, "bwrap": make_sandbox("bwrap", rlimits=limits)}
-        times: dict[str, list[float]] = {m: [] for m in modes}
-        for i in range(args.n + 10):
-            for mode, box in modes.items():
-                t = one_run(box, [args.cmd], cwd)
-                if i >= 10:
-                    times[mode].append(t)
+        floor_template = TemplateFloor(cwd, limits)
+        times: dict[str, list[float]] = {m: [] for m in [*modes, floor_template.mode]}
+        runners = {mode: (lambda box=box: one_run(box, [args.cmd], cwd)) for mode, box in modes.items()}
+        runners[floor_template.mode] = lambda: floor_template.run([args.cmd])
+        if args.blocks:
+            for mode, fn in runners.items():
+                times[mode] = [fn() for _ in range(args.n + 10)][10:]
+        else:
+            for i in range(args.n + 10):
+                for mode, fn in runners.items():
+                    t = fn()
+                    if i >= 10:
+                        times[mode].append(t)
+        floor_template.template.close()
     served = handoff().served
     if served != args.n + 10:
         print(f"# WARNING: only {served} of {args.n + 10} native-handoff runs were handed off")
     floor = statistics.median(times["hermetic-env"])
     bw = statistics.median(times["bwrap"])
     print(f"# harness call path (prepare + subprocess.run) of {args.cmd!r}, n={args.n}, uid={os.getuid()}, "
-          f"load {os.getloadavg()[0]:.1f}")
+          f"{'blocks' if args.blocks else 'interleaved'}, load {os.getloadavg()[0]:.1f}")
     print(f"# native first use: make_sandbox {first[0]:.2f} ms (host probe), first prepare {first[1]:.2f} ms; "
           f"prewarm (Template start) {(t4 - t3) * 1000:.1f} ms")
     old = statistics.median(times["native"])

@@ -226,9 +226,12 @@ static int under(const char *path, const char *dir)
     return path[n] == 0 || path[n] == '/' || (n == 1 && dir[0] == '/');
 }
 
-/* Sources the new root's tmpfs will cover (those under its host directory)
- * are cloned now, before it is mounted; the others when their op runs, so
- * a spec with thousands of binds never holds thousands of fds at once. */
+/* Sources the new root's tmpfs would change are cloned now, before it is
+ * mounted: those under its host directory (the tmpfs covers them) and those
+ * above it, such as "/" (a recursive clone taken later would carry the
+ * tmpfs along, and the sandbox would see its own scaffolding at /tmp instead
+ * of the host's /tmp). The others are cloned when their op runs, so a spec
+ * with thousands of binds never holds thousands of fds at once. */
 void sbx_open_sources(struct sbx_ctx *c)
 {
     const char *newroot = sbx_str(c, c->h->newroot);
@@ -238,8 +241,11 @@ void sbx_open_sources(struct sbx_ctx *c)
         c->src_fds[i] = -1;
         if (op->kind == SBX_OP_BIND && (op->flags & SBX_F_FROM_FD))
             c->src_fds[i] = c->bind_fds[from_fd++];
-        else if (op->kind == SBX_OP_BIND)
-            c->src_fds[i] = under(sbx_str(c, op->src), newroot) ? clone_source(c, i) : SRC_DEFERRED;
+        else if (op->kind == SBX_OP_BIND) {
+            const char *src = sbx_str(c, op->src);
+            int early = under(src, newroot) || under(newroot, src);
+            c->src_fds[i] = early ? clone_source(c, i) : SRC_DEFERRED;
+        }
     }
 }
 

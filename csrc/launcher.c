@@ -8,7 +8,9 @@
  * 126 not executable; 125 and one "sandbox: ..." line for a setup failure.
  * Signals the launcher receives are forwarded to the sandbox; if the
  * launcher is killed, PR_SET_PDEATHSIG (die_with_parent) takes the sandbox
- * down with it. The launcher itself dies with its caller (PR_SET_PDEATHSIG).
+ * down with it. With die_with_parent (and always when handing off) the
+ * launcher itself also dies with its caller, so no process stands between a
+ * dead caller and a live sandbox.
  *
  * With `--handoff SOCKET` first (sandbox.compat.handoff), the launcher asks
  * the caller's process, which holds a warm sandbox.Template, to start the
@@ -129,12 +131,20 @@ static _Noreturn void report_failure(const struct sbx_result *res, const void *b
     exit(res->err == ENOENT ? 127 : 126);
 }
 
+/* PR_SET_PDEATHSIG on the launcher itself. The signal comes only for a
+ * parent that dies after the prctl: if the parent that exec'd us is gone
+ * already, we were re-parented (to init or a subreaper), and we exit. */
+static void die_with(pid_t parent)
+{
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        die("prctl(PR_SET_PDEATHSIG): %s", strerror(errno));
+    if (getppid() != parent)
+        kill(getpid(), SIGKILL);
+}
+
 int main(int argc, char **argv)
 {
-    /* Die with the caller: its thread that forked us ends, so do we (and
-     * the sandbox, which dies with us). A caller already gone is checked
-     * in the handoff (the server must be our parent). */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    pid_t parent = getppid(); /* first: the caller that exec'd us */
     const char *handoff = NULL;
     if (argc >= 3 && !strcmp(argv[1], "--handoff")) {
         handoff = argv[2];
@@ -143,13 +153,19 @@ int main(int argc, char **argv)
     }
     if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
         die("usage: %s [--handoff SOCKET] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
-    if (handoff)
+    if (handoff) {
+        /* the caller's thread that forked us ends: so do we (and the
+         * sandbox its process started for us, when our connection closes) */
+        die_with(parent);
         try_handoff(handoff, argv + 4); /* returns only to fall back */
+    }
     size_t len;
     void *blob = b64_decode(argv[2], &len);
     if (!blob || sbx_check_blob(blob, len) < 0)
         die("the plan given to %s is malformed", argv[0]);
     const struct sbx_header *h = blob;
+    if (h->opts & SBX_OPT_DIE_WITH_PARENT)
+        die_with(parent);
     int init_fd = (h->opts & SBX_OPT_REAPER) ? open_init() : -1;
     if ((h->opts & SBX_OPT_REAPER) && init_fd < 0)
         die("can't open sandbox-init next to %s: %s", argv[0], strerror(errno));

@@ -63,6 +63,8 @@ it does not exist."""
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); return the exit status."""
+    global _PARENT
+    _PARENT = os.getppid()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
         sys.stderr.write(USAGE)
@@ -99,6 +101,8 @@ def run(args: Sequence[str]) -> int:
         return 0
     if extras.dry_run:
         return _dry_run(command, spec, extras.backend)
+    if spec.die_with_parent and not _die_with_parent():
+        return _fail(EXIT_SETUP, "the caller is gone (--die-with-parent)")
     pass_fds: tuple[int, ...] = ()
     if not extras.close_fds:
         pass_fds = tuple(fd for fd in inherited if fd not in extras.consumed_fds and _is_open(fd))
@@ -233,6 +237,26 @@ def _pidfd(pid: int) -> int:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return -1
+
+
+_PARENT = os.getppid()  # the caller, read again as early as main() runs
+
+
+def _die_with_parent() -> bool:
+    """PR_SET_PDEATHSIG(SIGKILL) on this process too, as bwrap sets it on its
+    own: the sandbox dies with us (its own death signal) and we with our
+    caller, so nothing is left running when the caller is killed. The kernel
+    sends it only for a parent that dies after the prctl; if ours died
+    before, we were re-parented: False."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    return os.getppid() == _PARENT
+
+
+PR_SET_PDEATHSIG = 1
 
 
 # ---------------------------------------------------------------- file descriptors

@@ -65,6 +65,7 @@ class SandboxProcess:
         self._on_exit = launched.on_exit
         self._pidfd = launched.pidfd  # -1: the first process is our child (waitpid); else poll this pidfd
         self._ended_fd = launched.ended_fd  # readable once the status is in (launched.exit is an EarlyStatus)
+        self._signal = launched.signal
         self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
         self.isolation = launched.isolation
         self._lock = threading.Lock()
@@ -145,7 +146,9 @@ class SandboxProcess:
         with self._lock:
             if self.returncode is None:
                 try:
-                    if self._pidfd >= 0:
+                    if self._signal is not None:
+                        self._signal(sig)
+                    elif self._pidfd >= 0:
                         signal.pidfd_send_signal(self._pidfd, sig)
                     else:
                         os.kill(self.pid, sig)

@@ -42,7 +42,10 @@ class Launched:
     (the sandbox's first process exists), `ready` (setup done) and `exec`
     (the command seen exec'd), plus the backend's own stages; `isolation` what
     the isolation checks established; `on_exit` runs once the sandbox has
-    ended (gives back a leased namespace, stops a port relay).
+    ended (gives back a leased namespace, stops a port relay); `signal`, when
+    set, is how a signal for the sandbox reaches its command where sending it
+    to `pid` would not pass it on (bwrap's monitor dies of a SIGTERM and
+    leaves the command running).
 
     `pidfd`, when not -1, is a pidfd of the first process, which is then not
     the caller's child (a Template's sandbox is its server's): it is waited
@@ -62,6 +65,7 @@ class Launched:
     on_exit: Callable[[], None] | None = None
     pidfd: int = -1
     ended_fd: int = -1
+    signal: Callable[[int], None] | None = None
 
 
 class EarlyStatus(ExitSource, Protocol):

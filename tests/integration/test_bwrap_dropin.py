@@ -9,15 +9,19 @@ not our guess of it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from leakcheck import descendants
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +96,101 @@ class TestNoScaffolding:
     def test_no_pivot_directories(self, backend, name):
         result = ours(backend, "--bind", "/", "/", "--tmpfs", "/tmp", "test", "-e", f"/tmp/{name}")
         assert result.returncode == 1, result.stderr
+
+
+# ---------------------------------------------------------------- 3: nothing outlives its caller
+
+READY_THEN_SLEEP = ["sh", "-c", "echo ready; exec sleep 1000"]
+
+
+def _pidfds(pids: set[int]) -> dict[int, int]:
+    fds = {}
+    for pid in pids:
+        try:
+            fds[pid] = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass
+    return fds
+
+
+def _still_running(pidfds: dict[int, int], timeout: float) -> list[int]:
+    """The pids whose process has not exited within `timeout` seconds (each
+    pidfd becomes readable when its process exits, reaped or not)."""
+    import selectors
+
+    deadline = time.monotonic() + timeout
+    alive = dict(pidfds)
+    with selectors.DefaultSelector() as sel:
+        for pid, fd in alive.items():
+            sel.register(fd, selectors.EVENT_READ, pid)
+        while alive and time.monotonic() < deadline:
+            for key, _ in sel.select(max(0.0, deadline - time.monotonic())):
+                sel.unregister(key.fd)
+                alive.pop(key.data)
+    return sorted(alive)
+
+
+@contextlib.contextmanager
+def tree_of(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], dict[int, int]]]:
+    """Start `argv` (whose command prints "ready"), wait for the line, yield it
+    and pidfds of every process under it. Whatever is still alive on the way
+    out is SIGKILLed, so a failing case leaves nothing behind."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    fds: dict[int, int] = {}
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=TIMEOUT)
+        fds = _pidfds({proc.pid, *descendants(proc.pid)})
+        yield proc, fds
+    finally:
+        for fd in fds.values():
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _via_caller(argv: list[str]) -> list[str]:
+    """A caller process that runs `argv` as its child and waits for it."""
+    return [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])", *argv]
+
+
+class TestDieWithParent:
+    """bwrap --die-with-parent sets PR_SET_PDEATHSIG on its own process too:
+    killing whoever ran it ends everything it started. Ours likewise for the
+    CLI (whatever backend it drives) and for sandbox-launch."""
+
+    def test_killing_the_callers_process_ends_the_cli_and_the_sandbox(self, backend):
+        cli = [*PYTHON_M_SANDBOX, "--backend", backend, "--die-with-parent", "--bind", "/", "/", *READY_THEN_SLEEP]
+        with tree_of(_via_caller(cli)) as (caller, fds):
+            assert len(fds) >= 3  # the caller, the CLI, the command (and whatever stands between)
+            caller.kill()
+            caller.wait()
+            assert _still_running(fds, TIMEOUT) == []
+
+    def test_sandbox_launch_dies_with_its_caller(self):
+        import sandbox
+        from sandbox import launcher
+
+        if not sandbox.probe().native or not os.access(launcher.launcher_path(), os.X_OK):
+            pytest.skip("sandbox-launch needs the native backend")
+        spec = sandbox.Spec(mounts=(sandbox.Bind("/", "/"),), die_with_parent=True)
+        argv = launcher.launcher_argv(spec, READY_THEN_SLEEP, "/")
+        assert argv[0] == launcher.launcher_path()
+        with tree_of(_via_caller(argv)) as (caller, fds):
+            caller.kill()
+            caller.wait()
+            assert _still_running(fds, TIMEOUT) == []
+
+    @pytest.mark.parametrize("extra", [[], ["--unshare-pid"]])
+    def test_sigterm_to_the_cli_reaches_the_command_and_leaves_nothing(self, backend, extra):
+        script = 'trap "echo caught; exit 7" TERM; echo ready; while :; do sleep 0.05; done'
+        cli = [*PYTHON_M_SANDBOX, "--backend", backend, *extra, "--bind", "/", "/", "sh", "-c", script]
+        with tree_of(cli) as (proc, fds):
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=TIMEOUT)
+            assert (proc.returncode, out) == (7, "caught\n")
+            assert _still_running(fds, TIMEOUT) == []

@@ -168,6 +168,7 @@ class _Run:
         self.timings: dict[str, float] = {}
         self.isolated: _Isolated | None = None
         self.guard = dests.Guard()
+        self.command_pid = -1
 
     def _stamp(self, name: str) -> None:
         self.timings[name] = (time.monotonic() - self.t0) * 1e6
@@ -294,9 +295,10 @@ class _Run:
         pipes.status_r = -1  # owned by the decoder from now on
         isolated = self.isolated
         timings = {"start": 0.0, **self.timings}
-        return Launched(pid=popen.pid, exit=_Decoder(popen, status), timings=timings,
+        decoder = _Decoder(popen, status, self.command_pid)
+        return Launched(pid=popen.pid, exit=decoder, timings=timings,
                         isolation=isolated.findings if isolated else {},
-                        on_exit=isolated.close if isolated else None)
+                        on_exit=isolated.close if isolated else None, signal=decoder.signal)
 
     # ------------------------------------------------------------ steps
 
@@ -348,6 +350,7 @@ class _Run:
             if pid is not None:
                 cmdline = _read(f"/proc/{pid}/cmdline")
                 if cmdline and cmdline != mine:
+                    self.command_pid = pid
                     return True
             if _readable([pidfd], 0):
                 return False
@@ -383,9 +386,21 @@ class _Decoder:
     """bwrap's wait status to the command's returncode: bwrap's JSON exit-code
     record when there is one (an ExitSource of sandbox.backends)."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], status: _Status) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], status: _Status, command_pid: int) -> None:
         self.popen = popen  # kept so subprocess never reaps bwrap behind SandboxProcess's back
         self.status = status
+        self.command = _pidfd(command_pid)
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the command itself: bwrap passes no signal on (its
+        monitor would die of a SIGTERM and leave the command running, as
+        real bwrap does). SIGKILL also goes to bwrap, which ends the rest.
+        A pidfd, so a pid reused after the command has gone is never hit."""
+        if self.command >= 0:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.command, sig)
+        if sig == signal.SIGKILL or self.command < 0:
+            os.kill(self.popen.pid, sig)
 
     def returncode(self, raw_status: int) -> int:
         """The command's returncode, -N if signal N killed it."""
@@ -399,11 +414,23 @@ class _Decoder:
         return decode_exit_code(int(exit_code))
 
     def close(self) -> None:
-        """Close the status pipe (idempotent)."""
+        """Close the status pipe and the command's pidfd (idempotent)."""
         _close(self.status.fd)
         self.status.fd = -1
         self.status.eof = True
+        _close(self.command)
+        self.command = -1
 
     def __del__(self) -> None:
-        if self.status.fd >= 0:
+        if self.status.fd >= 0 or self.command >= 0:
             self.close()
+
+
+def _pidfd(pid: int) -> int:
+    """A pidfd for `pid`, or -1 (no pid, or it has exited and been reaped)."""
+    if pid <= 0:
+        return -1
+    try:
+        return os.pidfd_open(pid)
+    except OSError:
+        return -1

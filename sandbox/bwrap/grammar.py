@@ -524,7 +524,7 @@ OPTIONS: tuple[Option, ...] = (
 
     Option("--cap-add", 1, ("CAP",), "Add cap CAP (or ALL)", SECURITY, _opt_cap),
     Option("--cap-drop", 1, ("CAP",), "Drop cap CAP (or ALL)", SECURITY, _opt_cap),
-    Option("--seccomp", 1, ("FD",), "Use the raw seccomp BPF program read from FD instead of the default policy",
+    Option("--seccomp", 1, ("FD",), "Load and use seccomp rules from FD (a raw BPF program)",
            SECURITY, _opt_seccomp, last_wins=True),
 
     Option("--spec", 1, ("FILE_OR_JSON",), "Start from this Spec (JSON text or a file); other options apply on top",
@@ -535,6 +535,8 @@ OPTIONS: tuple[Option, ...] = (
            _opt_close_fds),
     Option("--netns-pool", 0, (), "With --unshare-net: lease the network namespace from a pool", OURS,
            _opt_netns_pool),
+    Option("--seccomp-default", 0, (), "Apply this package's default seccomp policy (bubblewrap applies none)",
+           OURS, _flag("seccomp_default")),
     Option("--verbose", 0, (), "Say on stderr which backend runs COMMAND, and why", OURS, _opt_verbose),
     Option("--dry-run", 0, (), "Print the sandbox in words and as a bwrap command line; run nothing", OURS,
            _opt_dry_run),
@@ -575,8 +577,8 @@ at `--` or at the first argument that does not start with `-`.
 """
 
 _OUTRO = """\
-Unlike bubblewrap, every sandbox gets this package's default seccomp policy
-unless `--seccomp FD` replaces it (or a `--spec` has "seccomp": null).
+As with bubblewrap, no seccomp filter is installed unless asked for
+(`--seccomp FD`, `--seccomp-default`, or a `--spec` with a "seccomp" policy).
 """
 
 _COLUMN = 33  # where the help text starts, as in bwrap --help

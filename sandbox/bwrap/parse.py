@@ -11,9 +11,9 @@ this module then combines what they collected into the Spec. Errors are
 Unlike the Python API, the defaults here are bwrap's: every namespace shared
 unless asked (the user namespace is implied for a non-root caller), the host
 network, the caller's environment, no die-with-parent and no new session;
-root keeps its effective capabilities. The one default kept from the Spec is
-its seccomp policy (`--seccomp FD` replaces it with a raw program; a `--spec`
-with "seccomp": null removes it). bwrap options this package does not
+root keeps its effective capabilities, and no seccomp filter unless asked
+(`--seccomp FD`'s raw program, `--seccomp-default` for the Spec's default
+policy, or a `--spec`'s own policy). bwrap options this package does not
 implement are refused by name.
 
 Parsing has side effects like bwrap's: the fds given to `--args`, `--file`,
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..host import HostInfo, effective_caps, userns_available
-from ..seccomp import Seccomp
+from ..seccomp import DEFAULT_POLICY, Seccomp
 from .grammar import BY_NAME, MAX_ARGS, BwrapArgsError, Option, ParseState, consume_fd
 
 
@@ -114,8 +114,9 @@ def _extras(st: ParseState) -> CliExtras:
 
 
 def _host(environ: Mapping[str, str] | None, cwd: str | None, uid: int | None, gid: int | None) -> HostInfo:
-    """This process's host facts, with what the caller gave in their place."""
-    host = HostInfo.current()
+    """This process's ids, cwd and environment, with what the caller gave in
+    their place (parsing needs no pool: reading its state would start it)."""
+    host = HostInfo.current(backend="bwrap")
     return dataclasses.replace(
         host,
         uid=host.uid if uid is None else uid,
@@ -239,9 +240,12 @@ def _namespaces(st: ParseState, base: S.Spec | None, uid: int) -> S.Namespaces:
 
 
 def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
-    """`--seccomp FD`'s raw program, else the starting Spec's policy (the default policy)."""
+    """`--seccomp FD`'s raw program, else the default policy with
+    `--seccomp-default`, else the starting Spec's, else none (as bwrap)."""
     if st.seccomp_fd is None:
-        return base.seccomp if base else S.Spec().seccomp
+        if "seccomp_default" in st.flags:
+            return DEFAULT_POLICY
+        return base.seccomp if base else None
     data = consume_fd(st, "--seccomp", st.seccomp_fd, "Can't read seccomp data")
     if len(data) % 8:
         raise BwrapArgsError("Invalid seccomp data, must be multiple of 8", "--seccomp", len(data))

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from .. import spec as S
 from ..errors import SpecError
-from ..seccomp import compile_policy
+from ..seccomp import DEFAULT_POLICY, compile_policy
 from .argv import (
     BwrapArgv,
     bind_args,
@@ -39,13 +39,13 @@ def to_bwrap_args(spec: S.Spec, argv: Sequence[str], *, environ: Mapping[str, st
     variable); `spec.env_inherit` is resolved against `environ` (default:
     this process's), since the grammar has no patterns. Capabilities are
     exact (`--cap-drop ALL`, then `--cap-add`). Limits use this package's
-    `--limit-*` options, which the real bwrap rejects. A seccomp policy other
-    than the default is compiled and given as `--seccomp FD` (it comes back
-    as a raw program). File data is in memfds
+    `--limit-*` options, which the real bwrap rejects. The default seccomp
+    policy is `--seccomp-default`; another is compiled and given as
+    `--seccomp FD` (it comes back as a raw program). File data is in memfds
     listed in `.fds` (read and closed by `from_bwrap_args`).
 
     Raises SpecError for what the grammar cannot say: no mount namespace, a
-    uid or gid above 2**31-1, `seccomp=None`, a limit without a `--limit-*`
+    uid or gid above 2**31-1, a limit without a `--limit-*`
     option (`file_bytes`).
 
     The fds are closed by whoever consumes the command line; call `.close()`
@@ -146,9 +146,11 @@ def _limits(limits: S.Limits) -> list[str]:
 
 
 def _seccomp(spec: S.Spec, fds: list[int]) -> list[str]:
-    """`--seccomp FD` with the compiled policy, unless it is the grammar's default."""
-    if spec.seccomp == S.Spec().seccomp:
-        return []
+    """Nothing for no filter (the grammar's default, as bwrap's),
+    `--seccomp-default` for the default policy, else `--seccomp FD` with the
+    compiled policy."""
     if spec.seccomp is None:
-        raise SpecError("seccomp", None, "the bwrap grammar cannot turn the default seccomp policy off")
+        return []
+    if spec.seccomp == DEFAULT_POLICY:
+        return ["--seccomp-default"]
     return seccomp_args(compile_policy(spec.seccomp), fds)

@@ -194,3 +194,28 @@ class TestDieWithParent:
             out, _ = proc.communicate(timeout=TIMEOUT)
             assert (proc.returncode, out) == (7, "caught\n")
             assert _still_running(fds, TIMEOUT) == []
+
+
+# ---------------------------------------------------------------- 6: no seccomp filter unless asked
+
+class TestNoDefaultFilter:
+    """bwrap installs no seccomp filter unless given one; so does the CLI
+    (the Python API keeps its default policy). `--seccomp-default` asks for it."""
+
+    NESTED = ["--unshare-user", "--bind", "/", "/", "unshare", "-U", "true"]
+
+    def test_a_nested_user_namespace_works_as_under_bwrap(self, backend):
+        expected = real(*self.NESTED).returncode
+        assert expected == 0
+        result = ours(backend, *self.NESTED)
+        assert result.returncode == expected, result.stderr
+
+    def test_no_filter_in_the_command(self, backend):
+        result = ours(backend, "--bind", "/", "/", "grep", "^Seccomp:", "/proc/self/status")
+        assert result.stdout.split() == ["Seccomp:", "0"], result.stderr
+
+    def test_seccomp_default_asks_for_the_policy(self, backend):
+        result = ours(backend, "--seccomp-default", *self.NESTED)
+        assert result.returncode != 0
+        result = ours(backend, "--seccomp-default", "--bind", "/", "/", "grep", "^Seccomp:", "/proc/self/status")
+        assert result.stdout.split() == ["Seccomp:", "2"], result.stderr

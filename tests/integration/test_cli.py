@@ -351,7 +351,7 @@ class TestCommands:
     def test_dry_run_describes_and_runs_nothing(self, tmp_path):
         marker = tmp_path / "ran"
         result = run(*SYSTEM, "--tmpfs", "/tmp", "--unshare-all", "--hostname", "box", "--limit-nofile", "64",
-                     "--dry-run", "--bind", str(tmp_path), "/w", "touch", f"/w/{marker.name}")
+                     "--seccomp-default", "--dry-run", "--bind", str(tmp_path), "/w", "touch", f"/w/{marker.name}")
         assert result.returncode == 0, result.stderr
         assert not marker.exists()
         words, _, bwrap = result.stdout.partition("equivalent bwrap command line:\n")
@@ -367,8 +367,8 @@ class TestCommands:
 
     @pytest.mark.skipif(BWRAP is None, reason="bwrap is not installed")
     def test_dry_run_bwrap_line_runs_under_the_real_bwrap(self):
-        result = run(*SYSTEM, "--unshare-all", "--clearenv", "--dry-run", "--file", "0", "/etc/motd", "cat",
-                     "/etc/motd", input="hello\n")
+        result = run(*SYSTEM, "--unshare-all", "--clearenv", "--seccomp-default", "--dry-run", "--file", "0",
+                     "/etc/motd", "cat", "/etc/motd", input="hello\n")
         line = result.stdout.split("equivalent bwrap command line:\n")[1].splitlines()[0]
         argv = shlex.split(line)
         # The text numbers the fds from 3 (the data, then the program): put real ones in their place.

@@ -603,9 +603,11 @@ DENY_CHROOT = compile_policy(Seccomp(deny=("chroot",)))
 
 
 class TestSeccomp:
-    def test_default_is_the_spec_default_policy(self):
-        assert spec_of().seccomp is not None
-        assert spec_of().seccomp == S.Spec().seccomp
+    def test_default_is_no_filter_as_in_bwrap(self):
+        assert spec_of().seccomp is None
+
+    def test_seccomp_default_asks_for_the_spec_default_policy(self):
+        assert spec_of("--seccomp-default").seccomp == S.Spec().seccomp is not None
 
     def test_seccomp_fd_gives_a_raw_program(self):
         fd = pipe_with(DENY_CHMOD)

@@ -134,13 +134,20 @@ def test_dev_bind_try_and_size_options_are_rendered() -> None:
 @pytest.mark.parametrize("changes, field", [
     ({"namespaces": S.Namespaces(mount=False)}, "namespaces.mount"),
     ({"uid": 2**31}, "uid"),
-    ({"seccomp": None}, "seccomp"),
     ({"limits": S.Limits(file_bytes=10)}, "limits.file_bytes"),
 ])
 def test_what_the_grammar_cannot_say_is_refused(changes: dict[str, object], field: str) -> None:
     with pytest.raises(SpecError) as info:
         to_bwrap_args(S.Spec(**changes), ["true"])
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("policy", [None, S.Spec().seccomp])
+def test_no_filter_and_the_default_policy_round_trip(policy: object) -> None:
+    args = to_bwrap_args(S.Spec(seccomp=policy), ["true"])
+    assert ("--seccomp-default" in args) == (policy is not None) and "--seccomp" not in args
+    back, _ = parse(list(args))
+    assert back.seccomp == policy
 
 
 def test_env_inherit_is_resolved_against_the_given_environ() -> None:

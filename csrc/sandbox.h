@@ -47,6 +47,7 @@
 #define SBX_OPT_HOST_TREE 2048    /* with EXEC_FD: keep a clone of the host's mount tree open across the exec,
                                      its fd number appended to argv (a Template's server clones per-call
                                      binds from it) */
+#define SBX_OPT_CAPS_AS_CALLER 4096 /* keep_caps is the root caller's own set: change no cap set but the bounding */
 
 /* Landlock rule flags (struct sbx_landlock.flags) */
 #define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */

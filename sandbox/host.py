@@ -63,6 +63,7 @@ class HostInfo:
     backend: str = "native"  # the backend that will run the plan
     pool: PoolInfo | None = PoolInfo()  # None: the executor cannot join a pooled namespace
     core_missing: str | None = None  # why the compiled core (sandbox._native) is not there; None if it is
+    effective_caps: int = 0  # the caller's effective capability set, a bitmask
 
     @classmethod
     def current(cls, backend: str = "native") -> HostInfo:
@@ -73,7 +74,8 @@ class HostInfo:
             cwd = None
         return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits(),
                    is_root=os.geteuid() == 0, backend=backend,
-                   pool=PoolInfo.current() if backend in ("native", "template") else None, core_missing=core_missing())
+                   pool=PoolInfo.current() if backend in ("native", "template") else None, core_missing=core_missing(),
+                   effective_caps=effective_caps_mask())
 
 
 @functools.cache
@@ -119,13 +121,18 @@ def userns_sysctls() -> dict[str, str]:
 
 def effective_caps() -> set[str]:
     """The capability names in this process's effective set (/proc/self/status CapEff)."""
+    mask = effective_caps_mask()
+    return {name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1}
+
+
+def effective_caps_mask() -> int:
+    """This process's effective capability set as a bitmask (0 if unreadable)."""
     try:
         with open("/proc/self/status") as f:
             line = next((ln for ln in f if ln.startswith("CapEff:")), "CapEff: 0")
     except OSError:
-        return set()
-    mask = int(line.split()[1], 16)
-    return {name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1}
+        return 0
+    return int(line.split()[1], 16)
 
 
 def _read_text(path: str) -> str:

@@ -188,6 +188,10 @@ class Plan:
     check_network: bool = False  # inspect the network namespace from the host before the command runs
     exec_fd: bool = False  # the command is an executable given as an fd, exec'd as is (a Template's server)
     host_tree: bool = False  # with exec_fd: keep a clone of the host's mount tree open for it (per-call binds)
+    # keep_caps is a root caller's own effective set: as bwrap without cap
+    # options, no capability set changes but the bounding set of a new user
+    # namespace (inheritable and ambient stay the caller's)
+    caps_as_caller: bool = False
 
     @property
     def net_ns(self) -> bool:
@@ -398,6 +402,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         forward=spec.forward,
         forward_writable=forward_writable(spec.forward, ops),
         check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
+        caps_as_caller=host.is_root and keep == host.effective_caps,
     )
 
 

@@ -219,3 +219,30 @@ class TestNoDefaultFilter:
         assert result.returncode != 0
         result = ours(backend, "--seccomp-default", "--bind", "/", "/", "grep", "^Seccomp:", "/proc/self/status")
         assert result.stdout.split() == ["Seccomp:", "2"], result.stderr
+
+
+# ---------------------------------------------------------------- 4: capabilities as bwrap leaves them
+
+CAP_CASES = [
+    [],
+    ["--unshare-pid"],
+    ["--cap-drop", "CAP_KILL"],
+    ["--cap-drop", "ALL"],
+    ["--cap-drop", "ALL", "--cap-add", "CAP_NET_BIND_SERVICE"],
+    ["--unshare-user"],
+    ["--unshare-user", "--cap-drop", "CAP_KILL"],
+    ["--unshare-user", "--uid", "1000", "--cap-drop", "CAP_KILL"],
+]
+
+
+@pytest.mark.parametrize("args", CAP_CASES, ids=lambda a: " ".join(a) or "no-options")
+def test_capability_sets_are_bwraps(backend, args):
+    """All five sets (inheritable, permitted, effective, bounding, ambient) of
+    the command are what bwrap leaves: as root without options nothing
+    changes; --cap-drop keeps the bounding set unless there is a new user
+    namespace; the kept caps are inheritable and ambient only when asked."""
+    probe = [*args, "--bind", "/", "/", "grep", "^Cap", "/proc/self/status"]
+    expected = real(*probe)
+    assert expected.returncode == 0, expected.stderr
+    result = ours(backend, *probe)
+    assert (result.returncode, result.stdout) == (0, expected.stdout), result.stderr

@@ -187,7 +187,10 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int]
             args.append("--new-session")
         if plan.pid_ns and not plan.reaper:
             args.append("--as-pid-1")
-        args += cap_args(name for bit, name in enumerate(S.CAPABILITIES) if plan.keep_caps >> bit & 1)
+        # no option where bwrap's default is the plan's (root: its own set; others: none), since bwrap
+        # then changes no capability set (inheritable and ambient stay as they were)
+        if not (plan.caps_as_caller or (not plan.keep_caps and os.getuid() != 0)):
+            args += cap_args(_cap_names(plan.keep_caps))
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         elif plan.seccomp:
@@ -196,3 +199,8 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int]
         BwrapArgv((), fds).close()
         raise
     return BwrapArgv(args, fds)
+
+
+
+def _cap_names(keep: int) -> list[str]:
+    return [name for bit, name in enumerate(S.CAPABILITIES) if keep >> bit & 1]

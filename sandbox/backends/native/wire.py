@@ -36,6 +36,7 @@ OPT_BITS = (
     ("disable_userns", lib.SBX_OPT_DISABLE_USERNS), ("landlock", lib.SBX_OPT_LANDLOCK),
     ("landlock_best_effort", lib.SBX_OPT_LANDLOCK_BEST_EFFORT), ("reset_signals", lib.SBX_OPT_RESET_SIGNALS),
     ("exec_fd", lib.SBX_OPT_EXEC_FD), ("host_tree", lib.SBX_OPT_HOST_TREE),
+    ("caps_as_caller", lib.SBX_OPT_CAPS_AS_CALLER),
 )
 
 

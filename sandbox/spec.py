@@ -233,6 +233,9 @@ class Spec:
             if dest in made and not _can_overmount(made[dest][1], m):
                 j = made[dest][0]
                 raise SpecError(f"mounts[{i}].dest", dest, f"conflicts with mounts[{j}] ({made[dest][1].kind})")
+            if dest in made and isinstance(made[dest][1], Symlink) and _link_target(dest, made) is None:
+                raise SpecError(f"mounts[{i}].dest", dest, f"the symlink of mounts[{made[dest][0]}] must be relative "
+                                "and lead to a path inside the sandbox for a mount to follow it")
             for parent, (j, pm) in made.items():
                 if isinstance(pm, (Symlink, File)) and dest.startswith(parent + "/"):
                     raise SpecError(f"mounts[{i}].dest", dest, f"lies under the {pm.kind} of mounts[{j}]")
@@ -322,15 +325,49 @@ class Spec:
         return cls.from_dict(data)
 
 
+def _link_target(path: str, made: Mapping[str, tuple[int, Mount]], depth: int = 0) -> str | None:
+    """Where `path` leads through the symlinks of `made` (normalized), or None
+    if a link on the way is absolute or climbs above the root: only such a
+    target names the same place under either backend (bwrap resolves a
+    destination against its intermediate root, where the host's is visible)."""
+    parts: list[str] = []
+    for name in path.strip("/").split("/"):
+        if name in ("", "."):
+            continue
+        if name == "..":
+            if not parts:
+                return None
+            parts.pop()
+            continue
+        parts.append(name)
+        here = "/" + "/".join(parts)
+        link = made.get(here, (0, None))[1]
+        if isinstance(link, Symlink):
+            if link.target_path.startswith("/") or depth >= MAX_LINKS:
+                return None
+            target = _link_target("/".join(parts[:-1]) + "/" + link.target_path, made, depth + 1)
+            if target is None:
+                return None
+            parts = [p for p in target.strip("/").split("/") if p]
+    return "/" + "/".join(parts)
+
+
+MAX_LINKS = 40  # as the kernel's limit on links followed in one lookup
+
+
 def _can_overmount(earlier: Mount, later: Mount) -> bool:
     """Whether `later` may act on the path `earlier` created.
 
     A mount may cover an earlier directory or mount (`--dir /x --tmpfs /x`,
     `--ro-bind / / --tmpfs /`), and a bind may cover an earlier file; `Dir`
-    on an existing directory keeps it. Nothing replaces a symlink, and a file
-    or link is never created where something already is."""
-    if isinstance(earlier, Symlink) or isinstance(later, (Symlink, File)):
+    on an existing directory keeps it. On an earlier symlink (or under one),
+    the destination is resolved through the link inside the sandbox, as bwrap
+    does (`--dir /d --symlink d /l --bind /etc /l`; see `_link_target`). Nothing replaces a
+    symlink, and a file or link is never created where something already is."""
+    if isinstance(later, (Symlink, File)):
         return False
+    if isinstance(earlier, Symlink):
+        return True
     if isinstance(later, Dir):
         return not isinstance(earlier, File)
     if isinstance(earlier, File):

@@ -246,3 +246,19 @@ def test_capability_sets_are_bwraps(backend, args):
     assert expected.returncode == 0, expected.stderr
     result = ours(backend, *probe)
     assert (result.returncode, result.stdout) == (0, expected.stdout), result.stderr
+
+
+# ---------------------------------------------------------------- 2: a bind onto a symlink follows it
+
+@pytest.mark.parametrize("kind", ["--bind", "--ro-bind", "--tmpfs"])
+def test_a_mount_onto_a_symlink_lands_on_its_target(backend, kind):
+    """bwrap resolves a destination inside the new root, following links:
+    `--dir /d --symlink d /l --bind SRC /l` mounts on /d, /l stays a link."""
+    source = ["/etc"] if kind != "--tmpfs" else []
+    script = "readlink /tmp/link; test -e /tmp/dir/passwd && echo bound; grep -c ' /tmp/dir ' /proc/self/mountinfo"
+    args = ["--bind", "/", "/", "--tmpfs", "/tmp", "--dir", "/tmp/dir", "--symlink", "dir", "/tmp/link",
+            kind, *source, "/tmp/link", "sh", "-c", script]
+    expected = real(*args)
+    result = ours(backend, *args)
+    assert (result.returncode, result.stdout) == (expected.returncode, expected.stdout), result.stderr
+    assert result.stdout.startswith("dir\n") and result.stdout.endswith("1\n")

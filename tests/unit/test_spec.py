@@ -171,9 +171,24 @@ def test_check_argv_accepts_paths_and_returns_a_list() -> None:
 
 
 def test_two_creators_of_one_path_conflict() -> None:
-    err = spec_error(lambda: Spec(mounts=[Symlink("a", "/x"), Tmpfs("/x")]))
+    err = spec_error(lambda: Spec(mounts=[Symlink("a", "/x"), Symlink("b", "/x")]))
     assert (err.field, err.value) == ("mounts[1].dest", "/x")
     assert "mounts[0]" in err.problem
+
+
+@pytest.mark.parametrize("mount", [Tmpfs("/x"), Bind("/etc", "/x"), Dir("/x"), RoBind("/usr", "/x")])
+def test_a_mount_on_a_symlink_follows_it(mount: Any) -> None:
+    # as bwrap: --dir /d --symlink d /x --bind /etc /x mounts on /d
+    assert len(Spec(mounts=[Dir("/d"), Symlink("d", "/x"), mount]).mounts) == 3
+    assert len(Spec(mounts=[Dir("/a/d"), Symlink("d", "/a/l"), Symlink("a/l", "/x"), mount]).mounts) == 4
+
+
+@pytest.mark.parametrize("target", ["/d", "../d", "../../x", "l2"])
+def test_a_mount_follows_only_a_relative_link_that_stays_inside(target: str) -> None:
+    # an absolute or climbing link names another place under bwrap (its intermediate root)
+    err = spec_error(lambda: Spec(mounts=[Symlink("../oops", "/l2"), Symlink(target, "/x"), Tmpfs("/x")]))
+    assert (err.field, err.value) == ("mounts[2].dest", "/x")
+    assert "relative" in err.problem
 
 
 @pytest.mark.parametrize(
@@ -182,7 +197,6 @@ def test_two_creators_of_one_path_conflict() -> None:
         [File("/f"), File("/f")],
         [File("/f"), Tmpfs("/f")],
         [Symlink("a", "/l"), Symlink("b", "/l")],
-        [Symlink("a", "/l"), Dir("/l")],
         [Dir("/d"), File("/d")],
         [Bind("/usr", "/u"), Symlink("x", "/u")],
         [File("/d"), Dir("//d/")],  # normalized to the same path

@@ -292,6 +292,8 @@ def _say(text: str) -> None:
 
 
 def _message(error: object) -> str:
+    if isinstance(error, ExecError) and error.errno:  # bwrap's words
+        return f"execvp {error.filename}: {os.strerror(error.errno)}"
     if isinstance(error, ExecError) and error.strerror:
         return error.strerror
     if isinstance(error, OSError) and not isinstance(error, SandboxError) and error.strerror:

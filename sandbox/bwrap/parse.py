@@ -249,7 +249,14 @@ def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
     data = consume_fd(st, "--seccomp", st.seccomp_fd, "Can't read seccomp data")
     if len(data) % 8:
         raise BwrapArgsError("Invalid seccomp data, must be multiple of 8", "--seccomp", len(data))
+    if not 0 < len(data) // 8 <= BPF_MAXINSNS:  # what the kernel refuses, in bwrap's words
+        raise BwrapArgsError(SECCOMP_EINVAL, "--seccomp", len(data))
     return Seccomp(raw=data)
+
+
+BPF_MAXINSNS = 4096  # the kernel's limit on one classic BPF program
+SECCOMP_EINVAL = ("Unable to set up system call filtering as requested: prctl(PR_SET_SECCOMP) reported EINVAL. "
+                  "(Hint: this requires a kernel configured with CONFIG_SECCOMP and CONFIG_SECCOMP_FILTER.)")
 
 
 def _network(st: ParseState, base: S.Spec | None) -> str:

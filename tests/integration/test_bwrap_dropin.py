@@ -262,3 +262,30 @@ def test_a_mount_onto_a_symlink_lands_on_its_target(backend, kind):
     result = ours(backend, *args)
     assert (result.returncode, result.stdout) == (expected.returncode, expected.stdout), result.stderr
     assert result.stdout.startswith("dir\n") and result.stdout.endswith("1\n")
+
+
+# ---------------------------------------------------------------- 7: bwrap's words for its errors
+
+def _words(stderr: str, prefix: str) -> str:
+    """The last line's message after `prefix` (under --backend bwrap, bwrap's
+    own line comes first: it writes to the stderr the command shares)."""
+    lines = stderr.splitlines()
+    assert lines and lines[-1].startswith(prefix), stderr
+    return lines[-1][len(prefix):]
+
+
+@pytest.mark.parametrize("args", [
+    ["/"],
+    ["/nonexistent"],
+    ["/etc/passwd"],
+    ["--seccomp", "{empty}", "true"],
+], ids=["a directory", "missing", "not executable", "empty seccomp program"])
+def test_error_messages_are_bwraps(backend, args):
+    """The message after the program's prefix is bwrap's (the exit status is
+    ours: 126/127 for a command that cannot run, 125 for a failed setup)."""
+    with open(os.devnull) as empty:
+        argv = [a.format(empty=empty.fileno()) for a in args]
+        expected = real("--bind", "/", "/", *argv, pass_fds=(empty.fileno(),))
+        result = ours(backend, "--bind", "/", "/", *argv, pass_fds=(empty.fileno(),))
+    assert _words(result.stderr, "sandbox: ") == _words(expected.stderr, "bwrap: ")
+    assert expected.returncode == 1 and result.returncode in (125, 126, 127)

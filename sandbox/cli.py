@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from .bwrap import grammar
+from .bwrap import grammar, monitor
 from .bwrap.parse import parse_bwrap_args
 from .errors import ExecError, ExecNotFoundError, SandboxError, SpecError
 from .spec import Spec
@@ -103,10 +103,16 @@ def run(args: Sequence[str]) -> int:
         return _dry_run(command, spec, extras.backend)
     if spec.die_with_parent and not _die_with_parent():
         return _fail(EXIT_SETUP, "the caller is gone (--die-with-parent)")
+    mon = extras.monitor
+    if mon.assert_userns_disabled and not spec.disable_userns and not monitor.userns_creation_disabled():
+        return _fail(EXIT_SETUP, "creation of new user namespaces was not disabled as requested")
+    held = {*extras.consumed_fds, *mon.fds()}
+    if mon.sync_fd is not None and not spec.as_pid_1:  # bwrap leaks it into an --as-pid-1 command only
+        held.add(mon.sync_fd)
     pass_fds: tuple[int, ...] = ()
     if not extras.close_fds:
-        pass_fds = tuple(fd for fd in inherited if fd not in extras.consumed_fds and _is_open(fd))
-    return _execute(command, spec, pass_fds, extras.backend, extras.verbose)
+        pass_fds = tuple(fd for fd in inherited if fd not in held and _is_open(fd))
+    return _execute(command, spec, pass_fds, extras.backend, extras.verbose, mon)
 
 
 def probe(args: Sequence[str]) -> int:
@@ -139,15 +145,18 @@ def _dry_run(command: list[str], spec: Spec, backend: str) -> int:
     return 0
 
 
-def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str, verbose: bool = False) -> int:
+def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str, verbose: bool = False,
+             mon: monitor.Monitor | None = None) -> int:
     """Spawn the sandbox, forward signals while waiting, map the outcome to an exit status."""
     from . import spawn
 
+    mon = mon or monitor.Monitor()
     with SignalForwarder() as forwarder:
         try:
             proc = spawn(command, spec, pass_fds=pass_fds, backend=backend)
             if verbose:
                 _say(f"{proc.backend} backend ({proc.backend_reason}), network {proc.network}")
+            locks = _report_start(proc, mon)
             returncode = forwarder.wait(proc)
         except ExecNotFoundError as exc:
             return _fail(EXIT_NOTFOUND, exc)
@@ -155,7 +164,28 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
             return _fail(EXIT_NOEXEC, exc)
         except (SandboxError, OSError) as exc:
             return _fail(EXIT_SETUP, exc)
-    return returncode if returncode >= 0 else 128 - returncode
+    status = returncode if returncode >= 0 else 128 - returncode
+    if mon.json_status_fd is not None:
+        monitor.write_json_line(mon.json_status_fd, {"exit-code": status})
+    for fd in locks:
+        os.close(fd)
+    return status
+
+
+def _report_start(proc: SandboxProcess, mon: monitor.Monitor) -> list[int]:
+    """The sandbox runs: --info-fd, --json-status-fd's first record, --lock-file.
+    Returns the fds holding the locks. A failure here ends the sandbox."""
+    try:
+        info = monitor.namespace_info(proc.sandbox_pid)
+        if mon.info_fd is not None:
+            monitor.write_info(mon.info_fd, info)
+        if mon.json_status_fd is not None:
+            monitor.write_json_line(mon.json_status_fd, info)
+        return monitor.lock_files(proc.sandbox_pid, mon.lock_files)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
 class SignalForwarder:

@@ -66,6 +66,8 @@ class SandboxProcess:
         self._pidfd = launched.pidfd  # -1: the first process is our child (waitpid); else poll this pidfd
         self._ended_fd = launched.ended_fd  # readable once the status is in (launched.exit is an EarlyStatus)
         self._signal = launched.signal
+        # the host pid of the sandbox's first process, inside its namespaces
+        self.sandbox_pid = launched.sandbox_pid if launched.sandbox_pid is not None else launched.pid
         self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
         self.isolation = launched.isolation
         self._lock = threading.Lock()

@@ -45,7 +45,9 @@ class Launched:
     ended (gives back a leased namespace, stops a port relay); `signal`, when
     set, is how a signal for the sandbox reaches its command where sending it
     to `pid` would not pass it on (bwrap's monitor dies of a SIGTERM and
-    leaves the command running).
+    leaves the command running); `sandbox_pid`, when set, is the host pid of
+    the sandbox's first process where `pid` stands outside the sandbox
+    (bwrap's monitor).
 
     `pidfd`, when not -1, is a pidfd of the first process, which is then not
     the caller's child (a Template's sandbox is its server's): it is waited
@@ -66,6 +68,7 @@ class Launched:
     pidfd: int = -1
     ended_fd: int = -1
     signal: Callable[[int], None] | None = None
+    sandbox_pid: int | None = None
 
 
 class EarlyStatus(ExitSource, Protocol):

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from .. import spec as S
 from ..errors import SpecError
+from .monitor import Monitor
 
 # ---------------------------------------------------------------- bounds
 
@@ -97,6 +98,7 @@ class ParseState:
     included: list[str] | None = None  # arguments read by --args, parsed next
     total: int = 0
     stop: str | None = None  # "help" or "version"
+    monitor: Monitor = field(default_factory=Monitor)  # the status and synchronization options
 
     def take_perms(self, default: int) -> int:
         """The pending --perms value (consumed), else `default`."""
@@ -408,17 +410,38 @@ def _opt_size(st: ParseState, opt: str, values: list[str]) -> None:
     st.next_size = _parse_size(values[0])
 
 
+def _monitor_fd(name: str) -> Handler:
+    def handler(st: ParseState, opt: str, values: list[str]) -> None:
+        setattr(st.monitor, name, parse_int(values[0], "fd", opt))
+    return handler
+
+
+def _opt_lock_file(st: ParseState, opt: str, values: list[str]) -> None:
+    st.monitor.lock_files.append(_dest(values[0]))
+
+
+def _opt_assert_userns_disabled(st: ParseState, opt: str, values: list[str]) -> None:
+    st.monitor.assert_userns_disabled = True
+
+
+def _opt_label(st: ParseState, opt: str, values: list[str]) -> None:
+    if not os.path.exists("/sys/fs/selinux/enforce"):  # as bwrap built without SELinux, or on a host without it
+        raise BwrapArgsError("labeling not supported on this system", opt, values[0])
+    raise BwrapArgsError("SELinux labels are not supported by this sandbox", opt, values[0])
+
+
 # ---------------------------------------------------------------- the table
 
-GENERAL, NAMESPACES, PROCESS, FILESYSTEM, SECURITY, OURS, REFUSED = (
-    "general", "namespaces", "process", "filesystem", "security", "ours", "refused")
+GENERAL, NAMESPACES, PROCESS, FILESYSTEM, SECURITY, MONITOR, OURS, REFUSED = (
+    "general", "namespaces", "process", "filesystem", "security", "monitor", "ours", "refused")
 
 GROUPS = {  # usage() prints the groups in this order, under these titles
     GENERAL: "General",
     NAMESPACES: "Namespaces",
     PROCESS: "Identity, environment and process",
     FILESYSTEM: "Filesystem (applied in order)",
-    SECURITY: "Capabilities and seccomp",
+    SECURITY: "Capabilities, seccomp and labels",
+    MONITOR: "Status and synchronization (done by the CLI process, which waits for the sandbox)",
     OURS: "Options of this package (not bubblewrap's)",
     REFUSED: "Refused (bubblewrap 0.8.0 options not supported here, and why)",
 }
@@ -451,8 +474,7 @@ def _refuse(name: str, metavar: tuple[str, ...], help: str, reason: str) -> Opti
 
 
 _OWN_NS = "each sandbox makes its own namespaces"
-_NO_SYNC = "no synchronization or status fds"
-_NO_LABELS = "no SELinux labels"
+_NO_SYNC = "the command starts as soon as its sandbox is set up"
 
 OPTIONS: tuple[Option, ...] = (
     Option("--help", 0, (), "Print this help", GENERAL, _stop("help")),
@@ -542,23 +564,27 @@ OPTIONS: tuple[Option, ...] = (
            _opt_dry_run),
     *(Option(limit.option, 1, (limit.metavar,), limit.help, OURS, _opt_limit) for limit in LIMITS),
 
-    _refuse("--userns", ("FD",), "Use this user namespace", _OWN_NS),
+    Option("--info-fd", 1, ("FD",), "Write information about the running container to FD", MONITOR,
+           _monitor_fd("info_fd"), last_wins=True),
+    Option("--json-status-fd", 1, ("FD",), "Write container status to FD as multiple JSON documents", MONITOR,
+           _monitor_fd("json_status_fd"), last_wins=True),
+    Option("--sync-fd", 1, ("FD",), "Keep this fd open while sandbox is running", MONITOR,
+           _monitor_fd("sync_fd"), last_wins=True),
+    Option("--lock-file", 1, ("DEST",), "Take a lock on DEST while sandbox is running", MONITOR, _opt_lock_file),
+    Option("--assert-userns-disabled", 0, (), "Fail unless further use of user namespaces is inhibited",
+           MONITOR, _opt_assert_userns_disabled),
+    Option("--exec-label", 1, ("LABEL",), "Exec label for the sandbox", SECURITY, _opt_label, last_wins=True),
+    Option("--file-label", 1, ("LABEL",), "File label for temporary sandbox content", SECURITY, _opt_label,
+           last_wins=True),
+
+    _refuse("--userns", ("FD",), "Use this user namespace (cannot combine with --unshare-user)", _OWN_NS),
     _refuse("--userns2", ("FD",), "After setup switch to this user namespace", _OWN_NS),
-    _refuse("--pidns", ("FD",), "Use this pid namespace", _OWN_NS),
-    _refuse("--assert-userns-disabled", (), "Fail unless further use of user namespaces is disabled",
-            "use --disable-userns"),
-    _refuse("--lock-file", ("DEST",), "Take a lock on DEST while sandbox is running",
-            "no lock files"),
-    _refuse("--sync-fd", ("FD",), "Keep this fd open while sandbox is running", _NO_SYNC),
+    _refuse("--pidns", ("FD",), "Use this pid namespace (as parent namespace if using --unshare-pid)", _OWN_NS),
     _refuse("--block-fd", ("FD",), "Block on FD until some data to read is available", _NO_SYNC),
     _refuse("--userns-block-fd", ("FD",), "Block on FD until the user namespace is ready", _NO_SYNC),
-    _refuse("--info-fd", ("FD",), "Write information about the running container to FD", _NO_SYNC),
-    _refuse("--json-status-fd", ("FD",), "Write container status to FD as JSON", _NO_SYNC),
     _refuse("--bind-fd", ("FD", "DEST"), "Bind open directory or path fd on DEST", "binds take host paths"),
     _refuse("--ro-bind-fd", ("FD", "DEST"), "Bind open directory or path fd read-only on DEST",
             "binds take host paths"),
-    _refuse("--exec-label", ("LABEL",), "Exec label for the sandbox", _NO_LABELS),
-    _refuse("--file-label", ("LABEL",), "File label for temporary sandbox content", _NO_LABELS),
     _refuse("--mqueue", ("DEST",), "Mount new mqueue on DEST", "no mqueue mounts"),
     _refuse("--add-seccomp-fd", ("FD",), "Load and use more seccomp rules from FD",
             "one seccomp program only, --seccomp FD"),

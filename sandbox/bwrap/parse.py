@@ -33,6 +33,7 @@ from .. import spec as S
 from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
 from .grammar import BY_NAME, MAX_ARGS, BwrapArgsError, Option, ParseState, consume_fd
+from .monitor import Monitor
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class CliExtras:
     warnings: bwrap-style warnings ("Only the last --chdir option will take effect").
     verbose: `--verbose`: say on stderr which backend runs the command and why.
     dry_run: `--dry-run`: describe the sandbox and its bwrap command line, run nothing.
+    monitor: the status and synchronization options (`--info-fd`, `--lock-file`, ...).
     show_help / show_version: `--help` / `--version` was given; parsing stopped there.
     """
 
@@ -58,6 +60,7 @@ class CliExtras:
     dry_run: bool = False
     show_help: bool = False
     show_version: bool = False
+    monitor: Monitor = dataclasses.field(default_factory=Monitor)
 
 
 # ---------------------------------------------------------------- public API
@@ -109,7 +112,7 @@ def _extras(st: ParseState) -> CliExtras:
     return CliExtras(
         backend=st.backend, close_fds=st.close_fds, consumed_fds=tuple(st.consumed),
         warnings=tuple(st.warnings), verbose=st.verbose, dry_run=st.dry_run,
-        show_help=st.stop == "help", show_version=st.stop == "version",
+        show_help=st.stop == "help", show_version=st.stop == "version", monitor=st.monitor,
     )
 
 

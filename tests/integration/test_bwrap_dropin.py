@@ -10,6 +10,7 @@ not our guess of it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -289,3 +290,85 @@ def test_error_messages_are_bwraps(backend, args):
         result = ours(backend, "--bind", "/", "/", *argv, pass_fds=(empty.fileno(),))
     assert _words(result.stderr, "sandbox: ") == _words(expected.stderr, "bwrap: ")
     assert expected.returncode == 1 and result.returncode in (125, 126, 127)
+
+
+# ---------------------------------------------------------------- 5: bwrap 0.8.0's other options
+
+def test_info_and_json_status_fds(backend, tmp_path):
+    """--info-fd: the sandbox's first process and its namespaces (mnt always,
+    never user); --json-status-fd: the same on one line, then the exit code."""
+    info, status = tmp_path / "info.json", tmp_path / "status.json"
+    script = "stat -L --format '%n %i' /proc/self/ns/*; exit 42"
+    with open(info, "w") as i, open(status, "w") as s:
+        fds = {"info": i.fileno(), "status": s.fileno()}
+        result = ours(backend, "--unshare-all", "--bind", "/", "/", "--proc", "/proc",
+                      "--info-fd", str(fds["info"]), "--json-status-fd", str(fds["status"]), "sh", "-c", script,
+                      pass_fds=tuple(fds.values()))
+    assert result.returncode == 42, result.stderr
+    seen = dict(line.split() for line in result.stdout.splitlines())
+    first = json.loads(info.read_text())
+    lines = [json.loads(line) for line in status.read_text().splitlines()]
+    assert lines == [first, {"exit-code": 42}]
+    assert first["child-pid"] > 0 and "user-namespace" not in first
+    for ns in ("ipc", "mnt", "net", "pid", "uts"):
+        assert first[f"{ns}-namespace"] == int(seen[f"/proc/self/ns/{ns}"])
+
+
+def test_json_status_has_no_exit_code_when_exec_fails(backend, tmp_path):
+    status = tmp_path / "status.json"
+    with open(status, "w") as s:
+        result = ours(backend, "--bind", "/", "/", "--json-status-fd", str(s.fileno()), "/", pass_fds=(s.fileno(),))
+    assert result.returncode == 126
+    assert "exit-code" not in status.read_text()
+
+
+def test_lock_file_is_held_while_the_sandbox_runs(backend, tmp_path):
+    import fcntl
+    import struct
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    write_lock = struct.pack("hhqqhh", fcntl.F_WRLCK, 0, 0, 0, 0, 0)
+    cli = [*PYTHON_M_SANDBOX, "--backend", backend, "--bind", "/", "/", "--lock-file", str(lock), *READY_THEN_SLEEP]
+    with tree_of(cli) as (proc, _), open(lock, "a") as f:
+        deadline = time.monotonic() + TIMEOUT  # the command may print before the lock is taken
+        while time.monotonic() < deadline:
+            try:
+                fcntl.fcntl(f.fileno(), fcntl.F_SETLK, write_lock)
+            except BlockingIOError:
+                break
+            fcntl.fcntl(f.fileno(), fcntl.F_SETLK, struct.pack("hhqqhh", fcntl.F_UNLCK, 0, 0, 0, 0, 0))
+            time.sleep(0.05)
+        else:
+            pytest.fail("the lock was never taken")
+        proc.kill()
+        proc.wait()
+        fcntl.fcntl(f.fileno(), fcntl.F_SETLKW, write_lock)  # released with the sandbox's end
+
+
+def test_sync_fd_is_held_and_not_passed_to_the_command(backend):
+    r, w = os.pipe()
+    try:
+        result = ours(backend, "--bind", "/", "/", "--sync-fd", str(w), "sh", "-c", f"test -e /proc/self/fd/{w}",
+                      pass_fds=(w,))
+        assert result.returncode == 1, result.stderr
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_assert_userns_disabled(backend):
+    assert ours(backend, "--unshare-user", "--disable-userns", "--assert-userns-disabled", "--bind", "/", "/",
+                "true").returncode == 0
+    if real("--bind", "/", "/", "unshare", "-U", "true").returncode == 0:  # this host lets us make one
+        result = ours(backend, "--assert-userns-disabled", "--bind", "/", "/", "true")
+        assert result.stderr == "sandbox: creation of new user namespaces was not disabled as requested\n"
+
+
+@pytest.mark.parametrize("option", ["--exec-label", "--file-label"])
+def test_labels_fail_as_bwraps_without_selinux(backend, option):
+    if os.path.exists("/sys/fs/selinux/enforce"):
+        pytest.skip("SELinux is enabled here")
+    expected = real(option, "x", "--bind", "/", "/", "true")
+    result = ours(backend, option, "x", "--bind", "/", "/", "true")
+    assert _words(result.stderr, "sandbox: ") == _words(expected.stderr, "bwrap: ")

@@ -169,6 +169,7 @@ class _Run:
         self.isolated: _Isolated | None = None
         self.guard = dests.Guard()
         self.command_pid = -1
+        self.child_pid: int | None = None
 
     def _stamp(self, name: str) -> None:
         self.timings[name] = (time.monotonic() - self.t0) * 1e6
@@ -262,6 +263,7 @@ class _Run:
         if not status.read_until("child-pid", pidfd):
             return False
         child = int(status.find("child-pid"))
+        self.child_pid = child
         self._stamp("child")
         try:
             os.write(pipes.block_w, b"x")
@@ -298,7 +300,8 @@ class _Run:
         decoder = _Decoder(popen, status, self.command_pid)
         return Launched(pid=popen.pid, exit=decoder, timings=timings,
                         isolation=isolated.findings if isolated else {},
-                        on_exit=isolated.close if isolated else None, signal=decoder.signal)
+                        on_exit=isolated.close if isolated else None, signal=decoder.signal,
+                        sandbox_pid=self.child_pid)
 
     # ------------------------------------------------------------ steps
 

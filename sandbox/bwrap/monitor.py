@@ -1,0 +1,103 @@
+"""bwrap's status and synchronization options, done by the CLI process.
+
+bwrap's monitor process (outside the sandbox) and its pid-1 reaper do these;
+ours is the CLI process that waits for the sandbox, so it does them there:
+
+- `--info-fd FD`: once the sandbox runs, `{"child-pid": N, "<ns>-namespace":
+  inode, ...}` (multi-line), then FD is closed. `child-pid` is the sandbox's
+  first process, as a host pid; the namespaces listed are those the sandbox
+  does not share with the CLI, plus `mnt`, never `user` (as bwrap).
+- `--json-status-fd FD`: the same on one line, then `{ "exit-code": N }`
+  once the command has ended, only if it was executed.
+- `--sync-fd FD`: held open (and not passed to the command, unless
+  `--as-pid-1`) until the sandbox ends.
+- `--lock-file DEST`: a read lock (F_SETLK, F_RDLCK) on DEST, a path inside
+  the sandbox, held until the sandbox ends.
+- `--assert-userns-disabled`: fail unless no user namespace can be created
+  in the sandbox (`--disable-userns` makes it so; otherwise the caller's
+  own inability to create one is checked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "uts")  # bwrap's order; never "user"
+CLONE_NEWUSER = 0x10000000
+
+
+@dataclass
+class Monitor:
+    """What the status and synchronization options asked for."""
+
+    info_fd: int | None = None
+    json_status_fd: int | None = None
+    sync_fd: int | None = None
+    lock_files: list[str] = field(default_factory=list)
+    assert_userns_disabled: bool = False
+
+    def fds(self) -> tuple[int, ...]:
+        """The fds these options hold, never passed to the command as such."""
+        return tuple(fd for fd in (self.info_fd, self.json_status_fd) if fd is not None)
+
+
+def namespace_info(pid: int) -> dict[str, int]:
+    """`child-pid` and the inodes of the namespaces `pid` does not share with
+    this process (its mount namespace always)."""
+    info: dict[str, int] = {"child-pid": pid}
+    for ns in NAMESPACES:
+        try:
+            theirs = os.stat(f"/proc/{pid}/ns/{ns}").st_ino
+            ours = os.stat(f"/proc/self/ns/{ns}").st_ino
+        except OSError:
+            continue
+        if ns == "mnt" or theirs != ours:
+            info[f"{ns}-namespace"] = theirs
+    return info
+
+
+def write_info(fd: int, info: dict[str, Any]) -> None:
+    """bwrap's --info-fd text, then close FD."""
+    body = ",\n".join(f'    "{key}": {value}' for key, value in info.items())
+    _write_all(fd, f"{{\n{body}\n}}\n".encode())
+    os.close(fd)
+
+
+def write_json_line(fd: int, record: dict[str, Any]) -> None:
+    """One line of bwrap's --json-status-fd."""
+    body = ", ".join(f'"{key}": {value}' for key, value in record.items())
+    _write_all(fd, f"{{ {body} }}\n".encode())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError):
+        while data:
+            data = data[os.write(fd, data):]
+
+
+def lock_files(pid: int, paths: list[str]) -> list[int]:
+    """Read locks on each path as the sandbox of `pid` sees it (through its
+    /proc/PID/root); the fds that hold them."""
+    held = []
+    lock = struct.pack("hhqqhh", fcntl.F_RDLCK, 0, 0, 0, 0, 0)
+    for path in paths:
+        fd = os.open(f"/proc/{pid}/root/{path.lstrip('/')}", os.O_RDONLY | os.O_CLOEXEC)
+        held.append(fd)
+        fcntl.fcntl(fd, fcntl.F_SETLK, lock)
+    return held
+
+
+def userns_creation_disabled() -> bool:
+    """Whether a child of this process cannot create a user namespace."""
+    pid = os.fork()
+    if pid == 0:  # the child: no Python-level cleanup, just the answer
+        libc = ctypes.CDLL(None, use_errno=True)
+        os._exit(1 if libc.unshare(CLONE_NEWUSER) == 0 else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0

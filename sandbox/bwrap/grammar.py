@@ -85,6 +85,7 @@ class ParseState:
     limits: dict[str, int] = field(default_factory=dict)
     flags: set[str] = field(default_factory=set)
     seccomp_fd: str | None = None  # read when the Spec is built (bwrap reads it late too)
+    seccomp_programs: list[bytes] = field(default_factory=list)  # --add-seccomp-fd's, in order
     base: S.Spec | None = None
     backend: str = "auto"
     close_fds: bool = False
@@ -299,7 +300,19 @@ def _opt_hostname(st: ParseState, opt: str, values: list[str]) -> None:
 
 def _opt_seccomp(st: ParseState, opt: str, values: list[str]) -> None:
     parse_int(values[0], "fd", opt)
+    if st.seccomp_programs:
+        raise BwrapArgsError("--seccomp cannot be combined with --add-seccomp-fd", opt, values[0])
     st.seccomp_fd = values[0]
+
+
+def _opt_add_seccomp_fd(st: ParseState, opt: str, values: list[str]) -> None:
+    parse_int(values[0], "fd", opt)
+    if st.seccomp_fd is not None:
+        raise BwrapArgsError("--add-seccomp-fd cannot be combined with --seccomp", opt, values[0])
+    data = consume_fd(st, opt, values[0], "Can't read seccomp data")  # read now, as bwrap does
+    if len(data) % 8:
+        raise BwrapArgsError("Invalid seccomp data, must be multiple of 8", opt, len(data))
+    st.seccomp_programs.append(data)
 
 
 # ---------------------------------------------------------------- handlers: environment and process
@@ -573,6 +586,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--lock-file", 1, ("DEST",), "Take a lock on DEST while sandbox is running", MONITOR, _opt_lock_file),
     Option("--assert-userns-disabled", 0, (), "Fail unless further use of user namespaces is inhibited",
            MONITOR, _opt_assert_userns_disabled),
+    Option("--add-seccomp-fd", 1, ("FD",), "Load and use seccomp rules from FD (repeatable: stacked in order)",
+           SECURITY, _opt_add_seccomp_fd),
     Option("--exec-label", 1, ("LABEL",), "Exec label for the sandbox", SECURITY, _opt_label, last_wins=True),
     Option("--file-label", 1, ("LABEL",), "File label for temporary sandbox content", SECURITY, _opt_label,
            last_wins=True),
@@ -586,8 +601,6 @@ OPTIONS: tuple[Option, ...] = (
     _refuse("--ro-bind-fd", ("FD", "DEST"), "Bind open directory or path fd read-only on DEST",
             "binds take host paths"),
     _refuse("--mqueue", ("DEST",), "Mount new mqueue on DEST", "no mqueue mounts"),
-    _refuse("--add-seccomp-fd", ("FD",), "Load and use more seccomp rules from FD",
-            "one seccomp program only, --seccomp FD"),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

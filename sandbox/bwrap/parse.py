@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from .. import spec as S
 from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
+from ..seccomp.stack import stack
 from .grammar import BY_NAME, MAX_ARGS, BwrapArgsError, Option, ParseState, consume_fd
 from .monitor import Monitor
 
@@ -245,6 +246,11 @@ def _namespaces(st: ParseState, base: S.Spec | None, uid: int) -> S.Namespaces:
 def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
     """`--seccomp FD`'s raw program, else the default policy with
     `--seccomp-default`, else the starting Spec's, else none (as bwrap)."""
+    if st.seccomp_programs:
+        programs = [p for p in st.seccomp_programs if p]
+        if len(programs) < len(st.seccomp_programs) or any(len(p) // 8 > BPF_MAXINSNS for p in programs):
+            raise BwrapArgsError(SECCOMP_EINVAL, "--add-seccomp-fd", 0)
+        return Seccomp(raw=stack(programs))
     if st.seccomp_fd is None:
         if "seccomp_default" in st.flags:
             return DEFAULT_POLICY

@@ -372,3 +372,35 @@ def test_labels_fail_as_bwraps_without_selinux(backend, option):
     expected = real(option, "x", "--bind", "/", "/", "true")
     result = ours(backend, option, "x", "--bind", "/", "/", "true")
     assert _words(result.stderr, "sandbox: ") == _words(expected.stderr, "bwrap: ")
+
+
+def test_add_seccomp_fd_stacks_programs_as_the_kernel_does(backend):
+    """Programs given with --add-seccomp-fd apply in order (the newest runs
+    first and wins a tie): the same errors as under bwrap, which installs
+    them one by one."""
+    import errno
+
+    from sandbox.seccomp import Seccomp, compile_policy
+
+    programs = [compile_policy(Seccomp(deny=("chmod",), errno=errno.EPERM)),
+                compile_policy(Seccomp(deny=("chmod", "mkdir"), errno=errno.EACCES))]
+    script = "chmod 644 /dev/null; mkdir /tmp/d; true"
+
+    def run(runner) -> subprocess.CompletedProcess[str]:
+        fds = []
+        for program in programs:
+            r, w = os.pipe()
+            os.write(w, program)
+            os.close(w)
+            fds.append(r)
+        try:
+            opts = [arg for fd in fds for arg in ("--add-seccomp-fd", str(fd))]
+            return runner(*opts, "--bind", "/", "/", "--tmpfs", "/tmp", "sh", "-c", script, pass_fds=tuple(fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    expected = run(real)
+    result = run(lambda *a, **kw: ours(backend, *a, **kw))
+    assert "Permission denied" in expected.stderr
+    assert (result.returncode, result.stderr.replace("sandbox", "bwrap")) == (expected.returncode, expected.stderr)

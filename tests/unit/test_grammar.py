@@ -93,9 +93,9 @@ def test_refused_even_without_a_value(option: grammar.Option) -> None:
 
 def test_refused_after_valid_options_and_inside_args_files() -> None:
     r, w = os.pipe()
-    os.write(w, b"--add-seccomp-fd\x0010\x00")
+    os.write(w, b"--mqueue\x00/mq\x00")
     os.close(w)
-    with pytest.raises(BwrapArgsError, match="--add-seccomp-fd is not supported"):
+    with pytest.raises(BwrapArgsError, match="--mqueue is not supported"):
         parse_args("--unshare-pid", "--args", str(r), "true")
 
 

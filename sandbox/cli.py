@@ -106,13 +106,22 @@ def run(args: Sequence[str]) -> int:
     mon = extras.monitor
     if mon.assert_userns_disabled and not spec.disable_userns and not monitor.userns_creation_disabled():
         return _fail(EXIT_SETUP, "creation of new user namespaces was not disabled as requested")
+    backend = extras.backend
+    if mon.userns_fd is not None or mon.pidns_fd is not None:
+        if backend == "bwrap":  # a bwrap started in a joined user namespace would make its own
+            return _fail(EXIT_SETUP, "--userns and --pidns need the native backend")
+        backend = "native"
+        try:
+            monitor.join_namespaces(mon)
+        except OSError as exc:
+            return _fail(EXIT_SETUP, exc.strerror)
     held = {*extras.consumed_fds, *mon.fds()}
     if mon.sync_fd is not None and not spec.as_pid_1:  # bwrap leaks it into an --as-pid-1 command only
         held.add(mon.sync_fd)
     pass_fds: tuple[int, ...] = ()
     if not extras.close_fds:
         pass_fds = tuple(fd for fd in inherited if fd not in held and _is_open(fd))
-    return _execute(command, spec, pass_fds, extras.backend, extras.verbose, mon)
+    return _execute(command, spec, pass_fds, backend, extras.verbose, mon)
 
 
 def probe(args: Sequence[str]) -> int:

@@ -406,13 +406,17 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     )
 
 
+CAP_SYS_ADMIN = 21  # the capability that creating a namespace needs
+
+
 def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
     """Why `host.backend` must not run `plan`, or None. Decided before
     anything runs, so every backend fails the same way at the same moment."""
     others = plan.mount_ns or plan.pid_ns or plan.net_ns or plan.ipc_ns or plan.uts_ns or plan.cgroup_ns
-    if not plan.user_ns and others and not host.is_root:
-        # Without a user namespace only root may create namespaces (bwrap
-        # would quietly add a user namespace instead).
+    if not plan.user_ns and others and not host.is_root and not host.effective_caps >> CAP_SYS_ADMIN & 1:
+        # Without a user namespace only root (or a caller holding CAP_SYS_ADMIN
+        # in its user namespace, as after joining one) may create namespaces
+        # (bwrap would quietly add a user namespace instead).
         return SetupError("Creating new namespace failed: Operation not permitted (no user namespace requested)",
                           step="clone", errno=E.EPERM, backend=host.backend)
     if host.backend == "template":

@@ -486,7 +486,7 @@ def _refuse(name: str, metavar: tuple[str, ...], help: str, reason: str) -> Opti
     return Option(name, len(metavar), metavar, help, REFUSED, refused=reason)
 
 
-_OWN_NS = "each sandbox makes its own namespaces"
+_OWN_NS = "the namespaces are set when the sandbox starts"
 _NO_SYNC = "the command starts as soon as its sandbox is set up"
 
 OPTIONS: tuple[Option, ...] = (
@@ -592,9 +592,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--file-label", 1, ("LABEL",), "File label for temporary sandbox content", SECURITY, _opt_label,
            last_wins=True),
 
-    _refuse("--userns", ("FD",), "Use this user namespace (cannot combine with --unshare-user)", _OWN_NS),
+    Option("--userns", 1, ("FD",), "Use this user namespace (cannot combine with --unshare-user)", NAMESPACES,
+           _monitor_fd("userns_fd"), last_wins=True),
+    Option("--pidns", 1, ("FD",), "Use this pid namespace (as parent namespace if using --unshare-pid)",
+           NAMESPACES, _monitor_fd("pidns_fd"), last_wins=True),
     _refuse("--userns2", ("FD",), "After setup switch to this user namespace", _OWN_NS),
-    _refuse("--pidns", ("FD",), "Use this pid namespace (as parent namespace if using --unshare-pid)", _OWN_NS),
     _refuse("--block-fd", ("FD",), "Block on FD until some data to read is available", _NO_SYNC),
     _refuse("--userns-block-fd", ("FD",), "Block on FD until the user namespace is ready", _NO_SYNC),
     _refuse("--bind-fd", ("FD", "DEST"), "Bind open directory or path fd on DEST", "binds take host paths"),

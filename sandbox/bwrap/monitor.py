@@ -16,6 +16,11 @@ ours is the CLI process that waits for the sandbox, so it does them there:
 - `--assert-userns-disabled`: fail unless no user namespace can be created
   in the sandbox (`--disable-userns` makes it so; otherwise the caller's
   own inability to create one is checked).
+- `--userns FD`, `--pidns FD`: the CLI process joins the user namespace
+  (setns: it then holds every capability there), then the pid namespace
+  (for its children only), before it starts the sandbox, which so begins
+  inside them (bwrap's monitor does the same). Native backend only: a bwrap
+  started there would make a user namespace of its own.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ class Monitor:
     sync_fd: int | None = None
     lock_files: list[str] = field(default_factory=list)
     assert_userns_disabled: bool = False
+    userns_fd: int | None = None  # --userns: a user namespace to start in
+    pidns_fd: int | None = None  # --pidns: a pid namespace for the sandbox's processes
 
     def fds(self) -> tuple[int, ...]:
         """The fds these options hold, never passed to the command as such."""
-        return tuple(fd for fd in (self.info_fd, self.json_status_fd) if fd is not None)
+        return tuple(fd for fd in (self.info_fd, self.json_status_fd, self.userns_fd, self.pidns_fd)
+                     if fd is not None)
 
 
 def namespace_info(pid: int) -> dict[str, int]:
@@ -101,3 +109,25 @@ def userns_creation_disabled() -> bool:
         os._exit(1 if libc.unshare(CLONE_NEWUSER) == 0 else 0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+CLONE_NEWPID = 0x20000000
+
+
+def join_namespaces(mon: Monitor) -> None:
+    """setns() into --userns, then --pidns (the order bwrap uses: joining a
+    pid namespace needs CAP_SYS_ADMIN over its owner). setns(CLONE_NEWUSER)
+    needs a single-threaded process: the network pool (a thread) is closed
+    first, and it could not serve a sandbox in another user namespace."""
+    from .. import netpool
+    from ..probe import probe
+
+    probe()  # what this host supports, known (and cached) before: its test clones fail once joined
+    netpool.disable()
+    libc = ctypes.CDLL(None, use_errno=True)
+    for fd, flag, what in ((mon.userns_fd, CLONE_NEWUSER, "user"), (mon.pidns_fd, CLONE_NEWPID, "pid")):
+        if fd is not None and libc.setns(fd, flag) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"Can't join the {what} namespace of fd {fd}: {os.strerror(err)}")
+        if fd is not None:
+            os.close(fd)

@@ -382,9 +382,10 @@ def test_add_seccomp_fd_stacks_programs_as_the_kernel_does(backend):
 
     from sandbox.seccomp import Seccomp, compile_policy
 
-    programs = [compile_policy(Seccomp(deny=("chmod",), errno=errno.EPERM)),
-                compile_policy(Seccomp(deny=("chmod", "mkdir"), errno=errno.EACCES))]
-    script = "chmod 644 /dev/null; mkdir /tmp/d; true"
+    programs = [compile_policy(Seccomp(deny=("chmod", "fchmodat"), errno=errno.EPERM)),
+                compile_policy(Seccomp(deny=("chmod", "fchmodat", "mkdir", "mkdirat"), errno=errno.EACCES))]
+    # only in a tmpfs of the sandbox's own, under a read-only host: nothing here may touch the host
+    script = "touch /tmp/f; chmod 600 /tmp/f; mkdir /tmp/d; true"
 
     def run(runner) -> subprocess.CompletedProcess[str]:
         fds = []
@@ -395,12 +396,33 @@ def test_add_seccomp_fd_stacks_programs_as_the_kernel_does(backend):
             fds.append(r)
         try:
             opts = [arg for fd in fds for arg in ("--add-seccomp-fd", str(fd))]
-            return runner(*opts, "--bind", "/", "/", "--tmpfs", "/tmp", "sh", "-c", script, pass_fds=tuple(fds))
+            return runner(*opts, "--ro-bind", "/", "/", "--tmpfs", "/tmp", "sh", "-c", script, pass_fds=tuple(fds))
         finally:
             for fd in fds:
                 os.close(fd)
 
     expected = run(real)
     result = run(lambda *a, **kw: ours(backend, *a, **kw))
-    assert "Permission denied" in expected.stderr
+    assert expected.stderr.count("Permission denied") == 2
     assert (result.returncode, result.stderr.replace("sandbox", "bwrap")) == (expected.returncode, expected.stderr)
+
+
+@pytest.mark.parametrize("kind", ["user", "pid"])
+def test_joining_another_sandboxs_namespaces(backend, kind):
+    """--userns FD (and --pidns FD): the sandbox starts in the user (and pid)
+    namespace of another one, here a first sandbox of ours."""
+    first = [*PYTHON_M_SANDBOX, "--backend", "native", "--bind", "/", "/", "--unshare-user", "--unshare-pid",
+             "sh", "-c", "echo ready; exec sleep 1000"]
+    with tree_of(first) as (_, fds):
+        sandbox_pid = max(fds)  # the deepest process: the command, inside both namespaces
+        with open(f"/proc/{sandbox_pid}/ns/user") as userns, open(f"/proc/{sandbox_pid}/ns/pid") as pidns:
+            opts = ["--userns", str(userns.fileno())]
+            if kind == "pid":
+                opts += ["--pidns", str(pidns.fileno())]
+            result = ours(backend, *opts, "--bind", "/", "/", "readlink", f"/proc/self/ns/{kind}",
+                          pass_fds=(userns.fileno(), pidns.fileno()))
+            wanted = os.readlink(f"/proc/{sandbox_pid}/ns/{kind}")
+    if backend == "bwrap":
+        assert result.stderr == "sandbox: --userns and --pidns need the native backend\n"
+        return
+    assert (result.returncode, result.stdout) == (0, wanted + "\n"), result.stderr

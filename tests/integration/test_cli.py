@@ -102,9 +102,9 @@ class TestExitStatus:
         assert result.stdout == ""
 
     def test_unsupported_option(self):
-        result = run(*SYSTEM, "--userns", "3", "true")
+        result = run(*SYSTEM, "--userns2", "3", "true")
         assert result.returncode == 125
-        assert "--userns" in one_error_line(result) and "not supported" in result.stderr
+        assert "--userns2" in one_error_line(result) and "not supported" in result.stderr
 
     def test_bwrap_grammar_error(self):
         result = run(*SYSTEM, "--perms", "0700", "--bind", "/a", "/b", "true")

@@ -107,15 +107,13 @@ void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b)
             sbx_fail(c, SBX_STEP_FDS, keep[k], errno, SBX_D_NONE);
 }
 
-/* Keep only the capabilities in keep_caps, as bwrap does. In a new (or
- * joined) user namespace the bounding set starts full: it is shrunk to
- * keep_caps. Without one (a root caller) bwrap leaves the bounding set:
- * NO_NEW_PRIVS, set right after, already stops any exec from gaining a
- * capability beyond the permitted set. With SBX_OPT_CAPS_AS_CALLER (keep_caps
- * is the root caller's own set, bwrap's default) nothing else changes, so
- * inheritable and ambient stay the caller's, and a uid-0 exec gets the
- * bounding set. Otherwise effective/permitted/inheritable become keep_caps,
- * and the kept ones are raised as ambient so a non-root command holds them. */
+/* Keep only the capabilities in keep_caps: shrink the bounding set (so no
+ * exec can regain the others; bwrap leaves it as it is without a user
+ * namespace, relying on NO_NEW_PRIVS alone). With SBX_OPT_CAPS_AS_CALLER
+ * (keep_caps is the root caller's own set, bwrap's default) nothing else
+ * changes, so inheritable and ambient stay the caller's, as under bwrap.
+ * Otherwise effective/permitted/inheritable become keep_caps, and the kept
+ * ones are raised as ambient so a non-root command still holds them. */
 void sbx_drop_caps(struct sbx_ctx *c)
 {
     uint64_t keep = c->h->keep_caps;
@@ -125,10 +123,9 @@ void sbx_drop_caps(struct sbx_ctx *c)
     if (syscall(SYS_capget, &hdr, data) < 0)
         sbx_fail(c, SBX_STEP_CAPS, -1, errno, SBX_D_NONE);
     uint64_t permitted = data[0].permitted | (uint64_t)data[1].permitted << 32;
-    int own_userns = (c->h->ns & SBX_NS_USER) || c->join_userns_fd >= 0;
     if (!permitted && !keep)
         return; /* nothing to drop; NO_NEW_PRIVS stops any gain at exec */
-    for (int cap = 0; own_userns && cap <= 63; cap++) {
+    for (int cap = 0; cap <= 63; cap++) {
         if (keep & (1ULL << cap))
             continue;
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0)

@@ -242,16 +242,7 @@ int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res)
         res->landlock_abi = r.detail;
         return 0;
     }
-    res->step = r.step;
-    res->op = r.op;
-    res->err = r.err;
-    res->detail = r.detail;
-    /* The task never ran: reap what is left so nothing survives. */
-    kill(pid, SIGKILL);
-    while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
-        ;
-    if (res->step == SBX_STEP_CRASHED && WIFSIGNALED(res->wait_status))
-        res->err = WTERMSIG(res->wait_status);
+    sbx_reap_failed_setup(pid, &r, res);
     res->pid = -1;
     return -1;
 }

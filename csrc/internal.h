@@ -89,6 +89,7 @@ const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
 void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
 int sbx_read_report(int fd, struct sbx_report *r);
+void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_result *res);
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);
 int sbx_open_spawner(void);
 void sbx_die_with_spawner(struct sbx_ctx *c, int sig);

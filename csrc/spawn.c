@@ -208,16 +208,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         res->status_fd = statp[0];
         return 0;
     }
-    res->step = r.step;
-    res->op = r.op;
-    res->err = r.err;
-    res->detail = r.detail;
-    /* The command never ran: reap what is left so nothing survives. */
-    kill(pid, SIGKILL);
-    while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
-        ;
-    if (res->step == SBX_STEP_CRASHED && WIFSIGNALED(res->wait_status))
-        res->err = WTERMSIG(res->wait_status);
+    sbx_reap_failed_setup(pid, &r, res);
     if (reaper)
         close(statp[0]);
     return -1;

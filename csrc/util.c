@@ -9,7 +9,9 @@
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +48,22 @@ int sbx_read_report(int fd, struct sbx_report *r)
         got += (size_t)n;
     }
     return got == sizeof *r;
+}
+
+/* The sandbox never ran its command: record why (a child that died without
+ * a report crashed; its signal is the error), and kill and reap what is
+ * left of it so nothing survives. */
+void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_result *res)
+{
+    res->step = r->step;
+    res->op = r->op;
+    res->err = r->err;
+    res->detail = r->detail;
+    kill(pid, SIGKILL);
+    while (waitpid(pid, &res->wait_status, 0) < 0 && errno == EINTR)
+        ;
+    if (res->step == SBX_STEP_CRASHED && WIFSIGNALED(res->wait_status))
+        res->err = WTERMSIG(res->wait_status);
 }
 
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)

@@ -103,10 +103,13 @@ def lock_files(pid: int, paths: list[str]) -> list[int]:
 
 def userns_creation_disabled() -> bool:
     """Whether a child of this process cannot create a user namespace."""
+    # Called before any sandbox or pool thread exists: this CLI process is
+    # single-threaded here. libc is loaded before the fork, so the child
+    # makes one call and exits (no dlopen, no Python cleanup).
+    unshare = ctypes.CDLL(None, use_errno=True).unshare
     pid = os.fork()
-    if pid == 0:  # the child: no Python-level cleanup, just the answer
-        libc = ctypes.CDLL(None, use_errno=True)
-        os._exit(1 if libc.unshare(CLONE_NEWUSER) == 0 else 0)
+    if pid == 0:
+        os._exit(1 if unshare(CLONE_NEWUSER) == 0 else 0)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
 

@@ -86,6 +86,7 @@ struct sbx_ctx {
 
 /* util.c */
 const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
+int64_t sbx_now_ns(void); /* CLOCK_MONOTONIC */
 void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
 int sbx_read_report(int fd, struct sbx_report *r);

@@ -37,6 +37,7 @@
 
 #include <errno.h>
 #include <linux/mount.h>
+#include <linux/openat2.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -67,13 +68,24 @@ static struct waiter *waiters;
 static size_t n_waiters, cap_waiters;
 /* The standbys: pid 0, to be made; taken: its request is being set up, and
  * its replacement waits until its command runs (or it ends), so that the
- * replacement's setup does not compete with it for the CPU. */
+ * replacement's setup does not compete with it for the CPU. Once it runs,
+ * the replacement waits longer (replace_at) while another standby is
+ * ready: until the sandbox ends or REPLACE_DELAY_NS have passed. A short
+ * command's sandbox is then torn down before the next one is built, and
+ * building it does not compete with the command, its caller and the
+ * teardown for the CPU. */
 static struct {
     pid_t pid;
     int taken;
+    int64_t replace_at; /* the sandbox it became runs: replace it from then on (0: not yet) */
 } standby[N_STANDBY];
+#define REPLACE_DELAY_NS 3000000
 static int standby_on;            /* making standbys: asked for, and none has failed */
 static int store_report = -1;     /* the store request's report socket, until the first standby is ready */
+
+/* The trees each mask entry of the stored blob needs, counted once. */
+static int stored_counts[MAX_NULL_TREES];
+static int n_stored_counts = -1;
 
 static int parse_fd(const char *s)
 {
@@ -172,6 +184,7 @@ static void store(size_t len, const int *fds, int nfds)
             memcpy(copy, msg + sizeof *r, r->blob_len);
             free(stored_blob);
             stored_blob = copy;
+            n_stored_counts = -1;
         }
     }
     if (!err && (r->flags & SBX_REQ_STANDBY) && store_report < 0) {
@@ -202,18 +215,47 @@ static int null_tree(void)
     return sbx_clone_tree_at(host_tree, "/dev/null", flags);
 }
 
+/* Whether /proc has `path` on this kernel (the caller's procfs: entries
+ * outside sys/net are the same in every instance). A mask whose entry is
+ * absent gets no tree: the last close of an unattached tree unmounts it,
+ * and every such unmount waits for an expedited RCU grace period. */
+static int proc_has(const char *path)
+{
+    int fd = sbx_openat2(proc_dir, path, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
+    if (fd < 0)
+        return errno != ENOENT;
+    close(fd);
+    return 1;
+}
+
+/* How many trees a mask entry needs: none if its entry is absent; one more
+ * below sys/net when the sandbox may join a leased network namespace,
+ * where a standby covers those again (always made: a leased namespace may
+ * have what the caller's lacks). */
+static int trees_for(const char *entry, int may_join)
+{
+    if (entry[0] != 'm')
+        return 0;
+    if (strncmp(entry + 1, "sys/net/", 8) == 0)
+        return may_join ? 2 : 1;
+    return proc_has(entry + 1);
+}
+
 int make_null_trees(const char *blob, int *out)
 {
     const struct sbx_header *h = (const void *)blob;
     const struct sbx_op *ops = (const void *)(blob + h->ops_off);
-    int n = 0;
+    int may_join = !(h->ns & SBX_NS_NET), cached = blob == stored_blob && n_stored_counts >= 0;
+    int n = 0, entries = 0;
     for (uint32_t i = 0; i < h->n_ops; i++) {
         if (ops[i].kind != SBX_OP_PROC)
             continue;
         for (uint32_t k = 0; k < ops[i].data_len; k += (uint32_t)strlen(blob + ops[i].data + k) + 1) {
             const char *entry = blob + ops[i].data + k;
-            /* one more below sys/net: a standby covers those again in a leased network namespace */
-            int want = entry[0] != 'm' ? 0 : strncmp(entry + 1, "sys/net/", 8) == 0 ? 2 : 1;
+            int want = cached && entries < n_stored_counts ? stored_counts[entries] : trees_for(entry, may_join);
+            if (blob == stored_blob && !cached && entries < MAX_NULL_TREES)
+                stored_counts[entries] = want;
+            entries++;
             for (; want > 0 && n < MAX_NULL_TREES; want--, n++) {
                 out[n] = null_tree();
                 if (out[n] < 0) {
@@ -223,6 +265,8 @@ int make_null_trees(const char *blob, int *out)
             }
         }
     }
+    if (blob == stored_blob && !cached)
+        n_stored_counts = entries < MAX_NULL_TREES ? entries : MAX_NULL_TREES;
     return n;
 }
 
@@ -446,7 +490,7 @@ static void read_notes(void)
                 if (!(((const struct sbx_header *)stored_blob)->opts & SBX_OPT_REAPER))
                     standby[m.note.slot].pid = 0; /* as_pid_1: no word comes once it runs */
             } else if (m.note.kind == NOTE_RUNNING) {
-                standby[m.note.slot].pid = 0;
+                standby[m.note.slot].replace_at = sbx_now_ns() + REPLACE_DELAY_NS;
             }
         }
         if (fd >= 0)
@@ -486,12 +530,45 @@ static void reap(void)
     }
 }
 
+/* A standby waiting for a request (set up, not taken). */
+static int ready(int k)
+{
+    return standby[k].pid && !standby[k].taken && !standby[k].replace_at && !standby_taken[k];
+}
+
+/* Whether slot k needs a new standby now. */
+static int to_replace(int k, int64_t now)
+{
+    if (!standby[k].pid)
+        return 1;
+    if (!standby[k].replace_at)
+        return 0;
+    for (int j = 0; j < N_STANDBY; j++)
+        if (j != k && ready(j))
+            return now >= standby[k].replace_at;
+    return 1;
+}
+
+/* Milliseconds until the next deferred replacement is due (-1: none). */
+static int next_replacement(void)
+{
+    int64_t first = 0, now = sbx_now_ns();
+    for (int k = 0; k < N_STANDBY; k++)
+        if (standby[k].pid && standby[k].replace_at && (!first || standby[k].replace_at < first))
+            first = standby[k].replace_at;
+    if (!standby_on || !first)
+        return -1;
+    return first <= now ? 0 : (int)((first - now + 999999) / 1000000);
+}
+
 static void make_standbys(void)
 {
+    int64_t now = sbx_now_ns();
     for (int k = 0; standby_on && k < N_STANDBY; k++) {
-        if (standby[k].pid)
+        if (!to_replace(k, now))
             continue;
         standby[k].taken = 0;
+        standby[k].replace_at = 0;
         standby_taken[k] = 0;
         standby[k].pid = make_standby(k);
         if (standby[k].pid < 0) {
@@ -539,7 +616,7 @@ int main(int argc, char **argv)
         make_standbys();
         struct pollfd p[4] = {{sock_fd, POLLIN, 0}, {sig_fd, POLLIN, 0}, {notify_rd, POLLIN, 0},
                               {fast_fd, standby_on ? 0 : POLLIN, 0}};
-        if (poll(p, 4, -1) < 0)
+        if (poll(p, 4, next_replacement()) < 0)
             continue;
         if (p[2].revents)
             read_notes();

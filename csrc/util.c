@@ -20,12 +20,17 @@ const char *sbx_str(const struct sbx_ctx *c, uint32_t off)
     return off ? c->blob + off : NULL;
 }
 
-void sbx_stamp(struct sbx_ctx *c, int which)
+int64_t sbx_now_ns(void)
 {
     struct timespec ts;
     /* clock_gettime is async-signal-safe (POSIX) and served by the vDSO. */
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    c->res->t_ns[which] = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void sbx_stamp(struct sbx_ctx *c, int which)
+{
+    c->res->t_ns[which] = (uint64_t)sbx_now_ns();
 }
 
 void sbx_report_fd(int fd, int step, int op, int err, int detail)

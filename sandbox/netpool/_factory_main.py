@@ -34,6 +34,9 @@ NETLINK_ROUTE, NETLINK_SOCK_DIAG = 0, 4
 # and every device's packet and byte counts (lo's, in a pooled namespace);
 # and IPv6 flow labels, which linger (6 s and more) after their socket closed.
 COUNTER_FILES = ("snmp", "netstat", "snmp6", "dev", "ip6_flowlabel")
+# The namespace's socket counts (and some host-wide figures, ignored):
+# what an unprivileged tenant's leftover sockets show without a sock_diag dump.
+SOCKSTAT_FILES = ("sockstat", "sockstat6")
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -76,9 +79,9 @@ def unshare_userns() -> None:
 
 
 def counter_fds() -> dict[str, int]:
-    """Open this namespace's counter files that exist (snmp6 needs IPv6)."""
+    """Open this namespace's counter and sockstat files that exist (snmp6 and sockstat6 need IPv6)."""
     fds = {}
-    for name in COUNTER_FILES:
+    for name in COUNTER_FILES + SOCKSTAT_FILES:
         try:
             fds[name] = os.open("/proc/self/net/" + name, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import NetnsPoolError
-from ._factory_main import COUNTER_FILES
+from ._factory_main import COUNTER_FILES, SOCKSTAT_FILES
 
 #: Appears in the factory process's command line (tests look for it in /proc).
 FACTORY_MARKER = "sandbox-netpool-factory"
@@ -108,15 +108,15 @@ class _Factory:
 
     def new(self) -> tuple[int, int, int, dict[str, int]]:
         """A fresh namespace: (netns fd, NETLINK_ROUTE fd, NETLINK_SOCK_DIAG fd,
-        {counter file name: fd of it opened inside}), all ours to close."""
+        {counter or sockstat file name: fd of it opened inside}), all ours to close."""
         try:
             self.chan.send(b"new")
         except OSError as e:
             raise NetnsPoolError(f"namespace factory is gone: {e}") from e
-        msg, fds = self._receive(3 + len(COUNTER_FILES))
+        msg, fds = self._receive(3 + len(COUNTER_FILES) + len(SOCKSTAT_FILES))
         words = msg.split()
         names = [w.decode() for w in words[1:]]
-        if words[:1] != [b"ok"] or len(fds) != 3 + len(names) or not set(names) <= set(COUNTER_FILES):
+        if words[:1] != [b"ok"] or len(fds) != 3 + len(names) or not set(names) <= set(COUNTER_FILES + SOCKSTAT_FILES):
             _close_all(fds)
             raise NetnsPoolError(f"namespace factory: {self._why(msg)}")
         return fds[0], fds[1], fds[2], dict(zip(names, fds[3:], strict=True))

@@ -89,7 +89,7 @@ class NetnsPool:
         self._cond = threading.Condition(threading.Lock())
         self._idle: collections.deque[_Netns] = collections.deque()
         self._leased: set[_Netns] = set()
-        self._returned: collections.deque[tuple[Lease, bool]] = collections.deque()  # release(wait=False)
+        self._returned: collections.deque[tuple[Lease, bool, bool]] = collections.deque()  # release(wait=False)
         self._creating = 0
         self._closed = False
         self._stats = _Stats()
@@ -159,6 +159,7 @@ class NetnsPool:
                 state = _snapshot(ns.rtnl)
                 problems = _verify_fresh(state, _sockets(ns.diag))
                 ns.counters_baseline = ns.read_counters()
+                ns.sockstat_baseline = ns.read_sockstat()
         except (OSError, ValueError, struct.error) as e:
             raise NetnsPoolError(f"configuring a new network namespace failed: {e}") from e
         if problems:
@@ -219,8 +220,8 @@ class NetnsPool:
                 if returned is None:
                     self._creating += 1
             if returned is not None:
-                lease, recycle = returned
-                lease.result = self._release(lease._ns, recycle)
+                lease, recycle, unprivileged_tenant = returned
+                lease.result = self._release(lease._ns, recycle, unprivileged_tenant)
                 continue
             try:
                 ns: _Netns | None = self._create()
@@ -289,16 +290,16 @@ class NetnsPool:
                 return None  # the refill is failing: try ourselves, and raise
         return self._idle.popleft()
 
-    def _defer(self, lease: Lease, recycle: bool) -> bool:
+    def _defer(self, lease: Lease, recycle: bool, unprivileged_tenant: bool = False) -> bool:
         """Queue a released namespace for the refill thread to check; False if there is none."""
         with self._cond:
             if self._thread is None or self._closed:
                 return False
-            self._returned.append((lease, recycle))
+            self._returned.append((lease, recycle, unprivileged_tenant))
             self._cond.notify_all()
             return True
 
-    def _release(self, ns: _Netns, recycle: bool) -> ReleaseResult:
+    def _release(self, ns: _Netns, recycle: bool, unprivileged_tenant: bool = False) -> ReleaseResult:
         """Check a returned namespace; recycle it if clean, destroy it if not."""
         with self._cond:
             if ns.closed:  # close() got it first
@@ -309,7 +310,7 @@ class NetnsPool:
         elif not recycle:
             problems = [("discarded", "released with recycle=False")]
         else:
-            problems = ns.inspect()
+            problems = ns.inspect(unprivileged_tenant)
         with self._cond:
             self._leased.discard(ns)
             if not problems and self._total() >= self.size:

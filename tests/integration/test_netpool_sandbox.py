@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -104,6 +105,48 @@ def test_a_recycled_namespace_carries_nothing_from_its_previous_tenant(base_spec
         assert ns_second == first.stdout.strip()  # the same namespace, recycled
         assert lines == "2"  # two header lines, no socket left from the first tenant
         assert p.stats()["recycled"] >= 1
+
+
+SMUGGLE = textwrap.dedent("""
+    import os, socket, sys
+    chan = socket.socket(fileno=int(sys.argv[1]))
+    t = socket.socket(); t.bind(("127.0.0.1", 47004)); t.listen()
+    u = socket.socket(socket.AF_UNIX); u.bind("\\0sandbox-test-smuggled"); u.listen()
+    socket.send_fds(chan, [os.readlink("/proc/self/ns/net").encode()], [t.fileno(), u.fileno()])
+""")
+
+BIND_AGAIN = textwrap.dedent("""
+    import os, socket
+    t = socket.socket(); t.bind(("127.0.0.1", 47004)); t.listen()
+    u = socket.socket(socket.AF_UNIX); u.bind("\\0sandbox-test-smuggled"); u.listen()
+    print(os.readlink("/proc/self/ns/net"))
+""")
+
+
+@pytest.mark.parametrize("backend", ["native", "template"])
+def test_sockets_a_tenant_smuggles_out_keep_its_namespace_from_reuse(base_spec, backend) -> None:
+    """The release check of a tenant without capabilities reads socket counts
+    instead of dumping sockets: a listener and an abstract Unix name that
+    outlive the sandbox (their fds sent to the caller), with no packet sent,
+    must still keep the namespace from the next tenant."""
+    with shared_pool(1, for_network_none=False) as p:
+        spec = base_spec(network="pool")
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            done = sandbox.run([PY, "-I", "-S", "-c", SMUGGLE, str(theirs.fileno())], spec, capture_output=True,
+                               pass_fds=[theirs.fileno()], backend=backend, timeout=60)
+            assert done.returncode == 0, done.stderr
+            msg, fds, _, _ = socket.recv_fds(ours, 64, 2)
+            try:
+                assert p.wait_filled(10)
+                assert p.stats()["destroyed_by_reason"].get("sockets", 0) == 1
+                again = sandbox.run([PY, "-I", "-S", "-c", BIND_AGAIN], spec, capture_output=True, backend=backend,
+                                    timeout=60)
+                assert again.returncode == 0, again.stderr  # the port and the name are free in its namespace
+                assert msg.decode() not in again.stdout.decode()
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
 
 def test_network_none_uses_the_pool_when_enabled(base_spec, run_sh) -> None:

@@ -207,3 +207,14 @@ def test_rows_decoded_from_netlink_messages() -> None:
     got = _route_row(body)
     assert (got.table, got.dst, got.dst_len, got.oif, got.gateway) == (1000, "10.98.0.0", 16, 2, "10.98.0.1")
     assert rule(V4, 1000).table == 1000  # FRA_TABLE: tables past 255
+
+
+def test_sockstat_keeps_the_namespaces_own_counts_and_drops_host_wide_figures() -> None:
+    from sandbox.netpool.lease import _sockstat
+
+    text = (b"sockets: used 2\nTCP: inuse 1 orphan 7 tw 3 alloc 90 mem 193\nUDP: inuse 0 mem 12\n"
+            b"UDPLITE: inuse 0\nRAW: inuse 0\nFRAG: inuse 0 memory 0\n")
+    assert _sockstat(text) == {"sockets:used": 2, "TCP:inuse": 1, "TCP:tw": 3, "UDP:inuse": 0, "UDPLITE:inuse": 0,
+                               "RAW:inuse": 0, "FRAG:inuse": 0, "FRAG:memory": 0}
+    six = b"TCP6: inuse 0\nUDP6: inuse 1\nUDPLITE6: inuse 0\nRAW6: inuse 0\nFRAG6: inuse 0 memory 0\n"
+    assert _sockstat(six)["UDP6:inuse"] == 1

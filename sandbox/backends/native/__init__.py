@@ -78,7 +78,9 @@ def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | No
     pool = netpool.pool_for("pool")
     assert pool is not None
     lease = pool.lease()
-    cleanups.append(lambda: lease.release(recycle=plan.recycle_lease, wait=False))
+    # recycled only after a tenant in a user namespace of its own: it held no capability over the lease
+    recycle = plan.recycle_lease
+    cleanups.append(lambda: lease.release(recycle=recycle, wait=False, unprivileged_tenant=recycle))
     return lease
 
 

@@ -52,7 +52,7 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
         started: Started = server.spawn(plan, argv, stdio, pass_fds, lease.netns_fd if lease is not None else -1)
     except BaseException:
         if lease is not None:
-            lease.release(recycle=plan.recycle_lease, wait=False)
+            lease.release(recycle=plan.recycle_lease, wait=False, unprivileged_tenant=plan.recycle_lease)
         raise
     findings = isolation.findings(plan, None)
     if plan.landlock:
@@ -60,7 +60,7 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
     on_exit: Callable[[], None] | None = None
     if lease is not None:
         held = lease
-        on_exit = lambda: held.release(recycle=plan.recycle_lease, wait=False)  # noqa: E731
+        on_exit = lambda: held.release(recycle=plan.recycle_lease, wait=False, unprivileged_tenant=plan.recycle_lease)  # noqa: E731
     exit_source = SandboxStatus(started.status_fd) if plan.reaper else ReaperStatus(started.status_fd)
     return launched(started, exit_source, findings, on_exit)
 

@@ -83,10 +83,6 @@ static struct {
 static int standby_on;            /* making standbys: asked for, and none has failed */
 static int store_report = -1;     /* the store request's report socket, until the first standby is ready */
 
-/* The trees each mask entry of the stored blob needs, counted once. */
-static int stored_counts[MAX_NULL_TREES];
-static int n_stored_counts = -1;
-
 static int parse_fd(const char *s)
 {
     char *end;
@@ -184,7 +180,6 @@ static void store(size_t len, const int *fds, int nfds)
             memcpy(copy, msg + sizeof *r, r->blob_len);
             free(stored_blob);
             stored_blob = copy;
-            n_stored_counts = -1;
         }
     }
     if (!err && (r->flags & SBX_REQ_STANDBY) && store_report < 0) {
@@ -245,18 +240,12 @@ int make_null_trees(const char *blob, int *out)
 {
     const struct sbx_header *h = (const void *)blob;
     const struct sbx_op *ops = (const void *)(blob + h->ops_off);
-    int may_join = !(h->ns & SBX_NS_NET), cached = blob == stored_blob && n_stored_counts >= 0;
-    int n = 0, entries = 0;
+    int may_join = !(h->ns & SBX_NS_NET), n = 0;
     for (uint32_t i = 0; i < h->n_ops; i++) {
         if (ops[i].kind != SBX_OP_PROC)
             continue;
         for (uint32_t k = 0; k < ops[i].data_len; k += (uint32_t)strlen(blob + ops[i].data + k) + 1) {
-            const char *entry = blob + ops[i].data + k;
-            int want = cached && entries < n_stored_counts ? stored_counts[entries] : trees_for(entry, may_join);
-            if (blob == stored_blob && !cached && entries < MAX_NULL_TREES)
-                stored_counts[entries] = want;
-            entries++;
-            for (; want > 0 && n < MAX_NULL_TREES; want--, n++) {
+            for (int want = trees_for(blob + ops[i].data + k, may_join); want > 0 && n < MAX_NULL_TREES; want--, n++) {
                 out[n] = null_tree();
                 if (out[n] < 0) {
                     close_all(out, n);
@@ -265,8 +254,6 @@ int make_null_trees(const char *blob, int *out)
             }
         }
     }
-    if (blob == stored_blob && !cached)
-        n_stored_counts = entries < MAX_NULL_TREES ? entries : MAX_NULL_TREES;
     return n;
 }
 

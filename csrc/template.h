@@ -37,9 +37,11 @@ ssize_t receive_request(int fd, int *fds, int *nfds);
 int parse_request(struct request *q, size_t len);
 
 /* As many detached clones of the host's /dev/null (from the host tree) as
- * the blob's procs have masks, into out[] (at most MAX_NULL_TREES): a
- * sandbox's proc masks attach them, its root need not have a /dev/null.
- * How many (0 if the host has none: the sandbox then clones its own). */
+ * the blob's procs have masks of entries this kernel has (and one more per
+ * sys/net mask when the sandbox may join a leased network namespace), into
+ * out[] (at most MAX_NULL_TREES): a sandbox's proc masks attach them, its
+ * root need not have a /dev/null. How many (0 if the host has none: the
+ * sandbox then clones its own). */
 #define MAX_NULL_TREES 64
 int make_null_trees(const char *blob, int *out);
 void close_all(int *fds, int n);

@@ -6,6 +6,7 @@ HostInfo, read here and nowhere else.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import os
@@ -126,13 +127,24 @@ def effective_caps() -> set[str]:
 
 
 def effective_caps_mask() -> int:
-    """This process's effective capability set as a bitmask (0 if unreadable)."""
-    try:
-        with open("/proc/self/status") as f:
-            line = next((ln for ln in f if ln.startswith("CapEff:")), "CapEff: 0")
-    except OSError:
+    """The calling thread's effective capability set as a bitmask (0 if unreadable).
+
+    capget(2) rather than /proc/self/status: it runs before every spawn,
+    and generating the status file costs ~80 µs.
+    """
+    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # this thread
+    data = (ctypes.c_uint32 * 6)()  # two structs {effective, permitted, inheritable}: bits 0-31, 32-63
+    if _libc().capget(header, data) != 0:
         return 0
-    return int(line.split()[1], 16)
+    return data[0] | data[3] << 32
+
+
+_CAPABILITY_VERSION_3 = 0x20080522
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _read_text(path: str) -> str:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -123,6 +124,14 @@ BIND_AGAIN = textwrap.dedent("""
 """)
 
 
+def _wait_checked(p: netpool.NetnsPool) -> None:
+    """Until the refill thread has checked every namespace released without waiting (none in use)."""
+    deadline = time.monotonic() + 10
+    while (p.stats()["unchecked"] or p.stats()["in_use"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not p.stats()["unchecked"] and not p.stats()["in_use"]
+
+
 @pytest.mark.parametrize("backend", ["native", "template"])
 def test_sockets_a_tenant_smuggles_out_keep_its_namespace_from_reuse(base_spec, backend) -> None:
     """The release check of a tenant without capabilities reads socket counts
@@ -138,8 +147,9 @@ def test_sockets_a_tenant_smuggles_out_keep_its_namespace_from_reuse(base_spec, 
             assert done.returncode == 0, done.stderr
             msg, fds, _, _ = socket.recv_fds(ours, 64, 2)
             try:
-                assert p.wait_filled(10)
+                _wait_checked(p)
                 assert p.stats()["destroyed_by_reason"].get("sockets", 0) == 1
+                assert p.wait_filled(10)
                 again = sandbox.run([PY, "-I", "-S", "-c", BIND_AGAIN], spec, capture_output=True, backend=backend,
                                     timeout=60)
                 assert again.returncode == 0, again.stderr  # the port and the name are free in its namespace

@@ -14,7 +14,7 @@
  *   parents are created one component at a time with mkdirat() on a parent
  *   that was itself resolved that way.
  * - Trees are attached with move_mount() onto those fds; fresh filesystems
- *   (tmpfs, proc, devpts) come from fsopen()/fsmount().
+ *   (tmpfs, proc, devpts, mqueue) come from fsopen()/fsmount().
  * - pivot_root(".", ".") stacks the old root on the new one; a lazy unmount
  *   of "." then drops the host tree from the namespace.
  * - In place (newroot "/", a Template's sandbox): the root is the copy of
@@ -434,6 +434,20 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
     close(dev);
 }
 
+/* POSIX message queues: an mqueue filesystem shows the queues of the IPC
+ * namespace of whoever creates it (fsopen), which needs CAP_SYS_ADMIN over
+ * that namespace's owner: in a new user namespace, only with a new IPC
+ * namespace too (else EPERM, as under bwrap). No flags, as bwrap mounts it. */
+static void op_mqueue(struct sbx_ctx *c, int i, const struct sbx_op *op)
+{
+    const char *dest = sbx_str(c, op->dest);
+    int fd = mountpoint(c, i, dest, 1, op->parent_mode);
+    int mnt = fresh_fs(c, i, "mqueue", NULL, 0);
+    attach(c, i, mnt, fd, dest);
+    close(mnt);
+    close(fd);
+}
+
 static void op_dir(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     const char *dest = sbx_str(c, op->dest);
@@ -562,6 +576,7 @@ void sbx_apply_ops(struct sbx_ctx *c)
         case SBX_OP_REMOUNT_RO: op_remount_ro(c, (int)i, op); break;
         case SBX_OP_CHMOD: op_chmod(c, (int)i, op); break;
         case SBX_OP_DEVPTS: op_devpts(c, (int)i, op); break;
+        case SBX_OP_MQUEUE: op_mqueue(c, (int)i, op); break;
         default: sbx_fail(c, SBX_STEP_OP, (int)i, EINVAL, SBX_D_NONE);
         }
     }

@@ -63,7 +63,8 @@ enum sbx_op_kind {
     SBX_OP_FILE = 7,
     SBX_OP_REMOUNT_RO = 8,
     SBX_OP_CHMOD = 9,
-    SBX_OP_DEVPTS = 10   /* a private devpts instance (a Template's sandbox, on its shared /dev) */
+    SBX_OP_DEVPTS = 10,  /* a private devpts instance (a Template's sandbox, on its shared /dev) */
+    SBX_OP_MQUEUE = 11   /* a fresh mqueue filesystem (the queues of the sandbox's IPC namespace) */
 };
 #define SBX_F_RDONLY 1
 #define SBX_F_NODEV 2

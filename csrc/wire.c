@@ -54,7 +54,7 @@ static int paths_ok(const char *blob, size_t len, uint32_t off, uint32_t n)
 
 static int op_ok(const char *blob, size_t len, const struct sbx_op *op)
 {
-    if (op->kind < SBX_OP_BIND || op->kind > SBX_OP_DEVPTS)
+    if (op->kind < SBX_OP_BIND || op->kind > SBX_OP_MQUEUE)
         return 0;
     if (!path_ok(blob, len, op->dest) || blob[op->dest] != '/' || !str_ok(blob, len, op->src))
         return 0;

@@ -38,6 +38,7 @@ from .spec import (
     File,
     Limits,
     Mount,
+    Mqueue,
     Namespaces,
     Proc,
     RemountRo,
@@ -77,7 +78,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
     "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
-    "Namespaces", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "Seccomp",
+    "Mqueue", "Namespaces", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "Seccomp",
     "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs", "UnavailableError", "WorkerPool", "explain",
     "from_bwrap_args", "presets", "probe", "run", "spawn",
 ]

@@ -7,6 +7,12 @@ a bad option, a failed setup or no usable backend; 126 if the command cannot
 be executed; 127 if it does not exist. Errors are one `sandbox: ...` line on
 stderr. SIGINT, SIGTERM and SIGHUP received while the command runs are
 forwarded to it.
+
+Invoked under the name `bwrap` (a link or script named so, whose argv[0]
+ends in "bwrap"), the program is `run` with bwrap's own conventions for what
+it says itself: messages start with `bwrap: `, every failure of its own
+exits 1, and the help names argv[0]. Code that runs `bwrap` and reads its
+messages or exit status can then use this package unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -62,10 +69,13 @@ it does not exist."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line `argv` (default: sys.argv[1:]); return the exit status."""
+    """Run the command line `argv` (default: sys.argv[1:]); return the exit status.
+    Without `argv`, a program named `bwrap` (sys.argv[0]) is `run` as bwrap (see above)."""
     global _PARENT
     _PARENT = os.getppid()
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and os.path.basename(sys.argv[0]) == BWRAP_NAME:
+        return run_as_bwrap(args, sys.argv[0])
     if not args:
         sys.stderr.write(USAGE)
         return EXIT_SETUP
@@ -83,6 +93,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _fail(EXIT_SETUP, f"unknown command {command!r} (try --help)")
 
 
+BWRAP_NAME = "bwrap"
+BWRAP_EXIT_FAILURE = 1  # bwrap's die(): every failure of its own
+
+
+@dataclass
+class Conventions:
+    """How the program speaks for itself: its message prefix, the exit status
+    of its own failures (None: 125/126/127 as documented), its help's name."""
+
+    prefix: str = "sandbox"
+    failure: int | None = None
+    usage_name: str = "python -m sandbox run"
+
+
+_CONVENTIONS = Conventions()
+
+
+def run_as_bwrap(args: Sequence[str], argv0: str) -> int:
+    """`run` with bwrap's conventions (`bwrap: ` messages, failures exit 1,
+    the help naming `argv0`); the command's own exit status is unchanged."""
+    global _CONVENTIONS
+    _CONVENTIONS = Conventions(prefix=BWRAP_NAME, failure=BWRAP_EXIT_FAILURE, usage_name=argv0)
+    return run(args)
+
+
 def run(args: Sequence[str]) -> int:
     """`run [OPTIONS...] [--] COMMAND [ARGS...]`: run COMMAND, return its exit status."""
     inherited = inherited_fds()
@@ -93,8 +128,9 @@ def run(args: Sequence[str]) -> int:
     for warning in extras.warnings:
         _say(warning)
     if extras.show_help:
-        print(grammar.usage())
-        print(EXIT_HELP)
+        print(grammar.usage(_CONVENTIONS.usage_name))
+        if _CONVENTIONS.failure is None:
+            print(EXIT_HELP)
         return 0
     if extras.show_version:
         print(f"sandbox {_version()}")
@@ -322,11 +358,11 @@ def _is_open(fd: int) -> bool:
 
 def _fail(status: int, error: object) -> int:
     _say(_message(error))
-    return status
+    return status if _CONVENTIONS.failure is None else _CONVENTIONS.failure
 
 
 def _say(text: str) -> None:
-    sys.stderr.write(f"sandbox: {' '.join(text.splitlines())}\n")
+    sys.stderr.write(f"{_CONVENTIONS.prefix}: {' '.join(text.splitlines())}\n")
     sys.stderr.flush()
 
 

@@ -100,6 +100,8 @@ def describe_op(op: Op) -> str:
     if kind is OpKind.DEV:
         return (f"a minimal /dev at {op.dest} (a tmpfs, mode {op.mode:04o}: null, zero, full, random, urandom, "
                 f"tty, a private pts, shm with mode {op.shm_mode:04o})")
+    if kind is OpKind.MQUEUE:
+        return f"a new mqueue filesystem at {op.dest} (the message queues of the sandbox's IPC namespace)"
     if kind is OpKind.DIR:
         return f"directory {op.dest}, mode {op.mode:04o}"
     if kind is OpKind.SYMLINK:

@@ -136,6 +136,23 @@ class Dev(Mount):
 
 
 @dataclass(frozen=True)
+class Mqueue(Mount):
+    """A fresh POSIX message queue filesystem at `dest` (bwrap `--mqueue`):
+    the queues of the sandbox's IPC namespace. Mounting it needs privilege
+    over that namespace, so in a user namespace it needs `namespaces.ipc`."""
+
+    dest: str = "/dev/mqueue"
+    kind: ClassVar[str] = "mqueue"
+
+    def validate(self, where: str) -> None:
+        check_path(f"{where}.dest", self.dest)
+        self._norm("dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True)
 class Dir(Mount):
     """A directory at `dest` with mode `perms` (an existing one keeps its mode)."""
 
@@ -235,7 +252,7 @@ class Chmod(Mount):
 
 MOUNT_TYPES: dict[str, type[Mount]] = {
     cls.kind: cls
-    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Dir, Symlink, File, RemountRo, Chmod)
+    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Mqueue, Dir, Symlink, File, RemountRo, Chmod)
 }
 
 

@@ -38,6 +38,7 @@ class OpKind(enum.IntEnum):
     REMOUNT_RO = 8
     CHMOD = 9
     DEVPTS = 10  # a private devpts (a Template's sandbox, on the template's /dev)
+    MQUEUE = 11  # a fresh mqueue filesystem (the sandbox's IPC namespace's queues)
 
 
 class OpFlag(enum.IntFlag):
@@ -231,6 +232,8 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
         return Op(OpKind.PROC, m.dest, flags=OpFlag.FRESH if pid_ns else OpFlag.NONE, origin=i, covers=covers)
     if isinstance(m, S.Dev):
         return Op(OpKind.DEV, m.dest, mode=DEV_MODE, shm_mode=DEV_SHM_MODE, origin=i)
+    if isinstance(m, S.Mqueue):  # bwrap mounts it without flags, as mount(8) would
+        return Op(OpKind.MQUEUE, m.dest, origin=i)
     if isinstance(m, S.Dir):
         return Op(OpKind.DIR, m.dest, mode=m.perms, parent_mode=parent_mode_for(m.perms), origin=i)
     if isinstance(m, S.Symlink):
@@ -262,7 +265,7 @@ def landlock_rules(ops: tuple[Op, ...]) -> tuple[tuple[str, bool], ...]:
     for op in ops:
         if op.kind is OpKind.BIND or op.kind is OpKind.FILE:
             writable = not op.flags & OpFlag.RDONLY
-        elif op.kind in (OpKind.TMPFS, OpKind.DEV):
+        elif op.kind in (OpKind.TMPFS, OpKind.DEV, OpKind.MQUEUE):
             writable = True
         elif op.kind is OpKind.PROC:
             writable = False

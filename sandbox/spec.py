@@ -24,6 +24,7 @@ from .mounts import (
     Dir,
     File,
     Mount,
+    Mqueue,
     Proc,
     RemountRo,
     RoBind,
@@ -38,7 +39,7 @@ from .validate import check_bool, check_path, check_perms, check_positive, check
 
 __all__ = [
     "CAPABILITIES", "MAX_HOSTNAME", "MAX_ID", "MOUNT_TYPES", "NETWORK_MODES", "Bind", "Chmod", "Dev", "DevBind",
-    "Dir", "File", "Limits", "Mount", "Namespaces", "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs",
+    "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs",
     "check_bool", "check_path", "check_perms", "check_positive", "check_text", "normalize_path",
 ]
 

@@ -64,9 +64,9 @@ def sandbox_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
             out += [Op(OpKind.TMPFS, shm, mode=op.shm_mode, flags=OpFlag.NODEV, origin=op.origin),
                     Op(OpKind.DEVPTS, pts, origin=op.origin)]
             fresh += [shm, pts]
-        elif op.kind in (OpKind.TMPFS, OpKind.DEV, OpKind.PROC):
-            out.append(op)
-            fresh += [op.dest] if op.kind is not OpKind.PROC else []
+        elif op.kind in (OpKind.TMPFS, OpKind.DEV, OpKind.PROC, OpKind.MQUEUE):
+            out.append(op)  # an mqueue: its own IPC namespace's queues, not the template's
+            fresh += [op.dest] if op.kind in (OpKind.TMPFS, OpKind.DEV) else []
         elif op.kind is OpKind.BIND and inside:
             out.append(replace(op, src=op.dest))  # cloned from the copy before anything covers it
         elif op.kind is OpKind.FILE and not inside and not op.flags & OpFlag.RDONLY:

@@ -23,15 +23,17 @@ chmod 755 "$work"
 trap 'rm -rf "$work"' EXIT
 
 # BWRAP must be one word that names an executable (the suite runs
-# `${BWRAP}` unquoted and nests it inside sandboxes), so ours gets a wrapper.
+# `${BWRAP}` unquoted and nests it inside sandboxes), so ours gets a script
+# named bwrap: the CLI then speaks as bwrap (`bwrap: ` messages, failures
+# exit 1, the help names it; see sandbox/cli.py), as a drop-in is installed.
 case $which in
 ours)
     py=${SUITE_PYTHON:-}
     if [ -z "$py" ]; then
         for p in /opt/sandbox-venv*/bin/python; do [ -x "$p" ] && py=$p && break; done
     fi
-    : "${py:=python3}"
-    printf '#!/bin/sh\nexec %s -P -m sandbox run "$@"\n' "$py" > "$work/bwrap"
+    : "${py:=$(command -v python3)}"
+    printf '#!%s -P\nimport sys\nfrom sandbox.cli import main\nsys.exit(main())\n' "$py" > "$work/bwrap"
     chmod 755 "$work/bwrap"
     bwrap=$work/bwrap ;;
 bwrap) bwrap=$(command -v bwrap) ;;

@@ -391,6 +391,10 @@ def _opt_dev(st: ParseState, opt: str, values: list[str]) -> None:
     st.mounts.append(S.Dev(dest=_dest(values[0])))
 
 
+def _opt_mqueue(st: ParseState, opt: str, values: list[str]) -> None:
+    st.mounts.append(S.Mqueue(dest=_dest(values[0])))
+
+
 def _opt_symlink(st: ParseState, opt: str, values: list[str]) -> None:
     st.mounts.append(S.Symlink(target_path=values[0], dest=_dest(values[1])))
 
@@ -542,6 +546,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--proc", 1, ("DEST",), "Mount new procfs on DEST", FILESYSTEM, _opt_proc),
     Option("--dev", 1, ("DEST",), "Mount new dev on DEST", FILESYSTEM, _opt_dev),
     Option("--tmpfs", 1, ("DEST",), "Mount new tmpfs on DEST", FILESYSTEM, _opt_tmpfs),
+    Option("--mqueue", 1, ("DEST",), "Mount new mqueue on DEST", FILESYSTEM, _opt_mqueue),
     Option("--dir", 1, ("DEST",), "Create dir at DEST", FILESYSTEM, _opt_dir),
     Option("--file", 2, ("FD", "DEST"), "Copy from FD to destination DEST", FILESYSTEM,
            _data_file(0o666, readonly=False)),
@@ -602,7 +607,6 @@ OPTIONS: tuple[Option, ...] = (
     _refuse("--bind-fd", ("FD", "DEST"), "Bind open directory or path fd on DEST", "binds take host paths"),
     _refuse("--ro-bind-fd", ("FD", "DEST"), "Bind open directory or path fd read-only on DEST",
             "binds take host paths"),
-    _refuse("--mqueue", ("DEST",), "Mount new mqueue on DEST", "no mqueue mounts"),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
@@ -611,7 +615,7 @@ BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
 # ---------------------------------------------------------------- help
 
 _INTRO = """\
-usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
+usage: {prog} [OPTIONS...] [--] COMMAND [ARGS...]
 
 Options follow bubblewrap 0.8.0: `--opt value` only, applied in order, ending
 at `--` or at the first argument that does not start with `-`.
@@ -625,9 +629,10 @@ As with bubblewrap, no seccomp filter is installed unless asked for
 _COLUMN = 33  # where the help text starts, as in bwrap --help
 
 
-def usage() -> str:
-    """The help of `run`: every option of the table, grouped, the refused ones with why."""
-    parts = [_INTRO]
+def usage(prog: str = "python -m sandbox run") -> str:
+    """The help of `run`: every option of the table, grouped, the refused ones with why.
+    `prog` is how the first line names the program (bwrap's names its argv[0])."""
+    parts = [_INTRO.format(prog=prog)]
     for group, title in GROUPS.items():
         lines = [f"{title}:"]
         for option in OPTIONS:

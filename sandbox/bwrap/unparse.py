@@ -117,6 +117,8 @@ def _mount(m: S.Mount, fds: list[int]) -> list[str]:
         return ["--proc", m.dest]
     if isinstance(m, S.Dev):
         return ["--dev", m.dest]
+    if isinstance(m, S.Mqueue):
+        return ["--mqueue", m.dest]
     if isinstance(m, S.RemountRo):
         return ["--remount-ro", m.dest]
     raise SpecError("mounts", m, "mount operation the bwrap grammar cannot express")

@@ -91,12 +91,23 @@ def test_refused_even_without_a_value(option: grammar.Option) -> None:
         parse_args(option.name)
 
 
-def test_refused_after_valid_options_and_inside_args_files() -> None:
+def test_refused_after_valid_options_and_inside_args_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused option is refused wherever it comes (every bwrap 0.8.0 option is
+    implemented now: the test refuses one of its own)."""
+    monkeypatch.setitem(BY_NAME, "--mqueue", grammar._refuse("--mqueue", ("DEST",), "Mount new mqueue", "a test"))
     r, w = os.pipe()
     os.write(w, b"--mqueue\x00/mq\x00")
     os.close(w)
     with pytest.raises(BwrapArgsError, match="--mqueue is not supported"):
         parse_args("--unshare-pid", "--args", str(r), "true")
+
+
+def test_options_inside_args_files_apply_in_place() -> None:
+    r, w = os.pipe()
+    os.write(w, b"--mqueue\x00/mq\x00")
+    os.close(w)
+    spec, _, _ = parse_args("--unshare-ipc", "--args", str(r), "--dir", "/d", "true")
+    assert spec.mounts == (S.Mqueue("/mq"), S.Dir("/d"))
 
 
 @pytest.mark.parametrize("option", HANDLED, ids=names(HANDLED))

@@ -237,7 +237,7 @@ def test_every_out_of_range_op_field_is_refused() -> None:
     relative = next(i for i, op in enumerate(ops(data)) if op.kind == lib.SBX_OP_SYMLINK)
     with_data = next(i for i, op in enumerate(ops(data)) if op.data_len)
     cases = [
-        (0, {"kind": 0}), (0, {"kind": lib.SBX_OP_DEVPTS + 1}), (0, {"kind": 0xFFFFFFFF}),
+        (0, {"kind": 0}), (0, {"kind": lib.SBX_OP_MQUEUE + 1}), (0, {"kind": 0xFFFFFFFF}),
         (0, {"dest": 0}), (0, {"dest": size}), (0, {"dest": 0xFFFFFFFF}), (0, {"dest": 8}),
         (relative, {"src": 0}), (relative, {"src": size}), (relative, {"src": 16}),
         (with_data, {"data": size}), (with_data, {"data": size - 1}), (with_data, {"data": 0xFFFFFFFF}),

@@ -123,7 +123,7 @@ def _record(walk: _Walk, op: Op, dest: str) -> None:
         except OSError:
             return  # an optional source that is missing, or bwrap fails on it and says why
         walk.mounts.append(_Mount(dest, fd, bool(op.flags & OpFlag.RDONLY)))
-    elif op.kind in (OpKind.TMPFS, OpKind.PROC, OpKind.DEV) or (
+    elif op.kind in (OpKind.TMPFS, OpKind.PROC, OpKind.DEV, OpKind.MQUEUE) or (
             op.kind is OpKind.FILE and op.flags & OpFlag.RDONLY):
         walk.mounts.append(_Mount(dest))
     elif op.kind is OpKind.REMOUNT_RO:

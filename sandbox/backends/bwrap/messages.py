@@ -219,7 +219,7 @@ _VERB_KINDS = (
     ("bind mount", OpKind.BIND), ("remount readonly", OpKind.REMOUNT_RO), ("chmod", OpKind.CHMOD),
     ("make symlink", OpKind.SYMLINK), ("create symlink", OpKind.SYMLINK), ("create file", OpKind.FILE),
     ("write data to file", OpKind.FILE), ("create tmpfile", OpKind.FILE), ("set mode", OpKind.FILE),
-    ("mount tmpfs", OpKind.TMPFS), ("mount proc", OpKind.PROC),
+    ("mount tmpfs", OpKind.TMPFS), ("mount proc", OpKind.PROC), ("mount mqueue", OpKind.MQUEUE),
 )
 
 

@@ -121,6 +121,8 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
         return _proc_options(op, match_native)
     if kind is OpKind.DEV:
         return _dev_options(op, match_native)
+    if kind is OpKind.MQUEUE:
+        return ["--mqueue", op.dest]
     if kind is OpKind.DIR:
         return dir_args(op.dest, op.mode)
     if kind is OpKind.SYMLINK:

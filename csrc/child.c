@@ -221,6 +221,32 @@ int sbx_joiner_main(void *arg)
     _exit(0);
 }
 
+/* The caller's read of an fd: until one byte or EOF (a signal or an error
+ * ends the wait too, as bwrap's read), then the fd is closed. */
+void sbx_block_on(int fd)
+{
+    char b;
+    if (fd < 0)
+        return;
+    while (read(fd, &b, 1) < 0 && errno == EINTR)
+        ;
+    close(fd);
+}
+
+/* Our pid as the caller numbers it (its /proc, ours still), on `fd`, then
+ * close it: the caller knows the sandbox exists before it is set up. */
+static void report_started(struct sbx_ctx *c, int fd)
+{
+    char line[32];
+    ssize_t n = readlink("/proc/self", line, sizeof line - 1);
+    if (n <= 0)
+        sbx_fail(c, SBX_STEP_STARTED, -1, n < 0 ? errno : EIO, SBX_D_NONE);
+    line[n++] = '\n';
+    if (sbx_write_all(fd, line, (size_t)n) < 0 && errno != EPIPE)
+        sbx_fail(c, SBX_STEP_STARTED, -1, errno, SBX_D_NONE);
+    close(fd);
+}
+
 /* The first moments of any sandbox's first process: signals as the
  * caller left them must not reach handlers, and the parent-death signal. */
 void sbx_child_start(struct sbx_ctx *c)
@@ -233,6 +259,12 @@ void sbx_child_start(struct sbx_ctx *c)
      * a setup stuck in a blocking call when the caller dies. */
     if (h->opts & SBX_OPT_DIE_WITH_PARENT)
         sbx_die_with_spawner(c, SIGKILL);
+    if ((h->opts & SBX_OPT_SYNC) && h->started_fd >= 0)
+        report_started(c, h->started_fd);
+    if ((h->opts & SBX_OPT_SYNC) && h->info_fd >= 0)
+        close(h->info_fd);
+    if ((h->opts & SBX_OPT_SYNC) && h->json_status_fd >= 0)
+        close(h->json_status_fd);
 }
 
 /* The root, the network and the hostname: what a standby sandbox of a
@@ -250,13 +282,21 @@ void sbx_setup_world(struct sbx_ctx *c)
         sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
 }
 
-/* Every step after the world is set up, to the exec. */
+/* Every step after the world is set up, to the exec. With the caller's
+ * sync fds, at bwrap's points: join --userns2's namespace before the
+ * nested one, wait on --block-fd once everything that needs privilege is
+ * done (the cwd and what follows are the command's). */
 static _Noreturn void finish(struct sbx_ctx *c, int userns_ready)
 {
     const struct sbx_header *h = c->h;
     int reaper = (h->opts & SBX_OPT_REAPER) != 0;
+    int sync = (h->opts & SBX_OPT_SYNC) != 0;
+    if (sync && h->userns2_fd >= 0 && setns(h->userns2_fd, CLONE_NEWUSER) < 0)
+        sbx_fail(c, SBX_STEP_USERNS2, -1, errno, SBX_D_NONE);
     if (!userns_ready)
         sbx_nested_userns(c);
+    if (sync)
+        sbx_block_on(h->block_fd);
     sbx_enter_cwd(c);
     sbx_check_probe_paths(c);
     sbx_apply_rlimits(c);

@@ -57,8 +57,13 @@ void sbx_setup_userns(struct sbx_ctx *c)
     c->proc_fd = sbx_proc_open(c, "self", O_PATH | O_DIRECTORY);
     if (c->proc_fd < 0)
         sbx_fail(c, SBX_STEP_UID_MAP, -1, errno, SBX_D_NONE);
-    setup_ids(h, &uid, &gid);
-    map_self(c, uid, gid, h->host_uid, h->host_gid);
+    if ((h->opts & SBX_OPT_SYNC) && h->userns_block_fd >= 0) {
+        /* bwrap's --userns-block-fd: the caller writes the maps, then says so */
+        sbx_block_on(h->userns_block_fd);
+    } else {
+        setup_ids(h, &uid, &gid);
+        map_self(c, uid, gid, h->host_uid, h->host_gid);
+    }
     /* The limit lives in this namespace's sysctl view, written while the
      * host /proc is still reachable (the sandbox's /proc/sys is read-only). */
     if (h->opts & SBX_OPT_DISABLE_USERNS) {

@@ -122,6 +122,7 @@ int sbx_proc_chmod(const struct sbx_ctx *c, const char *rel, unsigned mode);
 /* idmap.c */
 void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
+void sbx_block_on(int fd); /* child.c: read one byte or EOF, then close */
 
 /* mounts.c */
 /* Clone the tree at `path`, resolved beneath `root` as if it were "/" (so

@@ -201,6 +201,9 @@ const char *sbx_format_error(const struct sbx_result *res, const void *blob, siz
     case SBX_STEP_CONFIG:
         put(&o, "The serialized plan is malformed");
         break;
+    case SBX_STEP_USERNS2:
+        put(&o, "Setting userns2 failed");
+        break;
     default:
         put(&o, "Can't set up the sandbox (");
         put_step(&o, res->step);

@@ -199,6 +199,26 @@ static void rebind(struct sbx_ctx *c, int i, int src_fd, const char *src, unsign
 
 #define SRC_DEFERRED (-2)
 
+/* A caller's fd as a bind source (SBX_F_FD_SOURCE, bwrap's --bind-fd): a
+ * mount of the caller's namespace cannot be cloned from this one (EINVAL),
+ * so the tree is cloned at the path the fd's magic link shows, as bwrap
+ * does, and must be the fd's own file (else something was swapped in). */
+static int clone_fd_source(struct sbx_ctx *c, uint32_t i, const char *link)
+{
+    char path[4096];
+    struct stat want, got;
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    if (n < 0 || stat(link, &want) < 0)
+        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
+    path[n] = 0;
+    int tree = sbx_open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (tree < 0)
+        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
+    if (fstat(tree, &got) < 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino)
+        sbx_fail(c, SBX_STEP_SOURCE, (int)i, ESTALE, SBX_D_SOURCE);
+    return tree;
+}
+
 /* Clone op i's source tree with its flags set; -1 if it is optional and missing. */
 static int clone_source(struct sbx_ctx *c, uint32_t i)
 {
@@ -206,7 +226,9 @@ static int clone_source(struct sbx_ctx *c, uint32_t i)
     int bind = op->kind == SBX_OP_BIND;
     const char *src = bind ? sbx_str(c, op->src) : "/proc";
     unsigned attrs = bind ? bind_attrs(op->flags) : MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    int tree = sbx_open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    int tree = bind && (op->flags & SBX_F_FD_SOURCE)
+                   ? clone_fd_source(c, i, src)
+                   : sbx_open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (tree < 0) {
         if (errno == ENOENT && (op->flags & SBX_F_OPTIONAL))
             return -1;
@@ -243,7 +265,8 @@ void sbx_open_sources(struct sbx_ctx *c)
             c->src_fds[i] = c->bind_fds[from_fd++];
         else if (op->kind == SBX_OP_BIND) {
             const char *src = sbx_str(c, op->src);
-            int early = under(src, newroot) || under(newroot, src);
+            /* an fd's path may be anywhere, under the new root's directory too */
+            int early = under(src, newroot) || under(newroot, src) || (op->flags & SBX_F_FD_SOURCE);
             c->src_fds[i] = early ? clone_source(c, i) : SRC_DEFERRED;
         }
     }

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 13
+#define SBX_ABI_VERSION 14
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -48,6 +48,7 @@
                                      its fd number appended to argv (a Template's server clones per-call
                                      binds from it) */
 #define SBX_OPT_CAPS_AS_CALLER 4096 /* keep_caps is the root caller's own set: change no cap set but the bounding */
+#define SBX_OPT_SYNC 8192         /* the header's sync fds are set (sandbox.sync; else they are ignored) */
 
 /* Landlock rule flags (struct sbx_landlock.flags) */
 #define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */
@@ -73,6 +74,7 @@ enum sbx_op_kind {
 #define SBX_F_NOSUID 16
 #define SBX_F_NO_DEVPTS 32 /* DEV: without devpts (a Template's own /dev: each sandbox mounts its own) */
 #define SBX_F_FROM_FD 64  /* BIND: the source tree was cloned by the caller and comes as an fd */
+#define SBX_F_FD_SOURCE 128 /* BIND: src is /proc/self/fd/N: bind the path fd N was opened at, if the same file */
 
 /* setup steps, reported on failure (and used to name timing stamps) */
 enum sbx_step {
@@ -109,7 +111,9 @@ enum sbx_step {
     SBX_STEP_CRASHED = 30,     /* the setup child died before exec (.err: its signal) */
     SBX_STEP_JOIN_NETNS = 31,  /* joining a leased network namespace */
     SBX_STEP_ISOLATION = 32,   /* a probe path is visible (.op: its index) */
-    SBX_STEP_FORWARD = 33      /* a forwarded port's listener (.op: its index) */
+    SBX_STEP_FORWARD = 33,     /* a forwarded port's listener (.op: its index) */
+    SBX_STEP_STARTED = 34,     /* reporting the pid on the caller's started_fd */
+    SBX_STEP_USERNS2 = 35      /* joining the caller's userns2_fd */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -166,6 +170,15 @@ struct sbx_header {
     uint32_t probe_off;     /* uint32_t[n_probe]: paths that must not exist inside */
     uint32_t n_listen;
     uint32_t listen_off;    /* uint32_t[n_listen]: ports to listen on at 127.0.0.1 inside */
+    /* With SBX_OPT_SYNC, fds of the caller (-1: none) where the setup reports
+     * or waits, as bwrap's options (sandbox/sync.py): */
+    int32_t started_fd;      /* the first process writes its pid (decimal, caller's pid namespace) at once */
+    int32_t userns_block_fd; /* one byte or EOF is read before the id maps, which the caller writes */
+    int32_t userns2_fd;      /* setns(CLONE_NEWUSER) into it after setup */
+    int32_t block_fd;        /* one byte or EOF is read just before the last steps and the exec */
+    int32_t info_fd;         /* the caller's status fds (bwrap's --info-fd, --json-status-fd): */
+    int32_t json_status_fd;  /* closed right after started_fd, so only the caller holds them */
+    uint32_t sync_pad;
     uint64_t keep_caps;     /* capabilities kept (bit = capability number) */
 };
 

@@ -89,6 +89,9 @@ int sbx_check_blob(const void *p, size_t len)
         return -EINVAL;
     if (!paths_ok(blob, len, h->cwd_off, h->n_cwd) || !paths_ok(blob, len, h->probe_off, h->n_probe))
         return -EINVAL;
+    if ((h->opts & SBX_OPT_SYNC) && (h->started_fd < -1 || h->userns_block_fd < -1 || h->userns2_fd < -1 ||
+                                     h->block_fd < -1 || h->info_fd < -1 || h->json_status_fd < -1))
+        return -EINVAL;
     const struct sbx_landlock *ll = (const void *)(blob + h->landlock_off);
     for (uint32_t i = 0; i < h->n_landlock; i++)
         if (!path_ok(blob, len, ll[i].path))

@@ -13,6 +13,7 @@ from .host import HostInfo
 from .plan import check_argv, compile_plan, refusal
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
 from .spec import Spec
+from .sync import NO_SYNC, Sync
 
 StdioArg = int | IO[Any] | None
 
@@ -99,7 +100,8 @@ def with_call_options(spec: Spec, cwd: str | os.PathLike[str] | None, env: Mappi
 
 def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: StdioArg = None,
           stderr: StdioArg = None, pass_fds: Iterable[int] = (), backend: str = "auto",
-          cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> SandboxProcess:
+          cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
+          sync: Sync = NO_SYNC) -> SandboxProcess:
     """Start `argv` in a sandbox described by `spec`; return at once.
 
     stdin/stdout/stderr take what subprocess.Popen takes (None inherits,
@@ -107,7 +109,8 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     `pass_fds` are open in the command. `backend` is "auto" (native where the
     host allows it, else bwrap), "native" or "bwrap". `cwd` and `env` override
     the Spec's for this call (see `with_call_options`: `env` is the whole
-    environment, as in subprocess).
+    environment, as in subprocess). `sync`: fds of the caller at which the
+    setup reports or waits, as bwrap's --block-fd and friends (sandbox.sync).
 
     Raises SpecError (a ValueError) for bad arguments; SetupError when a setup
     step fails; ExecError (also FileNotFoundError or PermissionError) when the
@@ -122,7 +125,11 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     fds = check_pass_fds(pass_fds)
     name, reason = backends.choose(backend)
     host = HostInfo.current(backend=name)
-    plan = compile_plan(spec, host)
+    if not isinstance(sync, Sync):
+        raise SpecError("sync", sync, "must be a sandbox.sync.Sync")
+    if set(sync.fds()) & set(fds):
+        raise SpecError("pass_fds", fds, "must not hold the sync fds (the command never gets them)")
+    plan = compile_plan(spec, host, sync)
     refused = refusal(plan, host)
     if refused is not None:
         raise refused

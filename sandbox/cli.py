@@ -31,6 +31,7 @@ from .bwrap import grammar, monitor
 from .bwrap.parse import parse_bwrap_args
 from .errors import ExecError, ExecNotFoundError, SandboxError, SpecError
 from .spec import Spec
+from .sync import NO_SYNC
 
 if TYPE_CHECKING:
     from .process import SandboxProcess
@@ -143,21 +144,21 @@ def run(args: Sequence[str]) -> int:
     if mon.assert_userns_disabled and not spec.disable_userns and not monitor.userns_creation_disabled():
         return _fail(EXIT_SETUP, "creation of new user namespaces was not disabled as requested")
     backend = extras.backend
-    if mon.userns_fd is not None or mon.pidns_fd is not None:
-        if backend == "bwrap":  # a bwrap started in a joined user namespace would make its own
-            return _fail(EXIT_SETUP, "--userns and --pidns need the native backend")
-        backend = "native"
+    joined = False
+    if (mon.userns_fd is not None or mon.pidns_fd is not None) and backend != "bwrap":
+        backend = "native"  # bwrap is handed them; natively this process joins them first
         try:
             monitor.join_namespaces(mon)
         except OSError as exc:
             return _fail(EXIT_SETUP, exc.strerror)
+        joined = True
     held = {*extras.consumed_fds, *mon.fds()}
     if mon.sync_fd is not None and not spec.as_pid_1:  # bwrap leaks it into an --as-pid-1 command only
         held.add(mon.sync_fd)
     pass_fds: tuple[int, ...] = ()
     if not extras.close_fds:
         pass_fds = tuple(fd for fd in inherited if fd not in held and _is_open(fd))
-    return _execute(command, spec, pass_fds, backend, extras.verbose, mon)
+    return _execute(command, spec, pass_fds, backend, extras.verbose, mon, joined)
 
 
 def probe(args: Sequence[str]) -> int:
@@ -191,14 +192,13 @@ def _dry_run(command: list[str], spec: Spec, backend: str) -> int:
 
 
 def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str, verbose: bool = False,
-             mon: monitor.Monitor | None = None) -> int:
-    """Spawn the sandbox, forward signals while waiting, map the outcome to an exit status."""
-    from . import spawn
-
+             mon: monitor.Monitor | None = None, joined: bool = False) -> int:
+    """Spawn the sandbox, forward signals while waiting, map the outcome to an exit status.
+    `joined`: this process joined --userns and --pidns already."""
     mon = mon or monitor.Monitor()
     with SignalForwarder() as forwarder:
         try:
-            proc = spawn(command, spec, pass_fds=pass_fds, backend=backend)
+            proc = _spawn_reported(command, spec, pass_fds, backend, mon, joined)
             if verbose:
                 _say(f"{proc.backend} backend ({proc.backend_reason}), network {proc.network}")
             locks = _report_start(proc, mon)
@@ -217,15 +217,30 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
     return status
 
 
-def _report_start(proc: SandboxProcess, mon: monitor.Monitor) -> list[int]:
-    """The sandbox runs: --info-fd, --json-status-fd's first record, --lock-file.
-    Returns the fds holding the locks. A failure here ends the sandbox."""
+def _spawn_reported(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend: str,
+                    mon: monitor.Monitor, joined: bool) -> SandboxProcess:
+    """Spawn with the sync options; --info-fd and --json-status-fd are written
+    as soon as the sandbox's first process exists (even if its setup fails
+    then, as bwrap's), by a thread that reads the pid it reports."""
+    from . import spawn
+
+    report = monitor.StartReport(mon) if mon.reports else None
+    sync = mon.sync(report.started_fd if report else -1, joined)
     try:
-        info = monitor.namespace_info(proc.sandbox_pid)
-        if mon.info_fd is not None:
-            monitor.write_info(mon.info_fd, info)
-        if mon.json_status_fd is not None:
-            monitor.write_json_line(mon.json_status_fd, info)
+        proc = spawn(command, spec, pass_fds=pass_fds, backend=backend, sync=sync if sync.active else NO_SYNC)
+    finally:
+        reported = report.done() if report else None
+    mon.reported = reported is not None
+    return proc
+
+
+def _report_start(proc: SandboxProcess, mon: monitor.Monitor) -> list[int]:
+    """The sandbox runs: --info-fd and --json-status-fd's first record (if not
+    written yet), --lock-file. Returns the fds holding the locks. A failure
+    here ends the sandbox."""
+    try:
+        if mon.reports and not mon.reported:
+            monitor.write_start(mon, monitor.namespace_info(proc.sandbox_pid))
         return monitor.lock_files(proc.sandbox_pid, mon.lock_files)
     except BaseException:
         proc.kill()

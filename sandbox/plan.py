@@ -14,6 +14,7 @@ import enum
 import errno as E
 import fnmatch
 import os
+import re
 import resource
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from . import spec as S
 from .errors import SandboxError, SetupError, SpecError, UnavailableError
 from .host import HostInfo
 from .seccomp import compile_policy
+from .sync import NO_SYNC, Sync
 
 
 class OpKind(enum.IntEnum):
@@ -52,6 +54,7 @@ class OpFlag(enum.IntFlag):
     NOSUID = 16  # set-user-ID and file capabilities ignored (every bind, as bwrap's)
     NO_DEVPTS = 32  # DEV: without devpts (a Template's own /dev: each of its sandboxes mounts its own)
     FROM_FD = 64  # BIND: the source tree comes as an fd (cloned by the caller, or by a Template's server)
+    FD_SOURCE = 128  # BIND: src is /proc/self/fd/N: what the caller's fd N names (bwrap's --bind-fd)
 
 
 class Cover(enum.Enum):
@@ -193,11 +196,19 @@ class Plan:
     # options, no capability set changes but the bounding set of a new user
     # namespace (inheritable and ambient stay the caller's)
     caps_as_caller: bool = False
+    sync: Sync = NO_SYNC  # a caller's synchronization fds (bwrap's --block-fd, ...; sandbox.sync)
 
     @property
     def net_ns(self) -> bool:
         """A network namespace is created for this sandbox (not leased, not the host's)."""
         return self.network == "none"
+
+
+# A bind source that names an open fd of the caller (bwrap's --bind-fd spells
+# its source so): the fd's file is found again by the path it was opened
+# at, in the sandbox's mount namespace (a mount of the caller's own
+# namespace cannot be cloned from another), and must be the same file.
+FD_SOURCE = re.compile(r"/proc/self/fd/[0-9]+")
 
 
 def parent_mode_for(perms: int | None) -> int:
@@ -224,6 +235,8 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
             flags |= OpFlag.NODEV
         if m.optional:
             flags |= OpFlag.OPTIONAL
+        if FD_SOURCE.fullmatch(m.src):
+            flags |= OpFlag.FD_SOURCE
         return Op(OpKind.BIND, m.target(), src=m.src, flags=flags, origin=i)
     if isinstance(m, S.Tmpfs):
         return Op(OpKind.TMPFS, m.dest, mode=m.perms, size=m.size or 0,
@@ -344,8 +357,8 @@ def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int]) -> tuple[tupl
     return tuple(sorted(rlimits.items()))
 
 
-def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
-    """Compile `spec` for a caller described by `host`."""
+def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
+    """Compile `spec` for a caller described by `host`, synchronized with it through `sync`."""
     ns = spec.namespaces
     covers = proc_covers(host.uid)
     ops = tuple(compile_mount(i, m, ns.pid, covers) for i, m in enumerate(spec.mounts))
@@ -357,7 +370,8 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
     # devpts refuses to mount in a user namespace without uid and gid 0
     # mapped, so such sandboxes map 0 during setup and switch to the
     # requested ids in a nested user namespace afterwards.
-    map_root = ns.user and has_dev and (uid != 0 or gid != 0)
+    # With a userns_block_fd the caller writes the maps, and they stay (bwrap's rule).
+    map_root = ns.user and has_dev and (uid != 0 or gid != 0) and sync.userns_block_fd < 0
     network = plan_network(spec, host)
     keep = 0
     for cap in spec.cap_add:
@@ -406,6 +420,7 @@ def compile_plan(spec: S.Spec, host: HostInfo) -> Plan:
         forward_writable=forward_writable(spec.forward, ops),
         check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
         caps_as_caller=host.is_root and keep == host.effective_caps,
+        sync=sync,
     )
 
 
@@ -416,12 +431,17 @@ def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
     """Why `host.backend` must not run `plan`, or None. Decided before
     anything runs, so every backend fails the same way at the same moment."""
     others = plan.mount_ns or plan.pid_ns or plan.net_ns or plan.ipc_ns or plan.uts_ns or plan.cgroup_ns
-    if not plan.user_ns and others and not host.is_root and not host.effective_caps >> CAP_SYS_ADMIN & 1:
+    joins_userns = plan.sync.userns_fd >= 0  # bwrap is handed a user namespace to create them in
+    if (not plan.user_ns and others and not host.is_root and not host.effective_caps >> CAP_SYS_ADMIN & 1
+            and not joins_userns):
         # Without a user namespace only root (or a caller holding CAP_SYS_ADMIN
         # in its user namespace, as after joining one) may create namespaces
         # (bwrap would quietly add a user namespace instead).
         return SetupError("Creating new namespace failed: Operation not permitted (no user namespace requested)",
                           step="clone", errno=E.EPERM, backend=host.backend)
+    if host.backend != "bwrap" and (plan.sync.userns_fd >= 0 or plan.sync.pidns_fd >= 0):
+        return UnavailableError("sync.userns_fd and sync.pidns_fd are for the bwrap backend (natively, the caller "
+                                "joins the namespaces itself before it starts the sandbox)")
     if host.backend == "template":
         return template_refusal(plan)
     if host.backend != "bwrap":
@@ -462,6 +482,8 @@ def template_refusal(plan: Plan) -> SandboxError | None:
         why = "needs a pid namespace (without one its sandboxes would share the template's and see each other)"
     elif plan.forward or plan.check_network:
         why = "does not forward ports or check the network namespace"
+    elif any(op.flags & OpFlag.FD_SOURCE for op in plan.ops):
+        why = "cannot bind a caller's fd (/proc/self/fd/N would name the template's own)"
     elif plan.keep_caps >> CAP_SYS_ADMIN & 1:
         why = "cannot keep CAP_SYS_ADMIN (a sandbox could unmount what covers the template's shared mounts)"
     elif any(op.dest == "/" and op.kind is OpKind.TMPFS for op in plan.ops):

@@ -3,7 +3,10 @@
 # v0.8.0: test-run.sh, test-specifying-userns.sh, test-specifying-pidns.sh,
 # test-seccomp.py) against `python -m sandbox run`, or against any bwrap.
 #
-#   tools/run-bwrap-suite.sh TESTS_DIR [ours|bwrap|/path/to/bwrap-like]
+#   tools/run-bwrap-suite.sh TESTS_DIR [ours|ours-bwrap|bwrap|/path/to/bwrap-like]
+#
+# ours: our CLI (auto backend: native where the host allows it); ours-bwrap:
+# our CLI with --backend bwrap; bwrap: the real bwrap on PATH.
 #
 # The suite is not part of this repository (CI cannot fetch it): get a copy
 # with `git archive v0.8.0 tests | tar -x` in a bubblewrap clone. Run it as
@@ -15,7 +18,7 @@
 # failed and skipped points of each script. Python: $SUITE_PYTHON, else
 # /opt/sandbox-venv*/bin/python as found, else python3.
 set -uo pipefail
-tests=$(cd "${1:?usage: $0 TESTS_DIR [ours|bwrap|PATH]}" && pwd)
+tests=$(cd "${1:?usage: $0 TESTS_DIR [ours|ours-bwrap|bwrap|PATH]}" && pwd)
 which=${2:-ours}
 here=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d /var/tmp/bwrap-suite.XXXXXX)
@@ -27,13 +30,15 @@ trap 'rm -rf "$work"' EXIT
 # named bwrap: the CLI then speaks as bwrap (`bwrap: ` messages, failures
 # exit 1, the help names it; see sandbox/cli.py), as a drop-in is installed.
 case $which in
-ours)
+ours|ours-bwrap)
     py=${SUITE_PYTHON:-}
     if [ -z "$py" ]; then
         for p in /opt/sandbox-venv*/bin/python; do [ -x "$p" ] && py=$p && break; done
     fi
     : "${py:=$(command -v python3)}"
-    printf '#!%s -P\nimport sys\nfrom sandbox.cli import main\nsys.exit(main())\n' "$py" > "$work/bwrap"
+    backend=auto; [ "$which" = ours-bwrap ] && backend=bwrap
+    printf '#!%s -P\nimport sys\nfrom sandbox.cli import main\nsys.argv[1:1] = ["--backend", "%s"]\nsys.exit(main())\n' \
+        "$py" "$backend" > "$work/bwrap"
     chmod 755 "$work/bwrap"
     bwrap=$work/bwrap ;;
 bwrap) bwrap=$(command -v bwrap) ;;

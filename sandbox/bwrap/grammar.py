@@ -92,6 +92,7 @@ class ParseState:
     verbose: bool = False  # --verbose: say which backend runs and why
     dry_run: bool = False  # --dry-run: describe the sandbox, run nothing
     consumed: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # fds used (--bind-fd), not passed to the command
     warnings: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
     next_perms: int | None = None
@@ -374,6 +375,18 @@ def _bind(klass: type[S.Bind], optional: bool) -> Handler:
     return handler
 
 
+def _bind_fd(klass: type[S.Bind]) -> Handler:
+    """bwrap 0.10's --bind-fd: the source is what the open fd names, as
+    /proc/self/fd/FD names it (the backends resolve it in the sandbox's
+    mount namespace and check that the same file was bound; see plan.FD_SOURCE);
+    the fd is not passed to the command."""
+    def handler(st: ParseState, opt: str, values: list[str]) -> None:
+        fd = parse_int(values[0], "fd", opt)
+        st.mounts.append(klass(src=f"/proc/self/fd/{fd}", dest=_dest(values[1])))
+        st.held.append(fd)
+    return handler
+
+
 def _opt_tmpfs(st: ParseState, opt: str, values: list[str]) -> None:
     perms = st.take_perms(0o755)
     st.mounts.append(S.Tmpfs(dest=_dest(values[0]), size=st.take_size(), perms=perms))
@@ -490,8 +503,6 @@ def _refuse(name: str, metavar: tuple[str, ...], help: str, reason: str) -> Opti
     return Option(name, len(metavar), metavar, help, REFUSED, refused=reason)
 
 
-_OWN_NS = "the namespaces are set when the sandbox starts"
-_NO_SYNC = "the command starts as soon as its sandbox is set up"
 
 OPTIONS: tuple[Option, ...] = (
     Option("--help", 0, (), "Print this help", GENERAL, _stop("help")),
@@ -601,12 +612,16 @@ OPTIONS: tuple[Option, ...] = (
            _monitor_fd("userns_fd"), last_wins=True),
     Option("--pidns", 1, ("FD",), "Use this pid namespace (as parent namespace if using --unshare-pid)",
            NAMESPACES, _monitor_fd("pidns_fd"), last_wins=True),
-    _refuse("--userns2", ("FD",), "After setup switch to this user namespace", _OWN_NS),
-    _refuse("--block-fd", ("FD",), "Block on FD until some data to read is available", _NO_SYNC),
-    _refuse("--userns-block-fd", ("FD",), "Block on FD until the user namespace is ready", _NO_SYNC),
-    _refuse("--bind-fd", ("FD", "DEST"), "Bind open directory or path fd on DEST", "binds take host paths"),
-    _refuse("--ro-bind-fd", ("FD", "DEST"), "Bind open directory or path fd read-only on DEST",
-            "binds take host paths"),
+    Option("--userns2", 1, ("FD",), "After setup switch to this user namespace, only useful with --userns",
+           NAMESPACES, _monitor_fd("userns2_fd"), last_wins=True),
+    Option("--block-fd", 1, ("FD",), "Block on FD until some data to read is available", MONITOR,
+           _monitor_fd("block_fd"), last_wins=True),
+    Option("--userns-block-fd", 1, ("FD",), "Block on FD until the user namespace is ready", MONITOR,
+           _monitor_fd("userns_block_fd"), last_wins=True),
+    Option("--bind-fd", 2, ("FD", "DEST"), "Bind open directory or path fd on DEST (bubblewrap 0.10)", FILESYSTEM,
+           _bind_fd(S.Bind)),
+    Option("--ro-bind-fd", 2, ("FD", "DEST"), "Bind open directory or path fd read-only on DEST (bubblewrap 0.10)",
+           FILESYSTEM, _bind_fd(S.RoBind)),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

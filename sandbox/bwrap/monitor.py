@@ -16,11 +16,18 @@ ours is the CLI process that waits for the sandbox, so it does them there:
 - `--assert-userns-disabled`: fail unless no user namespace can be created
   in the sandbox (`--disable-userns` makes it so; otherwise the caller's
   own inability to create one is checked).
-- `--userns FD`, `--pidns FD`: the CLI process joins the user namespace
-  (setns: it then holds every capability there), then the pid namespace
-  (for its children only), before it starts the sandbox, which so begins
-  inside them (bwrap's monitor does the same). Native backend only: a bwrap
-  started there would make a user namespace of its own.
+- `--userns FD`, `--pidns FD`: natively, the CLI process joins the user
+  namespace (setns: it then holds every capability there), then the pid
+  namespace (for its children only), before it starts the sandbox, which so
+  begins inside them (bwrap's monitor does the same). Under the bwrap
+  backend, bwrap is handed them (a bwrap started in a joined user namespace
+  would make one of its own).
+- `--block-fd FD`, `--userns-block-fd FD`, `--userns2 FD`: the sandbox's
+  setup waits or joins at bwrap's points (sandbox.sync). The --info-fd and
+  --json-status-fd records are written as soon as the sandbox's first
+  process exists (it reports its pid on a pipe, read by a thread here while
+  the setup goes on), as bwrap's monitor writes them, so a caller can read
+  them before it unblocks the sandbox (or writes its id maps).
 """
 
 from __future__ import annotations
@@ -30,8 +37,11 @@ import ctypes
 import fcntl
 import os
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..sync import Sync
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "uts")  # bwrap's order; never "user"
 CLONE_NEWUSER = 0x10000000
@@ -48,11 +58,78 @@ class Monitor:
     assert_userns_disabled: bool = False
     userns_fd: int | None = None  # --userns: a user namespace to start in
     pidns_fd: int | None = None  # --pidns: a pid namespace for the sandbox's processes
+    block_fd: int | None = None  # --block-fd: read before the exec
+    userns_block_fd: int | None = None  # --userns-block-fd: read before the id maps (the caller writes them)
+    userns2_fd: int | None = None  # --userns2: joined after setup
+    reported: bool = False  # --info-fd and --json-status-fd's first record are written
 
     def fds(self) -> tuple[int, ...]:
         """The fds these options hold, never passed to the command as such."""
-        return tuple(fd for fd in (self.info_fd, self.json_status_fd, self.userns_fd, self.pidns_fd)
-                     if fd is not None)
+        return tuple(fd for fd in (self.info_fd, self.json_status_fd, self.userns_fd, self.pidns_fd,
+                                   self.block_fd, self.userns_block_fd, self.userns2_fd) if fd is not None)
+
+    def sync(self, started_fd: int, joined: bool) -> Sync:
+        """The Sync for these options; `joined`: the CLI joined --userns and --pidns itself."""
+        def fd(value: int | None) -> int:
+            return -1 if value is None else value
+        return Sync(started_fd=started_fd, block_fd=fd(self.block_fd), userns_block_fd=fd(self.userns_block_fd),
+                    userns2_fd=fd(self.userns2_fd), info_fd=fd(self.info_fd), json_status_fd=fd(self.json_status_fd),
+                    userns_fd=-1 if joined else fd(self.userns_fd),
+                    pidns_fd=-1 if joined else fd(self.pidns_fd))
+
+    @property
+    def reports(self) -> bool:
+        """Whether the sandbox's start is reported (--info-fd, --json-status-fd)."""
+        return self.info_fd is not None or self.json_status_fd is not None
+
+
+class StartReport:
+    """--info-fd and --json-status-fd's first record, written as soon as the
+    sandbox's first process reports its pid on a pipe (`started_fd`, its
+    write end, for sandbox.sync), from a thread: the caller's thread may be
+    waiting for the setup then. `done()` after the sandbox started (or
+    failed): the pid if it was reported (the records are written then)."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.mon = mon
+        self.pid: int | None = None
+        self.error: BaseException | None = None
+        self._r, self.started_fd = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._wait, name="sandbox-start-report", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        data = b""
+        while chunk := os.read(self._r, 64):
+            data += chunk
+            if data.endswith(b"\n"):
+                break
+        if not data.strip().isdigit():
+            return
+        try:
+            self.pid = int(data)
+            write_start(self.mon, namespace_info(self.pid))
+        except OSError as exc:
+            self.error = exc
+
+    def done(self) -> int | None:
+        """Close our end of the pipe, wait for the thread; the pid reported, or None."""
+        if self.started_fd >= 0:
+            os.close(self.started_fd)
+            self.started_fd = -1
+        self._thread.join()
+        os.close(self._r)
+        if self.error is not None:
+            raise self.error
+        return self.pid
+
+
+def write_start(mon: Monitor, info: dict[str, int]) -> None:
+    """--info-fd's record (then closed) and --json-status-fd's first line."""
+    if mon.info_fd is not None:
+        write_info(mon.info_fd, info)
+    if mon.json_status_fd is not None:
+        write_json_line(mon.json_status_fd, info)
 
 
 def namespace_info(pid: int) -> dict[str, int]:

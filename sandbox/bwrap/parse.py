@@ -44,8 +44,8 @@ class CliExtras:
     backend: "auto", "native" or "bwrap" (`--backend`).
     close_fds: True with `--close-fds`: inherited fds other than stdio are not
     passed to the command (bwrap passes every inherited fd through).
-    consumed_fds: fds read and closed while parsing (`--args`, `--file`, ...);
-    they must not be passed through.
+    consumed_fds: fds read and closed while parsing (`--args`, `--file`, ...),
+    or used by the sandbox (`--bind-fd`); they must not be passed through.
     warnings: bwrap-style warnings ("Only the last --chdir option will take effect").
     verbose: `--verbose`: say on stderr which backend runs the command and why.
     dry_run: `--dry-run`: describe the sandbox and its bwrap command line, run nothing.
@@ -111,7 +111,7 @@ def from_bwrap_args(
 
 def _extras(st: ParseState) -> CliExtras:
     return CliExtras(
-        backend=st.backend, close_fds=st.close_fds, consumed_fds=tuple(st.consumed),
+        backend=st.backend, close_fds=st.close_fds, consumed_fds=tuple(st.consumed + st.held),
         warnings=tuple(st.warnings), verbose=st.verbose, dry_run=st.dry_run,
         show_help=st.stop == "help", show_version=st.stop == "version", monitor=st.monitor,
     )
@@ -196,8 +196,7 @@ def _check_pending(st: ParseState) -> None:
 def _build(st: ParseState, host: HostInfo) -> S.Spec:
     """Combine the parsed options with the starting point (bwrap defaults or --spec)."""
     base = st.base
-    if "disable_userns" in st.flags and "user" not in st.unshare and not (base and base.namespaces.user):
-        raise BwrapArgsError("--disable-userns requires --unshare-user", "--disable-userns", True)
+    _check_userns_options(st, base)
     ns = _namespaces(st, base, host.uid)
     uid, gid = _identity(st, base, ns.user, host)
     hostname = st.hostname if st.hostname is not None else (base.hostname if base else None)
@@ -222,6 +221,21 @@ def _build(st: ParseState, host: HostInfo) -> S.Spec:
         disable_userns=_flag_value(st, base, "disable_userns"),
         seccomp=_seccomp(st, base),
     )
+
+
+def _check_userns_options(st: ParseState, base: S.Spec | None) -> None:
+    """bwrap's checks of the user-namespace options, in its order and words
+    (an implied user namespace, for a caller that is not root, does not count)."""
+    user = "user" in st.unshare or bool(base and base.namespaces.user)
+    block = st.monitor.userns_block_fd
+    if block is not None and not user:
+        raise BwrapArgsError("--userns-block-fd requires --unshare-user", "--userns-block-fd", block)
+    if block is not None and st.monitor.info_fd is None:
+        raise BwrapArgsError("--userns-block-fd requires --info-fd", "--userns-block-fd", block)
+    if "disable_userns" in st.flags and not user:
+        raise BwrapArgsError("--disable-userns requires --unshare-user", "--disable-userns", True)
+    if "disable_userns" in st.flags and block is not None:
+        raise BwrapArgsError("--disable-userns is not compatible with  --userns-block-fd", "--disable-userns", True)
 
 
 def _check_needs(ns: S.Namespaces, hostname: str | None, as_pid_1: bool) -> None:

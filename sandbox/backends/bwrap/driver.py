@@ -55,7 +55,7 @@ from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
 from .procfs import _close, _first_child, _kill_orphans, _read, _readable, _std
-from .render import render_plan
+from .render import handed_fds, render_plan
 
 MAX_POLL_S = 0.002
 # bwrap's own environment. The kernel keeps the environment a program was
@@ -207,7 +207,8 @@ class _Run:
         try:
             bwrap = self.bwrap if "/" in self.bwrap else shutil.which(self.bwrap) or self.bwrap
             self.command_line = [bwrap, "--args", str(args_fd), "--", *self.argv]
-            keep = {fd for fd in pass_fds if fd > 2} | {args_fd, pipes.status_w, pipes.block_r, *opts.fds}
+            keep = ({fd for fd in pass_fds if fd > 2} | {args_fd, pipes.status_w, pipes.block_r, *opts.fds}
+                    | set(handed_fds(self.plan)))
             if pipes.seccomp_r >= 0:
                 keep.add(pipes.seccomp_r)
             popen = subprocess.Popen(
@@ -265,6 +266,8 @@ class _Run:
         child = int(status.find("child-pid"))
         self.child_pid = child
         self._stamp("child")
+        if not self._sync_started(child, pidfd):
+            return False
         try:
             os.write(pipes.block_w, b"x")
         except BrokenPipeError:
@@ -275,6 +278,23 @@ class _Run:
         if not self._wait_exec(child, pidfd):
             return False
         self._stamp("exec")
+        return True
+
+    def _sync_started(self, child: int, pidfd: int) -> bool:
+        """The plan's sync: report the sandbox's pid on started_fd; then wait
+        on block_fd as bwrap would (its own block fd is ours, which setup
+        reads before the exec: it gets its byte once the caller's came).
+        False if bwrap exits meanwhile."""
+        sync = self.plan.sync
+        if sync.started_fd >= 0:
+            with contextlib.suppress(BrokenPipeError):
+                os.write(sync.started_fd, f"{child}\n".encode())
+        if sync.block_fd < 0:
+            return True
+        if pidfd in _readable([sync.block_fd, pidfd], None) and not _readable([sync.block_fd], 0):
+            return False
+        with contextlib.suppress(OSError):
+            os.read(sync.block_fd, 1)  # one byte or EOF, as bwrap reads it
         return True
 
     def _resume_after_setup(self, popen: subprocess.Popen[bytes], child: int, pipes: _Pipes) -> None:

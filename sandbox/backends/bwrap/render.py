@@ -154,6 +154,29 @@ def render_ops(ops: Sequence[Op], fds: list[int], match_native: bool = True,
     return out
 
 
+def handed_fds(plan: Plan) -> tuple[int, ...]:
+    """The caller's fds bwrap itself uses: the namespaces and fds of the plan's
+    sync that it is handed, and the fds whose paths are bind sources."""
+    sync = plan.sync
+    fds = [fd for fd in (sync.userns_fd, sync.pidns_fd, sync.userns2_fd, sync.userns_block_fd) if fd >= 0]
+    return (*fds, *(int(op.src.rsplit("/", 1)[1]) for op in plan.ops if op.flags & OpFlag.FD_SOURCE))
+
+
+def _sync_args(plan: Plan, fds: list[int]) -> list[str]:
+    """bwrap's options for the plan's sync, but started_fd and block_fd (the
+    driver's: it reports the pid and relays the block). --userns-block-fd
+    needs an --info-fd: the driver reads the pid from --json-status-fd, so
+    bwrap's info goes to /dev/null."""
+    sync, out = plan.sync, []
+    for option, fd in (("--userns", sync.userns_fd), ("--pidns", sync.pidns_fd), ("--userns2", sync.userns2_fd)):
+        if fd >= 0:
+            out += [option, str(fd)]
+    if sync.userns_block_fd >= 0:
+        fds.append(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
+        out += ["--userns-block-fd", str(sync.userns_block_fd), "--info-fd", str(fds[-1])]
+    return out
+
+
 def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int] = ()) -> BwrapArgv:
     """bwrap 0.8.0 options (without the command) that set up `plan`, but the
     ops whose index is in `skip` (done already, see dests.py).
@@ -171,7 +194,8 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int]
     try:
         args = unshare_args(user=plan.user_ns, pid=plan.pid_ns, net=plan.net_ns, ipc=plan.ipc_ns,
                             uts=plan.uts_ns, cgroup=plan.cgroup_ns)
-        if plan.user_ns:
+        args += _sync_args(plan, fds)
+        if plan.user_ns and plan.sync.userns_block_fd < 0:  # else the caller maps the ids
             args += ["--uid", str(plan.uid), "--gid", str(plan.gid)]
         if plan.disable_userns:
             args.append("--disable-userns")

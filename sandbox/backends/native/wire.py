@@ -38,6 +38,7 @@ OPT_BITS = (
     ("exec_fd", lib.SBX_OPT_EXEC_FD), ("host_tree", lib.SBX_OPT_HOST_TREE),
     ("caps_as_caller", lib.SBX_OPT_CAPS_AS_CALLER),
 )
+SYNC_FDS = ("started_fd", "userns_block_fd", "userns2_fd", "block_fd", "info_fd", "json_status_fd")  # the header's, as sandbox.sync names them
 
 
 class _Strings:
@@ -104,6 +105,10 @@ def _header(plan: Plan, offsets: dict[str, int], strings: _Strings, newroot: str
     h.magic, h.abi = lib.SBX_MAGIC, ABI_VERSION
     h.ns = sum(bit for name, bit in NS_BITS if getattr(plan, name))
     h.opts = sum(bit for name, bit in OPT_BITS if getattr(plan, name))
+    for name in SYNC_FDS:
+        setattr(h, name, getattr(plan.sync, name))
+    if any(getattr(plan.sync, name) >= 0 for name in SYNC_FDS):
+        h.opts |= lib.SBX_OPT_SYNC
     h.host_uid, h.host_gid, h.uid, h.gid = plan.host_uid, plan.host_gid, plan.uid, plan.gid
     h.n_ops, h.n_cwd, h.n_rlimits = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits)
     h.n_landlock, h.n_probe, h.n_listen = len(plan.landlock_rules), len(plan.probe_paths), len(plan.forward)

@@ -38,7 +38,8 @@ OPT_BITS = (
     ("exec_fd", lib.SBX_OPT_EXEC_FD), ("host_tree", lib.SBX_OPT_HOST_TREE),
     ("caps_as_caller", lib.SBX_OPT_CAPS_AS_CALLER),
 )
-SYNC_FDS = ("started_fd", "userns_block_fd", "userns2_fd", "block_fd", "info_fd", "json_status_fd")  # the header's, as sandbox.sync names them
+# the header's sync fds, as sandbox.sync names them
+SYNC_FDS = ("started_fd", "userns_block_fd", "userns2_fd", "block_fd", "info_fd", "json_status_fd")
 
 
 class _Strings:

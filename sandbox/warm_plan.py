@@ -40,7 +40,9 @@ def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
     mounted in a user namespace only where a fully visible one is), then its
     root, /dev and tmpfs read-only: each is one filesystem shared by every
     sandbox, and read-only mounts stay locked so in their copies."""
-    out = [replace(op, covers=()) if op.kind is OpKind.PROC else op for op in ops]
+    out = [replace(op, covers=()) if op.kind is OpKind.PROC
+           else Op(OpKind.DIR, op.dest, mode=0o755, parent_mode=op.parent_mode, origin=op.origin)
+           if op.kind is OpKind.MQUEUE else op for op in ops]  # an mqueue: each sandbox's own IPC namespace's
     if not any(op.dest == "/" and op.kind is OpKind.BIND for op in ops):
         out.append(Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
     out += [Op(OpKind.REMOUNT_RO, op.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID,

@@ -653,7 +653,8 @@ def usage(prog: str = "python -m sandbox run") -> str:
         for option in OPTIONS:
             if option.group == group:
                 lines.append(_usage_line(option))
-        parts.append("\n".join(lines) + "\n")
+        if len(lines) > 1:  # a group may be empty (no bwrap 0.8.0 option is refused now)
+            parts.append("\n".join(lines) + "\n")
     parts.append(_OUTRO)
     return "\n".join(parts)
 

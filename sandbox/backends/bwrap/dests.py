@@ -215,9 +215,10 @@ def _mkdir(parent: int, name: str, mode: int) -> None:
         os.mkdir(name, mode, dir_fd=parent)
     except FileExistsError:
         return
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    # O_PATH: a mode without read permission (--perms 0000) must not stop the open
+    fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
     try:
-        os.fchmod(fd, mode)
+        os.chmod(f"/proc/self/fd/{fd}", mode)  # an O_PATH fd: chmod through its magic link
     finally:
         os.close(fd)
 

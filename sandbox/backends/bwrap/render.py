@@ -113,7 +113,8 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     if kind is OpKind.BIND:
         if not op.flags & OpFlag.NOSUID:
             raise SpecError("mounts", op.dest, "bwrap always binds nosuid")
-        return bind_args(op.src, op.dest, readonly=bool(op.flags & OpFlag.RDONLY),
+        src = _fd_source(op.src) if op.flags & OpFlag.FD_SOURCE else op.src
+        return bind_args(src, op.dest, readonly=bool(op.flags & OpFlag.RDONLY),
                          devices=not op.flags & OpFlag.NODEV, optional=bool(op.flags & OpFlag.OPTIONAL))
     if kind is OpKind.TMPFS:
         return tmpfs_args(op.dest, op.mode, op.size)
@@ -155,11 +156,20 @@ def render_ops(ops: Sequence[Op], fds: list[int], match_native: bool = True,
 
 
 def handed_fds(plan: Plan) -> tuple[int, ...]:
-    """The caller's fds bwrap itself uses: the namespaces and fds of the plan's
-    sync that it is handed, and the fds whose paths are bind sources."""
+    """The caller's fds bwrap itself uses: the namespaces and fds of the plan's sync that it is handed."""
     sync = plan.sync
-    fds = [fd for fd in (sync.userns_fd, sync.pidns_fd, sync.userns2_fd, sync.userns_block_fd) if fd >= 0]
-    return (*fds, *(int(op.src.rsplit("/", 1)[1]) for op in plan.ops if op.flags & OpFlag.FD_SOURCE))
+    return tuple(fd for fd in (sync.userns_fd, sync.pidns_fd, sync.userns2_fd, sync.userns_block_fd) if fd >= 0)
+
+
+def _fd_source(src: str) -> str:
+    """What a caller's fd (/proc/self/fd/N, OpFlag.FD_SOURCE) names, as a path.
+    bwrap 0.8.0 has no --bind-fd, and every fd it holds reaches the command,
+    so it is given the path (as 0.10 binds it), not the fd; a missing fd is
+    left as it is, for bwrap to fail on."""
+    try:
+        return os.readlink(src)
+    except OSError:
+        return src
 
 
 def _sync_args(plan: Plan, fds: list[int]) -> list[str]:

@@ -178,7 +178,6 @@ struct sbx_header {
     int32_t block_fd;        /* one byte or EOF is read just before the last steps and the exec */
     int32_t info_fd;         /* the caller's status fds (bwrap's --info-fd, --json-status-fd): */
     int32_t json_status_fd;  /* closed right after started_fd, so only the caller holds them */
-    uint32_t sync_pad;
     uint64_t keep_caps;     /* capabilities kept (bit = capability number) */
 };
 

@@ -148,7 +148,7 @@ def test_rlimits_and_landlock_rules_read_by_name() -> None:
 
 
 def test_every_struct_size_comes_from_the_cdef() -> None:
-    assert wire.HEADER_SIZE == ffi.sizeof("struct sbx_header") == 26 * 4 + 6 * 4 + 4 + 8  # ..., sync fds, pad
+    assert wire.HEADER_SIZE == ffi.sizeof("struct sbx_header") == 26 * 4 + 6 * 4 + 8  # ..., the sync fds, keep_caps
     assert wire.OP_SIZE == ffi.sizeof("struct sbx_op")
 
 

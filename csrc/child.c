@@ -248,7 +248,8 @@ static void report_started(struct sbx_ctx *c, int fd)
 }
 
 /* The first moments of any sandbox's first process: signals as the
- * caller left them must not reach handlers, and the parent-death signal. */
+ * caller left them must not reach handlers, the parent-death signal, and
+ * (SBX_OPT_SYNC) the caller told we exist, its status fds closed here. */
 void sbx_child_start(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;

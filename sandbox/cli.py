@@ -17,6 +17,7 @@ messages or exit status can then use this package unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -228,9 +229,17 @@ def _spawn_reported(command: list[str], spec: Spec, pass_fds: tuple[int, ...], b
     sync = mon.sync(report.started_fd if report else -1, joined)
     try:
         proc = spawn(command, spec, pass_fds=pass_fds, backend=backend, sync=sync if sync.active else NO_SYNC)
-    finally:
-        reported = report.done() if report else None
-    mon.reported = reported is not None
+    except BaseException:
+        if report:
+            with contextlib.suppress(OSError):
+                report.done()
+        raise
+    try:
+        mon.reported = report is not None and report.done() is not None
+    except BaseException:  # the records could not be written: the sandbox ends, as in _report_start
+        proc.kill()
+        proc.wait()
+        raise
     return proc
 
 

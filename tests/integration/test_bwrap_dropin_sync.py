@@ -303,3 +303,34 @@ def test_invoked_as_bwrap_it_speaks_as_bwrap(as_bwrap):
     if BWRAP is not None:
         expected = real("--bind", "/nonexistent", "/x", "true")
         assert (expected.returncode, expected.stderr) == (failed.returncode, failed.stderr)
+
+
+def test_the_bwrap_backend_refuses_a_bind_fd_that_shows_another_file():
+    """bwrap 0.8.0 is given the path an fd names; after its setup the
+    destination must be that fd's file (a path swapped meanwhile binds
+    another). Checked here against a process whose /mnt is not the fd's."""
+    from sandbox.backends.bwrap import dests
+    from sandbox.errors import SetupError
+
+    fd = os.open("/usr", os.O_PATH | os.O_DIRECTORY)
+    try:
+        spec = ro_bind_spec(f"/proc/self/fd/{fd}", "/etc")
+        plan = plan_for(spec)
+        with pytest.raises(SetupError, match="another file than the fd's was bound"):
+            dests.verify_fd_sources(plan, os.getpid())
+        dests.verify_fd_sources(plan_for(ro_bind_spec(f"/proc/self/fd/{fd}", "/usr")), os.getpid())  # the same: fine
+    finally:
+        os.close(fd)
+
+
+def ro_bind_spec(src: str, dest: str):  # -> Spec
+    from sandbox import RoBind, Spec
+
+    return Spec(mounts=(RoBind(src, dest),))
+
+
+def plan_for(spec):  # -> Plan, for the bwrap backend
+    from sandbox.host import HostInfo
+    from sandbox.plan import compile_plan
+
+    return compile_plan(spec, HostInfo.current(backend="bwrap"))

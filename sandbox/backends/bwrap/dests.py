@@ -33,6 +33,7 @@ import errno as E
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import SetupError
@@ -331,6 +332,41 @@ def verify(guard: Guard, child: int) -> None:
             raise _error(op, f"Can't mount below {tree}", E.ELOOP,
                          "a mount is not in the bound directory after setup (a link swapped in during "
                          "setup sent it elsewhere): refused")
+
+
+def fd_sources(plan: Plan) -> list[Op]:
+    """The binds of a caller's fd (OpFlag.FD_SOURCE), which bwrap is given as paths."""
+    return [op for op in plan.ops if op.flags & OpFlag.FD_SOURCE]
+
+
+def verify_fd_sources(plan: Plan, child: int) -> None:
+    """After bwrap's setup: each bind of a caller's fd shows that fd's file
+    at its destination, as bwrap 0.10 checks after binding the path the fd's
+    link names (a path swapped between reading it and bwrap's mount binds
+    something else); else SetupError. Looked up in the sandbox's root: an
+    absolute link on the way can only lead to another file, and a refusal."""
+    for i, op in enumerate(plan.ops):
+        if not op.flags & OpFlag.FD_SOURCE or _covered(op, plan.ops[i + 1:]):
+            continue
+        want = os.stat(op.src)
+        try:
+            got: os.stat_result | None = os.stat(f"/proc/{child}/root{op.dest}")
+        except FileNotFoundError:
+            got = None
+        except OSError:
+            return  # the setup child is gone (its setup failed: the caller reports how); nothing will run
+        if got is None or (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
+            raise _error(op, f"Can't bind {op.src} on {op.dest}", E.ESTALE,
+                         "another file than the fd's was bound (its path changed during setup): refused")
+
+
+MOUNT_KINDS = (OpKind.BIND, OpKind.TMPFS, OpKind.PROC, OpKind.DEV, OpKind.MQUEUE)
+
+
+def _covered(op: Op, later: Sequence[Op]) -> bool:
+    """Whether a later mount hides `op.dest` (at it or above it)."""
+    return any(m.kind in MOUNT_KINDS and (op.dest == m.dest or op.dest.startswith(m.dest.rstrip("/") + "/"))
+               for m in later)
 
 
 def _unescape(text: str) -> str:

@@ -182,7 +182,7 @@ class _Run:
         # a pause after setup, before exec: bwrap waits there for its seccomp program
         try:
             pipes = _Pipes.make(barrier=bool(plan.rlimits or plan.forward or plan.check_network or plan.probe_paths
-                                             or self.guard.verify))
+                                             or self.guard.verify or dests.fd_sources(plan)))
         except OSError as exc:  # the native core's SBX_STEP_PIPE
             raise SetupError(f"Can't set up the sandbox (pipe): {exc.strerror}", step="pipe", errno=exc.errno or 0,
                              backend="bwrap") from exc
@@ -329,6 +329,7 @@ class _Run:
         """The mounts below bound trees are where the plan put them; else kill bwrap and raise."""
         try:
             dests.verify(self.guard, child)
+            dests.verify_fd_sources(self.plan, child)
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)  # first: it must not go on to read a closed seccomp pipe

@@ -47,6 +47,8 @@ class Bind(Mount):
 
     Always recursive and nosuid; nodev unless DevBind. `optional=True` skips a
     missing source (bwrap's `--bind-try`). A source that is a symlink binds its target.
+    A source `/proc/self/fd/N` binds what the spawning process's fd N names
+    (bwrap's `--bind-fd`), found again by its path and checked to be that file.
     """
 
     src: str

@@ -249,8 +249,10 @@ def _check_needs(ns: S.Namespaces, hostname: str | None, as_pid_1: bool) -> None
 def _namespaces(st: ParseState, base: S.Spec | None, uid: int) -> S.Namespaces:
     start = base.namespaces if base else S.Namespaces(user=False, pid=False, ipc=False, uts=False, cgroup=False)
     asked = st.unshare
-    if st.monitor.userns_fd is not None and ({"user", "user-try"} & asked or start.user):
-        raise BwrapArgsError("--unshare-user not compatible with --userns", "--userns", st.monitor.userns_fd)
+    if st.monitor.userns_fd is not None and ("user" in asked or start.user):  # bwrap's words
+        raise BwrapArgsError("--userns not compatible --unshare-user", "--userns", st.monitor.userns_fd)
+    if st.monitor.userns_fd is not None and "user-try" in asked:
+        raise BwrapArgsError("--userns not compatible --unshare-user-try", "--userns", st.monitor.userns_fd)
     implied = uid != 0 and st.monitor.userns_fd is None  # bwrap's, for a caller that is not root
     user = start.user or "user" in asked or ("user-try" in asked and userns_available()) or implied
     cgroup = start.cgroup or "cgroup" in asked or ("cgroup-try" in asked and os.path.exists("/proc/self/ns/cgroup"))

@@ -334,3 +334,10 @@ def plan_for(spec):  # -> Plan, for the bwrap backend
     from sandbox.plan import compile_plan
 
     return compile_plan(spec, HostInfo.current(backend="bwrap"))
+
+
+@pytest.mark.parametrize("unshare", ["--unshare-user", "--unshare-user-try", "--unshare-all"])
+def test_userns_with_a_new_user_namespace_is_refused_as_bwraps(who, unshare):
+    result = runner(who)("--userns", "0", unshare, "--bind", "/", "/", "true")
+    assert result.returncode != 0
+    assert f"--userns not compatible {unshare.replace('-all', '-user-try')}" in result.stderr

@@ -122,28 +122,14 @@ int sbx_send_started(struct sbx_ctx *c)
     for (int k = 0; k < SBX_N_STAMPS; k++)
         r.t_ns[k] = c->res->t_ns[k];
     /* pid 1 of its own pid namespace: getpid() names it there */
-    int pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (pidfd < 0)
+    int fds[2] = {(int)syscall(SYS_pidfd_open, getpid(), 0), c->report_lease ? c->lease_fd : -1};
+    if (fds[0] < 0)
         return -1;
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    memset(&u, 0, sizeof u);
-    struct iovec iov = {.iov_base = &r, .iov_len = sizeof r};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &pidfd, sizeof pidfd);
-    ssize_t n;
-    while ((n = sendmsg(c->err_fd, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-        ;
+    int rc = sbx_send_fds(c->err_fd, &r, sizeof r, fds, 2);
     int err = errno;
-    close(pidfd);
+    close(fds[0]);
     errno = err;
-    return n == (ssize_t)sizeof r ? 0 : -1;
+    return rc;
 }
 
 /* Just before the exec. A Template's sandbox (memory of its own, not the
@@ -283,7 +269,25 @@ void sbx_setup_world(struct sbx_ctx *c)
         sbx_fail(c, SBX_STEP_HOSTNAME, -1, errno, SBX_D_NONE);
 }
 
-/* Every step after the world is set up, to the exec. With the caller's
+/* The command's identity: a session of its own, no capability, no new
+ * privileges, Landlock. `handed`: sandbox-init comes next and gets a
+ * catchable parent-death signal (pending across its exec); it checks
+ * whether the caller process is really gone. Set before seccomp; what is
+ * left until exec (no-new-privs, Landlock, seccomp) cannot block. */
+static void take_identity(struct sbx_ctx *c, int handed)
+{
+    const struct sbx_header *h = c->h;
+    if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
+        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    sbx_drop_caps(c);
+    if (handed && (h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SBX_PDEATH_SIGNAL, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
+    sbx_no_new_privs(c);
+    sbx_apply_landlock(c);
+}
+
+/* Every step after the world is set up, to the exec (a prepared standby
+ * took its identity before its request). With the caller's
  * sync fds, at bwrap's points: join --userns2's namespace before the
  * nested one, wait on --block-fd once everything that needs privilege is
  * done (the cwd and what follows are the command's). */
@@ -306,16 +310,8 @@ static _Noreturn void finish(struct sbx_ctx *c, int userns_ready)
      * keeps its report socket, close-on-exec, away from the command */
     int handed = reaper && !c->resident;
     sbx_setup_stdio_fds(c, handed ? c->err_fd : -1, handed ? c->status_fd : -1);
-    if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
-        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
-    sbx_drop_caps(c);
-    /* sandbox-init gets a catchable one (pending across its exec) and checks
-     * whether the caller process is really gone. Set before seccomp; what is
-     * left until exec (no-new-privs, Landlock, seccomp) cannot block. */
-    if (handed && (h->opts & SBX_OPT_DIE_WITH_PARENT) && prctl(PR_SET_PDEATHSIG, SBX_PDEATH_SIGNAL, 0, 0, 0) < 0)
-        sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
-    sbx_no_new_privs(c);
-    sbx_apply_landlock(c);
+    if (!c->prepared)
+        take_identity(c, handed);
     if (reaper && c->resident)
         c->resident(c);
     sbx_install_seccomp(c);
@@ -375,25 +371,38 @@ int sbx_prepare_userns(struct sbx_ctx *c)
     return err ? -1 : 0;
 }
 
+static void join_prepared_userns(struct sbx_ctx *c)
+{
+    if (c->userns_fd < 0)
+        return;
+    if (setns(c->userns_fd, CLONE_NEWUSER) < 0)
+        sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
+    close(c->userns_fd);
+    c->userns_fd = -1;
+}
+
 /* A standby sandbox of a Template (csrc/template.c): cloned ahead of any
- * request into every namespace but its user namespace, it builds its world
- * while it still holds its server's capabilities over them, then waits.
- * `await` takes a request: it fills in the command's side of `c` (argv,
- * environment, fds, the request's blob for the remaining steps, where to
- * report) and joins a leased network namespace if one came with it. Only
- * then does the sandbox join its user namespace, a child of the server's
- * made ahead (sbx_prepare_userns, c->userns_fd): the command holds no
- * capability over any other namespace it lives in. */
+ * request into every namespace but its user namespace (and, with a lease,
+ * already in its network namespace), it builds its world while it still
+ * holds its server's capabilities over them. A prepared one (c->prepared:
+ * no network namespace left to join) then joins its user namespace, a
+ * child of the server's made ahead (sbx_prepare_userns, c->userns_fd), and
+ * takes the command's identity (no capability, no new privileges, its own
+ * session, Landlock) before it waits. `await` takes a request: it fills in
+ * the command's side of `c` (argv, environment, fds, the request's blob
+ * for the remaining steps, where to report); an unprepared standby joins
+ * the leased network namespace that came with it, and only then its user
+ * namespace. Either way the command holds no capability over any other
+ * namespace it lives in. */
 _Noreturn void sbx_standby_steps(struct sbx_ctx *c, void (*await)(struct sbx_ctx *c))
 {
     sbx_setup_world(c);
-    await(c);
-    if (c->userns_fd >= 0) {
-        if (setns(c->userns_fd, CLONE_NEWUSER) < 0)
-            sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
-        close(c->userns_fd);
-        c->userns_fd = -1;
+    if (c->prepared) {
+        join_prepared_userns(c);
+        take_identity(c, 0);
     }
+    await(c);
+    join_prepared_userns(c);
     sbx_stamp(c, SBX_T_IDMAP);
     finish(c, 1);
 }

@@ -81,6 +81,12 @@ struct sbx_ctx {
     void (*on_running)(struct sbx_ctx *c); /* the resident reaper's command runs (NULL: nothing to do) */
     int *null_trees;            /* detached clones of the host's /dev/null for a proc's masks, used from */
     int n_null_trees;           /* the end (a Template's root need not have one); 0: clone /dev/null */
+    /* A Template's sandbox in a leased network namespace: every message on
+     * the report socket carries an fd of that namespace (SCM_RIGHTS), so the
+     * caller knows which of the leases it sent is this sandbox's. */
+    int report_lease;           /* attach lease_fd to reports (0 natively) */
+    int lease_fd;               /* with report_lease: the lease, or -1 */
+    int prepared;               /* a standby that took the command's identity before its request */
 };
 
 
@@ -89,6 +95,8 @@ const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
 int64_t sbx_now_ns(void); /* CLOCK_MONOTONIC */
 void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
+/* A message on a socket with fds (SCM_RIGHTS; those < 0 are left out): 0, or -1 with errno. */
+int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fds);
 int sbx_read_report(int fd, struct sbx_report *r);
 void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_result *res);
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);
@@ -132,11 +140,6 @@ void sbx_block_on(int fd); /* child.c: read one byte or EOF, then close */
  * fd, or -1 with errno. */
 int sbx_clone_tree_at(int root, const char *path, uint32_t flags);
 int sbx_in_place(const struct sbx_ctx *c);
-/* The covers below every proc's sys/net again, as the current network
- * namespace shows them: /proc/sys/net/... is looked up per network
- * namespace, so a standby sandbox that joins a leased one after its proc was
- * covered covers those afresh (the root is "/", in place). */
-void sbx_cover_proc_netns(struct sbx_ctx *c);
 void sbx_open_sources(struct sbx_ctx *c);
 void sbx_make_newroot(struct sbx_ctx *c);
 void sbx_apply_ops(struct sbx_ctx *c);

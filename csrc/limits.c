@@ -39,9 +39,11 @@ void sbx_place_fds(struct sbx_ctx *c)
     for (int k = 0; k < c->n_pass; k++)
         if ((int)c->fd_targets[k] >= base)
             base = (int)c->fd_targets[k] + 1;
-    int *keep[] = {&c->stdio[0], &c->stdio[1], &c->stdio[2], &c->err_fd, &c->status_fd, &c->init_fd};
+    /* and a Template's sandbox's own: the server's notify socket, its lease */
+    int *keep[] = {&c->stdio[0], &c->stdio[1], &c->stdio[2], &c->err_fd, &c->status_fd, &c->init_fd,
+                   c->resident ? &c->keep_fd : NULL, c->report_lease ? &c->lease_fd : NULL};
     for (size_t k = 0; k < sizeof keep / sizeof *keep; k++) {
-        if (*keep[k] < 0 || *keep[k] >= base)
+        if (!keep[k] || *keep[k] < 0 || *keep[k] >= base)
             continue;
         int hi = fcntl(*keep[k], F_DUPFD_CLOEXEC, base);
         if (hi < 0)

@@ -339,22 +339,11 @@ static void attach_null(struct sbx_ctx *c, int i, int dest_fd)
  * "m<path>" binds the host's /dev/null over it without device access, so it
  * cannot be opened. Paths are relative to the procfs's root and resolved
  * beneath it (the lookup crosses the read-only covers already made). */
-static int per_netns(const char *path)
-{
-    static const char net[] = "sys/net/";
-    for (size_t k = 0; k < sizeof net - 1; k++)
-        if (path[k] != net[k])
-            return 0;
-    return 1;
-}
-
-static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt, int only_netns)
+static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt)
 {
     const unsigned ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->blob + op->data + k) + 1) {
         const char *entry = c->blob + op->data + k;
-        if (only_netns && !per_netns(entry + 1))
-            continue;
         int sub = sbx_openat2(mnt, entry + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
         if (sub < 0)
             continue; /* not present on this kernel */
@@ -376,27 +365,10 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
-    cover_proc(c, i, op, mnt, 0);
+    cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
     c->src_fds[i] = -1;
-}
-
-void sbx_cover_proc_netns(struct sbx_ctx *c)
-{
-    for (uint32_t i = 0; i < c->h->n_ops; i++) {
-        const struct sbx_op *op = &c->ops[i];
-        if (op->kind != SBX_OP_PROC || !op->data_len)
-            continue;
-        int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-        int mnt = root < 0 ? -1 : sbx_openat2(root, sbx_str(c, op->dest), O_PATH | O_DIRECTORY | O_CLOEXEC, 0,
-                                              RESOLVE_INSIDE);
-        if (mnt < 0)
-            sbx_fail(c, SBX_STEP_OP, (int)i, errno, SBX_D_RESOLVE);
-        close(root);
-        cover_proc(c, (int)i, op, mnt, 1);
-        close(mnt);
-    }
 }
 
 /* A private devpts instance on `pts`. */

@@ -68,9 +68,15 @@ static int command_main(void *arg)
     _exit(errno == ENOENT ? 127 : 126);
 }
 
-#define MAX_KEEP 256 /* the report socket and at most SCM_MAX_FD passed fds */
+#define MAX_KEEP 260 /* the report socket, notify socket, lease and at most SCM_MAX_FD passed fds */
 
-/* Close every fd but 0-2, the pass_fds (at their numbers by now), keep and c->keep_fd. */
+/* The lease this sandbox reports (-1: none). */
+static int lease_of(const struct sbx_ctx *c)
+{
+    return c->report_lease ? c->lease_fd : -1;
+}
+
+/* Close every fd but 0-2, the pass_fds (at their numbers by now), keep, c->keep_fd and the lease. */
 static void close_all_but(const struct sbx_ctx *c, int keep)
 {
     int fds[MAX_KEEP];
@@ -78,6 +84,8 @@ static void close_all_but(const struct sbx_ctx *c, int keep)
     fds[n++] = keep;
     if (c->keep_fd >= 0)
         fds[n++] = c->keep_fd;
+    if (lease_of(c) >= 0)
+        fds[n++] = lease_of(c);
     for (int k = 0; k < c->n_pass && n < MAX_KEEP; k++)
         if (c->pass_fds[k] > 2)
             fds[n++] = c->pass_fds[k];
@@ -97,13 +105,18 @@ static void close_all_but(const struct sbx_ctx *c, int keep)
     syscall(SYS_close_range, lo, ~0U, 0);
 }
 
-/* Close every fd but a and b (-1: none). */
-static void close_except(int a, int b)
+/* Close every fd but a, b and d (-1: none). */
+static void close_except(int a, int b, int d)
 {
-    int lo = a < b ? a : b, hi = a < b ? b : a;
+    int keep[3] = {a, b, d};
+    for (int i = 1; i < 3; i++) /* sorted */
+        for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+            int t = keep[j];
+            keep[j] = keep[j - 1];
+            keep[j - 1] = t;
+        }
     unsigned next = 0;
-    int keep[2] = {lo, hi};
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
         if (keep[k] < 0)
             continue;
         if ((unsigned)keep[k] > next)
@@ -167,12 +180,17 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
         waitpid(pid, &status, 0);
         sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
     }
-    /* Only the report socket stays: the command's stdio and passed fds must
-     * reach EOF when the command (not this reaper) closes them. */
-    close_except(c->err_fd, c->keep_fd);
+    /* Only the report socket stays (and until it is reported, the lease):
+     * the command's stdio and passed fds must reach EOF when the command
+     * (not this reaper) closes them. */
+    close_except(c->err_fd, c->keep_fd, lease_of(c));
     if (sbx_send_started(c) < 0) {
         kill(pid, SIGKILL);
         _exit(125);
+    }
+    if (lease_of(c) >= 0) { /* the caller has its own fd of it now */
+        close(c->lease_fd);
+        c->lease_fd = -1;
     }
     /* After the caller is woken, not before: the replacement the server
      * starts at this word competes with the caller for the CPU. (A Template's

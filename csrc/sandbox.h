@@ -323,13 +323,17 @@ extern const int sbx_n_op_kinds;
  * stdio fds present in stdio_mask (bit i: fd i), then the pass_fds. Requests
  * on the server's second socket are taken by its standby sandboxes
  * (csrc/standby.c), in the same format; a request with per-call binds goes to
- * the server itself. No reply: everything comes on the report socket. */
+ * the server itself. A standby already in a leased network namespace of its
+ * own passes the request's on to the server, for its replacement. No reply:
+ * everything comes on the report socket. */
 #define SBX_REQ_MAGIC 0x51525853
 #define SBX_REQ_JOIN_NETNS 1
 #define SBX_REQ_STORE_BLOB 2        /* keep this blob as the one blob_len 0 names; with argc 0, only that
                                        (the only fd is a report socket: one report, step 0 when done) */
 #define SBX_REQ_STANDBY 4           /* with a store: keep standby sandboxes of that blob on the second
-                                       socket, answering once the first is ready (or failed) */
+                                       socket, answering once the first is ready (or failed); with
+                                       SBX_REQ_JOIN_NETNS, SBX_N_STANDBY leases follow the report socket */
+#define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
 struct sbx_request {
     uint32_t magic;
     uint32_t blob_len;
@@ -342,14 +346,16 @@ struct sbx_request {
 };
 
 /* On the report socket, one message each:
- * - struct sbx_stamps_report (step 0), with the sandbox's pidfd
- *   (SCM_RIGHTS) and its sender's credentials (SCM_CREDENTIALS: its pid in
+ * - struct sbx_stamps_report (step 0), with the sandbox's pidfd and, in a
+ *   leased network namespace, an fd of it (SCM_RIGHTS: which of the leases
+ *   sent is this sandbox's), and its sender's credentials (SCM_CREDENTIALS: its pid in
  *   the receiver's pid namespace, with SO_PASSCRED set): sent by the
  *   sandbox's pid 1 once its command has been exec'd (with a reaper), or
  *   just before its own exec (without one: EOF then says it exec'd);
  * - a 16-byte failure (step, op, err, detail) instead, from the server (the
  *   request, a per-call bind's source, clone), the setup or the command's
- *   exec; EOF without any message: the sandbox died during its setup;
+ *   exec, with the fd of a lease that is the caller's again, if any;
+ *   EOF without any message: the sandbox died during its setup;
  * - later, with a reaper, the command's raw wait status (int32_t), written
  *   once every other process of the sandbox has gone. */
 struct sbx_stamps_report {

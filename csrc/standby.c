@@ -1,18 +1,24 @@
 /* standby.c: a Template's standby sandboxes, ready before any request.
  *
  * The server keeps N_STANDBY of them. Each is cloned with the default
- * sandbox plan's namespaces but no user namespace: still holding the
- * server's capabilities over them, it mounts its fresh proc, tmpfs, shm and
- * devpts, brings up its loopback and sets its hostname (child.c,
- * sbx_standby_steps), tells the server it is ready, and blocks on the
- * request socket the server does not read itself. The kernel hands each
- * request to one waiting standby, which tells the server it was taken (the
- * server clones a replacement), joins a leased network namespace if one
- * came with the request, and only then makes its user namespace, a child of
- * the server's, where the rest of the plan runs: the mounts, the clone and
- * the namespace creation are off the request's path. Requests with
- * per-call binds go to the server instead (it clones their sources from
- * the host tree in its own mount namespace, which the standby has left).
+ * sandbox plan's namespaces but no user namespace; a Template whose
+ * sandboxes lease their network namespace hands the server one lease per
+ * standby (leases mode), which the standby joins first. Still holding the
+ * server's capabilities over its namespaces, it mounts its fresh proc,
+ * tmpfs, shm and devpts, brings up its loopback and sets its hostname
+ * (child.c, sbx_standby_steps). Then, prepared, it joins its user namespace
+ * (a child of the server's, made ahead) and takes the command's identity:
+ * no capability, no new privileges, its own session, Landlock. It tells the
+ * server it is ready and blocks on the request socket the server does not
+ * read itself. The kernel hands each request to one waiting standby, which
+ * passes the lease that came with the request on to the server (for its
+ * replacement) and does only what the request decides: cwd, limits, fds,
+ * the command. Its report carries its own lease's fd, so the caller knows
+ * which lease to release when the sandbox ends (a failure report carries it
+ * too, and the caller releases it at once). Requests with per-call binds go
+ * to the server instead (it clones their sources from the host tree in its
+ * own mount namespace, which the standby has left), as do the fast ones
+ * while no standby exists.
  *
  * That the namespaces are owned by the server's user namespace, not the
  * sandbox's own, only takes from the command: it holds no capability over
@@ -71,10 +77,12 @@ static int compatible(const struct sbx_header *mine, const struct sbx_header *th
            (theirs->opts & SBX_OPT_REAPER) == (mine->opts & SBX_OPT_REAPER);
 }
 
-static void refuse(struct request *q, int err)
+static void refuse(struct sbx_ctx *c, struct request *q, int err)
 {
-    if (q->report >= 0)
-        sbx_report_fd(q->report, SBX_STEP_CONFIG, -1, err, SBX_D_NONE);
+    if (q->report >= 0) {
+        c->err_fd = q->report;
+        sbx_fail(c, SBX_STEP_CONFIG, -1, err, SBX_D_NONE); /* with the lease, if it has one */
+    }
     _exit(125);
 }
 
@@ -96,12 +104,18 @@ static void await_request(struct sbx_ctx *c)
         _exit(0); /* the caller has gone */
     standby_taken[my_slot] = 1;
     close(fast_fd);
-    struct request q = {.fds = my_fds, .nfds = nfds, .report = nfds > 0 ? my_fds[0] : -1, .status = -1};
+    struct request q = {.fds = my_fds, .nfds = nfds, .report = nfds > 0 ? my_fds[0] : -1, .status = -1, .netns = -1};
     if (n < 0 || parse_request(&q, (size_t)n) < 0)
-        refuse(&q, n == -2 ? EMSGSIZE : EINVAL);
+        refuse(c, &q, n == -2 ? EMSGSIZE : EINVAL);
+    if (q.netns >= 0) {
+        /* Already in its lease: the request's is for the standby that replaces this one. */
+        note(NOTE_LEASE, q.netns);
+        close(q.netns);
+        q.netns = -1;
+    }
     const struct sbx_header *h = (const void *)q.blob;
     if (!compatible(c->h, h))
-        refuse(&q, EINVAL);
+        refuse(c, &q, EINVAL);
     if (!c->resident) { /* as_pid_1: the server writes its status, and replaces it now */
         note(NOTE_TAKEN, q.status);
         if (q.status >= 0)
@@ -133,16 +147,13 @@ static void await_request(struct sbx_ctx *c)
     memset(c->res->t_ns, 0, sizeof c->res->t_ns);
     sbx_stamp(c, SBX_T_START);
     sbx_stamp(c, SBX_T_CHILD);
-    if (q.netns >= 0) {
-        if (setns(q.netns, CLONE_NEWNET) < 0)
-            sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
-        close(q.netns);
-        sbx_cover_proc_netns(c); /* its proc's sys/net is the new namespace's now */
-    }
 }
 
 static _Noreturn void standby_main(struct sbx_ctx *c)
 {
+    /* First its lease, so that its proc (mounted next) shows that namespace's sys/net. */
+    if (c->lease_fd >= 0 && setns(c->lease_fd, CLONE_NEWNET) < 0)
+        sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
     close(sock_fd);
     close(notify_rd);
     close(sig_fd);
@@ -153,7 +164,7 @@ static _Noreturn void standby_main(struct sbx_ctx *c)
     sbx_standby_steps(c, await_request);
 }
 
-pid_t make_standby(int slot)
+pid_t make_standby(int slot, int lease)
 {
     const struct sbx_header *h = (const void *)stored_blob;
     int *src_fds = malloc((h->n_ops + 1) * sizeof *src_fds);
@@ -170,6 +181,7 @@ pid_t make_standby(int slot)
         .use_proc_dir = 1, .proc_dir = proc_dir, .send_stamps = 1, .keep_fd = -1, .userns_fd = -1,
         .null_trees = nulls, .n_null_trees = n_nulls,
         .resident = (h->opts & SBX_OPT_REAPER) ? sbx_resident_reaper : NULL,
+        .report_lease = 1, .lease_fd = lease, .prepared = 1,
     };
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};
     pid_t pid = -1;

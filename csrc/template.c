@@ -81,6 +81,13 @@ static struct {
 } standby[N_STANDBY];
 #define REPLACE_DELAY_NS 3000000
 static int standby_on;            /* making standbys: asked for, and none has failed */
+/* Leases mode (the stored plan's sandboxes lease their network namespace):
+ * each standby joins one ahead, handed in by the caller (N_STANDBY with the
+ * store request, then one with every request), so no request waits for a
+ * join; a request the server serves itself joins the one it brings. */
+static int leases_mode;
+static int leases[2 * N_STANDBY]; /* ... those not in a standby yet */
+static int n_leases;
 static int store_report = -1;     /* the store request's report socket, until the first standby is ready */
 
 static int parse_fd(const char *s)
@@ -166,14 +173,29 @@ int parse_request(struct request *q, size_t len)
     return 0;
 }
 
+/* Keep a lease for a standby to come (one more than it can use is closed:
+ * the caller sent one per request and one per standby, so that cannot be). */
+static void add_lease(int fd)
+{
+    if (fd < 0)
+        return;
+    if (n_leases < (int)(sizeof leases / sizeof *leases))
+        leases[n_leases++] = fd;
+    else
+        close(fd);
+}
+
 /* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob;
- * with SBX_REQ_STANDBY, start the standbys and answer once one is ready. */
+ * with SBX_REQ_STANDBY, start the standbys and answer once one is ready;
+ * with SBX_REQ_JOIN_NETNS as well, N_STANDBY leases follow the report
+ * socket, one for each standby (leases mode). */
 static void store(size_t len, const int *fds, int nfds)
 {
     const struct sbx_request *r = (const void *)msg;
     int err = EINVAL;
+    int want_fds = 1 + ((r->flags & SBX_REQ_STANDBY) && (r->flags & SBX_REQ_JOIN_NETNS) ? N_STANDBY : 0);
     if (len >= sizeof *r && r->magic == SBX_REQ_MAGIC && r->blob_len && r->blob_len <= len - sizeof *r &&
-        sbx_check_blob(msg + sizeof *r, r->blob_len) == 0 && nfds == 1) {
+        sbx_check_blob(msg + sizeof *r, r->blob_len) == 0 && nfds == want_fds) {
         char *copy = malloc(r->blob_len);
         err = copy ? 0 : ENOMEM;
         if (copy) {
@@ -184,6 +206,9 @@ static void store(size_t len, const int *fds, int nfds)
     }
     if (!err && (r->flags & SBX_REQ_STANDBY) && store_report < 0) {
         standby_on = 1;
+        leases_mode = (r->flags & SBX_REQ_JOIN_NETNS) != 0;
+        for (int k = 1; leases_mode && k < nfds; k++)
+            add_lease(fcntl(fds[k], F_DUPFD_CLOEXEC, 3));
         store_report = fcntl(fds[0], F_DUPFD_CLOEXEC, 3);
         return;
     }
@@ -223,29 +248,26 @@ static int proc_has(const char *path)
     return 1;
 }
 
-/* How many trees a mask entry needs: none if its entry is absent; one more
- * below sys/net when the sandbox may join a leased network namespace,
- * where a standby covers those again (always made: a leased namespace may
- * have what the caller's lacks). */
-static int trees_for(const char *entry, int may_join)
+/* How many trees a mask entry needs: none if its entry is absent (one
+ * below sys/net always: the sandbox's network namespace may have what the
+ * caller's lacks). */
+static int trees_for(const char *entry)
 {
     if (entry[0] != 'm')
         return 0;
-    if (strncmp(entry + 1, "sys/net/", 8) == 0)
-        return may_join ? 2 : 1;
-    return proc_has(entry + 1);
+    return strncmp(entry + 1, "sys/net/", 8) == 0 || proc_has(entry + 1);
 }
 
 int make_null_trees(const char *blob, int *out)
 {
     const struct sbx_header *h = (const void *)blob;
     const struct sbx_op *ops = (const void *)(blob + h->ops_off);
-    int may_join = !(h->ns & SBX_NS_NET), n = 0;
+    int n = 0;
     for (uint32_t i = 0; i < h->n_ops; i++) {
         if (ops[i].kind != SBX_OP_PROC)
             continue;
         for (uint32_t k = 0; k < ops[i].data_len; k += (uint32_t)strlen(blob + ops[i].data + k) + 1) {
-            for (int want = trees_for(blob + ops[i].data + k, may_join); want > 0 && n < MAX_NULL_TREES; want--, n++) {
+            for (int want = trees_for(blob + ops[i].data + k); want > 0 && n < MAX_NULL_TREES; want--, n++) {
                 out[n] = null_tree();
                 if (out[n] < 0) {
                     close_all(out, n);
@@ -337,7 +359,7 @@ static pid_t clone_sandbox(struct request *q, size_t len, int *step, int *op)
         .sh_argv = sh_argv, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1, .res = &res, .spawner_fd = -1,
         .host_tree_fd = -1, .use_proc_dir = 1, .proc_dir = proc_dir, .bind_fds = binds, .fd_targets = q->targets,
         .send_stamps = 1, .resident = reaper ? sbx_resident_reaper : NULL, .scrub = msg, .scrub_len = len,
-        .keep_fd = -1, .null_trees = nulls, .n_null_trees = n_nulls,
+        .keep_fd = -1, .null_trees = nulls, .n_null_trees = n_nulls, .report_lease = 1, .lease_fd = q->netns,
     };
     *step = SBX_STEP_JOIN_NETNS;
     if (q->netns >= 0 && setns(q->netns, CLONE_NEWNET) < 0)
@@ -407,15 +429,18 @@ static void serve_one(int fd)
         _exit(0); /* the caller has gone: every sandbox goes with us */
     const struct sbx_request *r = (const void *)msg;
     int step = SBX_STEP_CONFIG, op = -1, err = n == -2 ? EMSGSIZE : EINVAL;
-    struct request q = {.fds = fds, .nfds = nfds, .report = nfds > 0 ? fds[0] : -1, .status = -1};
+    struct request q = {.fds = fds, .nfds = nfds, .report = nfds > 0 ? fds[0] : -1, .status = -1, .netns = -1};
     if (n >= (ssize_t)sizeof *r && r->argc == 0 && (r->flags & SBX_REQ_STORE_BLOB)) {
         store((size_t)n, fds, nfds);
         err = 0;
     } else if (n > 0 && parse_request(&q, (size_t)n) == 0) {
         err = clone_sandbox(&q, (size_t)n, &step, &op) < 0 ? errno : 0;
     }
-    if (err && q.report >= 0)
-        sbx_report_fd(q.report, step, op, err, step == SBX_STEP_SOURCE ? SBX_D_SOURCE : SBX_D_NONE);
+    if (err && q.report >= 0) {
+        /* with the lease that came with it: the caller releases it */
+        struct sbx_report rep = {step, op, err, step == SBX_STEP_SOURCE ? SBX_D_SOURCE : SBX_D_NONE};
+        sbx_send_fds(q.report, &rep, sizeof rep, &q.netns, 1);
+    }
     free(q.argv);
     free(q.envp);
     for (int k = 0; k < nfds; k++)
@@ -466,6 +491,13 @@ static void read_notes(void)
             memcpy(&fd, CMSG_DATA(cm), sizeof fd);
         if (n == sizeof m.failure) {
             standby_failed(m.failure.step, m.failure.op, m.failure.err);
+            if (leases_mode)
+                add_lease(fd); /* its lease, unused */
+            fd = -1;
+        } else if (n == sizeof m.note && m.note.kind == NOTE_LEASE) {
+            if (leases_mode)
+                add_lease(fd);
+            fd = -1;
         } else if (n == sizeof m.note && m.note.slot >= 0 && m.note.slot < N_STANDBY) {
             pid_t pid = standby[m.note.slot].pid;
             if (m.note.kind == NOTE_READY) {
@@ -548,19 +580,37 @@ static int next_replacement(void)
     return first <= now ? 0 : (int)((first - now + 999999) / 1000000);
 }
 
+/* Whether the server takes the standbys' requests itself: none is made
+ * or being made (none can be, or none has a lease), so none would read them. */
+static int serving_fast(void)
+{
+    if (!standby_on)
+        return 1;
+    for (int k = 0; k < N_STANDBY; k++)
+        if (ready(k))
+            return 0;
+    return 1;
+}
+
 static void make_standbys(void)
 {
     int64_t now = sbx_now_ns();
     for (int k = 0; standby_on && k < N_STANDBY; k++) {
         if (!to_replace(k, now))
             continue;
+        if (leases_mode && n_leases == 0)
+            continue; /* none to join: requests meanwhile are the server's */
+        int lease = leases_mode ? leases[--n_leases] : -1;
         standby[k].taken = 0;
         standby[k].replace_at = 0;
         standby_taken[k] = 0;
-        standby[k].pid = make_standby(k);
+        standby[k].pid = make_standby(k, lease);
         if (standby[k].pid < 0) {
             standby[k].pid = 0;
+            add_lease(lease);
             standby_failed(SBX_STEP_CLONE, -1, errno);
+        } else if (lease >= 0) {
+            close(lease); /* the standby has its own copy */
         }
     }
 }
@@ -601,8 +651,9 @@ int main(int argc, char **argv)
     notify_wr = notes[1];
     for (;;) {
         make_standbys();
+        int serve_fast = serving_fast();
         struct pollfd p[4] = {{sock_fd, POLLIN, 0}, {sig_fd, POLLIN, 0}, {notify_rd, POLLIN, 0},
-                              {fast_fd, standby_on ? 0 : POLLIN, 0}};
+                              {fast_fd, serve_fast ? POLLIN : 0, 0}};
         if (poll(p, 4, next_replacement()) < 0)
             continue;
         if (p[2].revents)
@@ -617,7 +668,7 @@ int main(int argc, char **argv)
             serve_one(sock_fd);
         else if (p[0].revents & (POLLHUP | POLLERR))
             _exit(0);
-        if (!standby_on && (p[3].revents & POLLIN))
+        if (serve_fast && (p[3].revents & POLLIN))
             serve_one(fast_fd);
     }
 }

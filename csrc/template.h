@@ -47,7 +47,7 @@ int make_null_trees(const char *blob, int *out);
 void close_all(int *fds, int n);
 
 /* standby.c */
-#define N_STANDBY 2
+#define N_STANDBY SBX_N_STANDBY
 /* A message on the notify socket: a 16-byte struct sbx_report instead says
  * why a standby failed before any request. */
 struct standby_note {
@@ -57,7 +57,9 @@ struct standby_note {
 #define NOTE_READY 1
 #define NOTE_TAKEN 2
 #define NOTE_RUNNING 3
-/* Clone a standby sandbox of the stored blob into `slot`: its pid, or -1. */
-pid_t make_standby(int slot);
+#define NOTE_LEASE 4 /* with SCM_RIGHTS: a request's lease, for the standby that replaces the sender */
+/* Clone a standby sandbox of the stored blob into `slot`, in the network
+ * namespace `lease` (-1: none; the standby owns its copy): its pid, or -1. */
+pid_t make_standby(int slot, int lease);
 
 #endif

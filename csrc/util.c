@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -71,9 +72,42 @@ void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_res
         res->err = WTERMSIG(res->wait_status);
 }
 
+int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fds)
+{
+    int keep[4], n = 0;
+    for (int k = 0; k < n_fds && n < 4; k++)
+        if (fds[k] >= 0)
+            keep[n++] = fds[k];
+    union {
+        char buf[CMSG_SPACE(sizeof keep)];
+        struct cmsghdr align;
+    } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (n) {
+        m.msg_control = u.buf;
+        m.msg_controllen = CMSG_SPACE(n * sizeof(int));
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(n * sizeof(int));
+        memcpy(CMSG_DATA(cm), keep, n * sizeof(int));
+    }
+    ssize_t sent;
+    while ((sent = sendmsg(sock, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    return sent == (ssize_t)len ? 0 : -1;
+}
+
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)
 {
-    sbx_report_fd(c->err_fd, step, op, err, detail);
+    if (c->report_lease && c->lease_fd >= 0) {
+        struct sbx_report r = {step, op, err, detail};
+        sbx_send_fds(c->err_fd, &r, sizeof r, &c->lease_fd, 1);
+    } else {
+        sbx_report_fd(c->err_fd, step, op, err, detail);
+    }
     _exit(125);
 }
 

@@ -241,7 +241,8 @@ def count_fds() -> int:
 
 
 def _pool_at_rest(stats: dict[str, Any]) -> bool:
-    return stats["idle"] == stats["size"] and stats["in_use"] == 0 and stats["unchecked"] == 0
+    """Full, and leased only to long holders (a Template's standbys: `reserved`)."""
+    return stats["idle"] == stats["size"] and stats["in_use"] == stats["reserved"] and stats["unchecked"] == 0
 
 
 @pytest.fixture

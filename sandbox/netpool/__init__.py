@@ -56,7 +56,12 @@ counters must not have moved (no counter can be reset, and the next tenant
 would read them). Clean: back to
 the pool. Anything else: destroyed, for the reasons recorded in the
 ReleaseResult and stats(), and replaced by the refill thread. The check
-costs ~150 µs; release(wait=False) leaves it to the refill thread.
+costs ~350 µs of CPU; release(wait=False) leaves it to the refill thread. A
+tenant that held no capability over the namespace's owner (a sandbox in a
+user namespace of its own: `release(unprivileged_tenant=True)`) cannot
+have changed links, addresses, routes or rules: its check reads only the
+counters and /proc/net/sockstat's socket counts (~100 µs), and dumps
+sockets with sock_diag only to name those the counts found.
 
 The checks use a few raw netlink dumps (`rtnetlink`) rather than pyroute2's
 IPRoute: they run on every release, and pyroute2 0.9's asyncio machinery

@@ -91,6 +91,7 @@ class NetnsPool:
         self._leased: set[_Netns] = set()
         self._returned: collections.deque[tuple[Lease, bool, bool]] = collections.deque()  # release(wait=False)
         self._creating = 0
+        self._reserved = 0  # namespaces holders keep leased for long (reserve): not counted against size
         self._closed = False
         self._stats = _Stats()
         self._factory: _Factory | None = None
@@ -182,8 +183,17 @@ class NetnsPool:
             self._put_idle(ns)
 
     def _total(self) -> int:
-        """Namespaces the pool has: idle, leased and being made. Hold _cond."""
-        return len(self._idle) + len(self._leased) + self._creating
+        """Namespaces the pool has: idle, leased and being made, less those
+        reserved by long holders. Hold _cond."""
+        return len(self._idle) + len(self._leased) + self._creating - self._reserved
+
+    def reserve(self, n: int) -> None:
+        """Say that `n` more leases (fewer, if negative) are held for long:
+        a sandbox.Template keeps one in each standby sandbox for its life.
+        The pool makes as many more, so that other tenants still find `size`."""
+        with self._cond:
+            self._reserved = max(0, self._reserved + n)
+            self._cond.notify_all()
 
     def _put_idle(self, ns: _Netns) -> None:
         with self._cond:
@@ -336,7 +346,7 @@ class NetnsPool:
         with self._cond:
             s = self._stats
             return {
-                "size": self.size, "owner": self.owner, "idle": len(self._idle),
+                "size": self.size, "reserved": self._reserved, "owner": self.owner, "idle": len(self._idle),
                 "in_use": len(self._leased) - len(self._returned), "unchecked": len(self._returned),
                 "created": s.created, "recycled": s.recycled, "destroyed": sum(s.destroyed.values()),
                 "destroyed_by_reason": dict(s.destroyed), "leased": s.leased, "fresh_on_empty": s.fresh_on_empty,

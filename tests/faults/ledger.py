@@ -76,7 +76,7 @@ def pool_books() -> dict[str, Any]:
     if pool is None:
         return {}
     stats = pool.stats()
-    return {k: stats[k] for k in ("size", "idle", "in_use", "unchecked") if k in stats}
+    return {k: stats[k] for k in ("size", "reserved", "idle", "in_use", "unchecked") if k in stats}
 
 
 def settle(timeout: float = 15.0) -> None:
@@ -84,7 +84,8 @@ def settle(timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         books = pool_books()
-        pool_ok = not books or (books["idle"] == books["size"] and books["in_use"] == 0
+        # leased only to long holders: kept Templates' standbys (NetnsPool.reserve)
+        pool_ok = not books or (books["idle"] == books["size"] and books["in_use"] == books.get("reserved", 0)
                                 and books.get("unchecked", 0) == 0)
         kids = [p for p in _children() if not _long_lived(p)]
         if pool_ok and not kids:

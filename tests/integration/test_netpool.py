@@ -730,3 +730,17 @@ def test_bad_arguments() -> None:
     with NetnsPool(0) as pool, pytest.raises(ValueError):
         pool.lease(timeout=-1)
 
+
+
+def test_namespaces_reserved_for_long_holders_do_not_count_against_the_size(
+        make_pool: Callable[..., NetnsPool]) -> None:
+    pool = make_pool(1)
+    assert pool.wait_filled(10)
+    pool.reserve(2)  # what a Template does for its two standbys
+    held = [pool.lease(), pool.lease()]
+    assert pool.wait_filled(10), pool.stats()  # still one ready for everyone else
+    assert pool.stats()["reserved"] == 2 and pool.stats()["in_use"] == 2
+    for lease in held:
+        assert lease.release().recycled
+    pool.reserve(-2)
+    assert pool.stats()["reserved"] == 0

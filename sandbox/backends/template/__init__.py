@@ -42,25 +42,21 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
     """Start `argv` in a sandbox cloned by `server`, under its sandbox plan
     `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call)."""
     lease = None
-    try:
-        if plan.network == "pool":
-            pool = server.pool
-            if pool is None or pool.closed:
-                raise SandboxError("the network namespace pool this Template leases from was closed "
-                                   "(netpool.disable()): make a new Template")
-            lease = pool.lease()
-        started: Started = server.spawn(plan, argv, stdio, pass_fds, lease.netns_fd if lease is not None else -1)
-    except BaseException:
-        if lease is not None:
-            lease.release(recycle=plan.recycle_lease, wait=False, unprivileged_tenant=plan.recycle_lease)
-        raise
+    if plan.network == "pool":
+        pool = server.pool
+        if pool is None or pool.closed:
+            raise SandboxError("the network namespace pool this Template leases from was closed "
+                               "(netpool.disable()): make a new Template")
+        lease = pool.lease()
+    # the lease goes to the server, which answers with the one the sandbox lives in (server.Server.spawn)
+    started: Started = server.spawn(plan, argv, stdio, pass_fds, lease)
     findings = isolation.findings(plan, None)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi
     on_exit: Callable[[], None] | None = None
-    if lease is not None:
-        held = lease
-        on_exit = lambda: held.release(recycle=plan.recycle_lease, wait=False, unprivileged_tenant=plan.recycle_lease)  # noqa: E731
+    if started.lease is not None:
+        held, recycle = started.lease, plan.recycle_lease
+        on_exit = lambda: held.release(recycle=recycle, wait=False, unprivileged_tenant=recycle)  # noqa: E731
     exit_source = SandboxStatus(started.status_fd) if plan.reaper else ReaperStatus(started.status_fd)
     return launched(started, exit_source, findings, on_exit)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ... import netpool
 from ...errors import SandboxError, SetupError
+from ...netpool import Lease
 from ...plan import OpFlag, Plan
 from .. import Launched
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
@@ -34,6 +35,7 @@ class Started:
     status_fd: int
     timings: dict[str, float]
     landlock_abi: int
+    lease: Lease | None = None  # the leased network namespace it lives in, the caller's to release
 
 
 class Server:
@@ -48,6 +50,13 @@ class Server:
     them, on a socket of their own; the rest, to the server. Requests from
     several threads go out one at a time; each sandbox answers on a socket
     of its own.
+
+    A pooled template's standbys each join a leased network namespace ahead
+    of their request: the server gets one lease per standby with the store
+    request, and then one with every request (a standby that takes it hands
+    it on to its replacement). Each sandbox's report names the lease it
+    lives in; the leases sent and not reported yet are kept here (`_leases`),
+    and released when the server has gone.
     """
 
     def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template") -> None:
@@ -60,6 +69,9 @@ class Server:
         self.pool = netpool.pool_for("pool") if default.network == "pool" else None
         self.standby_reason = ""  # why it has no standby sandboxes, if it has none
         self._lock = threading.Lock()
+        self._leases: dict[int, Lease] = {}  # netns inode -> a lease sent to the server, not reported yet
+        self._leases_lock = threading.Lock()
+        self._reserved = 0  # leases the pool counts as held by our standbys (NetnsPool.reserve)
         self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._fast, theirs_fast = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         opened: list[int] = []
@@ -100,10 +112,13 @@ class Server:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with mine:
             flags = lib.SBX_REQ_STORE_BLOB | (lib.SBX_REQ_STANDBY if standby else 0)
+            leases = self._lease_for_standbys() if standby and self.pool is not None else []
+            if leases:
+                flags |= lib.SBX_REQ_JOIN_NETNS
             blob = sandbox_blob(plan)
             msg = REQUEST.pack(lib.SBX_REQ_MAGIC, len(blob), 0, 0, 0, flags, 0, 0) + blob
             try:
-                self._send(self._sock, msg, [theirs.fileno()])
+                self._send(self._sock, msg, [theirs.fileno(), *(lease.netns_fd for lease in leases)])
             finally:
                 theirs.close()
             data = mine.recv(FAILURE.size)
@@ -119,10 +134,31 @@ class Server:
             self.standby_reason = "its command keeps capabilities (checked against its namespaces' owner)"
         return standby
 
+    def _lease_for_standbys(self) -> list[Lease]:
+        """One lease per standby, kept here until a sandbox reports it."""
+        assert self.pool is not None
+        self.pool.reserve(lib.SBX_N_STANDBY)
+        self._reserved = lib.SBX_N_STANDBY
+        leases = [self.pool.lease() for _ in range(lib.SBX_N_STANDBY)]
+        with self._leases_lock:
+            for lease in leases:
+                self._leases[lease.netns_inode] = lease
+        return leases
+
     def spawn(self, plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
-              netns_fd: int = -1) -> Started:
+              lease: Lease | None = None) -> Started:
         """Clone one sandbox for `plan` (a sandbox plan of this template's);
-        return once its command has been exec'd. Raises what spawn raises."""
+        return once its command has been exec'd. Raises what spawn raises.
+
+        `lease` (for a pooled plan) goes to the server: the sandbox lives in
+        it or, taken by a standby already in another, that one's
+        replacement does. Started.lease is the sandbox's; a failure releases
+        the one that came back."""
+        netns_fd = -1
+        if lease is not None:
+            netns_fd = lease.netns_fd
+            with self._leases_lock:
+                self._leases[lease.netns_inode] = lease
         if plan is self.default:
             blob, fast = b"", self.standby
         else:  # per-call binds are cloned by the server, in its mount namespace
@@ -140,12 +176,15 @@ class Server:
         except BaseException:
             mine.close()
             _close(statr)
+            if lease is not None:  # never reached the server
+                self._take_lease(lease.netns_inode)
+                lease.release(wait=False, unprivileged_tenant=True)
             raise
         finally:
             theirs.close()
             _close(statw)
         try:
-            landlock_abi, stamps, pid, pidfd = self._started(mine, plan, argv)
+            landlock_abi, stamps, pid, pidfd, used = self._started(mine, plan, argv)
         except BaseException:
             mine.close()
             _close(statr)
@@ -157,7 +196,8 @@ class Server:
         status_fd = mine.detach() if plan.reaper else statr
         if not plan.reaper:
             mine.close()
-        return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi)
+        return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi,
+                       lease=used)
 
     def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> None:
         with self._lock:
@@ -170,31 +210,55 @@ class Server:
                     raise SandboxError("the request is too large for the template (argv, env or fds)") from None
                 raise SandboxError(f"the template process has gone ({exc.strerror})") from None
 
-    def _started(self, sock: socket.socket, plan: Plan, argv: Sequence[str]) -> tuple[int, tuple[int, ...], int, int]:
+    def _started(self, sock: socket.socket, plan: Plan,
+                 argv: Sequence[str]) -> tuple[int, tuple[int, ...], int, int, Lease | None]:
         """Wait for the sandbox's word on `sock`: (Landlock ABI, stamps, pid,
-        pidfd) once its command runs; raise why it did not."""
+        pidfd, its lease) once its command runs; raise why it did not
+        (having released the lease that came back with the failure)."""
         data, anc, _, _ = sock.recvmsg(STAMPS.size, ANCILLARY)
-        pidfd, pid = _ancillary(anc)
+        fds, pid = _ancillary(anc)
+        started, failure = parse_report(data) if data else (None, None)
+        pidfd = fds.pop(0) if started is not None and fds else -1
+        used = self._lease_of(fds)
         try:
             if not data:
                 if not self.alive():
                     raise SandboxError("the template process has gone")
                 raise SetupError("The sandbox's setup child died before its exec", step="crashed",
                                  errno=0, backend="template")
-            started, failure = parse_report(data)
             if failure is not None:
+                if used is not None:  # no command of the sandbox ran in it
+                    used.release(wait=False, unprivileged_tenant=True)
+                    used = None
                 raise _failure(plan, argv, *failure)
             assert started is not None and pidfd >= 0
             while not plan.reaper:  # it sent its word before its own exec: EOF says that exec worked
-                more = sock.recv(STAMPS.size)
+                more, anc, _, _ = sock.recvmsg(STAMPS.size, ANCILLARY)
+                for fd in _ancillary(anc)[0]:
+                    os.close(fd)  # its lease again
                 if not more:
                     break
                 _, failure = parse_report(more)
                 raise _failure(plan, argv, *(failure or (lib.SBX_STEP_CONFIG, -1, 0, 0)))
         except BaseException:
             _close(pidfd)
+            if used is not None:
+                used.release(wait=False, unprivileged_tenant=True)
             raise
-        return started[0], started[1], pid, pidfd
+        return started[0], started[1], pid, pidfd, used
+
+    def _lease_of(self, fds: list[int]) -> Lease | None:
+        """The lease a report's namespace fd names (closing the fds), taken from those sent."""
+        inode = None
+        for fd in fds:
+            if inode is None:
+                inode = os.fstat(fd).st_ino
+            os.close(fd)
+        return self._take_lease(inode) if inode is not None else None
+
+    def _take_lease(self, inode: int) -> Lease | None:
+        with self._leases_lock:
+            return self._leases.pop(inode, None)
 
     def alive(self) -> bool:
         """Whether the server process is still running."""
@@ -216,25 +280,31 @@ class Server:
             os.waitpid(self.pid, 0)
         except ChildProcessError:
             pass
+        # Nothing of the server is left to use them (its standbys died with it).
+        with self._leases_lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:
+            lease.release(wait=False, unprivileged_tenant=True)
+        if self._reserved and self.pool is not None:
+            self.pool.reserve(-self._reserved)
+            self._reserved = 0
 
 
-ANCILLARY = socket.CMSG_SPACE(4) + socket.CMSG_SPACE(CREDENTIALS.size)
+ANCILLARY = socket.CMSG_SPACE(8) + socket.CMSG_SPACE(CREDENTIALS.size)
 
 
-def _ancillary(anc: list[tuple[int, int, bytes]]) -> tuple[int, int]:
-    """(pidfd or -1, sender's pid or -1) from a report's ancillary data."""
-    pidfd = pid = -1
+def _ancillary(anc: list[tuple[int, int, bytes]]) -> tuple[list[int], int]:
+    """(fds, sender's pid or -1) from a report's ancillary data."""
+    fds: list[int] = []
+    pid = -1
     for level, kind, payload in anc:
         if level != socket.SOL_SOCKET:
             continue
         if kind == socket.SCM_RIGHTS:
-            fds = array.array("i", payload[: len(payload) - len(payload) % 4])
-            pidfd = fds[0] if len(fds) else -1
-            for extra in fds[1:]:
-                os.close(extra)
+            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
         elif kind == socket.SCM_CREDENTIALS and len(payload) >= CREDENTIALS.size:
             pid = CREDENTIALS.unpack_from(payload)[0]
-    return pidfd, pid
+    return fds, pid
 
 
 def _per_call_binds(plan: Plan) -> bool:

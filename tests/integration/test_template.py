@@ -215,6 +215,39 @@ def test_pooled_network(require_native: None) -> None:
         assert done.network == "pool" and done.stdout.split() == ["lo"], done.stderr
 
 
+def test_pooled_sandboxes_alive_together_never_share_a_namespace(require_native: None) -> None:
+    """Each standby waits in a lease of its own; the lease a request brings goes to the next standby."""
+    with sandbox.Template(make_base_spec(network="pool")) as t:
+        procs = [t.spawn(["sh", "-c", "readlink /proc/self/ns/net; read x"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE) for _ in range(6)]
+        try:
+            seen = [p.stdout.readline().decode().strip() for p in procs]  # type: ignore[union-attr]
+            assert len(set(seen)) == 6 and all(x.startswith("net:[") for x in seen), seen
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+                p.stdin.close()  # type: ignore[union-attr]
+                p.stdout.close()  # type: ignore[union-attr]
+
+
+def test_failed_pooled_spawns_give_their_leases_back(require_native: None) -> None:
+    """A request that fails (no such command, a bad cwd) returns the lease that
+    came back with its report: the pool is not drained by failures."""
+    with sandbox.Template(make_base_spec(network="pool")) as t:
+        pool = t._server.pool
+        assert pool is not None
+        for k in range(30):
+            with pytest.raises((sandbox.ExecNotFoundError, sandbox.SetupError)):
+                if k % 2:
+                    t.run(["no-such-command-anywhere"])
+                else:
+                    t.run(["true"], cwd="/nonexistent")
+        assert sh(t, "true").returncode == 0
+        # leased now: the template's two standbys alone
+        assert wait_until(lambda: pool.stats()["in_use"] == pool.stats()["reserved"] == 2), pool.stats()
+
+
 def test_a_pooled_template_outlived_by_its_pool(require_native: None) -> None:
     with sandbox.Template(make_base_spec(network="pool")) as t:
         assert sh(t, "true").returncode == 0

@@ -284,6 +284,10 @@ static void take_identity(struct sbx_ctx *c, int handed)
         sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
     sbx_no_new_privs(c);
     sbx_apply_landlock(c);
+    /* A resident pid 1 whose filter allows what it does from here on takes
+     * it now (seccomp.resident), and its command inherits it. */
+    if (c->resident && (h->opts & SBX_OPT_SECCOMP_EARLY))
+        sbx_install_seccomp(c);
 }
 
 /* Every step after the world is set up, to the exec (a prepared standby

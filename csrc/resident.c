@@ -48,7 +48,7 @@ static int command_main(void *arg)
 {
     struct sbx_ctx *c = arg;
     sigset_t none;
-    if (c->h->seccomp_len) {
+    if (c->h->seccomp_len && !(c->h->opts & SBX_OPT_SECCOMP_EARLY)) { /* else inherited */
         struct sock_fprog prog = {
             .len = (unsigned short)(c->h->seccomp_len / 8),
             .filter = (struct sock_filter *)(c->blob + c->h->seccomp_off),

@@ -49,6 +49,7 @@
                                      binds from it) */
 #define SBX_OPT_CAPS_AS_CALLER 4096 /* keep_caps is the root caller's own set: change no cap set but the bounding */
 #define SBX_OPT_SYNC 8192         /* the header's sync fds are set (sandbox.sync; else they are ignored) */
+#define SBX_OPT_SECCOMP_EARLY 16384 /* a Template's pid 1 installs the filter on itself, before its request */
 
 /* Landlock rule flags (struct sbx_landlock.flags) */
 #define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */

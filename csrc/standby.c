@@ -74,7 +74,8 @@ static int compatible(const struct sbx_header *mine, const struct sbx_header *th
 {
     return theirs->ns == mine->ns && theirs->n_ops == mine->n_ops && theirs->uid == mine->uid &&
            theirs->gid == mine->gid && theirs->host_uid == mine->host_uid && theirs->host_gid == mine->host_gid &&
-           (theirs->opts & SBX_OPT_REAPER) == (mine->opts & SBX_OPT_REAPER);
+           (theirs->opts & (SBX_OPT_REAPER | SBX_OPT_SECCOMP_EARLY)) ==
+               (mine->opts & (SBX_OPT_REAPER | SBX_OPT_SECCOMP_EARLY));
 }
 
 static void refuse(struct sbx_ctx *c, struct request *q, int err)

@@ -180,6 +180,9 @@ class Plan:
     reset_signals: bool
     reaper: bool  # a C pid 1 reaps orphans and reports the command's status
     seccomp: bytes = b""  # the BPF program installed last, b"" for none
+    # A Template's resident pid 1 installs it on itself, before its request,
+    # and the command inherits it (seccomp.resident: only when it allows what pid 1 does after)
+    seccomp_early: bool = False
     landlock: bool = False
     landlock_best_effort: bool = False
     landlock_rules: tuple[tuple[str, bool], ...] = ()  # (path inside, writable)

@@ -28,6 +28,7 @@ from .plan import (
     landlock_rules,
     plan_rlimits,
 )
+from .seccomp.resident import allows_resident
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
@@ -184,7 +185,9 @@ def template_plans(plan: Plan) -> TemplatePlans:
         forward=(), check_network=False, exec_fd=True, host_tree=True,
     )
     # The template's death ends every sandbox (they live in its pid namespace).
-    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=sandbox_ops(plan.ops), die_with_parent=False))
+    early = plan.reaper and allows_resident(plan.seccomp)
+    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=sandbox_ops(plan.ops), die_with_parent=False,
+                                                        seccomp_early=early))
 
 
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,

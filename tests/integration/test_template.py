@@ -147,6 +147,20 @@ def test_a_command_that_keeps_a_capability(require_native: None) -> None:
     assert done.stdout == ("bound\n" if os.geteuid() == 0 else "")
 
 
+@pytest.mark.parametrize(("policy", "pid_1"), [(None, "2"), (sandbox.Seccomp(deny=("pidfd_open",)), "0")],
+                         ids=["default-early", "denies-pidfd_open"])
+def test_the_command_has_the_filter_wherever_it_is_installed(require_native: None, policy: object,
+                                                             pid_1: str) -> None:
+    """pid 1 takes the filter before the request when it allows what pid 1
+    still does (seccomp.resident), else the command alone installs it."""
+    fields = {} if policy is None else {"seccomp": policy}
+    with sandbox.Template(make_base_spec(**fields)) as t:
+        done = sh(t, "grep ^Seccomp: /proc/self/status /proc/1/status | tr -d ' \\t'")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["/proc/self/status:Seccomp:2", f"/proc/1/status:Seccomp:{pid_1}"]
+        assert sh(t, "exit 7").returncode == 7  # pid 1 still reaps and reports
+
+
 def test_pass_fds_keep_their_numbers(template: sandbox.Template) -> None:
     r, w = os.pipe()
     try:

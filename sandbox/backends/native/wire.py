@@ -36,7 +36,7 @@ OPT_BITS = (
     ("disable_userns", lib.SBX_OPT_DISABLE_USERNS), ("landlock", lib.SBX_OPT_LANDLOCK),
     ("landlock_best_effort", lib.SBX_OPT_LANDLOCK_BEST_EFFORT), ("reset_signals", lib.SBX_OPT_RESET_SIGNALS),
     ("exec_fd", lib.SBX_OPT_EXEC_FD), ("host_tree", lib.SBX_OPT_HOST_TREE),
-    ("caps_as_caller", lib.SBX_OPT_CAPS_AS_CALLER),
+    ("caps_as_caller", lib.SBX_OPT_CAPS_AS_CALLER), ("seccomp_early", lib.SBX_OPT_SECCOMP_EARLY),
 )
 # the header's sync fds, as sandbox.sync names them
 SYNC_FDS = ("started_fd", "userns_block_fd", "userns2_fd", "block_fd", "info_fd", "json_status_fd")

@@ -1,0 +1,60 @@
+"""Whether a Template's resident pid 1 may run under its sandbox's own filter.
+
+A Template's standby sandbox takes the command's identity before any
+request comes (csrc/standby.c). If the seccomp filter allows everything
+that pid 1 still does after it (take the request, apply its cwd, limits and
+fds, vfork the command, report, reap), the standby installs the filter on
+itself then, and the command inherits it: the same filter, off the
+request's path (loading one costs ~50-90 µs here, mostly its JIT). Else the
+command installs it alone, just before its exec, as on every other path.
+
+The check runs the compiled program (`debug.evaluate`) on each of those
+syscalls: with the exact arguments where pid 1's are fixed (clone's flags,
+prctl's option), and with several argument patterns elsewhere. Anything
+but SECCOMP_RET_ALLOW keeps the filter on the command alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+
+from .. import syscalls
+from .bpf import SECCOMP_RET_ACTION_FULL, SECCOMP_RET_ALLOW
+from .debug import evaluate
+
+CLONE_VM, CLONE_VFORK = 0x100, 0x4000
+PR_SET_DUMPABLE = 4
+
+# (syscall, its arguments) where pid 1 always passes the same ones.
+FIXED: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("clone", (CLONE_VM | CLONE_VFORK | signal.SIGCHLD,)),  # the command, sharing memory until its exec
+    ("prctl", (PR_SET_DUMPABLE, 0)),
+)
+# Those whose arguments vary (fds, paths, limits, pids).
+VARYING: tuple[str, ...] = (
+    "recvmsg", "sendmsg", "close", "close_range", "read", "write", "brk", "mmap", "munmap", "mprotect",
+    "chdir", "newfstatat", "fstat", "statx", "openat", "openat2", "faccessat", "faccessat2",
+    "prlimit64", "setrlimit", "getrlimit",
+    "fcntl", "dup2", "dup3", "rt_sigprocmask", "rt_sigtimedwait", "execve", "wait4", "getpid", "gettid",
+    "pidfd_open", "kill", "exit", "exit_group", "clock_gettime",
+)
+ARG_PATTERNS: tuple[tuple[int, ...], ...] = (
+    (0,) * 6, (1,) * 6, (2, 3, 4, 5, 6, 7), (0xFFFFFFFF,) * 6, (0xFFFFFFFFFFFFFFFF,) * 6, (0x7FFFF000, 8, 1, 0, 0, 0),
+)
+
+
+@functools.lru_cache(maxsize=64)
+def allows_resident(prog: bytes) -> bool:
+    """Whether `prog` (a compiled filter) allows everything a Template's pid 1 does after installing it."""
+    if not prog:
+        return False
+    numbers = syscalls.table()
+    calls = [(name, args) for name, args in FIXED] + [(name, pattern) for name in VARYING for pattern in ARG_PATTERNS]
+    for name, args in calls:
+        nr = numbers.get(name)
+        if nr is None:
+            continue  # not on this architecture (e.g. dup2 elsewhere): pid 1 does not call it here
+        if evaluate(prog, nr, args) & SECCOMP_RET_ACTION_FULL != SECCOMP_RET_ALLOW:
+            return False
+    return True

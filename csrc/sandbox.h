@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 14
+#define SBX_ABI_VERSION 15
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */

@@ -279,6 +279,18 @@ def test_a_failed_exec_reports_the_start_but_no_exit_code(who, tmp_path):
     assert [list(r)[0] for r in records] == ["child-pid"]
 
 
+def test_a_failed_setup_reports_no_exit_code(who, tmp_path):
+    """What upstream's strace point checks (a failure before the exec, there
+    made by failing bwrap's 39th prctl): no exit-code in --json-status-fd."""
+    status = tmp_path / "status.json"
+    with open(status, "w") as s:
+        result = runner(who)("--bind", "/", "/", "--bind", str(tmp_path / "missing"), "/mnt",
+                             "--json-status-fd", str(s.fileno()), "true", pass_fds=(s.fileno(),))
+    assert result.returncode != 0
+    records = [json.loads(line) for line in status.read_text().splitlines()]
+    assert all("exit-code" not in r for r in records), records
+
+
 @pytest.fixture
 def as_bwrap(tmp_path) -> str:
     """A program named bwrap that is our CLI (as a drop-in is installed)."""

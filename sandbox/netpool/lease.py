@@ -68,6 +68,22 @@ class _Netns:
         for fd in self.counters.values():
             os.close(fd)
 
+    def dup(self, with_userns: bool = True) -> tuple[int, int | None]:
+        """Copies of (netns fd, userns fd or None), close-on-exec, taken
+        where destroy() cannot run meanwhile; NetnsPoolError once it has."""
+        with self._closing:
+            if self.closed:
+                raise NetnsPoolError("the pool was closed")
+            netns = fcntl.fcntl(self.netns_fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            try:
+                userns = None
+                if with_userns and self.userns_fd is not None:
+                    userns = fcntl.fcntl(self.userns_fd, fcntl.F_DUPFD_CLOEXEC, 3)
+            except BaseException:
+                os.close(netns)
+                raise
+        return netns, userns
+
     def read_counters(self) -> dict[str, bytes]:
         """The namespace's counter files (_factory_main.COUNTER_FILES), now."""
         return {name: _read_all(fd) for name, fd in self.counters.items() if name in COUNTER_FILES}
@@ -200,6 +216,20 @@ class Lease:
         """fd of the owning user namespace (None when the caller's own owns it):
         setns(fd, CLONE_NEWUSER) before setns(netns_fd, CLONE_NEWNET)."""
         return self._live().userns_fd
+
+    def dup_fds(self) -> tuple[int, int | None]:
+        """Copies of (netns_fd, userns_fd), the caller's to close: unlike the
+        pool's own numbers, they stay valid if the pool is closed meanwhile
+        (a spawn in another thread), so they never come to name another file."""
+        if self._released:
+            raise NetnsPoolError("the lease was released")
+        return self._ns.dup()
+
+    def dup_netns_fd(self) -> int:
+        """A copy of netns_fd alone (see dup_fds), the caller's to close."""
+        if self._released:
+            raise NetnsPoolError("the lease was released")
+        return self._ns.dup(with_userns=False)[0]
 
     @property
     def netlink(self) -> Any:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 
@@ -210,3 +211,43 @@ def test_disable_leaves_no_factory_behind(base_spec) -> None:
     state = open(f"/proc/{factory}/stat").read().split()[2] if os.path.exists(f"/proc/{factory}") else "gone"
     assert state in ("gone", "Z")
     netpool.restore_default()
+
+
+@pytest.mark.parametrize("backend", ["native", "template"])
+def test_closing_the_pool_under_running_spawns(base_spec, backend) -> None:
+    """netpool.disable() while threads spawn in leased namespaces: each spawn
+    runs in a namespace of the pool or fails with a typed error; none ends up
+    in a namespace of the caller's (the pool's fd numbers, closed and reused,
+    must not reach a spawn: it holds copies of them)."""
+    own = os.readlink("/proc/self/ns/net")
+    results: list[str] = []
+    errors: list[BaseException] = []
+    with shared_pool(4, for_network_none=False):
+        spec = base_spec(network="pool")
+        template = sandbox.Template(spec) if backend == "template" else None
+
+        def work() -> None:
+            for _ in range(15):
+                try:
+                    run = template.run if template is not None else (
+                        lambda argv, **kw: sandbox.run(argv, spec, backend="native", **kw))
+                    done = run(["readlink", "/proc/self/ns/net"], capture_output=True, text=True, timeout=60)
+                    if done.returncode == 0:
+                        results.append(done.stdout.strip())
+                except sandbox.SandboxError as exc:  # the pool (or the Template's) was closed under it
+                    errors.append(exc)
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for th in threads:
+            th.start()
+        time.sleep(0.05)
+        netpool.disable()
+        for th in threads:
+            th.join()
+        if template is not None:
+            template.close()
+    assert results, errors[:3]
+    assert own not in results
+    assert all(isinstance(e, sandbox.SandboxError) for e in errors), [repr(e) for e in errors[:3]]

@@ -54,15 +54,21 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     is then only its name)."""
     cleanups: list[Callable[[], None]] = []
     lease = _lease(plan, cleanups)
+    dups: tuple[int, int | None] | None = None
     try:
         found = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
-        join = None if lease is None else (-1 if lease.userns_fd is None else lease.userns_fd, lease.netns_fd)
+        dups = lease.dup_fds() if lease is not None else None
+        join = None if dups is None else (-1 if dups[1] is None else dups[1], dups[0])
         started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups, exec_fd)
     except BaseException as exc:
         if lease is not None and getattr(exc, "step", None) == "join_netns":
             lease.release(recycle=False, wait=False)  # a namespace that could not be joined is not leased again
         _run_all(cleanups)
         raise
+    finally:
+        for fd in dups or ():
+            if fd is not None:
+                os.close(fd)
     findings = isolation.findings(plan, found)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi  # 0: best-effort, and the kernel has none

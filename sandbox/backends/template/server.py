@@ -117,10 +117,13 @@ class Server:
                 flags |= lib.SBX_REQ_JOIN_NETNS
             blob = sandbox_blob(plan)
             msg = REQUEST.pack(lib.SBX_REQ_MAGIC, len(blob), 0, 0, 0, flags, 0, 0) + blob
+            dups = [lease.dup_netns_fd() for lease in leases]
             try:
-                self._send(self._sock, msg, [theirs.fileno(), *(lease.netns_fd for lease in leases)])
+                self._send(self._sock, msg, [theirs.fileno(), *dups])
             finally:
                 theirs.close()
+                for fd in dups:
+                    os.close(fd)
             data = mine.recv(FAILURE.size)
         if len(data) != FAILURE.size:
             raise SandboxError("the template process has gone")
@@ -154,35 +157,39 @@ class Server:
         it or, taken by a standby already in another, that one's
         replacement does. Started.lease is the sandbox's; a failure releases
         the one that came back."""
-        netns_fd = -1
-        if lease is not None:
-            netns_fd = lease.netns_fd
-            with self._leases_lock:
-                self._leases[lease.netns_inode] = lease
-        if plan is self.default:
-            blob, fast = b"", self.standby
-        else:  # per-call binds are cloned by the server, in its mount namespace
-            blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
-        child_stdio, mask = _stdio(stdio)
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
-        statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
-        fds = [theirs.fileno(), *([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
-               *child_stdio, *pass_fds]
-        msg = request(blob, argv, plan.env, pass_fds, join_netns=netns_fd >= 0, stdio_mask=mask)
-        start = time.monotonic_ns()
+        statr = statw = netns_fd = -1
+        mine = theirs = None
         try:
+            if plan is self.default:
+                blob, fast = b"", self.standby
+            else:  # per-call binds are cloned by the server, in its mount namespace
+                blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
+            child_stdio, mask = _stdio(stdio)
+            msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask)
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
+            statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
+            if lease is not None:
+                netns_fd = lease.dup_netns_fd()  # the template is in the pool's user namespace already
+                with self._leases_lock:
+                    self._leases[lease.netns_inode] = lease
+            fds = [theirs.fileno(), *([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
+                   *child_stdio, *pass_fds]
+            start = time.monotonic_ns()
             self._send(self._fast if fast else self._sock, msg, fds)
         except BaseException:
-            mine.close()
+            if mine is not None:
+                mine.close()
             _close(statr)
-            if lease is not None:  # never reached the server
+            if lease is not None:  # it never reached the server
                 self._take_lease(lease.netns_inode)
                 lease.release(wait=False, unprivileged_tenant=True)
             raise
         finally:
-            theirs.close()
+            if theirs is not None:
+                theirs.close()
             _close(statw)
+            _close(netns_fd)
         try:
             landlock_abi, stamps, pid, pidfd, used = self._started(mine, plan, argv)
         except BaseException:

@@ -173,8 +173,10 @@ int parse_request(struct request *q, size_t len)
     return 0;
 }
 
-/* Keep a lease for a standby to come (one more than it can use is closed:
- * the caller sent one per request and one per standby, so that cannot be). */
+/* Keep a lease for a standby to come. The caller sends one per standby and
+ * one per request, and every standby made takes one, so the queue stays
+ * short; a lease beyond its room is closed (the caller releases every lease
+ * it sent and never saw reported when the template ends). */
 static void add_lease(int fd)
 {
     if (fd < 0)

@@ -740,7 +740,7 @@ def test_namespaces_reserved_for_long_holders_do_not_count_against_the_size(
     held = [pool.lease(), pool.lease()]
     assert pool.wait_filled(10), pool.stats()  # still one ready for everyone else
     assert pool.stats()["reserved"] == 2 and pool.stats()["in_use"] == 2
-    for lease in held:
-        assert lease.release().recycled
+    for lease in held:  # recycled, or destroyed as surplus if a refill was under way: either way given back
+        lease.release()
     pool.reserve(-2)
-    assert pool.stats()["reserved"] == 0
+    assert pool.stats()["reserved"] == 0 and pool.stats()["in_use"] == 0

@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -89,6 +90,32 @@ def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20,
         if on_round is not None:
             on_round()
     return times
+
+
+def calls_per_second(fn: Callable[[], object], callers: int, seconds: float) -> float:
+    """Calls per second of `callers` threads each calling `fn` back to back for
+    `seconds` (the first error of any thread is raised here)."""
+    counts = [0] * callers
+    errors: list[BaseException] = []
+    stop = time.monotonic() + seconds
+
+    def loop(k: int) -> None:
+        try:
+            while time.monotonic() < stop:
+                fn()
+                counts[k] += 1
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(counts) / (time.monotonic() - start)
 
 
 def p99(xs: list[float]) -> float:

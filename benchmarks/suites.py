@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -127,27 +126,7 @@ def throughput_steps(sizes: Sizes) -> int:
 def _window(fn: Callable[[], object], callers: int, seconds: float) -> float:
     """Calls per second of `callers` threads each calling fn back to back for `seconds`."""
     fn()  # the variant's set-up (its pool toggle) before the clock starts
-    counts = [0] * callers
-    errors: list[BaseException] = []
-    stop = time.monotonic() + seconds
-
-    def loop(k: int) -> None:
-        try:
-            while time.monotonic() < stop:
-                fn()
-                counts[k] += 1
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(counts) / (time.monotonic() - start)
+    return latency.calls_per_second(fn, callers, seconds)
 
 
 # ---------------------------------------------------------------- cost against binds and environment

@@ -28,13 +28,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from latency import BWRAP_ARGS, MOUNTS, measure, p99  # noqa: E402
+from latency import BWRAP_ARGS, MOUNTS, calls_per_second, measure, p99  # noqa: E402
 
 import sandbox  # noqa: E402
 from sandbox import netpool  # noqa: E402
@@ -116,25 +115,6 @@ def variants(pooled: sandbox.Template, fresh: sandbox.Template) -> dict[str, Cal
     return out
 
 
-def sustained(fn: Callable[[], object], seconds: float, callers: int = 2) -> float:
-    """Sandboxes per second with `callers` threads calling `fn` back to back."""
-    counts = [0] * callers
-    deadline = time.monotonic() + seconds
-
-    def loop(k: int) -> None:
-        while time.monotonic() < deadline:
-            fn()
-            counts[k] += 1
-
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.monotonic() - start)
-
-
 def _bind_medians(count: int, runs: int, bwrap: str | None) -> dict[str, float]:
     """Median ms of spawn+wait of /bin/true with `count` extra read-only binds, per variant."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -196,8 +176,8 @@ def main() -> int:
         print(table(times))
         print("\n" + stage_table(STAGES[-args.n:]))
         print("\n" + cpu_table(pooled, fns[TEMPLATE], fns[POSIX], min(args.n, 300)))
-        rates = {name: sustained(fns[name], args.seconds) for name in (TEMPLATE, "sandbox.spawn, network=pool",
-                                                                         BWRAP) if name in fns}
+        rated = (TEMPLATE, "sandbox.spawn, network=pool", BWRAP)
+        rates = {name: calls_per_second(fns[name], 2, args.seconds) for name in rated if name in fns}
     print("\n| sustained, 2 callers | sandboxes/s | / bwrap |\n|---|---|---|")
     for name, rate in rates.items():
         ratio = f"{rate / rates[BWRAP]:.2f}x" if BWRAP in rates else "-"

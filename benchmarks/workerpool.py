@@ -22,12 +22,16 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
 import sandbox
 from sandbox.workerpool.interpreter import zygote_spec
+
+if __package__:
+    from .latency import calls_per_second
+else:  # run as a script: benchmarks/ is sys.path[0]
+    from latency import calls_per_second
 
 PRELOAD = ["json", "asyncio", "subprocess"]
 CODE = "import json, asyncio, subprocess"
@@ -94,21 +98,7 @@ def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 5) -> di
 
 def sustained(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> float:
     """Tasks per second with `callers` threads, each submitting and waiting back to back."""
-    stop = time.monotonic() + seconds
-    counts = [0] * callers
-
-    def loop(k: int) -> None:
-        while time.monotonic() < stop:
-            pool.submit(small_task).result()
-            counts[k] += 1
-
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.monotonic() - start)
+    return calls_per_second(lambda: pool.submit(small_task).result(), callers, seconds)
 
 
 def mapped(pool: sandbox.WorkerPool, n: int) -> float:

@@ -94,21 +94,8 @@ static char *build_request(const char *cwd, char **argv, size_t *size)
 
 static int send_request(int fd, const char *msg, size_t size)
 {
-    int fds[3] = {0, 1, 2};
-    char control[CMSG_SPACE(sizeof fds)];
-    memset(control, 0, sizeof control);
-    struct iovec iov = {(void *)msg, size};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(c), fds, sizeof fds);
-    ssize_t n;
-    do
-        n = sendmsg(fd, &mh, MSG_NOSIGNAL);
-    while (n < 0 && errno == EINTR);
-    return n == (ssize_t)size ? 0 : -1;
+    const int stdio[3] = {0, 1, 2};
+    return sbx_send_fds(fd, msg, size, stdio, 3);
 }
 
 /* Wait for the server's answer; act on it, or return to fall back. */

@@ -36,16 +36,7 @@ void sbx_loopback_up(struct sbx_ctx *c)
 static void send_fd(struct sbx_ctx *c, int index, int fd)
 {
     char byte = 0;
-    char control[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    for (size_t k = 0; k < sizeof(int); k++)
-        CMSG_DATA(cmsg)[k] = ((const unsigned char *)&fd)[k];
-    if (sendmsg(c->listen_to, &msg, MSG_NOSIGNAL) < 0)
+    if (sbx_send_fds(c->listen_to, &byte, 1, &fd, 1) < 0)
         sbx_fail(c, SBX_STEP_FORWARD, index, errno, SBX_D_NONE);
 }
 

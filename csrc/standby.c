@@ -47,24 +47,7 @@ static int my_fds[MAX_FDS];
 static void note(int kind, int fd)
 {
     struct standby_note n = {kind, my_slot};
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {.iov_base = &n, .iov_len = sizeof n};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        memset(&u, 0, sizeof u);
-        m.msg_control = u.buf;
-        m.msg_controllen = sizeof u.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
-    while (sendmsg(notify_wr, &m, MSG_NOSIGNAL) < 0 && errno == EINTR)
-        ;
+    sbx_send_fds(notify_wr, &n, sizeof n, &fd, 1);
 }
 
 /* The request must be one of this Template's: its blob differs from the

@@ -144,14 +144,19 @@ def tree_of(argv: list[str]) -> Iterator[tuple[subprocess.Popen[str], dict[int, 
         fds = _pidfds({proc.pid, *descendants(proc.pid)})
         yield proc, fds
     finally:
-        for fd in fds.values():
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-        for fd in fds.values():
-            os.close(fd)
+        _kill_all(proc, fds)
+
+
+def _kill_all(proc: subprocess.Popen, fds: dict[int, int]) -> None:
+    """SIGKILL `proc` and the processes whose pidfds are `fds` (closed after)."""
+    for fd in fds.values():
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate()
+    for fd in fds.values():
+        os.close(fd)
 
 
 def _via_caller(argv: list[str]) -> list[str]:
@@ -446,11 +451,4 @@ def tree_of_info(argv: list[str]) -> Iterator[int]:
         fds = _pidfds({proc.pid, *descendants(proc.pid)})
         yield json.loads(text)["child-pid"]
     finally:
-        for fd in fds.values():
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate()
-        for fd in fds.values():
-            os.close(fd)
+        _kill_all(proc, fds)

@@ -6,9 +6,11 @@
  * It forks COMMAND (reporting an exec failure on ERR_FD, as the setup child
  * would; MASK, in hex, is the signal mask COMMAND starts with, default none
  * blocked), forwards the signals it receives to COMMAND, reaps every orphan
- * re-parented to it, and when COMMAND ends writes its raw wait status to
- * STATUS_FD and exits. The death of pid 1 makes the kernel SIGKILL every
- * other process of the namespace, so nothing outlives the command.
+ * re-parented to it, and when COMMAND ends kills and reaps whatever is left
+ * in the namespace, then writes COMMAND's raw wait status to STATUS_FD and
+ * exits. Nothing outlives the command, and the caller may take the status
+ * as the sandbox's end without waiting for pid 1's own exit, in which the
+ * kernel tears the namespaces down (its mounts one by one).
  * Signals from inside the namespace cannot kill pid 1 (the kernel drops
  * those it has no handler for), so the status pipe, not our own exit
  * status, carries "killed by signal N" out.
@@ -31,6 +33,9 @@
 #include <linux/signal.h>
 
 #define WNOHANG 1
+#define WALL 0x40000000 /* __WALL: children whatever their exit signal */
+#define ECHILD 10
+#define SIGKILL_NR 9
 #define F_SETFD 2
 #define FD_CLOEXEC 1
 #define SIGCHLD_NR 17
@@ -175,6 +180,23 @@ struct sfd_info {
     char rest[112];
 };
 
+/* The command has ended: kill(-1) from pid 1 reaches every other process of
+ * this pid namespace and of those nested in it; each is reaped (orphans are
+ * re-parented here) until none is left, and only then does the status go
+ * out, so that the caller's wait may end with it. */
+static _Noreturn void finish(int status, int status_fd)
+{
+    SYS(kill, -1, SIGKILL_NR, 0);
+    int other;
+    long pid;
+    while ((pid = sys6(__NR_wait4, -1, (long)&other, WALL, 0, 0, 0)) != -ECHILD)
+        if (pid < 0 && pid != -4) /* not EINTR: nothing left to wait for */
+            break;
+    write_all(status_fd, &status, sizeof status);
+    int sig_nr = status & 0x7f;
+    die(sig_nr ? 128 + sig_nr : (status >> 8) & 0xff);
+}
+
 static void forward_or_reap(const struct sfd_info *info, long command, int status_fd)
 {
     if (info->signo != SIGCHLD_NR) {
@@ -188,11 +210,8 @@ static void forward_or_reap(const struct sfd_info *info, long command, int statu
     int status;
     long pid;
     while ((pid = sys6(__NR_wait4, -1, (long)&status, WNOHANG, 0, 0, 0)) > 0) {
-        if (pid != command)
-            continue;
-        write_all(status_fd, &status, sizeof status);
-        int sig_nr = status & 0x7f;
-        die(sig_nr ? 128 + sig_nr : (status >> 8) & 0xff);
+        if (pid == command)
+            finish(status, status_fd);
     }
 }
 

@@ -12,6 +12,7 @@ import time
 from typing import IO, Any
 
 from .backends.contract import Launched
+from .reaper import reap_later
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -86,15 +87,19 @@ class SandboxProcess:
             hook()
 
     def _reap(self) -> tuple[int, int]:
-        """(pid, status) of the first process if it has ended, else (0, 0). Not
-        our child (a pidfd): it has ended once the pidfd is readable, or its
-        status is in (every other process is gone then), and the exit source
-        has that status (a SIGKILL status stands in if none)."""
+        """(pid, status) of the first process if it has ended, else (0, 0).
+        With an early status (`ended_fd`), the sandbox has ended once that
+        status is in (every other process is gone then; the exit source has
+        it, and a SIGKILL status stands in here): the first process, still
+        exiting, is reaped in the background if it is our child. Not our
+        child (a pidfd): it has ended once the pidfd is readable."""
+        if self._ended_fd >= 0 and _readable(self._ended_fd, 0):
+            if self._exit.arrived():  # type: ignore[attr-defined]
+                if self._pidfd < 0:
+                    reap_later(self.pid)
+                return self.pid, signal.SIGKILL
+            self._ended_fd = -1  # gone without a word (killed): wait for the process itself
         if self._pidfd >= 0:
-            if self._ended_fd >= 0 and _readable(self._ended_fd, 0):
-                if self._exit.arrived():  # type: ignore[attr-defined]
-                    return self.pid, signal.SIGKILL
-                self._ended_fd = -1  # gone without a word (killed): wait for the pidfd
             return (self.pid, signal.SIGKILL) if _readable(self._pidfd, 0) else (0, 0)
         try:
             return os.waitpid(self.pid, os.WNOHANG)
@@ -131,7 +136,7 @@ class SandboxProcess:
             own = self._pidfd >= 0
             try:
                 fds = [os.dup(self._pidfd) if own else os.pidfd_open(self.pid)]
-                if own and self._ended_fd >= 0:
+                if self._ended_fd >= 0:
                     fds.append(os.dup(self._ended_fd))
             except (ProcessLookupError, OSError):
                 return True  # gone already (or not ours to wait for): poll() says

@@ -53,11 +53,13 @@ class Launched:
     the caller's child (a Template's sandbox is its server's): it is waited
     for by polling the pidfd and signalled through it, and its status comes
     from `exit` alone (given a SIGKILL status if it reports none). The
-    record's owner closes it. `ended_fd`, when not -1 (with a pidfd), becomes
-    readable once the command's status is in, or its writer gone: `exit` is
-    then an EarlyStatus, whose arrived() says which. A status that arrived
-    means every other process of the sandbox has gone: the wait ends there,
-    not at the first process's own exit.
+    record's owner closes it. `ended_fd`, when not -1, becomes readable once
+    the command's status is in, or its writer gone: `exit` is then an
+    EarlyStatus, whose arrived() says which. A status that arrived means
+    every other process of the sandbox has gone: the wait ends there, not at
+    the first process's own exit (the namespaces' teardown); a first process
+    that is the caller's child is then reaped in the background
+    (sandbox.reaper).
     """
 
     pid: int

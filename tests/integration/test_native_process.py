@@ -3,6 +3,7 @@ the parent's death, sessions, file descriptors, and many spawns at once."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -17,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from conftest import pids_with_marker, proc_stat, wait_until  # tests/, on sys.path (rootdir)
+from leakcheck import children
 
 import sandbox
 from sandbox import DEVNULL, PIPE, STDOUT, Namespaces, Spec
@@ -213,6 +216,32 @@ def test_the_sandbox_ends_with_its_command(run_sh: RunSh, no_leftovers: str) -> 
     r = run_sh(f"sleep 1000 {no_leftovers} & setsid sleep 1000 {no_leftovers} & echo done", timeout=30)
     assert (r.returncode, r.stdout) == (0, "done\n")
     assert time.monotonic() - start < 10
+
+
+# A process whose exit takes a while (256 MB to free), so that a status sent before every process had
+# been reaped is caught while its pid 1 still has children.
+SLOW_TO_DIE = (f"{PYTHON} -c 'import time; b = b\"x\" * (256 << 20); open(\"/tmp/ready\", \"w\").close(); "
+               "time.sleep(1000)' & ")
+
+
+@needs_python
+@pytest.mark.parametrize("executor", ["native", "template"])
+def test_nothing_but_the_exiting_pid_1_is_left_when_wait_returns(base_spec: BaseSpec, executor: str,
+                                                                   no_leftovers: str) -> None:
+    # wait() ends with the status sandbox-init (or a Template's resident pid 1) reports, before its own exit:
+    # by then it must have killed and reaped every other process: a stopped one, a new session's, a slow one.
+    script = (SLOW_TO_DIE + f"sleep 1000 {no_leftovers} & setsid sleep 1000 {no_leftovers} & "
+              f"sleep 1000 {no_leftovers} & kill -STOP $!; while [ ! -e /tmp/ready ]; do sleep 0.01; done; exit 7")
+    spec = base_spec()
+    with contextlib.ExitStack() as stack:
+        if executor == "template":
+            proc = stack.enter_context(sandbox.Template(spec)).spawn(["sh", "-c", script])
+        else:
+            proc = sandbox.spawn(["sh", "-c", script], spec, backend="native")
+        assert proc.wait(timeout=60) == 7
+        assert children(proc.pid) == [] and pids_with_marker(no_leftovers) == []
+        if executor == "native":
+            assert wait_until(lambda: proc_stat(proc.pid) is None)  # pid 1 is reaped in the background
 
 
 # ---------------------------------------------------------------- timeouts

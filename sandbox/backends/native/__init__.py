@@ -18,7 +18,7 @@ from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize
 
-__all__ = ["BIN_DIR", "INIT_PATH", "STEP_NAMES", "Started", "blob_for", "ffi", "lib", "newroot_dir",
+__all__ = ["BIN_DIR", "INIT_PATH", "STEP_NAMES", "SandboxStatus", "Started", "blob_for", "ffi", "lib", "newroot_dir",
            "serialize", "setup_error", "spawn_blob", "launch", "available", "BACKEND"]
 
 _init_fd_lock = threading.Lock()
@@ -72,9 +72,11 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     findings = isolation.findings(plan, found)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi  # 0: best-effort, and the kernel has none
-    exit_source: ExitSource = ReaperStatus(started.status_fd) if started.status_fd >= 0 else WaitStatus()
+    exit_source: ExitSource = SandboxStatus(started.status_fd) if started.status_fd >= 0 else WaitStatus()
+    # sandbox-init writes the status once every other process has gone: the wait ends there, and its
+    # own exit (the namespaces' teardown) is reaped in the background (sandbox.process)
     return Launched(pid=started.pid, exit=exit_source, timings=started.timings, isolation=findings,
-                    on_exit=lambda: _run_all(cleanups))
+                    on_exit=lambda: _run_all(cleanups), ended_fd=started.status_fd)
 
 
 def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | None:
@@ -137,6 +139,34 @@ class ReaperStatus:
 
     def __del__(self) -> None:
         self.close()
+
+
+class SandboxStatus(ReaperStatus):
+    """The command's wait status, as a reaper writes it once every other
+    process of the sandbox has gone (sandbox-init, csrc/init.c; a Template's
+    resident pid 1, csrc/resident.c): the wait may end when it arrives (an
+    EarlyStatus), before the reaper's own exit."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(fd)
+        self.status: int | None = None
+
+    def arrived(self) -> bool:
+        """Take the status (its fd is readable): True if it came, False at EOF."""
+        try:
+            data = os.read(self.fd, 4) if self.fd >= 0 else b""
+        except OSError:
+            data = b""
+        if len(data) == 4:
+            self.status = int.from_bytes(data, "little", signed=True)
+        return self.status is not None
+
+    def returncode(self, raw_status: int) -> int:
+        """The status that arrived, else what the fd says (else `raw_status`)."""
+        if self.status is None:
+            return super().returncode(raw_status)
+        self.close()
+        return os.waitstatus_to_exitcode(self.status)
 
 
 @dataclass

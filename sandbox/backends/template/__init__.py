@@ -11,7 +11,6 @@ sandbox.spawn(..., backend="template"), keeps one per plan it has seen.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
@@ -20,7 +19,7 @@ from ...errors import SandboxError
 from ...plan import Plan
 from ...warm_plan import TemplatePlans, template_plans
 from .. import Launched
-from ..native import ReaperStatus
+from ..native import ReaperStatus, SandboxStatus
 from ..native import available as native_available
 from .server import TEMPLATE_PATH, Server, Started, launched
 
@@ -59,33 +58,6 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
         on_exit = lambda: held.release(recycle=recycle, wait=False, unprivileged_tenant=recycle)  # noqa: E731
     exit_source = SandboxStatus(started.status_fd) if plan.reaper else ReaperStatus(started.status_fd)
     return launched(started, exit_source, findings, on_exit)
-
-
-class SandboxStatus(ReaperStatus):
-    """The command's wait status, as a Template's resident reaper writes it
-    on the report socket once every other process of the sandbox has gone
-    (csrc/resident.c): the wait may end when it arrives (an EarlyStatus)."""
-
-    def __init__(self, fd: int) -> None:
-        super().__init__(fd)
-        self.status: int | None = None
-
-    def arrived(self) -> bool:
-        """Take the status (the socket is readable): True if it came, False at EOF."""
-        try:
-            data = os.read(self.fd, 4) if self.fd >= 0 else b""
-        except OSError:
-            data = b""
-        if len(data) == 4:
-            self.status = int.from_bytes(data, "little", signed=True)
-        return self.status is not None
-
-    def returncode(self, raw_status: int) -> int:
-        """The status that arrived, else what the socket says (else `raw_status`)."""
-        if self.status is None:
-            return super().returncode(raw_status)
-        self.close()
-        return os.waitstatus_to_exitcode(self.status)
 
 
 # The argv[0] of the servers sandbox.spawn(..., backend="template") keeps for the process's life.

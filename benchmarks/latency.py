@@ -19,12 +19,15 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
 
 import sandbox
 from sandbox import netpool
+
+if __package__:
+    from .timing import measure, p99
+else:  # run as a script (or imported by one): benchmarks/ is sys.path[0]
+    from timing import measure, p99
 
 MOUNTS = [
     sandbox.RoBind("/usr"),
@@ -74,53 +77,6 @@ def _backend(spec: sandbox.Spec, backend: str) -> None:
     proc = sandbox.spawn(["/bin/true"], spec, backend=backend)
     if proc.wait() != 0:
         raise RuntimeError(f"sandboxed /bin/true exited {proc.returncode}")
-
-
-def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20,
-            on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
-    """Run every variant n times, round-robin; return ms per call. `on_round` is
-    called after each round (a progress bar), outside the timed calls."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for i in range(warmup + n):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1000)
-        if on_round is not None:
-            on_round()
-    return times
-
-
-def calls_per_second(fn: Callable[[], object], callers: int, seconds: float) -> float:
-    """Calls per second of `callers` threads each calling `fn` back to back for
-    `seconds` (the first error of any thread is raised here)."""
-    counts = [0] * callers
-    errors: list[BaseException] = []
-    stop = time.monotonic() + seconds
-
-    def loop(k: int) -> None:
-        try:
-            while time.monotonic() < stop:
-                fn()
-                counts[k] += 1
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
-            errors.append(exc)
-
-    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
-    start = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return sum(counts) / (time.monotonic() - start)
-
-
-def p99(xs: list[float]) -> float:
-    ys = sorted(xs)
-    return ys[min(len(ys) - 1, int(round(0.99 * (len(ys) - 1))))]
 
 
 def table(times: dict[str, list[float]]) -> str:

@@ -33,6 +33,11 @@ from collections.abc import Callable
 from sandbox.netpool import NetnsPool
 from sandbox.netpool.factory import FACTORY_PATH
 
+if __package__:
+    from .timing import p99
+else:  # run as a script: benchmarks/ is sys.path[0]
+    from timing import p99
+
 # argv: mode (kernel-unshare | kernel-setns), n, userns fd (-1), netns fd a, netns fd b
 HELPER = f"_FACTORY_MAIN = {str(FACTORY_PATH)!r}\n" + r'''
 import fcntl, importlib.util, json, os, socket, struct, sys, time
@@ -81,11 +86,9 @@ def helper(mode: str, n: int, fds: tuple[int, int, int] = (-1, -1, -1)) -> list[
 
 
 def row(name: str, xs: list[float], baseline: float | None) -> str:
-    ys = sorted(xs)
-    med = statistics.median(ys)
-    p99 = ys[int(0.99 * (len(ys) - 1))]
+    med = statistics.median(xs)
     ratio = f"{med / baseline:.2f}x" if baseline else ""
-    return f"| {name} | {med:.1f} | {p99:.1f} | {1e6 / statistics.mean(ys):.0f} | {ratio} |"
+    return f"| {name} | {med:.1f} | {p99(xs):.1f} | {1e6 / statistics.mean(xs):.0f} | {ratio} |"
 
 
 def main() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -10,6 +11,7 @@ matplotlib.use("Agg")  # files only: no display on a server or in CI
 import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
 
 from .suites import stage_order  # noqa: E402
+from .timing import p99  # noqa: E402
 
 DPI = 110
 
@@ -61,7 +63,7 @@ def scaling(data: dict[str, dict[str, dict[int, list[float]]]], path: Path) -> N
     for ax, (axis, by_variant) in zip(axes, data.items(), strict=False):
         for name, by_size in by_variant.items():
             xs = sorted(by_size)
-            ax.plot(xs, [_median(by_size[x]) for x in xs], marker="o", label=name, color=color[name])
+            ax.plot(xs, [statistics.median(by_size[x]) for x in xs], marker="o", label=name, color=color[name])
         ax.set_xscale("log")
         ax.set_yscale("log")
         plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
@@ -80,9 +82,9 @@ def scaling(data: dict[str, dict[str, dict[int, list[float]]]], path: Path) -> N
 
 def python_tasks(times: dict[str, list[float]], path: Path) -> None:
     """Median ms per Python task as bars, the p99 as a whisker, log scale."""
-    names = sorted(times, key=lambda k: _median(times[k]))
-    meds = [_median(times[k]) for k in names]
-    p99s = [_p99(times[k]) for k in names]
+    names = sorted(times, key=lambda k: statistics.median(times[k]))
+    meds = [statistics.median(times[k]) for k in names]
+    p99s = [p99(times[k]) for k in names]
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 1.5))
     ax.barh(names, meds, xerr=[[0] * len(names), [p - m for p, m in zip(p99s, meds, strict=True)]],
             color="tab:blue", alpha=0.8, capsize=3)
@@ -121,17 +123,6 @@ def _log_x(ax: plt.Axes) -> None:
     ax.xaxis.set_major_formatter(plain)
     ax.xaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 5.0)))
     ax.xaxis.set_minor_formatter(plain)
-
-
-def _median(xs: list[float]) -> float:
-    ys = sorted(xs)
-    n = len(ys)
-    return ys[n // 2] if n % 2 else (ys[n // 2 - 1] + ys[n // 2]) / 2
-
-
-def _p99(xs: list[float]) -> float:
-    ys = sorted(xs)
-    return ys[min(len(ys) - 1, int(round(0.99 * (len(ys) - 1))))]
 
 
 def _save(fig: plt.Figure, path: Path) -> None:

@@ -27,6 +27,7 @@ from sandbox import netpool
 
 from . import latency, workerpool
 from .progress import Progress
+from .timing import calls_per_second, measure
 
 TRUE = ["/bin/true"]
 BARE = "subprocess.run /bin/true"
@@ -94,7 +95,7 @@ def spawn_latency(sizes: Sizes, progress: Progress) -> dict[str, list[float]]:
     """ms per spawn+wait of /bin/true, every latency.py variant (and Template)."""
     progress.section("spawn+wait latency")
     with spawn_variants() as fns:
-        return latency.measure(fns, sizes.spawn_n, warmup=min(20, sizes.spawn_n), on_round=progress.step)
+        return measure(fns, sizes.spawn_n, warmup=min(20, sizes.spawn_n), on_round=progress.step)
 
 
 def spawn_latency_steps(sizes: Sizes) -> int:
@@ -126,7 +127,7 @@ def throughput_steps(sizes: Sizes) -> int:
 def _window(fn: Callable[[], object], callers: int, seconds: float) -> float:
     """Calls per second of `callers` threads each calling fn back to back for `seconds`."""
     fn()  # the variant's set-up (its pool toggle) before the clock starts
-    return latency.calls_per_second(fn, callers, seconds)
+    return calls_per_second(fn, callers, seconds)
 
 
 # ---------------------------------------------------------------- cost against binds and environment
@@ -231,7 +232,7 @@ def python_tasks(sizes: Sizes, progress: Progress) -> dict[str, list[float]]:
             tmpl = stack.enter_context(sandbox.Template(full))  # type: ignore[attr-defined]
             argv = [sys.executable, "-I", "-c", workerpool.CODE]
             fns["sandbox.Template python -c"] = lambda: tmpl.run(argv, check=True)
-        return latency.measure(fns, sizes.python_n, warmup=min(5, sizes.python_n), on_round=progress.step)
+        return measure(fns, sizes.python_n, warmup=min(5, sizes.python_n), on_round=progress.step)
 
 
 def python_steps(sizes: Sizes) -> int:

@@ -29,12 +29,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 import sandbox
 from sandbox import spec as S
 from sandbox import task
+
+if __package__:
+    from .timing import measure, percentile
+else:  # run as a script: benchmarks/ is sys.path[0]
+    from timing import measure, percentile
 
 PY = sys.executable
 CMD = [PY, "-c", "pass"]
@@ -65,12 +69,6 @@ def bwrap_argv(spec: S.Spec, argv: list[str]) -> list[str]:
     return [*out, "--", *argv]
 
 
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1000
-
-
 def _pass() -> None:
     return None
 
@@ -99,21 +97,15 @@ def main() -> int:
                 "task worker": lambda: pool.submit(_pass).result(timeout=60),
                 "bare exec": lambda: check(subprocess.run(CMD).returncode, "bare exec"),
             }
-            times: dict[str, list[float]] = {m: [] for m in modes}
-            for i in range(args.n + 3):
-                for mode, fn in modes.items():
-                    t = timed(fn)
-                    if i >= 3:
-                        times[mode].append(t)
+            times = measure(modes, args.n, warmup=3)
     base = statistics.median(times["bwrap rendered"])
     print(f"# task sandbox start of `python3 -c pass` (and one WorkerPool call), n={args.n}, uid={os.getuid()}, "
           f"load {os.getloadavg()[0]:.1f}")
     print("| mode | median ms | p90 ms | / bwrap rendered |")
     print("|---|---|---|---|")
     for mode, xs in times.items():
-        ys = sorted(xs)
-        med = statistics.median(ys)
-        print(f"| {mode} | {med:.2f} | {ys[int(0.9 * (len(ys) - 1))]:.2f} | {med / base:.2f}x |")
+        med = statistics.median(xs)
+        print(f"| {mode} | {med:.2f} | {percentile(xs, 0.9):.2f} | {med / base:.2f}x |")
     return 0
 
 

@@ -33,7 +33,8 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from latency import BWRAP_ARGS, MOUNTS, calls_per_second, measure, p99  # noqa: E402
+from latency import BWRAP_ARGS, MOUNTS  # noqa: E402
+from timing import calls_per_second, measure, p99  # noqa: E402
 
 import sandbox  # noqa: E402
 from sandbox import netpool  # noqa: E402

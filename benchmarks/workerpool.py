@@ -29,9 +29,9 @@ import sandbox
 from sandbox.workerpool.interpreter import zygote_spec
 
 if __package__:
-    from .latency import calls_per_second
+    from .timing import calls_per_second, measure, p99
 else:  # run as a script: benchmarks/ is sys.path[0]
-    from latency import calls_per_second
+    from timing import calls_per_second, measure, p99
 
 PRELOAD = ["json", "asyncio", "subprocess"]
 CODE = "import json, asyncio, subprocess"
@@ -84,18 +84,6 @@ def variants(pool: sandbox.WorkerPool, no_spares: sandbox.WorkerPool,
     return out
 
 
-def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 5) -> dict[str, list[float]]:
-    """Run every variant n times, round-robin; return ms per call."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for i in range(warmup + n):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            if i >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1000)
-    return times
-
-
 def sustained(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> float:
     """Tasks per second with `callers` threads, each submitting and waiting back to back."""
     return calls_per_second(lambda: pool.submit(small_task).result(), callers, seconds)
@@ -107,11 +95,6 @@ def mapped(pool: sandbox.WorkerPool, n: int) -> float:
     for _ in pool.map(lambda _: small_task(), range(n)):
         pass
     return n / (time.monotonic() - start)
-
-
-def p99(xs: list[float]) -> float:
-    ys = sorted(xs)
-    return ys[min(len(ys) - 1, int(round(0.99 * (len(ys) - 1))))]
 
 
 def table(times: dict[str, list[float]]) -> str:
@@ -135,7 +118,7 @@ def main() -> int:
     spec = sandbox.Spec(mounts=MOUNTS)
     with sandbox.WorkerPool(spec, preload=PRELOAD, max_workers=4) as pool, \
             sandbox.WorkerPool(spec, preload=PRELOAD, max_workers=4, spares=0) as no_spares:
-        times = measure(variants(pool, no_spares, spec), args.n)
+        times = measure(variants(pool, no_spares, spec), args.n, warmup=5)
         print(table(times))
         print()
         for name, p in (("spares=2", pool), ("spares=0", no_spares)):

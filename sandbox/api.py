@@ -10,8 +10,9 @@ from typing import IO, Any
 from . import backends
 from .errors import SpecError
 from .host import HostInfo
-from .plan import check_argv, compile_plan, refusal
+from .plan import check_argv, compile_plan
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
+from .refusal import refusal
 from .spec import Spec
 from .sync import NO_SYNC, Sync
 

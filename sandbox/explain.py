@@ -18,7 +18,8 @@ from . import backends
 from . import spec as S
 from .errors import UnavailableError
 from .host import HostInfo, PoolInfo
-from .plan import Op, OpFlag, OpKind, Plan, check_argv, compile_plan, refusal
+from .plan import Op, OpFlag, OpKind, Plan, check_argv, compile_plan
+from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
 
 __all__ = ["bwrap_command", "describe_plan", "explain"]

@@ -77,9 +77,12 @@ def native_ok() -> bool:
     """Whether the native backend works here: its probe (a clone with every
     namespace, several ms) is run once per process, and a success is kept in
     the user's cache directory for as long as the facts it depends on stay
-    the same (the kernel and its boot, the user, the user-namespace sysctls,
-    this package's build). A stale success costs nothing worse than a
-    launcher that exits 125 with the kernel's reason."""
+    the same: the kernel and its boot, the user, the namespace sysctls, this
+    package's build, and the calling process's own confinement (its user,
+    mount and pid namespaces, seccomp filters, capabilities, LSM label), so
+    a success cached outside a container or a seccomp sandbox is not trusted
+    inside one. A success that goes stale anyway (a limit that is reached,
+    a fact not in the key) makes the launcher exit 125 with the kernel's reason."""
     global _native_ok
     with _native_lock:
         if _native_ok is None:
@@ -112,8 +115,55 @@ def _cache_key() -> dict[str, object] | None:
         return None
     uname = os.uname()
     return {"boot": boot, "kernel": [uname.release, uname.version], "uid": os.getuid(), "gid": os.getgid(),
-            "sysctls": userns_sysctls(), "core": [_native.__file__, core.st_mtime_ns, core.st_size],
+            "sysctls": {**userns_sysctls(), **_namespace_limits()}, "process": _confinement(),
+            "core": [_native.__file__, core.st_mtime_ns, core.st_size],
             "launcher": [exe.st_mtime_ns, exe.st_size], "python": sys.version}
+
+
+# What of the calling process's own confinement decides whether it may make
+# namespaces: a seccomp filter (a container runtime's, systemd's
+# RestrictNamespaces=) can refuse clone, unshare or the mount API; a
+# container's user namespace, capabilities and mount namespace (a masked
+# /proc refuses a fresh procfs) differ from the host's; an AppArmor or
+# SELinux label can refuse user namespaces to one program and not another.
+_STATUS_FIELDS = ("Seccomp", "Seccomp_filters", "NoNewPrivs", "CapEff", "CapBnd")
+_NAMESPACES = ("user", "mnt", "pid")
+
+
+def _confinement() -> dict[str, object]:
+    """The calling process's confinement, as far as the native probe depends on it."""
+    status = {}
+    for line in _read_text("/proc/self/status").splitlines():
+        name, _, value = line.partition(":")
+        if name in _STATUS_FIELDS:
+            status[name] = value.strip()
+    namespaces = {}
+    for name in _NAMESPACES:
+        try:
+            namespaces[name] = os.stat(f"/proc/self/ns/{name}").st_ino
+        except OSError:
+            namespaces[name] = None
+    return {"status": status, "ns": namespaces, "lsm": _read_text("/proc/self/attr/current").strip("\0\n")}
+
+
+def _namespace_limits() -> dict[str, str]:
+    """/proc/sys/user/max_*_namespaces (0 refuses that kind of namespace), by dotted name."""
+    out = {}
+    try:
+        names = sorted(n for n in os.listdir("/proc/sys/user") if n.startswith("max_") and n.endswith("_namespaces"))
+    except OSError:
+        return out
+    for name in names:
+        out[f"user.{name}"] = _read_text(f"/proc/sys/user/{name}").strip()
+    return out
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def _cache_path() -> str | None:
@@ -132,16 +182,17 @@ def _cache_path() -> str | None:
 
 def _read_cache(path: str) -> object:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
     except OSError:
         return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        return None
     with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if st.st_uid != os.getuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return None
         try:
             return json.load(f)
-        except ValueError:
+        except (ValueError, OSError):  # not JSON, not text, unreadable: probe again
             return None
 
 

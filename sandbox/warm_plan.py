@@ -16,9 +16,6 @@ from dataclasses import dataclass, replace
 from . import spec as S
 from .errors import SpecError
 from .plan import (
-    CAP_NET_ADMIN,
-    CAP_SETFCAP,
-    CAP_SYS_ADMIN,
     DEFAULT_PATH,
     Op,
     OpFlag,
@@ -28,6 +25,7 @@ from .plan import (
     landlock_rules,
     plan_rlimits,
 )
+from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
 from .seccomp.resident import allows_resident
 
 
@@ -155,7 +153,7 @@ def server_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
 
 
 def template_plans(plan: Plan) -> TemplatePlans:
-    """Split `plan` (accepted by plan.template_refusal) for a Template.
+    """Split `plan` (accepted by refusal.template_refusal) for a Template.
 
     The template runs as the ids its sandboxes' id maps name outside
     (plan.host_uid/gid), in its own user namespace; or, when the sandboxes

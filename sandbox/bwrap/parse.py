@@ -33,8 +33,10 @@ from .. import spec as S
 from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
 from ..seccomp.stack import stack
-from .grammar import BY_NAME, MAX_ARGS, BwrapArgsError, Option, ParseState, consume_fd
+from .grammar import BY_NAME, Option
 from .monitor import Monitor
+from .state import MAX_ARGS, BwrapArgsError, ParseState
+from .values import consume_fd
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from .argv import (
     tmpfs_args,
     unshare_args,
 )
-from .grammar import LIMIT_OPTION, MAX_ID
 from .parse import spec_environment
+from .state import LIMIT_OPTION, MAX_ID
 
 
 def to_bwrap_args(spec: S.Spec, argv: Sequence[str], *, environ: Mapping[str, str] | None = None) -> BwrapArgv:

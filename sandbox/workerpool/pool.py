@@ -21,8 +21,9 @@ from .. import spec as S
 from ..backends.native import ffi, lib, serialize, setup_error
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
-from ..plan import compile_mount, compile_plan, refusal
+from ..plan import compile_mount, compile_plan
 from ..process import SandboxProcess
+from ..refusal import refusal
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
 from . import channel as ch
 from .engine import Engine, Task

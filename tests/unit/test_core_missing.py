@@ -9,7 +9,8 @@ import pytest
 from sandbox import Limits, Spec, UnavailableError
 from sandbox.backends.native import _explain_clone
 from sandbox.host import HostInfo
-from sandbox.plan import compile_plan, refusal
+from sandbox.plan import compile_plan
+from sandbox.refusal import refusal
 
 MISSING = "the compiled core sandbox._native is not built in /src/sandbox"
 

@@ -81,3 +81,32 @@ def test_disabling_native_always_asks(cache: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv(DISABLE_NATIVE_ENV, "1")
     calls = probes(monkeypatch, False)
     assert not launcher.native_ok() and calls == ["native"]
+
+
+@pytest.mark.parametrize("content", [b"", b"{", b"\xff\xfe", b"[]", b"null", b'{"boot": "x"}'])
+def test_a_corrupt_or_foreign_cache_probes_again_and_is_replaced(cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 content: bytes) -> None:
+    cache.parent.mkdir(mode=0o700)
+    cache.write_bytes(content)
+    cache.chmod(0o600)
+    calls = probes(monkeypatch, True)
+    assert launcher.native_ok() and calls == ["native"]
+    assert json.loads(cache.read_text()) == launcher._cache_key()
+
+
+def test_a_directory_in_the_cache_s_place_probes_again(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache.mkdir(parents=True)
+    calls = probes(monkeypatch, True)
+    assert launcher.native_ok() and calls == ["native"]  # not IsADirectoryError
+
+
+def test_the_key_holds_the_process_s_confinement(cache: Path) -> None:
+    """What a container or a seccomp sandbox changes is part of the key (the
+    integration test test_launcher_stale_cache.py confines a process for real)."""
+    key = launcher._cache_key()
+    assert key is not None
+    process = key["process"]
+    assert isinstance(process, dict) and set(process) == {"status", "ns", "lsm"}
+    assert {"Seccomp", "NoNewPrivs", "CapEff"} <= set(process["status"])
+    assert process["ns"]["user"] == os.stat("/proc/self/ns/user").st_ino
+    assert "user.max_mnt_namespaces" in key["sysctls"]  # type: ignore[operator]

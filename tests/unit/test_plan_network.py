@@ -10,7 +10,8 @@ import pytest
 
 from sandbox import Namespaces, RoBind, SetupError, Spec, SpecError, UnavailableError
 from sandbox.host import HostInfo, PoolInfo
-from sandbox.plan import OpFlag, compile_plan, refusal
+from sandbox.plan import OpFlag, compile_plan
+from sandbox.refusal import refusal
 
 USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={})
 ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True)

@@ -10,7 +10,8 @@ import pytest
 from sandbox import spec as S
 from sandbox.errors import SpecError, UnavailableError
 from sandbox.host import HostInfo
-from sandbox.plan import OpFlag, compile_plan, refusal
+from sandbox.plan import OpFlag, compile_plan
+from sandbox.refusal import refusal
 from sandbox.sync import NO_SYNC, Sync
 
 

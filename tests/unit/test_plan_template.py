@@ -7,16 +7,8 @@ import pytest
 from sandbox import spec as S
 from sandbox.errors import UnavailableError
 from sandbox.host import HostInfo, PoolInfo
-from sandbox.plan import (
-    CAP_NET_ADMIN,
-    CAP_SETFCAP,
-    CAP_SYS_ADMIN,
-    OpFlag,
-    OpKind,
-    compile_plan,
-    refusal,
-    template_refusal,
-)
+from sandbox.plan import OpFlag, OpKind, compile_plan
+from sandbox.refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN, refusal, template_refusal
 from sandbox.warm_plan import plan_for_call, template_plans
 
 USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, backend="template", pool=PoolInfo())

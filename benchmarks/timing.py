@@ -1,0 +1,64 @@
+"""The benchmarks' timing helpers, written once: interleaved runs, sustained
+rates and percentiles. Standard library only, so every script can import it
+both as `benchmarks.timing` and, run on its own, as `timing`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+
+def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20,
+            on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Run every variant n times after `warmup` untimed rounds, round-robin (so
+    machine noise hits them alike); return ms per call. `on_round` is called
+    after each round (a progress bar), outside the timed calls."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(warmup + n):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if i >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1000)
+        if on_round is not None:
+            on_round()
+    return times
+
+
+def calls_per_second(fn: Callable[[], object], callers: int, seconds: float) -> float:
+    """Calls per second of `callers` threads each calling `fn` back to back for
+    `seconds` (the first error of any thread is raised here)."""
+    counts = [0] * callers
+    errors: list[BaseException] = []
+    stop = time.monotonic() + seconds
+
+    def loop(k: int) -> None:
+        try:
+            while time.monotonic() < stop:
+                fn()
+                counts[k] += 1
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(callers)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(counts) / (time.monotonic() - start)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """The sample at fraction `q` (0..1) of the sorted `xs`, nearest rank."""
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(round(q * (len(ys) - 1))))]
+
+
+def p99(xs: list[float]) -> float:
+    """The 99th percentile of `xs` (see percentile)."""
+    return percentile(xs, 0.99)

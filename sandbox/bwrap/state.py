@@ -1,0 +1,105 @@
+"""What parsing a `python -m sandbox run` command line gathers, and its bounds.
+
+The option handlers (`handlers.py`) record each option in a `ParseState`;
+`parse.py` builds the Spec from it once every option is read. The bounds
+are bwrap's, the `--limit-*` table is this package's, and every bad value
+raises `BwrapArgsError` with bwrap's wording.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .. import spec as S
+from ..errors import SpecError
+from .monitor import Monitor
+
+# ---------------------------------------------------------------- bounds
+
+MAX_ARGS = 9000  # bwrap's limit on the arguments, --args files included
+MAX_TMPFS_BYTES = 2**63 - 1  # bwrap: SIZE_MAX / 2
+MAX_ID = 2**31 - 1  # bwrap reads fds, --uid and --gid as a signed int (bubblewrap #642)
+MAX_PERMS = 0o7777
+BACKENDS = ("auto", "native", "bwrap")
+
+
+class Limit(NamedTuple):
+    """One `--limit-*` option of this package and the `Limits` field it sets."""
+
+    option: str
+    field: str
+    metavar: str
+    help: str
+
+
+LIMITS = (
+    Limit("--limit-cpu", "cpu_s", "SECONDS", "Limit CPU time (RLIMIT_CPU)"),
+    Limit("--limit-memory", "memory_mb", "MB", "Limit the address space (RLIMIT_AS)"),
+    Limit("--limit-file", "file_mb", "MB", "Limit the size of files written (RLIMIT_FSIZE)"),
+    Limit("--limit-nofile", "nofile", "N", "Limit open files (RLIMIT_NOFILE)"),
+    Limit("--limit-nproc", "nproc", "N", "Limit processes of the user (RLIMIT_NPROC)"),
+)
+LIMIT_FIELD = {limit.option: limit.field for limit in LIMITS}  # parsing: option -> Limits field
+LIMIT_OPTION = {limit.field: limit.option for limit in LIMITS}  # rendering: Limits field -> option
+
+
+class BwrapArgsError(SpecError):
+    """A bad command line. `str()` is the bwrap-style message ("Unknown option --foo");
+    `field` names the option, `value` holds the offending argument."""
+
+    def __init__(self, message: str, option: str, value: object = None) -> None:
+        super().__init__(option, value, message)
+        self.args = (message,)
+
+
+# ---------------------------------------------------------------- parse state
+
+@dataclass
+class ParseState:
+    """Everything gathered from the options, before the Spec is built."""
+
+    cwd: str
+    mounts: list[S.Mount] = field(default_factory=list)
+    unshare: set[str] = field(default_factory=set)
+    net: bool | None = None  # True: --unshare-net, False: --share-net
+    net_pool: bool = False  # --netns-pool: lease the private netns from a pool
+    uid: int | None = None
+    gid: int | None = None
+    hostname: str | None = None
+    chdir: str | None = None
+    env_ops: list[tuple[str, str, str]] = field(default_factory=list)
+    cap_ops: list[tuple[bool, str]] = field(default_factory=list)
+    limits: dict[str, int] = field(default_factory=dict)
+    flags: set[str] = field(default_factory=set)
+    seccomp_fd: str | None = None  # read when the Spec is built (bwrap reads it late too)
+    seccomp_programs: list[bytes] = field(default_factory=list)  # --add-seccomp-fd's, in order
+    base: S.Spec | None = None
+    backend: str = "auto"
+    close_fds: bool = False
+    verbose: bool = False  # --verbose: say which backend runs and why
+    dry_run: bool = False  # --dry-run: describe the sandbox, run nothing
+    consumed: list[int] = field(default_factory=list)
+    held: list[int] = field(default_factory=list)  # fds used (--bind-fd), not passed to the command
+    warnings: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    next_perms: int | None = None
+    next_size: int | None = None
+    included: list[str] | None = None  # arguments read by --args, parsed next
+    total: int = 0
+    stop: str | None = None  # "help" or "version"
+    monitor: Monitor = field(default_factory=Monitor)  # the status and synchronization options
+
+    def take_perms(self, default: int) -> int:
+        """The pending --perms value (consumed), else `default`."""
+        perms, self.next_perms = self.next_perms, None
+        return default if perms is None else perms
+
+    def take_size(self) -> int | None:
+        """The pending --size value (consumed), if any."""
+        size, self.next_size = self.next_size, None
+        return size
+
+
+Handler = Callable[[ParseState, str, list[str]], None]

@@ -445,11 +445,3 @@ def check_argv(argv: Sequence[str]) -> list[str]:
         raise SpecError("argv[0]", out[0], "must not be empty")
     return out
 
-
-def __getattr__(name: str) -> object:
-    """`from sandbox.plan import refusal`, still used by sandbox/template.py:
-    refusal moved to sandbox.refusal (which imports this module, hence lazily)."""
-    if name == "refusal":
-        from .refusal import refusal
-        return refusal
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

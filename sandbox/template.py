@@ -37,8 +37,9 @@ from .api import Stdio, StdioArg, check_pass_fds, run_with
 from .backends.template import Server, launch_in
 from .errors import SpecError
 from .host import HostInfo
-from .plan import check_argv, compile_plan, refusal
+from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
+from .refusal import refusal
 from .spec import Bind, Limits, Spec
 from .warm_plan import plan_for_call, template_plans
 

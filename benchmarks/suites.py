@@ -320,11 +320,12 @@ def stage_order(medians: dict[str, dict[str, float]]) -> list[str]:
 def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
     """What harness.py, netpool.py, seccomp_install.py and netlink_decode.py
     print (their own Markdown tables), each run here with a smaller count."""
-    from . import harness, netlink_decode, seccomp_install
+    from . import harness, netlink_decode, seccomp_install, workerpool
     from . import netpool as netpool_bench
 
     runs = {
         "harness.py -n 100": (harness.main, ["-n", "100"]),
+        "workerpool.py -n 50 --seconds 3": (workerpool.main, ["-n", "50", "--seconds", "3"]),
         "netpool.py -n 500": (netpool_bench.main, ["-n", "500"]),
         "seccomp_install.py --runs 500": (seccomp_install.main, ["--runs", "500"]),
         "netlink_decode.py -n 500": (netlink_decode.main, ["-n", "500"]),
@@ -333,6 +334,8 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
         template_bench = importlib.import_module(f"{__package__}.template")
         runs["template.py -n 300 --seconds 2 --binds 10,100 --bind-runs 10"] = (
             template_bench.main, ["-n", "300", "--seconds", "2", "--binds", "10,100", "--bind-runs", "10"])
+        tradeoffs = importlib.import_module(f"{__package__}.tradeoffs")
+        runs["tradeoffs.py -n 200 --seconds 2"] = (tradeoffs.main, ["-n", "200", "--seconds", "2"])
     out = {}
     for title, (main, argv) in runs.items():
         progress.section(title)
@@ -342,7 +345,7 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
 
 
 def others_steps(sizes: Sizes) -> int:
-    return (4 + template_available()) if sizes.others else 0
+    return (5 + 2 * template_available()) if sizes.others else 0
 
 
 def _captured(main: Callable[[], int], argv: list[str]) -> str:

@@ -183,12 +183,18 @@ int main(int argc, char **argv)
         report_failure(&res, blob, len, argv[4]);
     child_pid = res.pid;
 
-    int status;
+    /* The reaper reports the command's own status once every other process
+     * of the sandbox has gone: that is the end, and its own exit (where the
+     * kernel tears the namespaces down) is left to whoever inherits it. */
+    int32_t inner;
+    ssize_t n = -1;
+    while (res.status_fd >= 0 && (n = read(res.status_fd, &inner, sizeof inner)) < 0 && errno == EINTR)
+        ;
+    if (n == (ssize_t)sizeof inner)
+        exit_like(inner);
+    int status; /* no reaper, or it died without a word */
     while (waitpid(res.pid, &status, 0) < 0)
         if (errno != EINTR)
             die("waitpid: %s", strerror(errno));
-    int32_t inner;
-    if (res.status_fd >= 0 && read(res.status_fd, &inner, sizeof inner) == (ssize_t)sizeof inner)
-        status = inner; /* the command's own status, from the reaper */
     exit_like(status);
 }

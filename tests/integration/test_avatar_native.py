@@ -313,6 +313,20 @@ def test_timeout_leaves_no_grandchildren(ws: Path) -> None:
     assert left == []
 
 
+def test_nothing_is_left_when_the_launcher_returns(ws: Path) -> None:
+    # The launcher exits with the status the sandbox's reaper reports once it has killed and reaped every
+    # other process (a stopped one and a new session's included), not after its own exit.
+    marker = f"0.{secrets.randbelow(10**9):09d}1"
+    script = (f"sleep 1000 {marker} & setsid sleep 1000 {marker} & sleep 1000 {marker} & p=$!; "
+              'until [ "$(cat /proc/$p/comm)" = sleep ]; do :; done; kill -STOP $p; '
+              "until [ $(cat /proc/[0-9]*/comm | grep -c '^sleep$') = 3 ]; do :; done; exit 9")
+    result = harness_run(native(), ["/bin/sh", "-c", script], ws)
+    left = marked_processes(marker)
+    for pid in left:  # do not leave them behind even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert (result.returncode, left) == (9, [])
+
+
 def test_32_threads_prepare_and_run_concurrently(tmp_path: Path) -> None:
     sandbox = native(rlimits=RLimits())
     n = 32

@@ -87,6 +87,8 @@ def _check(proc: sandbox.SandboxProcess) -> None:
 
 
 def _native(spec: sandbox.Spec, kind: str) -> Variant:
+    spec = spec.replace()  # an object of its own: sandbox.spawn keeps one compiled plan per Spec object
+
     def run() -> None:
         with proc_covers(kind):
             proc = sandbox.spawn(["/bin/true"], spec, backend="native")
@@ -129,16 +131,24 @@ def _busy_seconds() -> float:
 
 
 def busy_cpu(fns: dict[str, Variant], blocks: int, per_block: int) -> dict[str, float]:
-    """Busy CPU µs per spawn+wait of each variant, run alone in alternating blocks."""
+    """Busy CPU µs per spawn+wait of each variant, run alone in alternating blocks. Each block ends
+    with a pause for its teardown and pool checks; the machine's busy time in an equal pause
+    without spawns (its background) is taken off."""
+    def block(fn: Variant | None) -> float:
+        start, t0 = _busy_seconds(), time.monotonic()
+        for _ in range(per_block if fn else 0):
+            fn()
+        spawning = time.monotonic() - t0
+        time.sleep(0.2)
+        return _busy_seconds() - start - (background * (spawning + 0.2) if fn else 0.0)
+
+    background = 0.0
     busy = dict.fromkeys(fns, 0.0)
     for _ in range(blocks):
         for name, fn in fns.items():
-            time.sleep(0.2)  # the previous block's teardown and pool checks done
-            start = _busy_seconds()
-            for _ in range(per_block):
-                fn()
-            time.sleep(0.2)  # and this block's
-            busy[name] += _busy_seconds() - start
+            time.sleep(0.2)  # the previous block's teardown done
+            background = block(None) / 0.2  # busy CPU seconds per second, now
+            busy[name] += block(fn)
     return {name: seconds / (blocks * per_block) * 1e6 for name, seconds in busy.items()}
 
 

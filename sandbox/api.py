@@ -10,7 +10,8 @@ from typing import IO, Any
 from . import backends
 from .errors import SpecError
 from .host import HostInfo
-from .plan import check_argv, compile_plan
+from .plan import check_argv
+from .plan_cache import compiled_plan
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
 from .refusal import refusal
 from .spec import Spec
@@ -130,7 +131,7 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
         raise SpecError("sync", sync, "must be a sandbox.sync.Sync")
     if set(sync.fds()) & set(fds):
         raise SpecError("pass_fds", fds, "must not hold the sync fds (the command never gets them)")
-    plan = compile_plan(spec, host, sync)
+    plan = compiled_plan(spec, host, sync)
     refused = refusal(plan, host)
     if refused is not None:
         raise refused

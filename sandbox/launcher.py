@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 from . import backends
 from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, userns_sysctls
-from .plan import check_argv, compile_plan
+from .plan import check_argv
+from .plan_cache import compiled_plan
 from .spec import Spec
 
 LAUNCHER_NAME = "sandbox-launch"
@@ -62,7 +63,7 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     if native_ok() and os.access(path, os.X_OK):
         # sandbox-launch makes its own namespaces: it cannot join a pooled one
         host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, hard_limits=hard_limits(), pool=None)
-        blob = native.blob_for(compile_plan(spec, host))
+        blob = native.blob_for(compiled_plan(spec, host))
         return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]
 

@@ -31,12 +31,12 @@ def test_signals_kept_when_the_plan_says_so(spec: dict[str, Any], backend: str, 
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     if backend == "template":
         pytest.skip("a Template's sandboxes are cloned by its server: the caller's signal state cannot be kept")
-    compile_plan = sandbox.api.compile_plan
+    compiled_plan = sandbox.api.compiled_plan
 
     def keeping_signals(*args: Any) -> Plan:
-        return dataclasses.replace(compile_plan(*args), reset_signals=False)
+        return dataclasses.replace(compiled_plan(*args), reset_signals=False)
 
-    monkeypatch.setattr(sandbox.api, "compile_plan", keeping_signals)
+    monkeypatch.setattr(sandbox.api, "compiled_plan", keeping_signals)
     case = Case("keep_signals", mounts=(S.Proc(),), spec=spec, **CALLER_SIGNALS)
     result, _ = run_case(case, backend, ctx, monkeypatch)
     assert result.returncode == 0, result.stderr

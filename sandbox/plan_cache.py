@@ -1,0 +1,52 @@
+"""Compiled plans, kept per Spec object.
+
+A Spec is immutable and compile_plan is a pure function of the Spec, the
+caller's state (HostInfo) and the sync fds, so the plan of one Spec object
+for one caller state never changes. A caller that spawns the same Spec again
+and again (an agent's shell commands) gets the plan it already compiled, and
+the native backend the blob it already serialized for that plan. The key is
+the Spec's identity (the entry holds the Spec, so its id cannot be reused
+meanwhile), the sync fds, and every field of HostInfo the planner reads: the
+caller's ids, cwd, hard limits, capabilities, the backend, the pool's state,
+and the environment itself when the Spec inherits from it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+from .host import HostInfo
+from .plan import Plan, compile_plan
+from .spec import Spec
+from .sync import NO_SYNC, Sync
+
+__all__ = ["compiled_plan"]
+
+MAX_PLANS = 64
+
+_lock = threading.Lock()
+_plans: collections.OrderedDict[tuple[Any, ...], tuple[Spec, Plan]] = collections.OrderedDict()
+
+
+def compiled_plan(spec: Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
+    """compile_plan(spec, host, sync), compiled once per Spec object and caller state."""
+    key = (id(spec), sync, *_caller_state(spec, host))
+    with _lock:
+        hit = _plans.get(key)
+        if hit is not None and hit[0] is spec:
+            _plans.move_to_end(key)
+            return hit[1]
+    plan = compile_plan(spec, host, sync)
+    with _lock:
+        _plans[key] = (spec, plan)
+        if len(_plans) > MAX_PLANS:
+            _plans.popitem(last=False)
+    return plan
+
+
+def _caller_state(spec: Spec, host: HostInfo) -> tuple[Any, ...]:
+    environ = tuple(host.environ.items()) if spec.env_inherit else ()
+    return (host.uid, host.gid, host.cwd, tuple(sorted(host.hard_limits.items())), host.is_root, host.backend,
+            host.pool, host.core_missing, host.effective_caps, environ)

@@ -19,28 +19,52 @@ __all__ = ["reap_later"]
 
 _lock = threading.Lock()
 _pids: queue.SimpleQueue[int] = queue.SimpleQueue()
-_owner = -1  # the process whose reaper thread runs (a fork's child starts its own)
+_owner = -1  # the process whose reaper thread runs
 
 
 def reap_later(pid: int) -> None:
     """Reap our child `pid` (exiting, or exited) without waiting for it here."""
-    global _owner
+    if not _thread_running():  # the interpreter is exiting: no thread can start, so wait here
+        _reap(pid)
+        return
     try:
         if os.waitpid(pid, os.WNOHANG)[0]:
             return
     except ChildProcessError:  # reaped already (a SIGCHLD handler's waitpid(-1), say)
         return
+    _pids.put(pid)
+
+
+def _thread_running() -> bool:
+    """Start the thread once per process: the first call does, whether or not it has a pid to
+    wait for, so that a process's threads are the same after its first sandbox as after the rest."""
+    global _owner
     with _lock:
         if _owner != os.getpid():
+            try:
+                threading.Thread(target=_loop, name="sandbox-reaper", daemon=True).start()
+            except RuntimeError:
+                return False
             _owner = os.getpid()
-            threading.Thread(target=_loop, name="sandbox-reaper", daemon=True).start()
-    _pids.put(pid)
+    return True
 
 
 def _loop() -> None:
     while True:
-        pid = _pids.get()
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:  # reaped elsewhere, or a pid of the process this one forked from
-            pass
+        _reap(_pids.get())
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:  # reaped elsewhere
+        pass
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads, nor its children: start afresh."""
+    global _lock, _pids, _owner
+    _lock, _pids, _owner = threading.Lock(), queue.SimpleQueue(), -1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

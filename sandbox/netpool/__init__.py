@@ -112,6 +112,14 @@ _default: NetnsPool | None = None
 _for_none: bool | None = None  # None: the default, on unless SANDBOX_NETNS_POOL=0
 
 
+def _fresh_lock_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 def _shared(size: int = DEFAULT_SIZE) -> NetnsPool:
     """The process-wide pool, started (in the background) if there is none in
     this process. A pool inherited through fork() belongs to the parent: the

@@ -40,6 +40,17 @@ def _close_pools() -> None:
             pool.close()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has only the thread that forked: the pools' refill threads are gone, and one
+    may have held a pool's lock, or a namespace's, at the fork. Fresh locks let the child close what
+    it inherited (netpool's shared pool does on its first use there) instead of waiting forever."""
+    for pool in list(_POOLS):
+        pool._forget_threads()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _resolve_owner(owner: str) -> str:
     if owner not in _OWNERS:
         raise ValueError(f"owner must be one of {_OWNERS}, not {owner!r}")
@@ -372,6 +383,14 @@ class NetnsPool:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def _forget_threads(self) -> None:
+        """In a forked child (see _after_fork_in_child): no refill thread, and locks nobody holds."""
+        self._cond = threading.Condition(threading.Lock())
+        self._factory_lock = threading.Lock()
+        self._thread = None
+        for ns in (*self._idle, *self._leased):
+            ns._closing = threading.Lock()
 
     def close(self) -> None:
         """Destroy every namespace (leased ones too), end the factory, join the thread."""

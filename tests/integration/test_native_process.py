@@ -573,6 +573,48 @@ def test_a_long_argv(base_spec: BaseSpec, as_pid_1: bool) -> None:
     assert r.stdout.decode().split() == ["0", str(n)]
 
 
+REAPED_ACROSS_FORK = r"""
+import os, sys, time
+import sandbox
+spec = sandbox.Spec.from_json(sys.argv[1])
+
+def run_and_check_reaped():
+    p = sandbox.spawn(["true"], spec, backend="native")
+    assert p.wait(timeout=60) == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # the background reaper takes the exiting pid 1
+        try:
+            if os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                time.sleep(0.01)
+                continue
+        except ChildProcessError:
+            return
+        time.sleep(0.01)  # a zombie, not yet reaped
+    raise SystemExit(f"pid 1 {p.pid} was never reaped")
+
+run_and_check_reaped()  # the parent's reaper thread runs now, and its pool's refill thread checks the lease
+child = os.fork()
+if child == 0:
+    try:
+        run_and_check_reaped()  # the child has no thread: it must start its own
+    except BaseException as exc:
+        print(exc, flush=True)
+        os._exit(1)
+    os._exit(0)
+_, status = os.waitpid(child, 0)
+run_and_check_reaped()
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_spawns_and_reaps_like_its_parent(base_spec: BaseSpec, tmp_path: Path) -> None:
+    # The child has only the thread that forked: the parent's reaper and pool threads are gone, and the pool's
+    # thread may have held the pool's locks at the fork (the child used to hang on them in its first spawn).
+    r = subprocess.run([sys.executable, "-c", REAPED_ACROSS_FORK, base_spec().to_json()], capture_output=True,
+                       timeout=120, cwd=tmp_path)
+    assert (r.returncode, r.stdout.decode().split()) == (0, ["0"]), r.stderr.decode()
+
+
 def test_timings_are_reported(run_sh: RunSh) -> None:
     r = run_sh("true")
     assert r.timings and all(v >= 0 for v in r.timings.values())

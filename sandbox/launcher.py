@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 
 from . import backends
+from .forksafe import fresh_in_child
 from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, userns_sysctls
 from .plan import check_argv
 from .plan_cache import compiled_plan
@@ -72,6 +73,7 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
 
 _native_ok: bool | None = None
 _native_lock = threading.Lock()
+fresh_in_child(globals(), "_native_lock")
 
 
 def native_ok() -> bool:

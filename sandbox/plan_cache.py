@@ -14,10 +14,10 @@ and the environment itself when the Spec inherits from it.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from typing import Any
 
+from .forksafe import fresh_in_child
 from .host import HostInfo
 from .plan import Plan, compile_plan
 from .spec import Spec
@@ -29,14 +29,7 @@ MAX_PLANS = 64
 
 _lock = threading.Lock()
 _plans: collections.OrderedDict[tuple[Any, ...], tuple[Spec, Plan]] = collections.OrderedDict()
-
-
-def _fresh_lock_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+fresh_in_child(globals(), "_lock")
 
 
 def compiled_plan(spec: Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:

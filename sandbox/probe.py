@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import backends
 from .backends import bwrap as bwrap_backend
+from .forksafe import fresh_in_child
 from .host import BWRAP_ENV, DISABLE_NATIVE_ENV, userns_sysctls
 
 __all__ = ["BWRAP_ENV", "DISABLE_NATIVE_ENV", "ProbeResult", "probe"]
@@ -54,6 +55,7 @@ class ProbeResult:
 
 _lock = threading.Lock()
 _cached: ProbeResult | None = None
+fresh_in_child(globals(), "_lock")
 
 
 def probe(refresh: bool = False) -> ProbeResult:

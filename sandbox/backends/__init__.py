@@ -15,6 +15,7 @@ import importlib
 import threading
 
 from ..errors import UnavailableError
+from ..forksafe import fresh_in_child
 from ..plan import Plan
 from .contract import Backend, ExitSource, Launched, WaitStatus
 
@@ -51,6 +52,7 @@ def get(name: str) -> Backend:
 
 
 _lock = threading.Lock()
+fresh_in_child(globals(), "_lock")
 
 
 @functools.cache

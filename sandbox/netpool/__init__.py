@@ -90,6 +90,7 @@ import os
 import threading
 
 from ..errors import NetnsPoolError
+from ..forksafe import fresh_in_child
 from .factory import FACTORY_MARKER
 from .lease import Lease, ReleaseResult
 from .pool import NetnsPool
@@ -112,12 +113,7 @@ _default: NetnsPool | None = None
 _for_none: bool | None = None  # None: the default, on unless SANDBOX_NETNS_POOL=0
 
 
-def _fresh_lock_in_child() -> None:
-    global _default_lock
-    _default_lock = threading.Lock()  # another thread of the parent may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_fresh_lock_in_child)
+fresh_in_child(globals(), "_default_lock")
 
 
 def _shared(size: int = DEFAULT_SIZE) -> NetnsPool:

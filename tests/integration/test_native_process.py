@@ -615,6 +615,53 @@ def test_a_forked_child_spawns_and_reaps_like_its_parent(base_spec: BaseSpec, tm
     assert (r.returncode, r.stdout.decode().split()) == (0, ["0"]), r.stderr.decode()
 
 
+LOCKS_HELD_AT_FORK = r"""
+import os, signal, sys, threading
+import sandbox
+import sandbox.backends as backends
+import sandbox.backends.native as native
+import sandbox.launcher as launcher
+import sandbox.netpool as netpool
+import sandbox.plan_cache as plan_cache
+import sandbox.probe as probe
+spec = sandbox.Spec.from_json(sys.argv[1])
+sandbox.run(["true"], spec, backend="native")
+launcher.native_ok()
+locks = [probe._lock, backends._lock, launcher._native_lock, plan_cache._lock, netpool._default_lock,
+         native._init_fd_lock]
+held, done = threading.Event(), threading.Event()
+
+def hold():  # another thread in the middle of a probe, a plan, a spawn, when the caller forks
+    for lock in locks:
+        lock.acquire()
+    held.set()
+    done.wait()
+    for lock in locks:
+        lock.release()
+
+thread = threading.Thread(target=hold)
+thread.start()
+held.wait()
+child = os.fork()
+if child == 0:
+    signal.alarm(30)  # a hang ends the child with SIGALRM
+    sandbox.probe()
+    launcher.native_ok()
+    os._exit(sandbox.run(["true"], spec, backend="native").returncode)
+done.set()
+thread.join()
+_, status = os.waitpid(child, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_does_not_wait_for_locks_its_parents_threads_held(base_spec: BaseSpec,
+                                                                          tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", LOCKS_HELD_AT_FORK, base_spec().to_json()], capture_output=True,
+                       timeout=120, cwd=tmp_path)
+    assert (r.returncode, r.stdout.decode().split()) == (0, ["0"]), r.stderr.decode()
+
+
 def test_timings_are_reported(run_sh: RunSh) -> None:
     r = run_sh("true")
     assert r.timings and all(v >= 0 for v in r.timings.values())

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ... import forward, isolation, netpool
 from ...errors import SandboxError
+from ...forksafe import fresh_in_child
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
 from ...plan import Plan
 from ..contract import ExitSource, Launched, WaitStatus
@@ -23,6 +24,7 @@ __all__ = ["BIN_DIR", "INIT_PATH", "STEP_NAMES", "SandboxStatus", "Started", "bl
 
 _init_fd_lock = threading.Lock()
 _init_fd: int | None = None
+fresh_in_child(globals(), "_init_fd_lock")
 
 
 def init_fd() -> int:

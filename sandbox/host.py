@@ -105,16 +105,16 @@ def userns_available() -> bool:
     """bwrap's `--unshare-user-try` test: the kernel has user namespaces and they are not disabled."""
     if not os.path.exists("/proc/self/ns/user"):
         return False
-    if _read_text("/sys/module/user_namespace/parameters/enable").startswith("N"):
+    if read_text("/sys/module/user_namespace/parameters/enable").startswith("N"):
         return False
-    return _read_text("/proc/sys/user/max_user_namespaces").strip() != "0"
+    return read_text("/proc/sys/user/max_user_namespaces").strip() != "0"
 
 
 def userns_sysctls() -> dict[str, str]:
     """The sysctls that decide whether unprivileged user namespaces work, by dotted name (those present)."""
     out = {}
     for path in USERNS_SYSCTLS:
-        text = _read_text(path)
+        text = read_text(path)
         if text:
             out[path[len("/proc/sys/"):].replace("/", ".")] = text.strip()
     return out
@@ -147,7 +147,8 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
+    """The text of the file at `path`, or "" if it cannot be read."""
     try:
         with open(path) as f:
             return f.read()

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from . import backends
 from .forksafe import fresh_in_child
-from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, userns_sysctls
+from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, read_text, userns_sysctls
 from .plan import check_argv
 from .plan_cache import compiled_plan
 from .spec import Spec
@@ -136,7 +136,7 @@ _NAMESPACES = ("user", "mnt", "pid")
 def _confinement() -> dict[str, object]:
     """The calling process's confinement, as far as the native probe depends on it."""
     status = {}
-    for line in _read_text("/proc/self/status").splitlines():
+    for line in read_text("/proc/self/status").splitlines():
         name, _, value = line.partition(":")
         if name in _STATUS_FIELDS:
             status[name] = value.strip()
@@ -146,7 +146,7 @@ def _confinement() -> dict[str, object]:
             namespaces[name] = os.stat(f"/proc/self/ns/{name}").st_ino
         except OSError:
             namespaces[name] = None
-    return {"status": status, "ns": namespaces, "lsm": _read_text("/proc/self/attr/current").strip("\0\n")}
+    return {"status": status, "ns": namespaces, "lsm": read_text("/proc/self/attr/current").strip("\0\n")}
 
 
 def _namespace_limits() -> dict[str, str]:
@@ -157,16 +157,8 @@ def _namespace_limits() -> dict[str, str]:
     except OSError:
         return out
     for name in names:
-        out[f"user.{name}"] = _read_text(f"/proc/sys/user/{name}").strip()
+        out[f"user.{name}"] = read_text(f"/proc/sys/user/{name}").strip()
     return out
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
 
 
 def _cache_path() -> str | None:

@@ -107,11 +107,10 @@ class Tmpfs(Mount):
 
 
 @dataclass(frozen=True)
-class Proc(Mount):
-    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound."""
+class _AtDest(Mount):
+    """A filesystem whose only field is where it goes."""
 
-    dest: str = "/proc"
-    kind: ClassVar[str] = "proc"
+    dest: str
 
     def validate(self, where: str) -> None:
         check_path(f"{where}.dest", self.dest)
@@ -122,36 +121,30 @@ class Proc(Mount):
 
 
 @dataclass(frozen=True)
-class Dev(Mount):
+class Proc(_AtDest):
+    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound."""
+
+    dest: str = "/proc"
+    kind: ClassVar[str] = "proc"
+
+
+@dataclass(frozen=True)
+class Dev(_AtDest):
     """A minimal /dev at `dest`: null, zero, full, random, urandom, tty, a private
     devpts with ptmx, shm, and the fd/stdin/stdout/stderr links."""
 
     dest: str = "/dev"
     kind: ClassVar[str] = "dev"
 
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
-
 
 @dataclass(frozen=True)
-class Mqueue(Mount):
+class Mqueue(_AtDest):
     """A fresh POSIX message queue filesystem at `dest` (bwrap `--mqueue`):
     the queues of the sandbox's IPC namespace. Mounting it needs privilege
     over that namespace, so in a user namespace it needs `namespaces.ipc`."""
 
     dest: str = "/dev/mqueue"
     kind: ClassVar[str] = "mqueue"
-
-    def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
-
-    def target(self) -> str:
-        return self.dest
 
 
 @dataclass(frozen=True)

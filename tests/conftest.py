@@ -94,6 +94,28 @@ def run_sh() -> Callable[..., sandbox.CompletedProcess]:
     return run_in_sandbox
 
 
+# A preamble for a child Python: a seccomp filter that refuses the mount API,
+# as a container runtime's or systemd's filter may; the native backend cannot
+# run under it.
+BLOCK_MOUNT_API = r"""
+import ctypes
+from sandbox.seccomp import Seccomp, compile_policy
+
+prog = compile_policy(Seccomp(deny=("open_tree", "move_mount", "fsopen", "fsmount", "fsconfig", "fspick",
+                                    "mount_setattr")))
+buf = ctypes.create_string_buffer(prog, len(prog))
+
+
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+libc = ctypes.CDLL(None, use_errno=True)
+fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
+assert libc.prctl(38, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS"
+assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, "PR_SET_SECCOMP"
+"""
+
 # ---------------------------------------------------------------- processes
 
 def new_marker() -> str:

@@ -60,6 +60,17 @@ def read_to_eof(fd: int) -> bytes:
 
 
 @contextlib.contextmanager
+def reaped(proc: subprocess.Popen[str]) -> Iterator[None]:
+    """Kill and reap `proc` if the block ends (a failed assertion) while it runs."""
+    try:
+        yield
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@contextlib.contextmanager
 def pipe() -> Iterator[tuple[int, int]]:
     r, w = os.pipe()
     try:
@@ -126,17 +137,13 @@ def test_block_fd_holds_the_command_until_the_caller_writes(who):
                      pass_fds=(info_w, block_r))
         os.close(info_w)
         os.close(block_r)
-        try:
+        with reaped(proc):
             info = json.loads(read_to_eof(info_r))
             assert info["child-pid"] > 0
             time.sleep(0.3)
             assert proc.poll() is None  # still blocked
             os.write(block_w, b"x")
             out, err = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     assert proc.returncode == 0, err
     assert out == "ran\nclosed\n"  # the fd is not the command's
 
@@ -158,17 +165,13 @@ def test_userns_block_fd_lets_the_caller_write_the_id_maps(who):
                      "--userns-block-fd", str(block_r), "sh", "-c", "id -u; id -g", pass_fds=(info_w, block_r))
         os.close(info_w)
         os.close(block_r)
-        try:
+        with reaped(proc):
             pid = json.loads(read_to_eof(info_r))["child-pid"]
             Path(f"/proc/{pid}/setgroups").write_text("deny")
             Path(f"/proc/{pid}/uid_map").write_text(f"4242 {os.getuid()} 1\n")
             Path(f"/proc/{pid}/gid_map").write_text(f"4343 {os.getgid()} 1\n")
             os.write(block_w, b"x")
             out, err = proc.communicate(timeout=TIMEOUT)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
     assert (proc.returncode, out) == (0, "4242\n4343\n"), err
 
 

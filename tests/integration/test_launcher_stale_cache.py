@@ -21,29 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import BLOCK_MOUNT_API  # tests/, on sys.path (rootdir)
 
 import sandbox
 
 pytestmark = pytest.mark.integration
 
-BLOCK_MOUNT_API = r"""
-import ctypes
-from sandbox.seccomp import Seccomp, compile_policy
-
-prog = compile_policy(Seccomp(deny=("open_tree", "move_mount", "fsopen", "fsmount", "fsconfig", "fspick",
-                                    "mount_setattr")))
-buf = ctypes.create_string_buffer(prog, len(prog))
-
-
-class Fprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
-libc = ctypes.CDLL(None, use_errno=True)
-fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
-assert libc.prctl(38, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS"
-assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, "PR_SET_SECCOMP"
-"""
 
 # Asks the launcher as a harness does (compat.avatar's native mode), runs
 # `true` through the command line it got, and says whether it probed.

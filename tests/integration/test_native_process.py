@@ -574,7 +574,7 @@ def test_a_long_argv(base_spec: BaseSpec, as_pid_1: bool) -> None:
 
 
 REAPED_ACROSS_FORK = r"""
-import os, sys, time
+import os, signal, sys, time
 import sandbox
 spec = sandbox.Spec.from_json(sys.argv[1])
 
@@ -595,6 +595,7 @@ def run_and_check_reaped():
 run_and_check_reaped()  # the parent's reaper thread runs now, and its pool's refill thread checks the lease
 child = os.fork()
 if child == 0:
+    signal.alarm(60)  # a hang ends the child with SIGALRM
     try:
         run_and_check_reaped()  # the child has no thread: it must start its own
     except BaseException as exc:
@@ -607,11 +608,24 @@ print(os.waitstatus_to_exitcode(status))
 """
 
 
+def run_forking_script(script: str, spec: Spec, cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    """`python -c script SPEC` in a process group of its own, all of which is killed if it times out:
+    a forked child that hangs (what these scripts look for) must not outlive the test."""
+    proc = subprocess.Popen([sys.executable, "-c", script, spec.to_json()], stdout=PIPE, stderr=PIPE, cwd=cwd,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # before the leader is reaped: the group is still its own
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def test_a_forked_child_spawns_and_reaps_like_its_parent(base_spec: BaseSpec, tmp_path: Path) -> None:
     # The child has only the thread that forked: the parent's reaper and pool threads are gone, and the pool's
     # thread may have held the pool's locks at the fork (the child used to hang on them in its first spawn).
-    r = subprocess.run([sys.executable, "-c", REAPED_ACROSS_FORK, base_spec().to_json()], capture_output=True,
-                       timeout=120, cwd=tmp_path)
+    r = run_forking_script(REAPED_ACROSS_FORK, base_spec(), tmp_path)
     assert (r.returncode, r.stdout.decode().split()) == (0, ["0"]), r.stderr.decode()
 
 
@@ -657,8 +671,7 @@ print(os.waitstatus_to_exitcode(status))
 
 def test_a_forked_child_does_not_wait_for_locks_its_parents_threads_held(base_spec: BaseSpec,
                                                                           tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-c", LOCKS_HELD_AT_FORK, base_spec().to_json()], capture_output=True,
-                       timeout=120, cwd=tmp_path)
+    r = run_forking_script(LOCKS_HELD_AT_FORK, base_spec(), tmp_path)
     assert (r.returncode, r.stdout.decode().split()) == (0, ["0"]), r.stderr.decode()
 
 

@@ -10,6 +10,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <signal.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <sys/socket.h>

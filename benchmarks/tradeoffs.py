@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import sandbox
 import sandbox.plan as plan_module
@@ -53,9 +53,9 @@ Variant = Callable[[], object]
 _chosen = threading.local()  # the covers kind of plans compiled in this thread
 
 
-def _chosen_covers(host_uid: int) -> tuple[tuple[str, plan_module.Cover], ...]:
+def _chosen_covers(host_uid: int, root_only: Iterable[str] = ()) -> tuple[tuple[str, plan_module.Cover], ...]:
     replacement = COVERS[getattr(_chosen, "kind", "default")]
-    return _DEFAULT_COVERS(host_uid) if replacement is None else replacement(host_uid)
+    return _DEFAULT_COVERS(host_uid, root_only) if replacement is None else replacement(host_uid)
 
 
 _DEFAULT_COVERS = plan_module.proc_covers

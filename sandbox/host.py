@@ -11,6 +11,7 @@ import functools
 import importlib.util
 import os
 import resource
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -30,6 +31,31 @@ USERNS_SYSCTLS = (
     "/proc/sys/kernel/unprivileged_userns_clone",
     "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
 )
+
+
+@functools.cache
+def root_only_proc_files() -> tuple[str, ...]:
+    """The files at the top of this kernel's /proc that only the host's root may
+    read (owned by uid 0, no read bit for group or others), by name.
+
+    Read from the running kernel, once per process, rather than listed: a
+    kernel build adds such files (slabinfo, timer_list, program_cpu...), and a
+    root caller's sandbox is uid 0 of the host, which the mode bits let in."""
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return ()
+    for name in names:
+        if name.isdigit():
+            continue
+        try:
+            st = os.lstat("/proc/" + name)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o044:
+            found.append(name)
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
@@ -65,6 +91,8 @@ class HostInfo:
     pool: PoolInfo | None = PoolInfo()  # None: the executor cannot join a pooled namespace
     core_missing: str | None = None  # why the compiled core (sandbox._native) is not there; None if it is
     effective_caps: int = 0  # the caller's effective capability set, a bitmask
+    # the top-level /proc files only the host's root may read on this kernel
+    proc_root_only: tuple[str, ...] = field(default_factory=root_only_proc_files)
 
     @classmethod
     def current(cls, backend: str = "native") -> HostInfo:

@@ -15,7 +15,7 @@ import fnmatch
 import os
 import re
 import resource
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,19 +71,23 @@ class Cover(enum.Enum):
 # on that directory). Masked for every sandbox: the kernel keyrings as the
 # caller sees them, the network namespace's TCP Fast Open key, latency
 # statistics. Masked where the sandbox is uid 0 of the host (a root caller,
-# whatever uid it has inside): the files only root may read that no
-# capability guards (kernel memory layout and timers, the aids of heap
-# exploits, and page flags); others (kcore, kmsg, mtrr) check capabilities
-# the sandbox never has.
+# whatever uid it has inside): every top-level file only root may read on the
+# running kernel (HostInfo.proc_root_only: kernel memory layout and timers,
+# the aids of heap exploits, page flags, and whatever a kernel build adds),
+# and these names wherever a kernel makes them readable to root alone in a
+# directory or under another mode.
 PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs", "acpi", "asound", "scsi", "driver")
 PROC_MASKED = ("keys", "key-users", "latency_stats", "sys/net/ipv4/tcp_fastopen_key")
 PROC_MASKED_FOR_ROOT = ("slabinfo", "vmallocinfo", "pagetypeinfo", "timer_list", "timer_stats", "sched_debug",
                         "kpagecount", "kpageflags", "kpagecgroup")
 
 
-def proc_covers(host_uid: int) -> tuple[tuple[str, Cover], ...]:
-    """The covers of every Proc of a sandbox whose caller has `host_uid`."""
-    masked = PROC_MASKED + (PROC_MASKED_FOR_ROOT if host_uid == 0 else ())
+def proc_covers(host_uid: int, root_only: Iterable[str] = ()) -> tuple[tuple[str, Cover], ...]:
+    """The covers of every Proc of a sandbox whose caller has `host_uid`, on a
+    kernel whose root-only /proc files are `root_only`."""
+    masked = PROC_MASKED
+    if host_uid == 0:
+        masked += PROC_MASKED_FOR_ROOT + tuple(sorted(set(root_only) - set(PROC_MASKED_FOR_ROOT)))
     return (*((name, Cover.READ_ONLY) for name in PROC_READ_ONLY), *((name, Cover.MASK) for name in masked))
 
 
@@ -362,7 +366,7 @@ def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int]) -> tuple[tupl
 def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
     """Compile `spec` for a caller described by `host`, synchronized with it through `sync`."""
     ns = spec.namespaces
-    covers = proc_covers(host.uid)
+    covers = proc_covers(host.uid, host.proc_root_only)
     ops = tuple(compile_mount(i, m, ns.pid, covers) for i, m in enumerate(spec.mounts))
     uid = host.uid if spec.uid is None else spec.uid
     gid = host.gid if spec.gid is None else spec.gid

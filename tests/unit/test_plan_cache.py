@@ -24,6 +24,7 @@ CHANGED: dict[str, Any] = {
     "uid": 0, "gid": 0, "cwd": "/srv", "environ": {"LANG": "fr_FR.UTF-8"},
     "hard_limits": {resource.RLIMIT_NOFILE: 64}, "is_root": True, "backend": "bwrap",
     "pool": PoolInfo(serves_none=True), "core_missing": "not built", "effective_caps": 1 << 21,
+    "proc_root_only": ("program_cpu",),
 }
 
 

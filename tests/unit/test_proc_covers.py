@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import stat
 
 import pytest
 
 from sandbox import Proc, Spec
 from sandbox.backends.bwrap.render import NEWROOT_SOURCE, render_op
 from sandbox.backends.native import ffi, lib, wire
-from sandbox.host import HostInfo
+from sandbox.host import HostInfo, root_only_proc_files
 from sandbox.plan import PROC_MASKED_FOR_ROOT, Cover, OpKind, compile_plan, proc_covers
 
 HOST = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, pool=None)
@@ -45,6 +47,26 @@ def test_root_only_files_are_masked_where_the_sandbox_is_the_hosts_root() -> Non
         assert set(PROC_MASKED_FOR_ROOT) <= {p for p, _ in op.covers}
     (op,) = compile_plan(Spec(mounts=[P()]), HOST).ops
     assert not set(PROC_MASKED_FOR_ROOT) & {p for p, _ in op.covers}
+
+
+def test_the_running_kernels_root_only_files_are_masked_for_a_root_caller() -> None:
+    """A file a kernel build adds (as /proc/program_cpu, mode 0400) is masked without being named anywhere."""
+    root = dataclasses.replace(ROOT, proc_root_only=("program_cpu", "slabinfo"))
+    (op,) = compile_plan(Spec(mounts=[Proc()]), root).ops
+    masked = [p for p, c in op.covers if c is Cover.MASK]
+    assert "program_cpu" in masked and masked.count("slabinfo") == 1
+    (op,) = compile_plan(Spec(mounts=[Proc()]), dataclasses.replace(HOST, proc_root_only=("program_cpu",))).ops
+    assert "program_cpu" not in {p for p, _ in op.covers}
+
+
+def test_root_only_files_are_read_from_the_running_kernel() -> None:
+    """Every top-level /proc file only root may read is found, and nothing else."""
+    found = root_only_proc_files()
+    for name in os.listdir("/proc"):
+        st = os.lstat("/proc/" + name)
+        only_root = stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o044
+        assert (name in found) == (only_root and not name.isdigit()), name
+    assert HostInfo(uid=0, gid=0, cwd="/", environ={}).proc_root_only == found
 
 
 def test_bwrap_renders_the_covers_for_bwrap_only() -> None:

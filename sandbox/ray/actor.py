@@ -42,7 +42,7 @@ class PoolActor:
         self.error: BaseException | None = None
         self.pool: WorkerPool | None = None
         try:
-            self.pool = WorkerPool(spec, preload, max_workers, timeout=timeout, spares=spares,
+            self.pool = WorkerPool(spec, max_workers, preload=preload, timeout=timeout, spares=spares,
                                    trust_results=trust_results, result_types=result_types)
         except Exception as exc:  # noqa: BLE001 - reported by ready(), where the driver raises it
             self.error = exc

@@ -8,10 +8,13 @@ from .results import (
     RemoteError,
     RemoteTraceback,
     TaskError,
+    TaskExit,
     TaskFuture,
+    TaskLimitError,
     TaskTimeoutError,
     UnsafeResultError,
 )
 
-__all__ = ["BrokenWorkerPool", "RemoteError", "RemoteTraceback", "TaskError", "TaskFuture", "TaskTimeoutError",
+__all__ = ["BrokenWorkerPool", "RemoteError", "RemoteTraceback", "TaskError", "TaskExit", "TaskFuture",
+           "TaskLimitError", "TaskTimeoutError",
            "UnsafeResultError", "WorkerPool"]

@@ -7,23 +7,28 @@ forked tasks run run_task() or spare_main().
 Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
 a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
     caller -> zygote  INIT  {native, preload, path, spares}  fds: [task blob memfd]
-                      SPAWN {id, env?, blob?, trees: n}   fds: [result, stdout, stderr, (blob memfd), n trees]
+                      SPAWN {id, blob?, trees: n}         fds: [result, stdout, stderr, (blob memfd), n trees]
                       KILL  {id}
                       TAKEN {pid, id}                     (the caller gave spare pid task id)
     zygote -> caller  READY {pid} | ERROR {message}
                       SPARE {pid}                         fds: [socket to the spare, pidfd]
                       STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
                       EXITED {id, pid, status}            (a raw wait status; id null: an unused spare)
-    caller -> spare   SPAWN {env?}                        fds: [result, stdout, stderr]
-The task reads its payload from its result socket (a u64 length, then the
-pickled (fn, args, kwargs)) and writes its reply there (a u64 length, then
-the pickled (ok, value or exception record)).
+    caller -> spare   SPAWN {}                            fds: [result, stdout, stderr]
+Nothing of a task's own passes through the zygote, whose memory every later
+task inherits: it sees a task id, fds, and a per-task plan only as a memfd it
+maps for the fork and unmaps. The task reads everything else from its result
+socket, straight from the caller: a u64 length and its environment (JSON, a
+map of strings; empty: none), then a u64 length and the pickled
+(fn, args, kwargs). It writes its reply there (a u64 length, then the
+pickled (ok, value or exception record)).
 """
 
 from __future__ import annotations
 
 import array
 import json
+import mmap
 import os
 import socket
 import struct
@@ -75,6 +80,15 @@ def read_fd(fd: int) -> bytes:
         os.close(fd)
 
 
+def map_fd(fd: int) -> mmap.mmap:
+    """A memfd mapped read-only (then closed): its content is used in place
+    and gone from this process's memory once the map is closed."""
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
 # ---------------------------------------------------------------- the task
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -92,7 +106,7 @@ def _dumps_or_none(obj: Any) -> bytes | None:
 
     try:
         return cloudpickle.dumps(obj)
-    except Exception:  # noqa: BLE001 - what cannot be pickled comes back by name
+    except BaseException:  # noqa: BLE001 - what cannot be pickled (even by raising SystemExit) comes back by name
         return None
 
 
@@ -104,16 +118,22 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
 
     try:
         message = str(exc)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not lose the error
+    except BaseException:  # noqa: BLE001 - a broken __str__ must not lose the error
         message = "<unprintable>"
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except BaseException:  # noqa: BLE001
+        tb = "<the traceback could not be formatted>"
     kind = type(exc)
-    return {"module": kind.__module__, "qualname": kind.__qualname__, "message": message,
+    return {"module": str(kind.__module__), "qualname": str(kind.__qualname__), "message": message,
             "exception": _dumps_or_none(exc), "args": _dumps_or_none((exc.args, getattr(exc, "__dict__", {}))),
-            "traceback": "".join(traceback.format_exception(exc))}
+            "traceback": tb}
 
 
 def _execute(payload: bytes) -> bytes:
-    """Run the pickled call; the pickled reply (ok, value or error record)."""
+    """Run the pickled call; the pickled reply (ok, value or error record).
+    Whatever the task's code raises, while running or while its result is
+    pickled (SystemExit from a __reduce__ too), becomes an error record."""
     import pickle
 
     import cloudpickle
@@ -125,25 +145,38 @@ def _execute(payload: bytes) -> bytes:
         reply = (False, _error_record(exc))
     try:
         return cloudpickle.dumps(reply)
-    except Exception as exc:  # noqa: BLE001 - an unpicklable result is the task's error
-        return cloudpickle.dumps((False, _error_record(exc)))
+    except BaseException as exc:  # noqa: BLE001 - an unpicklable result is the task's error
+        failure = exc
+    try:
+        return cloudpickle.dumps((False, _error_record(failure)))
+    except BaseException:  # noqa: BLE001 - the record holds only str and bytes: this cannot fail
+        return pickle.dumps((False, {"module": "builtins", "qualname": "RuntimeError", "message":
+                                     "the task's result and its error could not be pickled", "traceback": ""}))
 
 
-def run_task(result_fd: int, env: dict[str, str] | None) -> NoReturn:
-    """The task's sandbox, after sbx_fork_sandbox returned 0 in it: run the
-    call read from `result_fd`, write the reply there, and exit without
-    unwinding into the zygote's code (os._exit: no atexit, no finalizers)."""
+def _read_environment(sock: socket.socket) -> None:
+    """The task's own environment, from its channel, into os.environ."""
+    (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+    if size:
+        env = json.loads(_recv_exact(sock, size))
+        os.environ.update(env)
+
+
+def run_task(result_fd: int) -> NoReturn:
+    """The task's sandbox, after sbx_fork_sandbox returned 0 in it: read its
+    environment and its call from `result_fd`, run the call, write the reply
+    there, and exit without unwinding into the zygote's code (os._exit: no
+    atexit, no finalizers)."""
     code = 0
     try:
-        if env:
-            os.environ.update(env)
         with socket.socket(fileno=result_fd) as sock:
+            _read_environment(sock)
             (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
             reply = _execute(_recv_exact(sock, size))
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
-                except Exception:  # noqa: BLE001, S110 - a closed stream must not lose the reply
+                except BaseException:  # noqa: BLE001, S110 - a closed stream must not lose the reply
                     pass
             # EOF on every channel now, not after the exit has torn down our
             # memory; the output first, so the caller finds all at once
@@ -171,10 +204,10 @@ def spare_main(sock_fd: int) -> NoReturn:
             message = recv(sock)
         if message is None:
             os._exit(0)  # the zygote dropped us
-        _, body, (result_fd, out_fd, err_fd) = message
+        _, _, (result_fd, out_fd, err_fd) = message
         for fd, target in ((out_fd, 1), (err_fd, 2)):
             os.dup2(fd, target)
             os.close(fd)
     except BaseException:  # noqa: BLE001 - nothing to report to: the task's channels are not ours
         os._exit(70)
-    run_task(result_fd, body.get("env"))
+    run_task(result_fd)

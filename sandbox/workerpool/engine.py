@@ -18,21 +18,46 @@ zygote reports its end.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import selectors
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..backends.native import ffi, setup_error
 from . import channel as ch
-from .results import BrokenWorkerPool, ReplyLoader
+from .results import BrokenWorkerPool, ReplyLoader, TaskFuture, TaskLimitError
 from .task import Task
 
 _CHUNK = 1 << 16
+
+# What a completed task's Task points at instead of its future: the pool
+# holds no result once the future is done (the caller's reference decides).
+_RETIRED: TaskFuture[Any] = TaskFuture()
+
+# Every engine not yet finished; at interpreter exit their tasks are waited
+# for, as concurrent.futures does (threading's exit hooks run before the
+# interpreter stops the daemon I/O threads).
+_live: weakref.WeakSet[Engine] = weakref.WeakSet()
+_exiting = False
+
+
+def _wait_at_exit() -> None:
+    global _exiting
+    _exiting = True
+    engines = list(_live)
+    for engine in engines:
+        engine.shutdown(False)
+    for engine in engines:
+        engine.thread.join()
+
+
+threading._register_atexit(_wait_at_exit)  # type: ignore[attr-defined]
 
 
 class Engine:
@@ -54,6 +79,7 @@ class Engine:
         self.broken: str | None = None
         self.closing = False
         self.zygote_stderr = bytearray()
+        self.zygote_stderr_fd: int | None = zygote_stderr
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
@@ -62,6 +88,7 @@ class Engine:
         self.sel.register(zygote_stderr, selectors.EVENT_READ, ("zstderr", None))
         self.thread = threading.Thread(target=self._run, name="WorkerPool-io", daemon=True)
         self.thread.start()
+        _live.add(self)
 
     # ------------------------------------------------------------ any thread
 
@@ -72,6 +99,8 @@ class Engine:
                 raise BrokenWorkerPool(self.broken)
             if self.closing:
                 raise RuntimeError("cannot submit to a WorkerPool after shutdown()")
+            if _exiting:
+                raise RuntimeError("cannot submit to a WorkerPool after interpreter shutdown")
             self.queued.append(task)
         self._fill()
 
@@ -123,16 +152,16 @@ class Engine:
                 task.pipes[r] = buf
                 theirs.append(w)
             mine.setblocking(False)
-            data = ch.LENGTH.pack(len(task.payload)) + task.payload
-            task.payload = b""
+            # straight to the task: nothing of it passes through the zygote
+            env = json.dumps(task.env).encode() if task.env else b""
+            data = ch.LENGTH.pack(len(env)) + env + ch.LENGTH.pack(len(task.payload)) + task.payload
+            task.payload, task.env = b"", None
             try:
                 sent = mine.send(data)
             except BlockingIOError:
                 sent = 0
             task.unsent = memoryview(data)[sent:] if sent < len(data) else None
             body: dict[str, Any] = {"id": task.id, "trees": len(task.trees)}
-            if task.env:
-                body["env"] = task.env
             if task.blob is not None:
                 body["blob"] = True
                 theirs.append(_memfd(task.blob))
@@ -170,7 +199,7 @@ class Engine:
                 task.pid, task.pidfd = pid, pidfd
             try:
                 with sock:
-                    ch.send(sock, ch.SPAWN, {"env": body.get("env")}, fds[:3])
+                    ch.send(sock, ch.SPAWN, {}, fds[:3])
             except OSError:  # it died meanwhile: the zygote reports its end
                 with self.lock:
                     self.by_pid.pop(pid, None)
@@ -201,9 +230,7 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._finished():
-                timeout = self._next_deadline()
-                for key, events in self.sel.select(timeout):
-                    self._event(key, events)
+                self._dispatch(self.sel.select(self._next_deadline()))
                 self._expire()
         except BaseException as exc:  # noqa: BLE001 - any failure here breaks the pool, never hangs it
             self._break(f"the WorkerPool's I/O thread failed: {exc!r}")
@@ -215,6 +242,12 @@ class Engine:
             return True
         with self.lock:
             return self.closing and not self.tasks and not self.queued and not self.unfinished
+
+    def _dispatch(self, ready: Iterable[tuple[selectors.SelectorKey, int]]) -> None:
+        """Handle what select() returned (a function of its own: no task stays
+        referenced from the loop while the thread waits)."""
+        for key, events in ready:
+            self._event(key, events)
 
     def _event(self, key: selectors.SelectorKey, events: int) -> None:
         what, task = key.data
@@ -270,6 +303,10 @@ class Engine:
             chunk = b""
         if chunk:
             task.reply += chunk
+            if task.max_reply is not None and len(task.reply) >= ch.LENGTH.size:
+                (size,) = ch.LENGTH.unpack_from(task.reply)
+                if size > task.max_reply or len(task.reply) > ch.LENGTH.size + task.max_reply:
+                    self._over_cap(task, "max_reply", task.max_reply, "reply")
             return
         self.sel.unregister(task.sock)
         task.sock.close()
@@ -280,6 +317,8 @@ class Engine:
         chunk = os.read(fd, _CHUNK)
         if chunk:
             task.pipes[fd] += chunk
+            if task.max_output is not None and sum(map(len, task.output)) > task.max_output:
+                self._over_cap(task, "max_output", task.max_output, "output (stdout and stderr)")
             return
         self.sel.unregister(fd)
         os.close(fd)
@@ -295,6 +334,7 @@ class Engine:
         if not chunk:
             self.sel.unregister(fd)
             os.close(fd)
+            self.zygote_stderr_fd = None
             return
         self.zygote_stderr = (self.zygote_stderr + chunk)[-8192:]
 
@@ -358,13 +398,26 @@ class Engine:
         for task in list(self.tasks.values()):
             if task.deadline is not None and not task.timed_out and now >= task.deadline and not task.done:
                 task.timed_out = True
-                if task.pidfd >= 0:  # a spare's: its pid 1, so the kernel ends its whole pid namespace
-                    try:
-                        signal.pidfd_send_signal(task.pidfd, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                else:
-                    ch.send(self.ctl, ch.KILL, {"id": task.id})
+                self._kill(task)
+
+    def _kill(self, task: Task) -> None:
+        """SIGKILL to the task's pid 1: the kernel ends its whole pid namespace."""
+        if task.pidfd >= 0:  # a spare's: the caller holds a pidfd of it
+            try:
+                signal.pidfd_send_signal(task.pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        elif not task.ended:
+            ch.send(self.ctl, ch.KILL, {"id": task.id})
+
+    def _over_cap(self, task: Task, limit: str, cap: int, what: str) -> None:
+        """The task sent more than `limit` allows: kill it, drop what it sent, fail its future."""
+        task.failure = TaskLimitError(f"the task's {what} exceeded {limit}={cap} bytes; its sandbox was killed",
+                                      limit=limit, cap=cap)
+        task.output = (bytearray(), bytearray())
+        task.reply = bytearray()
+        self._kill(task)
+        self._maybe_finish(task)
 
     # ------------------------------------------------------------ completion
 
@@ -391,15 +444,16 @@ class Engine:
             return
         task.done = True
         task.reply = bytearray()
-        task.future.timings["done"] = (time.monotonic() - task.t0) * 1e6
+        future, task.future = task.future, _RETIRED
+        future.timings["done"] = (time.monotonic() - task.t0) * 1e6
         with self.lock:
             self.unfinished.discard(task)
-        if task.future.done():
+        if future.done():
             return
         if ok:
-            task.future.set_result(value)
+            future.set_result(value)
         else:
-            task.future.set_exception(value)
+            future.set_exception(value)
 
     def _drop_channels(self, task: Task) -> None:
         """Close the task's channels (unregistering those the thread watches)."""
@@ -438,6 +492,9 @@ class Engine:
             sock.close()
             os.close(pidfd)
         self.sel.close()
+        if self.zygote_stderr_fd is not None:
+            os.close(self.zygote_stderr_fd)
+            self.zygote_stderr_fd = None
         os.close(self.wake_r)
         os.close(self.wake_w)
         self.ctl.close()

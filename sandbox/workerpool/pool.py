@@ -12,7 +12,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import cloudpickle
 
@@ -31,12 +31,18 @@ from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, visible_roots, zygote_
 from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
 
 _by_value_lock = threading.Lock()
+P = ParamSpec("P")
+T = TypeVar("T")
+MiB = 1 << 20
+DEFAULT_MAX_REPLY = 64 * MiB
+DEFAULT_MAX_OUTPUT = 16 * MiB
+_POOLS = object()  # a per-task cap left to the pool's
 
 
 class WorkerPool(Executor):
     """Run Python functions, each in a fresh sandbox of `spec`, forked from a warm interpreter.
 
-        with sandbox.WorkerPool(spec, preload=["json"], max_workers=4) as pool:
+        with sandbox.WorkerPool(spec, 4, preload=["json"]) as pool:
             print(pool.submit(json.dumps, {"a": 1}).result())
 
     A fresh interpreter (the caller's own executable, never a fork of the
@@ -56,8 +62,18 @@ class WorkerPool(Executor):
     its Tmpfs) and `env`. Functions defined in `__main__`, closures and
     functions of modules the sandbox cannot import are sent by value
     (cloudpickle). An exception comes back as itself, with the remote
-    traceback as its `__cause__`; a task that dies without a result fails
-    with TaskError (TaskTimeoutError on timeout).
+    traceback as its `__cause__`, but a BaseException that is not an
+    Exception (SystemExit, KeyboardInterrupt) comes back as TaskExit, which
+    is one; a task that dies without a result fails with TaskError
+    (TaskTimeoutError on timeout).
+
+    A task's env, arguments and binds' paths go straight to its own sandbox,
+    never through the zygote, whose memory later tasks inherit. What a task
+    can make this process hold is capped: its reply by `max_reply` bytes
+    (default 64 MiB), its stdout and stderr together by `max_output`
+    (default 16 MiB); past a cap its sandbox is killed and its future raises
+    TaskLimitError naming the cap (None: no cap; submit_task can set both
+    per task). At interpreter exit, tasks already submitted are waited for.
 
     `spares` sandboxes (default: up to 2) are forked ahead of their tasks,
     each set up and waiting for one task, so a task needing no plan of its
@@ -73,15 +89,21 @@ class WorkerPool(Executor):
     cannot run, SandboxError if the zygote fails to start.
     """
 
-    def __init__(self, spec: S.Spec, preload: Sequence[str] = (), max_workers: int | None = None, *,
+    def __init__(self, spec: S.Spec, max_workers: int | None = None, *, preload: Sequence[str] = (),
                  timeout: float | None = None, spares: int | None = None, trust_results: bool = False,
-                 result_types: Iterable[type] = (), startup_timeout: float = 60.0) -> None:
+                 result_types: Iterable[type] = (), startup_timeout: float = 60.0,
+                 max_reply: int | None = DEFAULT_MAX_REPLY, max_output: int | None = DEFAULT_MAX_OUTPUT) -> None:
         if not isinstance(spec, S.Spec):
             raise SpecError("spec", spec, "must be a sandbox.Spec")
         if max_workers is None:
             max_workers = os.cpu_count() or 1
+        if not isinstance(max_workers, int) or isinstance(max_workers, bool):
+            raise SpecError("max_workers", max_workers, "must be an int (the preload modules are keyword-only)")
         if max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
+        if isinstance(preload, str):
+            raise SpecError("preload", preload, "must be a sequence of module names, not one string")
+        self._caps = (_check_cap("max_reply", max_reply), _check_cap("max_output", max_output))
         self._timeout = timeout
         self._ids = itertools.count(1)
         self._roots = visible_roots()
@@ -108,21 +130,27 @@ class WorkerPool(Executor):
         """Host pid of the zygote's sandbox (its pid 1); every task is a descendant."""
         return self._zygote.pid
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> TaskFuture:
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> TaskFuture[T]:
         """Run `fn(*args, **kwargs)` in a new sandbox (the pool's default timeout)."""
         return self.submit_task(fn, args, kwargs)
 
-    def submit_task(self, fn: Callable[..., Any], /, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
+    def submit_task(self, fn: Callable[..., T], /, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
                     *, timeout: float | None = None, binds: Sequence[S.Bind] = (),
-                    env: Mapping[str, str] | None = None) -> TaskFuture:
+                    env: Mapping[str, str] | None = None, max_reply: int | None | object = _POOLS,
+                    max_output: int | None | object = _POOLS) -> TaskFuture[T]:
         """Run `fn(*args, **kwargs)` in a new sandbox with a `timeout` in seconds
-        (default: the pool's), extra `binds` on top of the Spec's mounts, and
-        `env` added to its os.environ."""
+        (default: the pool's), extra `binds` on top of the Spec's mounts, `env`
+        added to its os.environ, and caps in bytes on its reply and output
+        (default: the pool's; None: no cap)."""
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("env", env, "must map strings to strings")
+        reply_cap = self._caps[0] if max_reply is _POOLS else _check_cap("max_reply", max_reply)
+        output_cap = self._caps[1] if max_output is _POOLS else _check_cap("max_output", max_output)
         payload = self._pickle(fn, tuple(args), dict(kwargs or {}))
-        task = Task(id=next(self._ids), future=TaskFuture(), payload=payload,
-                    timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None)
+        future: TaskFuture[T] = TaskFuture()
+        task = Task(id=next(self._ids), future=future, payload=payload,
+                    timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None,
+                    max_reply=reply_cap, max_output=output_cap)
         if binds:
             self._add_binds(task, binds)
         try:
@@ -131,7 +159,7 @@ class WorkerPool(Executor):
             for fd in task.trees:
                 os.close(fd)
             raise
-        return task.future
+        return future
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accept no more tasks; with `cancel_futures`, cancel those not started;
@@ -180,6 +208,15 @@ class WorkerPool(Executor):
                 os.close(fd)
             raise
         task.blob = serialize(with_task_binds(self._task_plan, kept), "/")
+
+
+def _check_cap(name: str, value: object) -> int | None:
+    """A cap in bytes: a positive int, or None for none."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise SpecError(name, value, "must be a positive number of bytes, or None for no cap")
+    return value
 
 
 def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int,

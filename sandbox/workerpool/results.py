@@ -6,6 +6,16 @@ names). By default it is loaded with an allowlist instead: plain data
 (numbers, strings, bytes, containers, datetime, Decimal, Fraction, UUID, paths)
 and exception classes the caller has already imported; `result_types` adds
 classes the caller vouches for, `trusted=True` loads anything.
+
+Even an allowed callable is a lever: `list(range(10**9))` or `bytes(10**9)`
+is a few bytes of pickle that would make the caller build gigabytes. Plain
+data never needs the copying constructors (list, tuple, set, frozenset, dict,
+bytes, bytearray, Counter, deque: pickle has opcodes for their contents), so
+a reply that names one is loaded again by a checked loader, which charges
+every call and __new__ what its arguments make it copy or allocate (a
+sized argument's length, bytes(n)'s n; a range or an iterator its length)
+against a budget the size of the reply: what a reply makes the caller hold
+stays proportional to what it sent, and that is capped by max_reply.
 """
 
 from __future__ import annotations
@@ -13,9 +23,9 @@ from __future__ import annotations
 import io
 import pickle
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Future
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ..errors import SandboxError
 
@@ -31,7 +41,15 @@ SAFE_GLOBALS: dict[str, frozenset[str]] = {
 }
 
 
-class TaskFuture(Future):
+T = TypeVar("T")
+
+# Allowed callables that copy an argument (or allocate a size) the data chooses.
+_COPYING = frozenset({("builtins", name) for name in ("list", "tuple", "set", "frozenset", "dict", "bytes",
+                                                       "bytearray")} | {("collections", "Counter"),
+                                                                        ("collections", "deque")})
+
+
+class TaskFuture(Future[T], Generic[T]):
     """A WorkerPool task's Future, with what the task wrote to its stdout and
     stderr (bytes, complete once the future is done)."""
 
@@ -57,6 +75,37 @@ class TaskError(SandboxError):
 
 class TaskTimeoutError(TaskError, TimeoutError):
     """The task ran past its timeout; its whole sandbox was killed."""
+
+
+class TaskLimitError(TaskError):
+    """The task sent more than a cap allows (`limit`: "max_reply" or
+    "max_output", `cap` its value in bytes); its whole sandbox was killed
+    and what it sent was dropped."""
+
+    def __init__(self, message: str, *, limit: str, cap: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.cap = cap
+
+
+class TaskExit(TaskError):
+    """The task raised a BaseException that is not an Exception (SystemExit,
+    KeyboardInterrupt, GeneratorExit...): raising it here as itself would end
+    the caller's loop, so it comes back wrapped. `exception` is the one the
+    task raised (rebuilt, or a RemoteError naming it); `__cause__` the remote
+    traceback."""
+
+    def __init__(self, exception: BaseException) -> None:
+        super().__init__(f"the task raised {type(exception).__name__}({_short(exception)})")
+        self.exception = exception
+
+
+def _short(exc: BaseException) -> str:
+    try:
+        text = ", ".join(repr(a) for a in exc.args)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the error
+        text = "..."
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 class RemoteError(SandboxError):
@@ -89,21 +138,86 @@ class UnsafeResultError(SandboxError, pickle.UnpicklingError):
     """The reply names a class or function the safe loader does not rebuild."""
 
 
+def _allowed_global(module: str, name: str, allowed: frozenset[tuple[str, str]]) -> Any:
+    """What a reply may name: the allowlist, `allowed`, and exception classes already imported."""
+    if name in SAFE_GLOBALS.get(module, ()) or (module, name) in allowed:
+        return getattr(sys.modules.get(module) or __import__(module), name)
+    found = _loaded_attr(module, name)
+    if isinstance(found, type) and issubclass(found, BaseException):
+        return found
+    raise UnsafeResultError(
+        f"the task's reply holds {module}.{name}, which is not rebuilt without trust: return plain data, "
+        "list the class in WorkerPool(result_types=...), or pass trust_results=True (the task's code could "
+        "then run code in this process)")
+
+
+class _NamesCopying(Exception):
+    """The reply names a copying constructor: load it with _CheckedUnpickler."""
+
+
 class _SafeUnpickler(pickle.Unpickler):
+    """The fast loader (C): the allowlist, and no copying constructor at all."""
+
     def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]]) -> None:
         super().__init__(io.BytesIO(data))
         self.allowed = allowed
 
     def find_class(self, module: str, name: str) -> Any:
-        if name in SAFE_GLOBALS.get(module, ()) or (module, name) in self.allowed:
-            return super().find_class(module, name)
-        found = _loaded_attr(module, name)
-        if isinstance(found, type) and issubclass(found, BaseException):
-            return found
-        raise UnsafeResultError(
-            f"the task's reply holds {module}.{name}, which is not rebuilt without trust: return plain data, "
-            "list the class in WorkerPool(result_types=...), or pass trust_results=True (the task's code could "
-            "then run code in this process)")
+        if (module, name) in _COPYING and (module, name) not in self.allowed:
+            raise _NamesCopying
+        return _allowed_global(module, name, self.allowed)
+
+
+class _CheckedUnpickler(pickle._Unpickler):
+    """The checked loader (pure Python, so each call can be seen): every
+    REDUCE and NEWOBJ is charged what it copies, against `budget` items."""
+
+    dispatch: ClassVar[dict[int, Callable[[Any], None]]] = dict(pickle._Unpickler.dispatch)
+    stack: list[Any]
+
+    def __init__(self, data: bytes, allowed: frozenset[tuple[str, str]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.allowed = allowed
+        self.budget = max(len(data), 1 << 16)
+
+    def find_class(self, module: str, name: str) -> Any:
+        return _allowed_global(module, name, self.allowed)
+
+    def _charge(self, make: Any, args: Any) -> None:
+        for arg in args:
+            self.budget -= _copy_cost(make, arg)
+        if self.budget < 0:
+            raise UnsafeResultError(f"the task's reply asks this process to build more than it sent "
+                                    f"({getattr(make, '__name__', make)} of a large argument): refused")
+
+    def load_reduce(self) -> None:
+        args = self.stack[-1]
+        self._charge(self.stack[-2], args)
+        super().load_reduce()  # type: ignore[misc]
+
+    def load_newobj(self) -> None:
+        self._charge(self.stack[-2], self.stack[-1])
+        super().load_newobj()  # type: ignore[misc]
+
+    def load_newobj_ex(self) -> None:
+        self._charge(self.stack[-3], (*self.stack[-2], *self.stack[-1].values()))
+        super().load_newobj_ex()  # type: ignore[misc]
+
+    dispatch[pickle.REDUCE[0]] = load_reduce
+    dispatch[pickle.NEWOBJ[0]] = load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
+
+
+def _copy_cost(make: Any, arg: Any) -> int:
+    """What calling `make` with `arg` may copy or allocate, in items."""
+    if isinstance(arg, int) and not isinstance(arg, bool):
+        return abs(arg) if make in (bytes, bytearray) else 1  # bytes(n) makes n bytes
+    if isinstance(arg, type):
+        return 1  # a class as an argument (defaultdict's factory) is not iterated
+    try:
+        return len(arg)
+    except (TypeError, OverflowError):  # OverflowError: a range longer than sys.maxsize
+        return sys.maxsize if hasattr(type(arg), "__iter__") else 1  # an iterator claims no length
 
 
 def _loaded_attr(module: str, qualname: str) -> Any:
@@ -127,7 +241,10 @@ class ReplyLoader:
         """One pickled object."""
         if self.trusted:
             return pickle.loads(data)
-        return _SafeUnpickler(data, self.allowed).load()
+        try:
+            return _SafeUnpickler(data, self.allowed).load()
+        except _NamesCopying:
+            return _CheckedUnpickler(data, self.allowed).load()
 
     def outcome(self, data: bytes) -> tuple[bool, Any]:
         """(True, value) or (False, exception with the remote traceback as its __cause__)."""
@@ -145,7 +262,11 @@ class ReplyLoader:
         if exc is None:
             name = f"{record.get('module', '?')}.{record.get('qualname', '?')}"
             exc = RemoteError(name, str(record.get("message", "")))
-        exc.__cause__ = RemoteTraceback(str(record.get("traceback", "")))
+        cause = RemoteTraceback(str(record.get("traceback", "")))
+        exc.__cause__ = cause
+        if not isinstance(exc, Exception):
+            exc = TaskExit(exc)
+            exc.__cause__ = cause
         return exc
 
     def _rebuilt(self, record: dict[str, Any]) -> BaseException | None:

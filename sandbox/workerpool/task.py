@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import channel as ch
 from .results import TaskError, TaskFuture, TaskTimeoutError
@@ -16,10 +17,12 @@ class Task:
     """One submitted call and its channels (the caller's ends)."""
 
     id: int
-    future: TaskFuture
+    future: TaskFuture[Any]
     payload: bytes
     timeout: float | None = None
-    env: dict[str, str] | None = None
+    env: dict[str, str] | None = None  # sent on its own channel, then dropped
+    max_reply: int | None = None  # caps in bytes (None: none)
+    max_output: int | None = None
     blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
     trees: list[int] = field(default_factory=list)  # detached source trees of its per-task binds
     sock: socket.socket | None = None

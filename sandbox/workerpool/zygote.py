@@ -24,6 +24,7 @@ The messages and the task's side are channel.py's (loaded here by path).
 from __future__ import annotations
 
 import math
+import mmap
 import os
 import socket
 import sys
@@ -52,7 +53,7 @@ def _channel() -> ModuleType:
 C = _channel()
 INIT, SPAWN, KILL, TAKEN = C.INIT, C.SPAWN, C.KILL, C.TAKEN
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = C.READY, C.ERROR, C.SPARE, C.STARTED, C.FAILED, C.EXITED
-send, recv, read_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.run_task, C.spare_main
+send, recv, read_fd, map_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.map_fd, C.run_task, C.spare_main
 
 
 # ---------------------------------------------------------------- the zygote
@@ -128,7 +129,7 @@ class Zygote:
     def addr(self, cdata: Any) -> int:
         return int(self.ffi.cast("uintptr_t", cdata))
 
-    def fork(self, blob: bytes, stdio: list[int], keep: list[int], trees: list[int]) -> tuple[int, Any]:
+    def fork(self, blob: bytes | mmap.mmap, stdio: list[int], keep: list[int], trees: list[int]) -> tuple[int, Any]:
         """sbx_fork_sandbox, between CPython's before- and after-fork hooks
         (the task's random is reseeded there, as after os.fork())."""
         ffi = self.ffi
@@ -144,6 +145,7 @@ class Zygote:
             self.api.PyOS_AfterFork_Child()
         else:
             self.api.PyOS_AfterFork_Parent()
+            ffi.release(c_blob)  # a mapped plan can be unmapped now
         return pid, res
 
     def spawn(self, body: dict[str, Any], fds: list[int]) -> None:
@@ -156,14 +158,17 @@ class Zygote:
             if pending is not None:  # a spare is being set up: take it rather than fork twice
                 pending.claim = (body, fds)
                 return
-        blob = read_fd(rest.pop(0)) if body.get("blob") else self.blob
+        own_plan = map_fd(rest.pop(0)) if body.get("blob") else None
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
         try:
-            pid, res = self.fork(blob, [-1, out_fd, err_fd], [result_fd], trees)
+            pid, res = self.fork(self.blob if own_plan is None else own_plan, [-1, out_fd, err_fd], [result_fd],
+                                 trees)
             if pid == 0:
                 self.ctl.detach()  # its fd is closed in the task; the object must not close another
-                run_task(result_fd, body.get("env"))
+                run_task(result_fd)
         finally:
+            if own_plan is not None:
+                own_plan.close()  # the task's plan (its binds' paths) leaves no copy in the zygote
             for fd in (result_fd, out_fd, err_fd, *trees, *rest):
                 os.close(fd)
         if pid < 0:
@@ -240,7 +245,7 @@ class Zygote:
         child.task_id = body["id"]
         self.tasks[child.task_id] = child
         try:
-            send(child.sock, SPAWN, {"env": body.get("env")}, fds)
+            send(child.sock, SPAWN, {}, fds)
         except OSError:
             pass  # it died meanwhile: its end is the task's
         finally:

@@ -22,7 +22,7 @@ from conftest import make_base_spec
 
 import sandbox
 from sandbox import Bind, Dir, RoBind, SpecError, Tmpfs
-from sandbox.workerpool import RemoteError, RemoteTraceback, TaskError, TaskTimeoutError, UnsafeResultError
+from sandbox.workerpool import RemoteError, RemoteTraceback, TaskError, TaskExit, TaskTimeoutError, UnsafeResultError
 
 pytestmark = pytest.mark.integration
 
@@ -136,8 +136,9 @@ def test_exit_crash_and_hang_do_not_harm_the_pool(pool: sandbox.WorkerPool) -> N
     with pytest.raises(TaskTimeoutError) as timed_out:
         pool.submit_task(time.sleep, (100,), timeout=0.5).result(timeout=60)
     assert time.monotonic() - start < 30 and timed_out.value.returncode == -9
-    with pytest.raises(SystemExit):
+    with pytest.raises(TaskExit) as raised:  # never SystemExit itself: it would end the caller's loop
         pool.submit(sys.exit, 4).result(timeout=60)
+    assert isinstance(raised.value.exception, SystemExit) and raised.value.exception.code == 4
     assert pool.submit(double, 1).result(timeout=60) == 2
 
 

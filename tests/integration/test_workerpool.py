@@ -327,3 +327,93 @@ def test_the_specs_ids_limits_and_hardening_reach_every_task(fields: dict, expec
     with sandbox.WorkerPool(make_base_spec(**fields), max_workers=1) as p:
         result = p.submit(task_identity).result(timeout=60)
     assert expect(result), result
+
+
+# ---------------------------------------------------------------- what concurrent.futures promises
+
+EXIT_SCRIPT = """
+import sys, time
+import sandbox
+from sandbox import Dev, Proc, RoBind, Spec, Symlink, Tmpfs
+
+def slow(x):
+    import time
+    time.sleep(0.3)
+    return x * 10
+
+spec = Spec(mounts=[RoBind("/usr"), Symlink("usr/lib", "/lib"), Symlink("usr/lib64", "/lib64"), Proc(), Dev(),
+                    Tmpfs("/tmp")])
+pool = sandbox.WorkerPool(spec, 2)
+for x in range(4):
+    pool.submit(slow, x).add_done_callback(lambda f: print("done", f.result(), flush=True))
+if sys.argv[1] == "shutdown-nowait":
+    pool.shutdown(wait=False)
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["no-shutdown", "shutdown-nowait"])
+def test_submitted_tasks_are_awaited_at_interpreter_exit(tmp_path: Path, how: str) -> None:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    out = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "exiting" and sorted(lines[1:]) == [f"done {x * 10}" for x in range(4)], out.stdout
+
+
+def test_max_workers_is_the_first_argument() -> None:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    with sandbox.WorkerPool(make_base_spec(), 2, preload=["json"]) as p:
+        assert p.submit(double, 4).result(timeout=60) == 8
+    with pytest.raises(SpecError) as info:
+        sandbox.WorkerPool(make_base_spec(), ["json"])  # type: ignore[arg-type]
+    assert info.value.field == "max_workers"
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_shutdown_leaves_no_fd_open() -> None:
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    with sandbox.WorkerPool(make_base_spec(), 1) as p:  # the first pool of a process loads what stays loaded
+        p.submit(double, 1).result(timeout=60)
+    before = open_fds()
+    p = sandbox.WorkerPool(make_base_spec(), 2)
+    assert [p.submit(double, x).result(timeout=60) for x in range(3)] == [0, 2, 4]
+    p.shutdown(wait=True)
+    assert open_fds() <= before
+
+
+class Payload:
+    """A result the caller keeps a weak reference to (trust_results: a class sent by value)."""
+
+
+def make_payload() -> Payload:
+    return Payload()
+
+
+def test_a_done_result_is_collectable_once_its_future_is_dropped() -> None:
+    import gc
+    import weakref
+
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    with sandbox.WorkerPool(make_base_spec(), 1, trust_results=True, spares=0) as p:
+        future = p.submit(time.sleep, 0)
+        future.result(timeout=60)
+        holders: list[list[str]] = []
+        future = p.submit(make_payload)
+        # when the future completes, the pool's own record of the task no longer points at it
+        future.add_done_callback(lambda f: holders.append([type(r).__name__ for r in gc.get_referrers(f)]))
+        ref = weakref.ref(future.result(timeout=60))
+        del future
+        gc.collect()
+        assert ref() is None, gc.get_referrers(ref())
+        assert holders and "Task" not in holders[0], holders

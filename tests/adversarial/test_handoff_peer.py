@@ -147,9 +147,10 @@ def ticket_number(spec: ExecSpec) -> str:
     return spec.env[ENV].split(":", 1)[0] if ENV in spec.env else "0"
 
 
-def launch(spec: ExecSpec, ws: Path, **kw: object) -> subprocess.CompletedProcess[str]:
+def launch(spec: ExecSpec, ws: Path) -> subprocess.CompletedProcess[str]:
+    """Run a prepared command line as the harness does."""
     return subprocess.run(spec.argv, cwd=ws, env=spec.env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=TIMEOUT, check=False, **kw)  # type: ignore[call-overload]
+                          text=True, timeout=TIMEOUT, check=False)
 
 
 def assert_not_served(out: str, ws: Path, before: int) -> None:
@@ -164,7 +165,8 @@ def assert_not_served(out: str, ws: Path, before: int) -> None:
 def attack_spec() -> sandbox.Spec:
     """A sandbox the harness starts as its own child (as_pid_1: no reaper
     between) that sees the host read-only, its /tmp included."""
-    return sandbox.Spec(mounts=(RoBind("/", "/"), Proc(), Dev()), as_pid_1=True, env={"PATH": "/usr/bin:/bin"})
+    return sandbox.Spec(mounts=(RoBind("/", "/"), Proc(), Dev()), as_pid_1=True,
+                        env=(("PATH", "/usr/bin:/bin"),))
 
 
 # ---------------------------------------------------------------- (a) peers that are not its launchers

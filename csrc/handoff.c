@@ -18,6 +18,64 @@ extern char **environ;
 
 static volatile int handoff_fd = -1;
 
+/* This launch's ticket, from HANDOFF_ENV (take_ticket); wiped once used. */
+static struct {
+    int ok;
+    uint32_t id;
+    uint8_t secret[HANDOFF_SECRET_SIZE];
+    char path[sizeof ((struct sockaddr_un *)0)->sun_path];
+} ticket;
+
+static int hex_value(int ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+}
+
+/* "ID:SECRET:PATH" into `ticket`; 1 if it is well-formed. */
+static int parse_ticket(const char *s)
+{
+    uint64_t id = 0;
+    const char *p = s;
+    for (; *p >= '0' && *p <= '9' && p - s < 10; p++)
+        id = id * 10 + (uint64_t)(*p - '0');
+    if (p == s || *p++ != ':' || id > UINT32_MAX)
+        return 0;
+    ticket.id = (uint32_t)id;
+    for (size_t i = 0; i < HANDOFF_SECRET_SIZE; i++, p += 2) {
+        int hi = hex_value((unsigned char)p[0]), lo = hi < 0 ? -1 : hex_value((unsigned char)p[1]);
+        if (lo < 0)
+            return 0;
+        ticket.secret[i] = (uint8_t)(hi << 4 | lo);
+    }
+    if (*p++ != ':' || *p != '/' || strlen(p) >= sizeof ticket.path)
+        return 0;
+    strcpy(ticket.path, p);
+    return 1;
+}
+
+int take_ticket(int keep)
+{
+    size_t n = strlen(HANDOFF_ENV);
+    int found = 0, ok = 0;
+    for (char **e = environ; *e; e++) {
+        if (strncmp(*e, HANDOFF_ENV, n) || (*e)[n] != '=')
+            continue;
+        char *value = *e + n + 1;
+        if (!found && keep)
+            ok = parse_ticket(value);
+        found = 1;
+        explicit_bzero(value, strlen(value)); /* what /proc/PID/environ shows, too */
+    }
+    if (found)
+        unsetenv(HANDOFF_ENV);
+    if (!ok)
+        explicit_bzero(&ticket, sizeof ticket);
+    ticket.ok = ok;
+    return ok;
+}
+
 static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
 
 /* A signal for the command: one SIGNAL frame (send is async-signal-safe). */
@@ -70,10 +128,10 @@ static size_t add(char *out, size_t at, const char *s)
     return at + n;
 }
 
-/* The request: header, then cwd, argv and environ, each NUL-terminated. */
+/* The request: header (with the ticket), then cwd, argv and environ, each NUL-terminated. */
 static char *build_request(const char *cwd, char **argv, size_t *size)
 {
-    struct handoff_request h = {HANDOFF_MAGIC, HANDOFF_VERSION, 0, 0, 0};
+    struct handoff_request h = {HANDOFF_MAGIC, HANDOFF_VERSION, 0, 0, 0, ticket.id, {0}};
     size_t at = add(NULL, 0, cwd);
     for (; argv[h.argc]; h.argc++)
         at = add(NULL, at, argv[h.argc]);
@@ -83,7 +141,9 @@ static char *build_request(const char *cwd, char **argv, size_t *size)
     char *out = malloc(sizeof h + at);
     if (!out)
         return NULL;
+    memcpy(h.secret, ticket.secret, sizeof h.secret);
     memcpy(out, &h, sizeof h);
+    explicit_bzero(h.secret, sizeof h.secret);
     at = add(out + sizeof h, 0, cwd);
     for (uint32_t i = 0; i < h.argc; i++)
         at = add(out + sizeof h, at, argv[i]);
@@ -124,7 +184,7 @@ static void await_answer(int fd)
     }
 }
 
-void try_handoff(const char *path, char **argv)
+static void handoff(char **argv)
 {
     /* stdio that is closed becomes /dev/null here, as the fallback's would
      * (and so the socket can't take fd 0, 1 or 2) */
@@ -134,17 +194,19 @@ void try_handoff(const char *path, char **argv)
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd))
         return;
-    int fd = connect_to(path);
+    int fd = connect_to(ticket.path);
     if (fd < 0)
         return;
     size_t size;
     char *msg = build_request(cwd, argv, &size);
-    if (!msg || send_request(fd, msg, size) < 0) {
-        free(msg);
+    int sent = msg ? send_request(fd, msg, size) : -1;
+    if (msg)
+        explicit_bzero(msg, sizeof(struct handoff_request));
+    free(msg);
+    if (sent < 0) {
         close(fd);
         return;
     }
-    free(msg);
     /* From here a signal for us is one for the command. One that comes
      * before this point kills the launcher, and the server kills the
      * sandbox when it sees the connection close. */
@@ -154,4 +216,11 @@ void try_handoff(const char *path, char **argv)
     handoff_fd = -1;
     set_handlers(SIG_DFL);
     close(fd);
+}
+
+void try_handoff(char **argv)
+{
+    if (ticket.ok)
+        handoff(argv);
+    explicit_bzero(&ticket, sizeof ticket); /* the plan runs without it */
 }

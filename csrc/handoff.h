@@ -1,13 +1,24 @@
 /* handoff.h: sandbox-launch's handoff to a warm sandbox.Template held by
  * its caller (sandbox/compat/handoff.py speaks the other side).
  *
+ * The caller's process serves only the launches it prepared: each
+ * `sandbox-launch --handoff ...` command line comes with its own ticket in
+ * the environment, HANDOFF_ENV="ID:SECRET:PATH" (ID decimal, SECRET
+ * HANDOFF_SECRET_SIZE random bytes as lowercase hex, PATH the socket, in a
+ * directory its owner cannot list, under a name only the ticket tells). The
+ * launcher takes the variable out of its environment first thing (its
+ * bytes zeroed, so /proc/PID/environ does not show it either), whether it
+ * hands off or not: the command never sees it. A ticket is good for one
+ * command; the server answers FALLBACK to one it does not hold.
+ *
  * One SOCK_SEQPACKET connection per command. The launcher sends one
- * request: a struct handoff_request, then the payload "CWD\0" argv[i]\0...
- * environ[i]\0..., with its fds 0, 1 and 2 in SCM_RIGHTS. Then frames
- * (struct handoff_frame, then text for ERROR and FALLBACK) go both ways:
- * SIGNAL from the launcher (a signal it received, for the command); one of
- * STATUS, ERROR or FALLBACK from the server. The server kills the sandbox
- * when the connection closes before the command has ended.
+ * request: a struct handoff_request (with its ticket), then the payload
+ * "CWD\0" argv[i]\0... environ[i]\0..., with its fds 0, 1 and 2 in
+ * SCM_RIGHTS. Then frames (struct handoff_frame, then text for ERROR and
+ * FALLBACK) go both ways: SIGNAL from the launcher (a signal it received,
+ * for the command); one of STATUS, ERROR or FALLBACK from the server. The
+ * server kills the sandbox when the connection closes before the command
+ * has ended.
  */
 #ifndef SANDBOX_HANDOFF_H
 #define SANDBOX_HANDOFF_H
@@ -15,16 +26,20 @@
 #include <stdint.h>
 
 #define HANDOFF_MAGIC 0x48584253u /* "SBXH" */
-#define HANDOFF_VERSION 1u
+#define HANDOFF_VERSION 2u
+#define HANDOFF_ENV "SANDBOX_HANDOFF"
+#define HANDOFF_SECRET_SIZE 32
 
 struct handoff_request {
     uint32_t magic, version, argc, envc, size; /* size: bytes of payload that follow */
+    uint32_t ticket;                           /* ID of HANDOFF_ENV */
+    uint8_t secret[HANDOFF_SECRET_SIZE];       /* SECRET of HANDOFF_ENV */
 };
 
 enum handoff_kind {
     HANDOFF_STATUS = 1,   /* value: the returncode (-N: killed by signal N) */
     HANDOFF_ERROR = 2,    /* value: the exit code (125, 126, 127); text: the message */
-    HANDOFF_FALLBACK = 3, /* the server cannot start it (stale template): run the plan */
+    HANDOFF_FALLBACK = 3, /* the server will not start it (stale template, unknown ticket): run the plan */
     HANDOFF_SIGNAL = 4,   /* launcher -> server; value: the signal number */
 };
 
@@ -32,9 +47,16 @@ struct handoff_frame {
     int32_t kind, value;
 };
 
-/* Hand argv over to the server on `path`; returns only if the launcher
- * should run the plan itself (nobody answers, or the server says so). */
-void try_handoff(const char *path, char **argv);
+/* Take HANDOFF_ENV out of the environment (every copy; the bytes of its
+ * value zeroed) and, if `keep`, keep its ticket for try_handoff; returns 1
+ * if it kept a well-formed one, else 0. Call before anything reads the
+ * environment. */
+int take_ticket(int keep);
+
+/* Hand argv over with the ticket take_ticket() kept; returns only if the
+ * launcher should run the plan itself (no ticket, nobody answers, or the
+ * server says so), with the ticket wiped. */
+void try_handoff(char **argv);
 
 /* From launcher.c: one "sandbox: ..." line and exit 125; exit as `status` says. */
 void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...);

@@ -12,10 +12,11 @@
  * launcher itself also dies with its caller, so no process stands between a
  * dead caller and a live sandbox.
  *
- * With `--handoff SOCKET` first (sandbox.compat.handoff), the launcher asks
- * the caller's process, which holds a warm sandbox.Template, to start the
- * command instead (csrc/handoff.c); if nobody there answers, it runs the
- * plan itself.
+ * With `--handoff` first (sandbox.compat.handoff), the launcher asks the
+ * caller's process, which holds a warm sandbox.Template, to start the
+ * command instead, with the ticket in its SANDBOX_HANDOFF variable
+ * (csrc/handoff.h); if nobody there answers, it runs the plan itself. The
+ * variable never reaches the command, with or without `--handoff`.
  */
 #include "internal.h"
 #include "handoff.h"
@@ -145,19 +146,19 @@ static void die_with(pid_t parent)
 int main(int argc, char **argv)
 {
     pid_t parent = getppid(); /* first: the caller that exec'd us */
-    const char *handoff = NULL;
-    if (argc >= 3 && !strcmp(argv[1], "--handoff")) {
-        handoff = argv[2];
-        argc -= 2;
-        argv += 2;
+    int handoff = argc >= 2 && !strcmp(argv[1], "--handoff");
+    take_ticket(handoff); /* out of the environment, before anything reads it */
+    if (handoff) {
+        argc -= 1;
+        argv += 1;
     }
     if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
-        die("usage: %s [--handoff SOCKET] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
+        die("usage: %s [--handoff] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
     if (handoff) {
         /* the caller's thread that forked us ends: so do we (and the
          * sandbox its process started for us, when our connection closes) */
         die_with(parent);
-        try_handoff(handoff, argv + 4); /* returns only to fall back */
+        try_handoff(argv + 4); /* returns only to fall back, the ticket wiped */
     }
     size_t len;
     void *blob = b64_decode(argv[2], &len);

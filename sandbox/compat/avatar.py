@@ -316,7 +316,10 @@ class NativeSandbox:
     sandbox.compat.handoff); once it is warm, `prepare()` returns a launcher
     command line that hands the command over to it (the same world, limits,
     environment and exit-code contract, at a Template's cost), and the
-    launcher sets the sandbox up itself if the template has gone.
+    launcher sets the sandbox up itself if the template has gone. Such an
+    ExecSpec is good for one handoff: its `env` carries a one-use ticket
+    (SANDBOX_HANDOFF, which the launcher takes out before the command sees
+    its environment); run again, it falls back to the launcher's own setup.
     `prewarm(cwd)` builds it now. Without `warm`, `prepare()` is pure: no
     I/O, no process, no temporary file; equal inputs give equal results.
     """
@@ -337,7 +340,9 @@ class NativeSandbox:
         if self.warm:
             route = _handoff().handoff().route(self._key(cwd))
             if route is not None:
-                return ExecSpec(argv=[*route, "--", *_launcher().check_argv(argv)], env=env, preexec_fn=None)
+                prefix, ticket = route
+                return ExecSpec(argv=[*prefix, "--", *_launcher().check_argv(argv)], env={**env, **ticket},
+                                preexec_fn=None)
         spec = native_spec(cwd, allow_network=self.allow_network, rlimits=self.rlimits, environ=env)
         cmd = _launcher().launcher_argv(spec, list(argv), os.fspath(cwd))
         if self.warm and cmd[0] == _launcher().launcher_path():

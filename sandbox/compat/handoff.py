@@ -12,15 +12,30 @@ kill) kills the sandbox: its connection closes and the sandbox is killed.
 Everything runs on one daemon thread (`Handoff`): it builds the Templates
 (so their die-with-parent is tied to a thread that lives as long as the
 process), accepts connections and waits for sandboxes, with one selector.
-Each template has its own listening socket in a private 0700 directory; a
-connection is served only when the peer is a child of this process (the
-launcher the harness itself started), and the launcher checks in turn that
-the socket's server is its parent.
+
+Only the launches this process prepared are served. Same uid, or being a
+child of this process, is not enough: a sandbox this process starts may run
+as the same uid, as its child (`as_pid_1`), and see the socket's directory.
+So every `route()` (one prepared command line) issues a ticket, a number
+and 32 random bytes, good for one request on one template's socket; the
+launcher gets it in its environment (ENV: "ID:SECRET:PATH"), takes it out
+of the environment before anything else (the command never sees it) and
+sends it in its request; the secret is compared in constant time, and a
+ticket this process does not hold (used, evicted, made up) is answered
+FALLBACK, so the launcher sets the sandbox up itself. Each template's socket
+has a random name, in a directory of mode 0300 (its owner can bind in it but
+not list it): only the ticket tells where it is, and nothing of it is on
+the launcher's command line (which every process that can see the launcher
+reads). A connection from a process that is not a child of this process is
+closed unanswered, and the launcher checks in turn that the socket's server
+is its parent.
 """
 
 from __future__ import annotations
 
+import hmac
 import os
+import secrets
 import selectors
 import shutil
 import socket
@@ -28,18 +43,22 @@ import struct
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
 from ..spec import Spec
 from ..template import Template
 
-REQUEST = struct.Struct("<5I")  # magic, version, argc, envc, payload size
+SECRET_SIZE = 32
+REQUEST = struct.Struct(f"<6I{SECRET_SIZE}s")  # magic, version, argc, envc, payload size, ticket, secret
 FRAME = struct.Struct("<ii")  # kind, value
-MAGIC, VERSION = 0x48584253, 1
+MAGIC, VERSION = 0x48584253, 2
 STATUS, ERROR, FALLBACK, SIGNAL = 1, 2, 3, 4
+ENV = "SANDBOX_HANDOFF"  # the launcher's ticket: "ID:SECRET:PATH"
 MAX_REQUEST = 1 << 20  # the launcher falls back on its own beyond what the socket takes
+MAX_TICKETS = 4096  # tickets issued and not yet used; beyond, the oldest is dropped (its launch falls back)
+MAX_PENDING = 64  # accepted connections whose request has not come yet; beyond, a new one falls back
 CREDENTIALS = struct.Struct("<3i")
 
 __all__ = ["Handoff", "close", "handoff"]
@@ -59,6 +78,14 @@ class _Warm:
 
 
 @dataclass(eq=False)
+class _Ticket:
+    """One prepared launch: the secret its request must carry, on the socket of `warm`."""
+
+    secret: bytes = field(repr=False)
+    warm: _Warm
+
+
+@dataclass(eq=False)
 class _Running:
     """One handed-off command: its launcher's connection and its sandbox."""
 
@@ -72,7 +99,11 @@ class Handoff:
 
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="sandbox-handoff-")
+        os.chmod(self._dir, 0o300)  # its owner binds in it, nobody lists it: a socket's name is a secret
         self._lock = threading.Lock()
+        self._tickets: dict[int, _Ticket] = {}  # issued by route(), oldest first; guarded by _lock
+        self._next_ticket = 0
+        self._pending_requests = 0
         self._warm: dict[Hashable, _Warm] = {}
         self._pending: list[Callable[[], None]] = []
         self._warming: set[Hashable] = set()
@@ -89,13 +120,23 @@ class Handoff:
 
     # ------------------------------------------------------------ warming (any thread)
 
-    def route(self, key: Hashable) -> list[str] | None:
+    def route(self, key: Hashable) -> tuple[list[str], dict[str, str]] | None:
         """The launcher argv (without `--` and the command) that hands off to
-        the warm template for `key`, or None (cold, stale, or another process's)."""
+        the warm template for `key`, and what to add to its environment (a
+        new ticket, good for one launch); None if it is cold, stale, or
+        another process's."""
         warm = self._warm.get(key)
         if warm is None or warm.stale or os.getpid() != self._pid:
             return None
-        return warm.prefix
+        secret = secrets.token_bytes(SECRET_SIZE)
+        with self._lock:
+            number = self._next_ticket
+            self._next_ticket = (number + 1) & 0xFFFFFFFF
+            self._tickets.pop(number, None)  # (after 2**32 tickets) the new one is the newest
+            self._tickets[number] = _Ticket(secret, warm)
+            while len(self._tickets) > MAX_TICKETS:
+                del self._tickets[next(iter(self._tickets))]
+        return warm.prefix, {ENV: f"{number}:{secret.hex()}:{warm.path}"}
 
     def warm(self, key: Hashable, spec: Spec, plan_argv: list[str], wait: bool = True) -> None:
         """Build a Template of `spec` for `key` on the handoff thread (once);
@@ -151,12 +192,12 @@ class Handoff:
         # The same loopback-only network, but leased from the pool (where it
         # runs): a fresh namespace costs more than the rest of the clone.
         template = Template(spec.replace(network="pool") if spec.network == "none" else spec)
-        path = os.path.join(self._dir, f"{len(os.listdir(self._dir))}.sock")
+        path = os.path.join(self._dir, f"{secrets.token_hex(16)}.sock")
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         listener.bind(path)
         listener.listen(64)
         listener.setblocking(False)
-        prefix = [plan_argv[0], "--handoff", path, *plan_argv[1:]]
+        prefix = [plan_argv[0], "--handoff", *plan_argv[1:]]
         warm = _Warm(template, listener, path, prefix, spec.env_dict, spec.cwd or "")
         self._sel.register(listener, selectors.EVENT_READ, ("listen", warm))
         old = self._warm.get(key)
@@ -171,6 +212,13 @@ class Handoff:
         except (KeyError, ValueError):
             pass
         warm.listener.close()
+        try:
+            os.unlink(warm.path)
+        except OSError:
+            pass
+        with self._lock:
+            for number in [n for n, t in self._tickets.items() if t.warm is warm]:
+                del self._tickets[number]
         warm.template.close()
 
     # ------------------------------------------------------------ the loop (handoff thread)
@@ -206,23 +254,48 @@ class Handoff:
             conn, _ = warm.listener.accept()
         except (BlockingIOError, OSError):
             return
+        if not _our_child(conn):
+            conn.close()  # not a launcher this process started: it gets EOF, and nothing is read from it
+            return
+        if self._pending_requests >= MAX_PENDING:
+            _reply(conn, FALLBACK, 0, "too many handoffs are waiting for their request")
+            conn.close()
+            return
+        self._pending_requests += 1
         self._sel.register(conn, selectors.EVENT_READ, ("request", warm))
 
     def _request(self, conn: socket.socket, warm: _Warm) -> None:
         self._sel.unregister(conn)
+        self._pending_requests -= 1
         try:
             msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
         except OSError:
             conn.close()
             return
         try:
-            if len(fds) != 3 or not _our_child(conn):
-                conn.close()  # not our launcher: it gets EOF (and says so)
+            if len(fds) != 3 or not self._admit(warm, msg):
+                _reply(conn, FALLBACK, 0, "not a launch this process prepared")
+                conn.close()
                 return
             self._start(conn, warm, msg, fds)
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _admit(self, warm: _Warm, msg: bytes) -> bool:
+        """Whether `msg` carries a ticket issued for `warm` and not used yet
+        (the secret compared in constant time); the ticket is used up."""
+        if len(msg) < REQUEST.size:
+            return False
+        magic, version, _, _, _, number, secret = REQUEST.unpack_from(msg)
+        if magic != MAGIC or version != VERSION:
+            return False
+        with self._lock:
+            ticket = self._tickets.get(number)
+            if ticket is None or ticket.warm is not warm or not hmac.compare_digest(ticket.secret, secret):
+                return False
+            del self._tickets[number]
+        return True
 
     def _start(self, conn: socket.socket, warm: _Warm, msg: bytes, fds: list[int]) -> None:
         try:
@@ -299,16 +372,22 @@ class Handoff:
         self._sel.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+        with self._lock:
+            self._tickets.clear()
+        try:
+            os.chmod(self._dir, 0o700)
+        except OSError:
+            pass
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:
-    """(cwd, argv, env) from a request; ValueError if it is malformed."""
+    """(cwd, argv, env) from an admitted request; ValueError if it is malformed."""
     if len(msg) < REQUEST.size:
         raise ValueError("short request")
-    magic, version, argc, envc, size = REQUEST.unpack_from(msg)
+    magic, version, argc, envc, size, _, _ = REQUEST.unpack_from(msg)
     if magic != MAGIC or version != VERSION or size != len(msg) - REQUEST.size or argc < 1:
-        raise ValueError("not a version 1 handoff request")
+        raise ValueError(f"not a version {VERSION} handoff request")
     parts = msg[REQUEST.size:].split(b"\0")
     if len(parts) != 2 + argc + envc or parts[-1]:
         raise ValueError("field count does not match")
@@ -316,14 +395,15 @@ def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:
     env = {}
     for item in strs[1 + argc:]:
         name, sep, value = item.partition("=")
-        if sep and name:
+        if sep and name and name != ENV:  # (the launcher took it out already)
             env[name] = value
     return strs[0], strs[1:1 + argc], env
 
 
 def _our_child(conn: socket.socket) -> bool:
-    """Whether the peer (by SO_PEERCRED) is a child of this process: a
-    launcher the harness started, not some other process that found the socket."""
+    """Whether the peer (by SO_PEERCRED) is a same-uid child of this process,
+    as every launcher the harness starts is (not enough on its own: so is a
+    sandbox this process started with `as_pid_1`; the ticket decides)."""
     pid, uid, _ = CREDENTIALS.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size))
     if uid != os.getuid():
         return False

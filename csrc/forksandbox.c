@@ -227,6 +227,52 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
     return pid;
 }
 
+static int death_note_fd = -1;
+static uint64_t death_note_base;
+
+static int is_fault(int sig, const siginfo_t *info)
+{
+    int synchronous = sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE || sig == SIGTRAP;
+    return synchronous && info->si_code > 0; /* > 0: raised by the kernel, not by kill() or raise() */
+}
+
+static void note_death(int sig, siginfo_t *info, void *context)
+{
+    (void)context;
+    uint64_t word = death_note_base + (uint64_t)sig;
+    sbx_write_all(death_note_fd, &word, sizeof word);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(sig, &dfl, NULL);
+    if (!is_fault(sig, info))
+        _exit(128 + sig);
+    /* return: the faulting instruction runs again, and its signal, now
+     * with the default action, kills even a pid namespace's init */
+}
+
+int sbx_task_death_notes(int note_fd, uint64_t died_base)
+{
+    static const int fatal[] = {SIGHUP, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGUSR1, SIGSEGV,
+                                SIGUSR2, SIGALRM, SIGTERM, SIGSTKFLT, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO,
+                                SIGPWR, SIGSYS};
+    death_note_fd = note_fd;
+    death_note_base = died_base;
+    struct sigaction act;
+    memset(&act, 0, sizeof act);
+    act.sa_sigaction = note_death;
+    act.sa_flags = SA_SIGINFO;
+    sigfillset(&act.sa_mask);
+    for (size_t i = 0; i < sizeof fatal / sizeof *fatal; i++) {
+        struct sigaction now;
+        if (sigaction(fatal[i], NULL, &now) < 0)
+            return -1;
+        if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == SIG_DFL && sigaction(fatal[i], &act, NULL) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res)
 {
     struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};

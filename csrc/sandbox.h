@@ -263,6 +263,17 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
  * then reaped: no process is left behind. */
 int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res);
 
+/* In a forked task (pid 1 of its pid namespace, which the kernel never lets
+ * die of a signal it sends itself with the default action: abort() and
+ * raise() do nothing, then abort() faults): for every signal whose action is
+ * still the default and would end the process, a handler that writes the
+ * 8-byte word `died_base + signal` to `note_fd` and ends the task: a fault
+ * (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP from the CPU) happens again with
+ * the default action, which the kernel does apply to pid 1; any other signal
+ * exits with status 128 + signal. The reader of note_fd thus learns which
+ * signal the task died of. Returns 0, or -1 with errno. */
+int sbx_task_death_notes(int note_fd, uint64_t died_base);
+
 /* Clone the mount tree at host path `path`, recursively, as a detached mount
  * with the SBX_F_RDONLY/NODEV/NOSUID of `flags` set, for a per-sandbox
  * bind (SBX_F_FROM_FD) of a sandbox that cannot see the host. Needs no privilege (a

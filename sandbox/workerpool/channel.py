@@ -21,7 +21,8 @@ maps for the fork and unmaps. The task reads everything else from its result
 socket, straight from the caller: a u64 length and its environment (JSON, a
 map of strings; empty: none), then a u64 length and the pickled
 (fn, args, kwargs). It writes its reply there (a u64 length, then the
-pickled (ok, value or exception record)).
+pickled (ok, value or exception record)), or, if a signal ends it, the u64
+DIED + the signal's number (sbx_task_death_notes).
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ import os
 import socket
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 INIT, SPAWN, KILL, TAKEN = b"I", b"S", b"K", b"T"
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
 _HEADER = struct.Struct("<cI")
 LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
+DIED = 0xFFFF_FFFF_FFFF_FF00  # a "length" of DIED + N: the task died of signal N
 MAX_MESSAGE = 60 * 1024
 MAX_FDS = 64
 STAMPS = ("start", "child", "idmap", "mounts", "pivot", "ready", "return", "done")  # enum sbx_stamp
@@ -162,13 +165,15 @@ def _read_environment(sock: socket.socket) -> None:
         os.environ.update(env)
 
 
-def run_task(result_fd: int) -> NoReturn:
+def run_task(result_fd: int, death_notes: Callable[[int], object]) -> NoReturn:
     """The task's sandbox, after sbx_fork_sandbox returned 0 in it: read its
     environment and its call from `result_fd`, run the call, write the reply
     there, and exit without unwinding into the zygote's code (os._exit: no
-    atexit, no finalizers)."""
+    atexit, no finalizers). `death_notes(result_fd)` first, so that the
+    caller learns the signal a crash ends it with."""
     code = 0
     try:
+        death_notes(result_fd)
         with socket.socket(fileno=result_fd) as sock:
             _read_environment(sock)
             (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
@@ -195,7 +200,7 @@ def run_task(result_fd: int) -> NoReturn:
     os._exit(code)
 
 
-def spare_main(sock_fd: int) -> NoReturn:
+def spare_main(sock_fd: int, death_notes: Callable[[int], object]) -> NoReturn:
     """A spare sandbox, forked before its task is known: wait for the task's
     channels from the zygote (then close that socket: no way back to the
     zygote is left), put its stdout and stderr on 1 and 2, and run it."""
@@ -210,4 +215,4 @@ def spare_main(sock_fd: int) -> NoReturn:
             os.close(fd)
     except BaseException:  # noqa: BLE001 - nothing to report to: the task's channels are not ours
         os._exit(70)
-    run_task(result_fd)
+    run_task(result_fd, death_notes)

@@ -303,8 +303,8 @@ class Engine:
             chunk = b""
         if chunk:
             task.reply += chunk
-            if task.max_reply is not None and len(task.reply) >= ch.LENGTH.size:
-                (size,) = ch.LENGTH.unpack_from(task.reply)
+            size = task.reply_size()
+            if task.max_reply is not None and size is not None:
                 if size > task.max_reply or len(task.reply) > ch.LENGTH.size + task.max_reply:
                     self._over_cap(task, "max_reply", task.max_reply, "reply")
             return

@@ -41,11 +41,23 @@ class Task:
     pid: int = 0  # a spare's pid (in the zygote's pid namespace), once it runs this task
     pidfd: int = -1  # ... and a pidfd of it, to kill it
 
-    def reply_complete(self) -> bool:
+    def reply_size(self) -> int | None:
+        """The size its reply announces, once known (None also for a death note)."""
         if len(self.reply) < ch.LENGTH.size:
-            return False
+            return None
         (size,) = ch.LENGTH.unpack_from(self.reply)
-        return len(self.reply) >= ch.LENGTH.size + size
+        return None if size >= ch.DIED else int(size)
+
+    def died_of(self) -> int | None:
+        """The signal the task's own death note names, if it wrote one."""
+        if len(self.reply) < ch.LENGTH.size:
+            return None
+        (size,) = ch.LENGTH.unpack_from(self.reply)
+        return int(size - ch.DIED) if size >= ch.DIED else None
+
+    def reply_complete(self) -> bool:
+        size = self.reply_size()
+        return size is not None and len(self.reply) >= ch.LENGTH.size + size
 
     def record_outputs(self) -> None:
         """What the task wrote to its stdout and stderr, onto its future."""
@@ -54,7 +66,8 @@ class Task:
     def ended_error(self) -> TaskError:
         """The error of a task whose sandbox ended (status known) without a reply."""
         assert self.status is not None
-        code = os.waitstatus_to_exitcode(self.status)
+        signum = self.died_of()
+        code = -signum if signum is not None else os.waitstatus_to_exitcode(self.status)
         fut = self.future
         if self.timed_out:
             return TaskTimeoutError(f"the task ran past its timeout of {self.timeout} s; its sandbox was killed",

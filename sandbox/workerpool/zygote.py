@@ -126,6 +126,10 @@ class Zygote:
         gc.collect()
         gc.freeze()
 
+    def death_notes(self, fd: int) -> None:
+        """In a task: say on `fd` which signal ends it (see sbx_task_death_notes)."""
+        self.lib.sbx_task_death_notes(fd, C.DIED)
+
     def addr(self, cdata: Any) -> int:
         return int(self.ffi.cast("uintptr_t", cdata))
 
@@ -165,7 +169,7 @@ class Zygote:
                                  trees)
             if pid == 0:
                 self.ctl.detach()  # its fd is closed in the task; the object must not close another
-                run_task(result_fd)
+                run_task(result_fd, self.death_notes)
         finally:
             if own_plan is not None:
                 own_plan.close()  # the task's plan (its binds' paths) leaves no copy in the zygote
@@ -195,7 +199,7 @@ class Zygote:
             if pid == 0:
                 self.ctl.detach()
                 mine.detach()
-                spare_main(theirs.detach())
+                spare_main(theirs.detach(), self.death_notes)
         finally:
             theirs.close()
         if pid < 0:

@@ -142,6 +142,28 @@ def test_exit_crash_and_hang_do_not_harm_the_pool(pool: sandbox.WorkerPool) -> N
     assert pool.submit(double, 1).result(timeout=60) == 2
 
 
+def die_of(how: str) -> None:
+    import signal as _signal
+
+    if how == "abort":
+        os.abort()
+    elif how == "raise-segv":
+        _signal.raise_signal(_signal.SIGSEGV)
+    elif how == "kill-term":
+        os.kill(os.getpid(), _signal.SIGTERM)
+    time.sleep(5)  # not reached: each of these ends the task
+
+
+@pytest.mark.parametrize(("how", "signum"), [("abort", 6), ("raise-segv", 11), ("kill-term", 15)])
+def test_a_task_dies_of_the_signal_it_raises(pool: sandbox.WorkerPool, how: str, signum: int) -> None:
+    """A task is pid 1 of its sandbox, which the kernel never lets die of its own signals: it still
+    reports the one it died of (os.abort() gave -11, a raised SIGSEGV did nothing)."""
+    with pytest.raises(TaskError) as info:
+        pool.submit(die_of, how).result(timeout=60)
+    assert info.value.returncode == -signum, info.value
+    assert pool.submit(double, 2).result(timeout=60) == 4
+
+
 def test_timeout_kills_the_whole_task_sandbox(pool: sandbox.WorkerPool, procs) -> None:
     marker = procs.new_marker()
 

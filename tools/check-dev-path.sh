@@ -23,4 +23,17 @@ echo "== dev path: python3 -m venv .venv; pip install -e '.[test]'; python -m py
 .venv/bin/pip install -q -e '.[test]' 2> >(grep -v "^WARNING: Location" >&2)
 ls sandbox/_native*.so sandbox/_bin/sandbox-init >/dev/null  # built in place, as an editable install needs
 .venv/bin/python -c 'import sandbox, os; assert sandbox.__file__ == os.path.abspath("sandbox/__init__.py"), sandbox.__file__'
+# A function of a module of this checkout, run by a WorkerPool: the sandbox shows the
+# checkout (the editable install's package lives there) but cannot import the module by
+# its name, so it must travel by value.
+printf 'def answer():\n    return 42\n' > devpath_probe.py
+.venv/bin/python -c '
+import sys; sys.path.insert(0, ".")
+import devpath_probe, sandbox
+spec = sandbox.Spec(mounts=[sandbox.RoBind("/usr"), sandbox.Symlink("usr/lib", "/lib"),
+                            sandbox.Symlink("usr/lib64", "/lib64"), sandbox.Proc(), sandbox.Dev()])
+with sandbox.WorkerPool(spec, 1) as pool:
+    assert pool.submit(devpath_probe.answer).result(timeout=60) == 42
+print("a checkout module ran in a WorkerPool task")'
+rm devpath_probe.py
 .venv/bin/python -m pytest "$@"

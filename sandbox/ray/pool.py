@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -12,12 +10,10 @@ from concurrent.futures import Future as CFuture
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
 from .. import spec as S
 from ..errors import SpecError
 from ..workerpool import BrokenWorkerPool, RemoteTraceback, TaskFuture
-from ..workerpool.interpreter import visible_roots
+from ..workerpool.calls import pickle_call
 from .actor import Outcome, PoolActor
 
 try:
@@ -207,21 +203,7 @@ class RayPool(Executor):
             self._done(member)
 
 
-_by_value_lock = threading.Lock()
-
-
 def _pickle(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """cloudpickle the call, as WorkerPool does: modules outside the interpreter's
-    own trees (the caller's scripts, test modules) travel by value, since the
-    nodes' Ray workers cannot import them either."""
-    roots = visible_roots()
-    with _by_value_lock:
-        for obj in (fn, *args, *kwargs.values()):
-            module = sys.modules.get(getattr(obj, "__module__", None) or type(obj).__module__)
-            path = getattr(module, "__file__", None)
-            if module is None or path is None or module.__name__ == "__main__":
-                continue
-            path = os.path.realpath(path)
-            if not any(path.startswith(root.rstrip("/") + "/") for root in roots):
-                cloudpickle.register_pickle_by_value(module)
-        return cloudpickle.dumps((fn, args, kwargs))
+    """cloudpickle the call, as WorkerPool does: what the nodes' Ray workers
+    cannot import either (the caller's scripts, test modules) travels by value."""
+    return pickle_call(fn, args, kwargs)[0]

@@ -430,7 +430,7 @@ class Engine:
         elif task.open_channels == 0 and task.reply_complete() and not task.timed_out:
             task.record_outputs()
             try:
-                ok, value = self.loader.outcome(bytes(task.reply[ch.LENGTH.size:]))
+                ok, value = self.loader.outcome(bytes(task.reply[ch.LENGTH.size:]), task.sources)
             except Exception as exc:  # noqa: BLE001 - an unloadable reply is the task's error
                 ok, value = False, exc
             self._complete(task, ok, value)

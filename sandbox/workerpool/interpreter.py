@@ -15,6 +15,7 @@ import sys
 import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 
 import cloudpickle
 
@@ -55,9 +56,36 @@ def interpreter_paths() -> list[str]:
 
 
 def visible_roots() -> tuple[str, ...]:
-    """Where the zygote can import modules from: a module whose file lies
-    elsewhere (a script, a test) is sent to tasks by value."""
+    """The directories the zygote's sandbox shows (read-only, at their host paths)."""
     return tuple(p for p in interpreter_paths() if os.path.isdir(p))
+
+
+def import_dirs() -> frozenset[str]:
+    """The directories the zygote imports top-level modules from: its
+    interpreter's (`-I`: no script directory, PYTHONPATH or user site) and
+    cloudpickle's. A checkout's directory is not among them, even when an
+    editable install makes this package importable from there."""
+    found = [sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    found += [os.path.join(sysconfig.get_path("platstdlib"), "lib-dynload"), CLOUDPICKLE_ROOT]
+    return frozenset(os.path.realpath(p) for p in found if p)
+
+
+def importable_inside(module: ModuleType) -> bool:
+    """Whether the zygote can import `module` by its name: this package, or
+    a module whose top-level package lies directly in one of import_dirs().
+    Anything else (`__main__`, a script's or a test's module, a checkout's
+    package) must be sent to tasks by value."""
+    top = module.__name__.partition(".")[0]
+    if top == __name__.partition(".")[0]:
+        return True  # this package: bound, and importable in the zygote as the caller imports it
+    root = sys.modules.get(top)
+    if root is None or getattr(root, "__file__", None) is None:
+        return getattr(module, "__file__", None) is None and module.__name__ != "__main__"  # built in
+    where = os.path.dirname(os.path.realpath(root.__file__))
+    if hasattr(root, "__path__"):
+        where = os.path.dirname(where)  # a package: the directory that holds it
+    return where in import_dirs()
 
 
 def _covered(path: str, mounts: Iterable[S.Mount]) -> bool:

@@ -8,13 +8,10 @@ import itertools
 import os
 import socket
 import sys
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
-
-import cloudpickle
 
 from .. import backends
 from .. import spec as S
@@ -26,11 +23,11 @@ from ..process import SandboxProcess
 from ..refusal import refusal
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
 from . import channel as ch
+from .calls import pickle_call
 from .engine import Engine, Task
-from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, visible_roots, zygote_spec
+from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, zygote_spec
 from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
 
-_by_value_lock = threading.Lock()
 P = ParamSpec("P")
 T = TypeVar("T")
 MiB = 1 << 20
@@ -106,7 +103,6 @@ class WorkerPool(Executor):
         self._caps = (_check_cap("max_reply", max_reply), _check_cap("max_output", max_output))
         self._timeout = timeout
         self._ids = itertools.count(1)
-        self._roots = visible_roots()
         backends.choose("native")
         # The zygote never uses its network namespace (each task makes its
         # own): it takes a fresh one, never a lease from the pool.
@@ -146,11 +142,11 @@ class WorkerPool(Executor):
             raise SpecError("env", env, "must map strings to strings")
         reply_cap = self._caps[0] if max_reply is _POOLS else _check_cap("max_reply", max_reply)
         output_cap = self._caps[1] if max_output is _POOLS else _check_cap("max_output", max_output)
-        payload = self._pickle(fn, tuple(args), dict(kwargs or {}))
+        payload, sources = pickle_call(fn, tuple(args), dict(kwargs or {}))
         future: TaskFuture[T] = TaskFuture()
         task = Task(id=next(self._ids), future=future, payload=payload,
                     timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None,
-                    max_reply=reply_cap, max_output=output_cap)
+                    max_reply=reply_cap, max_output=output_cap, sources=sources)
         if binds:
             self._add_binds(task, binds)
         try:
@@ -169,21 +165,6 @@ class WorkerPool(Executor):
             self._engine.thread.join()
 
     # ------------------------------------------------------------ helpers
-
-    def _pickle(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-        """cloudpickle the call; modules the zygote cannot import are sent by value."""
-        with _by_value_lock:
-            for obj in (fn, *args, *kwargs.values()):
-                module = sys.modules.get(getattr(obj, "__module__", None) or type(obj).__module__)
-                if module is not None and not self._visible(module):
-                    cloudpickle.register_pickle_by_value(module)
-            return cloudpickle.dumps((fn, args, kwargs))
-
-    def _visible(self, module: Any) -> bool:
-        if module.__name__ == "__main__" or getattr(module, "__file__", None) is None:
-            return True  # __main__ is sent by value anyway; builtins need nothing
-        path = os.path.realpath(module.__file__)
-        return any(path.startswith(root.rstrip("/") + "/") for root in self._roots)
 
     def _add_binds(self, task: Task, binds: Sequence[S.Bind]) -> None:
         """Clone each bind's host tree (a detached mount; a missing optional

@@ -28,6 +28,7 @@ from concurrent.futures import BrokenExecutor, Future
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..errors import SandboxError
+from .sources import restore_frames
 
 SAFE_GLOBALS: dict[str, frozenset[str]] = {
     "builtins": frozenset({"int", "float", "complex", "str", "bytes", "bytearray", "bool", "tuple", "list", "dict",
@@ -246,14 +247,16 @@ class ReplyLoader:
         except _NamesCopying:
             return _CheckedUnpickler(data, self.allowed).load()
 
-    def outcome(self, data: bytes) -> tuple[bool, Any]:
-        """(True, value) or (False, exception with the remote traceback as its __cause__)."""
+    def outcome(self, data: bytes, sources: Iterable[str] = ()) -> tuple[bool, Any]:
+        """(True, value) or (False, exception with the remote traceback as its
+        __cause__; frames of code sent by value from the modules `sources`
+        get their file and line back)."""
         ok, payload = self.loads(data)
         if ok:
             return True, payload
-        return False, self.exception(payload)
+        return False, self.exception(payload, sources)
 
-    def exception(self, record: dict[str, Any]) -> BaseException:
+    def exception(self, record: dict[str, Any], sources: Iterable[str] = ()) -> BaseException:
         """The exception of an error record: unpickled if allowed; else made
         again from its class, if the caller has imported it (without running
         its __init__), with its args and attributes; else a RemoteError naming
@@ -262,7 +265,7 @@ class ReplyLoader:
         if exc is None:
             name = f"{record.get('module', '?')}.{record.get('qualname', '?')}"
             exc = RemoteError(name, str(record.get("message", "")))
-        cause = RemoteTraceback(str(record.get("traceback", "")))
+        cause = RemoteTraceback(restore_frames(str(record.get("traceback", "")), sources))
         exc.__cause__ = cause
         if not isinstance(exc, Exception):
             exc = TaskExit(exc)

@@ -23,6 +23,7 @@ class Task:
     env: dict[str, str] | None = None  # sent on its own channel, then dropped
     max_reply: int | None = None  # caps in bytes (None: none)
     max_output: int | None = None
+    sources: tuple[str, ...] = ()  # the modules its call's code was sent from (for its traceback)
     blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
     trees: list[int] = field(default_factory=list)  # detached source trees of its per-task binds
     sock: socket.socket | None = None

@@ -439,3 +439,37 @@ def test_a_done_result_is_collectable_once_its_future_is_dropped() -> None:
         gc.collect()
         assert ref() is None, gc.get_referrers(ref())
         assert holders and "Task" not in holders[0], holders
+
+
+def boom_here(x: int) -> None:
+    y = x + 1
+    raise ValueError(f"bad {y}")
+
+
+def test_a_remote_traceback_shows_the_source_of_code_sent_by_value(pool: sandbox.WorkerPool) -> None:
+    """This module is sent by value (the sandbox cannot import it), and cloudpickle names its code
+    "<dynamic-code>": the caller gives each such frame its file and source line back."""
+    with pytest.raises(ValueError) as info:
+        pool.submit(boom_here, 1).result(timeout=60)
+    tb = str(info.value.__cause__)
+    assert "<dynamic-code>" not in tb
+    assert f'File "{__file__}"' in tb and 'raise ValueError(f"bad {y}")' in tb, tb
+
+
+def test_what_the_sandbox_cannot_import_by_name_is_sent_by_value(tmp_path: Path) -> None:
+    """A module is sent by reference only if the zygote can import it by its name: a checkout's
+    module beside an editable install of this package (whose directory the sandbox shows) cannot."""
+    import json
+    import types
+
+    from sandbox.workerpool.interpreter import importable_inside
+
+    assert importable_inside(json) and importable_inside(sys.modules["sandbox.workerpool"])
+    stray = types.ModuleType("stray_module_of_a_checkout")
+    stray.__file__ = str(Path(sandbox.__file__).parent / "tools" / "stray_module_of_a_checkout.py")  # shown inside
+    sys.modules[stray.__name__] = stray
+    try:
+        assert not importable_inside(stray)
+    finally:
+        del sys.modules[stray.__name__]
+    assert not importable_inside(sys.modules[__name__])

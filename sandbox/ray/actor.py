@@ -38,12 +38,14 @@ class PoolActor:
     """Holds a WorkerPool on the node it was placed on; runs tasks in it."""
 
     def __init__(self, spec: S.Spec, preload: Sequence[str], max_workers: int | None, timeout: float | None,
-                 spares: int | None, trust_results: bool, result_types: Iterable[type]) -> None:
+                 spares: int | None, trust_results: bool, result_types: Iterable[type],
+                 caps: tuple[int | None, int | None]) -> None:
         self.error: BaseException | None = None
         self.pool: WorkerPool | None = None
         try:
             self.pool = WorkerPool(spec, max_workers, preload=preload, timeout=timeout, spares=spares,
-                                   trust_results=trust_results, result_types=result_types)
+                                   trust_results=trust_results, result_types=result_types, max_reply=caps[0],
+                                   max_output=caps[1])
         except Exception as exc:  # noqa: BLE001 - reported by ready(), where the driver raises it
             self.error = exc
 

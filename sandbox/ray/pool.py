@@ -14,6 +14,7 @@ from .. import spec as S
 from ..errors import SpecError
 from ..workerpool import BrokenWorkerPool, RemoteTraceback, TaskFuture
 from ..workerpool.calls import pickle_call
+from ..workerpool.pool import DEFAULT_MAX_OUTPUT, DEFAULT_MAX_REPLY
 from .actor import Outcome, PoolActor
 
 try:
@@ -47,8 +48,8 @@ class RayPool(Executor):
 
     `nodes`: the Ray node ids to place pools on (default: every alive node);
     `actors_per_node` pools on each. Each pool is a sandbox.WorkerPool(spec,
-    preload, max_workers, timeout=..., spares=..., trust_results=...,
-    result_types=...) held by an actor pinned to its node (`actor_options`
+    max_workers, preload=..., timeout=..., spares=..., trust_results=...,
+    result_types=..., max_reply=..., max_output=...) held by an actor pinned to its node (`actor_options`
     are passed to Ray's `.options()`; by default the actor reserves no CPU,
     since its tasks run in sandboxes outside Ray's accounting). Ray is
     initialised with `ray.init()` if the caller has not done it.
@@ -66,10 +67,11 @@ class RayPool(Executor):
     to fail raised it) when the pools cannot start.
     """
 
-    def __init__(self, spec: S.Spec, preload: Sequence[str] = (), max_workers: int | None = None, *,
+    def __init__(self, spec: S.Spec, max_workers: int | None = None, *, preload: Sequence[str] = (),
                  timeout: float | None = None, spares: int | None = None, trust_results: bool = False,
                  result_types: Iterable[type] = (), nodes: Sequence[str] | None = None, actors_per_node: int = 1,
-                 actor_options: Mapping[str, Any] | None = None, startup_timeout: float = 120.0) -> None:
+                 actor_options: Mapping[str, Any] | None = None, startup_timeout: float = 120.0,
+                 max_reply: int | None = DEFAULT_MAX_REPLY, max_output: int | None = DEFAULT_MAX_OUTPUT) -> None:
         if not isinstance(spec, S.Spec):
             raise SpecError("spec", spec, "must be a sandbox.Spec")
         if actors_per_node < 1:
@@ -80,7 +82,8 @@ class RayPool(Executor):
         if not node_ids:
             raise ValueError("no Ray node to place a pool on")
         remote = ray.remote(PoolActor)
-        args = (spec, list(preload), max_workers, timeout, spares, trust_results, list(result_types))
+        args = (spec, list(preload), max_workers, timeout, spares, trust_results, list(result_types),
+                (max_reply, max_output))
         actors = []
         for node_id in node_ids:
             options = {"num_cpus": 0, "max_concurrency": 1000, **(actor_options or {}),

@@ -122,6 +122,13 @@ def test_200_tasks_across_two_actors(local_ray: Any, tmp_path: Path) -> None:
         assert len(pool.actors) == 1
         assert [f.result(timeout=60)[0] for f in [pool.submit(whereami, i) for i in range(10)]] == list(range(10))
 
+    # the consecutive-tenant attack (tests/adversarial/test_warm_tenants.py) through an actor's pool
+    from adversarial.test_warm_tenants import hand_over
+
+    with RayPool(make_base_spec(), 1, actors_per_node=1, spares=0) as pool:
+        found = hand_over(pool, tmp_path)
+    assert found == [], f"a Ray task found an earlier task's secrets: {found}"
+
 
 def test_bad_arguments_are_refused_before_ray_starts() -> None:
     from sandbox.ray import RayPool
@@ -130,3 +137,4 @@ def test_bad_arguments_are_refused_before_ray_starts() -> None:
         RayPool("not a spec")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="actors_per_node"):
         RayPool(make_base_spec(), actors_per_node=0)
+

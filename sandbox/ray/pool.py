@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from concurrent.futures import Future as CFuture
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from .. import spec as S
 from ..errors import SpecError
@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - depends on the extra being inst
     raise ImportError("sandbox.ray needs Ray: pip install 'sandbox[ray]'") from exc
 
 
-class RayTaskFuture(TaskFuture):
+class RayTaskFuture(TaskFuture[Any]):
     """A RayPool task's future: a WorkerPool TaskFuture (`stdout`, `stderr`,
     `timings`) plus `node_id`, the Ray node whose pool ran it."""
 
@@ -78,13 +78,14 @@ class RayPool(Executor):
             raise ValueError("actors_per_node must be at least 1")
         if not ray.is_initialized():
             ray.init()
-        node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        all_nodes = cast(Callable[[], list[dict[str, Any]]], ray.nodes)  # ray.nodes has no annotations
+        node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in all_nodes() if n["Alive"]]
         if not node_ids:
             raise ValueError("no Ray node to place a pool on")
-        remote = ray.remote(PoolActor)
+        remote: Any = ray.remote(PoolActor)  # Ray's actor handles are typed only in part
         args = (spec, list(preload), max_workers, timeout, spares, trust_results, list(result_types),
                 (max_reply, max_output))
-        actors = []
+        actors: list[Any] = []
         for node_id in node_ids:
             options = {"num_cpus": 0, "max_concurrency": 1000, **(actor_options or {}),
                        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -184,7 +185,7 @@ class RayPool(Executor):
             member.in_flight -= 1
             self._idle.notify_all()
 
-    def _settle(self, member: _Member, future: RayTaskFuture, done: CFuture) -> None:
+    def _settle(self, member: _Member, future: RayTaskFuture, done: CFuture[Any]) -> None:
         """Give `future` what the actor's Outcome (or Ray's error) says."""
         try:
             outcome: Outcome = done.result()

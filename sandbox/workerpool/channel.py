@@ -108,7 +108,8 @@ def _dumps_or_none(obj: Any) -> bytes | None:
     import cloudpickle
 
     try:
-        return cloudpickle.dumps(obj)
+        data: bytes = cloudpickle.dumps(obj)
+        return data
     except BaseException:  # noqa: BLE001 - what cannot be pickled (even by raising SystemExit) comes back by name
         return None
 
@@ -147,11 +148,13 @@ def _execute(payload: bytes) -> bytes:
     except BaseException as exc:  # noqa: BLE001 - everything the task raises goes back to the caller
         reply = (False, _error_record(exc))
     try:
-        return cloudpickle.dumps(reply)
+        data: bytes = cloudpickle.dumps(reply)
+        return data
     except BaseException as exc:  # noqa: BLE001 - an unpicklable result is the task's error
         failure = exc
     try:
-        return cloudpickle.dumps((False, _error_record(failure)))
+        data = cloudpickle.dumps((False, _error_record(failure)))
+        return data
     except BaseException:  # noqa: BLE001 - the record holds only str and bytes: this cannot fail
         return pickle.dumps((False, {"module": "builtins", "qualname": "RuntimeError", "message":
                                      "the task's result and its error could not be pickled", "traceback": ""}))

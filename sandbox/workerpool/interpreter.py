@@ -80,9 +80,10 @@ def importable_inside(module: ModuleType) -> bool:
     if top == __name__.partition(".")[0]:
         return True  # this package: bound, and importable in the zygote as the caller imports it
     root = sys.modules.get(top)
-    if root is None or getattr(root, "__file__", None) is None:
+    root_file = getattr(root, "__file__", None)
+    if root is None or root_file is None:
         return getattr(module, "__file__", None) is None and module.__name__ != "__main__"  # built in
-    where = os.path.dirname(os.path.realpath(root.__file__))
+    where = os.path.dirname(os.path.realpath(root_file))
     if hasattr(root, "__path__"):
         where = os.path.dirname(where)  # a package: the directory that holds it
     return where in import_dirs()

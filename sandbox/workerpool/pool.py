@@ -24,9 +24,10 @@ from ..refusal import refusal
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
 from . import channel as ch
 from .calls import pickle_call
-from .engine import Engine, Task
+from .engine import Engine
 from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, zygote_spec
 from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
+from .task import Task
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -253,12 +254,13 @@ def _native_path() -> str:
     """The compiled core's file, which the zygote loads by path."""
     from .. import _native
 
-    assert _native.__file__ is not None
-    return _native.__file__
+    path: str | None = getattr(_native, "__file__", None)
+    assert path is not None
+    return path
 
 
 def _drain(fd: int) -> str:
-    chunks = []
+    chunks: list[bytes] = []
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:

@@ -4,7 +4,7 @@
     from sandbox.ray import RayPool
 
     ray.init()                                  # or ray.init(address="auto") on a cluster
-    with RayPool(sandbox.presets.minimal_system(), preload=["json"], max_workers=8) as pool:
+    with RayPool(sandbox.presets.minimal_system(), 8, preload=["json"]) as pool:
         futures = [pool.submit(score, rollout) for rollout in rollouts]
         print([f.result() for f in futures])
 

@@ -270,11 +270,17 @@ def exits_when_pickled() -> ExitsWhenPickled:
     return ExitsWhenPickled()
 
 
-@pytest.fixture
-def pool() -> Iterator[sandbox.WorkerPool]:
+@pytest.fixture(params=["workerpool", "task-layer"])
+def pool(request: pytest.FixtureRequest) -> Iterator[sandbox.WorkerPool]:
+    """A pool with 1 MiB caps: a WorkerPool of the base world, or the task layer's workers."""
     if not sandbox.probe().native:
         pytest.skip("WorkerPool needs the native backend")
-    with sandbox.WorkerPool(make_base_spec(), 2, max_reply=1 << 20, max_output=1 << 20) as p:
+    caps = {"max_reply": 1 << 20, "max_output": 1 << 20}
+    if request.param == "workerpool":
+        made = sandbox.WorkerPool(make_base_spec(), 2, **caps)
+    else:
+        made = worker_pool(Sandbox(), max_workers=2, **caps)
+    with made as p:
         yield p
 
 

@@ -21,6 +21,7 @@ from .plan import (
     OpFlag,
     OpKind,
     Plan,
+    command_path,
     compile_mount,
     landlock_rules,
     plan_rlimits,
@@ -197,7 +198,7 @@ def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str 
     its copy of the host tree)."""
     changes: dict[str, object] = {}
     if env is not None:
-        changes.update(env=tuple(f"{k}={v}" for k, v in env.items()), path=env.get("PATH", DEFAULT_PATH))
+        changes.update(env=tuple(f"{k}={v}" for k, v in env.items()), path=command_path(env))
     if cwd is not None:
         changes.update(cwd_candidates=(cwd,), cwd_strict=True)
     if limits is not None:

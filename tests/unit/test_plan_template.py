@@ -92,6 +92,13 @@ def test_per_call_overrides() -> None:
     assert plan_for_call(base) is base
 
 
+@pytest.mark.parametrize("env", [{"PATH": ""}, {"PATH": "/x"}, {}], ids=["empty", "set", "unset"])
+def test_a_calls_path_is_planned_as_spawn_plans_it(env: dict[str, str]) -> None:
+    """execvp's rule in one place: an empty PATH is the current directory, an unset one glibc's default."""
+    call = plan_for_call(plans().sandbox, env=env)
+    assert call.path == compile_plan(S.Spec(mounts=WORLD, env=env), USER).path
+
+
 @pytest.mark.parametrize(("fields", "why"), [
     ({"namespaces": S.Namespaces(pid=False)}, "pid namespace"),
     ({"namespaces": S.Namespaces(user=False)}, "user namespace"),

@@ -12,6 +12,15 @@ the probe's JSON report (plus "host": what the host sees of `host_paths`
 afterwards) to the value it must have (or a Matcher, see model.py). `error`
 names the exception a case must raise instead of running, with attributes to
 check.
+
+On "workerpool" the probe runs as a task function (probe.task) of a
+sandbox.WorkerPool of the case's Spec. WorkerPool needs a Proc and a Dev at
+/dev in every Spec: a case without them is checked to be refused for
+"mounts", then runs with them added (test_conformance.run_in_workerpool).
+What that, and a task's nature, changes is declared per case with `differs`
+or `expect_on` and `why` (the WP_* reasons below); a Spec WorkerPool refuses
+by design is `refused` (the field its SpecError names); what has no meaning
+for a function is `not_applicable`, with the reason.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import errno as E
 import hashlib
 import signal
+from typing import Any
 
 from sandbox import spec as S
 
@@ -30,9 +40,11 @@ from .model import (
     EndsWith,
     Greater,
     HostValue,
+    InHost,
     OneOf,
     Prefix,
     SubsetOf,
+    WithHost,
     ro,
     rw,
 )
@@ -71,6 +83,27 @@ ZERO_CAPS = "0000000000000000"
 NET_BIND_SERVICE = f"{1 << 10:016x}"
 BLOB = bytes(range(256)) * 3
 BLOB_SHA256 = hashlib.sha256(BLOB).hexdigest()
+# Why a case's expectations differ on WorkerPool (its `why`), and what it has no meaning for.
+WP = "workerpool"
+WP_PID_1 = ("a WorkerPool task is pid 1 of its own pid namespace (no reaper); it is a fork of the zygote, "
+            "whose command line it keeps")
+WP_OWN_SIGNAL = ("a WorkerPool task is pid 1 of its own pid namespace: the kernel drops a signal it sends itself "
+                 "at SIG_DFL, SIGKILL too (as pid_1_cannot_kill_itself); the task then exits 0 without a reply")
+WP_PROC_DEV = ("WorkerPool needs a Proc and a Dev at /dev in every Spec, so the case runs with them added: "
+               "/proc and /dev exist")
+WP_INTERPRETER = ("a WorkerPool task's world adds its interpreter's paths read-only at their host paths (its venv, "
+                  "standard library, site-packages): / gains their top directories (\"workerpool.tops\")")
+WP_CHANNEL = "fd 3 of a WorkerPool task is its channel to the caller (its call comes in, its reply goes out)"
+WP_ROOT_STAND_IN = ("a WorkerPool task that is uid 0 inside maps onto its zygote's uid 1 "
+                    "(warm_plan.ZYGOTE_ROOT_STAND_IN: a zygote never runs as uid 0), which is the caller's uid outside")
+WP_SHARED_DEV = ("a WorkerPool zygote's /dev is one tmpfs shared by its tasks: read-only (each task has its own shm "
+                 "and pts)")
+WP_NESTS = ("WorkerPool needs a Dev at /dev, so the case runs with one added: with it a task whose uid is not 0 runs "
+            "in a user namespace nested in one that maps uid 0 (as uid_gid_with_dev_nests), and the outer one owns "
+            "the network namespace (as nested_userns_caps_do_not_reach_the_network)")
+WP_NO_ARGV = "a WorkerPool task runs a function, not a command: there is no argv to look up or execute"
+WP_NO_PASS_FDS = "a WorkerPool task is passed no fds: a function gets its inputs as arguments"
+WP_TOPS = "workerpool.tops"
 PROC_KNOBS = ("/proc/sys",)  # the kernel-reconfiguring parts of procfs
 PROC_KNOBS_MAYBE = ("/proc/sysrq-trigger", "/proc/irq", "/proc/bus")  # (not on every kernel)
 # Missing parents get bubblewrap 0.8.0's modes (measured with it): 0700 for a
@@ -108,7 +141,8 @@ MOUNT_CASES = [
          mounts=(ro("/nonexistent-sandbox-source", "/opt/x", optional=True), rw(f"{H}/rw", "/rw", optional=True)),
          request={"paths": ["/opt/x", "/opt", "/rw"], "writable": ["/rw"]},
          expect={("paths", "/opt/x", "exists"): False, ("paths", "/opt", "exists"): False,
-                 ("paths", "/rw", "type"): "dir", ("writable", "/rw"): "yes"}),
+                 ("paths", "/rw", "type"): "dir", ("writable", "/rw"): "yes"},
+         expect_on={WP: {("paths", "/opt", "exists"): InHost("opt", WP_TOPS)}}, why={WP: WP_INTERPRETER}),
     Case("symlinked_source_binds_its_target", mounts=(ro(f"{H}/link", "/via"),),
          request={"paths": ["/via", "/via/file"], "mounts": ["/via"]},
          expect={("paths", "/via", "type"): "dir", ("paths", "/via/file", "content"): "hello\n",
@@ -140,13 +174,23 @@ MOUNT_CASES = [
          request={"mounts": ["/proc"], "paths": ["/proc/self"]},
          expect={("mounts", "points", "/proc", "fstype"): "proc",
                  ("mounts", "points", "/proc", "flags"): ["nodev", "noexec", "nosuid", "rw"],
-                 ("proc", "visible_pids"): [1, 2], ("paths", "/proc/self", "type"): "link"}),
+                 ("proc", "visible_pids"): [1, 2], ("paths", "/proc/self", "type"): "link"},
+         expect_on={WP: {("proc", "visible_pids"): [1]}}, why={WP: WP_PID_1}),
     Case("proc_without_pid_namespace_is_the_hosts", mounts=(S.Proc(),),
          spec={"namespaces": S.Namespaces(pid=False)},
          request={"mounts": ["/proc"]},
          expect={("ns", "pid"): HostValue("ns.pid"), ("proc", "pid"): Greater(2),
                  ("proc", "pid1_cmdline"): HostValue("proc.pid1_cmdline"),
-                 ("mounts", "points", "/proc", "fstype"): "proc"}),
+                 ("mounts", "points", "/proc", "fstype"): "proc"},
+         refused={WP: "namespaces"}),
+    # A proc elsewhere only: WorkerPool needs one at /proc (its tasks map their ids through it).
+    Case("proc_only_elsewhere", mounts=(S.Proc("/view/proc"), S.Dev()),
+         request={"paths": ["/proc", "/view/proc/self"]},
+         expect={("paths", "/proc", "exists"): False, ("paths", "/view/proc/self", "type"): "link"},
+         refused={WP: "mounts"},
+         known_bug={WP: "WorkerPool accepts a Spec whose only Proc is not at /proc (interpreter.check_spec asks for "
+                        "any Proc) and then fails to start: SetupError step uid_map, ENOENT (a task's sandbox maps "
+                        "its ids through /proc); it should refuse the Spec for \"mounts\" (no Proc at /proc)"}),
     Case("dev", mounts=(S.Dev(),),
          request={"paths": ["/dev", "/dev/null", "/dev/ptmx", "/dev/stdout", "/dev/shm", "/dev/fd"],
                   "writable": ["/dev/null", "/dev/full"], "mounts": ["/dev", "/dev/pts", "/dev/null"]},
@@ -158,7 +202,8 @@ MOUNT_CASES = [
                  ("mounts", "points", "/dev", "flags"): FLAGS_RW,
                  ("mounts", "points", "/dev/null", "flags"): ["nosuid", "rw"]},
          # a Template's /dev is one tmpfs shared by its sandboxes: read-only (each has its own shm and pts)
-         differs={"template": (("mounts", "points", "/dev", "flags"),)}),
+         differs={"template": (("mounts", "points", "/dev", "flags"),)},
+         expect_on={WP: {("mounts", "points", "/dev", "flags"): FLAGS_RO}}, why={WP: WP_SHARED_DEV}),
     Case("dev_modes", mounts=(S.Dev(),), request={"paths": ["/dev", "/dev/shm"], "writable": ["/dev/shm"]},
          expect={("paths", "/dev", "mode"): "0o755", ("paths", "/dev/shm", "mode"): "0o1777",
                  ("writable", "/dev/shm"): "yes"}),
@@ -217,7 +262,13 @@ MOUNT_CASES = [
                  ("paths", "/etc/shadow", "exists"): False, ("paths", "/var", "exists"): False,
                  ("paths", "/opt", "exists"): False, ("paths", "/sys", "exists"): False,
                  ("paths", "/run", "exists"): False,
-                 ("paths", "/", "entries"): ["bin", "lib", "lib64", "probe.py", "usr"]}),
+                 ("paths", "/", "entries"): ["bin", "lib", "lib64", "probe.py", "usr"]},
+         expect_on={WP: {("paths", "/proc", "exists"): True, ("paths", "/dev", "exists"): True,
+                         **{("paths", top, "exists"): InHost(top[1:], WP_TOPS)
+                            for top in ("/etc", "/home", "/tmp", "/root", "/var", "/opt", "/sys", "/run")},
+                         ("paths", "/", "entries"): WithHost(("bin", "dev", "lib", "lib64", "probe.py", "proc", "usr"),
+                                                             WP_TOPS)}},
+         why={WP: f"{WP_PROC_DEV}; {WP_INTERPRETER}"}),
     Case("bind_writes_land_on_the_host", scratch={"old": "old\n", "gone": ""}, mounts=(rw(SCRATCH, "/w"),),
          request={"actions": [["write", "/w/new", 4], ["append", "/w/old", "more\n"], ["mkdir", "/w/d"],
                               ["rm", "/w/gone"]]},
@@ -269,8 +320,8 @@ MOUNT_CASES = [
     # Binds are recursive: the host's submounts come along, each read-only, nosuid and nodev.
     Case("ro_bind_reaches_submounts", mounts=(ro("/dev", "/hostdev"),),
          request={"below": ["/hostdev"], "writable": ["/hostdev/shm"]},
-         expect={("below", "/hostdev", "count"): Greater(1), ("below", "/hostdev", "flags"): ContainsAll(FLAGS_RO),
-                 ("writable", "/hostdev/shm"): "EROFS"}),
+         expect={("below", "/hostdev", "count"): Greater(1),
+                 ("below", "/hostdev", "flags"): ContainsAll(tuple(FLAGS_RO)), ("writable", "/hostdev/shm"): "EROFS"}),
     Case("ro_bind_of_the_root_covers_every_host_mount", mounts=(ro("/", "/host"),),
          request={"below": ["/host"], "writable": ["/host/tmp"], "paths": ["/host/proc/sys/kernel/ostype"]},
          expect={("below", "/host", "count"): Greater(2), ("below", "/host", "flags"): Contains("ro"),
@@ -307,7 +358,9 @@ NAMESPACE_CASES = [
                  ("ns", "cgroup"): HostValue("ns.cgroup", differ=True), ("proc", "pid"): 2, ("proc", "ppid"): 1,
                  ("hostname",): HostValue("hostname"), ("proc", "pid1_cmdline"): Prefix(("sandbox-init",))},
          # pid 1 is bwrap itself; a Template's sandbox keeps its clone of sandbox-template as its pid 1
-         differs={"bwrap": (("proc", "pid1_cmdline"),), "template": (("proc", "pid1_cmdline"),)}),
+         differs={"bwrap": (("proc", "pid1_cmdline"),), "template": (("proc", "pid1_cmdline"),),
+                  WP: (("proc", "pid1_cmdline"),)},
+         expect_on={WP: {("proc", "pid"): 1, ("proc", "ppid"): 0}}, why={WP: WP_PID_1}),
     # Only loopback traffic, inside the sandbox's own namespace; a UDP connect() sends nothing.
     Case("network_none_is_loopback_only", mounts=(S.Proc(),),
          request={"actions": [["tcp_echo", "127.0.0.1"], ["tcp_echo", "::1"], ["udp_connect", "192.0.2.1"]]},
@@ -316,29 +369,35 @@ NAMESPACE_CASES = [
                  ("net", "ipv4_routes"): 0, ("net", "ipv6_route_devs"): ["lo"],
                  ("actions",): ["ping", "ping", "ENETUNREACH"]}),
     Case("network_host", mounts=(S.Proc(),), spec={"network": "host"},
-         expect={("ns", "net"): HostValue("ns.net"), ("net", "interfaces"): HostValue("net.interfaces")}),
+         expect={("ns", "net"): HostValue("ns.net"), ("net", "interfaces"): HostValue("net.interfaces")},
+         refused={WP: "network"}),
     Case("shared_ipc_uts_cgroup", spec={"namespaces": S.Namespaces(ipc=False, uts=False, cgroup=False)},
          mounts=(S.Proc(),),
          expect={("ns", "ipc"): HostValue("ns.ipc"), ("ns", "uts"): HostValue("ns.uts"),
-                 ("ns", "cgroup"): HostValue("ns.cgroup"), ("hostname",): HostValue("hostname")}),
+                 ("ns", "cgroup"): HostValue("ns.cgroup"), ("hostname",): HostValue("hostname")},
+         refused={WP: "namespaces"}),
     Case("no_pid_namespace", spec={"namespaces": S.Namespaces(pid=False)}, mounts=(S.Proc(),),
          expect={("ns", "pid"): HostValue("ns.pid"), ("proc", "pid"): Greater(2),
-                 ("proc", "pid1_cmdline"): HostValue("proc.pid1_cmdline")}),
+                 ("proc", "pid1_cmdline"): HostValue("proc.pid1_cmdline")},
+         refused={WP: "namespaces"}),
     Case("as_pid_1", spec={"as_pid_1": True}, mounts=(S.Proc(),),
          expect={("proc", "pid"): 1, ("proc", "ppid"): 0, ("proc", "visible_pids"): [1],
-                 ("proc", "pid1_cmdline"): Prefix((PYTHON, "-I", "-S", "/probe.py"))}),
+                 ("proc", "pid1_cmdline"): Prefix((PYTHON, "-I", "-S", "/probe.py"))},
+         differs={WP: (("proc", "pid1_cmdline"),)}, why={WP: WP_PID_1}),
     Case("no_user_namespace_as_root", spec={"namespaces": S.Namespaces(user=False)}, mounts=(S.Proc(),),
          root_only=True,
          expect={("ns", "user"): HostValue("ns.user"), ("ids", "uid"): 0,
                  ("ids", "uid_map"): HostValue("ids.uid_map"), ("status", "CapEff"): ZERO_CAPS,
                  ("status", "CapPrm"): ZERO_CAPS, ("status", "CapBnd"): ZERO_CAPS, ("status", "NoNewPrivs"): "1"},
-         differs={"bwrap": (("status", "CapBnd"),)}),  # as root without a user namespace bwrap keeps it
+         differs={"bwrap": (("status", "CapBnd"),)},  # as root without a user namespace bwrap keeps it
+         refused={WP: "namespaces"}),
     Case("hostname", spec={"hostname": "sbx-conformance"}, expect={("hostname",): "sbx-conformance"}),
     Case("no_mount_namespace", base=False, probe_on_host=True,
          spec={"namespaces": S.Namespaces(mount=False)}, request={"paths": ["/usr/bin/python3"]},
          expect={("ns", "mnt"): HostValue("ns.mnt"), ("ns", "user"): HostValue("ns.user", differ=True),
                  ("paths", "/usr/bin/python3", "exists"): True},
-         differs={"bwrap": (("ns", "mnt"),)}),  # bwrap always makes one (the host root bound whole)
+         differs={"bwrap": (("ns", "mnt"),)},  # bwrap always makes one (the host root bound whole)
+         refused={WP: "namespaces"}),
     Case("user_namespaces_denied_by_default_policy", request={"actions": [["unshare_user"]]},
          expect={("actions",): ["EPERM"]}),
     Case("user_namespaces_allowed_without_seccomp", spec={"seccomp": None}, request={"actions": [["unshare_user"]]},
@@ -353,13 +412,18 @@ IDENTITY_CASES = [
     Case("default_ids_are_the_callers", mounts=(S.Proc(),),
          expect={("ids", "uid"): HostValue("uid"), ("ids", "gid"): HostValue("gid"), ("ids", "setgroups"): "deny",
                  ("ids", "groups"): SubsetOf(host_keys=("gid",)),
-                 ("ids", "uid_map"): ["{uid}", "{uid}", "1"], ("ids", "gid_map"): ["{gid}", "{gid}", "1"]}),
+                 ("ids", "uid_map"): ["{uid}", "{uid}", "1"], ("ids", "gid_map"): ["{gid}", "{gid}", "1"]},
+         expect_on={WP: {("ids", "uid_map"): ["{uid}", "{wp_uid_outside}", "1"],
+                         ("ids", "gid_map"): ["{gid}", "0", "1"]}},
+         why={WP: f"as root, {WP_ROOT_STAND_IN}; else {WP_NESTS}"}),
     Case("uid_gid", spec={"uid": 1234, "gid": 2345}, mounts=(S.Proc(), S.Tmpfs("/tmp")),
          request={"actions": [["write", "/tmp/f", 1], ["owner", "/tmp/f"]]},
          expect={("ids", "uid"): 1234, ("ids", "gid"): 2345, ("ids", "euid"): 1234,
                  ("ids", "groups"): SubsetOf((2345,)), ("ids", "setgroups"): "deny",
                  ("ids", "uid_map"): ["1234", "{uid}", "1"], ("ids", "gid_map"): ["2345", "{gid}", "1"],
-                 ("actions",): ["ok", "1234:2345"]}),
+                 ("actions",): ["ok", "1234:2345"]},
+         expect_on={WP: {("ids", "uid_map"): ["1234", "0", "1"], ("ids", "gid_map"): ["2345", "0", "1"]}},
+         why={WP: WP_NESTS}),
     Case("uid_gid_with_dev_nests", spec={"uid": 1234, "gid": 2345}, mounts=(S.Proc(), S.Dev(), S.Tmpfs("/tmp")),
          request={"actions": [["write", "/tmp/f", 1], ["owner", "/tmp/f"]]},
          expect={("ids", "uid"): 1234, ("ids", "gid"): 2345,
@@ -370,7 +434,8 @@ IDENTITY_CASES = [
          expect={("ids", "uid"): 1234, ("ids", "gid"): 2345}),
     Case("root_inside", spec={"uid": 0, "gid": 0}, mounts=(S.Proc(),),
          expect={("ids", "uid"): 0, ("ids", "gid"): 0, ("ids", "uid_map"): ["0", "{uid}", "1"],
-                 ("status", "CapEff"): ZERO_CAPS, ("status", "CapBnd"): ZERO_CAPS}),
+                 ("status", "CapEff"): ZERO_CAPS, ("status", "CapBnd"): ZERO_CAPS},
+         expect_on={WP: {("ids", "uid_map"): ["0", "1", "1"]}}, why={WP: WP_ROOT_STAND_IN}),
     Case("cap_add", spec={"uid": 0, "gid": 0, "cap_add": ("CAP_NET_ADMIN", "CAP_KILL")}, mounts=(S.Proc(),),
          expect={("status", "CapEff"): "0000000000001020", ("status", "CapBnd"): "0000000000001020",
                  ("status", "CapPrm"): "0000000000001020",
@@ -388,7 +453,8 @@ IDENTITY_CASES = [
            mounts=(S.Proc(),), request={"actions": [["bind", "127.0.0.1", 80]]},
            expect={("status", "CapEff"): NET_BIND_SERVICE, ("status", "CapPrm"): NET_BIND_SERVICE,
                    ("status", "CapBnd"): NET_BIND_SERVICE, ("status", "CapAmb"): NET_BIND_SERVICE,
-                   ("status", "NoNewPrivs"): "1", ("actions",): ["ok"]})
+                   ("status", "NoNewPrivs"): "1", ("actions",): ["ok"]},
+           expect_on={WP: {("actions",): ["EACCES"]}} if uid else {}, why={WP: WP_NESTS} if uid else {})
       for uid in (0, 1000)),
     *(Case(f"port_80_is_denied_without_the_capability_as_uid_{uid}", spec={"uid": uid, "gid": uid},
            request={"actions": [["bind", "127.0.0.1", 80]]}, expect={("actions",): ["EACCES"]})
@@ -459,15 +525,19 @@ LIMIT_CASES = [
 PROCESS_CASES = [
     Case("exit_status", request={"exit": 7}, returncode=7),
     Case("exit_status_high", request={"exit": 200}, returncode=200),
-    Case("killed_by_sigkill", request={"signal": 9}, returncode=-9),
-    Case("killed_by_sigterm", request={"signal": 15}, returncode=-15),
+    Case("killed_by_sigkill", request={"signal": 9}, returncode=-9,
+         expect_on={WP: {("returncode",): 0}}, why={WP: WP_OWN_SIGNAL}),
+    Case("killed_by_sigterm", request={"signal": 15}, returncode=-15,
+         expect_on={WP: {("returncode",): 0}}, why={WP: WP_OWN_SIGNAL}),
     Case("killed_without_pid_namespace", spec={"namespaces": S.Namespaces(pid=False)}, request={"signal": 9},
-         returncode=-9),
+         returncode=-9, refused={WP: "namespaces"}),
     Case("pid_1_cannot_kill_itself", spec={"as_pid_1": True}, request={"signal": 9}, returncode=0),
-    Case("only_stdio_is_open", expect={("fds",): [0, 1, 2]}),
-    Case("inherited_fds_are_closed", leak_fd=True, expect={("fds",): [0, 1, 2]}),
+    *(Case(name, leak_fd=leak, expect={("fds",): [0, 1, 2]},
+           expect_on={WP: {("fds",): [0, 1, 2, 3], ("fd_types", "3"): "socket"}}, why={WP: WP_CHANNEL})
+      for name, leak in (("only_stdio_is_open", False), ("inherited_fds_are_closed", True))),
     Case("pass_fds_keep_their_numbers", pass_fd=True,
-         expect={("fds",): [0, 1, 2, PASSED_FD], ("fd_types", str(PASSED_FD)): "fifo"}),
+         expect={("fds",): [0, 1, 2, PASSED_FD], ("fd_types", str(PASSED_FD)): "fifo"},
+         not_applicable={WP: WP_NO_PASS_FDS}),
     Case("new_session", mounts=(S.Proc(), S.Dev()), spec={"as_pid_1": True},
          expect={("proc", "sid_is_pid"): True, ("proc", "tty"): OneOf(("ENXIO", "ENODEV"))}),
     Case("no_new_session", mounts=(S.Proc(),), spec={"as_pid_1": True, "new_session": False},
@@ -477,27 +547,29 @@ PROCESS_CASES = [
 # Python (the probe) ignores SIGPIPE and SIGXFSZ itself; nothing else may be
 # ignored or blocked when the command starts, whatever the caller does.
 PROBE_IGNORES = f"{1 << (signal.SIGPIPE - 1) | 1 << (signal.SIGXFSZ - 1):016x}"
-CALLER_SIGNALS = {"host_ignores": (signal.SIGUSR1, signal.SIGHUP), "host_blocks": (signal.SIGUSR2,)}
-DEFAULT_SIGNALS = {("status", "SigIgn"): PROBE_IGNORES, ("status", "SigBlk"): "0" * 16}
+CALLER_SIGNALS: dict[str, Any] = {"host_ignores": (signal.SIGUSR1, signal.SIGHUP), "host_blocks": (signal.SIGUSR2,)}
+DEFAULT_SIGNALS: dict[tuple[str, ...], Any] = {("status", "SigIgn"): PROBE_IGNORES, ("status", "SigBlk"): "0" * 16}
 SIGNAL_CASES = [
     Case("signals_start_at_their_defaults", mounts=(S.Proc(),), expect=DEFAULT_SIGNALS),
     Case("caller_signals_do_not_reach_the_command", mounts=(S.Proc(),), expect=DEFAULT_SIGNALS, **CALLER_SIGNALS),
     Case("caller_signals_do_not_reach_pid_1", mounts=(S.Proc(),), spec={"as_pid_1": True}, expect=DEFAULT_SIGNALS,
          **CALLER_SIGNALS),
     Case("caller_signals_without_pid_namespace", mounts=(S.Proc(),), spec={"namespaces": S.Namespaces(pid=False)},
-         expect=DEFAULT_SIGNALS, **CALLER_SIGNALS),
+         expect=DEFAULT_SIGNALS, refused={WP: "namespaces"}, **CALLER_SIGNALS),
 ]
 
 ERROR_CASES = [
     Case("missing_source", mounts=(ro("/nonexistent-sandbox-source", "/x"),),
          error=("SetupError", {"step": "source", "path": "/nonexistent-sandbox-source", "errno": E.ENOENT})),
     Case("missing_command", argv=("no-such-command-anywhere",),
-         error=("ExecNotFoundError", {"errno": E.ENOENT, "filename": "no-such-command-anywhere"})),
-    Case("command_not_executable", argv=("/usr",), error=("ExecPermissionError", {"errno": E.EACCES})),
+         error=("ExecNotFoundError", {"errno": E.ENOENT, "filename": "no-such-command-anywhere"}),
+         not_applicable={WP: WP_NO_ARGV}),
+    Case("command_not_executable", argv=("/usr",), error=("ExecPermissionError", {"errno": E.EACCES}),
+         not_applicable={WP: WP_NO_ARGV}),
     Case("missing_cwd", spec={"cwd": "/nonexistent"},
          error=("SetupError", {"step": "cwd", "path": "/nonexistent", "errno": E.ENOENT})),
     Case("namespaces_without_user_namespace_need_root", spec={"namespaces": S.Namespaces(user=False)},
-         nonroot_only=True, error=("SetupError", {"step": "clone", "errno": E.EPERM})),
+         nonroot_only=True, error=("SetupError", {"step": "clone", "errno": E.EPERM}), refused={WP: "namespaces"}),
     Case("dir_on_read_only", mounts=(S.Dir("/usr/newdir"),),
          error=("SetupError", {"step": "dir", "path": "/usr/newdir", "errno": E.EROFS})),
     Case("chmod_on_read_only", mounts=(S.Chmod("/usr", 0o700),),

@@ -107,8 +107,30 @@ class HostValue(Matcher):
     def matches(self, value: Any, ctx: Mapping[str, Any]) -> bool:
         host = ctx[self.key]
         if self.differ:
-            return type(value) is type(host) and value != host
-        return value == host
+            return type(value) is type(host) and bool(value != host)
+        return bool(value == host)
+
+
+@dataclass(frozen=True)
+class InHost(Matcher):
+    """True if `item` is among the host's values at `key`, else False."""
+
+    item: Any
+    key: str
+
+    def matches(self, value: Any, ctx: Mapping[str, Any]) -> bool:
+        return value is (self.item in ctx[self.key])
+
+
+@dataclass(frozen=True)
+class WithHost(Matcher):
+    """Exactly `items` and the host's values at `key`, sorted, each once."""
+
+    items: tuple[Any, ...]
+    key: str
+
+    def matches(self, value: Any, ctx: Mapping[str, Any]) -> bool:
+        return bool(value == sorted({*self.items, *ctx[self.key]}))
 
 
 @dataclass(frozen=True)
@@ -164,6 +186,17 @@ class Case:
     # Documented backend differences: backend -> key paths whose expectation
     # does not hold there (and that the differential test ignores).
     differs: Mapping[str, tuple[Path, ...]] = field(default_factory=dict)
+    # backend -> expectations that hold there instead of `expect`'s at the same
+    # key paths; the pseudo-path ("returncode",) replaces `returncode`.
+    expect_on: Mapping[str, Mapping[Path, Any]] = field(default_factory=dict)
+    # backend -> why its `differs` and `expect_on` entries hold (a "workerpool"
+    # entry must say why: WorkerPool runs a function, not a command).
+    why: Mapping[str, str] = field(default_factory=dict)
+    # backend -> the Spec field it refuses the case's Spec for, by design (it
+    # raises SpecError naming that field; the case's expectations do not apply).
+    refused: Mapping[str, str] = field(default_factory=dict)
+    # backend -> why the case has no meaning there (it is skipped, saying why).
+    not_applicable: Mapping[str, str] = field(default_factory=dict)
     # Known bugs: backend -> description; the case is expected to fail there (xfail, not strict).
     known_bug: Mapping[str, str] = field(default_factory=dict)
 
@@ -177,12 +210,13 @@ def rw(src: str, dest: str | None = None, optional: bool = False) -> S.Bind:
 
 
 def fill(value: Any, ctx: Mapping[str, Any]) -> Any:
-    """`value` with "/{host}", "/{scratch}", "{uid}" and "{gid}" substituted in every string, recursively."""
+    """`value` with "/{host}", "/{scratch}", "{uid}", "{gid}" and "{wp_uid_outside}" substituted in every
+    string, recursively."""
     if isinstance(value, str):
         value = value.replace("/{host}", str(ctx["host"]))
         if "scratch" in ctx:
             value = value.replace("/{scratch}", str(ctx["scratch"]))
-        for key in ("uid", "gid"):
+        for key in ("uid", "gid", "wp_uid_outside"):
             value = value.replace("{" + key + "}", str(ctx[key]))
         return value
     if isinstance(value, tuple):

@@ -9,7 +9,8 @@ there (Debian's /usr/bin/python3): standard library only, never `sandbox`.
 Every section is gathered independently; an error becomes {"error": "ENAME"}
 instead of stopping the probe. After printing, the probe exits with
 `"exit"`, kills itself with `"signal"` or spins until a limit kills it
-(`"spin"`) if the request says so.
+(`"spin"`) if the request says so. `task` is the same probe as a function,
+for a sandbox.WorkerPool task.
 
 `path_info` and `writable` are also used on the host side by the test
 runner (to see what a sandbox left in a host directory).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -193,7 +195,7 @@ def proc_status() -> dict[str, str]:
 
 
 def namespaces() -> dict[str, Any]:
-    return {ns: guarded(lambda ns=ns: os.readlink(f"/proc/self/ns/{ns}")) for ns in NAMESPACES}
+    return {ns: guarded(functools.partial(os.readlink, f"/proc/self/ns/{ns}")) for ns in NAMESPACES}
 
 
 # ---------------------------------------------------------------- network
@@ -451,10 +453,10 @@ def current_umask() -> str:
 
 # ---------------------------------------------------------------- main
 
-def main(argv: list[str]) -> int:
-    req = json.loads(argv[1]) if len(argv) > 1 else {}
+def gather(req: dict[str, Any]) -> dict[str, Any]:
+    """The report for request `req`."""
     fds = open_fds()
-    report = {
+    return {
         "paths": {p: path_info(p) for p in req.get("paths", [])},
         "writable": {p: writable(p) for p in req.get("writable", [])},
         "mounts": guarded(lambda: mount_info(req.get("mounts", []))),
@@ -473,8 +475,10 @@ def main(argv: list[str]) -> int:
         "fd_types": fd_targets(fds),
         "actions": [act(a) for a in req.get("actions", [])],
     }
-    sys.stdout.write(json.dumps(report, sort_keys=True) + "\n")
-    sys.stdout.flush()
+
+
+def finish(req: dict[str, Any]) -> int:
+    """Once the report is out: spin, or kill ourselves, as `req` says; the exit status it asks for."""
     while req.get("spin"):
         pass
     if req.get("signal"):
@@ -483,6 +487,28 @@ def main(argv: list[str]) -> int:
             signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
     return int(req.get("exit", 0))
+
+
+def main(argv: list[str]) -> int:
+    req = json.loads(argv[1]) if len(argv) > 1 else {}
+    sys.stdout.write(json.dumps(gather(req), sort_keys=True) + "\n")
+    sys.stdout.flush()
+    return finish(req)
+
+
+def task(request: str) -> str:
+    """The probe as a WorkerPool task function (sent by value: `request` is
+    the JSON main() takes; the report comes back as the JSON main() prints).
+    A request to exit, kill itself or spin ends the task as it ends the
+    script: the report is printed to stdout first, then the task spins, sends
+    itself the signal, and exits with the status (os._exit: no reply)."""
+    req = json.loads(request)
+    report = json.dumps(gather(req), sort_keys=True) + "\n"
+    if not (req.get("spin") or req.get("signal") or req.get("exit")):
+        return report
+    sys.stdout.write(report)
+    sys.stdout.flush()
+    os._exit(finish(req))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,11 @@
 
 The probe (probe.py, standard library only) runs inside the sandbox with
 Debian's /usr/bin/python3 and prints what it sees; cases.py says what it must
-see. The differential test runs each case on both backends and compares the
-whole reports after removing what legitimately differs (see `normalize`).
+see. The "workerpool" backend runs the same probe as a task function
+(probe.task) of a sandbox.WorkerPool, with the pool's interpreter (see
+run_in_workerpool). The differential test runs each case on native and bwrap
+and compares the whole reports after removing what legitimately differs (see
+`normalize`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from conftest import SYSTEM_MOUNTS
 import sandbox
 from sandbox import backends, errors
 from sandbox import spec as S
+from sandbox.warm_plan import ZYGOTE_ROOT_STAND_IN
+from sandbox.workerpool import TaskError
+from sandbox.workerpool.interpreter import interpreter_paths
 
 from . import probe
 from .cases import CASES, HOST_TREE, LEAKED_FD, PASSED_FD
@@ -38,7 +44,9 @@ PYTHON = "/usr/bin/python3"
 PROBE_PATH = Path(__file__).with_name("probe.py")
 PROBE = PROBE_PATH.read_bytes()
 BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=True))
-BACKENDS = ("native", "bwrap", "template")  # template: every case through a sandbox.Template
+# template: every case through a sandbox.Template; workerpool: every case's
+# probe as a task function (probe.task) of a sandbox.WorkerPool
+BACKENDS = ("native", "bwrap", "template", "workerpool")
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
@@ -46,7 +54,7 @@ def available(backend: str) -> tuple[bool, str]:
     if backend == "template":
         return backends.availability("template")
     result = sandbox.probe()
-    if backend == "native":
+    if backend in ("native", "workerpool"):  # a WorkerPool's zygote is a native sandbox
         return result.native, result.native_reason
     return bool(result.bwrap), result.bwrap_reason
 
@@ -88,7 +96,12 @@ def host_view() -> dict[str, Any]:
     view.update({"hostname": socket.gethostname(), "net.interfaces": interfaces, "ids.uid_map": uid_map,
                  "uid": os.getuid(), "gid": os.getgid(), "rlimit.nofile.hard": [nofile_hard, nofile_hard],
                  "proc.pid1_cmdline": pid1_cmdline,
-                 "mode./usr/share": oct(stat.S_IMODE(os.stat("/usr/share").st_mode))})
+                 "mode./usr/share": oct(stat.S_IMODE(os.stat("/usr/share").st_mode)),
+                 # a WorkerPool task's uid in its parent user namespace when it runs as the caller's (with a
+                 # Dev): its zygote's stand-in for root, else 0 (it is nested: see cases.WP_NESTS)
+                 "wp_uid_outside": ZYGOTE_ROOT_STAND_IN if os.getuid() == 0 else 0,
+                 # the entries of / that the interpreter's paths add to a WorkerPool task's world
+                 "workerpool.tops": sorted({p.split("/")[1] for p in interpreter_paths()})})
     return view
 
 
@@ -146,6 +159,8 @@ def run_case(case: Case, backend: str, ctx: Mapping[str, Any], monkeypatch: pyte
         spec = build_spec(case, run_ctx)
         if backend == "template":
             result = run_in_template(spec, command(case), fds)
+        elif backend == "workerpool":
+            result = run_in_workerpool(spec, case)
         else:
             result = sandbox.run(command(case), spec, capture_output=True, backend=backend, pass_fds=fds, timeout=60)
         return result, host_report(case, run_ctx)
@@ -219,6 +234,46 @@ def run_in_template(spec: S.Spec, argv: list[str], fds: list[int]) -> sandbox.Co
         return template.run(argv, capture_output=True, pass_fds=fds, timeout=60)
 
 
+def workerpool_mounts(spec: S.Spec) -> tuple[S.Mount, ...]:
+    """What WorkerPool needs in every Spec and `spec` lacks: a Proc at /proc, and a Dev at /dev."""
+    extra: list[S.Mount] = []
+    if not any(isinstance(m, S.Proc) and m.dest == "/proc" for m in spec.mounts):
+        extra.append(S.Proc())
+    if not any(isinstance(m, S.Dev) and m.dest == "/dev" for m in spec.mounts):
+        extra.append(S.Dev())
+    return tuple(extra)
+
+
+def run_in_workerpool(spec: S.Spec, case: Case) -> sandbox.CompletedProcess:
+    """Run the case's probe as a task function (probe.task, sent by value) in
+    a fresh sandbox.WorkerPool of `spec`: its report, or (a task that exits
+    or is killed) its exit status and what it printed, as a CompletedProcess.
+
+    WorkerPool refuses a Spec without a Proc and a Dev at /dev (SpecError
+    naming "mounts"): for such a case that refusal is checked, and the case
+    runs with them added at the end (its `differs`/`expect_on` for
+    "workerpool" say what they change). Any other refusal, or any refusal of
+    a case that expects one (`refused`), is raised.
+    """
+    try:
+        pool = sandbox.WorkerPool(spec, 1, timeout=60)
+    except errors.SpecError as exc:
+        extra = workerpool_mounts(spec)
+        if exc.field != "mounts" or not extra or "workerpool" in case.refused:
+            raise
+        pool = sandbox.WorkerPool(spec.replace(mounts=(*spec.mounts, *extra)), 1, timeout=60)
+    args = ["probe.task", json.dumps(dict(case.request))]
+    with pool:
+        future = pool.submit(probe.task, args[1])
+        try:
+            report = future.result()
+        except TaskError as exc:  # it exited or was killed: no reply (TaskExit has no returncode)
+            if exc.returncode is None:
+                raise
+            return sandbox.CompletedProcess(args, exc.returncode, exc.stdout, exc.stderr, backend="workerpool")
+    return sandbox.CompletedProcess(args, 0, report.encode(), future.stderr, backend="workerpool")
+
+
 class extra_fds:
     """While the case runs: a pipe's read end at PASSED_FD (to pass), an
     inheritable fd at LEAKED_FD (not to pass)."""
@@ -255,7 +310,7 @@ class extra_fds:
 def report_of(result: sandbox.CompletedProcess, host: dict[str, Any] | None = None) -> dict[str, Any]:
     """The probe's report, with the host's view of the scratch paths under "host"."""
     assert result.stdout, f"no report; stderr: {result.stderr!r}"
-    report = json.loads(result.stdout)
+    report: dict[str, Any] = json.loads(result.stdout)
     if host:
         report["host"] = host
     return report
@@ -270,11 +325,18 @@ def lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:
     return value
 
 
+def expectations(case: Case, backend: str) -> dict[tuple[str, ...], Any]:
+    """The case's expectations on `backend`: `expect` without what `differs` there, with `expect_on`'s."""
+    out = {path: expected for path, expected in case.expect.items()
+           if not any(path[:len(other)] == other for other in case.differs.get(backend, ()))}
+    out.update(case.expect_on.get(backend, {}))
+    out.pop(("returncode",), None)
+    return out
+
+
 def check_expectations(case: Case, backend: str, report: Mapping[str, Any], ctx: Mapping[str, Any]) -> None:
     failures = []
-    for path, expected in case.expect.items():
-        if any(path[:len(other)] == other for other in case.differs.get(backend, ())):
-            continue
+    for path, expected in expectations(case, backend).items():
         path = fill(path, ctx)
         expected = fill(expected, ctx)
         got = lookup(report, path)
@@ -302,6 +364,8 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_case(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend in case.not_applicable:
+        pytest.skip(f"not applicable on {backend}: {case.not_applicable[backend]}")
     if backend in case.known_bug:
         try:
             run_and_check(case, backend, ctx, monkeypatch)
@@ -312,6 +376,11 @@ def test_case(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest
 
 
 def run_and_check(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    if backend in case.refused:
+        with pytest.raises(errors.SpecError) as refusal:
+            run_case(case, backend, ctx, monkeypatch)
+        assert refusal.value.field == case.refused[backend], f"refused for another field: {refusal.value}"
+        return
     if case.error is not None:
         with pytest.raises(sandbox.SandboxError) as info:
             run_case(case, backend, ctx, monkeypatch)
@@ -319,7 +388,8 @@ def run_and_check(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: py
         return
     result, host = run_case(case, backend, ctx, monkeypatch)
     assert result.backend == backend
-    codes = case.returncode if isinstance(case.returncode, tuple) else (case.returncode,)
+    returncode = case.expect_on.get(backend, {}).get(("returncode",), case.returncode)
+    codes = returncode if isinstance(returncode, tuple) else (returncode,)
     assert result.returncode in codes, result.stderr
     if case.argv is None:
         report = report_of(result, host)
@@ -344,7 +414,7 @@ def normalize(report: dict[str, Any], ctx: Mapping[str, Any]) -> dict[str, Any]:
     - how many host mounts a recursive bind of a host tree brought along
       (the host's own mount table may change between the two runs).
     """
-    out = json.loads(json.dumps(report))
+    out: dict[str, Any] = json.loads(json.dumps(report))
     out["ns"] = {ns: "unknown" if not isinstance(value, str) else "host" if value == ctx[f"ns.{ns}"] else "new"
                  for ns, value in out["ns"].items()}
     out["proc"].pop("pid1_cmdline", None)
@@ -378,7 +448,7 @@ def outcome(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.M
     out: dict[str, Any] = {"returncode": result.returncode}
     if case.argv is None and result.stdout:
         out["report"] = normalize(report_of(result, host), ctx)
-        for path in {p for paths in case.differs.values() for p in paths}:
+        for path in {p for name in ("native", "bwrap") for p in case.differs.get(name, ())}:
             drop(out["report"], path)
     return out
 
@@ -397,10 +467,24 @@ def test_backends_agree(case: Case, ctx: dict[str, Any], monkeypatch: pytest.Mon
     native = outcome(case, "native", ctx, monkeypatch)
     bwrap = outcome(case, "bwrap", ctx, monkeypatch)
     if native != bwrap and case.known_bug:
-        mark_known_bugs(case, BACKENDS)
+        mark_known_bugs(case, ("native", "bwrap"))
     if native != bwrap:
         diffs = describe_differences(native, bwrap)
         pytest.fail("native and bwrap disagree:\n" + "\n".join(diffs))
+
+
+def test_declarations_name_backends_and_say_why() -> None:
+    """A case's per-backend declarations name backends of the suite, and
+    each "workerpool" difference says why (WorkerPool runs a function)."""
+    sections = set(probe.gather({})) | {"host"}
+    for case in CASES:
+        for declared in (case.differs, case.expect_on, case.why, case.refused, case.not_applicable, case.known_bug):
+            assert set(declared) <= set(BACKENDS), f"{case.name}: unknown backend in {declared}"
+        if "workerpool" in case.differs or "workerpool" in case.expect_on:
+            assert case.why.get("workerpool"), f"{case.name}: its workerpool difference does not say why"
+        assert set(case.why) <= set(case.differs) | set(case.expect_on), f"{case.name}: a why without a difference"
+        for path in case.expect_on.get("workerpool", {}):
+            assert path == ("returncode",) or path[0] in sections, f"{case.name}: no such key path {path}"
 
 
 def describe_differences(a: Any, b: Any, where: str = "") -> list[str]:

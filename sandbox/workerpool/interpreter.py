@@ -107,9 +107,9 @@ def check_spec(spec: S.Spec) -> None:
                         "not supported by WorkerPool")
     if not spec.die_with_parent:
         raise SpecError("die_with_parent", False, "a WorkerPool and its tasks always die with the caller")
-    if not any(isinstance(m, S.Proc) for m in spec.mounts):
-        raise SpecError("mounts", "no Proc", "WorkerPool needs a Proc mount (tasks map their ids through it and "
-                        "mount their own)")
+    if not any(isinstance(m, S.Proc) and m.dest == "/proc" for m in spec.mounts):
+        raise SpecError("mounts", "no Proc at /proc", "WorkerPool needs a Proc at /proc (tasks map their ids "
+                        "through it and mount their own)")
     if not any(isinstance(m, S.Dev) and m.dest == "/dev" for m in spec.mounts):
         raise SpecError("mounts", "no Dev at /dev", "WorkerPool needs a Dev at /dev (a task's /proc covers mask "
                         "files with the /dev/null of the zygote's tree)")

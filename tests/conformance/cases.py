@@ -187,10 +187,7 @@ MOUNT_CASES = [
     Case("proc_only_elsewhere", mounts=(S.Proc("/view/proc"), S.Dev()),
          request={"paths": ["/proc", "/view/proc/self"]},
          expect={("paths", "/proc", "exists"): False, ("paths", "/view/proc/self", "type"): "link"},
-         refused={WP: "mounts"},
-         known_bug={WP: "WorkerPool accepts a Spec whose only Proc is not at /proc (interpreter.check_spec asks for "
-                        "any Proc) and then fails to start: SetupError step uid_map, ENOENT (a task's sandbox maps "
-                        "its ids through /proc); it should refuse the Spec for \"mounts\" (no Proc at /proc)"}),
+         refused={WP: "mounts"}),
     Case("dev", mounts=(S.Dev(),),
          request={"paths": ["/dev", "/dev/null", "/dev/ptmx", "/dev/stdout", "/dev/shm", "/dev/fd"],
                   "writable": ["/dev/null", "/dev/full"], "mounts": ["/dev", "/dev/pts", "/dev/null"]},

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import resource
 import shlex
+import sys
+import types
 from collections.abc import Sequence
 
 from . import backends
@@ -190,3 +192,16 @@ def _seccomp(plan: Plan, spec: S.Spec | None) -> str:
     if spec is not None and spec.seccomp == DEFAULT_POLICY or plan.seccomp == compile_policy(DEFAULT_POLICY):
         return f"the default policy ({size}; see README's table)"
     return f"a custom policy ({size})"
+
+
+class _CallableModule(types.ModuleType):
+    """This module's type: calling the module calls `explain()`. `sandbox.explain`
+    is the function, imported on first use; but if this module is imported
+    first (`from sandbox.explain import describe_plan`), the import system
+    binds the module to that name, which must then work as the function."""
+
+    def __call__(self, spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
+        return explain(spec, argv, backend)
+
+
+sys.modules[__name__].__class__ = _CallableModule

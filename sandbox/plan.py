@@ -17,13 +17,15 @@ import re
 import resource
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import spec as S
 from .errors import SpecError
 from .host import HostInfo
-from .seccomp import compile_policy
 from .sync import NO_SYNC, Sync
+
+if TYPE_CHECKING:
+    from .seccomp.policy import Seccomp
 
 
 class OpKind(enum.IntEnum):
@@ -417,7 +419,7 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         # blocks signals in its thread, does not pass that on.
         reset_signals=True,
         reaper=ns.pid and not spec.as_pid_1,
-        seccomp=compile_policy(spec.seccomp) if spec.seccomp is not None else b"",
+        seccomp=_compile_seccomp(spec.seccomp),
         landlock=bool(spec.landlock),
         landlock_best_effort=spec.landlock == "best-effort",
         landlock_rules=landlock_rules(ops) if spec.landlock else (),
@@ -428,6 +430,15 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         caps_as_caller=host.is_root and keep == host.effective_caps,
         sync=sync,
     )
+
+
+def _compile_seccomp(policy: Seccomp | None) -> bytes:
+    """The BPF program of `policy`, b"" for none (the compiler is imported only for a policy)."""
+    if policy is None:
+        return b""
+    from .seccomp.compile import compile_policy
+
+    return compile_policy(policy)
 
 
 def check_argv(argv: Sequence[str]) -> list[str]:

@@ -11,8 +11,10 @@ forwarded to it.
 Invoked under the name `bwrap` (a link or script named so, whose argv[0]
 ends in "bwrap"), the program is `run` with bwrap's own conventions for what
 it says itself: messages start with `bwrap: `, every failure of its own
-exits 1, and the help names argv[0]. Code that runs `bwrap` and reads its
-messages or exit status can then use this package unchanged.
+exits 1, the help names argv[0], and `--version` prints bwrap's line for
+the release whose command line this is (`bubblewrap 0.8.0`; see
+`version_text`). Code that runs `bwrap` and reads its messages, exit status
+or version can then use this package unchanged.
 """
 
 from __future__ import annotations
@@ -97,13 +99,15 @@ BWRAP_EXIT_FAILURE = 1  # bwrap's die(): every failure of its own
 
 class Conventions:
     """How the program speaks for itself: its message prefix, the exit status
-    of its own failures (None: 125/126/127 as documented), its help's name."""
+    of its own failures (None: 125/126/127 as documented), its help's name,
+    and whether `--version` is bwrap's (see `version_text`)."""
 
     def __init__(self, prefix: str = "sandbox", failure: int | None = None,
-                 usage_name: str = "python -m sandbox run") -> None:
+                 usage_name: str = "python -m sandbox run", bwrap_version: bool = False) -> None:
         self.prefix = prefix
         self.failure = failure
         self.usage_name = usage_name
+        self.bwrap_version = bwrap_version
 
 
 _CONVENTIONS = Conventions()
@@ -112,17 +116,39 @@ _ONE_SHOT = False  # main() runs as the process's program: this process starts o
 
 def run_as_bwrap(args: Sequence[str], argv0: str) -> int:
     """`run` with bwrap's conventions (`bwrap: ` messages, failures exit 1,
-    the help naming `argv0`); the command's own exit status is unchanged."""
+    the help naming `argv0`, bwrap's `--version`); the command's own exit
+    status is unchanged."""
     global _CONVENTIONS
-    _CONVENTIONS = Conventions(prefix=BWRAP_NAME, failure=BWRAP_EXIT_FAILURE, usage_name=argv0)
+    _CONVENTIONS = Conventions(prefix=BWRAP_NAME, failure=BWRAP_EXIT_FAILURE, usage_name=argv0, bwrap_version=True)
     return run(args)
+
+
+def version_text(tty: bool = False) -> str:
+    """What `--version` prints: `sandbox X.Y.Z`; under bwrap's conventions,
+    bwrap's own line naming the bubblewrap release whose command line this
+    is (`bubblewrap 0.8.0`), alone, as programs that check bwrap's version
+    read it (they take everything after `bubblewrap `, or the second field
+    of each line). On a terminal (`tty`) a second line says what answered."""
+    from . import bwrap
+
+    if not _CONVENTIONS.bwrap_version:
+        return f"sandbox {_version()}"
+    text = f"bubblewrap {bwrap.BWRAP_RELEASE}"
+    if tty:
+        text += (f"\n(sandbox {_version()}: bubblewrap {bwrap.BWRAP_RELEASE}'s command line, "
+                 "run by the sandbox package, not by bubblewrap)")
+    return text
+
+
+def _print_version() -> int:
+    print(version_text(tty=sys.stdout.isatty()))
+    return 0
 
 
 def run(args: Sequence[str]) -> int:
     """`run [OPTIONS...] [--] COMMAND [ARGS...]`: run COMMAND, return its exit status."""
     if args[:1] == ["--version"]:  # what parsing would stop at, without loading the parser
-        print(f"sandbox {_version()}")
-        return 0
+        return _print_version()
     from .bwrap.parse import parse_bwrap_args
     from .errors import SpecError
 
@@ -141,8 +167,7 @@ def run(args: Sequence[str]) -> int:
             print(EXIT_HELP)
         return 0
     if extras.show_version:
-        print(f"sandbox {_version()}")
-        return 0
+        return _print_version()
     if extras.dry_run:
         return _dry_run(command, spec, extras.backend)
     if spec.die_with_parent and not _die_with_parent():

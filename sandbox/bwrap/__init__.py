@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from .state import BwrapArgsError
     from .unparse import to_bwrap_args
 
+BWRAP_RELEASE = "0.8.0"  # the bubblewrap release whose command line this grammar is (what `bwrap --version` says)
+
 _EXPORTS = {"BwrapArgsError": "state", "CliExtras": "parse", "from_bwrap_args": "parse",
             "parse_bwrap_args": "parse", "to_bwrap_args": "unparse", "usage": "grammar"}
 

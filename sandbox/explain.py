@@ -20,7 +20,7 @@ from . import backends
 from . import spec as S
 from .errors import UnavailableError
 from .host import HostInfo, PoolInfo
-from .plan import Op, OpFlag, OpKind, Plan, check_argv, compile_plan
+from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
 
@@ -99,7 +99,7 @@ def describe_op(op: Op) -> str:
         return f"tmpfs at {op.dest}, mode {op.mode:04o}" + (f", {op.size} bytes" if op.size else "")
     if kind is OpKind.PROC:
         return f"proc at {op.dest}" + (", a new one (only the sandbox's processes)" if flags & OpFlag.FRESH
-                                       else ", the host's (no pid namespace)")
+                                       else ", the host's (no pid namespace)") + _proc_covers(op)
     if kind is OpKind.DEV:
         return (f"a minimal /dev at {op.dest} (a tmpfs, mode {op.mode:04o}: null, zero, full, random, urandom, "
                 f"tty, a private pts, shm with mode {op.shm_mode:04o})")
@@ -183,6 +183,15 @@ def _process(plan: Plan) -> str:
     parts.append("killed when the caller dies" if plan.die_with_parent else "outlives the caller")
     parts.append("NO_NEW_PRIVS")
     return "; ".join(parts)
+
+
+def _proc_covers(op: Op) -> str:
+    if not op.covers:
+        return "; no entry covered (a user namespace inside may mount a procfs of its own)"
+    read_only = [path for path, cover in op.covers if cover is Cover.READ_ONLY]
+    hidden = [path for path, cover in op.covers if cover is Cover.MASK]
+    return "".join(f"; {what}: {', '.join(paths)}" for what, paths in (("read-only", read_only), ("hidden", hidden))
+                   if paths)
 
 
 def _seccomp(plan: Plan, spec: S.Spec | None) -> str:

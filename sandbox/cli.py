@@ -149,10 +149,10 @@ def run(args: Sequence[str]) -> int:
     """`run [OPTIONS...] [--] COMMAND [ARGS...]`: run COMMAND, return its exit status."""
     if args[:1] == ["--version"]:  # what parsing would stop at, without loading the parser
         return _print_version()
+    inherited = inherited_fds()  # before this process opens anything of its own
     from .bwrap.parse import parse_bwrap_args
     from .errors import SpecError
 
-    inherited = inherited_fds()
     try:
         spec, command, extras = parse_bwrap_args(args)
     except SpecError as exc:

@@ -318,12 +318,14 @@ def stage_order(medians: dict[str, dict[str, float]]) -> list[str]:
 # ---------------------------------------------------------------- the other scripts, as they print
 
 def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
-    """What harness.py, netpool.py, seccomp_install.py and netlink_decode.py
-    print (their own Markdown tables), each run here with a smaller count."""
-    from . import harness, netlink_decode, seccomp_install, workerpool
+    """What cli.py, harness.py, netpool.py, seccomp_install.py and
+    netlink_decode.py print (their own Markdown tables), each run here with a
+    smaller count."""
+    from . import cli, harness, netlink_decode, seccomp_install, workerpool
     from . import netpool as netpool_bench
 
     runs = {
+        "cli.py -n 50": (cli.main, ["-n", "50"]),
         "harness.py -n 100": (harness.main, ["-n", "100"]),
         "workerpool.py -n 50 --seconds 3": (workerpool.main, ["-n", "50", "--seconds", "3"]),
         "netpool.py -n 500": (netpool_bench.main, ["-n", "500"]),
@@ -345,7 +347,7 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
 
 
 def others_steps(sizes: Sizes) -> int:
-    return (5 + 2 * template_available()) if sizes.others else 0
+    return (6 + 2 * template_available()) if sizes.others else 0
 
 
 def _captured(main: Callable[[], int], argv: list[str]) -> str:

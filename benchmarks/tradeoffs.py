@@ -53,9 +53,10 @@ Variant = Callable[[], object]
 _chosen = threading.local()  # the covers kind of plans compiled in this thread
 
 
-def _chosen_covers(host_uid: int, root_only: Iterable[str] = ()) -> tuple[tuple[str, plan_module.Cover], ...]:
+def _chosen_covers(host_uid: int, root_only: Iterable[str] = (),
+                   cover_set: str = "strict") -> tuple[tuple[str, plan_module.Cover], ...]:
     replacement = COVERS[getattr(_chosen, "kind", "default")]
-    return _DEFAULT_COVERS(host_uid, root_only) if replacement is None else replacement(host_uid)
+    return _DEFAULT_COVERS(host_uid, root_only, cover_set) if replacement is None else replacement(host_uid)
 
 
 _DEFAULT_COVERS = plan_module.proc_covers

@@ -11,36 +11,33 @@ forwarded to it.
 Invoked under the name `bwrap` (a link or script named so, whose argv[0]
 ends in "bwrap"), the program is `run` with bwrap's own conventions for what
 it says itself: messages start with `bwrap: `, every failure of its own
-exits 1, and the help names argv[0]. Code that runs `bwrap` and reads its
-messages or exit status can then use this package unchanged.
+exits 1, the help names argv[0], and `--version` prints bwrap's line for
+the release whose command line this is (`bubblewrap 0.8.0`; see
+`version_text`). Code that runs `bwrap` and reads its messages, exit status
+or version can then use this package unchanged.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import selectors
-import signal
 import sys
-import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from types import FrameType
-from typing import TYPE_CHECKING, Any
 
-from .bwrap import grammar, monitor
-from .bwrap.parse import parse_bwrap_args
-from .errors import ExecError, ExecNotFoundError, SandboxError, SpecError
-from .spec import Spec
-from .sync import NO_SYNC
-
+# Only what every invocation needs is imported here; the rest when it is used,
+# so `--version` (and `bwrap --version`) costs little more than the interpreter.
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from types import FrameType
+    from typing import Any
+
+    from .bwrap import monitor
     from .process import SandboxProcess
+    from .spec import Spec
 
 EXIT_SETUP = 125  # bad option, failed setup, no backend
 EXIT_NOEXEC = 126  # command found but not executable
 EXIT_NOTFOUND = 127  # command not found
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # by name: the signal module is imported when they are
 
 USAGE = """\
 usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
@@ -73,8 +70,9 @@ it does not exist."""
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); return the exit status.
     Without `argv`, a program named `bwrap` (sys.argv[0]) is `run` as bwrap (see above)."""
-    global _PARENT
+    global _PARENT, _ONE_SHOT
     _PARENT = os.getppid()
+    _ONE_SHOT = argv is None
     args = list(sys.argv[1:] if argv is None else argv)
     if argv is None and os.path.basename(sys.argv[0]) == BWRAP_NAME:
         return run_as_bwrap(args, sys.argv[0])
@@ -99,30 +97,62 @@ BWRAP_NAME = "bwrap"
 BWRAP_EXIT_FAILURE = 1  # bwrap's die(): every failure of its own
 
 
-@dataclass
 class Conventions:
     """How the program speaks for itself: its message prefix, the exit status
-    of its own failures (None: 125/126/127 as documented), its help's name."""
+    of its own failures (None: 125/126/127 as documented), its help's name,
+    and whether `--version` is bwrap's (see `version_text`)."""
 
-    prefix: str = "sandbox"
-    failure: int | None = None
-    usage_name: str = "python -m sandbox run"
+    def __init__(self, prefix: str = "sandbox", failure: int | None = None,
+                 usage_name: str = "python -m sandbox run", bwrap_version: bool = False) -> None:
+        self.prefix = prefix
+        self.failure = failure
+        self.usage_name = usage_name
+        self.bwrap_version = bwrap_version
 
 
 _CONVENTIONS = Conventions()
+_ONE_SHOT = False  # main() runs as the process's program: this process starts one sandbox
 
 
 def run_as_bwrap(args: Sequence[str], argv0: str) -> int:
     """`run` with bwrap's conventions (`bwrap: ` messages, failures exit 1,
-    the help naming `argv0`); the command's own exit status is unchanged."""
+    the help naming `argv0`, bwrap's `--version`); the command's own exit
+    status is unchanged."""
     global _CONVENTIONS
-    _CONVENTIONS = Conventions(prefix=BWRAP_NAME, failure=BWRAP_EXIT_FAILURE, usage_name=argv0)
+    _CONVENTIONS = Conventions(prefix=BWRAP_NAME, failure=BWRAP_EXIT_FAILURE, usage_name=argv0, bwrap_version=True)
     return run(args)
+
+
+def version_text(tty: bool = False) -> str:
+    """What `--version` prints: `sandbox X.Y.Z`; under bwrap's conventions,
+    bwrap's own line naming the bubblewrap release whose command line this
+    is (`bubblewrap 0.8.0`), alone, as programs that check bwrap's version
+    read it (they take everything after `bubblewrap `, or the second field
+    of each line). On a terminal (`tty`) a second line says what answered."""
+    from . import bwrap
+
+    if not _CONVENTIONS.bwrap_version:
+        return f"sandbox {_version()}"
+    text = f"bubblewrap {bwrap.BWRAP_RELEASE}"
+    if tty:
+        text += (f"\n(sandbox {_version()}: bubblewrap {bwrap.BWRAP_RELEASE}'s command line, "
+                 "run by the sandbox package, not by bubblewrap)")
+    return text
+
+
+def _print_version() -> int:
+    print(version_text(tty=sys.stdout.isatty()))
+    return 0
 
 
 def run(args: Sequence[str]) -> int:
     """`run [OPTIONS...] [--] COMMAND [ARGS...]`: run COMMAND, return its exit status."""
-    inherited = inherited_fds()
+    if args[:1] == ["--version"]:  # what parsing would stop at, without loading the parser
+        return _print_version()
+    inherited = inherited_fds()  # before this process opens anything of its own
+    from .bwrap.parse import parse_bwrap_args
+    from .errors import SpecError
+
     try:
         spec, command, extras = parse_bwrap_args(args)
     except SpecError as exc:
@@ -130,17 +160,20 @@ def run(args: Sequence[str]) -> int:
     for warning in extras.warnings:
         _say(warning)
     if extras.show_help:
-        print(grammar.usage(_CONVENTIONS.usage_name))
+        from .bwrap.grammar import usage
+
+        print(usage(_CONVENTIONS.usage_name))
         if _CONVENTIONS.failure is None:
             print(EXIT_HELP)
         return 0
     if extras.show_version:
-        print(f"sandbox {_version()}")
-        return 0
+        return _print_version()
     if extras.dry_run:
         return _dry_run(command, spec, extras.backend)
     if spec.die_with_parent and not _die_with_parent():
         return _fail(EXIT_SETUP, "the caller is gone (--die-with-parent)")
+    from .bwrap import monitor
+
     mon = extras.monitor
     if mon.assert_userns_disabled and not spec.disable_userns and not monitor.userns_creation_disabled():
         return _fail(EXIT_SETUP, "creation of new user namespaces was not disabled as requested")
@@ -159,7 +192,20 @@ def run(args: Sequence[str]) -> int:
     pass_fds: tuple[int, ...] = ()
     if not extras.close_fds:
         pass_fds = tuple(fd for fd in inherited if fd not in held and _is_open(fd))
+    if _ONE_SHOT:
+        _no_pool_for_network_none()
     return _execute(command, spec, pass_fds, backend, extras.verbose, mon, joined)
+
+
+def _no_pool_for_network_none() -> None:
+    """This process starts one sandbox: the network namespace pool pays off
+    from a process's later spawns (it fills in the background after the
+    first), so here it would only cost its start and stop. A sandbox without
+    the host's network gets a fresh namespace, as under bwrap; `--netns-pool`
+    still leases one from the pool."""
+    from . import netpool
+
+    netpool.disable()
 
 
 def probe(args: Sequence[str]) -> int:
@@ -169,6 +215,7 @@ def probe(args: Sequence[str]) -> int:
         return 0
     if args:
         return _fail(EXIT_SETUP, f"probe takes no arguments (got {args[0]!r}; try --help)")
+    from .errors import SandboxError
     from .probe import probe as probe_host
 
     try:
@@ -183,6 +230,7 @@ def probe(args: Sequence[str]) -> int:
 
 def _dry_run(command: list[str], spec: Spec, backend: str) -> int:
     """`--dry-run`: print the sandbox in words and as a bwrap command line."""
+    from .errors import SandboxError
     from .explain import explain
 
     try:
@@ -196,6 +244,9 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
              mon: monitor.Monitor | None = None, joined: bool = False) -> int:
     """Spawn the sandbox, forward signals while waiting, map the outcome to an exit status.
     `joined`: this process joined --userns and --pidns already."""
+    from .bwrap import monitor
+    from .errors import ExecError, ExecNotFoundError, SandboxError
+
     mon = mon or monitor.Monitor()
     with SignalForwarder() as forwarder:
         try:
@@ -223,7 +274,11 @@ def _spawn_reported(command: list[str], spec: Spec, pass_fds: tuple[int, ...], b
     """Spawn with the sync options; --info-fd and --json-status-fd are written
     as soon as the sandbox's first process exists (even if its setup fails
     then, as bwrap's), by a thread that reads the pid it reports."""
-    from . import spawn
+    import contextlib
+
+    from .api import spawn
+    from .bwrap import monitor
+    from .sync import NO_SYNC
 
     report = monitor.StartReport(mon) if mon.reports else None
     sync = mon.sync(report.started_fd if report else -1, joined)
@@ -247,6 +302,8 @@ def _report_start(proc: SandboxProcess, mon: monitor.Monitor) -> list[int]:
     """The sandbox runs: --info-fd and --json-status-fd's first record (if not
     written yet), --lock-file. Returns the fds holding the locks. A failure
     here ends the sandbox."""
+    from .bwrap import monitor
+
     try:
         if mon.reports and not mon.reported:
             monitor.write_start(mon, monitor.namespace_info(proc.sandbox_pid))
@@ -269,19 +326,26 @@ class SignalForwarder:
 
     POLL_INTERVAL = 0.05  # seconds, only when pidfds are unavailable
 
-    def __init__(self, signals: Iterable[int] = FORWARDED_SIGNALS) -> None:
-        self.signals = tuple(signals)
+    def __init__(self, signals: Iterable[int] | None = None) -> None:
+        import signal
+
+        self.signals = tuple(signals if signals is not None else (getattr(signal, n) for n in FORWARDED_SIGNALS))
         self.pending: list[int] = []
         self.previous: dict[int, Any] = {}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def __enter__(self) -> SignalForwarder:
+        import signal
+        import threading
+
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 self.previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        import signal
+
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
         self.previous.clear()
@@ -290,6 +354,8 @@ class SignalForwarder:
 
     def wait(self, proc: SandboxProcess) -> int:
         """Wait for `proc` to end, forwarding signals to it; return its returncode."""
+        import selectors
+
         pidfd = _pidfd(proc.pid)
         try:
             with selectors.DefaultSelector() as sel:
@@ -348,6 +414,7 @@ def _die_with_parent() -> bool:
     sends it only for a parent that dies after the prctl; if ours died
     before, we were re-parented: False."""
     import ctypes
+    import signal
 
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
@@ -391,6 +458,8 @@ def _say(text: str) -> None:
 
 
 def _message(error: object) -> str:
+    from .errors import ExecError, SandboxError
+
     if isinstance(error, ExecError) and error.errno:  # bwrap's words
         return f"execvp {error.filename}: {os.strerror(error.errno)}"
     if isinstance(error, ExecError) and error.strerror:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import dataclasses
 import resource
 import shlex
+import sys
+import types
 from collections.abc import Sequence
 
 from . import backends
 from . import spec as S
 from .errors import UnavailableError
 from .host import HostInfo, PoolInfo
-from .plan import Op, OpFlag, OpKind, Plan, check_argv, compile_plan
+from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
 
@@ -97,7 +99,7 @@ def describe_op(op: Op) -> str:
         return f"tmpfs at {op.dest}, mode {op.mode:04o}" + (f", {op.size} bytes" if op.size else "")
     if kind is OpKind.PROC:
         return f"proc at {op.dest}" + (", a new one (only the sandbox's processes)" if flags & OpFlag.FRESH
-                                       else ", the host's (no pid namespace)")
+                                       else ", the host's (no pid namespace)") + _proc_covers(op)
     if kind is OpKind.DEV:
         return (f"a minimal /dev at {op.dest} (a tmpfs, mode {op.mode:04o}: null, zero, full, random, urandom, "
                 f"tty, a private pts, shm with mode {op.shm_mode:04o})")
@@ -183,6 +185,15 @@ def _process(plan: Plan) -> str:
     return "; ".join(parts)
 
 
+def _proc_covers(op: Op) -> str:
+    if not op.covers:
+        return "; no entry covered (a user namespace inside may mount a procfs of its own)"
+    read_only = [path for path, cover in op.covers if cover is Cover.READ_ONLY]
+    hidden = [path for path, cover in op.covers if cover is Cover.MASK]
+    return "".join(f"; {what}: {', '.join(paths)}" for what, paths in (("read-only", read_only), ("hidden", hidden))
+                   if paths)
+
+
 def _seccomp(plan: Plan, spec: S.Spec | None) -> str:
     if not plan.seccomp:
         return "none"
@@ -190,3 +201,16 @@ def _seccomp(plan: Plan, spec: S.Spec | None) -> str:
     if spec is not None and spec.seccomp == DEFAULT_POLICY or plan.seccomp == compile_policy(DEFAULT_POLICY):
         return f"the default policy ({size}; see README's table)"
     return f"a custom policy ({size})"
+
+
+class _CallableModule(types.ModuleType):
+    """This module's type: calling the module calls `explain()`. `sandbox.explain`
+    is the function, imported on first use; but if this module is imported
+    first (`from sandbox.explain import describe_plan`), the import system
+    binds the module to that name, which must then work as the function."""
+
+    def __call__(self, spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
+        return explain(spec, argv, backend)
+
+
+sys.modules[__name__].__class__ = _CallableModule

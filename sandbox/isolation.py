@@ -13,17 +13,22 @@ findings are part of the result (`.isolation`).
 
 from __future__ import annotations
 
-import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import IsolationError
-from .netpool.baseline import _State, _verify_fresh
-from .netpool.rtnetlink import addr_from_pyroute2, link_from_pyroute2, route_from_pyroute2, rule_from_pyroute2
 from .plan import Plan
+
+if TYPE_CHECKING:
+    from .netpool.baseline import _State
 
 
 def read_netns(ipr: Any) -> _State:
     """The namespace of `ipr` (a pyroute2 IPRoute bound to it), as the pool's snapshot rows."""
+    import socket  # the check's machinery only when a namespace is checked (findings() is on every spawn)
+
+    from .netpool.baseline import _State
+    from .netpool.rtnetlink import addr_from_pyroute2, link_from_pyroute2, route_from_pyroute2, rule_from_pyroute2
+
     return _State(
         links=frozenset(map(link_from_pyroute2, ipr.link("dump"))),
         addrs=frozenset(map(addr_from_pyroute2, ipr.addr("dump", family=socket.AF_UNSPEC))),
@@ -35,6 +40,8 @@ def read_netns(ipr: Any) -> _State:
 def check_netns(ipr: Any) -> dict[str, Any]:
     """Inspect a network namespace through `ipr` (a pyroute2 IPRoute bound to
     it); raise IsolationError naming what should not be there."""
+    from .netpool.baseline import _verify_fresh
+
     state = read_netns(ipr)
     problems = _verify_fresh(state)
     if problems:

@@ -120,12 +120,33 @@ class _AtDest(Mount):
         return self.dest
 
 
+# The sets of /proc entries a Proc may cover (sandbox.plan.proc_covers says what each holds).
+PROC_COVER_SETS = ("strict", "bwrap")
+
+
 @dataclass(frozen=True)
 class Proc(_AtDest):
-    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound."""
+    """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound.
+
+    `covers` names the entries covered right after it is mounted (the plan
+    lists them: sandbox.plan.proc_covers). "strict", the default: the entries
+    that reconfigure the kernel read-only, and those that leak what the
+    sandbox should not read hidden. "bwrap": bubblewrap 0.8.0's own, which
+    `sandbox run` chooses: nothing for a caller other than root, so a user
+    namespace made inside can mount a procfs of its own (the kernel allows
+    that only where a procfs with nothing mounted over its entries is
+    already visible); for a root caller, read-only /proc/sys, sysrq-trigger,
+    irq and bus, and its root-only files hidden.
+    """
 
     dest: str = "/proc"
+    covers: str = "strict"
     kind: ClassVar[str] = "proc"
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if self.covers not in PROC_COVER_SETS:
+            raise SpecError(f"{where}.covers", self.covers, f"must be one of {', '.join(PROC_COVER_SETS)}")
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,15 @@ import re
 import resource
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from . import spec as S
 from .errors import SpecError
 from .host import HostInfo
-from .seccomp import compile_policy
 from .sync import NO_SYNC, Sync
+
+if TYPE_CHECKING:
+    from .seccomp.policy import Seccomp
 
 
 class OpKind(enum.IntEnum):
@@ -81,14 +83,38 @@ PROC_MASKED = ("keys", "key-users", "latency_stats", "sys/net/ipv4/tcp_fastopen_
 PROC_MASKED_FOR_ROOT = ("slabinfo", "vmallocinfo", "pagetypeinfo", "timer_list", "timer_stats", "sched_debug",
                         "kpagecount", "kpageflags", "kpagecgroup")
 
+# A Proc(covers="bwrap") gets bubblewrap 0.8.0's covers, where bwrap makes
+# them: it binds these read-only over themselves where its access(W_OK) test
+# passes, which is for a root caller (the files belong to the host's root,
+# which no other caller's sandbox is). Nothing is covered for anybody else,
+# and so a user namespace made inside can mount a procfs of its own (as
+# `unshare --user --pid --mount-proc` does): the kernel allows that only
+# where a procfs with nothing mounted over its entries is already visible
+# (fs/namespace.c, mnt_already_visible; "mount too revealing"), and every
+# cover would be such a mount. For a root caller that nested mount fails
+# under bwrap too (its covers of irq and bus are enough), so this package
+# costs nothing there by doing more than bwrap: /proc/sys is read-only
+# (bwrap's access() test always fails on that directory, leaving the host's
+# sysctls writable by uid 0 of the host), and the root-only files are hidden
+# as in the strict set.
+BWRAP_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus")
 
-def proc_covers(host_uid: int, root_only: Iterable[str] = ()) -> tuple[tuple[str, Cover], ...]:
-    """The covers of every Proc of a sandbox whose caller has `host_uid`, on a
-    kernel whose root-only /proc files are `root_only`."""
-    masked = PROC_MASKED
-    if host_uid == 0:
-        masked += PROC_MASKED_FOR_ROOT + tuple(sorted(set(root_only) - set(PROC_MASKED_FOR_ROOT)))
-    return (*((name, Cover.READ_ONLY) for name in PROC_READ_ONLY), *((name, Cover.MASK) for name in masked))
+
+def proc_covers(host_uid: int, root_only: Iterable[str] = (),
+                cover_set: str = "strict") -> tuple[tuple[str, Cover], ...]:
+    """The covers of a Proc whose `covers` is `cover_set` ("strict" or "bwrap",
+    see S.Proc), in a sandbox whose caller has `host_uid`, on a kernel whose
+    root-only /proc files are `root_only`."""
+    root_masked = PROC_MASKED_FOR_ROOT + tuple(sorted(set(root_only) - set(PROC_MASKED_FOR_ROOT)))
+    read_only: tuple[str, ...]
+    masked: tuple[str, ...]
+    if cover_set == "bwrap":
+        if host_uid != 0:
+            return ()
+        read_only, masked = BWRAP_PROC_READ_ONLY, ("sys/net/ipv4/tcp_fastopen_key", *root_masked)
+    else:
+        read_only, masked = PROC_READ_ONLY, PROC_MASKED + (root_masked if host_uid == 0 else ())
+    return (*((name, Cover.READ_ONLY) for name in read_only), *((name, Cover.MASK) for name in masked))
 
 
 @dataclass(frozen=True)
@@ -366,8 +392,9 @@ def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int]) -> tuple[tupl
 def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
     """Compile `spec` for a caller described by `host`, synchronized with it through `sync`."""
     ns = spec.namespaces
-    covers = proc_covers(host.uid, host.proc_root_only)
-    ops = tuple(compile_mount(i, m, ns.pid, covers) for i, m in enumerate(spec.mounts))
+    ops = tuple(compile_mount(i, m, ns.pid, proc_covers(host.uid, host.proc_root_only, m.covers)
+                              if isinstance(m, S.Proc) else ())
+                for i, m in enumerate(spec.mounts))
     uid = host.uid if spec.uid is None else spec.uid
     gid = host.gid if spec.gid is None else spec.gid
     has_dev = any(op.kind is OpKind.DEV for op in ops)
@@ -417,7 +444,7 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         # blocks signals in its thread, does not pass that on.
         reset_signals=True,
         reaper=ns.pid and not spec.as_pid_1,
-        seccomp=compile_policy(spec.seccomp) if spec.seccomp is not None else b"",
+        seccomp=_compile_seccomp(spec.seccomp),
         landlock=bool(spec.landlock),
         landlock_best_effort=spec.landlock == "best-effort",
         landlock_rules=landlock_rules(ops) if spec.landlock else (),
@@ -428,6 +455,15 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         caps_as_caller=host.is_root and keep == host.effective_caps,
         sync=sync,
     )
+
+
+def _compile_seccomp(policy: Seccomp | None) -> bytes:
+    """The BPF program of `policy`, b"" for none (the compiler is imported only for a policy)."""
+    if policy is None:
+        return b""
+    from .seccomp.compile import compile_policy
+
+    return compile_policy(policy)
 
 
 def check_argv(argv: Sequence[str]) -> list[str]:

@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
-import re
-import shlex
-import subprocess
 from collections.abc import Iterable
 
 from .errors import UnavailableError
@@ -27,7 +23,7 @@ AUDIT_ARCH_I386 = 0x40000003
 X32_SYSCALL_BIT = 0x40000000
 
 _MACHINES = {"x86_64": AUDIT_ARCH_X86_64, "amd64": AUDIT_ARCH_X86_64}
-_DEFINE = re.compile(r"^#define\s+__NR_(\w+)\s+(\d+)\s*$", re.MULTILINE)
+_DEFINE = r"^#define\s+__NR_(\w+)\s+(\d+)\s*$"  # a line of asm/unistd_64.h
 _HEADER_FILES = (
     "/usr/include/x86_64-linux-gnu/asm/unistd_64.h",
     "/usr/include/asm/unistd_64.h",
@@ -39,7 +35,7 @@ def arch() -> int:
 
     Raises UnavailableError on architectures this package does not build filters for.
     """
-    machine = platform.machine().lower()
+    machine = os.uname().machine.lower()  # platform.machine(), without importing platform
     if machine not in _MACHINES:
         raise UnavailableError(f"seccomp filters are only built for x86_64, not {machine!r}")
     return _MACHINES[machine]
@@ -98,6 +94,9 @@ def _from_native() -> list[tuple[str, int]] | None:
 
 def _from_preprocessor() -> list[tuple[str, int]] | None:
     """Run `cc -E -dM -include asm/unistd.h` and parse the `__NR_*` macros."""
+    import shlex
+    import subprocess  # only where the compiled core is missing
+
     cc = shlex.split(os.environ.get("CC") or "cc")
     cmd = [*cc, "-E", "-dM", "-include", "asm/unistd.h", "-x", "c", os.devnull]
     try:
@@ -119,7 +118,9 @@ def _from_header_files() -> list[tuple[str, int]] | None:
 
 
 def _parse(text: str) -> list[tuple[str, int]]:
-    return [(m.group(1), int(m.group(2))) for m in _DEFINE.finditer(text)]
+    import re
+
+    return [(m.group(1), int(m.group(2))) for m in re.finditer(_DEFINE, text, re.MULTILINE)]
 
 
 def _strip(raw: str) -> str:

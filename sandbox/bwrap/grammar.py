@@ -26,6 +26,7 @@ from .state import (
     LIMITS,
     MAX_ARGS,
     MAX_ID,
+    PROC_COVERS,
     BwrapArgsError,
     Handler,
     Limit,
@@ -159,6 +160,10 @@ OPTIONS: tuple[Option, ...] = (
            OURS, h.opt_spec, last_wins=True),
     Option("--backend", 1, ("|".join(BACKENDS),), "Choose the backend (default auto)", OURS,
            h.opt_backend, last_wins=True),
+    Option("--proc-covers", 1, ("|".join(PROC_COVERS),),
+           "What each --proc covers: bubblewrap's entries (default), or this package's stricter set "
+           "(the Python API's default; a user namespace inside then cannot mount a procfs)", OURS,
+           h.opt_proc_covers, last_wins=True),
     Option("--close-fds", 0, (), "Do not pass inherited fds other than stdin/stdout/stderr", OURS,
            h.opt_close_fds),
     Option("--netns-pool", 0, (), "With --unshare-net: lease the network namespace from a pool", OURS,
@@ -215,7 +220,9 @@ at `--` or at the first argument that does not start with `-`.
 
 _OUTRO = """\
 As with bubblewrap, no seccomp filter is installed unless asked for
-(`--seccomp FD`, `--seccomp-default`, or a `--spec` with a "seccomp" policy).
+(`--seccomp FD`, `--seccomp-default`, or a `--spec` with a "seccomp" policy),
+and `--proc` covers only bubblewrap's entries, so that a user namespace made
+inside can mount a procfs of its own (`--proc-covers strict` for more).
 """
 
 _COLUMN = 33  # where the help text starts, as in bwrap --help

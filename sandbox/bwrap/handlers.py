@@ -13,7 +13,7 @@ import os
 import posixpath
 
 from .. import spec as S
-from .state import BACKENDS, LIMIT_FIELD, MAX_ARGS, BwrapArgsError, Handler, ParseState
+from .state import BACKENDS, LIMIT_FIELD, MAX_ARGS, PROC_COVERS, BwrapArgsError, Handler, ParseState
 from .values import (
     consume_fd,
     dest_path,
@@ -62,6 +62,12 @@ def opt_backend(st: ParseState, opt: str, values: list[str]) -> None:
     if values[0] not in BACKENDS:
         raise BwrapArgsError(f"--backend must be one of {', '.join(BACKENDS)}", opt, values[0])
     st.backend = values[0]
+
+
+def opt_proc_covers(st: ParseState, opt: str, values: list[str]) -> None:
+    if values[0] not in PROC_COVERS:
+        raise BwrapArgsError(f"--proc-covers must be one of {', '.join(PROC_COVERS)}", opt, values[0])
+    st.proc_covers = values[0]
 
 
 def opt_close_fds(st: ParseState, opt: str, values: list[str]) -> None:

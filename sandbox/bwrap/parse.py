@@ -11,10 +11,12 @@ this module then combines what they collected into the Spec. Errors are
 Unlike the Python API, the defaults here are bwrap's: every namespace shared
 unless asked (the user namespace is implied for a non-root caller), the host
 network, the caller's environment, no die-with-parent and no new session;
-root keeps its effective capabilities, and no seccomp filter unless asked
+root keeps its effective capabilities, no seccomp filter unless asked
 (`--seccomp FD`'s raw program, `--seccomp-default` for the Spec's default
-policy, or a `--spec`'s own policy). bwrap options this package does not
-implement are refused by name.
+policy, or a `--spec`'s own policy), and a `--proc` covers what bwrap's
+covers (`S.Proc(covers="bwrap")`; `--proc-covers strict` for the Python
+API's covers; a `--spec`'s own Procs keep theirs). bwrap options this
+package does not implement are refused by name.
 
 Parsing has side effects like bwrap's: the fds given to `--args`, `--file`,
 `--bind-data` and `--ro-bind-data` are read to the end and closed (an fd 0-2
@@ -205,8 +207,9 @@ def _build(st: ParseState, host: HostInfo) -> S.Spec:
     as_pid_1 = _flag_value(st, base, "as_pid_1")
     _check_needs(ns, hostname, as_pid_1)
     cwd = st.chdir if st.chdir is not None else (base.cwd if base else None)
+    mounts = tuple(dataclasses.replace(m, covers=st.proc_covers) if isinstance(m, S.Proc) else m for m in st.mounts)
     return S.Spec(
-        mounts=(base.mounts if base else ()) + tuple(st.mounts),
+        mounts=(base.mounts if base else ()) + mounts,
         namespaces=ns,
         network=_network(st, base),
         hostname=hostname,

@@ -23,6 +23,7 @@ MAX_TMPFS_BYTES = 2**63 - 1  # bwrap: SIZE_MAX / 2
 MAX_ID = 2**31 - 1  # bwrap reads fds, --uid and --gid as a signed int (bubblewrap #642)
 MAX_PERMS = 0o7777
 BACKENDS = ("auto", "native", "bwrap")
+PROC_COVERS = ("bwrap", "strict")  # --proc-covers: the choices (S.Proc.covers), the CLI's default first
 
 
 class Limit(NamedTuple):
@@ -77,6 +78,7 @@ class ParseState:
     seccomp_programs: list[bytes] = field(default_factory=list)  # --add-seccomp-fd's, in order
     base: S.Spec | None = None
     backend: str = "auto"
+    proc_covers: str = PROC_COVERS[0]  # --proc-covers: what every --proc of the command line covers
     close_fds: bool = False
     verbose: bool = False  # --verbose: say which backend runs and why
     dry_run: bool = False  # --dry-run: describe the sandbox, run nothing

@@ -29,7 +29,7 @@ from .argv import (
     unshare_args,
 )
 from .parse import spec_environment
-from .state import LIMIT_OPTION, MAX_ID
+from .state import LIMIT_OPTION, MAX_ID, PROC_COVERS
 
 
 def to_bwrap_args(spec: S.Spec, argv: Sequence[str], *, environ: Mapping[str, str] | None = None) -> BwrapArgv:
@@ -46,7 +46,7 @@ def to_bwrap_args(spec: S.Spec, argv: Sequence[str], *, environ: Mapping[str, st
 
     Raises SpecError for what the grammar cannot say: no mount namespace, a
     uid or gid above 2**31-1, a limit without a `--limit-*`
-    option (`file_bytes`).
+    option (`file_bytes`), Procs with different covers.
 
     The fds are closed by whoever consumes the command line; call `.close()`
     only for a command line that was not consumed (a consumed fd's number may
@@ -62,7 +62,7 @@ def to_bwrap_args(spec: S.Spec, argv: Sequence[str], *, environ: Mapping[str, st
     env = spec_environment(spec, os.environ if environ is None else environ)
     fds: list[int] = []
     try:
-        args = _namespaces(spec) + _identity(spec)
+        args = _namespaces(spec) + _identity(spec) + _proc_covers(spec)
         for mount in spec.mounts:
             args += _mount(mount, fds)
         args += env_args(sorted(env.items()))
@@ -97,6 +97,17 @@ def _identity(spec: S.Spec) -> list[str]:
     if spec.hostname is not None:
         out += ["--hostname", spec.hostname]
     return out
+
+
+def _proc_covers(spec: S.Spec) -> list[str]:
+    """`--proc-covers` where the Procs' covers are not the grammar's default
+    (the option applies to every --proc, so they must all have the same)."""
+    sets = {m.covers for m in spec.mounts if isinstance(m, S.Proc)}
+    if len(sets) > 1:
+        raise SpecError("mounts", sorted(sets), "the grammar gives every --proc the same covers (--proc-covers)")
+    if not sets or sets == {PROC_COVERS[0]}:
+        return []
+    return ["--proc-covers", sets.pop()]
 
 
 def _mount(m: S.Mount, fds: list[int]) -> list[str]:

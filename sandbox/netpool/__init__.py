@@ -88,12 +88,31 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from ..errors import NetnsPoolError
 from ..forksafe import fresh_in_child
-from .factory import FACTORY_MARKER
-from .lease import Lease, ReleaseResult
-from .pool import NetnsPool
+
+if TYPE_CHECKING:
+    from .factory import FACTORY_MARKER
+    from .lease import Lease, ReleaseResult
+    from .pool import NetnsPool
+
+# The pool's machinery is imported when a pool is made or a name is asked for
+# (PEP 562): a process that only learns it will use none (serves_network_none,
+# disable) does not pay for it.
+_EXPORTS = {"FACTORY_MARKER": "factory", "Lease": "lease", "ReleaseResult": "lease", "NetnsPool": "pool"}
+
+
+def __getattr__(name: str) -> object:
+    from importlib import import_module
+
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "FACTORY_MARKER", "POOL_ENV", "Lease", "NetnsPool", "NetnsPoolError", "ReleaseResult", "disable", "enable",
@@ -126,6 +145,8 @@ def _shared(size: int = DEFAULT_SIZE) -> NetnsPool:
             _default.close()  # in a forked child this only drops the parent's fds
         _default = None
     if _default is None:
+        from .pool import NetnsPool
+
         _default = NetnsPool(size=size)
     return _default
 

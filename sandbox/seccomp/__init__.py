@@ -14,65 +14,94 @@ a syscall newer than those headers cannot be named and falls to the default.
 
 from __future__ import annotations
 
-from .bpf import (
-    ALLOW_ALL,
-    ALLOWED_OPCODES,
-    BPF_A,
-    BPF_ABS,
-    BPF_ADD,
-    BPF_ALU,
-    BPF_AND,
-    BPF_DIV,
-    BPF_IMM,
-    BPF_JA,
-    BPF_JEQ,
-    BPF_JGE,
-    BPF_JGT,
-    BPF_JMP,
-    BPF_JSET,
-    BPF_K,
-    BPF_LD,
-    BPF_LDX,
-    BPF_LEN,
-    BPF_LSH,
-    BPF_MAXINSNS,
-    BPF_MEM,
-    BPF_MEMWORDS,
-    BPF_MISC,
-    BPF_MOD,
-    BPF_MUL,
-    BPF_NEG,
-    BPF_OR,
-    BPF_RET,
-    BPF_RSH,
-    BPF_ST,
-    BPF_STX,
-    BPF_SUB,
-    BPF_TAX,
-    BPF_TXA,
-    BPF_W,
-    BPF_X,
-    BPF_XOR,
-    OFF_ARCH,
-    OFF_ARGS,
-    OFF_NR,
-    SECCOMP_DATA_SIZE,
-    SECCOMP_RET_ACTION_FULL,
-    SECCOMP_RET_ALLOW,
-    SECCOMP_RET_DATA,
-    SECCOMP_RET_ERRNO,
-    SECCOMP_RET_KILL_PROCESS,
-    SECCOMP_RET_KILL_THREAD,
-    SECCOMP_RET_LOG,
-    SECCOMP_RET_TRACE,
-    SECCOMP_RET_TRAP,
-    SECCOMP_RET_USER_NOTIF,
-    check_program,
-)
-from .compile import compile_linear, compile_policy
-from .debug import describe_action, disassemble, evaluate, max_path_length, path_length, seccomp_data
-from .default import CLONE_NEWUSER, DEFAULT_POLICY, DEFAULT_POLICY_ALLOWED, DEFAULT_POLICY_REASONS, policy_table
-from .policy import ARG32, MAX_ERRNO, OPS, Action, ArgRule, Seccomp, check_errno
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
+if TYPE_CHECKING:
+    from .bpf import (
+        ALLOW_ALL,
+        ALLOWED_OPCODES,
+        BPF_A,
+        BPF_ABS,
+        BPF_ADD,
+        BPF_ALU,
+        BPF_AND,
+        BPF_DIV,
+        BPF_IMM,
+        BPF_JA,
+        BPF_JEQ,
+        BPF_JGE,
+        BPF_JGT,
+        BPF_JMP,
+        BPF_JSET,
+        BPF_K,
+        BPF_LD,
+        BPF_LDX,
+        BPF_LEN,
+        BPF_LSH,
+        BPF_MAXINSNS,
+        BPF_MEM,
+        BPF_MEMWORDS,
+        BPF_MISC,
+        BPF_MOD,
+        BPF_MUL,
+        BPF_NEG,
+        BPF_OR,
+        BPF_RET,
+        BPF_RSH,
+        BPF_ST,
+        BPF_STX,
+        BPF_SUB,
+        BPF_TAX,
+        BPF_TXA,
+        BPF_W,
+        BPF_X,
+        BPF_XOR,
+        OFF_ARCH,
+        OFF_ARGS,
+        OFF_NR,
+        SECCOMP_DATA_SIZE,
+        SECCOMP_RET_ACTION_FULL,
+        SECCOMP_RET_ALLOW,
+        SECCOMP_RET_DATA,
+        SECCOMP_RET_ERRNO,
+        SECCOMP_RET_KILL_PROCESS,
+        SECCOMP_RET_KILL_THREAD,
+        SECCOMP_RET_LOG,
+        SECCOMP_RET_TRACE,
+        SECCOMP_RET_TRAP,
+        SECCOMP_RET_USER_NOTIF,
+        check_program,
+    )
+    from .compile import compile_linear, compile_policy
+    from .debug import describe_action, disassemble, evaluate, max_path_length, path_length, seccomp_data
+    from .default import CLONE_NEWUSER, DEFAULT_POLICY, DEFAULT_POLICY_ALLOWED, DEFAULT_POLICY_REASONS, policy_table
+    from .policy import ARG32, MAX_ERRNO, OPS, Action, ArgRule, Seccomp, check_errno
+
+# Each name is imported from its submodule on first use (PEP 562): a Spec needs
+# the policy and the default one, not the compiler or the disassembler.
+_FROM = {
+    "compile": ("compile_linear", "compile_policy"),
+    "debug": ("describe_action", "disassemble", "evaluate", "max_path_length", "path_length", "seccomp_data"),
+    "default": ("CLONE_NEWUSER", "DEFAULT_POLICY", "DEFAULT_POLICY_ALLOWED", "DEFAULT_POLICY_REASONS", "policy_table"),
+    "policy": ("ARG32", "MAX_ERRNO", "OPS", "Action", "ArgRule", "Seccomp", "check_errno"),
+}
+_EXPORTS = {name: module for module, names in _FROM.items() for name in names}
+
+
+def __getattr__(name: str) -> object:
+    """A name of `__all__`, imported from its submodule on first use (then kept here)."""
+    from importlib import import_module
+
+    module = _EXPORTS.get(name, "bpf" if name in __all__ else None)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "ALLOWED_OPCODES",

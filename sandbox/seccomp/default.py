@@ -13,8 +13,6 @@ import errno as _errno
 import termios
 
 from .. import syscalls
-from .compile import _blocks
-from .debug import describe_action
 from .policy import ArgRule, Seccomp
 
 CLONE_NEWUSER = 0x10000000
@@ -154,6 +152,9 @@ def policy_table(policy: Seccomp = DEFAULT_POLICY) -> list[tuple[str, str]]:
     e.g. ("ioctl", "ERRNO(EPERM) if args[1] == 0x5412 (low 32 bits); ...; else ALLOW").
     Pair with DEFAULT_POLICY_REASONS / DEFAULT_POLICY_ALLOWED to print the README table.
     """
+    from .compile import _blocks  # the compiler and the disassembler only when a table is asked for
+    from .debug import describe_action
+
     nums = syscalls.table()
     blocks = _blocks(policy)
     rows = []

@@ -227,6 +227,84 @@ class TestNoDefaultFilter:
         assert result.stdout.split() == ["Seccomp:", "2"], result.stderr
 
 
+# ---------------------------------------------------------------- 7: /proc covers as bwrap's
+
+UNSHARE = shutil.which("unshare")
+
+
+@pytest.mark.skipif(UNSHARE is None, reason="unshare (util-linux) is not installed")
+class TestProcCovers:
+    """`--proc` covers what bwrap 0.8.0 covers: for a caller other than root,
+    nothing, so a user namespace made inside can mount a procfs of its own
+    (the kernel refuses one while the visible procfs has anything mounted
+    over its entries: "mount too revealing"). For root, bwrap's covers
+    already make that nested mount fail (and with --cap-drop ALL its uid map
+    too, for want of CAP_SETFCAP): the same outcome as bwrap's. The Python
+    API, and `--proc-covers strict`, keep this package's covers."""
+
+    OUTER = ["--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-user", "--cap-drop", "ALL",
+             "--proc", "/proc", "--"]
+    INNER = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc", "true"]
+
+    def test_a_user_namespace_inside_mounts_its_own_proc_as_under_bwrap(self, backend):
+        result = ours(backend, *self.OUTER, *self.INNER)
+        if os.getuid() != 0:
+            assert (result.returncode, result.stderr) == (0, "")
+        if BWRAP is not None:
+            expected = real(*self.OUTER, *self.INNER)
+            assert (result.returncode, result.stderr) == (expected.returncode, expected.stderr)
+
+    def test_as_root_the_nested_proc_fails_as_under_bwrap(self, backend):
+        """As root, with the capabilities it keeps (so the inner uid map is allowed), the nested
+        mount meets bwrap's covers: the same failure as bwrap's."""
+        if os.getuid() != 0:
+            pytest.skip("root's covers")
+        outer = self.outer_for_the_caller()
+        result = ours(backend, *outer, *self.INNER)
+        assert (result.returncode, result.stderr) == (1, "unshare: mount /proc failed: Operation not permitted\n")
+        if BWRAP is not None:
+            expected = real(*outer, *self.INNER)
+            assert (result.returncode, result.stderr) == (expected.returncode, expected.stderr)
+
+    def outer_for_the_caller(self) -> list[str]:
+        """OUTER, but that root keeps its capabilities (its inner uid map needs CAP_SETFCAP)."""
+        return self.OUTER if os.getuid() != 0 else [a for a in self.OUTER if a not in ("--cap-drop", "ALL")]
+
+    def test_strict_covers_are_an_option(self, backend):
+        result = ours(backend, "--proc-covers", "strict", *self.outer_for_the_caller(), *self.INNER)
+        assert result.returncode != 0
+        assert "mount /proc failed: Operation not permitted" in result.stderr
+        shown = ours(backend, "--proc-covers", "strict", *self.OUTER, "grep", " /proc/sys ", "/proc/self/mountinfo")
+        assert shown.returncode == 0 and " ro," in shown.stdout, shown.stderr
+
+    def test_covers_are_bwraps(self, backend):
+        """Nothing below /proc for a caller other than root; for root, bwrap's
+        read-only entries (and /proc/sys, which bwrap leaves writable) and its
+        root-only files hidden."""
+        result = ours(backend, *self.OUTER, "cat", "/proc/self/mountinfo")
+        assert result.returncode == 0, result.stderr
+        below = {line.split()[4] for line in result.stdout.splitlines() if line.split()[4].startswith("/proc/")}
+        if os.getuid() != 0:
+            assert below == set()
+        else:
+            present = {"/proc/" + n for n in ("sys", "sysrq-trigger", "irq", "bus") if os.path.exists("/proc/" + n)}
+            assert present <= below and "/proc/slabinfo" in below and "/proc/keys" not in below
+
+    def test_the_python_api_keeps_its_covers(self):
+        import sandbox
+        from sandbox import Dev, Namespaces, Proc, RoBind, Spec
+
+        found = sandbox.probe()
+        if not found.native:
+            pytest.skip(f"native backend unavailable: {found.native_reason}")
+        spec = Spec(mounts=[RoBind("/"), Dev(), Proc()], namespaces=Namespaces(), network="host", seccomp=None,
+                    env={"PATH": "/usr/bin:/bin"}, cap_add=("CAP_SETFCAP",) if os.getuid() == 0 else ())
+        shown = sandbox.run(["grep", " /proc/sys ", "/proc/self/mountinfo"], spec, capture_output=True, text=True)
+        assert shown.returncode == 0 and " ro," in shown.stdout, shown.stderr
+        nested = sandbox.run(self.INNER, spec, capture_output=True, text=True)
+        assert nested.returncode != 0 and "mount /proc failed" in nested.stderr
+
+
 # ---------------------------------------------------------------- 4: capabilities as bwrap leaves them
 
 CAP_CASES = [

@@ -72,13 +72,28 @@ def reaped(proc: subprocess.Popen[str]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def pipe() -> Iterator[tuple[int, int]]:
+    """A pipe; on the way out, whichever of its ends are still open are closed.
+    The body may close one itself, and a thread of this process (the netns
+    pool's refill) may since have been given that fd number: closing it again
+    closed the pool's namespace fd or sandbox-init's, and later tests of the
+    process failed (join netns: EBADF; exec init: EACCES)."""
     r, w = os.pipe()
+    made = {fd: _identity(fd) for fd in (r, w)}
     try:
         yield r, w
     finally:
-        for fd in (r, w):
-            with contextlib.suppress(OSError):
+        for fd, identity in made.items():
+            if _identity(fd) == identity:
                 os.close(fd)
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """What `fd` is open on (device, inode), None if it is not open."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 # ---------------------------------------------------------------- --mqueue

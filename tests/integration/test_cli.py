@@ -322,6 +322,75 @@ class TestCommands:
         result = cli(flag)
         assert (result.returncode, result.stdout) == (0, f"sandbox {sandbox.__version__}\n")
 
+    def test_the_console_script_says_its_version(self):
+        script = Path(sys.executable).with_name("sandbox")
+        for args in (["--version"], ["run", "--version"], ["run", "--ro-bind", "/", "/", "--version"]):
+            result = subprocess.run([script, *args], capture_output=True, text=True, timeout=TIMEOUT)
+            assert (result.returncode, result.stdout, result.stderr) == (0, f"sandbox {sandbox.__version__}\n", "")
+
+
+# ---------------------------------------------------------------- named bwrap: its --version
+
+BWRAP_VERSION = "bubblewrap 0.8.0\n"  # what bwrap 0.8.0 prints: the release whose command line `run` is
+
+
+@pytest.fixture
+def as_bwrap(tmp_path: Path) -> Path:
+    """The console script under the name bwrap (a link, as a drop-in is installed)."""
+    link = tmp_path / "bwrap"
+    link.symlink_to(Path(sys.executable).with_name("sandbox"))
+    tmp_path.chmod(0o755)
+    return link
+
+
+class TestNamedBwrap:
+    """Programs check bwrap's version by reading `bubblewrap X.Y.Z` (all that
+    follows `bubblewrap `, or the second field of each line): named bwrap,
+    the program prints exactly that for the release whose command line it
+    implements, wherever `--version` comes (bwrap prints it there, then exits)."""
+
+    @pytest.mark.parametrize("args", [["--version"], ["--ro-bind", "/", "/", "--version", "true"]])
+    def test_its_version_is_bwraps_line_alone(self, as_bwrap, args):
+        result = subprocess.run([as_bwrap, *args], capture_output=True, text=True, timeout=TIMEOUT)
+        assert (result.returncode, result.stdout, result.stderr) == (0, BWRAP_VERSION, "")
+        assert result.stdout.strip().removeprefix("bubblewrap ") == "0.8.0"
+        assert [line.split()[1] for line in result.stdout.splitlines()] == ["0.8.0"]
+
+    @pytest.mark.skipif(BWRAP is None, reason="bwrap is not installed")
+    def test_it_is_what_bwrap_0_8_0_prints(self, as_bwrap):
+        expected = subprocess.run([BWRAP, "--version"], capture_output=True, timeout=TIMEOUT)
+        if expected.stdout != BWRAP_VERSION.encode():
+            pytest.skip(f"the installed bwrap is not 0.8.0: {expected.stdout!r}")
+        result = subprocess.run([as_bwrap, "--version"], capture_output=True, timeout=TIMEOUT)
+        assert (result.returncode, result.stdout, result.stderr) == (expected.returncode, expected.stdout,
+                                                                      expected.stderr)
+
+    def test_on_a_terminal_a_second_line_names_this_package(self, as_bwrap):
+        import pty
+
+        main, tty = pty.openpty()
+        try:
+            proc = subprocess.Popen([as_bwrap, "--version"], stdout=tty, stderr=subprocess.PIPE)
+            os.close(tty)
+            tty = -1
+            out = b""
+            while True:
+                try:
+                    chunk = os.read(main, 4096)
+                except OSError:  # EIO: the terminal's other side is closed
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            assert proc.wait(timeout=TIMEOUT) == 0
+        finally:
+            os.close(main)
+            if tty >= 0:
+                os.close(tty)
+        first, second = out.decode().splitlines()
+        assert first == BWRAP_VERSION.strip()
+        assert f"sandbox {sandbox.__version__}" in second and "not by bubblewrap" in second
+
     def test_probe_help(self):
         result = cli("probe", "--help")
         assert result.returncode == 0 and result.stdout.startswith("usage: python -m sandbox probe")

@@ -198,8 +198,8 @@ class TestMounts:
         spec = spec_of("--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev", "--dir", "/d",
                        "--symlink", "usr/bin", "/bin", "--remount-ro", "/", "--chmod", "1755", "/d")
         assert spec.mounts == (
-            S.Tmpfs("/tmp", size=None, perms=0o755), S.Proc("/proc"), S.Dev("/dev"), S.Dir("/d", perms=0o755),
-            S.Symlink("usr/bin", "/bin"), S.RemountRo("/"), S.Chmod("/d", 0o1755),
+            S.Tmpfs("/tmp", size=None, perms=0o755), S.Proc("/proc", covers="bwrap"), S.Dev("/dev"),
+            S.Dir("/d", perms=0o755), S.Symlink("usr/bin", "/bin"), S.RemountRo("/"), S.Chmod("/d", 0o1755),
         )
 
     def test_order_is_kept(self):
@@ -869,3 +869,38 @@ def test_round_trip_with_the_renderer():
     assert argv == ["sh", "-c", "true"]
     assert parsed == spec
     assert args.fds and all(is_closed(fd) for fd in args.fds)  # the parser consumed them
+
+
+class TestProcCovers:
+    """`--proc` covers bwrap's entries (S.Proc(covers="bwrap")); `--proc-covers strict`
+    gives the Python API's set to every --proc of the command line."""
+
+    def test_the_default_is_bwraps(self):
+        assert spec_of("--proc", "/proc").mounts == (S.Proc("/proc", covers="bwrap"),)
+
+    @pytest.mark.parametrize("where", ["before", "after"])
+    def test_strict_applies_to_every_proc_wherever_it_comes(self, where):
+        option = ["--proc-covers", "strict"]
+        procs = ["--proc", "/proc", "--proc", "/p2"]
+        spec = spec_of(*(option + procs if where == "before" else procs + option))
+        assert spec.mounts == (S.Proc("/proc", covers="strict"), S.Proc("/p2", covers="strict"))
+
+    def test_a_bad_choice_is_refused(self):
+        assert str(error_of("--proc-covers", "none", "--proc", "/proc")) == "--proc-covers must be one of bwrap, strict"
+
+    def test_a_specs_own_procs_keep_theirs(self):
+        base = S.Spec(mounts=[S.Proc("/proc")], seccomp=None)
+        spec = spec_of("--spec", base.to_json(), "--proc", "/p2")
+        assert spec.mounts == (S.Proc("/proc", covers="strict"), S.Proc("/p2", covers="bwrap"))
+
+    @pytest.mark.parametrize("covers", ["strict", "bwrap"])
+    def test_the_unparser_says_them(self, covers):
+        spec = S.Spec(mounts=[S.Proc("/proc", covers=covers)], seccomp=None)
+        with to_bwrap_args(spec, ["true"]) as args:
+            assert ("--proc-covers" in args) == (covers == "strict")
+            assert from_bwrap_args(list(args), uid=0, gid=0)[0].mounts == spec.mounts
+
+    def test_the_unparser_refuses_procs_with_different_covers(self):
+        spec = S.Spec(mounts=[S.Proc("/proc"), S.Proc("/p2", covers="bwrap")], seccomp=None)
+        with pytest.raises(SpecError, match="the same covers"):
+            to_bwrap_args(spec, ["true"])

@@ -98,3 +98,44 @@ def test_native_blob_carries_the_covers_and_the_validator_wants_them_terminated(
     assert entries == [(c.value + p).encode() for p, c in PROC_COVERS]
     data[raw.data + raw.data_len - 1] = ord("x")  # the last entry unterminated
     assert _check(bytes(data)) != 0
+
+
+# ---------------------------------------------------------------- the cover sets (S.Proc.covers)
+
+def test_procs_cover_the_strict_set_unless_they_say_otherwise() -> None:
+    assert Proc().covers == "strict"
+    assert proc_covers(1000) == proc_covers(1000, (), "strict")
+    assert proc_covers(0, ("program_cpu",)) == proc_covers(0, ("program_cpu",), "strict")
+
+
+def test_bwraps_set_covers_nothing_for_a_caller_other_than_root() -> None:
+    """bwrap covers an entry only where its access(W_OK) test passes, which
+    it never does for a caller other than root; so a user namespace made
+    inside can mount a procfs of its own."""
+    assert proc_covers(1000, ("slabinfo",), "bwrap") == ()
+    (op,) = compile_plan(Spec(mounts=[Proc(covers="bwrap")]), HOST).ops
+    assert op.covers == ()
+    assert render_op(op, [], match_native=True) == ["--proc", "/proc"]
+
+
+def test_bwraps_set_for_root_holds_bwraps_entries_and_the_root_only_masks() -> None:
+    covers = proc_covers(0, ("program_cpu",), "bwrap")
+    assert [p for p, c in covers if c is Cover.READ_ONLY] == ["sys", "sysrq-trigger", "irq", "bus"]
+    masked = [p for p, c in covers if c is Cover.MASK]
+    assert set(PROC_MASKED_FOR_ROOT) | {"program_cpu", "sys/net/ipv4/tcp_fastopen_key"} == set(masked)
+    assert "keys" not in masked  # not a root-only file: bwrap leaves it
+
+
+def test_each_proc_gets_its_own_set() -> None:
+    spec = Spec(mounts=[Proc("/proc"), Proc("/p2", covers="bwrap")])
+    assert [op.covers for op in compile_plan(spec, HOST).ops] == [PROC_COVERS, ()]
+
+
+def test_the_set_is_validated_and_round_trips() -> None:
+    from sandbox.errors import SpecError
+
+    with pytest.raises(SpecError) as info:
+        Spec(mounts=[Proc(covers="none")])
+    assert info.value.field.endswith("covers")
+    spec = Spec(mounts=[Proc("/proc", covers="bwrap")])
+    assert Spec.from_json(spec.to_json()) == spec

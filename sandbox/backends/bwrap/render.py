@@ -93,7 +93,7 @@ def _proc_options(op: Op, match_native: bool) -> list[str]:
     kernel has (the sandbox's procfs has the host's global entries)."""
     out = ["--proc", op.dest]
     if not match_native:
-        return out  # this package's --proc implies the covers
+        return out  # this package's grammar: --proc-covers names them
     for path, cover in op.covers:
         dest = op.dest.rstrip("/") + "/" + path
         if cover is Cover.READ_ONLY:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import errno as E
 import os
-import socket
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ... import forward, isolation, netpool
+from ... import isolation, netpool
 from ...errors import SandboxError
 from ...forksafe import fresh_in_child
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
@@ -100,6 +99,10 @@ def _spawn_forwarding(plan: Plan, argv: Sequence[str], stdio: tuple[int, int, in
     """spawn_blob, plus the relay of `plan.forward` when there is one."""
     if not plan.forward:
         return spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, exec_fd=exec_fd)
+    import socket
+
+    from ... import forward  # the relay only for a sandbox that forwards ports
+
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with mine, theirs:
         started = spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, listen_to=theirs.fileno())

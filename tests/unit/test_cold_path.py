@@ -1,0 +1,102 @@
+"""The cold path: what a fresh process imports for `import sandbox`, for the
+command line's `--version` and for a first `sandbox run`.
+
+Each case runs in a new interpreter of the venv under test (the installed
+package; -P keeps the cwd, maybe a checkout, off sys.path) and reads
+sys.modules there: a module that was imported cost its import, whether or
+not it was used.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import sandbox
+
+# Never imported by `import sandbox` alone: every submodule, the C core, and
+# the standard modules that cost the most to import.
+HEAVY = ("dataclasses", "typing", "inspect", "json", "subprocess", "ctypes", "pathlib", "platform", "re",
+         "_cffi_backend", "pyroute2", "cloudpickle")
+# Not imported by a first `sandbox run` that needs none of them (no seccomp
+# filter, no forwarded port, no check, no pool, the native backend).
+NOT_FOR_A_PLAIN_RUN = (
+    "sandbox.seccomp.compile", "sandbox.seccomp.debug", "sandbox.netpool.pool", "sandbox.netpool.lease",
+    "sandbox.netpool.factory", "sandbox.netpool.baseline", "sandbox.netpool.rtnetlink", "sandbox.backends.bwrap",
+    "sandbox.backends.bwrap.driver", "sandbox.probe", "sandbox.explain", "sandbox.bwrap.unparse", "sandbox.forward",
+    "sandbox.template", "sandbox.workerpool", "platform", "pyroute2", "cloudpickle",
+)
+
+
+def modules_after(code: str) -> set[str]:
+    """The names in sys.modules once `code` has run in a fresh interpreter (its last stdout line)."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run([sys.executable, "-P", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def test_import_sandbox_imports_nothing_else() -> None:
+    baseline = modules_after("pass")
+    loaded = modules_after("import sandbox") - baseline
+    assert loaded <= {"sandbox", "__future__"}, sorted(loaded)
+    assert not set(HEAVY) & loaded
+
+
+def test_every_exported_name_is_there_on_first_use() -> None:
+    code = ("import sandbox\n"
+            "missing = [n for n in sandbox.__all__ if getattr(sandbox, n, None) is None]\n"
+            "assert not missing, missing\n"
+            "from sandbox import Spec, Proc, run, spawn, probe, presets, explain, WorkerPool, Template\n"
+            "assert sandbox.probe().native in (True, False) and callable(sandbox.explain)\n"
+            "assert set(sandbox.__all__) <= set(dir(sandbox))")
+    modules_after(code)
+
+
+@pytest.mark.parametrize("first", ["import sandbox.explain", "from sandbox.explain import describe_plan",
+                                   "from sandbox import explain"])
+def test_explain_stays_callable_whatever_is_imported_first(first: str) -> None:
+    """`sandbox.explain` is a function and `sandbox.explain` a submodule: importing
+    the submodule first binds it to the package's name, so it works as the function."""
+    modules_after(f"{first}\nimport sandbox\n"
+                  "text = sandbox.explain(sandbox.Spec(), ['true'], 'bwrap')\n"
+                  "assert text.startswith('backend: bwrap'), text")
+
+
+def test_submodules_are_attributes_of_the_package() -> None:
+    modules_after("import sandbox\nassert sandbox.spec.Spec is sandbox.Spec\nassert sandbox.errors.SpecError\n"
+                  "try:\n    sandbox.no_such_thing\nexcept AttributeError:\n    pass\nelse:\n    raise SystemExit(1)")
+
+
+def test_the_version_imports_nothing_heavy() -> None:
+    baseline = modules_after("pass")
+    loaded = modules_after("import sys\nfrom sandbox.cli import main\nassert main(['--version']) == 0\n"
+                           "sys.argv = ['bwrap', '--version']\nassert main() == 0") - baseline
+    assert loaded <= {"sandbox", "sandbox.cli", "sandbox.bwrap", "__future__"}, sorted(loaded)
+
+
+def test_a_first_run_imports_only_what_it_uses() -> None:
+    found = sandbox.probe()
+    if not found.native:
+        pytest.skip(f"native backend unavailable: {found.native_reason}")
+    loaded = modules_after(
+        "import sys\nfrom sandbox.cli import main\n"
+        "sys.argv = ['sandbox', 'run', '--ro-bind', '/', '/', '--unshare-all', '--proc', '/proc', 'true']\n"
+        "assert main() == 0")
+    assert "sandbox.backends.native" in loaded  # it ran there
+    assert not set(NOT_FOR_A_PLAIN_RUN) & loaded, sorted(set(NOT_FOR_A_PLAIN_RUN) & loaded)
+
+
+def test_a_policy_brings_its_compiler() -> None:
+    loaded = modules_after("from sandbox import Spec\nfrom sandbox.plan import compile_plan\n"
+                           "from sandbox.host import HostInfo\n"
+                           "compile_plan(Spec(), HostInfo(uid=1000, gid=1000, cwd='/', environ={}, pool=None))")
+    assert "sandbox.seccomp.compile" in loaded
+    loaded = modules_after("from sandbox import Spec\nfrom sandbox.plan import compile_plan\n"
+                           "from sandbox.host import HostInfo\n"
+                           "compile_plan(Spec(seccomp=None), HostInfo(uid=1000, gid=1000, cwd='/', environ={}, "
+                           "pool=None))")
+    assert "sandbox.seccomp.compile" not in loaded

@@ -191,11 +191,13 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
             proc.kill()
             proc.wait()
             raise subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr) from None
+    stdout_: bytes | str | None = out
+    stderr_: bytes | str | None = err
     if text:
-        out = out.decode() if out is not None else None
-        err = err.decode() if err is not None else None
+        stdout_ = out.decode() if out is not None else None
+        stderr_ = err.decode() if err is not None else None
     assert proc.returncode is not None
-    result = CompletedProcess(proc.args, proc.returncode, out, err, backend=proc.backend,
+    result = CompletedProcess(proc.args, proc.returncode, stdout_, stderr_, backend=proc.backend,
                               backend_reason=proc.backend_reason, timings=proc.timings, network=proc.network,
                               isolation=proc.isolation)
     if check:

@@ -56,7 +56,10 @@ class ExecError(SandboxError, OSError):
 
     Instances are also FileNotFoundError (command missing) or PermissionError
     (not executable) where that applies; use `ExecError.from_errno`.
+    `backend` says which backend ran ("native" or "bwrap").
     """
+
+    backend: str = "native"
 
     @classmethod
     def from_errno(cls, err: int, command: str, backend: str = "native") -> ExecError:

@@ -85,7 +85,7 @@ PROC_MASKED_FOR_ROOT = ("slabinfo", "vmallocinfo", "pagetypeinfo", "timer_list",
 def proc_covers(host_uid: int, root_only: Iterable[str] = ()) -> tuple[tuple[str, Cover], ...]:
     """The covers of every Proc of a sandbox whose caller has `host_uid`, on a
     kernel whose root-only /proc files are `root_only`."""
-    masked = PROC_MASKED
+    masked: tuple[str, ...] = PROC_MASKED
     if host_uid == 0:
         masked += PROC_MASKED_FOR_ROOT + tuple(sorted(set(root_only) - set(PROC_MASKED_FOR_ROOT)))
     return (*((name, Cover.READ_ONLY) for name in PROC_READ_ONLY), *((name, Cover.MASK) for name in masked))

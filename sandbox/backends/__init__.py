@@ -48,7 +48,8 @@ def get(name: str) -> Backend:
         module = importlib.import_module(f"{__name__}.{name}")
     except ImportError as exc:
         return _Missing(name, str(exc))
-    return module.BACKEND
+    backend: Backend = module.BACKEND
+    return backend
 
 
 _lock = threading.Lock()

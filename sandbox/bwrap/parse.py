@@ -299,7 +299,7 @@ def _network(st: ParseState, base: S.Spec | None) -> str:
 
 def _identity(st: ParseState, base: S.Spec | None, user: bool, host: HostInfo) -> tuple[int | None, int | None]:
     """The uid and gid inside, with bwrap's rule that changing them needs a user namespace."""
-    out = []
+    out: list[int | None] = []
     for name, value, real in (("uid", st.uid, host.uid), ("gid", st.gid, host.gid)):
         if value is not None and not user and value != real:
             raise BwrapArgsError(f"Specifying --{name} requires --unshare-user or --userns", f"--{name}", value)

@@ -80,12 +80,13 @@ class RayPool(Executor):
             raise ValueError("actors_per_node must be at least 1")
         if not ray.is_initialized():
             ray.init()
-        node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+        cluster: Callable[[], list[dict[str, Any]]] = ray.nodes  # Ray leaves it unannotated
+        node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in cluster() if n["Alive"]]
         if not node_ids:
             raise ValueError("no Ray node to place a pool on")
         remote = ray.remote(PoolActor)
         args = (spec, list(preload), max_workers, timeout, spares, trust_results, list(result_types))
-        actors = []
+        actors: list[Any] = []  # Ray's actor handles: their methods' .remote() is found at run time
         for node_id in node_ids:
             options = {"num_cpus": 0, "max_concurrency": 1000, **(actor_options or {}),
                        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -185,7 +186,7 @@ class RayPool(Executor):
             member.in_flight -= 1
             self._idle.notify_all()
 
-    def _settle(self, member: _Member, future: RayTaskFuture, done: CFuture) -> None:
+    def _settle(self, member: _Member, future: RayTaskFuture, done: CFuture[Outcome]) -> None:
         """Give `future` what the actor's Outcome (or Ray's error) says."""
         try:
             outcome: Outcome = done.result()
@@ -224,4 +225,5 @@ def _pickle(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
             path = os.path.realpath(path)
             if not any(path.startswith(root.rstrip("/") + "/") for root in roots):
                 cloudpickle.register_pickle_by_value(module)
-        return cloudpickle.dumps((fn, args, kwargs))
+        call: bytes = cloudpickle.dumps((fn, args, kwargs))
+        return call

@@ -14,13 +14,14 @@ import dataclasses
 import errno as _errno
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from .. import syscalls
 from ..errors import SpecError
 from .bpf import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS, check_program
 
 MAX_ERRNO = 4095
+_T = TypeVar("_T")
 
 #: What a syscall (its default, its entry or an argument rule) gets: "allow" it,
 #: fail it with an "errno", or "kill" the process (SECCOMP_RET_KILL_PROCESS).
@@ -321,7 +322,7 @@ class Seccomp:
         return _construct(cls, body, "seccomp", where)
 
 
-def _construct(cls: type, body: dict[str, Any], own: str, where: str) -> Any:
+def _construct(cls: type[_T], body: dict[str, Any], own: str, where: str) -> _T:
     """`cls(**body)`, with SpecError fields renamed from `own`... to `where`..."""
     try:
         return cls(**body)

@@ -70,8 +70,9 @@ for stage in "$@"; do
            check_c || failed+=(C) ;;
         ruff) say "ruff check ."
            "$venv/bin/ruff" check . || failed+=(ruff) ;;
-        mypy) say "mypy --strict -p sandbox tests/typing/readme_examples.py"
-           "$py" -m mypy --strict -p sandbox tests/typing/readme_examples.py || failed+=(mypy) ;;
+        mypy) say "mypy --strict -p sandbox; mypy --strict tests/typing/readme_examples.py"
+           "$py" -m mypy --strict -p sandbox || failed+=(mypy)
+           "$py" -m mypy --strict tests/typing/readme_examples.py || failed+=(mypy-readme) ;;
         *) echo "check-static: unknown stage $stage (C, ruff, mypy)" >&2; exit 2 ;;
     esac
     echo "   ($stage: $(since "$t0") s)"

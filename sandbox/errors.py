@@ -25,10 +25,12 @@ class SpecError(SandboxError, ValueError):
         self.field = field
         self.value = value
         self.problem = problem
-        super().__init__(f"{field}={_show(value)}: {problem}")
+        super().__init__(f"{field}={shown(value)}: {problem}")
 
 
-def _show(value: object) -> str:
+def shown(value: object) -> str:
+    """How an error shows a value a caller gave: its repr(), shortened if long or
+    deep, or its type where repr() fails (an int too long for str())."""
     try:
         return _shown.repr(value)
     except Exception:  # noqa: BLE001 - e.g. an int of more digits than str() converts

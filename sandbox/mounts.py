@@ -23,6 +23,7 @@ from .validate import (
     check_text,
     init_fields,
     normalize_path,
+    reject_unknown,
 )
 
 
@@ -325,10 +326,3 @@ def mount_from_dict(where: str, data: object) -> Mount:
     except SpecError as exc:  # name the mount by its position, not its kind
         field = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
         raise SpecError(f"{where}.{field}", exc.value, exc.problem) from None
-
-
-def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
-    """SpecError naming the first key of `data` not in `known`."""
-    unknown = sorted(set(data) - known, key=str)  # a mapping's keys need not all be str
-    if unknown:
-        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-from .errors import SpecError
+from .errors import SpecError, shown
 from .mounts import (
     MOUNT_TYPES,
     Bind,
@@ -35,7 +35,6 @@ from .mounts import (
     Tmpfs,
     mount_from_dict,
     mount_to_dict,
-    reject_unknown,
 )
 from .seccomp import DEFAULT_POLICY, Seccomp
 from .validate import (
@@ -52,6 +51,8 @@ from .validate import (
     init_fields,
     normalize_path,
     parse_json,
+    reject_unknown,
+    replaced,
 )
 
 __all__ = [
@@ -139,7 +140,7 @@ def _forwards(value: object, network: str) -> tuple[tuple[int, int | str], ...]:
     for pair in pairs:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise SpecError("forward", value, what)
-        port = check_port(f"forward[{pair[0]!r}]", pair[0])
+        port = check_port(f"forward[{shown(pair[0])}]", pair[0])
         target = as_text(pair[1])
         if isinstance(target, str):
             target = check_path(f"forward[{port}]", target)
@@ -306,7 +307,7 @@ class Spec:
 
     def replace(self, **changes: Any) -> Spec:
         """A copy with `changes` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return replaced(self, "spec", changes)
 
     # ------------------------------------------------------------ JSON
 

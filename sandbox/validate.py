@@ -3,12 +3,19 @@ or raises SpecError naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 from .errors import SpecError
+
+_T = TypeVar("_T")
+_D = TypeVar("_D", bound="DataclassInstance")
 
 #: A path as a caller has it: a str or an os.PathLike of one (pathlib.Path); kept as str.
 StrPath: TypeAlias = str | os.PathLike[str]
@@ -139,3 +146,30 @@ def parse_json(field_name: str, text: object) -> Any:
         else:
             shown = bytes(text) if len(text) < 80 else bytes(text[:77]) + b"..."
         raise SpecError(field_name, shown, f"is not valid JSON: {exc}") from None
+
+
+def check_instance(field_name: str, value: object, cls: type[_T], what: str) -> _T:
+    """`value` if it is a `cls`; SpecError saying it must be `what` otherwise."""
+    if not isinstance(value, cls):
+        raise SpecError(field_name, value, f"must be {what}")
+    return value
+
+
+def check_mapping(field_name: str, value: object) -> Mapping[Any, Any] | None:
+    """`value` if it is a mapping (an environment) or None."""
+    if value is not None and not isinstance(value, Mapping):
+        raise SpecError(field_name, value, "must be a mapping of names to values, or None")
+    return value
+
+
+def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
+    """SpecError naming the first key of `data` not in `known`."""
+    unknown = sorted(set(data) - known, key=str)  # a mapping's keys need not all be str
+    if unknown:
+        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def replaced(obj: _D, where: str, changes: Mapping[str, Any]) -> _D:
+    """dataclasses.replace(obj, **changes), validated again; SpecError naming an unknown field."""
+    reject_unknown(where, changes, {f.name for f in dataclasses.fields(obj)})
+    return dataclasses.replace(obj, **changes)

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from .. import syscalls
 from ..errors import SpecError
-from ..validate import check_items, init_fields
+from ..validate import check_items, init_fields, reject_unknown, replaced
 from .bpf import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS, check_program
 
 MAX_ERRNO = 4095
@@ -295,13 +295,15 @@ class Seccomp:
 
     def replace(self, **changes: Any) -> Seccomp:
         """A copy with `changes` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return replaced(self, "seccomp", changes)
 
     def extend(self, deny: Iterable[str] = (), rules: Iterable[ArgRule] = (),
                errnos: Mapping[str, int | str] | None = None) -> Seccomp:
         """A copy that also denies `deny`, runs `rules` after its own and adds `errnos`."""
-        merged = {**self.errno_map, **(errnos or {})}
-        return self.replace(deny=(*self.deny, *deny), rules=(*self.rules, *rules), errnos=merged)
+        more = {} if errnos is None else dict(_errno_pairs("errnos", errnos))
+        return self.replace(deny=(*self.deny, *check_items("deny", deny, "syscall names")),
+                            rules=(*self.rules, *check_items("rules", rules, "ArgRule")),
+                            errnos={**self.errno_map, **more})
 
     # ------------------------------------------------------------ JSON
 
@@ -349,8 +351,6 @@ def _construct(cls: type[_T], body: dict[str, Any], own: str, where: str) -> _T:
 def _checked_keys(where: str, data: object, known: set[str]) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise SpecError(where, data, "must be a JSON object")
-    unknown = sorted(set(data) - known, key=str)  # a mapping's keys need not all be str
-    if unknown:
-        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+    reject_unknown(where, data, known)
     return dict(data)
 

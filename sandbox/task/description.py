@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-from ..errors import SpecError
-from ..mounts import reject_unknown
+from ..errors import SpecError, shown
 from ..validate import (
     StrPath,
     check_bool,
     check_env,
+    check_instance,
     check_items,
     check_path,
     check_port,
@@ -32,6 +32,8 @@ from ..validate import (
     init_fields,
     normalize_path,
     parse_json,
+    reject_unknown,
+    replaced,
 )
 
 NETWORKS = ("isolated", "open")
@@ -234,12 +236,12 @@ class Sandbox:
 
     def replace(self, **changes: Any) -> Sandbox:
         """A copy with `changes` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return replaced(self, "sandbox", changes)
 
-    def view(self, *, binds: tuple[Bind, ...] | list[Bind] = (), layout: Layout | None = None) -> Sandbox:
+    def view(self, *, binds: Sequence[Bind] = (), layout: Layout | None = None) -> Sandbox:
         """A new description with its own `binds` and `layout` in place of these,
         keeping the network, proxy, environment, enforcement, records and limits."""
-        return self.replace(binds=tuple(binds), layout=layout)
+        return self.replace(binds=binds, layout=layout)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -294,6 +296,11 @@ class Sandbox:
         return cls.from_dict(parse_json("sandbox", text))
 
 
+def check_sandbox(value: object, field_name: str = "sandbox") -> Sandbox:
+    """`value` if it is a task description."""
+    return check_instance(field_name, value, Sandbox, "a sandbox.task.Sandbox")
+
+
 def _sub(where: str, klass: type[_D], data: object) -> _D:
     if not isinstance(data, Mapping):
         raise SpecError(where, data, "must be a JSON object")
@@ -313,6 +320,6 @@ def _sockets(value: object) -> tuple[tuple[int, str], ...]:
     for pair in items:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise SpecError("sockets", value, "must map inside ports to Unix socket paths")
-        port = check_port(f"sockets[{pair[0]!r}]", pair[0])
+        port = check_port(f"sockets[{shown(pair[0])}]", pair[0])
         out[port] = _path(f"sockets[{port}]", pair[1])
     return tuple(sorted(out.items()))

@@ -44,6 +44,7 @@ from sandbox import (
     task,
 )
 from sandbox.api import check_pass_fds, with_call_options
+from sandbox.errors import shown
 from sandbox.plan import check_argv
 
 HAND_WRITTEN = [Spec, Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Mqueue, Dir, Symlink, File, RemountRo, Chmod,
@@ -175,7 +176,8 @@ WRONG: list[tuple[str, Any, str]] = [
     ("Spec probe_paths item", lambda: Spec(probe_paths=[b"/etc"]), "probe_paths[0]"),  # type: ignore[list-item]
     ("Spec forward", lambda: Spec(forward=8080), "forward"),  # type: ignore[arg-type]
     ("Spec forward port", lambda: Spec(forward={"²": 80}), "forward['²']"),  # type: ignore[dict-item]
-    ("Spec forward long port", lambda: Spec(forward={"9" * 5000: 80}), f"forward[{'9' * 5000!r}]"),  # type: ignore[dict-item]
+    ("Spec forward long port", lambda: Spec(forward={"9" * 5000: 80}), f"forward[{shown('9' * 5000)}]"),
+    ("Spec forward huge port", lambda: Spec(forward=[(10**5000, 80)]), "forward[<int object>]"),
     ("Spec forward target", lambda: Spec(forward={80: 1.5}), "forward[80]"),  # type: ignore[dict-item]
     ("Spec check", lambda: Spec(check=1), "check"),  # type: ignore[arg-type]
     ("Bind src", lambda: Bind(None), "bind.src"),  # type: ignore[arg-type]
@@ -211,6 +213,24 @@ WRONG: list[tuple[str, Any, str]] = [
     ("backend", lambda: sandbox.backends.choose(["native"]), "backend"),  # type: ignore[arg-type]
     ("run timeout", lambda: sandbox.run(["true"], Spec(), timeout="1"), "timeout"),  # type: ignore[arg-type]
     ("run input", lambda: sandbox.run(["true"], Spec(), input=5), "input"),  # type: ignore[arg-type]
+    ("explain spec", lambda: sandbox.explain(5, ["true"]), "spec"),  # type: ignore[arg-type]
+    ("Spec.replace unknown", lambda: Spec().replace(nosuch=1), "spec"),
+    ("Seccomp.extend deny", lambda: Seccomp().extend(deny=5), "deny"),  # type: ignore[arg-type]
+    ("Seccomp.extend errnos", lambda: Seccomp().extend(errnos=5), "errnos"),  # type: ignore[arg-type]
+    ("presets writable", lambda: sandbox.presets.host_view(writable=5), "writable"),  # type: ignore[arg-type]
+    ("presets executable", lambda: sandbox.presets.python_mounts(5), "executable"),  # type: ignore[arg-type]
+    ("from_bwrap_args", lambda: sandbox.from_bwrap_args(5), "args"),  # type: ignore[arg-type]
+    ("from_bwrap_args item", lambda: sandbox.from_bwrap_args(["--bind", 5]), "args[1]"),  # type: ignore[list-item]
+    ("from_bwrap_args environ", lambda: sandbox.from_bwrap_args(["true"], environ=5), "environ"),  # type: ignore[arg-type]
+    ("task.compile", lambda: task.compile(5), "sandbox"),  # type: ignore[arg-type]
+    ("task.compile environ", lambda: task.compile(task.Sandbox(), 5), "environ"),  # type: ignore[arg-type]
+    ("task.translate argv", lambda: task.translate(task.Sandbox(), 5), "argv"),  # type: ignore[arg-type]
+    ("task.outside", lambda: task.outside(task.Sandbox(), 5), "inside_path"),  # type: ignore[arg-type]
+    ("task.sanitized_copy", lambda: task.sanitized_copy(5, "/tmp/x"), "src"),  # type: ignore[arg-type]
+    ("task.worker_spec", lambda: task.worker_spec(5), "sandbox"),  # type: ignore[arg-type]
+    ("task.narrowed", lambda: task.narrowed(task.Sandbox(), 5), "child"),  # type: ignore[arg-type]
+    ("task view binds", lambda: task.Sandbox().view(binds=5), "binds"),  # type: ignore[arg-type]
+    ("task replace unknown", lambda: task.Sandbox().replace(nosuch=1), "sandbox"),
     ("Spec.from_json type", lambda: Spec.from_json(5), "spec"),  # type: ignore[arg-type]
     ("Spec.from_json long bytes", lambda: Spec.from_json(b"{" * 100), "spec"),
     ("Spec.from_json deep", lambda: Spec.from_json("[" * 100_000), "spec"),

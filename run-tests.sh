@@ -33,7 +33,7 @@ run_pytest "$(id -un) (uid $(id -u))" "$src" "$venv/bin/python" -m pytest -p no:
 if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
     stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
     trap 'rm -rf "$stage"' EXIT
-    cp -r "$src/tests" "$src/pyproject.toml" "$stage/"
+    cp -r "$src/tests" "$src/pyproject.toml" "$src/README.md" "$stage/"  # README: tests/typing compares its examples
     chmod -R a+rX "$stage"
     chmod 755 "$stage"
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 if not (HERE / "build_ffi.py").is_file():
     raise SystemExit(f"{HERE}: build_ffi.py is missing: the source tree is incomplete (see MANIFEST.in)")
 from build_ffi import CFLAGS as LIB_CFLAGS  # noqa: E402
-from build_ffi import LIB_SOURCES, names_source  # noqa: E402
+from build_ffi import LIB_SOURCES, compiler, names_source  # noqa: E402
 
 CFLAGS = [*LIB_CFLAGS, f"-I{CSRC}"]
 # sandbox-init is freestanding on x86_64 (see csrc/init.c), static libc elsewhere.
@@ -102,7 +102,7 @@ class BuildWithExecutables(build_ext):
     tool fails the build with what to install."""
 
     def run(self) -> None:
-        cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+        cc = compiler()
         problems = toolchain_problems(cc)
         if problems:
             raise BuildError("cannot build sandbox's C core:\n  - " + "\n  - ".join(problems))

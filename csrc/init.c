@@ -240,6 +240,9 @@ static _Noreturn void reap(long command, int status_fd)
     }
 }
 
+/* The entry: called by _start (the assembly below) or main, so not static. */
+int sbx_init_main(long argc, char **argv, char **envp);
+
 int sbx_init_main(long argc, char **argv, char **envp)
 {
     if (argc >= 3 && streq(argv[1], "--exec-default-signals"))

@@ -38,7 +38,7 @@ def _find_elsewhere(name: str, path: list[str]) -> importlib.machinery.ModuleSpe
     try:
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
-            found = find(name, None) if find is not None else None
+            found: importlib.machinery.ModuleSpec | None = find(name, None) if find is not None else None
             if found is not None:
                 return found
         return None

@@ -16,6 +16,7 @@ from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
 from .refusal import refusal
 from .spec import Spec
 from .sync import NO_SYNC, Sync
+from .validate import StrPath, check_items
 
 StdioArg = int | IO[Any] | None
 
@@ -75,10 +76,12 @@ class Stdio:
 
 
 def check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
-    fds = sorted(set(pass_fds))
-    for fd in fds:
+    given = check_items("pass_fds", pass_fds, "file descriptors")
+    for fd in given:
         if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
             raise SpecError("pass_fds", fd, "must be non-negative file descriptors")
+    fds = sorted(set(given))
+    for fd in fds:
         try:
             os.fstat(fd)
         except OSError:
@@ -86,13 +89,13 @@ def check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
     return tuple(fds)
 
 
-def with_call_options(spec: Spec, cwd: str | os.PathLike[str] | None, env: Mapping[str, str] | None) -> Spec:
+def with_call_options(spec: Spec, cwd: StrPath | None, env: Mapping[str, str] | None) -> Spec:
     """`spec` with a call's `cwd` and `env` applied: `cwd` replaces `spec.cwd` (a path
     inside the sandbox, which must exist there); `env`, like subprocess's, is the
     command's whole environment (it replaces `spec.env`, and `spec.env_inherit`
     takes nothing from the caller). Validated as a Spec is."""
     if cwd is not None:
-        spec = spec.replace(cwd=os.fspath(cwd))
+        spec = spec.replace(cwd=cwd)
     if env is not None:
         if not isinstance(env, Mapping):
             raise SpecError("env", env, "must be a mapping of names to values")
@@ -175,6 +178,10 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
              capture_output: bool, timeout: float | None, check: bool, text: bool, stdin: StdioArg,
              stdout: StdioArg, stderr: StdioArg) -> CompletedProcess:
     """run()'s semantics over `start(stdin, stdout, stderr)`, which spawns the sandbox."""
+    if input is not None and not isinstance(input, (bytes, bytearray, memoryview, str)):
+        raise SpecError("input", input, "must be bytes, str or None")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+        raise SpecError("timeout", timeout, "must be a number of seconds (0 or more) or None")
     if capture_output:
         if stdout is not None or stderr is not None:
             raise SpecError("capture_output", True, "cannot be combined with stdout or stderr")
@@ -191,11 +198,13 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
             proc.kill()
             proc.wait()
             raise subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr) from None
+    stdout_: bytes | str | None = out
+    stderr_: bytes | str | None = err
     if text:
-        out = out.decode() if out is not None else None
-        err = err.decode() if err is not None else None
+        stdout_ = out.decode() if out is not None else None
+        stderr_ = err.decode() if err is not None else None
     assert proc.returncode is not None
-    result = CompletedProcess(proc.args, proc.returncode, out, err, backend=proc.backend,
+    result = CompletedProcess(proc.args, proc.returncode, stdout_, stderr_, backend=proc.backend,
                               backend_reason=proc.backend_reason, timings=proc.timings, network=proc.network,
                               isolation=proc.isolation)
     if check:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os
+import reprlib
 import signal as _signal
 
 
@@ -24,7 +25,25 @@ class SpecError(SandboxError, ValueError):
         self.field = field
         self.value = value
         self.problem = problem
-        super().__init__(f"{field}={value!r}: {problem}")
+        super().__init__(f"{field}={shown(value)}: {problem}")
+
+
+def shown(value: object) -> str:
+    """How an error shows a value a caller gave: its repr(), shortened if long or
+    deep, or its type where repr() fails (an int too long for str())."""
+    try:
+        return _shown.repr(value)
+    except Exception:  # noqa: BLE001 - e.g. an int of more digits than str() converts
+        return f"<{type(value).__name__} object>"
+
+
+# How a SpecError shows the value: in full unless it is long or deeply nested
+# (a value parsed from JSON may be both; repr() of a deep one would recurse too far).
+_shown = reprlib.Repr()
+_shown.maxlevel = 6
+_shown.maxstring = _shown.maxother = 400
+_shown.maxlong = 100
+_shown.maxlist = _shown.maxtuple = _shown.maxdict = _shown.maxset = _shown.maxfrozenset = 40
 
 
 class SetupError(SandboxError):
@@ -56,7 +75,10 @@ class ExecError(SandboxError, OSError):
 
     Instances are also FileNotFoundError (command missing) or PermissionError
     (not executable) where that applies; use `ExecError.from_errno`.
+    `backend` says which backend ran ("native" or "bwrap").
     """
+
+    backend: str = "native"
 
     @classmethod
     def from_errno(cls, err: int, command: str, backend: str = "native") -> ExecError:

@@ -23,6 +23,7 @@ from .host import HostInfo, PoolInfo
 from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
+from .validate import check_instance
 
 __all__ = ["bwrap_command", "describe_plan", "explain"]
 
@@ -38,6 +39,7 @@ FD_OPTIONS = ("--file", "--bind-data", "--ro-bind-data", "--seccomp")  # their f
 
 def explain(spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
     """The sandbox `spawn(argv, spec, backend=backend)` would start, described; nothing runs."""
+    check_instance("spec", spec, S.Spec, "a sandbox.Spec")
     args = check_argv(argv)
     try:
         name, reason = backends.choose(backend)

@@ -110,16 +110,16 @@ def _cache_key() -> dict[str, object] | None:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-        from . import _native  # type: ignore[attr-defined]
+        from ._native import __file__ as core_path
 
-        core = os.stat(_native.__file__)
+        core = os.stat(core_path)
         exe = os.stat(launcher_path())
     except (OSError, ImportError, AttributeError, TypeError):
         return None
     uname = os.uname()
     return {"boot": boot, "kernel": [uname.release, uname.version], "uid": os.getuid(), "gid": os.getgid(),
             "sysctls": {**userns_sysctls(), **_namespace_limits()}, "process": _confinement(),
-            "core": [_native.__file__, core.st_mtime_ns, core.st_size],
+            "core": [core_path, core.st_mtime_ns, core.st_size],
             "launcher": [exe.st_mtime_ns, exe.st_size], "python": sys.version}
 
 
@@ -140,7 +140,7 @@ def _confinement() -> dict[str, object]:
         name, _, value = line.partition(":")
         if name in _STATUS_FIELDS:
             status[name] = value.strip()
-    namespaces = {}
+    namespaces: dict[str, int | None] = {}
     for name in _NAMESPACES:
         try:
             namespaces[name] = os.stat(f"/proc/self/ns/{name}").st_ino
@@ -151,7 +151,7 @@ def _confinement() -> dict[str, object]:
 
 def _namespace_limits() -> dict[str, str]:
     """/proc/sys/user/max_*_namespaces (0 refuses that kind of namespace), by dotted name."""
-    out = {}
+    out: dict[str, str] = {}
     try:
         names = sorted(n for n in os.listdir("/proc/sys/user") if n.startswith("max_") and n.endswith("_namespaces"))
     except OSError:

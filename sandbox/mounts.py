@@ -13,12 +13,26 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from .errors import SpecError
-from .validate import check_bool, check_path, check_perms, check_positive, check_text, normalize_path
+from .validate import (
+    StrPath,
+    as_text,
+    check_bool,
+    check_path,
+    check_perms,
+    check_positive,
+    check_text,
+    init_fields,
+    normalize_path,
+    reject_unknown,
+)
 
 
 @dataclass(frozen=True)
 class Mount:
-    """Base of the mount operations. `kind` is the bwrap option name without '--'."""
+    """Base of the mount operations. `kind` is the bwrap option name without '--'.
+
+    Each operation's __init__ takes a path as a str or an os.PathLike (a
+    pathlib.Path) and keeps it as a normalized str."""
 
     kind: ClassVar[str] = ""
 
@@ -37,11 +51,12 @@ class Mount:
         """True if the operation creates something at target() (not a modifier)."""
         return True
 
-    def _norm(self, name: str) -> None:
-        object.__setattr__(self, name, normalize_path(getattr(self, name)))
+    def _path(self, where: str, name: str) -> None:
+        """Check the path field `name` and keep it as a normalized str."""
+        object.__setattr__(self, name, normalize_path(check_path(f"{where}.{name}", getattr(self, name))))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Bind(Mount):
     """Bind host path `src` at `dest` (default: the same path), writable.
 
@@ -58,20 +73,21 @@ class Bind(Mount):
     readonly: ClassVar[bool] = False
     devices: ClassVar[bool] = False
 
+    def __init__(self, src: StrPath, dest: StrPath | None = None, optional: bool = False) -> None:
+        init_fields(self, src=src, dest=dest, optional=optional)
+
     def validate(self, where: str) -> None:
-        check_path(f"{where}.src", self.src)
+        self._path(where, "src")
         if self.dest is None:
             object.__setattr__(self, "dest", self.src)
-        check_path(f"{where}.dest", self.dest)
+        self._path(where, "dest")
         check_bool(f"{where}.optional", self.optional)
-        self._norm("src")
-        self._norm("dest")
 
     def target(self) -> str:
         return self.dest or self.src
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RoBind(Bind):
     """Bind host path `src` at `dest`, read-only on every submount (bwrap `--ro-bind`)."""
 
@@ -79,7 +95,7 @@ class RoBind(Bind):
     readonly: ClassVar[bool] = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DevBind(Bind):
     """Bind host path `src` at `dest` with device access allowed (bwrap `--dev-bind`)."""
 
@@ -87,7 +103,7 @@ class DevBind(Bind):
     devices: ClassVar[bool] = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Tmpfs(Mount):
     """A fresh tmpfs at `dest` (nosuid, nodev), `size` in bytes, mode `perms`."""
 
@@ -96,25 +112,26 @@ class Tmpfs(Mount):
     perms: int = 0o755
     kind: ClassVar[str] = "tmpfs"
 
+    def __init__(self, dest: StrPath, size: int | None = None, perms: int = 0o755) -> None:
+        init_fields(self, dest=dest, size=size, perms=perms)
+
     def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
+        self._path(where, "dest")
         check_positive(f"{where}.size", self.size)
         check_perms(f"{where}.perms", self.perms)
-        self._norm("dest")
 
     def target(self) -> str:
         return self.dest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class _AtDest(Mount):
     """A filesystem whose only field is where it goes."""
 
     dest: str
 
     def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
+        self._path(where, "dest")
 
     def target(self) -> str:
         return self.dest
@@ -124,7 +141,7 @@ class _AtDest(Mount):
 PROC_COVER_SETS = ("strict", "bwrap")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Proc(_AtDest):
     """procfs at `dest`: a fresh one with a pid namespace, else the host's, bound.
 
@@ -143,13 +160,16 @@ class Proc(_AtDest):
     covers: str = "strict"
     kind: ClassVar[str] = "proc"
 
+    def __init__(self, dest: StrPath = "/proc", covers: str = "strict") -> None:
+        init_fields(self, dest=dest, covers=covers)
+
     def validate(self, where: str) -> None:
         super().validate(where)
         if self.covers not in PROC_COVER_SETS:
             raise SpecError(f"{where}.covers", self.covers, f"must be one of {', '.join(PROC_COVER_SETS)}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Dev(_AtDest):
     """A minimal /dev at `dest`: null, zero, full, random, urandom, tty, a private
     devpts with ptmx, shm, and the fd/stdin/stdout/stderr links."""
@@ -157,8 +177,11 @@ class Dev(_AtDest):
     dest: str = "/dev"
     kind: ClassVar[str] = "dev"
 
+    def __init__(self, dest: StrPath = "/dev") -> None:
+        init_fields(self, dest=dest)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class Mqueue(_AtDest):
     """A fresh POSIX message queue filesystem at `dest` (bwrap `--mqueue`):
     the queues of the sandbox's IPC namespace. Mounting it needs privilege
@@ -167,8 +190,11 @@ class Mqueue(_AtDest):
     dest: str = "/dev/mqueue"
     kind: ClassVar[str] = "mqueue"
 
+    def __init__(self, dest: StrPath = "/dev/mqueue") -> None:
+        init_fields(self, dest=dest)
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class Dir(Mount):
     """A directory at `dest` with mode `perms` (an existing one keeps its mode)."""
 
@@ -176,16 +202,18 @@ class Dir(Mount):
     perms: int = 0o755
     kind: ClassVar[str] = "dir"
 
+    def __init__(self, dest: StrPath, perms: int = 0o755) -> None:
+        init_fields(self, dest=dest, perms=perms)
+
     def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
+        self._path(where, "dest")
         check_perms(f"{where}.perms", self.perms)
-        self._norm("dest")
 
     def target(self) -> str:
         return self.dest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Symlink(Mount):
     """A symlink at `dest` pointing to `target_path` (bwrap `--symlink TARGET DEST`)."""
 
@@ -193,20 +221,23 @@ class Symlink(Mount):
     dest: str
     kind: ClassVar[str] = "symlink"
 
+    def __init__(self, target_path: StrPath, dest: StrPath) -> None:
+        init_fields(self, target_path=target_path, dest=dest)
+
     def validate(self, where: str) -> None:
-        check_text(f"{where}.target_path", self.target_path)
+        object.__setattr__(self, "target_path", check_text(f"{where}.target_path", as_text(self.target_path)))
         if not self.target_path:
             raise SpecError(f"{where}.target_path", self.target_path, "must not be empty")
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
+        self._path(where, "dest")
 
     def target(self) -> str:
         return self.dest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class File(Mount):
-    """A regular file at `dest` holding `data`, mode `perms`; `readonly` binds it read-only."""
+    """A regular file at `dest` holding `data` (bytes, or a str written as UTF-8),
+    mode `perms`; `readonly` binds it read-only."""
 
     dest: str
     data: bytes = b""
@@ -214,30 +245,37 @@ class File(Mount):
     readonly: bool = False
     kind: ClassVar[str] = "file"
 
+    def __init__(self, dest: StrPath, data: bytes | str = b"", perms: int = 0o666, readonly: bool = False) -> None:
+        init_fields(self, dest=dest, data=data, perms=perms, readonly=readonly)
+
     def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
+        self._path(where, "dest")
         if isinstance(self.data, str):
-            object.__setattr__(self, "data", self.data.encode())
+            try:
+                object.__setattr__(self, "data", self.data.encode())
+            except UnicodeEncodeError:  # a lone surrogate
+                raise SpecError(f"{where}.data", self.data, "must be bytes or a str UTF-8 can encode") from None
         if not isinstance(self.data, bytes):
             raise SpecError(f"{where}.data", self.data, "must be bytes or str")
         check_perms(f"{where}.perms", self.perms)
         check_bool(f"{where}.readonly", self.readonly)
-        self._norm("dest")
 
     def target(self) -> str:
         return self.dest
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class RemountRo(Mount):
     """Make the mount at `dest` read-only (also nosuid, nodev), not recursively."""
 
     dest: str
     kind: ClassVar[str] = "remount-ro"
 
+    def __init__(self, dest: StrPath) -> None:
+        init_fields(self, dest=dest)
+
     def validate(self, where: str) -> None:
-        check_path(f"{where}.dest", self.dest)
-        self._norm("dest")
+        self._path(where, "dest")
 
     def target(self) -> str:
         return self.dest
@@ -246,7 +284,7 @@ class RemountRo(Mount):
         return False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Chmod(Mount):
     """Change the mode of an existing `path` inside the sandbox."""
 
@@ -254,10 +292,12 @@ class Chmod(Mount):
     perms: int
     kind: ClassVar[str] = "chmod"
 
+    def __init__(self, path: StrPath, perms: int) -> None:
+        init_fields(self, path=path, perms=perms)
+
     def validate(self, where: str) -> None:
-        check_path(f"{where}.path", self.path)
+        self._path(where, "path")
         check_perms(f"{where}.perms", self.perms)
-        self._norm("path")
 
     def target(self) -> str:
         return self.path
@@ -307,10 +347,3 @@ def mount_from_dict(where: str, data: object) -> Mount:
     except SpecError as exc:  # name the mount by its position, not its kind
         field = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
         raise SpecError(f"{where}.{field}", exc.value, exc.problem) from None
-
-
-def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
-    """SpecError naming the first key of `data` not in `known`."""
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import enum
 import fnmatch
-import os
 import re
 import resource
 from collections.abc import Iterable, Mapping, Sequence
@@ -23,6 +22,7 @@ from . import spec as S
 from .errors import SpecError
 from .host import HostInfo
 from .sync import NO_SYNC, Sync
+from .validate import as_text
 
 if TYPE_CHECKING:
     from .seccomp.policy import Seccomp
@@ -473,11 +473,10 @@ def check_argv(argv: Sequence[str]) -> list[str]:
     if not argv:
         raise SpecError("argv", argv, "must not be empty")
     out = []
-    for i, a in enumerate(argv):
-        if isinstance(a, os.PathLike):
-            a = os.fspath(a)
+    for i, given in enumerate(argv):
+        a = as_text(given)
         if not isinstance(a, str):
-            raise SpecError(f"argv[{i}]", a, "must be a string")
+            raise SpecError(f"argv[{i}]", a, "must be a string (or an os.PathLike of one)")
         if "\0" in a:
             raise SpecError(f"argv[{i}]", a, "contains a NUL byte")
         out.append(a)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .spec import Bind, Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs
+from .validate import StrPath, as_text, check_items, check_text
 
 __all__ = ["host_view", "minimal_system", "python_interpreter", "python_mounts", "system_mounts"]
 
@@ -55,7 +56,7 @@ def minimal_system(*mounts: Mount, **fields: Any) -> Spec:
     return Spec(mounts=(*system_mounts(), *RUNTIME_MOUNTS, *mounts), **fields)
 
 
-def python_mounts(executable: str | None = None) -> tuple[Mount, ...]:
+def python_mounts(executable: StrPath | None = None) -> tuple[Mount, ...]:
     """Read-only binds of what a Python interpreter needs beyond /usr: its
     installation (sys.base_prefix) and its virtual environment (sys.prefix),
     where they lie outside /usr. `executable` defaults to this interpreter."""
@@ -63,31 +64,33 @@ def python_mounts(executable: str | None = None) -> tuple[Mount, ...]:
     return tuple(RoBind(path) for path in prefixes if not _under(path, "/usr"))
 
 
-def python_interpreter(*mounts: Mount, executable: str | None = None, **fields: Any) -> Spec:
+def python_interpreter(*mounts: Mount, executable: StrPath | None = None, **fields: Any) -> Spec:
     """`minimal_system` plus the interpreter (this one by default) and its venv, read-only,
     with its bin directory first in PATH: `run(["python3", "-c", ...], python_interpreter())`
     runs the same Python with the packages installed in it. Bytecode is not written.
     A package installed in editable mode (`pip install -e`) lives in its source tree:
     bind that too."""
-    python = executable or sys.executable
+    python = sys.executable if executable is None else check_text("executable", as_text(executable))
     bindir = os.path.dirname(os.path.abspath(python))
     fields.setdefault("env", {"PATH": f"{bindir}:{SYSTEM_PATH}", "PYTHONDONTWRITEBYTECODE": "1"})
     return minimal_system(*python_mounts(python), *mounts, **fields)
 
 
-def host_view(*mounts: Mount, writable: Iterable[str] = (), **fields: Any) -> Spec:
+def host_view(*mounts: Mount, writable: Iterable[StrPath] = (), **fields: Any) -> Spec:
     """bwrap's common `--ro-bind / / --proc /proc --dev /dev --tmpfs /tmp`: the whole
     host read-only (home directories and secrets included: add `probe_paths` or
     cover them with `Tmpfs`), a new /proc and /dev, a private /tmp; `writable`
     paths bound read-write on top; then `mounts`. Isolation is that of the
     namespaces and the read-only binds only: prefer `minimal_system` for
     untrusted code."""
-    binds = tuple(Bind(path) for path in writable)
+    binds = tuple(Bind(path) for path in check_items("writable", writable, "paths"))
     return Spec(mounts=(RoBind("/"), *RUNTIME_MOUNTS, *binds, *mounts), **fields)
 
 
-def _prefixes(executable: str | None) -> list[str]:
+def _prefixes(executable: StrPath | None) -> list[str]:
     """sys.base_prefix and sys.prefix of `executable` (this interpreter's unless given)."""
+    if executable is not None:
+        executable = check_text("executable", as_text(executable))
     if executable is None or os.path.realpath(executable) == os.path.realpath(sys.executable):
         found = [sys.base_prefix, sys.prefix]
     else:

@@ -30,7 +30,7 @@ def _readable(fds: int | list[int], timeout: float | None) -> bool:
     return bool(poller.poll(ms))
 
 
-class CompletedProcess(subprocess.CompletedProcess):
+class CompletedProcess(subprocess.CompletedProcess[Any]):
     """subprocess.CompletedProcess plus which backend ran and setup timings (µs)."""
 
     def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None, *,
@@ -125,7 +125,7 @@ class SandboxProcess:
         while self.returncode is None:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not self._wait_ready(remaining):
-                raise subprocess.TimeoutExpired(self.args, timeout)
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)  # only a timeout ends a wait unready
             self.poll()  # may still be running: its status socket said only that its reaper has gone
         return self.returncode
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import SpecError
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+from .errors import SpecError, shown
 from .mounts import (
     MOUNT_TYPES,
     Bind,
@@ -32,10 +35,25 @@ from .mounts import (
     Tmpfs,
     mount_from_dict,
     mount_to_dict,
-    reject_unknown,
 )
 from .seccomp import DEFAULT_POLICY, Seccomp
-from .validate import check_bool, check_path, check_perms, check_positive, check_text, normalize_path
+from .validate import (
+    StrPath,
+    as_text,
+    check_bool,
+    check_env,
+    check_items,
+    check_path,
+    check_perms,
+    check_port,
+    check_positive,
+    check_text,
+    init_fields,
+    normalize_path,
+    parse_json,
+    reject_unknown,
+    replaced,
+)
 
 __all__ = [
     "CAPABILITIES", "MAX_HOSTNAME", "MAX_ID", "MOUNT_TYPES", "NETWORK_MODES", "Bind", "Chmod", "Dev", "DevBind",
@@ -62,6 +80,7 @@ CAPABILITIES: tuple[str, ...] = (
 NETWORK_MODES = ("none", "pool", "host")
 MAX_ID = 2**32 - 2  # (uid_t)-1 is "no id"
 MAX_HOSTNAME = 64
+_D = TypeVar("_D", bound="DataclassInstance")
 
 
 # ---------------------------------------------------------------- other parts
@@ -76,6 +95,9 @@ class Namespaces:
     ipc: bool = True
     uts: bool = True
     cgroup: bool = True
+
+    def __post_init__(self) -> None:
+        self.validate("namespaces")
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
@@ -99,47 +121,29 @@ class Limits:
     nproc: int | None = None
     file_bytes: int | None = None
 
+    def __post_init__(self) -> None:
+        self.validate("limits")
+
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
             check_positive(f"{where}.{f.name}", getattr(self, f.name))
 
 
-def _pairs(value: object, where: str) -> tuple[tuple[str, str], ...]:
-    items: Iterable[Any]
-    if isinstance(value, Mapping):
-        items = value.items()
-    elif isinstance(value, (list, tuple)):
-        items = value
-    else:
-        raise SpecError(where, value, "must be a mapping of names to values")
-    out = {}
-    for pair in items:
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise SpecError(where, value, "must be a mapping of names to values")
-        name, val = pair
-        check_text(f"{where}[{name!r}]", val)
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-            raise SpecError(where, name, "variable names must be non-empty, without '=' or NUL")
-        out[name] = val
-    return tuple(sorted(out.items()))
-
-
 def _forwards(value: object, network: str) -> tuple[tuple[int, int | str], ...]:
     """Validate `forward` (inside port -> host loopback port or Unix socket path)."""
-    pairs = list(value.items()) if isinstance(value, Mapping) else value
-    if not isinstance(pairs, (list, tuple)):
-        raise SpecError("forward", value, "must map inside ports to host ports or Unix socket paths")
-    out = {}
+    what = "must map inside ports to host ports or Unix socket paths"
+    if isinstance(value, Mapping):
+        pairs: tuple[Any, ...] = tuple(value.items())
+    else:
+        pairs = check_items("forward", value, "(inside port, host port or socket path) pairs, or a mapping")
+    out: dict[int, int | str] = {}
     for pair in pairs:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise SpecError("forward", value, "must map inside ports to host ports or Unix socket paths")
-        port, target = pair
-        if isinstance(port, str) and port.isdigit():
-            port = int(port)  # JSON object keys are strings
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise SpecError(f"forward[{port!r}]", port, "the inside port must be 1-65535")
+            raise SpecError("forward", value, what)
+        port = check_port(f"forward[{shown(pair[0])}]", pair[0])
+        target = as_text(pair[1])
         if isinstance(target, str):
-            check_path(f"forward[{port}]", target)
+            target = check_path(f"forward[{port}]", target)
         elif isinstance(target, bool) or not isinstance(target, int) or not 1 <= target <= 65535:
             raise SpecError(f"forward[{port}]", target, "must be a host port (1-65535) or a Unix socket path")
         out[port] = target
@@ -149,17 +153,24 @@ def _forwards(value: object, network: str) -> tuple[tuple[int, int | str], ...]:
 
 
 def _strings(value: object, where: str) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple, frozenset, set)):
-        raise SpecError(where, value, "must be a list of strings")
-    return tuple(check_text(f"{where}[{i}]", v) for i, v in enumerate(value))
+    return tuple(check_text(f"{where}[{i}]", v) for i, v in enumerate(check_items(where, value, "strings")))
 
 
-@dataclass(frozen=True)
+_NAMESPACES = Namespaces()
+_LIMITS = Limits()
+
+
+@dataclass(frozen=True, init=False)
 class Spec:
     """What a sandboxed command sees. Pure data; validated on construction.
 
     The defaults are the safe ones: every namespace, no network but loopback,
     an empty root (declare mounts), an empty environment, no capabilities.
+
+    Construction takes what a caller naturally has (a list of mounts, a dict
+    for `env` and `forward`, any iterable of names, a pathlib.Path for a path)
+    and keeps it frozen: tuples (`env` and `forward` as sorted pairs) and str
+    paths. A wrong value raises SpecError naming the field and what it accepts.
     """
 
     mounts: tuple[Mount, ...] = ()
@@ -183,10 +194,39 @@ class Spec:
     forward: tuple[tuple[int, int | str], ...] = ()
     check: bool = False
 
+    def __init__(
+        self,
+        mounts: Sequence[Mount] = (),
+        namespaces: Namespaces = _NAMESPACES,
+        network: str = "none",
+        hostname: str | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        env: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        env_inherit: Iterable[str] = (),
+        cwd: StrPath | None = None,
+        limits: Limits = _LIMITS,
+        die_with_parent: bool = True,
+        new_session: bool = True,
+        as_pid_1: bool = False,
+        cap_add: Iterable[str] = (),
+        seccomp: Seccomp | None = DEFAULT_POLICY,
+        disable_userns: bool = False,
+        landlock: bool | str = False,
+        probe_paths: Iterable[StrPath] = (),
+        forward: Mapping[int, int | StrPath] | Sequence[tuple[int, int | StrPath]] = (),
+        check: bool = False,
+    ) -> None:
+        init_fields(self, mounts=mounts, namespaces=namespaces, network=network, hostname=hostname, uid=uid, gid=gid,
+                    env=env, env_inherit=env_inherit, cwd=cwd, limits=limits, die_with_parent=die_with_parent,
+                    new_session=new_session, as_pid_1=as_pid_1, cap_add=cap_add, seccomp=seccomp,
+                    disable_userns=disable_userns, landlock=landlock, probe_paths=probe_paths, forward=forward,
+                    check=check)
+
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if not isinstance(self.mounts, (list, tuple)):
-            raise SpecError("mounts", self.mounts, "must be a list of mount operations")
+        if isinstance(self.mounts, (str, bytes)) or not isinstance(self.mounts, Sequence):
+            raise SpecError("mounts", self.mounts, "must be a list of mount operations (Bind, Tmpfs, ...), in order")
         set_(self, "mounts", tuple(self.mounts))
         for i, m in enumerate(self.mounts):
             if not isinstance(m, Mount) or type(m) is Mount:
@@ -196,10 +236,10 @@ class Spec:
         if not isinstance(self.namespaces, Namespaces):
             raise SpecError("namespaces", self.namespaces, "must be a Namespaces")
         self.namespaces.validate("namespaces")
-        if self.network not in NETWORK_MODES:
+        if not isinstance(self.network, str) or self.network not in NETWORK_MODES:
             raise SpecError("network", self.network, f"must be one of {', '.join(NETWORK_MODES)}")
         self._check_identity()
-        set_(self, "env", _pairs(self.env, "env"))
+        set_(self, "env", check_env("env", self.env))
         set_(self, "env_inherit", _strings(self.env_inherit, "env_inherit"))
         if self.cwd is not None:
             set_(self, "cwd", normalize_path(check_path("cwd", self.cwd)))
@@ -211,10 +251,10 @@ class Spec:
         if self.seccomp is not None and not isinstance(self.seccomp, Seccomp):
             raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
         set_(self, "probe_paths", tuple(normalize_path(check_path(f"probe_paths[{i}]", p))
-                                  for i, p in enumerate(_strings(self.probe_paths, "probe_paths"))))
+                                  for i, p in enumerate(check_items("probe_paths", self.probe_paths, "paths"))))
         set_(self, "forward", _forwards(self.forward, self.network))
         check_bool("check", self.check)
-        if self.landlock not in (False, True, "best-effort"):
+        if not isinstance(self.landlock, (bool, str)) or self.landlock not in (False, True, "best-effort"):
             raise SpecError("landlock", self.landlock, "must be false, true or 'best-effort'")
         if self.disable_userns and not self.namespaces.user:
             raise SpecError("disable_userns", True, "needs a user namespace (namespaces.user=True)")
@@ -267,7 +307,7 @@ class Spec:
 
     def replace(self, **changes: Any) -> Spec:
         """A copy with `changes` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return replaced(self, "spec", changes)
 
     # ------------------------------------------------------------ JSON
 
@@ -304,7 +344,7 @@ class Spec:
         reject_unknown("spec", data, known)
         kwargs = dict(data)
         if "mounts" in kwargs:
-            if not isinstance(kwargs["mounts"], list):
+            if not isinstance(kwargs["mounts"], (list, tuple)):
                 raise SpecError("mounts", kwargs["mounts"], "must be a list")
             kwargs["mounts"] = tuple(mount_from_dict(f"mounts[{i}]", m) for i, m in enumerate(kwargs["mounts"]))
         if "namespaces" in kwargs:
@@ -318,12 +358,7 @@ class Spec:
     @classmethod
     def from_json(cls, text: str | bytes) -> Spec:
         """Parse JSON text produced by `to_json`."""
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            shown = text if len(text) < 80 else text[:77] + "..."
-            raise SpecError("spec", shown, f"is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json("spec", text))
 
 
 def _link_target(path: str, made: Mapping[str, tuple[int, Mount]], depth: int = 0) -> str | None:
@@ -384,7 +419,7 @@ def _cap_name(name: str) -> str:
     return full
 
 
-def _sub_from_dict(where: str, klass: type, data: object) -> Any:
+def _sub_from_dict(where: str, klass: type[_D], data: object) -> _D:
     if not isinstance(data, Mapping):
         raise SpecError(where, data, "must be a JSON object")
     reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})

@@ -28,7 +28,6 @@ sandbox it made.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +40,7 @@ from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
 from .refusal import refusal
 from .spec import Bind, Limits, Spec
+from .validate import StrPath, check_env, check_items, check_path
 from .warm_plan import plan_for_call, template_plans
 
 __all__ = ["Template"]
@@ -76,7 +76,7 @@ class Template:
 
     def spawn(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
               stderr: StdioArg = None, pass_fds: Iterable[int] = (), env: Mapping[str, str] | None = None,
-              cwd: str | None = None, limits: Limits | None = None, binds: Sequence[Bind] = ()) -> SandboxProcess:
+              cwd: StrPath | None = None, limits: Limits | None = None, binds: Sequence[Bind] = ()) -> SandboxProcess:
         """Start `argv` in a new sandbox cloned from this template; return once it has exec'd.
 
         Takes what sandbox.spawn takes, plus the per-call overrides (see the
@@ -134,21 +134,11 @@ def _check_env(env: Mapping[str, str] | None) -> Mapping[str, str] | None:
         return None
     if not isinstance(env, Mapping):
         raise SpecError("env", env, "must be a mapping of names to values")
-    for name, value in env.items():
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-            raise SpecError("env", name, "names must be non-empty strings without '=' or NUL")
-        if not isinstance(value, str) or "\0" in value:
-            raise SpecError(f"env[{name!r}]", value, "must be a string without NUL")
-    return env
+    return dict(check_env("env", env))
 
 
-def _check_cwd(cwd: str | os.PathLike[str] | None) -> str | None:
-    if cwd is None:
-        return None
-    path = os.fspath(cwd)
-    if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
-        raise SpecError("cwd", cwd, "must be an absolute path")
-    return path
+def _check_cwd(cwd: StrPath | None) -> str | None:
+    return None if cwd is None else check_path("cwd", cwd)
 
 
 def _check_limits(limits: Limits | None) -> Limits | None:
@@ -158,7 +148,7 @@ def _check_limits(limits: Limits | None) -> Limits | None:
 
 
 def _check_binds(binds: Sequence[Bind]) -> tuple[Bind, ...]:
-    out = tuple(binds)
+    out = check_items("binds", binds, "Bind, RoBind or DevBind")
     for i, b in enumerate(out):
         if not isinstance(b, Bind):
             raise SpecError(f"binds[{i}]", b, "must be a Bind, RoBind or DevBind")

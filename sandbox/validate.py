@@ -3,13 +3,63 @@ or raises SpecError naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 from .errors import SpecError
+
+_T = TypeVar("_T")
+_D = TypeVar("_D", bound="DataclassInstance")
+
+#: A path as a caller has it: a str or an os.PathLike of one (pathlib.Path); kept as str.
+StrPath: TypeAlias = str | os.PathLike[str]
+
+
+class _Validated(Protocol):
+    def __post_init__(self) -> None: ...
+
+
+def init_fields(obj: _Validated, **values: object) -> None:
+    """The body of a frozen dataclass's hand-written __init__ (one that accepts
+    what a caller naturally has, a list, a dict, a pathlib.Path, where the
+    value keeps a tuple or a str): set each field as given, then run
+    __post_init__, which checks and converts them."""
+    for name, value in values.items():
+        object.__setattr__(obj, name, value)
+    obj.__post_init__()
+
+
+def as_text(value: object) -> object:
+    """`value` as a str if it is an os.PathLike of one; anything else as it is."""
+    if isinstance(value, os.PathLike):
+        try:
+            return os.fspath(value)
+        except TypeError:  # its __fspath__ returned neither str nor bytes
+            return value
+    return value
+
+
+def check_items(field_name: str, value: object, what: str) -> tuple[Any, ...]:
+    """The items of a list-like `value` (a list, tuple, set or other iterable,
+    but not a str, bytes or a mapping) as a tuple; SpecError saying it must be
+    a list of `what` otherwise."""
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise SpecError(field_name, value, f"must be a list of {what}")
+    return tuple(value)
 
 
 def check_path(field_name: str, value: object) -> str:
-    """Return `value` if it is an absolute, NUL-free path without '..' parts."""
+    """Return `value` (a str, or an os.PathLike of one, as a str) if it is an
+    absolute, NUL-free path without '..' parts."""
+    value = as_text(value)
     if not isinstance(value, str):
-        raise SpecError(field_name, value, "must be a string path")
+        raise SpecError(field_name, value, "must be a path (a str or an os.PathLike of one)")
     if not value.startswith("/"):
         raise SpecError(field_name, value, "must be an absolute path")
     if "\0" in value:
@@ -31,11 +81,14 @@ def check_perms(field_name: str, value: object) -> int:
     return value
 
 
+MAX_COUNT = 2**63 - 1  # the largest size, count or limit taken: it fits the kernel's 64-bit fields
+
+
 def check_positive(field_name: str, value: object, allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(field_name, value, "must be a positive integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_COUNT:
+        raise SpecError(field_name, value, "must be a positive integer (at most 2**63 - 1)")
     return value
 
 
@@ -51,3 +104,72 @@ def check_bool(field_name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise SpecError(field_name, value, "must be true or false")
     return value
+
+
+def check_env(field_name: str, value: object) -> tuple[tuple[str, str], ...]:
+    """An environment (a mapping of names to values, or (name, value) pairs) as
+    sorted pairs; names non-empty without '=' or NUL, values strings without NUL."""
+    if isinstance(value, Mapping):
+        items: tuple[Any, ...] = tuple(value.items())
+    else:
+        items = check_items(field_name, value, "(name, value) pairs, or a mapping of names to values")
+    out: dict[str, str] = {}
+    for pair in items:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise SpecError(field_name, value, "must be a mapping of names to values")
+        name, val = pair
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise SpecError(field_name, name, "variable names must be non-empty strings, without '=' or NUL")
+        out[name] = check_text(f"{field_name}[{name!r}]", val)
+    return tuple(sorted(out.items()))
+
+
+def check_port(field_name: str, value: object) -> int:
+    """A port number 1-65535, from an int or its decimal digits (JSON object keys are strings)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 5:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise SpecError(field_name, value, "must be a port number (1-65535)")
+    return value
+
+
+def parse_json(field_name: str, text: object) -> Any:
+    """The value of JSON `text` (str or bytes); SpecError if it is not JSON."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise SpecError(field_name, text, "must be JSON text (str or bytes)")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        shown: str | bytes
+        if isinstance(text, str):
+            shown = text if len(text) < 80 else text[:77] + "..."
+        else:
+            shown = bytes(text) if len(text) < 80 else bytes(text[:77]) + b"..."
+        raise SpecError(field_name, shown, f"is not valid JSON: {exc}") from None
+
+
+def check_instance(field_name: str, value: object, cls: type[_T], what: str) -> _T:
+    """`value` if it is a `cls`; SpecError saying it must be `what` otherwise."""
+    if not isinstance(value, cls):
+        raise SpecError(field_name, value, f"must be {what}")
+    return value
+
+
+def check_mapping(field_name: str, value: object) -> Mapping[Any, Any] | None:
+    """`value` if it is a mapping (an environment) or None."""
+    if value is not None and not isinstance(value, Mapping):
+        raise SpecError(field_name, value, "must be a mapping of names to values, or None")
+    return value
+
+
+def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None:
+    """SpecError naming the first key of `data` not in `known`."""
+    unknown = sorted(set(data) - known, key=str)  # a mapping's keys need not all be str
+    if unknown:
+        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+
+
+def replaced(obj: _D, where: str, changes: Mapping[str, Any]) -> _D:
+    """dataclasses.replace(obj, **changes), validated again; SpecError naming an unknown field."""
+    reject_unknown(where, changes, {f.name for f in dataclasses.fields(obj)})
+    return dataclasses.replace(obj, **changes)

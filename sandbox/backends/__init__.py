@@ -14,7 +14,7 @@ import functools
 import importlib
 import threading
 
-from ..errors import UnavailableError
+from ..errors import SpecError, UnavailableError
 from ..forksafe import fresh_in_child
 from ..plan import Plan
 from .contract import Backend, ExitSource, Launched, WaitStatus
@@ -23,6 +23,7 @@ __all__ = ["NAMES", "Backend", "ExitSource", "Launched", "WaitStatus", "availabi
 
 NAMES = ("native", "bwrap")  # the order "auto" tries them in
 EXPLICIT = ("template",)  # chosen only by name (sandbox.Template's executor)
+_CHOICES = ", ".join(repr(n) for n in ("auto", *NAMES)) + f" or {EXPLICIT[0]!r}"
 
 
 class _Missing:
@@ -41,14 +42,15 @@ class _Missing:
 
 @functools.cache
 def get(name: str) -> Backend:
-    """The backend called `name` (ValueError for an unknown name)."""
+    """The backend called `name` (SpecError, a ValueError, for an unknown name)."""
     if name not in NAMES + EXPLICIT:
-        raise ValueError(f"backend must be 'auto', {', '.join(repr(n) for n in NAMES + EXPLICIT)}, not {name!r}")
+        raise SpecError("backend", name, f"must be {_CHOICES}")
     try:
         module = importlib.import_module(f"{__name__}.{name}")
     except ImportError as exc:
         return _Missing(name, str(exc))
-    return module.BACKEND
+    backend: Backend = module.BACKEND
+    return backend
 
 
 _lock = threading.Lock()
@@ -72,8 +74,10 @@ def choose(requested: str) -> tuple[str, str]:
     """(backend name, reason) for a request of `requested` ("auto" or a name).
 
     Raises UnavailableError if the requested backend (or, for "auto", every
-    backend) cannot run here, ValueError for an unknown name.
+    backend) cannot run here, SpecError (a ValueError) for an unknown name.
     """
+    if not isinstance(requested, str) or requested not in ("auto", *NAMES, *EXPLICIT):
+        raise SpecError("backend", requested, f"must be {_CHOICES}")
     if requested != "auto":
         ok, reason = availability(get(requested).name)
         if not ok:

@@ -32,9 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import spec as S
+from ..errors import SpecError
 from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
 from ..seccomp.stack import stack
+from ..validate import check_items, check_mapping, check_text
 from .grammar import BY_NAME, Option
 from .monitor import Monitor
 from .state import MAX_ARGS, BwrapArgsError, ParseState
@@ -87,6 +89,9 @@ def parse_bwrap_args(
     empty only when `--help` or `--version` stopped parsing.
     Raises SpecError (BwrapArgsError for grammar errors).
     """
+    for i, arg in enumerate(check_items("args", args, "strings")):
+        if not isinstance(arg, str):
+            raise SpecError(f"args[{i}]", arg, "must be a string")
     host = _host(environ, cwd, uid, gid)
     st = ParseState(cwd=host.cwd or "/", total=len(args))
     if st.total > MAX_ARGS:
@@ -124,6 +129,12 @@ def _extras(st: ParseState) -> CliExtras:
 def _host(environ: Mapping[str, str] | None, cwd: str | None, uid: int | None, gid: int | None) -> HostInfo:
     """This process's ids, cwd and environment, with what the caller gave in
     their place (parsing needs no pool: reading its state would start it)."""
+    check_mapping("environ", environ)
+    if cwd is not None:
+        check_text("cwd", cwd)
+    for name, value in (("uid", uid), ("gid", gid)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise SpecError(name, value, "must be a non-negative integer or None")
     host = HostInfo.current(backend="bwrap")
     return dataclasses.replace(
         host,
@@ -302,7 +313,7 @@ def _network(st: ParseState, base: S.Spec | None) -> str:
 
 def _identity(st: ParseState, base: S.Spec | None, user: bool, host: HostInfo) -> tuple[int | None, int | None]:
     """The uid and gid inside, with bwrap's rule that changing them needs a user namespace."""
-    out = []
+    out: list[int | None] = []
     for name, value, real in (("uid", st.uid, host.uid), ("gid", st.gid, host.gid)):
         if value is not None and not user and value != real:
             raise BwrapArgsError(f"Specifying --{name} requires --unshare-user or --userns", f"--{name}", value)

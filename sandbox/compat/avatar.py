@@ -238,7 +238,7 @@ class Container:
             "-v", f"{cwd}:/workspace:rw",
             "-w", "/workspace",
         ]
-        passed = [k for k in ("LANG", "TZ") if k in environ]
+        passed: list[str] = [k for k in ("LANG", "TZ") if k in environ]
         passed += sorted(k for k in environ if k.startswith(LOCALE_PREFIX))
         for key in passed:
             cmd += ["-e", f"{key}={environ[key]}"]

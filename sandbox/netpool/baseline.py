@@ -43,7 +43,7 @@ from .rtnetlink import (
 )
 
 RT_SCOPE_HOST = 254
-_LOOPBACK_V4 = ipaddress.ip_network("127.0.0.0/8")
+_LOOPBACK_V4 = ipaddress.IPv4Network("127.0.0.0/8")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _route_ok(route: Route, lo: int) -> bool:
         return False
     if route.family == socket.AF_INET:
         return route.dst_len >= 8 and \
-            ipaddress.ip_network(f"{route.dst}/{route.dst_len}", strict=False).subnet_of(_LOOPBACK_V4)
+            ipaddress.IPv4Network(f"{route.dst}/{route.dst_len}", strict=False).subnet_of(_LOOPBACK_V4)
     return route.family == socket.AF_INET6 and route.dst == "::1" and route.dst_len == 128
 
 
@@ -115,10 +115,10 @@ def _verify_fresh(state: _State, sockets: Sequence[str] = ()) -> list[str]:
     lo_link = next(iter(state.links)) if state.links else Link(0, "", 0, 0, 0)
     if lo_link.name != "lo" or not lo_link.flags & IFF_LOOPBACK or not lo_link.flags & IFF_UP:
         problems.append(f"lo is not a loopback device that is up: {lo_link}")
-    expected = _expected_addrs(lo_link.index)
+    expected = _expected_addrs(lo_link.ifindex)
     if set(state.addrs) != expected:
         problems.append(f"addresses {sorted(state.addrs)} != {sorted(expected)}")
-    bad_routes = [r for r in state.routes if not _route_ok(r, lo_link.index)]
+    bad_routes = [r for r in state.routes if not _route_ok(r, lo_link.ifindex)]
     if bad_routes or not any(r.kind == RTN_LOCAL and r.dst == "127.0.0.1" for r in state.routes):
         problems.append(f"unexpected routes {sorted(map(str, bad_routes))} (all: {len(state.routes)})")
     bad_rules = [r.raw.hex() for r in state.rules if not _rule_ok(r)]

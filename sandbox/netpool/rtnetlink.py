@@ -60,9 +60,10 @@ _UNIX_DIAG_MSG = struct.Struct("=BBBxI8x")
 # ---------------------------------------------------------------- rows
 
 class Link(NamedTuple):
-    """A network interface (RTM_NEWLINK): `kind` is the ARPHRD_* type."""
+    """A network interface (RTM_NEWLINK): `kind` is the ARPHRD_* type. (`ifindex`, not
+    `index`, which would hide tuple.index.)"""
 
-    index: int
+    ifindex: int
     name: str
     kind: int
     flags: int
@@ -73,7 +74,7 @@ class Addr(NamedTuple):
     """An interface address (RTM_NEWADDR): IFA_LOCAL, else IFA_ADDRESS."""
 
     family: int
-    index: int
+    ifindex: int
     address: str | None
     prefixlen: int
     scope: int

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from concurrent.futures import Future as CFuture
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from .. import spec as S
 from ..errors import SpecError
@@ -78,14 +78,14 @@ class RayPool(Executor):
             raise ValueError("actors_per_node must be at least 1")
         if not ray.is_initialized():
             ray.init()
-        all_nodes = cast(Callable[[], list[dict[str, Any]]], ray.nodes)  # ray.nodes has no annotations
-        node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in all_nodes() if n["Alive"]]
+        cluster: Callable[[], list[dict[str, Any]]] = ray.nodes  # Ray leaves it unannotated
+        node_ids = list(nodes) if nodes is not None else [n["NodeID"] for n in cluster() if n["Alive"]]
         if not node_ids:
             raise ValueError("no Ray node to place a pool on")
         remote: Any = ray.remote(PoolActor)  # Ray's actor handles are typed only in part
         args = (spec, list(preload), max_workers, timeout, spares, trust_results, list(result_types),
                 (max_reply, max_output))
-        actors: list[Any] = []
+        actors: list[Any] = []  # Ray's actor handles: their methods' .remote() is found at run time
         for node_id in node_ids:
             options = {"num_cpus": 0, "max_concurrency": 1000, **(actor_options or {}),
                        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
@@ -185,7 +185,7 @@ class RayPool(Executor):
             member.in_flight -= 1
             self._idle.notify_all()
 
-    def _settle(self, member: _Member, future: RayTaskFuture, done: CFuture[Any]) -> None:
+    def _settle(self, member: _Member, future: RayTaskFuture, done: CFuture[Outcome]) -> None:
         """Give `future` what the actor's Outcome (or Ray's error) says."""
         try:
             outcome: Outcome = done.result()

@@ -12,15 +12,17 @@ from __future__ import annotations
 import base64
 import dataclasses
 import errno as _errno
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from .. import syscalls
 from ..errors import SpecError
+from ..validate import check_items, init_fields, reject_unknown, replaced
 from .bpf import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS, check_program
 
 MAX_ERRNO = 4095
+_T = TypeVar("_T")
 
 #: What a syscall (its default, its entry or an argument rule) gets: "allow" it,
 #: fail it with an "errno", or "kill" the process (SECCOMP_RET_KILL_PROCESS).
@@ -61,8 +63,7 @@ def check_errno(where: str, value: object) -> int:
 
 def _syscall_names(where: str, value: object) -> tuple[str, ...]:
     """Sorted, deduplicated syscall names; every unknown name is listed in one error."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
-        raise SpecError(where, value, "must be a list of syscall names")
+    value = check_items(where, value, "syscall names")
     bad = [v for v in value if not isinstance(v, str)]
     if bad:
         raise SpecError(where, tuple(bad), "syscall names must be strings")
@@ -75,12 +76,14 @@ def _syscall_names(where: str, value: object) -> tuple[str, ...]:
 
 def _errno_pairs(where: str, value: object) -> tuple[tuple[str, int], ...]:
     """Normalize a mapping (or pairs) of syscall name -> errno to sorted pairs."""
+    what = "must be a mapping of syscall names to errno values"
     if isinstance(value, Mapping):
         items = list(value.items())
-    elif isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
-        items = [tuple(p) for p in value]
     else:
-        raise SpecError(where, value, "must be a mapping of syscall names to errno values")
+        pairs = check_items(where, value, "(syscall name, errno) pairs, or a mapping")
+        if not all(isinstance(p, (list, tuple)) and len(p) == 2 for p in pairs):
+            raise SpecError(where, value, what)
+        items = [tuple(p) for p in pairs]
     names = _syscall_names(where, [k for k, _ in items])
     if len(names) != len(items):
         raise SpecError(where, value, "names a syscall twice")
@@ -96,7 +99,7 @@ def _to_unsigned(where: str, value: object, width: int) -> int:
 
 # ---------------------------------------------------------------- policy data
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ArgRule:
     """Compare argument `arg_index` (0..5) of `syscall`; on a match return `action`.
 
@@ -119,6 +122,11 @@ class ArgRule:
     errno: int | None = None
     width: int | None = None
 
+    def __init__(self, syscall: str, arg_index: int, op: str, value: int, mask: int | None = None,
+                 action: Action = "errno", errno: int | str | None = None, width: int | None = None) -> None:
+        init_fields(self, syscall=syscall, arg_index=arg_index, op=op, value=value, mask=mask, action=action,
+                    errno=errno, width=width)
+
     def __post_init__(self) -> None:
         self.validate("rule")
 
@@ -128,13 +136,13 @@ class ArgRule:
         idx = self.arg_index
         if isinstance(idx, bool) or not isinstance(idx, int) or not 0 <= idx <= 5:
             raise SpecError(f"{where}.arg_index", idx, "must be 0..5")
-        if self.op not in OPS:
+        if not isinstance(self.op, str) or self.op not in OPS:
             raise SpecError(f"{where}.op", self.op, f"must be one of {', '.join(OPS)}")
-        if self.action not in _ACTIONS:
+        if not isinstance(self.action, str) or self.action not in _ACTIONS:
             raise SpecError(f"{where}.action", self.action, f"must be one of {', '.join(_ACTIONS)}")
         if self.errno is not None:
             object.__setattr__(self, "errno", check_errno(f"{where}.errno", self.errno))
-        if self.width is not None and self.width not in (32, 64):
+        if self.width is not None and (isinstance(self.width, bool) or self.width not in (32, 64)):
             raise SpecError(f"{where}.width", self.width, "must be 32, 64 or None")
         self._check_operands(where)
 
@@ -191,7 +199,7 @@ class ArgRule:
         return _construct(cls, body, "rule", where)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Seccomp:
     """A seccomp policy: a denylist, an allowlist, or the caller's own BPF program.
 
@@ -217,6 +225,12 @@ class Seccomp:
     raw: bytes | None = None
     errnos: tuple[tuple[str, int], ...] = ()
 
+    def __init__(self, deny: Iterable[str] = (), allow: Iterable[str] = (), default: Action = "allow",
+                 errno: int | str = _errno.EPERM, rules: Sequence[ArgRule] = (),
+                 raw: bytes | bytearray | memoryview | None = None,
+                 errnos: Mapping[str, int | str] | Sequence[tuple[str, int | str]] = ()) -> None:
+        init_fields(self, deny=deny, allow=allow, default=default, errno=errno, rules=rules, raw=raw, errnos=errnos)
+
     def __post_init__(self) -> None:
         self.validate("seccomp")
 
@@ -225,7 +239,7 @@ class Seccomp:
         set_ = object.__setattr__
         set_(self, "deny", _syscall_names(f"{where}.deny", self.deny))
         set_(self, "allow", _syscall_names(f"{where}.allow", self.allow))
-        if self.default not in _ACTIONS:
+        if not isinstance(self.default, str) or self.default not in _ACTIONS:
             raise SpecError(f"{where}.default", self.default, f"must be one of {', '.join(_ACTIONS)}")
         set_(self, "errno", check_errno(f"{where}.errno", self.errno))
         set_(self, "errnos", _errno_pairs(f"{where}.errnos", self.errnos))
@@ -234,8 +248,8 @@ class Seccomp:
         self._check_conflicts(where)
 
     def _checked_rules(self, where: str) -> tuple[ArgRule, ...]:
-        if not isinstance(self.rules, (list, tuple)):
-            raise SpecError(f"{where}.rules", self.rules, "must be a list of ArgRule")
+        if isinstance(self.rules, (str, bytes)) or not isinstance(self.rules, Sequence):
+            raise SpecError(f"{where}.rules", self.rules, "must be a list of ArgRule, in order")
         for i, rule in enumerate(self.rules):
             if not isinstance(rule, ArgRule):
                 raise SpecError(f"{where}.rules[{i}]", rule, "must be an ArgRule")
@@ -281,13 +295,15 @@ class Seccomp:
 
     def replace(self, **changes: Any) -> Seccomp:
         """A copy with `changes` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return replaced(self, "seccomp", changes)
 
     def extend(self, deny: Iterable[str] = (), rules: Iterable[ArgRule] = (),
                errnos: Mapping[str, int | str] | None = None) -> Seccomp:
         """A copy that also denies `deny`, runs `rules` after its own and adds `errnos`."""
-        merged = {**self.errno_map, **(errnos or {})}
-        return self.replace(deny=(*self.deny, *deny), rules=(*self.rules, *rules), errnos=merged)
+        more = {} if errnos is None else dict(_errno_pairs("errnos", errnos))
+        return self.replace(deny=(*self.deny, *check_items("deny", deny, "syscall names")),
+                            rules=(*self.rules, *check_items("rules", rules, "ArgRule")),
+                            errnos={**self.errno_map, **more})
 
     # ------------------------------------------------------------ JSON
 
@@ -321,7 +337,7 @@ class Seccomp:
         return _construct(cls, body, "seccomp", where)
 
 
-def _construct(cls: type, body: dict[str, Any], own: str, where: str) -> Any:
+def _construct(cls: type[_T], body: dict[str, Any], own: str, where: str) -> _T:
     """`cls(**body)`, with SpecError fields renamed from `own`... to `where`..."""
     try:
         return cls(**body)
@@ -335,8 +351,6 @@ def _construct(cls: type, body: dict[str, Any], own: str, where: str) -> Any:
 def _checked_keys(where: str, data: object, known: set[str]) -> dict[str, Any]:
     if not isinstance(data, Mapping):
         raise SpecError(where, data, "must be a JSON object")
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+    reject_unknown(where, data, known)
     return dict(data)
 

@@ -13,9 +13,12 @@ SPEC -- CMD...` (launcher.py) and warm workers (workers.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+from ..validate import StrPath, as_text, check_items, check_mapping, check_text
 from .compile import Compiled, compile_task
 from .copy import sanitized_copy
-from .description import Bind, Layout, Limits, Proxy, Sandbox
+from .description import Bind, Layout, Limits, Proxy, Sandbox, check_sandbox
 from .facts import Facts
 from .narrow import narrowed
 from .run import TaskProcess, run, spawn
@@ -27,24 +30,27 @@ __all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "Proxy", "Sandbox", 
            "worker_pool", "worker_spec"]
 
 
-def compile(sb: Sandbox, environ: dict[str, str] | None = None) -> Compiled:  # noqa: A001
+def compile(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Compiled:  # noqa: A001
     """`sb` compiled for this host (facts read now) without starting anything."""
     import os
 
+    check_sandbox(sb)
+    check_mapping("environ", environ)
     env = dict(os.environ if environ is None else environ)
     return compile_task(sb, Facts.gather(sb, env), env)
 
 
-def translate(sb: Sandbox, argv: list[str]) -> list[str]:
+def translate(sb: Sandbox, argv: Sequence[str]) -> list[str]:
     """`argv` with host paths rewritten as the sandbox of `sb` sees them."""
-    return Translator.of(sb).argv(argv)
+    words = [check_text(f"argv[{i}]", a) for i, a in enumerate(check_items("argv", argv, "strings"))]
+    return Translator.of(sb).argv(words)
 
 
-def relative(sb: Sandbox, host_path: str) -> str:
+def relative(sb: Sandbox, host_path: StrPath) -> str:
     """`host_path` relative to the layout's inside root, as a learner is told it."""
-    return Translator.of(sb).relative(host_path)
+    return Translator.of(sb).relative(check_text("host_path", as_text(host_path)))
 
 
-def outside(sb: Sandbox, inside_path: str) -> str:
+def outside(sb: Sandbox, inside_path: StrPath) -> str:
     """The host path for a path the learner names; SpecError if it is under no bind or escapes."""
-    return Translator.of(sb).outside(inside_path)
+    return Translator.of(sb).outside(check_text("inside_path", as_text(inside_path)))

@@ -15,6 +15,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from ..validate import StrPath, as_text, check_text
+
 KEEP_BITS = 0o777
 
 
@@ -42,8 +44,10 @@ def _link_stays_inside(rel: str, target: str) -> bool:
     return True
 
 
-def sanitized_copy(src: str, dst: str) -> CopyReport:
+def sanitized_copy(src: StrPath, dst: StrPath) -> CopyReport:
     """Copy `src` to `dst` (which must not exist), sanitized; return what was kept and dropped."""
+    src = check_text("src", as_text(src))
+    dst = check_text("dst", as_text(dst))
     report = CopyReport()
     st = os.lstat(src)
     if stat.S_ISDIR(st.st_mode):

@@ -11,17 +11,35 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import SpecError
-from ..mounts import reject_unknown
-from ..validate import check_bool, check_path, check_positive, check_text, normalize_path
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+from ..errors import SpecError, shown
+from ..validate import (
+    StrPath,
+    check_bool,
+    check_env,
+    check_instance,
+    check_items,
+    check_path,
+    check_port,
+    check_positive,
+    check_text,
+    init_fields,
+    normalize_path,
+    parse_json,
+    reject_unknown,
+    replaced,
+)
 
 NETWORKS = ("isolated", "open")
 ENFORCE = ("required", "best_effort")
 ROLES = ("task", "judge", "tool", "learner", "llm", "strict")
+_D = TypeVar("_D", bound="DataclassInstance")
 
 
 def _path(where: str, value: object) -> str:
@@ -29,18 +47,16 @@ def _path(where: str, value: object) -> str:
 
 
 def _paths(where: str, value: object) -> tuple[str, ...]:
-    return tuple(_path(f"{where}[{i}]", v) for i, v in enumerate(_list(where, value)))
+    return tuple(_path(f"{where}[{i}]", v) for i, v in enumerate(_list(where, value, "paths")))
 
 
-def _list(where: str, value: object) -> tuple[Any, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
-        raise SpecError(where, value, "must be a list")
-    return tuple(value)
+def _list(where: str, value: object, what: str = "values") -> tuple[Any, ...]:
+    return check_items(where, value, what)
 
 
 def _names(where: str, value: object) -> tuple[str, ...]:
     out = []
-    for i, v in enumerate(_list(where, value)):
+    for i, v in enumerate(_list(where, value, "names")):
         check_text(f"{where}[{i}]", v)
         if not v:
             raise SpecError(f"{where}[{i}]", v, "must not be empty")
@@ -48,21 +64,13 @@ def _names(where: str, value: object) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _port(where: str, value: object) -> int:
-    if isinstance(value, str) and value.isdigit():
-        value = int(value)  # JSON object keys are strings
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise SpecError(where, value, "must be a port number (1-65535)")
-    return value
-
-
 def _choice(where: str, value: object, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise SpecError(where, value, f"must be one of {', '.join(allowed)}")
     return str(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Bind:
     """A host path `source` shown inside as `target`, read-only unless `writable`."""
 
@@ -70,29 +78,38 @@ class Bind:
     target: str
     writable: bool = False
 
+    def __init__(self, source: StrPath, target: StrPath, writable: bool = False) -> None:
+        init_fields(self, source=source, target=target, writable=writable)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "source", _path("binds.source", self.source))
         object.__setattr__(self, "target", _path("binds.target", self.target))
         check_bool("binds.writable", self.writable)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Layout:
     """The working directory a learner is told about: `outside` on the host is `inside` in the sandbox."""
 
     outside: str
     inside: str
 
+    def __init__(self, outside: StrPath, inside: StrPath) -> None:
+        init_fields(self, outside=outside, inside=inside)
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "outside", _path("layout.outside", self.outside))
         object.__setattr__(self, "inside", _path("layout.inside", self.inside))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Proxy:
     """An allowlist proxy: HTTP CONNECT and plain HTTP to `allowed_hosts` only (exact names, any port)."""
 
     allowed_hosts: tuple[str, ...] = ()
+
+    def __init__(self, allowed_hosts: Iterable[str] = ()) -> None:
+        init_fields(self, allowed_hosts=allowed_hosts)
 
     def __post_init__(self) -> None:
         hosts = _names("proxy.allowed_hosts", self.allowed_hosts)
@@ -112,9 +129,16 @@ class Limits:
             check_positive(f"limits.{f.name}", getattr(self, f.name))
 
 
-@dataclass(frozen=True)
+_LIMITS = Limits()
+
+
+@dataclass(frozen=True, init=False)
 class Sandbox:
-    """One sandbox of a framework, described (see the module docstring for the JSON form)."""
+    """One sandbox of a framework, described (see the module docstring for the JSON form).
+
+    Construction takes what a caller naturally has (lists or any iterable, a
+    dict for `env` and `sockets`, a pathlib.Path for a path) and keeps it
+    frozen: tuples (`env` and `sockets` as sorted pairs) and str paths."""
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
@@ -138,11 +162,40 @@ class Sandbox:
     probes: tuple[str, ...] = ()
     role: str = "task"
 
+    def __init__(
+        self,
+        read: Iterable[StrPath] = (),
+        write: Iterable[StrPath] = (),
+        binds: Sequence[Bind] = (),
+        layout: Layout | None = None,
+        chdir: StrPath | None = None,
+        packages: Iterable[str] = (),
+        framework_package: str | None = None,
+        framework: bool = False,
+        hide: Iterable[str] = (),
+        env_allow: Iterable[str] = (),
+        env: Mapping[str, str] | Sequence[tuple[str, str]] = (),
+        network: str = "isolated",
+        ports: Iterable[int] = (),
+        sockets: Mapping[int, StrPath] | Sequence[tuple[int, StrPath]] = (),
+        proxy: Proxy | None = None,
+        limits: Limits = _LIMITS,
+        enforce: str = "required",
+        enabled: bool = True,
+        records: StrPath | None = None,
+        probes: Iterable[StrPath] = (),
+        role: str = "task",
+    ) -> None:
+        init_fields(self, read=read, write=write, binds=binds, layout=layout, chdir=chdir, packages=packages,
+                    framework_package=framework_package, framework=framework, hide=hide, env_allow=env_allow,
+                    env=env, network=network, ports=ports, sockets=sockets, proxy=proxy, limits=limits,
+                    enforce=enforce, enabled=enabled, records=records, probes=probes, role=role)
+
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "read", _paths("read", self.read))
         set_(self, "write", _paths("write", self.write))
-        binds = _list("binds", self.binds)
+        binds = _list("binds", self.binds, "sandbox.task.Bind")
         for i, b in enumerate(binds):
             if not isinstance(b, Bind):
                 raise SpecError(f"binds[{i}]", b, "must be a sandbox.task.Bind")
@@ -157,9 +210,10 @@ class Sandbox:
         check_bool("framework", self.framework)
         set_(self, "hide", _names("hide", self.hide))
         set_(self, "env_allow", _names("env_allow", self.env_allow))
-        set_(self, "env", _env_pairs(self.env))
+        set_(self, "env", check_env("env", self.env))
         _choice("network", self.network, NETWORKS)
-        set_(self, "ports", tuple(sorted({_port(f"ports[{i}]", p) for i, p in enumerate(_list("ports", self.ports))})))
+        ports = _list("ports", self.ports, "port numbers")
+        set_(self, "ports", tuple(sorted({check_port(f"ports[{i}]", p) for i, p in enumerate(ports)})))
         set_(self, "sockets", _sockets(self.sockets))
         if self.proxy is not None and not isinstance(self.proxy, Proxy):
             raise SpecError("proxy", self.proxy, "must be a sandbox.task.Proxy or None")
@@ -182,12 +236,12 @@ class Sandbox:
 
     def replace(self, **changes: Any) -> Sandbox:
         """A copy with `changes` applied (validated again)."""
-        return dataclasses.replace(self, **changes)
+        return replaced(self, "sandbox", changes)
 
-    def view(self, *, binds: tuple[Bind, ...] | list[Bind] = (), layout: Layout | None = None) -> Sandbox:
+    def view(self, *, binds: Sequence[Bind] = (), layout: Layout | None = None) -> Sandbox:
         """A new description with its own `binds` and `layout` in place of these,
         keeping the network, proxy, environment, enforcement, records and limits."""
-        return self.replace(binds=tuple(binds), layout=layout)
+        return self.replace(binds=binds, layout=layout)
 
     @property
     def env_dict(self) -> dict[str, str]:
@@ -239,15 +293,15 @@ class Sandbox:
     @classmethod
     def from_json(cls, text: str | bytes) -> Sandbox:
         """Parse the JSON form."""
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            shown = text if len(text) < 80 else text[:77] + "..."
-            raise SpecError("sandbox", shown, f"is not valid JSON: {exc}") from None
-        return cls.from_dict(data)
+        return cls.from_dict(parse_json("sandbox", text))
 
 
-def _sub(where: str, klass: type, data: object) -> Any:
+def check_sandbox(value: object, field_name: str = "sandbox") -> Sandbox:
+    """`value` if it is a task description."""
+    return check_instance(field_name, value, Sandbox, "a sandbox.task.Sandbox")
+
+
+def _sub(where: str, klass: type[_D], data: object) -> _D:
     if not isinstance(data, Mapping):
         raise SpecError(where, data, "must be a JSON object")
     reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
@@ -260,26 +314,12 @@ def _sub(where: str, klass: type, data: object) -> Any:
         raise SpecError(f"{where}.{tail}", exc.value, exc.problem) from None
 
 
-def _env_pairs(value: object) -> tuple[tuple[str, str], ...]:
-    items = value.items() if isinstance(value, Mapping) else _list("env", value)
-    out: dict[str, str] = {}
-    for pair in items:
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-            raise SpecError("env", value, "must map variable names to values")
-        name, val = pair
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-            raise SpecError("env", name, "variable names must be non-empty, without '=' or NUL")
-        check_text(f"env[{name!r}]", val)
-        out[name] = val
-    return tuple(sorted(out.items()))
-
-
 def _sockets(value: object) -> tuple[tuple[int, str], ...]:
-    items = value.items() if isinstance(value, Mapping) else _list("sockets", value)
+    items = tuple(value.items()) if isinstance(value, Mapping) else _list("sockets", value, "(port, path) pairs")
     out: dict[int, str] = {}
     for pair in items:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise SpecError("sockets", value, "must map inside ports to Unix socket paths")
-        port = _port(f"sockets[{pair[0]!r}]", pair[0])
+        port = check_port(f"sockets[{shown(pair[0])}]", pair[0])
         out[port] = _path(f"sockets[{port}]", pair[1])
     return tuple(sorted(out.items()))

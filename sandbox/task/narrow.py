@@ -18,7 +18,7 @@ from __future__ import annotations
 import fnmatch
 
 from ..errors import SpecError
-from .description import Limits, Sandbox
+from .description import Limits, Sandbox, check_sandbox
 from .translate import _under
 
 
@@ -42,6 +42,8 @@ def _smaller(a: int | None, b: int | None) -> int | None:
 def narrowed(parent: Sandbox, child: Sandbox) -> Sandbox:
     """`child`, checked to be no wider than `parent`, with the parent's hides,
     probes, limits, enforcement and records folded in."""
+    check_sandbox(parent, "parent")
+    check_sandbox(child, "child")
     grants = _parent_grants(parent)
     wanted = [("read", p, False) for p in child.read] + [("write", p, True) for p in child.write]
     wanted += [("binds", b.source, b.writable) for b in child.binds]

@@ -15,11 +15,13 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from types import TracebackType
 from typing import IO, Any
 
 from .. import api, backends
 from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
 from ..plan import check_argv, resolve_env
+from ..process import SandboxProcess
 from ..spec import Spec
 from .compile import Compiled, compile_task
 from .description import Sandbox
@@ -34,8 +36,8 @@ class TaskProcess:
     """A started task sandbox, shaped like subprocess.Popen. When it ends the
     record is written (`record_path`) and the proxy stopped."""
 
-    def __init__(self, proc: Any, record: dict[str, Any], sb: Sandbox, environ: Mapping[str, str],
-                 proxy: AllowlistProxy | None, compiled: Compiled | None) -> None:
+    def __init__(self, proc: SandboxProcess | subprocess.Popen[bytes], record: dict[str, Any], sb: Sandbox,
+                 environ: Mapping[str, str], proxy: AllowlistProxy | None, compiled: Compiled | None) -> None:
         self._proc = proc
         self.record = record
         self.record_path: str | None = None
@@ -99,10 +101,11 @@ class TaskProcess:
     def __enter__(self) -> TaskProcess:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None:
             self.kill()
-        self._proc.__exit__(*exc)
+        self._proc.__exit__(exc_type, exc, tb)
         self._finish()
 
 
@@ -222,7 +225,7 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
 
 def run(argv: Sequence[str], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
-        environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess:
+        environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries
     `.record` (and `.record_path` when `sb.records` is set)."""
     if capture_output:

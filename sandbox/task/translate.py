@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import SpecError
-from .description import Sandbox
+from .description import Sandbox, check_sandbox
 
 
 def _under(path: str, top: str) -> bool:
@@ -39,6 +39,7 @@ class Translator:
     @classmethod
     def of(cls, sb: Sandbox) -> Translator:
         """The translator of `sb`: its binds, and its read/write grants (each at its own location)."""
+        check_sandbox(sb)
         pairs = [(p, p) for p in (*sb.read, *sb.write)] + [(b.source, b.target) for b in sb.binds]
         layout = (sb.layout.outside, sb.layout.inside) if sb.layout is not None else None
         return cls(pairs, layout)

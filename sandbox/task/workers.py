@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import SpecError
+from ..validate import check_mapping
 from .compile import compile_task
-from .description import Sandbox
+from .description import Sandbox, check_sandbox
 from .facts import Facts
 
 
@@ -26,8 +27,9 @@ def worker_spec(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Any:
     """The Spec a WorkerPool runs `sb`'s tasks in."""
     from ..workerpool.interpreter import interpreter_paths
 
-    if not sb.enabled:
+    if not check_sandbox(sb).enabled:
         raise SpecError("enabled", False, "a WorkerPool always confines its tasks")
+    check_mapping("environ", environ)
     env = dict(os.environ if environ is None else environ)
     wider = sb.replace(read=(*sb.read, *(p for p in interpreter_paths() if not p.startswith("/usr/"))))
     compiled = compile_task(wider, Facts.gather(wider, env), env)

@@ -138,5 +138,5 @@ def test_no_user_namespaces_refuses_both_backends(marker: Path) -> None:
 
 
 def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="backend must be"):
+    with pytest.raises(ValueError, match="backend='docker': must be"):
         sandbox.probe().choose("docker")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox import backends
-from sandbox.errors import UnavailableError
+from sandbox.errors import SpecError, UnavailableError
 
 
 @pytest.fixture
@@ -36,8 +36,10 @@ def test_nothing_available_names_every_reason(hosts: dict[str, tuple[bool, str]]
 
 
 def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="backend must be 'auto', 'native', 'bwrap', 'template', not 'docker'"):
+    with pytest.raises(SpecError, match="backend='docker': must be 'auto', 'native', 'bwrap' or 'template'"):
         backends.choose("docker")
+    with pytest.raises(SpecError, match=r"backend=\['native'\]: must be 'auto'"):
+        backends.choose(["native"])  # type: ignore[arg-type]
 
 
 class _Refusing:

@@ -18,8 +18,8 @@ from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize
 
-__all__ = ["BIN_DIR", "INIT_PATH", "STEP_NAMES", "SandboxStatus", "Started", "blob_for", "ffi", "lib", "newroot_dir",
-           "serialize", "setup_error", "spawn_blob", "launch", "available", "BACKEND"]
+__all__ = ["BIN_DIR", "INIT_PATH", "STAMP_NAMES", "STEP_NAMES", "SandboxStatus", "Started", "blob_for", "ffi", "lib",
+           "newroot_dir", "serialize", "setup_error", "spawn_blob", "launch", "available", "BACKEND"]
 
 _init_fd_lock = threading.Lock()
 _init_fd: int | None = None
@@ -89,7 +89,11 @@ def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | No
     lease = pool.lease()
     # recycled only after a tenant in a user namespace of its own: it held no capability over the lease
     recycle = plan.recycle_lease
-    cleanups.append(lambda: lease.release(recycle=recycle, wait=False, unprivileged_tenant=recycle))
+
+    def release() -> None:
+        lease.release(recycle=recycle, wait=False, unprivileged_tenant=recycle)
+
+    cleanups.append(release)
     return lease
 
 

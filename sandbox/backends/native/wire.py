@@ -90,7 +90,7 @@ def _op_data(op: Op) -> bytes:
 
 
 def _op_rows(plan: Plan, strings: _Strings) -> list[dict[str, int]]:
-    rows = []
+    rows: list[dict[str, int]] = []
     for op in plan.ops:
         data = _op_data(op)
         rows.append({"kind": op.kind, "flags": op.flags, "mode": op.mode, "parent_mode": op.parent_mode,

@@ -55,7 +55,9 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
     on_exit: Callable[[], None] | None = None
     if started.lease is not None:
         held, recycle = started.lease, plan.recycle_lease
-        on_exit = lambda: held.release(recycle=recycle, wait=False, unprivileged_tenant=recycle)  # noqa: E731
+
+        def on_exit() -> None:
+            held.release(recycle=recycle, wait=False, unprivileged_tenant=recycle)
     exit_source = SandboxStatus(started.status_fd) if plan.reaper else ReaperStatus(started.status_fd)
     return launched(started, exit_source, findings, on_exit)
 

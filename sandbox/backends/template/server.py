@@ -10,14 +10,15 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ... import netpool
 from ...errors import SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
-from .. import Launched
+from .. import ExitSource, Launched
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
 from .wire import FAILURE, REQUEST, STAMPS, parse_report, request, sandbox_blob
@@ -326,12 +327,13 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
-def launched(started: Started, exit_source: object, isolation: dict, on_exit: object) -> Launched:
+def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any],
+             on_exit: Callable[[], None] | None) -> Launched:
     """The Launched record of a started sandbox (its status fd tells when it
     has ended, if its exit source can say so early)."""
     ended = started.status_fd if hasattr(exit_source, "arrived") else -1
-    return Launched(pid=started.pid, exit=exit_source, timings=started.timings,  # type: ignore[arg-type]
-                    isolation=isolation, on_exit=on_exit, pidfd=started.pidfd, ended_fd=ended)  # type: ignore[arg-type]
+    return Launched(pid=started.pid, exit=exit_source, timings=started.timings,
+                    isolation=isolation, on_exit=on_exit, pidfd=started.pidfd, ended_fd=ended)
 
 
 def _open(opened: list[int], path: str, flags: int) -> int:

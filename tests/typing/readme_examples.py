@@ -1,0 +1,124 @@
+"""The README's Python examples, as a user of the installed package writes them.
+
+Each readme_example_* function's body is one ```python block of README.md, in
+order (test_readme_examples.py checks both ways, and runs mypy --strict on this
+file against the installed package). Nothing here runs: the names the README
+leaves to the reader are defined first, with placeholder values.
+"""
+
+from __future__ import annotations
+
+import ray
+
+import sandbox
+
+# ---------------------------------------------------------------- what the README leaves to the reader
+
+spec = sandbox.presets.minimal_system()
+workdir, path = "/home/me/work", "/home/me/work/tests"
+submission, submissions = "print(1)", ["print(1)", "print(2)"]
+tasks = ["print(1)"]
+
+
+def grade(source: str) -> int:
+    return len(source)
+
+
+def run_tests(where: str) -> bool:
+    return bool(where)
+
+
+# ---------------------------------------------------------------- the README's blocks, in order
+
+
+def readme_example_1() -> None:
+    import sandbox
+
+    spec = sandbox.presets.minimal_system(             # /usr read-only with its links, /proc, /dev, a private /tmp
+        sandbox.Bind("/home/me/work", "/work"),        # then your mounts: writable, under a new name
+        cwd="/work", hostname="box",
+        limits=sandbox.Limits(cpu_s=10, memory_mb=1024, file_mb=100, nofile=256, nproc=256),
+    )
+    result = sandbox.run(["sh", "-c", "make test"], spec, capture_output=True, timeout=60)
+    print(result.returncode, result.backend, result.backend_reason, result.timings)
+
+    with sandbox.spawn(["sleep", "100"], spec) as proc:   # subprocess.Popen-shaped
+        proc.kill()                                        # the whole sandbox, every process in it
+
+
+def readme_example_2() -> None:
+    spec = sandbox.Spec(
+        mounts=[
+            sandbox.RoBind("/usr"),
+            sandbox.Symlink("usr/bin", "/bin"), sandbox.Symlink("usr/lib", "/lib"),
+            sandbox.Symlink("usr/lib64", "/lib64"),
+            sandbox.Proc(), sandbox.Dev(), sandbox.Tmpfs("/tmp"),
+            sandbox.Bind("/home/me/work", "/work"),
+        ],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin"}, env_inherit=["LANG", "LC_*"],
+        cwd="/work", hostname="box",
+    )
+
+
+def readme_example_3() -> None:
+    with sandbox.WorkerPool(spec, 4, preload=["json", "numpy"]) as pool:
+        fut = pool.submit(grade, submission)           # a concurrent.futures.Executor
+        print(fut.result(), fut.stdout, fut.stderr)    # what the task printed, per task
+        pool.submit_task(run_tests, (path,), timeout=30, binds=[sandbox.Bind(workdir, "/work")], env={"SEED": "1"})
+
+
+def readme_example_4() -> None:
+    from sandbox.ray import RayPool
+
+    ray.init(address="auto")
+    with RayPool(spec, 8, preload=["json"]) as pool:
+        results = list(pool.map(grade, submissions))
+
+
+def readme_example_5() -> None:
+    with sandbox.Template(spec) as t:
+        for task in tasks:
+            done = t.run(["python3", "-c", task], capture_output=True, timeout=60,
+                         binds=[sandbox.Bind(workdir, "/tmp/work")], cwd="/tmp/work", env={"TASK": "1"})
+
+
+def readme_example_6() -> None:
+    import os
+
+    from sandbox import task
+
+    workdir, key = "/runs/42/work", os.environ["MODEL_KEY"]
+    sb = task.Sandbox(
+        read=["/data/split-7"],                                 # read-only, at their own paths
+        binds=[task.Bind(workdir, "/w", writable=True)],        # a host path under a name of its own
+        layout=task.Layout(workdir, "/w"), chdir=workdir,       # chdir is a host path: translated to /w
+        framework_package="trainer", hide=["trainer_tools.scoring"],  # covered, under every name, never imported
+        env_allow=["MWM_*", "LANG"], env={"MODEL_KEY": key},
+        ports=[8080],                                           # the host's tool server, forwarded inside
+        proxy=task.Proxy(allowed_hosts=["api.example.com"]),    # HTTP(S)_PROXY set inside; other hosts get 403
+        limits=task.Limits(memory_mb=4096, cpu_s=600),
+        probes=[os.path.expanduser("~/.ssh")],                  # must be absent inside, or the start fails
+        records="/runs/42/sandbox-records", role="task",
+    )
+    result = task.run(["python3", "agent.py", f"--out={workdir}/answer.json"], sb, capture_output=True)
+    # argv becomes ["python3", "agent.py", "--out=/w/answer.json"]; result.record is what records/ received
+    answer = task.outside(sb, "answer.json")                   # the host path of what the learner names
+    task.sanitized_copy(answer, "/runs/42/handoff/answer.json")  # handoffs leave as sanitized copies
+
+
+# ---------------------------------------------------------------- the README's inline examples
+
+def readme_inline_examples() -> None:
+    """The calls the README's prose shows in `code` (checked by mypy only)."""
+    import pathlib
+    import sys
+
+    code = "print(1)"
+    sandbox.run([sys.executable, "-c", code], sandbox.presets.python_interpreter())
+    sandbox.presets.host_view(writable=["/home/me/work"])
+    sandbox.Spec(forward={8080: 9000, 5432: "/run/postgresql/.s.PGSQL.5432"}, check=True,
+                 probe_paths=["/etc/shadow", pathlib.Path.home() / ".ssh"])
+    sandbox.Spec(mounts=[sandbox.Bind(pathlib.Path("/home/me/work"), "/work")], cwd=pathlib.Path("/work"))
+    sandbox.Spec(seccomp=sandbox.Seccomp(deny=["ptrace"], errno="EPERM", errnos={"clone3": "ENOSYS"},
+                                         rules=[sandbox.ArgRule("ioctl", 1, "eq", 0x5412)]))
+    sandbox.Spec(seccomp=sandbox.Seccomp(allow=["read", "write", "exit_group"], default="kill"))

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The static stage: what can be found without building or running anything,
+# in seconds, so that CI (.ci/run) fails on it before its slow stages.
+#   1. C: every csrc/*.c, the generated enum-name table and the cffi module's
+#      generated C (sandbox._native), checked with gcc and with clang
+#      (-fsyntax-only) under the build's flags (build_ffi.CFLAGS: bubblewrap's
+#      -Werror= set) and -Werror for every other warning; sandbox-init both
+#      freestanding and with libc, as setup.py builds it on and off x86_64;
+#   2. ruff check . (pyproject.toml [tool.ruff]);
+#   3. mypy --strict -p sandbox, and the README's examples as a user of the
+#      package would write them (tests/typing/readme_examples.py; the test
+#      suite checks them against the installed package too).
+# Usage: tools/check-static.sh [C|ruff|mypy...] (default: all three). Runs with
+# the venv of tools/setup-venv.sh ($SANDBOX_VENV, else its default), made with
+# it when it lacks ruff or mypy (the test extra has both); needs gcc and clang.
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+cd "$src"
+if [ "$(id -u)" = 0 ]; then venv=${SANDBOX_VENV:-/opt/sandbox-venv}; else venv=${SANDBOX_VENV:-$HOME/.cache/sandbox-venv}; fi
+if [ ! -x "$venv/bin/ruff" ] || [ ! -x "$venv/bin/mypy" ]; then
+    venv=$(tools/setup-venv.sh)
+fi
+py=$venv/bin/python
+[ $# -gt 0 ] || set -- C ruff mypy
+say() { echo "== check-static: $*"; }
+failed=()
+start=$EPOCHREALTIME
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+
+check_c() {
+    local work cc
+    for cc in gcc clang; do
+        command -v "$cc" >/dev/null || { echo "check-static: $cc is missing (Debian: apt-get install $cc)" >&2; return 1; }
+    done
+    work=$(mktemp -d /tmp/sandbox-static.XXXXXX)
+    # build_ffi's own flags (per compiler, as a build filters them), the generated sources, Python's headers
+    "$py" - "$work" > /dev/null <<'EOF'
+import sys, sysconfig
+from pathlib import Path
+import build_ffi
+work = Path(sys.argv[1])
+for cc in ("gcc", "clang"):
+    flags = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing", *build_ffi.supported_flags(cc, build_ffi.WARNING_FLAGS)]
+    (work / f"{cc}.flags").write_text("\n".join(flags) + "\n")
+(work / "sbx_names.c").write_text(build_ffi.names_source())
+build_ffi.ffibuilder.emit_c_code(str(work / "sandbox._native.c"))
+(work / "include").write_text(sysconfig.get_paths()["include"])
+EOF
+    local jobs=() f
+    for cc in gcc clang; do
+        for f in csrc/*.c "$work/sbx_names.c"; do
+            jobs+=("$cc|$f|")
+        done
+        jobs+=("$cc|csrc/init.c|-DSBX_INIT_LIBC" "$cc|$work/sandbox._native.c|-I$(cat "$work/include")")
+    done
+    # one compiler run per line, as many at a time as there are CPUs; a failure names its command
+    printf '%s\n' "${jobs[@]}" | CSRC="$src/csrc" WORK="$work" xargs -d '\n' -n 1 -P "$(nproc)" bash -c '
+        IFS="|" read -r cc file extra <<< "$1"
+        mapfile -t flags < "$WORK/$cc.flags"
+        cmd=("$cc" "${flags[@]}" -Werror -I"$CSRC" ${extra:+"$extra"} -fsyntax-only "$file")
+        "${cmd[@]}" || { echo "FAILED: ${cmd[*]}" >&2; exit 1; }' _
+    local rc=$?
+    rm -rf "$work"
+    return $rc
+}
+
+for stage in "$@"; do
+    t0=$EPOCHREALTIME
+    case $stage in
+        C) say "C: csrc/*.c and the generated C, gcc and clang, bubblewrap's -Werror= set and -Werror"
+           check_c || failed+=(C) ;;
+        ruff) say "ruff check ."
+           "$venv/bin/ruff" check . || failed+=(ruff) ;;
+        mypy) say "mypy --strict -p sandbox -m readme_examples (tests/typing/readme_examples.py)"
+           # one run, one cache (.mypy_cache: a second run takes under a second)
+           MYPYPATH=tests/typing "$py" -m mypy --strict -p sandbox -m readme_examples || failed+=(mypy) ;;
+        *) echo "check-static: unknown stage $stage (C, ruff, mypy)" >&2; exit 2 ;;
+    esac
+    echo "   ($stage: $(since "$t0") s)"
+done
+say "$(since "$start") s in all"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "check-static: FAILED: ${failed[*]}" >&2
+    exit 1
+fi
+echo "check-static: clean"

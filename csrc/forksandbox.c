@@ -256,8 +256,12 @@ int sbx_task_death_notes(int note_fd, uint64_t died_base)
     static const int fatal[] = {SIGHUP, SIGQUIT, SIGILL, SIGTRAP, SIGABRT, SIGBUS, SIGFPE, SIGUSR1, SIGSEGV,
                                 SIGUSR2, SIGALRM, SIGTERM, SIGSTKFLT, SIGXCPU, SIGVTALRM, SIGPROF, SIGIO,
                                 SIGPWR, SIGSYS};
+    static int installed; /* a fork inherits the handlers: the zygote installs them once, a task sets its fd */
     death_note_fd = note_fd;
     death_note_base = died_base;
+    if (installed)
+        return 0;
+    installed = 1;
     struct sigaction act;
     memset(&act, 0, sizeof act);
     act.sa_sigaction = note_death;

@@ -271,7 +271,10 @@ int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res);
  * (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP from the CPU) happens again with
  * the default action, which the kernel does apply to pid 1; any other signal
  * exits with status 128 + signal. The reader of note_fd thus learns which
- * signal the task died of. Returns 0, or -1 with errno. */
+ * signal the task died of. The handlers are installed by the first call in a
+ * process and inherited by its forks (a zygote calls it once with note_fd
+ * -1); later calls only set note_fd and died_base. Returns 0, or -1 with
+ * errno. */
 int sbx_task_death_notes(int note_fd, uint64_t died_base);
 
 /* Clone the mount tree at host path `path`, recursively, as a detached mount

@@ -9,6 +9,7 @@ links (libc, libffi) come from the Spec itself (a RoBind of /usr, as usual).
 
 from __future__ import annotations
 
+import functools
 import os
 import site
 import sys
@@ -60,6 +61,7 @@ def visible_roots() -> tuple[str, ...]:
     return tuple(p for p in interpreter_paths() if os.path.isdir(p))
 
 
+@functools.cache
 def import_dirs() -> frozenset[str]:
     """The directories the zygote imports top-level modules from: its
     interpreter's (`-I`: no script directory, PYTHONPATH or user site) and
@@ -83,10 +85,14 @@ def importable_inside(module: ModuleType) -> bool:
     root_file = getattr(root, "__file__", None)
     if root is None or root_file is None:
         return getattr(module, "__file__", None) is None and module.__name__ != "__main__"  # built in
-    where = os.path.dirname(os.path.realpath(root_file))
-    if hasattr(root, "__path__"):
-        where = os.path.dirname(where)  # a package: the directory that holds it
-    return where in import_dirs()
+    return _import_dir(root_file, hasattr(root, "__path__")) in import_dirs()
+
+
+@functools.lru_cache(maxsize=1024)
+def _import_dir(top_file: str, package: bool) -> str:
+    """The directory a top-level module (or package, by its __init__) is imported from."""
+    where = os.path.dirname(os.path.realpath(top_file))
+    return os.path.dirname(where) if package else where
 
 
 def _covered(path: str, mounts: Iterable[S.Mount]) -> bool:

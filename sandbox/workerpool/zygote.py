@@ -115,6 +115,8 @@ class Zygote:
 
         import cloudpickle  # noqa: F401 - every task unpickles with it: import once, here
 
+        self.death_notes(-1)  # the handlers, once: every task inherits them and sets only its fd
+
         for name in body.get("preload", []):
             importlib.import_module(name)
         threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ["1"]

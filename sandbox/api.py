@@ -188,16 +188,18 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
         try:
             out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            proc.kill()
+            proc._timed_out()
             proc.wait()
-            raise subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr) from None
+            expired = subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr)
+            expired.usage, expired.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
+            raise expired from None
     if text:
         out = out.decode() if out is not None else None
         err = err.decode() if err is not None else None
     assert proc.returncode is not None
     result = CompletedProcess(proc.args, proc.returncode, out, err, backend=proc.backend,
                               backend_reason=proc.backend_reason, timings=proc.timings, network=proc.network,
-                              isolation=proc.isolation)
+                              isolation=proc.isolation, usage=proc.usage, killed_by=proc.killed_by)
     if check:
         result.check_returncode()
     return result

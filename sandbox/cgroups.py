@@ -142,10 +142,15 @@ def _own_paths() -> dict[str, str]:
 
 def _read(path: str) -> str:
     try:
-        with open(path) as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        return os.read(fd, 65536).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
 
 
 def _v2_controllers(parent: str) -> frozenset[str]:
@@ -333,12 +338,12 @@ class SandboxCgroup:
         if "memory" in h.controllers and lim.memory_bytes is not None:
             if h.version == 2:
                 _write(j(path, "memory.max"), str(lim.memory_bytes))
-                if os.path.exists(j(path, "memory.swap.max")):
+                if self.info.swap:
                     _write(j(path, "memory.swap.max"), "0")
                 _write(j(path, "memory.oom.group"), "1")
             else:
                 _write(j(path, "memory.limit_in_bytes"), str(lim.memory_bytes))
-                if os.path.exists(j(path, "memory.memsw.limit_in_bytes")):
+                if self.info.swap:
                     _write(j(path, "memory.memsw.limit_in_bytes"), str(lim.memory_bytes))
         if "pids" in h.controllers and lim.pids is not None:
             _write(j(path, "pids.max"), str(lim.pids))
@@ -346,8 +351,7 @@ class SandboxCgroup:
             if h.version == 2:
                 _write(j(path, "cpu.max"), f"{lim.cpu_quota_us} {CPU_PERIOD_US}")
             else:
-                _write(j(path, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
-                _write(j(path, "cpu.cfs_quota_us"), str(lim.cpu_quota_us))
+                _write(j(path, "cpu.cfs_quota_us"), str(lim.cpu_quota_us))  # the period is 100 ms by default
 
     def close_fds(self) -> None:
         """Close the cgroup.procs fds (the sandbox's first process has written them, or never will)."""

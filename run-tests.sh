@@ -10,7 +10,9 @@
 # uncompiled sandbox/ (tests/_installed.py). The unprivileged run, as
 # $SANDBOX_TEST_USER (default sbxtest, a system user created if missing),
 # runs a world-readable staged copy of the tests.
-# SANDBOX_SKIP_UNPRIVILEGED=1 skips it.
+# SANDBOX_SKIP_UNPRIVILEGED=1 skips it. The unprivileged run gets a delegated
+# cgroup subtree (tools/cgroup-delegate.py, named by $SANDBOX_CGROUP_PARENT),
+# unless SANDBOX_NO_CGROUP_DELEGATION=1 (then its limits fall back to rlimits).
 set -euo pipefail
 src=$(cd "$(dirname "$0")" && pwd)
 test_user=${SANDBOX_TEST_USER:-sbxtest}
@@ -32,12 +34,24 @@ rc=0
 run_pytest "$(id -un) (uid $(id -u))" "$src" "$venv/bin/python" -m pytest -p no:cacheprovider "$@" || rc=1
 if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
     stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
-    trap 'rm -rf "$stage"' EXIT
+    cgroups=""
+    trap 'rm -rf "$stage"; [ -z "$cgroups" ] || python3 "$src/tools/cgroup-delegate.py" remove "$cgroups"' EXIT
     cp -r "$src/tests" "$src/pyproject.toml" "$src/README.md" "$stage/"  # README: tests/typing compares its examples
     chmod -R a+rX "$stage"
     chmod 755 "$stage"
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"
-    run_pytest "$test_user (unprivileged)" "$stage" runuser -u "$test_user" -- env HOME="$stage" \
-        PATH=/usr/local/bin:/usr/bin:/bin "$venv/bin/python" -m pytest -p no:cacheprovider "$@" || rc=1
+    # A delegated cgroup subtree for the user, as systemd's Delegate=yes gives one: the sandboxes'
+    # cgroups go below it ($SANDBOX_CGROUP_PARENT, sandbox/cgroups.py); on v2 the user's process lives
+    # inside it (runner). Removed at exit, whatever happens (the trap).
+    cg_env=() runner=""
+    if [ -z "${SANDBOX_NO_CGROUP_DELEGATION:-}" ] &&
+        out=$(python3 "$src/tools/cgroup-delegate.py" create "$test_user" "sandbox-tests.$$"); then
+        cgroups=$(sed -n 1p <<<"$out") runner=$(sed -n 2p <<<"$out")
+        cg_env=(SANDBOX_CGROUP_PARENT="$cgroups")
+    fi
+    enter=(env)  # moves the unprivileged run into its v2 cgroup first (as root), then runs it
+    [ -z "$runner" ] || enter=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$runner")
+    run_pytest "$test_user (unprivileged)" "$stage" "${enter[@]}" runuser -u "$test_user" -- env HOME="$stage" \
+        PATH=/usr/local/bin:/usr/bin:/bin "${cg_env[@]}" "$venv/bin/python" -m pytest -p no:cacheprovider "$@" || rc=1
 fi
 exit $rc

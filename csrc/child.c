@@ -240,6 +240,7 @@ void sbx_child_start(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
     sbx_stamp(c, SBX_T_CHILD);
+    sbx_enter_cgroups(c); /* before anything else: every process it makes is born inside */
     reset_signals((h->opts & SBX_OPT_RESET_SIGNALS) != 0);
     /* The signal comes when the spawning *thread* exits. During setup every
      * signal is blocked (and the thread waits for us): only SIGKILL can end

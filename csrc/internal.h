@@ -87,6 +87,10 @@ struct sbx_ctx {
     int report_lease;           /* attach lease_fd to reports (0 natively) */
     int lease_fd;               /* with report_lease: the lease, or -1 */
     int prepared;               /* a standby that took the command's identity before its request */
+    /* the cgroup.procs files of the sandbox's cgroups (sbx_spawn_cg): the
+     * first process writes itself into each before any other step */
+    const int *cgroup_fds;
+    int n_cgroup;
 };
 
 
@@ -154,6 +158,7 @@ void sbx_make_listeners(struct sbx_ctx *c);
 int sbx_listen_loopback(uint16_t port);
 
 /* limits.c */
+void sbx_enter_cgroups(struct sbx_ctx *c);
 void sbx_apply_rlimits(struct sbx_ctx *c);
 void sbx_place_fds(struct sbx_ctx *c);
 void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b);

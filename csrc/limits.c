@@ -1,5 +1,6 @@
-/* limits.c: what the child sets just before exec: rlimits, the fd table,
- * capabilities and the seccomp filter. */
+/* limits.c: the sandbox's cgroups (entered first), and what the child sets
+ * just before exec: rlimits, the fd table, capabilities and the seccomp
+ * filter. */
 #include "internal.h"
 
 #include <errno.h>
@@ -15,6 +16,15 @@
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
+
+/* Move this process into the sandbox's cgroups: "0" names the writer. The
+ * fds were opened by the caller, so only a write(2) is needed here. */
+void sbx_enter_cgroups(struct sbx_ctx *c)
+{
+    for (int i = 0; i < c->n_cgroup; i++)
+        if (sbx_write_all(c->cgroup_fds[i], "0", 1) < 0)
+            sbx_fail(c, SBX_STEP_CGROUP, i, errno, SBX_D_NONE);
+}
 
 void sbx_apply_rlimits(struct sbx_ctx *c)
 {

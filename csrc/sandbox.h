@@ -114,7 +114,8 @@ enum sbx_step {
     SBX_STEP_ISOLATION = 32,   /* a probe path is visible (.op: its index) */
     SBX_STEP_FORWARD = 33,     /* a forwarded port's listener (.op: its index) */
     SBX_STEP_STARTED = 34,     /* reporting the pid on the caller's started_fd */
-    SBX_STEP_USERNS2 = 35      /* joining the caller's userns2_fd */
+    SBX_STEP_USERNS2 = 35,     /* joining the caller's userns2_fd */
+    SBX_STEP_CGROUP = 36       /* entering the sandbox's cgroup (.op: which of cgroup_fds) */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -237,6 +238,20 @@ int sbx_check_blob(const void *blob, size_t len);
 int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp[],
               const int stdio[3], const int *pass_fds, int n_pass, int init_fd,
               const int join_ns[2], int listen_to, struct sbx_result *res);
+
+/* sbx_spawn() into cgroups of the sandbox's own (sandbox/cgroups.py):
+ * cgroup_fds[0..n_cgroup) are the cgroup.procs files of those cgroups,
+ * opened by the caller (O_WRONLY|O_CLOEXEC; the kernel checks the
+ * permission against the opener's credentials, so the child may write them
+ * from inside its new user namespace). The sandbox's first process writes
+ * "0" (itself) to each as its first step, before anything it runs could be
+ * untrusted; everything it later starts is born inside. A failure is
+ * SBX_STEP_CGROUP with .op the index in cgroup_fds. The fds stay the
+ * caller's. */
+int sbx_spawn_cg(const void *blob, size_t len, char *const argv[], char *const envp[],
+                 const int stdio[3], const int *pass_fds, int n_pass, int init_fd,
+                 const int join_ns[2], int listen_to, const int *cgroup_fds, int n_cgroup,
+                 struct sbx_result *res);
 
 /* Fork a sandbox from the calling process, as fork() does: the child gets a
  * copy of the caller's memory (no CLONE_VM), so the caller must be

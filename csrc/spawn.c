@@ -136,6 +136,13 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
               const int *pass_fds, int n_pass, int init_fd, const int join_ns[2], int listen_to,
               struct sbx_result *res)
 {
+    return sbx_spawn_cg(blob, len, argv, envp, stdio, pass_fds, n_pass, init_fd, join_ns, listen_to, NULL, 0, res);
+}
+
+int sbx_spawn_cg(const void *blob, size_t len, char *const argv[], char *const envp[], const int stdio[3],
+                 const int *pass_fds, int n_pass, int init_fd, const int join_ns[2], int listen_to,
+                 const int *cgroup_fds, int n_cgroup, struct sbx_result *res)
+{
     memset(res, 0, sizeof *res);
     res->pid = -1;
     res->status_fd = -1;
@@ -173,6 +180,7 @@ int sbx_spawn(const void *blob, size_t len, char *const argv[], char *const envp
         .err_fd = errp[1], .status_fd = statp[1], .root_fd = -1, .proc_fd = -1, .res = res,
         .join_userns_fd = join_ns ? join_ns[0] : -1, .join_netns_fd = join_ns ? join_ns[1] : -1, .inner_pid = -1,
         .listen_to = listen_to, .spawner_fd = sbx_open_spawner(),
+        .cgroup_fds = cgroup_fds, .n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0,
     };
     char fds[2][16];
     if (prepare_memory(&c, fds) < 0) {

@@ -195,9 +195,11 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
         try:
             out, err = proc.communicate(data, timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            proc.kill()
+            proc._timed_out()
             proc.wait()
-            raise subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr) from None
+            expired = subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr)
+            expired.usage, expired.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
+            raise expired from None
     stdout_: bytes | str | None = out
     stderr_: bytes | str | None = err
     if text:
@@ -206,7 +208,7 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
     assert proc.returncode is not None
     result = CompletedProcess(proc.args, proc.returncode, stdout_, stderr_, backend=proc.backend,
                               backend_reason=proc.backend_reason, timings=proc.timings, network=proc.network,
-                              isolation=proc.isolation)
+                              isolation=proc.isolation, usage=proc.usage, killed_by=proc.killed_by)
     if check:
         result.check_returncode()
     return result

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from . import backends
 from . import spec as S
 from .errors import UnavailableError
-from .host import HostInfo, PoolInfo
+from .host import HostInfo, PoolInfo, backend_cgroups
 from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
@@ -33,6 +33,7 @@ RLIMIT_NAMES = {
     resource.RLIMIT_FSIZE: ("RLIMIT_FSIZE", "bytes per file written"),
     resource.RLIMIT_NOFILE: ("RLIMIT_NOFILE", "open files"),
     resource.RLIMIT_NPROC: ("RLIMIT_NPROC", "processes of the user"),
+    resource.RLIMIT_DATA: ("RLIMIT_DATA", "bytes of writable memory"),
 }
 FD_OPTIONS = ("--file", "--bind-data", "--ro-bind-data", "--seccomp")  # their first value is an fd
 
@@ -48,7 +49,7 @@ def explain(spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
     # Read the host without starting the network namespace pool: a plan
     # compiled here shows a fresh namespace where a spawn might lease one.
     host = dataclasses.replace(HostInfo.current(backend="bwrap"), backend=name,
-                               pool=PoolInfo() if name == "native" else None)
+                               pool=PoolInfo() if name == "native" else None, cgroups=backend_cgroups(name))
     plan = compile_plan(spec, host)
     lines = [f"backend: {name} ({reason})"]
     refused = refusal(plan, host)
@@ -73,6 +74,7 @@ def describe_plan(plan: Plan, argv: Sequence[str], spec: S.Spec | None = None) -
     lines += [f"working directory: {_cwd(plan)}",
               "environment: " + (", ".join(plan.env) if plan.env else "empty"),
               "limits: " + (", ".join(_rlimit(res, value) for res, value in plan.rlimits) or "none"),
+              f"cgroup: {_cgroup(plan)}",
               f"capabilities: {_caps(plan.keep_caps)}",
               f"process: {_process(plan)}",
               f"seccomp: {_seccomp(plan, spec)}"]
@@ -167,6 +169,19 @@ def _cwd(plan: Plan) -> str:
 def _rlimit(res: int, value: int) -> str:
     name, unit = RLIMIT_NAMES.get(res, (f"resource {res}", ""))
     return f"{name} {value} {unit}".rstrip()
+
+
+def _cgroup(plan: Plan) -> str:
+    parts = []
+    if plan.cgroup is not None:
+        lim = plan.cgroup
+        parts.append(f"its own ({plan.limits_mechanism}): " + ", ".join(
+            text for text, used in ((f"memory {lim.memory_bytes} bytes", lim.memory_bytes),
+                                    (f"{lim.pids} tasks", lim.pids),
+                                    (f"CPU quota {lim.cpu_quota_us} µs per 100 ms", lim.cpu_quota_us)) if used))
+    if plan.limits_fallback:
+        parts.append(f"no cgroup here for {', '.join(plan.limits_fallback)} (rlimit fallback where one exists)")
+    return "; ".join(parts) or "none asked for"
 
 
 def _caps(mask: int) -> str:

@@ -15,11 +15,12 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .cgroups import CgroupInfo, host_cgroups
 from .spec import CAPABILITIES
 
 # The resources a Spec's Limits can set (plan.RLIMITS maps its fields to them).
 LIMITED_RESOURCES = (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_FSIZE, resource.RLIMIT_NOFILE,
-                     resource.RLIMIT_NPROC)
+                     resource.RLIMIT_NPROC, resource.RLIMIT_DATA)
 
 # A documented switch: set to 1 to refuse the native backend (forces the
 # bwrap fallback), e.g. to test the fallback path or work around a kernel bug.
@@ -93,6 +94,8 @@ class HostInfo:
     effective_caps: int = 0  # the caller's effective capability set, a bitmask
     # the top-level /proc files only the host's root may read on this kernel
     proc_root_only: tuple[str, ...] = field(default_factory=root_only_proc_files)
+    # the cgroups a sandbox of this backend gets (sandbox.cgroups); none: limits fall back to rlimits
+    cgroups: CgroupInfo = CgroupInfo()
 
     @classmethod
     def current(cls, backend: str = "native") -> HostInfo:
@@ -104,7 +107,18 @@ class HostInfo:
         return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits(),
                    is_root=os.geteuid() == 0, backend=backend,
                    pool=PoolInfo.current() if backend in ("native", "template") else None, core_missing=core_missing(),
-                   effective_caps=effective_caps_mask())
+                   effective_caps=effective_caps_mask(), cgroups=backend_cgroups(backend))
+
+
+# The executors that place each sandbox in a cgroup of its own (sandbox.cgroups).
+CGROUP_BACKENDS = ("native",)
+
+
+def backend_cgroups(backend: str) -> CgroupInfo:
+    """The cgroups `backend`'s sandboxes get on this host, for this caller."""
+    if backend not in CGROUP_BACKENDS:
+        return CgroupInfo(reason=f"the {backend} backend does not place its sandboxes in cgroups")
+    return host_cgroups()
 
 
 @functools.cache

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from . import spec as S
+from .cgroups import CPU_PERIOD_US, CgroupInfo, CgroupLimits
 from .errors import SpecError
 from .host import HostInfo
 from .sync import NO_SYNC, Sync
@@ -145,11 +146,21 @@ class Op:
 # rlimit resources by Limits field, and the unit each field counts in.
 RLIMITS: dict[str, tuple[int, int]] = {
     "cpu_s": (resource.RLIMIT_CPU, 1),
-    "memory_mb": (resource.RLIMIT_AS, 1 << 20),
+    "address_space_mb": (resource.RLIMIT_AS, 1 << 20),
     "file_mb": (resource.RLIMIT_FSIZE, 1 << 20),
     "nofile": (resource.RLIMIT_NOFILE, 1),
-    "nproc": (resource.RLIMIT_NPROC, 1),
     "file_bytes": (resource.RLIMIT_FSIZE, 1),
+}
+
+# The Limits fields a cgroup enforces, by controller (sandbox.cgroups), and
+# the rlimit each falls back to where the host has no such cgroup for the
+# caller: RLIMIT_DATA counts what a process can write, not what it reserves
+# (JIT runtimes still run); RLIMIT_NPROC counts the uid's processes, not the
+# sandbox's. cpu_cores has no fallback.
+CGROUP_LIMITS: dict[str, str] = {"memory_mb": "memory", "nproc": "pids", "cpu_cores": "cpu"}
+FALLBACK_RLIMITS: dict[str, tuple[int, int]] = {
+    "memory_mb": (resource.RLIMIT_DATA, 1 << 20),
+    "nproc": (resource.RLIMIT_NPROC, 1),
 }
 
 Network = Literal["none", "pool", "host"]
@@ -229,6 +240,14 @@ class Plan:
     # namespace (inheritable and ambient stay the caller's)
     caps_as_caller: bool = False
     sync: Sync = NO_SYNC  # a caller's synchronization fds (bwrap's --block-fd, ...; sandbox.sync)
+    # The sandbox's own cgroup and its limits (sandbox.cgroups), None: it gets none.
+    cgroup: CgroupLimits | None = None
+    # Limits fields that wanted a cgroup this host does not give the caller
+    # (they fell back to FALLBACK_RLIMITS, or to nothing), and whether the Spec
+    # refuses that (Limits.require_cgroups; sandbox.refusal).
+    limits_fallback: tuple[str, ...] = ()
+    require_cgroups: bool = False
+    limits_mechanism: str = "rlimit"  # "cgroup2", "cgroup1" or "rlimit": what walls memory, processes and CPU
 
     @property
     def net_ns(self) -> bool:
@@ -376,17 +395,35 @@ def plan_network(spec: S.Spec, host: HostInfo) -> Network:
     return "none"
 
 
-def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int]) -> tuple[tuple[int, int], ...]:
+def plan_rlimits(limits: S.Limits, hard_limits: Mapping[int, int],
+                 fallback: Sequence[str] = ()) -> tuple[tuple[int, int], ...]:
     """(resource, value) pairs, sorted: the smallest value asked for each
     resource, capped at the caller's hard limit. Raising a hard limit needs
     privilege in the initial user namespace, and the lower hard limit already
-    satisfies the request. Backends set soft and hard to the value as is."""
+    satisfies the request. Backends set soft and hard to the value as is.
+    `fallback`: the cgroup limits this host cannot give, set as their rlimits."""
     rlimits: dict[int, int] = {}
-    for name, (res, unit) in RLIMITS.items():
+    table = [*RLIMITS.items(), *((name, FALLBACK_RLIMITS[name]) for name in fallback if name in FALLBACK_RLIMITS)]
+    for name, (res, unit) in table:
         value = getattr(limits, name)
         if value is not None:
             rlimits[res] = min(value * unit, rlimits.get(res, value * unit), hard_limits.get(res, value * unit))
     return tuple(sorted(rlimits.items()))
+
+
+def plan_cgroup(limits: S.Limits, cgroups: CgroupInfo) -> tuple[CgroupLimits | None, tuple[str, ...]]:
+    """The sandbox's cgroup limits (None: no cgroup), and the Limits fields
+    that wanted one this host does not give (`cgroups.controllers`)."""
+    wanted = [name for name in CGROUP_LIMITS if getattr(limits, name) is not None]
+    real = [name for name in wanted if CGROUP_LIMITS[name] in cgroups.controllers]
+    missing = tuple(name for name in wanted if name not in real)
+    if not real:
+        return None, missing
+    mem = limits.memory_mb if "memory_mb" in real else None
+    pids = limits.nproc if "nproc" in real else None
+    cores = limits.cpu_cores if "cpu_cores" in real else None
+    return CgroupLimits(memory_bytes=None if mem is None else mem << 20, pids=pids,
+                        cpu_quota_us=None if cores is None else max(1000, round(cores * CPU_PERIOD_US))), missing
 
 
 def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
@@ -406,6 +443,7 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
     # With a userns_block_fd the caller writes the maps, and they stay (bwrap's rule).
     map_root = ns.user and has_dev and (uid != 0 or gid != 0) and sync.userns_block_fd < 0
     network = plan_network(spec, host)
+    cgroup, fallback = plan_cgroup(spec.limits, host.cgroups)
     keep = 0
     for cap in spec.cap_add:
         keep |= 1 << S.CAPABILITIES.index(cap)
@@ -435,7 +473,7 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         path=command_path(env),
         cwd_candidates=cands,
         cwd_strict=strict,
-        rlimits=plan_rlimits(spec.limits, host.hard_limits),
+        rlimits=plan_rlimits(spec.limits, host.hard_limits, fallback),
         keep_caps=keep,
         die_with_parent=spec.die_with_parent,
         new_session=spec.new_session,
@@ -454,6 +492,10 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
         caps_as_caller=host.is_root and keep == host.effective_caps,
         sync=sync,
+        cgroup=cgroup,
+        limits_fallback=fallback,
+        require_cgroups=spec.limits.require_cgroups,
+        limits_mechanism=host.cgroups.mechanism if cgroup is not None else "rlimit",
     )
 
 

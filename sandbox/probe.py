@@ -35,6 +35,7 @@ class ProbeResult:
     sysctls: dict[str, str] = field(default_factory=dict)
     package: str = ""  # the directory the running `sandbox` package was imported from
     version: str = ""
+    limits: str = ""  # which Limits are real here (sandbox.cgroups), and why
 
     def choose(self, backend: str) -> tuple[str, str]:
         """(backend name, reason) for a request of `backend`: `sandbox.backends.choose`."""
@@ -48,6 +49,8 @@ class ProbeResult:
             f"bwrap backend: {self.bwrap or 'no'} ({self.bwrap_reason})",
         ]
         lines += [f"sysctl {k} = {v}" for k, v in sorted(self.sysctls.items())]
+        if self.limits:
+            lines.append(f"limits (native spawn): {self.limits}")
         if self.package:
             lines.append(f"package: sandbox {self.version} in {self.package}")
         return "\n".join(lines)
@@ -73,7 +76,23 @@ def _report(refresh: bool) -> ProbeResult:
     return ProbeResult(native=native_ok, native_reason=native_reason,
                        bwrap=bwrap_backend.bwrap_path() if bwrap_ok else None, bwrap_reason=bwrap_reason,
                        kernel=os.uname().release, uid=os.getuid(), sysctls=userns_sysctls(),
-                       package=str(Path(__file__).resolve().parent), version=_version())
+                       package=str(Path(__file__).resolve().parent), version=_version(), limits=limits_report())
+
+
+def limits_report() -> str:
+    """Which of Limits' memory_mb, nproc and cpu_cores a cgroup enforces here, and what falls back."""
+    from .cgroups import host_cgroups
+    from .plan import CGROUP_LIMITS, FALLBACK_RLIMITS
+
+    info = host_cgroups()
+    real = [name for name, ctrl in CGROUP_LIMITS.items() if ctrl in info.controllers]
+    fake = [name for name in CGROUP_LIMITS if name not in real]
+    text = f"{info.mechanism}: " + (f"{', '.join(real)} by cgroup" if real else "no cgroup")
+    if fake:
+        text += "; " + ", ".join(f"{name} by {'RLIMIT_' + ('DATA' if name == 'memory_mb' else 'NPROC')}"
+                                 if name in FALLBACK_RLIMITS else f"{name} not enforced" for name in fake)
+    where = ", ".join(f"v{h.version} {h.parent}" for h in info.hierarchies)
+    return f"{text} ({info.reason}{'; in ' + where if where else ''}); Template, bwrap and WorkerPool: rlimits only"
 
 
 def _version() -> str:

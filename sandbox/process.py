@@ -9,9 +9,11 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 from .backends.contract import Launched
+from .cgroups import Usage
 from .reaper import reap_later
 
 PIPE = subprocess.PIPE
@@ -31,12 +33,18 @@ def _readable(fds: int | list[int], timeout: float | None) -> bool:
 
 
 class CompletedProcess(subprocess.CompletedProcess[Any]):
-    """subprocess.CompletedProcess plus which backend ran and setup timings (µs)."""
+    """subprocess.CompletedProcess plus which backend ran and setup timings (µs),
+    the sandbox's resource `usage` (sandbox.cgroups.Usage, or None) and
+    `killed_by`: the limit that ended it ("memory", "pids", "cpu",
+    "timeout") or None."""
 
     def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None, *,
                  backend: str = "native", backend_reason: str = "", timings: dict[str, float] | None = None,
-                 network: str = "none", isolation: dict[str, Any] | None = None) -> None:
+                 network: str = "none", isolation: dict[str, Any] | None = None, usage: Usage | None = None,
+                 killed_by: str | None = None) -> None:
         super().__init__(args, returncode, stdout, stderr)
+        self.usage = usage
+        self.killed_by = killed_by
         self.backend = backend
         self.backend_reason = backend_reason
         self.timings = timings or {}
@@ -50,6 +58,10 @@ class SandboxProcess:
     `pid` is the host pid of the sandbox's first process (its pid 1, the
     reaper, when there is a pid namespace). `kill()` ends every process of the
     sandbox; `returncode` is the command's exit code, or -N if signal N killed it.
+    Once it has ended, `usage` is what its mechanism counted (cpu_s,
+    memory_peak_mb, pids_peak; sandbox.cgroups.Usage, None where the executor
+    tells nothing) and `killed_by` which limit ended it ("memory", "pids",
+    "cpu", "timeout") or None.
     """
 
     def __init__(self, args: list[str], launched: Launched, *, backend: str, backend_reason: str = "",
@@ -71,6 +83,11 @@ class SandboxProcess:
         self.sandbox_pid = launched.sandbox_pid if launched.sandbox_pid is not None else launched.pid
         self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
         self.isolation = launched.isolation
+        self._walls = launched.walls
+        self.usage: Usage | None = None
+        self.killed_by: str | None = None
+        self._after_reap: Callable[[], None] | None = None
+        self._caller_end: str | None = None  # "timeout" or "kill": the caller ended it, not a limit
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ status
@@ -78,6 +95,10 @@ class SandboxProcess:
     def _finish(self, status: int) -> None:
         """Record the exit of the first process (lock held)."""
         self.returncode = self._exit.returncode(status)
+        if self._walls is not None:
+            self.usage, self.killed_by = self._walls.finish(self.returncode, self._caller_end)
+        elif self._caller_end == "timeout":
+            self.killed_by = "timeout"
         self._ended_fd = -1  # the exit source held it, and has closed it
         if self._pidfd >= 0:
             os.close(self._pidfd)
@@ -96,15 +117,20 @@ class SandboxProcess:
         if self._ended_fd >= 0 and _readable(self._ended_fd, 0):
             if self._exit.arrived():  # type: ignore[attr-defined]
                 if self._pidfd < 0:
-                    reap_later(self.pid)
+                    # reaped in the background; its cgroup goes after that (and after _finish reads it)
+                    pid, walls = self.pid, self._walls
+                    self._after_reap = lambda: reap_later(pid, walls.remove if walls is not None else None)
                 return self.pid, signal.SIGKILL
             self._ended_fd = -1  # gone without a word (killed): wait for the process itself
         if self._pidfd >= 0:
             return (self.pid, signal.SIGKILL) if _readable(self._pidfd, 0) else (0, 0)
         try:
-            return os.waitpid(self.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
-            return self.pid, 255 << 8
+            pid, status = self.pid, 255 << 8
+        if pid and self._walls is not None:
+            self._after_reap = self._walls.remove  # the first process is reaped: its cgroup can go
+        return pid, status
 
     def poll(self) -> int | None:
         """The return code if the sandbox has ended, else None."""
@@ -113,6 +139,9 @@ class SandboxProcess:
                 pid, status = self._reap()
                 if pid:
                     self._finish(status)
+                    after, self._after_reap = self._after_reap, None
+                    if after is not None:
+                        after()
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -149,9 +178,14 @@ class SandboxProcess:
     # ------------------------------------------------------------ signals
 
     def send_signal(self, sig: int) -> None:
-        """Send `sig` to the sandbox (its reaper forwards it to the command)."""
+        """Send `sig` to the sandbox (its reaper forwards it to the command).
+        SIGKILL also reaches every process of its cgroup, if it has one."""
         with self._lock:
             if self.returncode is None:
+                if sig == signal.SIGKILL:
+                    self._caller_end = self._caller_end or "kill"
+                    if self._walls is not None:
+                        self._walls.kill()
                 try:
                     if self._signal is not None:
                         self._signal(sig)
@@ -169,6 +203,12 @@ class SandboxProcess:
     def kill(self) -> None:
         """End the whole sandbox now (SIGKILL to its pid 1: the kernel kills the rest)."""
         self.send_signal(signal.SIGKILL)
+
+    def _timed_out(self) -> None:
+        """The caller's timeout ends it: killed_by says "timeout"."""
+        with self._lock:
+            self._caller_end = "timeout"
+        self.kill()
 
     # ------------------------------------------------------------ I/O
 

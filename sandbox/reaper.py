@@ -14,25 +14,30 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections.abc import Callable
 
 __all__ = ["reap_later"]
 
 _lock = threading.Lock()
-_pids: queue.SimpleQueue[int] = queue.SimpleQueue()
+_pids: queue.SimpleQueue[tuple[int, Callable[[], None] | None]] = queue.SimpleQueue()
 _owner = -1  # the process whose reaper thread runs
 
 
-def reap_later(pid: int) -> None:
-    """Reap our child `pid` (exiting, or exited) without waiting for it here."""
+def reap_later(pid: int, then: Callable[[], None] | None = None) -> None:
+    """Reap our child `pid` (exiting, or exited) without waiting for it here;
+    `then()` runs once it is reaped (removes the sandbox's cgroup, say)."""
     if not _thread_running():  # the interpreter is exiting: no thread can start, so wait here
-        _reap(pid)
+        _reap(pid, then)
         return
     try:
-        if os.waitpid(pid, os.WNOHANG)[0]:
-            return
+        reaped = os.waitpid(pid, os.WNOHANG)[0] != 0
     except ChildProcessError:  # reaped already (a SIGCHLD handler's waitpid(-1), say)
+        reaped = True
+    if reaped:
+        if then is not None:
+            then()
         return
-    _pids.put(pid)
+    _pids.put((pid, then))
 
 
 def _thread_running() -> bool:
@@ -51,14 +56,19 @@ def _thread_running() -> bool:
 
 def _loop() -> None:
     while True:
-        _reap(_pids.get())
+        _reap(*_pids.get())
 
 
-def _reap(pid: int) -> None:
+def _reap(pid: int, then: Callable[[], None] | None = None) -> None:
     try:
         os.waitpid(pid, 0)
     except ChildProcessError:  # reaped elsewhere
         pass
+    if then is not None:
+        try:
+            then()
+        except Exception:  # a cleanup that failed leaves its leftovers to the next sweep
+            pass
 
 
 def _after_fork_in_child() -> None:

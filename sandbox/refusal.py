@@ -37,6 +37,9 @@ def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
     if host.backend != "bwrap" and (plan.sync.userns_fd >= 0 or plan.sync.pidns_fd >= 0):
         return UnavailableError("sync.userns_fd and sync.pidns_fd are for the bwrap backend (natively, the caller "
                                 "joins the namespaces itself before it starts the sandbox)")
+    if plan.require_cgroups and plan.limits_fallback:
+        return UnavailableError(f"limits.require_cgroups: no cgroup for {', '.join(plan.limits_fallback)} on the "
+                                f"{host.backend} backend here: {host.cgroups.reason}")
     if host.backend == "template":
         return template_refusal(plan)
     if host.backend != "bwrap":

@@ -106,12 +106,22 @@ class Namespaces:
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits applied as rlimits (soft = hard) inside the sandbox.
+    """Resource limits of the sandbox (not of the uid).
 
-    cpu_s: CPU seconds (RLIMIT_CPU); memory_mb: address space (RLIMIT_AS);
-    file_mb: largest file written (RLIMIT_FSIZE); nofile: open fds
-    (RLIMIT_NOFILE); nproc: processes of the user (RLIMIT_NPROC);
-    file_bytes: RLIMIT_FSIZE to the byte (the smaller of the two file limits wins).
+    memory_mb: the sandbox's resident memory, swap included where the host
+    has swap (a cgroup's memory limit); nproc: the number of tasks in the
+    sandbox, whatever their uid (a cgroup's pids limit); cpu_cores: a CPU
+    bandwidth cap (0.5: half of one CPU; a cgroup's CPU quota). Where no
+    cgroup can be made (see sandbox.cgroups) memory_mb falls back to
+    RLIMIT_DATA, nproc to RLIMIT_NPROC (the uid's processes) and cpu_cores to
+    nothing, and the result's `usage.mechanism` says so; require_cgroups=True
+    refuses to start instead, naming why.
+
+    Rlimits (soft = hard, per process): cpu_s: CPU seconds (RLIMIT_CPU);
+    address_space_mb: address space (RLIMIT_AS; breaks runtimes that reserve
+    more than they touch: V8, the JVM, Go); file_mb: largest file written
+    (RLIMIT_FSIZE); nofile: open fds (RLIMIT_NOFILE); file_bytes:
+    RLIMIT_FSIZE to the byte (the smaller of the two file limits wins).
     """
 
     cpu_s: int | None = None
@@ -120,13 +130,28 @@ class Limits:
     nofile: int | None = None
     nproc: int | None = None
     file_bytes: int | None = None
+    address_space_mb: int | None = None
+    cpu_cores: float | None = None
+    require_cgroups: bool = False
 
     def __post_init__(self) -> None:
         self.validate("limits")
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
-            check_positive(f"{where}.{f.name}", getattr(self, f.name))
+            if f.name == "cpu_cores":
+                value = self.cpu_cores
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                          or not 0.001 <= value <= 65536):
+                    raise SpecError(f"{where}.cpu_cores", value, "must be a number of CPUs from 0.001 up")
+            elif f.name == "require_cgroups":
+                check_bool(f"{where}.require_cgroups", self.require_cgroups)
+            else:
+                check_positive(f"{where}.{f.name}", getattr(self, f.name))
+
+    def cgroup_wanted(self) -> bool:
+        """Whether a limit here is a cgroup's (memory_mb, nproc, cpu_cores)."""
+        return self.memory_mb is not None or self.nproc is not None or self.cpu_cores is not None
 
 
 def _forwards(value: object, network: str) -> tuple[tuple[int, int | str], ...]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..cgroups import Walls
 from ..plan import Plan
 
 
@@ -59,7 +60,8 @@ class Launched:
     every other process of the sandbox has gone: the wait ends there, not at
     the first process's own exit (the namespaces' teardown); a first process
     that is the caller's child is then reaped in the background
-    (sandbox.reaper).
+    (sandbox.reaper). `walls`, when set, holds the sandbox's cgroup (its
+    usage, which limit ended it; removed once the first process is reaped).
     """
 
     pid: int
@@ -71,6 +73,7 @@ class Launched:
     ended_fd: int = -1
     signal: Callable[[int], None] | None = None
     sandbox_pid: int | None = None
+    walls: Walls | None = None
 
 
 class EarlyStatus(ExitSource, Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .. import spec as S
 from ..errors import SpecError
@@ -37,10 +37,10 @@ class Limit(NamedTuple):
 
 LIMITS = (
     Limit("--limit-cpu", "cpu_s", "SECONDS", "Limit CPU time (RLIMIT_CPU)"),
-    Limit("--limit-memory", "memory_mb", "MB", "Limit the address space (RLIMIT_AS)"),
+    Limit("--limit-memory", "memory_mb", "MB", "Limit the sandbox's memory (a cgroup; see `sandbox probe`)"),
     Limit("--limit-file", "file_mb", "MB", "Limit the size of files written (RLIMIT_FSIZE)"),
     Limit("--limit-nofile", "nofile", "N", "Limit open files (RLIMIT_NOFILE)"),
-    Limit("--limit-nproc", "nproc", "N", "Limit processes of the user (RLIMIT_NPROC)"),
+    Limit("--limit-nproc", "nproc", "N", "Limit the sandbox's processes (a cgroup; see `sandbox probe`)"),
 )
 LIMIT_FIELD = {limit.option: limit.field for limit in LIMITS}  # parsing: option -> Limits field
 LIMIT_OPTION = {limit.field: limit.option for limit in LIMITS}  # rendering: Limits field -> option
@@ -72,7 +72,7 @@ class ParseState:
     chdir: str | None = None
     env_ops: list[tuple[str, str, str]] = field(default_factory=list)
     cap_ops: list[tuple[bool, str]] = field(default_factory=list)
-    limits: dict[str, int] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)  # Limits fields (ints from the options above)
     flags: set[str] = field(default_factory=set)
     seccomp_fd: str | None = None  # read when the Spec is built (bwrap reads it late too)
     seccomp_programs: list[bytes] = field(default_factory=list)  # --add-seccomp-fd's, in order

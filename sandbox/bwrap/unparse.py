@@ -150,7 +150,7 @@ def _limits(limits: S.Limits) -> list[str]:
     out = []
     for f in dataclasses.fields(limits):
         value = getattr(limits, f.name)
-        if value is None:
+        if value is None or value is False:  # unset (require_cgroups: off)
             continue
         if f.name not in LIMIT_OPTION:
             raise SpecError(f"limits.{f.name}", value, "the bwrap grammar has no option for it")

@@ -17,7 +17,7 @@ from .. import backends
 from .. import spec as S
 from ..backends.native import ffi, lib, serialize, setup_error
 from ..errors import SandboxError, SetupError, SpecError
-from ..host import HostInfo
+from ..host import HostInfo, backend_cgroups
 from ..plan import compile_mount, compile_plan
 from ..process import SandboxProcess
 from ..refusal import refusal
@@ -107,7 +107,8 @@ class WorkerPool(Executor):
         backends.choose("native")
         # The zygote never uses its network namespace (each task makes its
         # own): it takes a fresh one, never a lease from the pool.
-        host = dataclasses.replace(HostInfo.current(backend="native"), pool=None)
+        host = dataclasses.replace(HostInfo.current(backend="native"), pool=None,
+                                   cgroups=backend_cgroups("workerpool"))  # tasks: rlimits only, for now
         plan = compile_plan(zygote_spec(spec), host)
         refused = refusal(plan, host)
         if refused is not None:

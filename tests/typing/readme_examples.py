@@ -37,7 +37,7 @@ def readme_example_1() -> None:
     spec = sandbox.presets.minimal_system(             # /usr read-only with its links, /proc, /dev, a private /tmp
         sandbox.Bind("/home/me/work", "/work"),        # then your mounts: writable, under a new name
         cwd="/work", hostname="box",
-        limits=sandbox.Limits(cpu_s=10, memory_mb=1024, file_mb=100, nofile=256, nproc=256),
+        limits=sandbox.Limits(cpu_s=10, memory_mb=1024, cpu_cores=1.0, file_mb=100, nofile=256, nproc=256),
     )
     result = sandbox.run(["sh", "-c", "make test"], spec, capture_output=True, timeout=60)
     print(result.returncode, result.backend, result.backend_reason, result.timings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 
 import pytest
@@ -22,11 +23,14 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
+from sandbox.cgroups import CgroupInfo, CgroupLimits
+from sandbox.errors import UnavailableError
 from sandbox.host import LIMITED_RESOURCES, HostInfo, hard_limits
 from sandbox.plan import (
     DEFAULT_PATH,
     DEV_MODE,
     DEV_SHM_MODE,
+    FALLBACK_RLIMITS,
     RLIMITS,
     Op,
     OpFlag,
@@ -37,6 +41,7 @@ from sandbox.plan import (
     parent_mode_for,
     resolve_env,
 )
+from sandbox.refusal import refusal
 from sandbox.spec import CAPABILITIES
 
 HOST = HostInfo(
@@ -284,14 +289,46 @@ def test_cwd_candidates_skip_missing_and_relative_values() -> None:
 
 
 def test_rlimit_units() -> None:
-    plan = plan_of(Spec(limits=Limits(cpu_s=3, memory_mb=256, file_mb=2, nofile=64, nproc=10)))
+    # no cgroup on this HostInfo: memory_mb and nproc fall back to RLIMIT_DATA and RLIMIT_NPROC
+    plan = plan_of(Spec(limits=Limits(cpu_s=3, memory_mb=256, file_mb=2, nofile=64, nproc=10, address_space_mb=512)))
     assert dict(plan.rlimits) == {
         resource.RLIMIT_CPU: 3,
-        resource.RLIMIT_AS: 256 << 20,
+        resource.RLIMIT_AS: 512 << 20,
+        resource.RLIMIT_DATA: 256 << 20,
         resource.RLIMIT_FSIZE: 2 << 20,
         resource.RLIMIT_NOFILE: 64,
         resource.RLIMIT_NPROC: 10,
     }
+    assert plan.cgroup is None and plan.limits_mechanism == "rlimit"
+    assert plan.limits_fallback == ("memory_mb", "nproc")
+
+
+CGROUP_HOST = HostInfo(uid=1, gid=1, cwd="/", environ={}, cgroups=CgroupInfo(
+    mechanism="cgroup1", controllers=frozenset({"memory", "pids", "cpu"}), reason="test"))
+
+
+def test_cgroup_limits_leave_the_rlimits() -> None:
+    plan = plan_of(Spec(limits=Limits(memory_mb=100, nproc=32, cpu_cores=0.5, nofile=9)), CGROUP_HOST)
+    assert plan.cgroup == CgroupLimits(memory_bytes=100 << 20, pids=32, cpu_quota_us=50_000)
+    assert dict(plan.rlimits) == {resource.RLIMIT_NOFILE: 9}
+    assert (plan.limits_fallback, plan.limits_mechanism) == ((), "cgroup1")
+    assert plan_of(Spec(limits=Limits(nofile=9)), CGROUP_HOST).cgroup is None  # nothing asks for one
+
+
+def test_a_missing_controller_falls_back_alone() -> None:
+    host = dataclasses.replace(CGROUP_HOST, cgroups=dataclasses.replace(
+        CGROUP_HOST.cgroups, controllers=frozenset({"memory"})))
+    plan = plan_of(Spec(limits=Limits(memory_mb=100, nproc=32, cpu_cores=2)), host)
+    assert plan.cgroup == CgroupLimits(memory_bytes=100 << 20)
+    assert dict(plan.rlimits) == {resource.RLIMIT_NPROC: 32}
+    assert plan.limits_fallback == ("nproc", "cpu_cores")
+
+
+def test_require_cgroups_is_refused_without_them() -> None:
+    spec = Spec(limits=Limits(memory_mb=100, require_cgroups=True))
+    err = refusal(plan_of(spec, HOST), HOST)
+    assert isinstance(err, UnavailableError) and "memory_mb" in str(err) and HOST.cgroups.reason in str(err)
+    assert refusal(plan_of(spec, CGROUP_HOST), CGROUP_HOST) is None
 
 
 def test_no_limits_no_rlimits() -> None:
@@ -316,7 +353,7 @@ def test_the_smallest_request_for_a_resource_wins() -> None:
 
 
 def test_hard_limits_are_read_for_every_limited_resource() -> None:
-    assert {res for res, _unit in RLIMITS.values()} == set(LIMITED_RESOURCES)
+    assert {res for res, _unit in [*RLIMITS.values(), *FALLBACK_RLIMITS.values()]} == set(LIMITED_RESOURCES)
     expected = {res: resource.getrlimit(res)[1] for res in LIMITED_RESOURCES}
     assert hard_limits() == {res: hard for res, hard in expected.items() if hard != resource.RLIM_INFINITY}
     assert HostInfo.current().hard_limits == hard_limits()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sandbox import Limits, Proc, Spec, Tmpfs
+from sandbox.cgroups import CgroupInfo
 from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import compile_plan
 from sandbox.plan_cache import MAX_PLANS, _caller_state, compiled_plan
@@ -25,6 +26,7 @@ CHANGED: dict[str, Any] = {
     "hard_limits": {resource.RLIMIT_NOFILE: 64}, "is_root": True, "backend": "bwrap",
     "pool": PoolInfo(serves_none=True), "core_missing": "not built", "effective_caps": 1 << 21,
     "proc_root_only": ("program_cpu",),
+    "cgroups": CgroupInfo(mechanism="cgroup2", controllers=frozenset({"memory"}), reason="delegated"),
 }
 
 

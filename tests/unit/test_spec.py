@@ -302,11 +302,23 @@ def test_cap_add_must_be_a_list() -> None:
     assert err.field == "cap_add"
 
 
-@pytest.mark.parametrize("name", ["cpu_s", "memory_mb", "file_mb", "nofile", "nproc"])
+@pytest.mark.parametrize("name", ["cpu_s", "memory_mb", "file_mb", "nofile", "nproc", "address_space_mb"])
 @pytest.mark.parametrize("value", [0, -5, True, 1.5, "10"])
 def test_bad_limits(name: str, value: Any) -> None:
     err = spec_error(lambda: Spec(limits=Limits(**{name: value})))
     assert (err.field, err.value) == (f"limits.{name}", value)
+
+
+@pytest.mark.parametrize("value", [0, -0.5, True, "1", 0.0001, 1e9])
+def test_bad_cpu_cores(value: Any) -> None:
+    err = spec_error(lambda: Spec(limits=Limits(cpu_cores=value)))
+    assert (err.field, err.value) == ("limits.cpu_cores", value)
+
+
+def test_cgroup_limits_round_trip_through_json() -> None:
+    spec = Spec(limits=Limits(memory_mb=100, nproc=32, cpu_cores=0.5, address_space_mb=8192, require_cgroups=True))
+    assert Spec.from_json(spec.to_json()).limits == spec.limits
+    assert spec_error(lambda: Spec(limits=Limits(require_cgroups=1))).field == "limits.require_cgroups"  # type: ignore[arg-type]
 
 
 def test_limits_must_be_a_limits() -> None:

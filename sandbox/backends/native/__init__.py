@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import errno as E
 import os
+import resource
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ... import isolation, netpool
-from ...errors import SandboxError
+from ... import cgroups, isolation, netpool
+from ...errors import SandboxError, SetupError
 from ...forksafe import fresh_in_child
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
 from ...plan import Plan
@@ -54,22 +55,27 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     it ends. `exec_fd`: the executable to run when `plan.exec_fd` (argv[0]
     is then only its name)."""
     cleanups: list[Callable[[], None]] = []
+    walls = make_walls(plan)
     lease = _lease(plan, cleanups)
     dups: tuple[int, int | None] | None = None
     try:
         found = isolation.check_netns(lease.netlink) if lease is not None and plan.check_network else None
         dups = lease.dup_fds() if lease is not None else None
         join = None if dups is None else (-1 if dups[1] is None else dups[1], dups[0])
-        started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups, exec_fd)
+        cg_fds = walls.cgroup.procs_fds if walls.cgroup is not None else []
+        started = _spawn_forwarding(plan, argv, stdio, pass_fds, join, cleanups, exec_fd, cg_fds)
     except BaseException as exc:
         if lease is not None and getattr(exc, "step", None) == "join_netns":
             lease.release(recycle=False, wait=False)  # a namespace that could not be joined is not leased again
         _run_all(cleanups)
+        walls.remove()  # the failed child has been reaped
         raise
     finally:
         for fd in dups or ():
             if fd is not None:
                 os.close(fd)
+        if walls.cgroup is not None:
+            walls.cgroup.close_fds()  # written by the child (it has exec'd, or failed)
     findings = isolation.findings(plan, found)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi  # 0: best-effort, and the kernel has none
@@ -77,7 +83,21 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     # sandbox-init writes the status once every other process has gone: the wait ends there, and its
     # own exit (the namespaces' teardown) is reaped in the background (sandbox.process)
     return Launched(pid=started.pid, exit=exit_source, timings=started.timings, isolation=findings,
-                    on_exit=lambda: _run_all(cleanups), ended_fd=started.status_fd)
+                    on_exit=lambda: _run_all(cleanups), ended_fd=started.status_fd, walls=walls)
+
+
+def make_walls(plan: Plan) -> cgroups.Walls:
+    """The sandbox's cgroup, made with its limits before the clone (None in
+    the Walls when the plan has none: rlimits only)."""
+    cpu_s = dict(plan.rlimits).get(resource.RLIMIT_CPU)
+    if plan.cgroup is None:
+        return cgroups.Walls(None, "rlimit", cpu_s)
+    try:
+        cgroup = cgroups.SandboxCgroup(cgroups.host_cgroups(), plan.cgroup)
+    except OSError as exc:
+        raise SetupError(f"Can't make the sandbox's cgroup: {exc}", step="cgroup", errno=exc.errno or 0,
+                         path=exc.filename, backend="native") from None
+    return cgroups.Walls(cgroup, plan.limits_mechanism, cpu_s)
 
 
 def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | None:
@@ -99,17 +119,19 @@ def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | No
 
 def _spawn_forwarding(plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
                       join: tuple[int, int] | None, cleanups: list[Callable[[], None]],
-                      exec_fd: int | None = None) -> Started:
+                      exec_fd: int | None = None, cgroup_fds: Sequence[int] = ()) -> Started:
     """spawn_blob, plus the relay of `plan.forward` when there is one."""
     if not plan.forward:
-        return spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, exec_fd=exec_fd)
+        return spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, exec_fd=exec_fd,
+                          cgroup_fds=cgroup_fds)
     import socket
 
     from ... import forward  # the relay only for a sandbox that forwards ports
 
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with mine, theirs:
-        started = spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, listen_to=theirs.fileno())
+        started = spawn_blob(blob_for(plan), plan, argv, stdio, pass_fds, join_ns=join, listen_to=theirs.fileno(),
+                             cgroup_fds=cgroup_fds)
         relay = forward.start(mine, plan.forward, plan.forward_writable)
     cleanups.insert(0, relay.close)
     return started
@@ -197,20 +219,26 @@ def spawn_blob(
     join_ns: tuple[int, int] | None = None,
     listen_to: int = -1,
     exec_fd: int | None = None,
+    cgroup_fds: Sequence[int] = (),
 ) -> Started:
     """Start the command; raise SetupError/ExecError if the sandbox failed.
 
     `join_ns` = (userns fd or -1, netns fd): a leased network namespace to
     run in instead of a new one. `listen_to`: the Unix socket that receives
-    the listening sockets of `plan.forward`. `exec_fd`: what SBX_OPT_EXEC_FD execs."""
+    the listening sockets of `plan.forward`. `exec_fd`: what SBX_OPT_EXEC_FD execs.
+    `cgroup_fds`: cgroup.procs files the sandbox's first process enters first."""
     c_argv, keep_a = cstrings(argv)
     c_env, keep_e = cstrings(plan.env)
     c_pass = ffi.new("int[]", list(pass_fds) or [0])
     res = ffi.new("struct sbx_result *")
     init = exec_fd if exec_fd is not None else init_fd() if plan.reaper else -1
     join = [-1, -1] if join_ns is None else list(join_ns)
-    rc = lib.sbx_spawn(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds), init,
-                       join, listen_to, res)
+    if cgroup_fds:
+        rc = lib.sbx_spawn_cg(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds),
+                              init, join, listen_to, list(cgroup_fds), len(cgroup_fds), res)
+    else:
+        rc = lib.sbx_spawn(ffi.from_buffer(blob), len(blob), c_argv, c_env, list(stdio), c_pass, len(pass_fds),
+                           init, join, listen_to, res)
     del keep_a, keep_e
     if rc != 0:
         raise setup_error(res, blob, argv)

@@ -1,0 +1,120 @@
+"""What a sandbox's own cgroup (sandbox.cgroups) costs: spawn+wait of /bin/true with limits off and on.
+
+Rows, interleaved round-robin in one process (as benchmarks/latency.py):
+- sandbox.spawn, no limits;
+- sandbox.spawn, rlimits only (nofile: nothing to make);
+- sandbox.spawn, cgroup limits (memory_mb, nproc, cpu_cores): a cgroup made per sandbox in every
+  hierarchy this caller has (mkdir, limits written, cgroup.procs opened), entered by the child, read
+  and removed after the end;
+- the same limits with no cgroup for the caller ($SANDBOX_CGROUP_PARENT pointing nowhere: rlimits);
+- posix_spawn /bin/true, the floor.
+Besides, the cgroup's own steps timed alone in the caller (make with limits, read usage, remove).
+
+    python benchmarks/limits.py [-n 300] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from latency import MOUNTS  # noqa: E402
+from timing import measure, p99  # noqa: E402
+
+import sandbox  # noqa: E402
+from sandbox import cgroups  # noqa: E402
+from sandbox.plan_cache import compiled_plan  # noqa: E402
+
+LIMITS = sandbox.Limits(memory_mb=256, nproc=64, cpu_cores=1.0)
+
+
+def spec(limits: sandbox.Limits) -> sandbox.Spec:
+    return sandbox.Spec(mounts=MOUNTS, limits=limits, env={"PATH": "/usr/bin"})
+
+
+def run_true(s: sandbox.Spec) -> None:
+    with sandbox.spawn(["/bin/true"], s, backend="native") as p:
+        pass
+    if p.returncode != 0:
+        raise RuntimeError(f"/bin/true exited {p.returncode}")
+
+
+def no_cgroup(s: sandbox.Spec) -> None:
+    saved = os.environ.get(cgroups.PARENT_ENV)
+    os.environ[cgroups.PARENT_ENV] = "/nonexistent"
+    try:
+        run_true(s)
+    finally:
+        if saved is None:
+            del os.environ[cgroups.PARENT_ENV]
+        else:
+            os.environ[cgroups.PARENT_ENV] = saved
+
+
+def cgroup_steps(n: int) -> dict[str, float]:
+    """Median µs of each step of a sandbox's cgroup, in the caller, with no process in it."""
+    info = cgroups.host_cgroups()
+    plan = compiled_plan(spec(LIMITS), sandbox.host.HostInfo.current())
+    assert plan.cgroup is not None
+    make, read, remove = [], [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        cg = cgroups.SandboxCgroup(info, plan.cgroup)
+        t1 = time.perf_counter()
+        cg.close_fds()
+        cg.usage()
+        t2 = time.perf_counter()
+        cg.remove()
+        t3 = time.perf_counter()
+        make.append((t1 - t0) * 1e6)
+        read.append((t2 - t1) * 1e6)
+        remove.append((t3 - t2) * 1e6)
+    return {"make (mkdir, limits, open)": statistics.median(make), "read usage": statistics.median(read),
+            "remove (rmdir)": statistics.median(remove)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=300)
+    ap.add_argument("--gap-ms", type=float, default=0.0,
+                    help="sleep between rounds: spaced-out spawns pay the kernel's RCU grace period on migration")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    info = cgroups.host_cgroups()
+    print(f"cgroups here: {info.mechanism} ({', '.join(sorted(info.controllers)) or 'none'}); {info.reason}")
+    print(f"hierarchies: {', '.join(f'v{h.version} {h.parent}' for h in info.hierarchies) or 'none'}")
+    plain, rl, cg = spec(sandbox.Limits()), spec(sandbox.Limits(nofile=256)), spec(LIMITS)
+    fns = {
+        "posix_spawn /bin/true": lambda: subprocess.run(["/bin/true"], check=True),
+        "spawn, no limits": lambda: run_true(plain),
+        "spawn, rlimits only": lambda: run_true(rl),
+        "spawn, cgroup limits": lambda: run_true(cg),
+        "spawn, same limits, no cgroup (rlimits)": lambda: no_cgroup(cg),
+    }
+    times = measure(fns, args.n, on_round=(lambda: time.sleep(args.gap_ms / 1000)) if args.gap_ms else None)
+    base = statistics.median(times["spawn, no limits"])
+    print(f"\nspawn+wait of /bin/true, n={args.n} each, interleaved, {args.gap_ms} ms between rounds")
+    print(f"{'variant':42} {'median ms':>10} {'p99 ms':>8} {'vs no limits':>13}")
+    for name, xs in times.items():
+        med = statistics.median(xs)
+        print(f"{name:42} {med:10.3f} {p99(xs):8.3f} {med - base:+12.3f}")
+    steps = cgroup_steps(args.n) if info.hierarchies else {}
+    if steps:
+        print(f"\nthe cgroup's steps in the caller ({len(info.hierarchies)} hierarchies), median µs")
+        for name, us in steps.items():
+            print(f"  {name:30} {us:8.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"mechanism": info.mechanism, "times_ms": times, "steps_us": steps}, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

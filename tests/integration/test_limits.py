@@ -1,0 +1,192 @@
+"""Resource walls per sandbox (sandbox.cgroups): memory, processes and CPU, on the native spawn path.
+
+Real limits need a cgroup the caller may write: root's own, or the delegated
+subtree run-tests.sh gives the unprivileged run ($SANDBOX_CGROUP_PARENT).
+Without one, the tests of real limits are skipped and the fallback's are run.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import sandbox
+from sandbox import Limits, UnavailableError
+from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
+from sandbox.presets import python_interpreter
+
+INFO = host_cgroups()
+needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
+                           reason=f"no cgroup limits for this caller: {INFO.reason}")
+PY = sys.executable
+
+TOUCH = textwrap.dedent("""
+    import ctypes, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    p = libc.mmap(None, 8 << 30, 3, 0x22 | 0x4000, -1, 0)  # 8 GB, private, anonymous, no reserve
+    assert p not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    ctypes.memset(p, 1, int(sys.argv[1]) << 20)
+    print("touched", sys.argv[1])
+""")
+
+
+def spec(**limits: object) -> sandbox.Spec:
+    return python_interpreter(limits=Limits(**limits))  # type: ignore[arg-type]
+
+
+def leftovers() -> list[str]:
+    return [p for h in INFO.hierarchies for p in glob.glob(os.path.join(h.parent, PREFIX + "*"))]
+
+
+def mine(paths: list[str]) -> list[str]:
+    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{os.getpid()}-")]
+
+
+@pytest.fixture(autouse=True)
+def no_cgroup_left() -> object:
+    yield
+    assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
+
+
+def wait_for(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@needs
+def test_reserving_8_gb_and_touching_10_mb_runs_under_memory_100() -> None:
+    r = sandbox.run([PY, "-c", TOUCH, "10"], spec(memory_mb=100), capture_output=True, backend="native")
+    assert (r.returncode, r.stdout, r.killed_by) == (0, b"touched 10\n", None), r.stderr
+    assert r.usage is not None and r.usage.mechanism == INFO.mechanism
+    assert r.usage.memory_peak_mb is not None and 10 <= r.usage.memory_peak_mb <= 100
+    assert r.usage.cpu_s is not None and r.usage.cpu_s > 0
+
+
+@needs
+def test_touching_300_mb_under_memory_100_is_killed_by_memory() -> None:
+    r = sandbox.run([PY, "-c", TOUCH, "300"], spec(memory_mb=100), capture_output=True, backend="native")
+    assert r.returncode == -signal.SIGKILL and r.killed_by == "memory", (r.returncode, r.stderr)
+    assert r.stdout == b""
+    assert r.usage is not None and r.usage.memory_peak_mb is not None and r.usage.memory_peak_mb <= 100.5
+
+
+FORK_BOMB = textwrap.dedent("""
+    import os, sys, time
+    n = 0
+    while n < 500:
+        try:
+            if os.fork() == 0:
+                time.sleep(30)
+                os._exit(0)
+        except OSError:
+            break
+        n += 1
+    print(n, flush=True)
+""")
+
+
+@needs
+def test_a_fork_bomb_under_nproc_32_stays_at_32(procs: object) -> None:
+    marker = procs.new_marker()  # type: ignore[attr-defined]
+    before = len([p for p in os.listdir("/proc") if p.isdigit()])
+    r = sandbox.run([PY, "-c", FORK_BOMB, marker], spec(nproc=32), capture_output=True, backend="native",
+                    timeout=60)
+    forked = int(r.stdout)
+    # sandbox-init and the bomb itself count too
+    assert 0 < forked <= 30, r.stdout
+    assert r.usage is not None and r.usage.pids_peak is not None and r.usage.pids_peak <= 32
+    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    after = len([p for p in os.listdir("/proc") if p.isdigit()])
+    assert after < before + 10  # nothing of the sandbox is left (other work on the host comes and goes)
+
+
+@needs
+def test_a_fork_bomb_that_fails_is_killed_by_pids() -> None:
+    bomb = FORK_BOMB + "sys.exit(3)\n"
+    r = sandbox.run([PY, "-c", bomb], spec(nproc=8), capture_output=True, backend="native", timeout=60)
+    assert (r.returncode, r.killed_by) == (3, "pids")
+
+
+@needs
+def test_half_a_core_holds_a_busy_loop_near_half_a_cpu() -> None:
+    spin = "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t: pass\n"
+    start = time.monotonic()
+    r = sandbox.run([PY, "-c", spin], spec(cpu_cores=0.5), capture_output=True, backend="native", timeout=30)
+    wall = time.monotonic() - start
+    assert r.returncode == 0 and r.usage is not None and r.usage.cpu_s is not None
+    share = r.usage.cpu_s / wall
+    assert 0.2 <= share <= 0.7, (r.usage.cpu_s, wall)  # unbounded, a busy loop takes a whole CPU
+
+
+@needs
+def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(procs: object) -> None:
+    marker = procs.new_marker()  # type: ignore[attr-defined]
+    script = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
+    s = python_interpreter(limits=Limits(nproc=16), namespaces=sandbox.Namespaces(pid=False))
+    with sandbox.spawn([PY, "-c", script, marker], s, backend="native") as p:
+        assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
+        p.kill()
+    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    assert p.killed_by is None  # the caller's kill, not a limit
+
+
+@needs
+def test_a_timeout_is_reported_as_killed_by_timeout() -> None:
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        sandbox.run([PY, "-c", "import time; time.sleep(30)"], spec(memory_mb=64), timeout=0.5, backend="native")
+    assert info.value.killed_by == "timeout"  # type: ignore[attr-defined]
+
+
+@needs
+def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> None:
+    caller = textwrap.dedent(f"""
+        import sys, sandbox
+        from sandbox import Limits
+        from sandbox.presets import python_interpreter
+        p = sandbox.spawn([{PY!r}, "-c", "import time; time.sleep(60)"],
+                          python_interpreter(limits=Limits(memory_mb=64, nproc=8)), backend="native")
+        print(p.pid, flush=True)
+        sys.stdin.read()
+    """)
+    before = set(leftovers())
+    child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip().isdigit()
+    made = set(leftovers()) - before
+    assert len(made) == len(INFO.hierarchies)
+    child.kill()
+    child.wait()
+    # the next start (another process's first cgroup) sweeps what a dead owner left
+    later = subprocess.run([PY, "-c", "import sandbox, sys\nfrom sandbox import Limits\n"
+                            "from sandbox.presets import python_interpreter\n"
+                            f"sandbox.run([{PY!r}, '-c', 'pass'], python_interpreter(limits=Limits(nproc=8)))"],
+                           timeout=60)
+    assert later.returncode == 0
+    assert wait_for(lambda: not (made & set(leftovers())), 5.0), made & set(leftovers())
+
+
+def test_require_cgroups_without_them_names_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PARENT_ENV, "/nonexistent/cgroup")
+    with pytest.raises(UnavailableError, match="require_cgroups.*memory_mb"):
+        sandbox.run([PY, "-c", "pass"], spec(memory_mb=100, require_cgroups=True), backend="native")
+
+
+def test_without_cgroups_memory_falls_back_to_rlimit_data(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PARENT_ENV, "/nonexistent/cgroup")
+    show = "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0] >> 20)"
+    r = sandbox.run([PY, "-c", show], spec(memory_mb=300), capture_output=True, backend="native")
+    assert (r.returncode, r.stdout) == (0, b"300\n")
+    assert r.usage is not None and r.usage.mechanism == "rlimit" and r.killed_by is None

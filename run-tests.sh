@@ -36,7 +36,7 @@ if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
     stage=$(mktemp -d /tmp/sandbox-tests.XXXXXX)
     cgroups=""
     trap 'rm -rf "$stage"; [ -z "$cgroups" ] || python3 "$src/tools/cgroup-delegate.py" remove "$cgroups"' EXIT
-    cp -r "$src/tests" "$src/pyproject.toml" "$src/README.md" "$stage/"  # README: tests/typing compares its examples
+    cp -r "$src/tests" "$src/pyproject.toml" "$src/README.md" "$src/docs" "$stage/"  # README, docs/: tests compare their examples and tables
     chmod -R a+rX "$stage"
     chmod 755 "$stage"
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"

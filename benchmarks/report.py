@@ -6,7 +6,7 @@ Writes DIR (default benchmarks/reports/<YYYY-MM-DD>/): report.md (the tables,
 with ratios, and the machine and kernel it ran on), the PNG plots it shows,
 and raw.json (every measured value, to draw them again). Within each suite
 the variants run interleaved, so compare within one report, not across two.
-A full run takes about 3-6 minutes on 2 vCPUs; --quick about one minute (for
+A full run takes about 3-6 minutes on 2 vCPUs; --quick about half a minute (for
 CI, which checks only that it runs and writes the files). --readme puts the
 headline table and plot into README.md, between its bench markers.
 Needs the `bench` extra (matplotlib; tqdm for the progress bar).
@@ -46,7 +46,7 @@ PLOTS = {"latency": "latency.png", "throughput": "throughput.png", "scaling": "s
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="about a minute: few runs of each (numbers are rough)")
+    ap.add_argument("--quick", action="store_true", help="about half a minute: few runs of each (numbers are rough)")
     ap.add_argument("--out", type=Path, help="report folder (default benchmarks/reports/<date>)")
     ap.add_argument("--readme", action="store_true", help="put the headline table and plot into README.md")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -246,7 +246,7 @@ def headline(results: dict[str, Any], out: Path) -> str:
     rel = out.resolve().relative_to(README.parent.resolve()) if out.resolve().is_relative_to(README.parent.resolve()) \
         else out
     return "\n".join([BEGIN, "", f"From [{rel}/report.md]({rel}/report.md) (`python -m benchmarks`; "
-                      "`--quick` for a one-minute run):", "", latency.table(results["latency"]), "",
+                      "`--quick` for a rough one in about half a minute):", "", latency.table(results["latency"]), "",
                       f"![spawn+wait latency]({rel}/{PLOTS['latency']})", "", END])
 
 

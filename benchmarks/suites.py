@@ -40,7 +40,7 @@ THROUGHPUT_VARIANTS = (BARE, NATIVE, FRESH, BWRAP, TEMPLATE)
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much each suite runs: `quick` is about a minute, the full run a few."""
+    """How much each suite runs: `quick` is about half a minute, the full run a few minutes."""
 
     spawn_n: int
     callers: tuple[int, ...]

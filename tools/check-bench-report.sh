@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Check that the benchmark report runs and writes its files: `python -m
-# benchmarks --quick` (about a minute) into a temporary folder, then every
+# benchmarks --quick` (about half a minute) into a temporary folder, then every
 # file of the report must be there and non-empty. The numbers are not checked
 # (a short run on a shared machine says little). Needs the venv with the
 # `bench` extra (SANDBOX_EXTRAS=test,bench tools/setup-venv.sh); $SANDBOX_VENV

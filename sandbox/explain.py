@@ -216,7 +216,7 @@ def _seccomp(plan: Plan, spec: S.Spec | None) -> str:
         return "none"
     size = f"{len(plan.seccomp) // 8} BPF instructions"
     if spec is not None and spec.seccomp == DEFAULT_POLICY or plan.seccomp == compile_policy(DEFAULT_POLICY):
-        return f"the default policy ({size}; see README's table)"
+        return f"the default policy ({size}; see docs/hardening.md)"
     return f"a custom policy ({size})"
 
 

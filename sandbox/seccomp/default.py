@@ -3,7 +3,7 @@
 `DEFAULT_POLICY_REASONS` gives the reason for every syscall the policy
 denies (outright or for some arguments), `DEFAULT_POLICY_ALLOWED` for the
 notable ones it leaves alone. `policy_table` lists what a policy does per
-syscall; README's table ("Hardening") is these three read together, and a
+syscall; docs/hardening.md's tables ("The default policy") are these three read together, and a
 unit test holds them equal.
 """
 
@@ -150,7 +150,7 @@ def policy_table(policy: Seccomp = DEFAULT_POLICY) -> list[tuple[str, str]]:
     """(syscall, effect) for every syscall a policy treats specially, sorted by name.
 
     e.g. ("ioctl", "ERRNO(EPERM) if args[1] == 0x5412 (low 32 bits); ...; else ALLOW").
-    Pair with DEFAULT_POLICY_REASONS / DEFAULT_POLICY_ALLOWED to print the README table.
+    Pair with DEFAULT_POLICY_REASONS / DEFAULT_POLICY_ALLOWED to print the table of docs/hardening.md.
     """
     from .compile import _blocks  # the compiler and the disassembler only when a table is asked for
     from .debug import describe_action

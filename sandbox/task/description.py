@@ -1,7 +1,6 @@
 """The task sandbox's description: one frozen value with a JSON form.
 
-The keys and shapes are those of a framework's sandbox layer (see the README's
-"From a bwrap-rendering layer to sandbox.task"): every key optional, `{}` a
+The keys and shapes are those of a framework's sandbox layer (see docs/task.md): every key optional, `{}` a
 valid description, unknown keys refused by name, and a JSON round trip gives
 an equal value. Validation happens at construction and raises SpecError
 naming the field.

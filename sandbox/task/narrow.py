@@ -1,7 +1,7 @@
 """Nested sandboxes, from the trusted side: a description narrowed from its parent's.
 
 A task sandbox cannot start a sandbox inside itself under the default
-seccomp policy (no new user namespaces there; see the README's "Nested
+seccomp policy (no new user namespaces there; see docs/task.md, "Nested
 sandboxes"). The framework starts the narrower one itself, as a sibling,
 from `narrowed(parent, child)`: the child description is checked to grant
 nothing its parent does not (every path it shows lies under a path the

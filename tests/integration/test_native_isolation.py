@@ -5,7 +5,7 @@ send a later operation out to the host.
 
 What a sandbox looks like from inside, on either backend, is the conformance
 suite's job (tests/conformance). bwrap resolves destinations differently
-(README "Backends": bubblewrap #195), so these checks are the native path's.
+(docs/backends.md: bubblewrap #195), so these checks are the native path's.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def test_enabled_false_confines_nothing_and_holds_nothing_back(tmp_path: Path) -
 
 
 def test_a_sandbox_inside_a_task_sandbox_is_refused_by_the_default_policy(backend: str) -> None:
-    """Nested sandboxes: the default seccomp policy denies new user namespaces inside (README, Task sandboxes)."""
+    """Nested sandboxes: the default seccomp policy denies new user namespaces inside (docs/task.md)."""
     code = ("import sandbox\n"
             "for be in ('native', 'bwrap'):\n"
             "    try:\n"

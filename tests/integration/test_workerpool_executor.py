@@ -1,7 +1,7 @@
 """WorkerPool as a concurrent.futures.Executor: what CPython's own executor tests
 (Lib/test/test_concurrent_futures.py) check of every executor, checked here.
 
-Deliberate differences (README, "WorkerPool"): a crashed task raises TaskError
+Deliberate differences (docs/workerpool.md): a crashed task raises TaskError
 and the pool goes on (ProcessPoolExecutor breaks); replies are loaded with an
 allowlist; a BaseException that is not an Exception comes back as TaskExit;
 there is no initializer (preload imports modules in the zygote instead).

@@ -1,26 +1,30 @@
-"""The README's Python examples, as a user of the installed package writes them.
+"""The Python examples of README.md and docs/*.md, as a user of the installed package writes them.
 
-Each readme_example_* function's body is one ```python block of README.md, in
-order (test_readme_examples.py checks both ways, and runs mypy --strict on this
-file against the installed package). Nothing here runs: the names the README
-leaves to the reader are defined first, with placeholder values.
+Each readme_example_N function's body is one ```python block of README.md, in
+order; each docs_<page>_example_N one block of docs/<page>.md, page by page
+(test_readme_examples.py checks both ways, and runs mypy --strict on this file
+against the installed package). Nothing here runs: the names the examples
+leave to the reader are defined first, with placeholder values.
 """
 
 from __future__ import annotations
 
-import ray
-
 import sandbox
 
-# ---------------------------------------------------------------- what the README leaves to the reader
+# ---------------------------------------------------------------- what the examples leave to the reader
 
 spec = sandbox.presets.minimal_system()
 workdir, path = "/home/me/work", "/home/me/work/tests"
 submission, submissions = "print(1)", ["print(1)", "print(2)"]
+rollout, rollouts = "print(1)", ["print(1)", "print(2)"]
 tasks = ["print(1)"]
 
 
 def grade(source: str) -> int:
+    return len(source)
+
+
+def score(source: str) -> int:
     return len(source)
 
 
@@ -47,6 +51,51 @@ def readme_example_1() -> None:
 
 
 def readme_example_2() -> None:
+    with sandbox.Template(spec) as t:
+        for task in tasks:
+            done = t.run(["python3", "-c", task], capture_output=True, timeout=60,
+                         binds=[sandbox.Bind(workdir, "/tmp/work")], cwd="/tmp/work", env={"TASK": "1"})
+
+
+def readme_example_3() -> None:
+    with sandbox.WorkerPool(spec, 4, preload=["json", "numpy"]) as pool:
+        fut = pool.submit(grade, submission)           # a concurrent.futures.Executor
+        print(fut.result(), fut.stdout, fut.stderr)    # what the task printed, per task
+        pool.submit_task(run_tests, (path,), timeout=30, binds=[sandbox.Bind(workdir, "/work")], env={"SEED": "1"})
+
+
+def readme_example_4() -> None:
+    from sandbox import task
+
+    sb = task.Sandbox(
+        read=["/data/split-7"],                                   # read-only, at their own paths
+        binds=[task.Bind("/runs/42/work", "/w", writable=True)],  # a host path under a name of its own
+        env_allow=["LANG"], ports=[8080],                         # the host's tool server, forwarded inside
+        probes=["/root/.ssh"],                                    # must be absent inside, or the start fails
+        records="/runs/42/sandbox-records", role="task",
+    )
+    result = task.run(["python3", "agent.py", "--out=/runs/42/work/answer.json"], sb, capture_output=True)
+    # argv becomes [..., "--out=/w/answer.json"]; result.record is what records/ received
+
+# ---------------------------------------------------------------- docs/*.md's blocks, page by page, in order
+
+
+def docs_python_api_example_1() -> None:
+    import sandbox
+
+    spec = sandbox.presets.minimal_system(             # /usr read-only with its links, /proc, /dev, a private /tmp
+        sandbox.Bind("/home/me/work", "/work"),        # then your mounts: writable, under a new name
+        cwd="/work", hostname="box",
+        limits=sandbox.Limits(cpu_s=10, memory_mb=1024, cpu_cores=1.0, file_mb=100, nofile=256, nproc=256),
+    )
+    result = sandbox.run(["sh", "-c", "make test"], spec, capture_output=True, timeout=60)
+    print(result.returncode, result.backend, result.backend_reason, result.timings)
+
+    with sandbox.spawn(["sleep", "100"], spec) as proc:   # subprocess.Popen-shaped
+        proc.kill()                                        # the whole sandbox, every process in it
+
+
+def docs_python_api_example_2() -> None:
     spec = sandbox.Spec(
         mounts=[
             sandbox.RoBind("/usr"),
@@ -60,29 +109,23 @@ def readme_example_2() -> None:
     )
 
 
-def readme_example_3() -> None:
-    with sandbox.WorkerPool(spec, 4, preload=["json", "numpy"]) as pool:
-        fut = pool.submit(grade, submission)           # a concurrent.futures.Executor
-        print(fut.result(), fut.stdout, fut.stderr)    # what the task printed, per task
-        pool.submit_task(run_tests, (path,), timeout=30, binds=[sandbox.Bind(workdir, "/work")], env={"SEED": "1"})
+def docs_ray_example_1() -> None:
+    import ray
 
-
-def readme_example_4() -> None:
+    import sandbox
     from sandbox.ray import RayPool
 
-    ray.init(address="auto")
-    with RayPool(spec, 8, preload=["json"]) as pool:
-        results = list(pool.map(grade, submissions))
+    ray.init(address="auto")                      # the running cluster (ray.init() alone starts a local one)
+    spec = sandbox.presets.minimal_system()       # paths are the nodes' paths
+    with RayPool(spec, 8, preload=["json"], timeout=60) as pool:
+        futures = [pool.submit(score, rollout) for rollout in rollouts]
+        for f in futures:
+            print(f.result(), f.node_id, f.stdout)  # value, the node that ran it, what the task printed
+        pool.submit_task(run_tests, (path,), timeout=30, env={"SEED": "1"},
+                         binds=[sandbox.Bind("/data/job-7", "/work")])   # the node's /data/job-7
 
 
-def readme_example_5() -> None:
-    with sandbox.Template(spec) as t:
-        for task in tasks:
-            done = t.run(["python3", "-c", task], capture_output=True, timeout=60,
-                         binds=[sandbox.Bind(workdir, "/tmp/work")], cwd="/tmp/work", env={"TASK": "1"})
-
-
-def readme_example_6() -> None:
+def docs_task_example_1() -> None:
     import os
 
     from sandbox import task
@@ -105,6 +148,29 @@ def readme_example_6() -> None:
     answer = task.outside(sb, "answer.json")                   # the host path of what the learner names
     task.sanitized_copy(answer, "/runs/42/handoff/answer.json")  # handoffs leave as sanitized copies
 
+
+def docs_template_example_1() -> None:
+    with sandbox.Template(spec) as t:
+        for task in tasks:
+            done = t.run(["python3", "-c", task], capture_output=True, timeout=60,
+                         binds=[sandbox.Bind(workdir, "/tmp/work")], cwd="/tmp/work", env={"TASK": "1"})
+
+
+def docs_workerpool_example_1() -> None:
+    with sandbox.WorkerPool(spec, 4, preload=["json", "numpy"]) as pool:
+        fut = pool.submit(grade, submission)           # a concurrent.futures.Executor
+        print(fut.result(), fut.stdout, fut.stderr)    # what the task printed, per task
+        pool.submit_task(run_tests, (path,), timeout=30, binds=[sandbox.Bind(workdir, "/work")], env={"SEED": "1"})
+
+
+def docs_workerpool_example_2() -> None:
+    import ray
+
+    from sandbox.ray import RayPool
+
+    ray.init()                  # a local Ray (one machine); on a running cluster: ray.init(address="auto")
+    with RayPool(spec, 8, preload=["json"]) as pool:
+        results = list(pool.map(grade, submissions))
 
 # ---------------------------------------------------------------- the README's inline examples
 

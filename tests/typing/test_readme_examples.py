@@ -1,8 +1,9 @@
 """The README's Python examples type-check for a user of the installed package.
 
-readme_examples.py holds every ```python block of README.md (but the one that
-shows a framework's own code before it adopts sandbox.task), each as the body
-of a readme_example_N function, in order: the first test keeps the two in step,
+readme_examples.py holds every ```python block of README.md, each as the body
+of a readme_example_N function, in order, and every block of docs/*.md (but the
+one that shows a framework's own code before it adopts sandbox.task), each as
+the body of a docs_<page>_example_N function: the first tests keep them in step,
 the second runs mypy --strict on that file against the installed package
 (py.typed), as a user's type checker would see it.
 """
@@ -25,7 +26,8 @@ import sandbox
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE / "readme_examples.py"
 README = HERE.parents[1] / "README.md"
-# README blocks left out, by their first line, and why
+DOCS = HERE.parents[1] / "docs"
+# blocks left out (of docs/*.md), by their first line, and why
 NOT_CHECKED = {
     "import os, subprocess, sys": "a framework's own bwrap rendering, before sandbox.task: no API of this package",
 }
@@ -36,10 +38,10 @@ def readme_blocks(text: str) -> list[str]:
     return [m.group(1).rstrip("\n") for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
 
 
-def example_bodies(text: str) -> list[str]:
-    """The bodies of the readme_example_* functions of `text`, dedented, in order."""
+def example_bodies(text: str, prefix: str = "readme") -> list[str]:
+    """The bodies of the <prefix>_example_* functions of `text`, dedented, in order."""
     bodies = []
-    for m in re.finditer(r"^def readme_example_\d+\(\) -> None:\n((?:[ \t]*\n|    .*\n)*)", text, re.M):
+    for m in re.finditer(rf"^def {prefix}_example_\d+\(\) -> None:\n((?:[ \t]*\n|    .*\n)*)", text, re.M):
         bodies.append(textwrap.dedent(m.group(1)).strip("\n"))
     return bodies
 
@@ -48,13 +50,29 @@ def test_examples_are_the_readme_blocks() -> None:
     if not README.is_file():
         pytest.skip(f"{README} is not beside the tests (a copy of tests/ alone)")
     blocks = readme_blocks(README.read_text())
-    kept = [b for b in blocks if b.split("\n", 1)[0] not in NOT_CHECKED]
-    assert len(blocks) - len(kept) == len(NOT_CHECKED), "a block NOT_CHECKED names is gone from the README"
     bodies = example_bodies(EXAMPLES.read_text())
-    for i, (block, body) in enumerate(zip(kept, bodies, strict=False), 1):
+    for i, (block, body) in enumerate(zip(blocks, bodies, strict=False), 1):
         assert body == block, f"readme_example_{i} differs from the README's block:\n{block}"
-    assert len(bodies) == len(kept), (f"README.md has {len(kept)} checked python blocks, "
-                                      f"{EXAMPLES.name} {len(bodies)} readme_example_* functions")
+    assert len(bodies) == len(blocks), (f"README.md has {len(blocks)} python blocks, "
+                                        f"{EXAMPLES.name} {len(bodies)} readme_example_* functions")
+
+
+def test_examples_are_the_docs_blocks() -> None:
+    if not DOCS.is_dir():
+        pytest.skip(f"{DOCS} is not beside the tests (a copy of tests/ alone)")
+    examples = EXAMPLES.read_text()
+    left_out = 0
+    for page in sorted(DOCS.glob("*.md")):
+        blocks = readme_blocks(page.read_text())
+        kept = [b for b in blocks if b.split("\n", 1)[0] not in NOT_CHECKED]
+        left_out += len(blocks) - len(kept)
+        prefix = "docs_" + page.stem.replace("-", "_")
+        bodies = example_bodies(examples, prefix)
+        for i, (block, body) in enumerate(zip(kept, bodies, strict=False), 1):
+            assert body == block, f"{prefix}_example_{i} differs from {page.name}'s block:\n{block}"
+        assert len(bodies) == len(kept), (f"docs/{page.name} has {len(kept)} checked python blocks, "
+                                          f"{EXAMPLES.name} {len(bodies)} {prefix}_example_* functions")
+    assert left_out == len(NOT_CHECKED), "a block NOT_CHECKED names is gone from docs/"
 
 
 def _site_dirs() -> set[Path]:

@@ -1,6 +1,6 @@
 """The bwrap backend: run a Plan with bubblewrap (/usr/bin/bwrap, 0.8.0 or newer).
 
-How it drives bwrap is in driver.py; what still differs from the native backend is in README's "Backends".
+How it drives bwrap is in driver.py; what still differs from the native backend is in docs/backends.md.
 """
 
 from __future__ import annotations

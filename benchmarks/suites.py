@@ -56,7 +56,7 @@ class Sizes:
     @classmethod
     def make(cls, quick: bool) -> Sizes:
         if quick:
-            return cls(spawn_n=60, callers=(1, 2, 4, 8), window_s=0.5, windows=1, binds=(10, 100, 1000),
+            return cls(spawn_n=60, callers=(1, 2, 4, 8), window_s=0.2, windows=3, binds=(10, 100, 1000),
                        env_vars=(10, 100, 1000), scale_n=3, python_n=8, stages_n=60, others=False)
         return cls(spawn_n=1000, callers=(1, 2, 4, 8), window_s=2.0, windows=2, binds=(10, 100, 1000),
                    env_vars=(10, 100, 1000), scale_n=30, python_n=100, stages_n=500, others=True)
@@ -104,20 +104,25 @@ def spawn_latency_steps(sizes: Sizes) -> int:
 
 # ---------------------------------------------------------------- throughput
 
-def throughput(sizes: Sizes, progress: Progress) -> dict[str, dict[int, float]]:
+def throughput(sizes: Sizes, progress: Progress) -> dict[str, dict[int, list[float]]]:
     """Spawns per second with 1, 2, 4, 8 callers (threads spawning back to back),
-    each variant for `window_s`, interleaved, best of `windows` windows."""
+    each variant for `window_s`, interleaved: the rate of every one of the
+    `windows` windows (`best` gives the report's figure, the plot the spread)."""
     progress.section("throughput vs callers")
     with spawn_variants() as all_fns:
         fns = {k: v for k, v in all_fns.items() if k in THROUGHPUT_VARIANTS}
-        rates: dict[str, dict[int, float]] = {k: {} for k in fns}
+        rates: dict[str, dict[int, list[float]]] = {k: {} for k in fns}
         for _ in range(sizes.windows):
             for callers in sizes.callers:
                 for name, fn in fns.items():
-                    rate = _window(fn, callers, sizes.window_s)
-                    rates[name][callers] = max(rate, rates[name].get(callers, 0.0))
+                    rates[name].setdefault(callers, []).append(_window(fn, callers, sizes.window_s))
                     progress.step()
     return rates
+
+
+def best(windows: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+    """The best window of each variant and caller count: the throughput the report gives."""
+    return {name: {callers: max(rates) for callers, rates in by.items()} for name, by in windows.items()}
 
 
 def throughput_steps(sizes: Sizes) -> int:

@@ -50,8 +50,8 @@ def colour(variant: str) -> str:
 
 def _stage_colours(n: int) -> list[Any]:
     """n distinct colours for the stages of a bar (tab10, then tab20's light shades, then Set3's)."""
-    tab20 = plt.get_cmap("tab20").colors
-    palette = [*tab20[0::2], *tab20[1::2], *plt.get_cmap("Set3").colors]
+    tab20, set3 = plt.get_cmap("tab20"), plt.get_cmap("Set3")  # listed colormaps: an int picks a colour
+    palette = [tab20(i) for i in range(0, 20, 2)] + [tab20(i) for i in range(1, 20, 2)] + [set3(i) for i in range(12)]
     return [palette[i % len(palette)] for i in range(n)]
 
 

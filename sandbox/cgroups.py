@@ -7,9 +7,9 @@ and parent setting), the best this host allows the caller:
   and cpu controllers enabled for its children (root; a delegated subtree,
   systemd's ``Delegate=yes``);
 - ``cgroup1``: v1 hierarchies of those controllers with a parent the caller
-  may write (this is also the hybrid layout: v1 controllers, and a v2
-  hierarchy beside them without controllers, used for placement,
-  ``cgroup.kill`` and ``cpu.stat``);
+  may write, and v1's cpuacct for CPU time (this is also the hybrid layout:
+  v1 controllers, and a v2 hierarchy beside them without controllers, which
+  is left out: see `_decide`);
 - ``none``: no writable cgroup; `Limits.memory_mb` falls back to RLIMIT_DATA,
   `nproc` to RLIMIT_NPROC, `cpu_cores` to nothing (sandbox.plan decides that
   from `CgroupInfo.controllers`), and `Limits.require_cgroups` refuses with
@@ -55,6 +55,12 @@ PARENT_ENV = "SANDBOX_CGROUP_PARENT"
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
 PREFIX = "sbx-"
+# The file a sandbox's first process writes "0" to, to enter a cgroup. On v1, `tasks` moves
+# only the writing thread (its only one: the process), and the kernel takes no global lock
+# for a thread that moves itself; `cgroup.procs` takes the threadgroup lock for writing,
+# which waits for an RCU grace period (ms) when no migration happened just before. v2 has
+# no such file across domain cgroups: there, clone3's CLONE_INTO_CGROUP is the cheap way.
+_ENTRY = {1: "tasks", 2: "cgroup.procs"}
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,7 @@ def detect(env_value: str | None) -> CgroupInfo:
                                 "within a subtree its owner may write")
                 continue
             hierarchies.append(Hierarchy(2, parent, _v2_controllers(parent)))
-        elif ctrls & set(CONTROLLERS):
+        elif ctrls & {*CONTROLLERS, "cpuacct"}:
             hierarchies.append(Hierarchy(1, parent, frozenset(ctrls & set(CONTROLLERS)) | (ctrls & {"cpuacct"})))
     return _decide(hierarchies, problems, env_value)
 
@@ -225,21 +231,27 @@ def _own_v1(own: dict[str, str], ctrls: frozenset[str]) -> str | None:
 
 
 def _decide(found: list[Hierarchy], problems: list[str], env_value: str | None) -> CgroupInfo:
-    """Each controller from v2 if it offers it, else from v1; the hierarchies that serve one, and a
-    controller-less v2 for placement, kill and cpu.stat."""
+    """Each controller from v2 if it offers it, else from v1; the hierarchies that serve one, and
+    v1's cpuacct for the CPU time where no hierarchy used counts it. A v2 hierarchy without
+    controllers beside v1 ones (the hybrid layout) is left out: entering it is a whole-process
+    migration, which takes the kernel's global threadgroup lock and waits for an RCU grace period
+    (2-10 ms per sandbox here), for nothing v1 cannot give (kill: its pids cgroup's processes)."""
     v2 = [h for h in found if h.version == 2]
+    v1 = [h for h in found if h.version == 1]
     use: list[Hierarchy] = []
     controllers: set[str] = set()
-    if v2:
+    if v2 and (v2[0].controllers or not any(h.controllers & set(CONTROLLERS) for h in v1)):
         controllers |= v2[0].controllers
         use.append(v2[0])
     from_v1 = False
-    for h in (h for h in found if h.version == 1):
+    for h in v1:
         extra = (h.controllers & set(CONTROLLERS)) - controllers
         if extra:
             controllers |= extra
             use.append(Hierarchy(1, h.parent, frozenset(extra) | (h.controllers & {"cpuacct"})))
             from_v1 = True
+    if use and not any(h.version == 2 or "cpuacct" in h.controllers for h in use):
+        use += [Hierarchy(1, h.parent, frozenset({"cpuacct"})) for h in v1 if h.controllers == {"cpuacct"}][:1]
     missing = [c for c in CONTROLLERS if c not in controllers]
     where = f"${PARENT_ENV}={env_value}" if env_value else "the caller's own cgroups"
     if not controllers:
@@ -326,7 +338,7 @@ class SandboxCgroup:
                     _live.add(path)
                 self.dirs.append((h, path))
                 self._set_limits(h, path)
-                self.procs_fds.append(os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+                self.procs_fds.append(os.open(os.path.join(path, _ENTRY[h.version]), os.O_WRONLY | os.O_CLOEXEC))
         except BaseException:
             self.close_fds()
             self.remove()

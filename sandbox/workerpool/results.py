@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Future
 from typing import Any, ClassVar, Generic, TypeVar
 
+from ..cgroups import Usage
 from ..errors import SandboxError
 from .sources import restore_frames
 
@@ -59,12 +60,18 @@ class TaskFuture(Future[T], Generic[T]):
         self.stdout = b""
         self.stderr = b""
         self.timings: dict[str, float] = {}  # µs: clone and setup (in the zygote), started and done (since SPAWN)
+        # What the task's sandbox used (its cgroup's counts; mechanism "rlimit": none), and the limit
+        # that ended it ("memory", "pids", "cpu", "timeout"; None), once it is done (None before, or
+        # when it never started).
+        self.usage: Usage | None = None
+        self.killed_by: str | None = None
 
 
 class TaskError(SandboxError):
     """The task's sandbox ended without a reply: it exited (os._exit, a crash)
     or was killed. `returncode` is its exit code, or -N if signal N ended it;
-    `stdout` and `stderr` what it wrote."""
+    `stdout` and `stderr` what it wrote; `usage` and `killed_by` as on its
+    TaskFuture (killed_by "memory": its cgroup's OOM killer ended it)."""
 
     def __init__(self, message: str, *, returncode: int | None = None, stdout: bytes = b"",
                  stderr: bytes = b"") -> None:
@@ -72,6 +79,8 @@ class TaskError(SandboxError):
         self.returncode = returncode
         self.stdout = stdout
         self.stderr = stderr
+        self.usage: Usage | None = None
+        self.killed_by: str | None = None
 
 
 class TaskTimeoutError(TaskError, TimeoutError):

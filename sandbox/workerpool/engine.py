@@ -102,6 +102,7 @@ class Engine:
         self.zygote_stderr_fd: int | None = zygote_stderr
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.wake_lock = threading.Lock()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
         os.set_blocking(zygote_stderr, False)
@@ -152,10 +153,15 @@ class Engine:
                 self._free(task)
 
     def _wake(self) -> None:
-        try:
-            os.write(self.wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
+        # under wake_lock: once _close has closed the pipe, its number may be
+        # another file's (a later pool's control socket): never write there
+        with self.wake_lock:
+            if self.wake_w < 0:
+                return
+            try:
+                os.write(self.wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
 
     def _start(self, task: Task) -> bool:
         """Make the task's channels, write its payload (what the socket does not
@@ -572,7 +578,9 @@ class Engine:
             os.close(self.zygote_stderr_fd)
             self.zygote_stderr_fd = None
         os.close(self.wake_r)
-        os.close(self.wake_w)
+        with self.wake_lock:
+            os.close(self.wake_w)
+            self.wake_w = -1
         self.ctl.close()
         try:
             self.on_closed()

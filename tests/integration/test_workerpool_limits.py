@@ -211,3 +211,22 @@ def test_without_cgroups_a_task_has_rlimits_and_says_so(spares: int, monkeypatch
         f = p.submit(data_limit)
         assert f.result(timeout=60) == 300
     assert f.usage is not None and f.usage.mechanism == "rlimit" and f.killed_by is None
+
+
+def test_a_closed_pool_never_writes_to_its_old_wake_fd(spares: int) -> None:
+    """A pool's finalizer (shutdown) after its I/O thread closed the wake pipe
+    wrote a byte to that fd number, which a later pool's control socket could
+    hold by then (its zygote read a truncated message and exited)."""
+    p = pool(spares)
+    old = p._engine.wake_w
+    p.shutdown()
+    r, w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        os.dup2(w, old)  # what a later socket or pipe would get
+        p._engine.shutdown(False)  # as the pool's finalizer does
+        with pytest.raises(BlockingIOError):
+            os.read(r, 1)
+    finally:
+        os.close(old)
+        os.close(r)
+        os.close(w)

@@ -20,9 +20,11 @@ slot: the zygote gets only its cgroup.procs fds). A SPAWN brings one; spares
 take the free ones this side sends ahead (INIT, then one CGROUP per SPARE
 received), so that making and entering a cgroup is off a spared task's
 path. When a task's sandbox has ended (EXITED), its cgroup's usage and the
-limit that ended it go on the future, and the cgroup is removed; a task
-with a cgroup is complete only then. What is left when the zygote is gone
-is removed after it is reaped; a SIGKILLed caller's, by cgroups.sweep.
+limit that ended it go to its future's SandboxEnd (TaskFuture.usage waits
+for it: a future is done as soon as the reply is in, its sandbox ends ~1-2
+ms later, off the result's path), and the cgroup is removed. What is left
+when the zygote is gone is removed after it is reaped; a SIGKILLed
+caller's, by cgroups.sweep.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class Engine:
                     body["slot"] = task.slot = self._new_slot(theirs)
                 ch.send(self.ctl, ch.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
+            task.end.set(None, None)  # it never ran
             self._drop_channels(task)
             if isinstance(exc, (BrokenPipeError, ConnectionError)):
                 exc = BrokenWorkerPool(f"the WorkerPool's zygote is gone ({exc})")
@@ -272,6 +275,8 @@ class Engine:
             by_caller = "timeout" if task.timed_out else "kill" if task.failure is not None else None
             task.usage = usage
             task.killed_by = cgroups.killed_by(task.returncode(), usage, self.cpu_s, by_caller)
+        if task is not None:
+            task.end.set(task.usage, task.killed_by)
         if cgroup is not None and not cgroup.remove(attempts=1):
             cgroups._leftover(cgroup)
 
@@ -438,6 +443,7 @@ class Engine:
                 setattr(res, name, body[name])
             task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
             self._end_walls(None, body.get("slot"))
+            task.end.set(None, None)
             self._release(task)
             self._maybe_finish(task)
         elif kind == ch.EXITED:
@@ -503,8 +509,7 @@ class Engine:
         if task.failure is not None:
             self._drop_channels(task)
             self._complete(task, False, task.failure)
-        elif task.open_channels == 0 and task.reply_complete() and not task.timed_out and (
-                task.slot is None or task.status is not None):  # with a cgroup: its usage, once it has ended
+        elif task.open_channels == 0 and task.reply_complete() and not task.timed_out:
             task.record_outputs()
             try:
                 ok, value = self.loader.outcome(bytes(task.reply[ch.LENGTH.size:]), task.sources)
@@ -523,10 +528,7 @@ class Engine:
         task.reply = bytearray()
         future, task.future = task.future, _RETIRED
         future.timings["done"] = (time.monotonic() - task.t0) * 1e6
-        if task.usage is None and task.slot is None:  # rlimits only: they count nothing (it may not have ended)
-            task.usage = cgroups.Usage(mechanism=self.mechanism)
-        future.usage, future.killed_by = task.usage, task.killed_by
-        if isinstance(value, TaskError) and not ok:
+        if isinstance(value, TaskError) and not ok:  # the sandbox has ended (but past a reply or output cap)
             value.usage, value.killed_by = task.usage, task.killed_by
         with self.lock:
             self.unfinished.discard(task)
@@ -557,9 +559,13 @@ class Engine:
             if self.broken is None:
                 self.broken = reason
             pending = list(self.queued) + list(self.unfinished)
+            started = list(self.tasks.values())
             self.queued.clear()
             self.tasks.clear()
         self.inbox.clear()
+        for task in started + pending:
+            if not task.end.event.is_set():
+                task.end.set(None, None)  # its end will not be reported
         for task in pending:
             task.close_trees()
             if not task.done:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..cgroups import Usage
 from . import channel as ch
-from .results import TaskError, TaskFuture, TaskTimeoutError
+from .results import SandboxEnd, TaskError, TaskFuture, TaskTimeoutError
 
 
 @dataclass(eq=False)
@@ -45,6 +45,10 @@ class Task:
     slot: int | None = None  # the engine's id of the cgroup its sandbox entered (None: none)
     usage: Usage | None = None  # once its sandbox has ended
     killed_by: str | None = None  # ... and the limit that ended it
+    end: SandboxEnd = field(default_factory=SandboxEnd)  # its future's (which the engine drops once done)
+
+    def __post_init__(self) -> None:
+        self.end = self.future.end
 
     def reply_size(self) -> int | None:
         """The size its reply announces, once known (None also for a death note)."""

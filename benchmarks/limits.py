@@ -10,7 +10,8 @@ Rows, interleaved round-robin in one process (as benchmarks/latency.py):
 - posix_spawn /bin/true, the floor.
 Besides, the cgroup's own steps timed alone in the caller (make with limits, read usage, remove).
 
-With --workerpool, a WorkerPool task (submit, result) instead, the same way:
+With --workerpool, a WorkerPool task (submit, result) instead, each pool
+alone in blocks (its background spare forks stay off the others' calls):
 pools with spares=2 and spares=0, without limits, with the same cgroup limits
 (a cgroup per task: made ahead for a spare, with SPAWN otherwise; its usage
 read and the cgroup removed when the task ends, which the future then
@@ -113,8 +114,16 @@ def workerpool_rows(n: int, gap_ms: float) -> dict[str, list[float]]:
             f = pool.submit(small_task)
             if f.result() != 42:
                 raise RuntimeError("wrong result")
-        fns = {name: (lambda p=pool: one(p)) for name, pool in pools.items()}
-        return measure(fns, n, on_round=(lambda: time.sleep(gap_ms / 1000)) if gap_ms else None)
+        # Not interleaved: a spared pool forks its next spare after each task,
+        # which would land on the next variant's call. Each pool alone, in
+        # blocks of n/4, round-robin over the pools.
+        times: dict[str, list[float]] = {name: [] for name in pools}
+        block = max(1, n // 4)
+        for _ in range(4):
+            for name, pool in pools.items():
+                times[name] += measure({name: lambda p=pool: one(p)}, block, warmup=5,
+                                       on_round=(lambda: time.sleep(gap_ms / 1000)) if gap_ms else None)[name]
+        return times
     finally:
         for pool in pools.values():
             pool.shutdown()
@@ -134,7 +143,7 @@ def main() -> int:
     if args.workerpool:
         times = workerpool_rows(args.n, args.gap_ms)
         base = {k: statistics.median(v) for k, v in times.items() if k.endswith("no limits")}
-        print(f"\nWorkerPool task, submit to result, n={args.n} each, interleaved, {args.gap_ms} ms between rounds")
+        print(f"\nWorkerPool task, submit to result, n={args.n} each, in blocks, {args.gap_ms} ms between tasks")
         print(f"{'variant':46} {'median ms':>10} {'p99 ms':>8} {'vs no limits':>13}")
         for name, xs in times.items():
             med = statistics.median(xs)

@@ -230,3 +230,33 @@ def test_a_closed_pool_never_writes_to_its_old_wake_fd(spares: int) -> None:
         os.close(old)
         os.close(r)
         os.close(w)
+
+
+@needs
+def test_many_tasks_at_once_each_in_its_own_cgroup(spares: int) -> None:
+    """Spares taken, spares claimed while set up, forks per task: every task
+    is walled and counted, and no cgroup outlives the pool."""
+    with pool(spares, memory_mb=64, nproc=16) as p:
+        futures = [p.submit(fork_bomb, 3) for _ in range(12)]
+        assert [f.result(timeout=60)[0] for f in futures] == [3] * 12
+        usages = [f.usage for f in futures]
+    assert all(u is not None and u.mechanism == INFO.mechanism and u.pids_peak == 4 for u in usages), usages
+
+
+@needs
+def test_a_task_with_binds_of_its_own_is_walled_too(spares: int, tmp_path: object) -> None:
+    work = str(tmp_path)
+    os.chmod(work, 0o777)
+    with sandbox.WorkerPool(make_base_spec(sandbox.Dir("/work"), limits=Limits(memory_mb=100)), 2,
+                            spares=spares) as p:
+        f = p.submit_task(touch, (300,), binds=[sandbox.Bind(work, "/work")])
+        with pytest.raises(TaskError) as info:
+            f.result(timeout=60)
+        assert info.value.killed_by == "memory"
+        assert p.submit_task(touch, (5,), binds=[sandbox.Bind(work, "/work")]).result(timeout=60) == 5
+
+
+def test_require_cgroups_without_them_refuses_the_pool(spares: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PARENT_ENV, "/nonexistent/cgroup")
+    with pytest.raises(sandbox.UnavailableError, match="require_cgroups"):
+        pool(spares, memory_mb=100, require_cgroups=True)

@@ -260,3 +260,26 @@ def test_require_cgroups_without_them_refuses_the_pool(spares: int, monkeypatch:
     monkeypatch.setenv(PARENT_ENV, "/nonexistent/cgroup")
     with pytest.raises(sandbox.UnavailableError, match="require_cgroups"):
         pool(spares, memory_mb=100, require_cgroups=True)
+
+
+def open_files() -> list[str]:
+    import os
+
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+@needs
+def test_a_task_holds_no_cgroup_fd_of_its_own_or_of_a_later_task(spares: int) -> None:
+    """The zygote holds the cgroup.procs fds of cgroups made ahead (later
+    spares'): a task, forked from it, keeps none, nor its own (written and closed
+    in its setup): it cannot move itself, or anything, between cgroups."""
+    with pool(spares, memory_mb=64, nproc=16) as p:
+        for _ in range(3):
+            files = p.submit(open_files).result(timeout=60)
+            assert not [f for f in files if "cgroup" in f or "sbx-" in f], files

@@ -10,7 +10,14 @@ Rows, interleaved round-robin in one process (as benchmarks/latency.py):
 - posix_spawn /bin/true, the floor.
 Besides, the cgroup's own steps timed alone in the caller (make with limits, read usage, remove).
 
-    python benchmarks/limits.py [-n 300] [--json out.json]
+With --workerpool, a WorkerPool task (submit, result) instead, each pool
+alone in blocks (its background spare forks stay off the others' calls):
+pools with spares=2 and spares=0, without limits, with the same cgroup limits
+(a cgroup per task: made ahead for a spare, with SPAWN otherwise; its usage
+read and the cgroup removed when the task ends, which the future then
+waits for), and with those limits and no cgroup (rlimits).
+
+    python benchmarks/limits.py [-n 300] [--gap-ms MS] [--workerpool] [--json out.json]
 """
 
 from __future__ import annotations
@@ -80,16 +87,72 @@ def cgroup_steps(n: int) -> dict[str, float]:
             "remove (rmdir)": statistics.median(remove)}
 
 
+def small_task() -> int:
+    return 42
+
+
+def workerpool_rows(n: int, gap_ms: float) -> dict[str, list[float]]:
+    """ms per task (submit to result) of pools with and without limits, interleaved."""
+    pools: dict[str, sandbox.WorkerPool] = {}
+    try:
+        for spares in (2, 0):
+            pools[f"WorkerPool spares={spares}, no limits"] = sandbox.WorkerPool(spec(sandbox.Limits()), 2,
+                                                                                 spares=spares)
+            pools[f"WorkerPool spares={spares}, cgroup limits"] = sandbox.WorkerPool(spec(LIMITS), 2, spares=spares)
+            saved = os.environ.get(cgroups.PARENT_ENV)
+            os.environ[cgroups.PARENT_ENV] = "/nonexistent"
+            try:
+                pools[f"WorkerPool spares={spares}, same limits, no cgroup"] = sandbox.WorkerPool(
+                    spec(LIMITS), 2, spares=spares)
+            finally:
+                if saved is None:
+                    del os.environ[cgroups.PARENT_ENV]
+                else:
+                    os.environ[cgroups.PARENT_ENV] = saved
+
+        def one(pool: sandbox.WorkerPool) -> None:
+            f = pool.submit(small_task)
+            if f.result() != 42:
+                raise RuntimeError("wrong result")
+        # Not interleaved: a spared pool forks its next spare after each task,
+        # which would land on the next variant's call. Each pool alone, in
+        # blocks of n/4, round-robin over the pools.
+        times: dict[str, list[float]] = {name: [] for name in pools}
+        block = max(1, n // 4)
+        for _ in range(4):
+            for name, pool in pools.items():
+                times[name] += measure({name: lambda p=pool: one(p)}, block, warmup=5,
+                                       on_round=(lambda: time.sleep(gap_ms / 1000)) if gap_ms else None)[name]
+        return times
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="sleep between rounds: spaced-out spawns pay the kernel's RCU grace period on migration")
+    ap.add_argument("--workerpool", action="store_true", help="WorkerPool tasks instead of spawns")
     ap.add_argument("--json")
     args = ap.parse_args()
     info = cgroups.host_cgroups()
     print(f"cgroups here: {info.mechanism} ({', '.join(sorted(info.controllers)) or 'none'}); {info.reason}")
     print(f"hierarchies: {', '.join(f'v{h.version} {h.parent}' for h in info.hierarchies) or 'none'}")
+    if args.workerpool:
+        times = workerpool_rows(args.n, args.gap_ms)
+        base = {k: statistics.median(v) for k, v in times.items() if k.endswith("no limits")}
+        print(f"\nWorkerPool task, submit to result, n={args.n} each, in blocks, {args.gap_ms} ms between tasks")
+        print(f"{'variant':46} {'median ms':>10} {'p99 ms':>8} {'vs no limits':>13}")
+        for name, xs in times.items():
+            med = statistics.median(xs)
+            ref = base[name.split(",")[0] + ", no limits"]
+            print(f"{name:46} {med:10.3f} {p99(xs):8.3f} {med - ref:+12.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"mechanism": info.mechanism, "workerpool_times_ms": times}, f)
+        return 0
     plain, rl, cg = spec(sandbox.Limits()), spec(sandbox.Limits(nofile=256)), spec(LIMITS)
     fns = {
         "posix_spawn /bin/true": lambda: subprocess.run(["/bin/true"], check=True),

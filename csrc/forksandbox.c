@@ -9,6 +9,11 @@
  * child's pid at once, and its end of a report pipe: sbx_fork_ready() reads
  * there whether the setup worked (so a zygote can go on meanwhile).
  *
+ * sbx_fork_sandbox_cg: the child first writes "0" to each of cgroup_fds
+ * (cgroup.procs files of the task's own cgroups, opened by the WorkerPool's
+ * caller and passed through the zygote as fds only), as sbx_spawn_cg's does;
+ * task_fds later closes them with every other fd not kept.
+ *
  * The setup is child.c's sequence minus what the template already did: the
  * child's mount namespace is a copy of the template's, so instead of a new
  * root and a pivot the plan's (task) operations are applied in place on it
@@ -103,6 +108,7 @@ static void task_setup(struct sbx_ctx *c, int report_rd)
     const struct sbx_header *h = c->h;
     close(report_rd);
     sbx_stamp(c, SBX_T_CHILD);
+    sbx_enter_cgroups(c); /* before anything else: every process the task makes is born inside */
     if (h->opts & SBX_OPT_DIE_WITH_PARENT)
         sbx_die_with_spawner(c, SIGKILL);
     if (c->spawner_fd >= 0)
@@ -169,6 +175,13 @@ static int fail_early(struct sbx_result *res, int step, int err)
 int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
                      const int *trees, int n_trees, struct sbx_result *res)
 {
+    return sbx_fork_sandbox_cg(blob, len, stdio, pass_fds, n_pass, trees, n_trees, NULL, 0, res);
+}
+
+int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                        const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup,
+                        struct sbx_result *res)
+{
     memset(res, 0, sizeof *res);
     res->pid = -1;
     res->status_fd = -1;
@@ -190,6 +203,7 @@ int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int
         .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = -1, .err_fd = errp[1], .status_fd = -1,
         .root_fd = -1, .proc_fd = -1, .res = res, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1,
         .bind_fds = trees, .spawner_fd = sbx_open_spawner(),
+        .cgroup_fds = cgroup_fds, .n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0,
     };
     c.src_fds = malloc((h->n_ops + 1) * sizeof *c.src_fds);
     if (!c.src_fds) {

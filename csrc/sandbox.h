@@ -271,6 +271,16 @@ int sbx_spawn_cg(const void *blob, size_t len, char *const argv[], char *const e
 int sbx_fork_sandbox(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
                      const int *trees, int n_trees, struct sbx_result *res);
 
+/* sbx_fork_sandbox() into cgroups of the task's own: the child writes "0"
+ * to each of cgroup_fds[0..n_cgroup) (cgroup.procs files, opened by whoever
+ * made the cgroups) as its first step, as sbx_spawn_cg's does, before any
+ * other setup and long before the caller's code runs in it; task_fds closes
+ * them in the child. A failure is SBX_STEP_CGROUP with .op the index. The
+ * fds stay the caller's. */
+int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                        const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup,
+                        struct sbx_result *res);
+
 /* The end of a forked child's setup: reads its report from report_fd (from
  * sbx_fork_sandbox's res->status_fd; blocks until the child is ready or dead)
  * and closes it. 0 if the child is ready (res->landlock_abi and its timing

@@ -111,7 +111,7 @@ class HostInfo:
 
 
 # The executors that place each sandbox in a cgroup of its own (sandbox.cgroups).
-CGROUP_BACKENDS = ("native",)
+CGROUP_BACKENDS = ("native", "workerpool")
 
 
 def backend_cgroups(backend: str) -> CgroupInfo:

@@ -92,7 +92,7 @@ def limits_report() -> str:
         text += "; " + ", ".join(f"{name} by {'RLIMIT_' + ('DATA' if name == 'memory_mb' else 'NPROC')}"
                                  if name in FALLBACK_RLIMITS else f"{name} not enforced" for name in fake)
     where = ", ".join(f"v{h.version} {h.parent}" for h in info.hierarchies)
-    return f"{text} ({info.reason}{'; in ' + where if where else ''}); Template, bwrap and WorkerPool: rlimits only"
+    return f"{text} ({info.reason}{'; in ' + where if where else ''}); Template and bwrap: rlimits only"
 
 
 def _version() -> str:

@@ -95,12 +95,14 @@ def zygote_plan(plan: Plan) -> Plan:
     read-only), a reaper as pid 1 and the caller's death as its end, never
     uid 0 (ZYGOTE_ROOT_STAND_IN), no capability, and nothing each task applies
     itself: seccomp (tasks create user namespaces), Landlock (it would bind
-    the tasks' per-task binds too), rlimits, disable_userns."""
+    the tasks' per-task binds too), rlimits, cgroup limits (each task has a
+    cgroup of its own), disable_userns."""
     uid = plan.uid if plan.uid != 0 else ZYGOTE_ROOT_STAND_IN
     map_root = plan.user_ns and any(op.kind is OpKind.DEV for op in plan.ops) and (uid, plan.gid) != (0, 0)
     return replace(plan, ops=template_ops(plan.ops), uid=uid, map_root_first=map_root, nested_userns=map_root,
                    disable_userns=False, rlimits=(), keep_caps=0, die_with_parent=True, reaper=True, seccomp=b"",
-                   landlock=False, landlock_best_effort=False, landlock_rules=(), forward=(), check_network=False)
+                   landlock=False, landlock_best_effort=False, landlock_rules=(), forward=(), check_network=False,
+                   cgroup=None, limits_mechanism="rlimit")
 
 
 def task_plan(plan: Plan, zygote: Plan) -> Plan:

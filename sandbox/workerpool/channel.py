@@ -6,14 +6,18 @@ forked tasks run run_task() or spare_main().
 
 Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
 a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
-    caller -> zygote  INIT  {native, preload, path, spares}  fds: [task blob memfd]
-                      SPAWN {id, blob?, trees: n}         fds: [result, stdout, stderr, (blob memfd), n trees]
+    caller -> zygote  INIT  {native, preload, path, spares, cgroups: k, slots}
+                                                          fds: [task blob memfd, k cgroup.procs per slot]
+                      SPAWN {id, blob?, trees: n, slot?}  fds: [result, stdout, stderr, (blob memfd), n trees,
+                                                                (k cgroup.procs)]
                       KILL  {id}
                       TAKEN {pid, id}                     (the caller gave spare pid task id)
+                      CGROUP {slot}                       fds: [k cgroup.procs] (a cgroup for a later spare)
     zygote -> caller  READY {pid} | ERROR {message}
-                      SPARE {pid}                         fds: [socket to the spare, pidfd]
-                      STARTED {id, pid} | FAILED {id, step, op, err, detail, wait_status}
-                      EXITED {id, pid, status}            (a raw wait status; id null: an unused spare)
+                      SPARE {pid, slot}                   fds: [socket to the spare, pidfd]
+                      STARTED {id, pid, slot} | FAILED {id, step, op, err, detail, wait_status, slot}
+                      EXITED {id, pid, status, slot}      (a raw wait status; id null: an unused spare)
+    (slot: the caller's id of the cgroup the sandbox entered at its fork, null without cgroups)
     caller -> spare   SPAWN {}                            fds: [result, stdout, stderr]
 Nothing of a task's own passes through the zygote, whose memory every later
 task inherits: it sees a task id, fds, and a per-task plan only as a memfd it
@@ -37,7 +41,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-INIT, SPAWN, KILL, TAKEN = b"I", b"S", b"K", b"T"
+INIT, SPAWN, KILL, TAKEN, CGROUP = b"I", b"S", b"K", b"T", b"C"
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
 _HEADER = struct.Struct("<cI")
 LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket

@@ -13,6 +13,18 @@ A task is finished when its reply is complete and its three channels are at
 EOF (the kernel closes them when its pid 1 exits), or, without a reply, when
 the zygote reports how it ended. Its slot (max_workers) is freed when the
 zygote reports its end.
+
+Cgroups (`make_cgroup`: the pool's Limits where the host gives cgroups): every
+sandbox the zygote forks enters a cgroup of its own that this side made (a
+slot: the zygote gets only its cgroup.procs fds). A SPAWN brings one; spares
+take the free ones this side sends ahead (INIT, then one CGROUP per SPARE
+received), so that making and entering a cgroup is off a spared task's
+path. When a task's sandbox has ended (EXITED), its cgroup's usage and the
+limit that ended it go to its future's SandboxEnd (TaskFuture.usage waits
+for it: a future is done as soon as the reply is in, its sandbox ends ~1-2
+ms later, off the result's path), and the cgroup is removed. What is left
+when the zygote is gone is removed after it is reaped; a SIGKILLed
+caller's, by cgroups.sweep.
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .. import cgroups
 from ..backends.native import ffi, setup_error
+from ..errors import SetupError
 from . import channel as ch
-from .results import BrokenWorkerPool, ReplyLoader, TaskFuture, TaskLimitError
+from .results import BrokenWorkerPool, ReplyLoader, TaskError, TaskFuture, TaskLimitError
 from .task import Task
 
 _CHUNK = 1 << 16
@@ -64,8 +78,15 @@ class Engine:
     """Task bookkeeping and the I/O thread of one pool."""
 
     def __init__(self, ctl: socket.socket, zygote_stderr: int, max_workers: int, loader: ReplyLoader,
-                 on_closed: Callable[[], None]) -> None:
+                 on_closed: Callable[[], None], make_cgroup: Callable[[], cgroups.SandboxCgroup] | None = None,
+                 slots: dict[int, cgroups.SandboxCgroup] | None = None, mechanism: str = "rlimit",
+                 cpu_s: int | None = None) -> None:
         self.ctl = ctl
+        self.make_cgroup = make_cgroup
+        self.cgroups: dict[int, cgroups.SandboxCgroup] = dict(slots or {})  # slot -> a cgroup not yet removed
+        self.next_slot = max(self.cgroups, default=0) + 1
+        self.mechanism = mechanism  # of the tasks' limits: "cgroup2", "cgroup1" or "rlimit"
+        self.cpu_s = cpu_s  # the tasks' RLIMIT_CPU, to tell its SIGKILL
         self.max_workers = max_workers
         self.loader = loader
         self.on_closed = on_closed  # reaps the zygote once the thread ends
@@ -74,7 +95,8 @@ class Engine:
         self.tasks: dict[int, Task] = {}  # started (SPAWN sent), slot not yet freed
         self.inbox: collections.deque[Task] = collections.deque()  # started, channels to register
         self.unfinished: set[Task] = set()  # started, future not yet done
-        self.spares: collections.deque[tuple[int, socket.socket, int]] = collections.deque()  # (pid, sock, pidfd)
+        self.spares: collections.deque[tuple[int, socket.socket, int, int | None]] = collections.deque()
+        # ^ (pid, sock, pidfd, slot)
         self.by_pid: dict[int, Task] = {}  # tasks run by spares
         self.broken: str | None = None
         self.closing = False
@@ -82,6 +104,7 @@ class Engine:
         self.zygote_stderr_fd: int | None = zygote_stderr
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.wake_lock = threading.Lock()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
         os.set_blocking(zygote_stderr, False)
@@ -132,10 +155,15 @@ class Engine:
                 self._free(task)
 
     def _wake(self) -> None:
-        try:
-            os.write(self.wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
+        # under wake_lock: once _close has closed the pipe, its number may be
+        # another file's (a later pool's control socket): never write there
+        with self.wake_lock:
+            if self.wake_w < 0:
+                return
+            try:
+                os.write(self.wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
 
     def _start(self, task: Task) -> bool:
         """Make the task's channels, write its payload (what the socket does not
@@ -171,8 +199,11 @@ class Engine:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
             if task.blob is not None or body["trees"] or not self._to_spare(task, body, theirs):
+                if self.make_cgroup is not None:
+                    body["slot"] = task.slot = self._new_slot(theirs)
                 ch.send(self.ctl, ch.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
+            task.end.set(None, None)  # it never ran
             self._drop_channels(task)
             if isinstance(exc, (BrokenPipeError, ConnectionError)):
                 exc = BrokenWorkerPool(f"the WorkerPool's zygote is gone ({exc})")
@@ -194,20 +225,60 @@ class Engine:
             with self.lock:
                 if not self.spares:
                     return False
-                pid, sock, pidfd = self.spares.popleft()
+                pid, sock, pidfd, slot = self.spares.popleft()
                 self.by_pid[pid] = task
-                task.pid, task.pidfd = pid, pidfd
+                task.pid, task.pidfd, task.slot = pid, pidfd, slot
             try:
                 with sock:
                     ch.send(sock, ch.SPAWN, {}, fds[:3])
             except OSError:  # it died meanwhile: the zygote reports its end
                 with self.lock:
                     self.by_pid.pop(pid, None)
-                task.pid, task.pidfd = 0, -1
+                task.pid, task.pidfd, task.slot = 0, -1, None
                 os.close(pidfd)
                 continue
             ch.send(self.ctl, ch.TAKEN, {"pid": pid, "id": task.id})
             return True
+
+    def _new_slot(self, fds: list[int]) -> int:
+        """Make a cgroup (a slot) and append its cgroup.procs fds to `fds` (which
+        the caller closes once sent); its id."""
+        assert self.make_cgroup is not None
+        cgroup = self.make_cgroup()
+        fds += cgroup.procs_fds
+        cgroup.procs_fds = []
+        with self.lock:
+            slot = self.next_slot
+            self.next_slot += 1
+            self.cgroups[slot] = cgroup
+        return slot
+
+    def _offer_slot(self) -> None:
+        """A cgroup for the zygote's next spare (CGROUP); none if it cannot be made."""
+        fds: list[int] = []
+        try:
+            slot = self._new_slot(fds)
+            ch.send(self.ctl, ch.CGROUP, {"slot": slot}, fds)
+        except (OSError, SetupError):
+            pass  # no more spares meanwhile: tasks are forked with a cgroup of their own
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _end_walls(self, task: Task | None, slot: int | None) -> None:
+        """A sandbox has ended: its task's usage and the limit that ended it,
+        read from its cgroup, which is then removed."""
+        with self.lock:
+            cgroup = self.cgroups.pop(slot, None) if slot is not None else None
+        if task is not None and task.status is not None:
+            usage = cgroup.usage() if cgroup is not None else cgroups.Usage(mechanism=self.mechanism)
+            by_caller = "timeout" if task.timed_out else "kill" if task.failure is not None else None
+            task.usage = usage
+            task.killed_by = cgroups.killed_by(task.returncode(), usage, self.cpu_s, by_caller)
+        if task is not None:
+            task.end.set(task.usage, task.killed_by)
+        if cgroup is not None and not cgroup.remove(attempts=1):
+            cgroups._leftover(cgroup)
 
     def _free(self, task: Task) -> None:
         """The task holds no slot any more."""
@@ -347,17 +418,23 @@ class Engine:
         kind, body, fds = message
         if kind == ch.SPARE:
             with self.lock:
-                self.spares.append((body["pid"], socket.socket(fileno=fds[0]), fds[1]))
+                self.spares.append((body["pid"], socket.socket(fileno=fds[0]), fds[1], body.get("slot")))
+            if body.get("slot") is not None:
+                self._offer_slot()
             return
         for fd in fds:
             os.close(fd)
         if kind == ch.EXITED and body.get("id") is None:
-            self._spare_exited(body["pid"], body["status"])
+            self._spare_exited(body["pid"], body["status"], body.get("slot"))
             return
         task = self.tasks.get(body.get("id", -1))
         if task is None:
+            if kind in (ch.FAILED, ch.EXITED):
+                self._end_walls(None, body.get("slot"))
             return
         if kind == ch.STARTED:
+            if body.get("slot") is not None:
+                task.slot = body["slot"]  # a spare's, which the task claimed while it was set up
             task.future.timings.update({f"fork.{k}": v for k, v in body.get("t", {}).items()})
             task.future.timings["started"] = (time.monotonic() - task.t0) * 1e6
         elif kind == ch.FAILED:
@@ -365,25 +442,30 @@ class Engine:
             for name in ("step", "op", "err", "detail", "wait_status"):
                 setattr(res, name, body[name])
             task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
+            self._end_walls(None, body.get("slot"))
+            task.end.set(None, None)
             self._release(task)
             self._maybe_finish(task)
         elif kind == ch.EXITED:
             task.status = body["status"]
+            self._end_walls(task, body.get("slot"))
             self._release(task)
             self._maybe_finish(task)
 
-    def _spare_exited(self, pid: int, status: int) -> None:
+    def _spare_exited(self, pid: int, status: int, slot: int | None) -> None:
         """A spare ended: a task's (its end raced the TAKEN), or an unused one."""
         with self.lock:
-            task = self.by_pid.get(pid)
+            task = self.by_pid.get(pid) if pid else None
             unused = [s for s in self.spares if s[0] == pid]
             for spare in unused:
                 self.spares.remove(spare)
-        for _, sock, pidfd in unused:
+        for _, sock, pidfd, _slot in unused:
             sock.close()
             os.close(pidfd)
         if task is not None:
             task.status = status
+        self._end_walls(task, slot)
+        if task is not None:
             self._release(task)
             self._maybe_finish(task)
 
@@ -446,6 +528,8 @@ class Engine:
         task.reply = bytearray()
         future, task.future = task.future, _RETIRED
         future.timings["done"] = (time.monotonic() - task.t0) * 1e6
+        if isinstance(value, TaskError) and not ok:  # the sandbox has ended (but past a reply or output cap)
+            value.usage, value.killed_by = task.usage, task.killed_by
         with self.lock:
             self.unfinished.discard(task)
         if future.done():
@@ -475,9 +559,13 @@ class Engine:
             if self.broken is None:
                 self.broken = reason
             pending = list(self.queued) + list(self.unfinished)
+            started = list(self.tasks.values())
             self.queued.clear()
             self.tasks.clear()
         self.inbox.clear()
+        for task in started + pending:
+            if not task.end.event.is_set():
+                task.end.set(None, None)  # its end will not be reported
         for task in pending:
             task.close_trees()
             if not task.done:
@@ -488,7 +576,7 @@ class Engine:
         with self.lock:
             spares = list(self.spares)
             self.spares.clear()
-        for _, sock, pidfd in spares:  # unused spares exit at EOF
+        for _, sock, pidfd, _slot in spares:  # unused spares exit at EOF
             sock.close()
             os.close(pidfd)
         self.sel.close()
@@ -496,9 +584,24 @@ class Engine:
             os.close(self.zygote_stderr_fd)
             self.zygote_stderr_fd = None
         os.close(self.wake_r)
-        os.close(self.wake_w)
+        with self.wake_lock:
+            os.close(self.wake_w)
+            self.wake_w = -1
         self.ctl.close()
-        self.on_closed()
+        try:
+            self.on_closed()
+        finally:
+            self.remove_cgroups()
+
+    def remove_cgroups(self) -> None:
+        """Remove every cgroup still held (the zygote, pid 1 of all the
+        sandboxes, is reaped: whatever is left inside is killed)."""
+        with self.lock:
+            left = list(self.cgroups.values())
+            self.cgroups.clear()
+        for cgroup in left:
+            if not cgroup.remove(attempts=40):
+                cgroups._leftover(cgroup)
 
 
 def _memfd(data: bytes) -> int:

@@ -6,6 +6,7 @@ import dataclasses
 import errno
 import itertools
 import os
+import resource
 import socket
 import sys
 import weakref
@@ -13,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
 
-from .. import backends
+from .. import backends, cgroups
 from .. import spec as S
 from ..backends.native import ffi, lib, serialize, setup_error
 from ..errors import SandboxError, SetupError, SpecError
@@ -108,7 +109,7 @@ class WorkerPool(Executor):
         # The zygote never uses its network namespace (each task makes its
         # own): it takes a fresh one, never a lease from the pool.
         host = dataclasses.replace(HostInfo.current(backend="native"), pool=None,
-                                   cgroups=backend_cgroups("workerpool"))  # tasks: rlimits only, for now
+                                   cgroups=backend_cgroups("workerpool"))
         plan = compile_plan(zygote_spec(spec), host)
         refused = refusal(plan, host)
         if refused is not None:
@@ -117,9 +118,21 @@ class WorkerPool(Executor):
         self._task_plan = task_plan(plan, zygote)
         self._task_blob = serialize(self._task_plan, "/")
         spares = min(2, max_workers) if spares is None else spares
-        ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), spares, startup_timeout)
+        make_cgroup = _cgroup_maker(self._task_plan.cgroup)
+        # the first fork (the check) and each spare wanted take a cgroup made ahead
+        slots = {n: make_cgroup() for n in range(1, max(1, spares) + 1)} if make_cgroup is not None else {}
+        try:
+            ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), spares,
+                                                       startup_timeout, slots)
+        except BaseException:
+            for cgroup in slots.values():
+                cgroup.close_fds()
+                cgroup.remove(attempts=40)
+            raise
         self._engine = Engine(ctl, zstderr, max_workers, ReplyLoader(trust_results, result_types),
-                              on_closed=_reaper(self._zygote))
+                              on_closed=_reaper(self._zygote), make_cgroup=make_cgroup, slots=slots,
+                              mechanism=self._task_plan.limits_mechanism,
+                              cpu_s=dict(self._task_plan.rlimits).get(resource.RLIMIT_CPU))
         self._engine.task_blob = self._task_blob
         self._finalizer = weakref.finalize(self, self._engine.shutdown, False)
 
@@ -202,9 +215,25 @@ def _check_cap(name: str, value: object) -> int | None:
     return value
 
 
-def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int,
-                  startup_timeout: float) -> tuple[socket.socket, int, SandboxProcess]:
-    """Start the zygote through the native backend, send INIT, wait for READY."""
+def _cgroup_maker(limits: cgroups.CgroupLimits | None) -> Callable[[], cgroups.SandboxCgroup] | None:
+    """What makes a task's cgroup with the pool's limits (None: the tasks have rlimits only)."""
+    if limits is None:
+        return None
+    info = cgroups.host_cgroups()
+
+    def make() -> cgroups.SandboxCgroup:
+        try:
+            return cgroups.SandboxCgroup(info, limits)
+        except OSError as exc:
+            raise SetupError(f"Can't make the task's cgroup: {exc}", step="cgroup", errno=exc.errno or 0,
+                             backend="native") from exc
+    return make
+
+
+def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int, startup_timeout: float,
+                  slots: Mapping[int, cgroups.SandboxCgroup]) -> tuple[socket.socket, int, SandboxProcess]:
+    """Start the zygote through the native backend, send INIT (with the cgroups
+    of `slots`: their cgroup.procs fds, closed here once sent), wait for READY."""
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -225,10 +254,14 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
         blob_fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
         try:
             os.write(blob_fd, task_blob)
+            per_slot = [len(c.procs_fds) for c in slots.values()]
             ch.send(ctl, ch.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT],
-                                 "spares": spares}, [blob_fd])
+                                 "spares": spares, "cgroups": per_slot[0] if per_slot else 0, "slots": list(slots)},
+                    [blob_fd, *(fd for c in slots.values() for fd in c.procs_fds)])
         finally:
             os.close(blob_fd)
+            for cgroup in slots.values():
+                cgroup.close_fds()
         ctl.settimeout(startup_timeout)
         message = ch.recv(ctl)
         ctl.settimeout(None)

@@ -23,10 +23,12 @@ from __future__ import annotations
 import io
 import pickle
 import sys
+import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import BrokenExecutor, Future
 from typing import Any, ClassVar, Generic, TypeVar
 
+from ..cgroups import Usage
 from ..errors import SandboxError
 from .sources import restore_frames
 
@@ -59,12 +61,49 @@ class TaskFuture(Future[T], Generic[T]):
         self.stdout = b""
         self.stderr = b""
         self.timings: dict[str, float] = {}  # µs: clone and setup (in the zygote), started and done (since SPAWN)
+        self.end = SandboxEnd()  # the engine fills it when the task's sandbox has ended
+
+    @property
+    def usage(self) -> Usage | None:
+        """What the task's sandbox used: its cgroup's counts (mechanism "rlimit":
+        none are kept). None until the future is done, or if the task never
+        ran. A future is done as soon as the task's reply is in; its sandbox
+        ends just after (~1-2 ms), and this waits for that end."""
+        return self.end.wait(self).usage
+
+    @property
+    def killed_by(self) -> str | None:
+        """The limit that ended the task's sandbox: "memory", "pids", "cpu",
+        "timeout", or None (as `usage`, once it has ended)."""
+        return self.end.wait(self).killed_by
+
+
+class SandboxEnd:
+    """How a task's sandbox ended, shared by its future and the engine (which
+    drops the future itself once it is done)."""
+
+    WAIT_S = 10.0  # at most, for a sandbox whose reply is in to end (then: None)
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.killed_by: str | None = None
+        self.event = threading.Event()
+
+    def set(self, usage: Usage | None, killed_by: str | None) -> None:
+        self.usage, self.killed_by = usage, killed_by
+        self.event.set()
+
+    def wait(self, future: Future[Any]) -> SandboxEnd:
+        if future.done() and not future.cancelled():
+            self.event.wait(self.WAIT_S)
+        return self
 
 
 class TaskError(SandboxError):
     """The task's sandbox ended without a reply: it exited (os._exit, a crash)
     or was killed. `returncode` is its exit code, or -N if signal N ended it;
-    `stdout` and `stderr` what it wrote."""
+    `stdout` and `stderr` what it wrote; `usage` and `killed_by` as on its
+    TaskFuture (killed_by "memory": its cgroup's OOM killer ended it)."""
 
     def __init__(self, message: str, *, returncode: int | None = None, stdout: bytes = b"",
                  stderr: bytes = b"") -> None:
@@ -72,6 +111,8 @@ class TaskError(SandboxError):
         self.returncode = returncode
         self.stdout = stdout
         self.stderr = stderr
+        self.usage: Usage | None = None
+        self.killed_by: str | None = None
 
 
 class TaskTimeoutError(TaskError, TimeoutError):

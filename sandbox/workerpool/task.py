@@ -8,8 +8,9 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cgroups import Usage
 from . import channel as ch
-from .results import TaskError, TaskFuture, TaskTimeoutError
+from .results import SandboxEnd, TaskError, TaskFuture, TaskTimeoutError
 
 
 @dataclass(eq=False)
@@ -41,6 +42,13 @@ class Task:
     t0: float = 0.0  # when SPAWN was sent (monotonic)
     pid: int = 0  # a spare's pid (in the zygote's pid namespace), once it runs this task
     pidfd: int = -1  # ... and a pidfd of it, to kill it
+    slot: int | None = None  # the engine's id of the cgroup its sandbox entered (None: none)
+    usage: Usage | None = None  # once its sandbox has ended
+    killed_by: str | None = None  # ... and the limit that ended it
+    end: SandboxEnd = field(default_factory=SandboxEnd)  # its future's (which the engine drops once done)
+
+    def __post_init__(self) -> None:
+        self.end = self.future.end
 
     def reply_size(self) -> int | None:
         """The size its reply announces, once known (None also for a death note)."""
@@ -66,16 +74,22 @@ class Task:
 
     def ended_error(self) -> TaskError:
         """The error of a task whose sandbox ended (status known) without a reply."""
-        assert self.status is not None
-        signum = self.died_of()
-        code = -signum if signum is not None else os.waitstatus_to_exitcode(self.status)
+        code = self.returncode()
         fut = self.future
         if self.timed_out:
             return TaskTimeoutError(f"the task ran past its timeout of {self.timeout} s; its sandbox was killed",
                                     returncode=code, stdout=fut.stdout, stderr=fut.stderr)
         how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+        if self.killed_by is not None:
+            how += f" at its {self.killed_by} limit"
         return TaskError(f"the task's sandbox {how} without a result", returncode=code, stdout=fut.stdout,
                          stderr=fut.stderr)
+
+    def returncode(self) -> int:
+        """How its sandbox ended: an exit code, or -N for signal N (its death note's, else the wait status's)."""
+        assert self.status is not None
+        signum = self.died_of()
+        return -signum if signum is not None else os.waitstatus_to_exitcode(self.status)
 
     def close_trees(self) -> None:
         """Close the detached trees of its binds (if it never got to hand them over)."""

@@ -18,6 +18,15 @@ setup, the copy-on-write faults of its first steps) is then paid before the
 task is submitted, and the zygote is not on the task's path. A task with a
 plan of its own (per-task binds) is forked for itself (SPAWN).
 
+Cgroups (the pool's Limits, where the host gives the caller cgroups): the
+zygote cannot make them; the caller does, one per sandbox, and sends only
+their cgroup.procs fds with a slot id (INIT, CGROUP, SPAWN). Each fork takes
+one slot (a SPAWN its own, a spare one from the free ones the caller keeps
+topped up), and the child writes "0" into those fds as its first step
+(sbx_fork_sandbox_cg); SPARE, STARTED, FAILED and EXITED name the slot, so
+that the caller reads the usage of the right cgroup and removes it. Without
+a free slot no spare is forked.
+
 The messages and the task's side are channel.py's (loaded here by path).
 """
 
@@ -51,7 +60,7 @@ def _channel() -> ModuleType:
 
 
 C = _channel()
-INIT, SPAWN, KILL, TAKEN = C.INIT, C.SPAWN, C.KILL, C.TAKEN
+INIT, SPAWN, KILL, TAKEN, CGROUP = C.INIT, C.SPAWN, C.KILL, C.TAKEN, C.CGROUP
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = C.READY, C.ERROR, C.SPARE, C.STARTED, C.FAILED, C.EXITED
 send, recv, read_fd, map_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.map_fd, C.run_task, C.spare_main
 
@@ -64,6 +73,7 @@ class Child:
     def __init__(self, pid: int, res: Any, task_id: int | None = None, sock: socket.socket | None = None) -> None:
         self.pid, self.res, self.task_id, self.sock = pid, res, task_id, sock
         self.pidfd = -1
+        self.slot: int | None = None  # the caller's id of the cgroup it entered (None: none)
         self.claim: tuple[dict[str, Any], list[int]] | None = None  # a SPAWN waiting for this spare's setup
 
 
@@ -81,6 +91,8 @@ class Zygote:
         self.spare_target = 0
         self.spares_failed = False  # a spare's setup failed: fork per task from now on
         self.last_taken = 0.0  # monotonic time of the last TAKEN
+        self.per_slot = 0  # cgroup.procs fds per slot (0: no cgroups)
+        self.free: list[tuple[int, list[int]]] = []  # slots for the next forks: (id, cgroup.procs fds)
         import select
 
         self.POLLIN = select.POLLIN
@@ -103,12 +115,16 @@ class Zygote:
         self.ffi, self.lib = native.ffi, native.lib
         # sbx_fork_sandbox is called with the GIL held, as os.fork() calls
         # fork(): cffi would release it across the clone. PyDLL keeps it.
-        self.fork_c = ctypes.PyDLL(body["native"]).sbx_fork_sandbox
+        self.fork_c = ctypes.PyDLL(body["native"]).sbx_fork_sandbox_cg
         self.fork_c.restype = ctypes.c_int
         self.fork_c.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         self.api = ctypes.pythonapi
         self.blob = read_fd(fds[0])
+        self.per_slot = int(body.get("cgroups", 0))
+        for slot in body.get("slots", []):
+            self.add_slot(slot, fds[1:1 + self.per_slot])
+            del fds[1:1 + self.per_slot]
         self.spare_target = int(body.get("spares", 0))
         import pickle  # noqa: F401
         import traceback  # noqa: F401
@@ -135,8 +151,17 @@ class Zygote:
     def addr(self, cdata: Any) -> int:
         return int(self.ffi.cast("uintptr_t", cdata))
 
-    def fork(self, blob: bytes | mmap.mmap, stdio: list[int], keep: list[int], trees: list[int]) -> tuple[int, Any]:
-        """sbx_fork_sandbox, between CPython's before- and after-fork hooks
+    def add_slot(self, slot: int, fds: list[int]) -> None:
+        """A cgroup the caller made for a later fork (INIT, CGROUP, or a SPAWN that took a spare)."""
+        self.free.append((slot, list(fds)))
+
+    def take_slot(self) -> tuple[int | None, list[int]]:
+        """A free slot for the next fork ((None, []) when cgroups are off)."""
+        return self.free.pop(0) if self.per_slot else (None, [])
+
+    def fork(self, blob: bytes | mmap.mmap, stdio: list[int], keep: list[int], trees: list[int],
+             cgroup_fds: list[int]) -> tuple[int, Any]:
+        """sbx_fork_sandbox_cg, between CPython's before- and after-fork hooks
         (the task's random is reseeded there, as after os.fork())."""
         ffi = self.ffi
         res = ffi.new("struct sbx_result *")
@@ -144,9 +169,10 @@ class Zygote:
         c_stdio = ffi.new("int[3]", stdio)
         c_keep = ffi.new("int[]", keep or [0])
         c_trees = ffi.new("int[]", trees or [0])
+        c_cg = ffi.new("int[]", cgroup_fds or [0])
         self.api.PyOS_BeforeFork()
         pid = self.fork_c(self.addr(c_blob), len(blob), self.addr(c_stdio), self.addr(c_keep), len(keep),
-                          self.addr(c_trees), len(trees), self.addr(res))
+                          self.addr(c_trees), len(trees), self.addr(c_cg), len(cgroup_fds), self.addr(res))
         if pid == 0:
             self.api.PyOS_AfterFork_Child()
         else:
@@ -158,17 +184,23 @@ class Zygote:
         """Fork the task of a SPAWN message (in the task, run it: never
         returns). Its setup goes on while the zygote serves: its report fd is
         watched."""
+        slot = body.get("slot")
+        cg_fds = fds[len(fds) - self.per_slot:] if slot is not None else []
+        fds = fds[:len(fds) - len(cg_fds)]
         result_fd, out_fd, err_fd, *rest = fds
         if not body.get("blob") and not body.get("trees"):
             pending = next((c for c in self.setting_up.values() if c.task_id is None and c.claim is None), None)
             if pending is not None:  # a spare is being set up: take it rather than fork twice
                 pending.claim = (body, fds)
+                if slot is not None:  # the task runs in the spare's cgroup: this one waits for a later fork
+                    self.add_slot(slot, cg_fds)
                 return
         own_plan = map_fd(rest.pop(0)) if body.get("blob") else None
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
+        rest += cg_fds
         try:
             pid, res = self.fork(self.blob if own_plan is None else own_plan, [-1, out_fd, err_fd], [result_fd],
-                                 trees)
+                                 trees, cg_fds)
             if pid == 0:
                 self.ctl.detach()  # its fd is closed in the task; the object must not close another
                 run_task(result_fd, self.death_notes)
@@ -178,9 +210,11 @@ class Zygote:
             for fd in (result_fd, out_fd, err_fd, *trees, *rest):
                 os.close(fd)
         if pid < 0:
-            self.failed(body["id"], res)
+            self.failed(body["id"], res, slot)
             return
-        self.watch_setup(Child(pid, res, task_id=body["id"]))
+        child = Child(pid, res, task_id=body["id"])
+        child.slot = slot
+        self.watch_setup(child)
 
     def taken(self, body: dict[str, Any]) -> None:
         """The caller gave a spare a task: its end is that task's."""
@@ -195,20 +229,26 @@ class Zygote:
     def make_spare(self) -> tuple[Child | None, Any]:
         """Fork a sandbox ahead of its task (the pool's plan), waiting on a
         socket: (its Child, setting up; or None if the clone failed, res)."""
+        slot, cg_fds = self.take_slot()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid, res = self.fork(self.blob, [-1, -1, -1], [theirs.fileno()], [])
+            pid, res = self.fork(self.blob, [-1, -1, -1], [theirs.fileno()], [], cg_fds)
             if pid == 0:
                 self.ctl.detach()
                 mine.detach()
                 spare_main(theirs.detach(), self.death_notes)
         finally:
             theirs.close()
+            for fd in cg_fds:
+                os.close(fd)
         if pid < 0:
             mine.close()
             self.spares_failed = True
+            if slot is not None:
+                send(self.ctl, EXITED, {"id": None, "pid": 0, "status": 0, "slot": slot})
             return None, res
         child = Child(pid, res, sock=mine)
+        child.slot = slot
         self.watch_setup(child)
         return child, res
 
@@ -229,9 +269,12 @@ class Zygote:
                 if child.claim is not None:
                     for fd in child.claim[1]:
                         os.close(fd)
-                    self.failed(child.claim[0]["id"], child.res)
+                    self.failed(child.claim[0]["id"], child.res, child.slot)
+                elif child.slot is not None:  # its cgroup is the caller's to remove
+                    send(self.ctl, EXITED, {"id": None, "pid": child.pid, "status": child.res.wait_status,
+                                            "slot": child.slot})
             else:
-                self.failed(child.task_id, child.res)
+                self.failed(child.task_id, child.res, child.slot)
             return
         self.watch(child)
         if child.task_id is None and child.claim is not None:
@@ -243,7 +286,7 @@ class Zygote:
         self.tasks[child.task_id] = child
         t = child.res.t_ns  # enum sbx_stamp: start, child, idmap, mounts, pivot, ready, return, done
         stamps = {name: (t[k] - t[0]) / 1000 for k, name in enumerate(C.STAMPS) if t[k] >= t[0] and t[k]}
-        send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "t": stamps})
+        send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "t": stamps, "slot": child.slot})
 
     def assign(self, child: Child, body: dict[str, Any], fds: list[int]) -> None:
         """Give a spare the task that claimed it while it was set up."""
@@ -259,7 +302,7 @@ class Zygote:
             child.sock = None
             for fd in fds:
                 os.close(fd)
-        send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "spare": True})
+        send(self.ctl, STARTED, {"id": child.task_id, "pid": child.pid, "spare": True, "slot": child.slot})
 
     def watch(self, child: Child) -> None:
         child.pidfd = os.pidfd_open(child.pid)
@@ -273,15 +316,15 @@ class Zygote:
         self.spares[child.pid] = child
         pidfd = os.pidfd_open(child.pid)
         try:
-            send(self.ctl, SPARE, {"pid": child.pid}, [child.sock.fileno(), pidfd])
+            send(self.ctl, SPARE, {"pid": child.pid, "slot": child.slot}, [child.sock.fileno(), pidfd])
         finally:
             os.close(pidfd)
             child.sock.close()
             child.sock = None
 
-    def failed(self, task_id: int, res: Any) -> None:
+    def failed(self, task_id: int, res: Any, slot: int | None) -> None:
         send(self.ctl, FAILED, {"id": task_id, "step": res.step, "op": res.op, "err": res.err,
-                                "detail": res.detail, "wait_status": res.wait_status})
+                                "detail": res.detail, "wait_status": res.wait_status, "slot": slot})
 
     def reap(self, pidfd: int) -> None:
         """A child ended: report its task's wait status (or forget the spare)."""
@@ -295,7 +338,7 @@ class Zygote:
                 child.sock.close()
         else:
             del self.tasks[child.task_id]
-        send(self.ctl, EXITED, {"id": child.task_id, "pid": child.pid, "status": status})
+        send(self.ctl, EXITED, {"id": child.task_id, "pid": child.pid, "status": status, "slot": child.slot})
 
     def kill(self, task_id: int) -> None:
         """SIGKILL to the task's pid 1: the kernel ends its whole pid namespace."""
@@ -334,7 +377,7 @@ class Zygote:
         import time
 
         pending = sum(1 for c in self.setting_up.values() if c.task_id is None and c.claim is None)
-        if self.spares_failed or len(self.spares) + pending >= self.spare_target:
+        if self.spares_failed or len(self.spares) + pending >= self.spare_target or (self.per_slot and not self.free):
             return None
         if not self.spares and not pending:
             return 0.0
@@ -366,6 +409,8 @@ class Zygote:
                         self.kill(body["id"])
                     elif kind == TAKEN:
                         self.taken(body)
+                    elif kind == CGROUP:
+                        self.add_slot(body["slot"], fds)
 
 
 def main(argv: list[str]) -> int:

@@ -147,8 +147,11 @@ class SandboxProcess:
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the sandbox to end; raise subprocess.TimeoutExpired after `timeout` seconds.
 
-        No lock is held while blocking, so a signal handler may call
-        send_signal() or kill() meanwhile.
+        No lock is held while blocking, but one is for a moment between
+        waits, and a Python signal handler runs in the main thread between
+        bytecodes: a handler must not call send_signal() or kill() itself
+        (it could wait for its own thread's lock forever); it queues the
+        signal for another thread, as sandbox.task's launcher does.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from ..errors import SandboxError
@@ -93,8 +95,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"sandbox.task: {exc}", file=sys.stderr)
         return 127
-    for sig in FORWARDED:
-        signal.signal(sig, lambda s, _f: forward_signal(proc, s))
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-    rc = proc.wait()
+    rc = wait_forwarding(proc)
     return rc if rc >= 0 else 128 - rc
+
+
+def wait_forwarding(proc: TaskProcess) -> int:
+    """proc.wait(), with FORWARDED passed on to the command by a thread of its
+    own. A Python signal handler runs in the main thread between bytecodes,
+    maybe while wait() holds the process's lock for a moment: a handler that
+    signalled the process itself would wait for that lock forever (it hung
+    so). The handler only queues the signal (SimpleQueue.put is reentrant)."""
+    pending: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+
+    def forward() -> None:
+        while (sig := pending.get()) is not None:
+            forward_signal(proc, sig)
+
+    forwarder = threading.Thread(target=forward, name="sandbox-task-signals", daemon=True)
+    forwarder.start()
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _f: pending.put(s))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    try:
+        return proc.wait()
+    finally:
+        pending.put(None)
+        forwarder.join(timeout=5)

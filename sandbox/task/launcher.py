@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import signal
 import sys
 import threading
@@ -101,23 +100,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def wait_forwarding(proc: TaskProcess) -> int:
     """proc.wait(), with FORWARDED passed on to the command by a thread of its
-    own. A Python signal handler runs in the main thread between bytecodes,
-    maybe while wait() holds the process's lock for a moment: a handler that
-    signalled the process itself would wait for that lock forever (it hung
-    so). The handler only queues the signal (SimpleQueue.put is reentrant)."""
-    pending: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-
+    own that takes them with sigwait(): they stay blocked in every thread
+    (main() blocked them before anything started), so one that comes at any
+    moment is pending until that thread takes it. No Python signal handler
+    is involved: one runs in the main thread between bytecodes, maybe while
+    wait() holds the process's lock for a moment (a handler that signalled
+    the process waited for its own lock forever), and one that arrives just
+    before a blocking wait runs only once that wait returns."""
     def forward() -> None:
-        while (sig := pending.get()) is not None:
-            forward_signal(proc, sig)
+        while True:
+            forward_signal(proc, signal.sigwait(FORWARDED))
 
-    forwarder = threading.Thread(target=forward, name="sandbox-task-signals", daemon=True)
-    forwarder.start()
-    for sig in FORWARDED:
-        signal.signal(sig, lambda s, _f: pending.put(s))
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
-    try:
-        return proc.wait()
-    finally:
-        pending.put(None)
-        forwarder.join(timeout=5)
+    threading.Thread(target=forward, name="sandbox-task-signals", daemon=True).start()
+    return proc.wait()

@@ -180,10 +180,12 @@ class UnsafeResultError(SandboxError, pickle.UnpicklingError):
     """The reply names a class or function the safe loader does not rebuild."""
 
 
-def _allowed_global(module: str, name: str, allowed: frozenset[tuple[str, str]]) -> Any:
-    """What a reply may name: the allowlist, `allowed`, and exception classes already imported."""
+def _exception_class(module: str, name: str, allowed: frozenset[tuple[str, str]]) -> type | None:
+    """None if a reply may name `module.name` through pickle's own lookup (the
+    allowlist, `allowed`); an exception class the caller has already imported;
+    else UnsafeResultError."""
     if name in SAFE_GLOBALS.get(module, ()) or (module, name) in allowed:
-        return getattr(sys.modules.get(module) or __import__(module), name)
+        return None
     found = _loaded_attr(module, name)
     if isinstance(found, type) and issubclass(found, BaseException):
         return found
@@ -207,7 +209,8 @@ class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _COPYING and (module, name) not in self.allowed:
             raise _NamesCopying
-        return _allowed_global(module, name, self.allowed)
+        found = _exception_class(module, name, self.allowed)
+        return super().find_class(module, name) if found is None else found
 
 
 class _CheckedUnpickler(pickle._Unpickler):
@@ -223,7 +226,8 @@ class _CheckedUnpickler(pickle._Unpickler):
         self.budget = max(len(data), 1 << 16)
 
     def find_class(self, module: str, name: str) -> Any:
-        return _allowed_global(module, name, self.allowed)
+        found = _exception_class(module, name, self.allowed)
+        return super().find_class(module, name) if found is None else found
 
     def _charge(self, make: Any, args: Any) -> None:
         for arg in args:

@@ -37,6 +37,7 @@ from timing import measure, p99  # noqa: E402
 
 import sandbox  # noqa: E402
 from sandbox import cgroups  # noqa: E402
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.plan_cache import compiled_plan  # noqa: E402
 
 LIMITS = sandbox.Limits(memory_mb=256, nproc=64, cpu_cores=1.0)
@@ -68,7 +69,7 @@ def no_cgroup(s: sandbox.Spec) -> None:
 def cgroup_steps(n: int) -> dict[str, float]:
     """Median µs of each step of a sandbox's cgroup, in the caller, with no process in it."""
     info = cgroups.host_cgroups()
-    plan = compiled_plan(spec(LIMITS), sandbox.host.HostInfo.current())
+    plan = compiled_plan(spec(LIMITS), sandbox.host.HostInfo.current(NATIVE))
     assert plan.cgroup is not None
     make, read, remove = [], [], []
     for _ in range(n):

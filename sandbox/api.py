@@ -9,7 +9,6 @@ from typing import IO, Any
 
 from . import backends
 from .errors import SpecError
-from .host import HostInfo
 from .plan import check_argv
 from .plan_cache import compiled_plan
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
@@ -129,7 +128,7 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     spec = with_call_options(spec, cwd, env)
     fds = check_pass_fds(pass_fds)
     name, reason = backends.choose(backend)
-    host = HostInfo.current(backend=name)
+    host = backends.host_for(name)
     if not isinstance(sync, Sync):
         raise SpecError("sync", sync, "must be a sandbox.sync.Sync")
     if set(sync.fds()) & set(fds):

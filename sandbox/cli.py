@@ -179,8 +179,8 @@ def run(args: Sequence[str]) -> int:
         return _fail(EXIT_SETUP, "creation of new user namespaces was not disabled as requested")
     backend = extras.backend
     joined = False
-    if (mon.userns_fd is not None or mon.pidns_fd is not None) and backend != "bwrap":
-        backend = "native"  # bwrap is handed them; natively this process joins them first
+    if (mon.userns_fd is not None or mon.pidns_fd is not None) and not _is_handed_namespaces(backend):
+        backend = "native"  # natively this process joins them first
         try:
             monitor.join_namespaces(mon)
         except OSError as exc:
@@ -195,6 +195,15 @@ def run(args: Sequence[str]) -> int:
     if _ONE_SHOT:
         _no_pool_for_network_none()
     return _execute(command, spec, pass_fds, backend, extras.verbose, mon, joined)
+
+
+def _is_handed_namespaces(backend: str) -> bool:
+    """Whether `backend` creates its namespaces inside the ones --userns/--pidns
+    hand it (bwrap does); another backend needs this process to join them first."""
+    from . import backends
+    from .capabilities import Capability
+
+    return backend != "auto" and backends.get(backend).traits.can(Capability.HANDED_NAMESPACES)
 
 
 def _no_pool_for_network_none() -> None:

@@ -9,7 +9,6 @@ Nothing is started: no namespace, no pool, no process.
 
 from __future__ import annotations
 
-import dataclasses
 import resource
 import shlex
 import sys
@@ -19,7 +18,7 @@ from collections.abc import Sequence
 from . import backends
 from . import spec as S
 from .errors import UnavailableError
-from .host import HostInfo, PoolInfo, backend_cgroups
+from .host import HostInfo
 from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
@@ -46,18 +45,17 @@ def explain(spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
         name, reason = backends.choose(backend)
     except UnavailableError as exc:
         name, reason = (backend if backend != "auto" else "native"), f"none can run here: {exc}"
-    # Read the host without starting the network namespace pool: a plan
-    # compiled here shows a fresh namespace where a spawn might lease one.
-    host = dataclasses.replace(HostInfo.current(backend="bwrap"), backend=name,
-                               pool=PoolInfo() if name == "native" else None, cgroups=backend_cgroups(name))
+    # Read the host without starting the network namespace pool (HostInfo.current
+    # only reads): a plan compiled here shows a fresh namespace where a spawn
+    # might lease one, unless the pool is already running.
+    host = HostInfo.current(backends.get(name).traits)
     plan = compile_plan(spec, host)
     lines = [f"backend: {name} ({reason})"]
     refused = refusal(plan, host)
     if refused is not None:
         lines.append(f"refused before anything runs: {type(refused).__name__}: {refused}")
     lines += describe_plan(plan, args, spec)
-    bwrap_plan = plan if name == "bwrap" else compile_plan(spec, dataclasses.replace(host, backend="bwrap",
-                                                                                     pool=None))
+    bwrap_plan = compile_plan(spec, HostInfo.current(backends.get("bwrap").traits))
     lines += ["", "equivalent bwrap command line:", bwrap_command(bwrap_plan, args)]
     return "\n".join(lines)
 

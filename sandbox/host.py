@@ -15,6 +15,7 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .capabilities import Capability, Traits
 from .cgroups import CgroupInfo, host_cgroups
 from .spec import CAPABILITIES
 
@@ -69,12 +70,12 @@ class PoolInfo:
     def current(cls) -> PoolInfo:
         """Whether the shared pool serves network="none" right now: it does by
         default, once it holds a ready namespace (the first spawns of a
-        process do not wait for it to fill). Starts the pool in the
-        background where it is on and not running."""
+        process do not wait for it to fill). Only reads: starting the pool is
+        the executor's (sandbox.backends.host_for)."""
         from . import netpool  # the pool is a runtime service above these facts: read it only here
 
-        pool = netpool.pool_for("none")
-        return cls(serves_none=pool is not None and pool.has_idle())
+        pool = netpool.shared_pool()
+        return cls(serves_none=netpool.serves_network_none() and pool is not None and pool.has_idle())
 
 
 @dataclass(frozen=True)
@@ -85,39 +86,42 @@ class HostInfo:
     gid: int
     cwd: str | None
     environ: Mapping[str, str]
+    executor: Traits  # the executor that will run the plan: what it can do (sandbox.capabilities)
     # finite hard rlimits by resource (a resource not listed has none)
     hard_limits: Mapping[int, int] = field(default_factory=dict)
     is_root: bool = False  # effective uid 0: may create namespaces without a user namespace
-    backend: str = "native"  # the backend that will run the plan
     pool: PoolInfo | None = PoolInfo()  # None: the executor cannot join a pooled namespace
     core_missing: str | None = None  # why the compiled core (sandbox._native) is not there; None if it is
     effective_caps: int = 0  # the caller's effective capability set, a bitmask
     # the top-level /proc files only the host's root may read on this kernel
     proc_root_only: tuple[str, ...] = field(default_factory=root_only_proc_files)
-    # the cgroups a sandbox of this backend gets (sandbox.cgroups); none: limits fall back to rlimits
+    # the cgroups a sandbox of this executor gets (sandbox.cgroups); none: limits fall back to rlimits
     cgroups: CgroupInfo = CgroupInfo()
 
+    @property
+    def backend(self) -> str:
+        """The executor's name, as results and errors report it."""
+        return self.executor.name
+
     @classmethod
-    def current(cls, backend: str = "native") -> HostInfo:
-        """Read the calling process's ids, cwd, environment and hard limits, and the pool's state."""
+    def current(cls, executor: Traits) -> HostInfo:
+        """Read the calling process's ids, cwd, environment and hard limits, the
+        pool's state and the cgroups, as they are for `executor`. Only reads."""
         try:
             cwd: str | None = os.getcwd()
         except OSError:
             cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, hard_limits=hard_limits(),
-                   is_root=os.geteuid() == 0, backend=backend,
-                   pool=PoolInfo.current() if backend in ("native", "template") else None, core_missing=core_missing(),
-                   effective_caps=effective_caps_mask(), cgroups=backend_cgroups(backend))
+        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, executor=executor,
+                   hard_limits=hard_limits(), is_root=os.geteuid() == 0,
+                   pool=PoolInfo.current() if executor.can(Capability.JOIN_POOLED_NETNS) else None,
+                   core_missing=core_missing(), effective_caps=effective_caps_mask(),
+                   cgroups=executor_cgroups(executor))
 
 
-# The executors that place each sandbox in a cgroup of its own (sandbox.cgroups).
-CGROUP_BACKENDS = ("native", "workerpool")
-
-
-def backend_cgroups(backend: str) -> CgroupInfo:
-    """The cgroups `backend`'s sandboxes get on this host, for this caller."""
-    if backend not in CGROUP_BACKENDS:
-        return CgroupInfo(reason=f"the {backend} backend does not place its sandboxes in cgroups")
+def executor_cgroups(executor: Traits) -> CgroupInfo:
+    """The cgroups `executor`'s sandboxes get on this host, for this caller."""
+    if not executor.can(Capability.CGROUPS):
+        return CgroupInfo(reason=f"{executor.title} does not place its sandboxes in cgroups")
     return host_cgroups()
 
 

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Sequence
 
 from . import backends
+from .capabilities import ALL, Capability, Traits
 from .forksafe import fresh_in_child
 from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, read_text, userns_sysctls
 from .plan import check_argv
@@ -51,6 +52,13 @@ def available() -> tuple[bool, str]:
     return False, f"native: {result.native_reason}; bwrap: {result.bwrap_reason}"
 
 
+# sandbox-launch runs the native core's setup in a process of its own, for the
+# caller it replaces: it makes its own namespaces (it cannot join a pooled one),
+# makes no cgroups, and is handed no namespaces to create its own in.
+LAUNCHER_TRAITS = Traits("native", "sandbox-launch", ALL - {
+    Capability.JOIN_POOLED_NETNS, Capability.CGROUPS, Capability.HANDED_NAMESPACES})
+
+
 def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     """The argv that runs `argv` in `spec` (pure: no files, no processes).
 
@@ -62,8 +70,8 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     command = check_argv(argv)
     path = launcher_path()
     if native_ok() and os.access(path, os.X_OK):
-        # sandbox-launch makes its own namespaces: it cannot join a pooled one
-        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, hard_limits=hard_limits(), pool=None)
+        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, executor=LAUNCHER_TRAITS,
+                        hard_limits=hard_limits(), pool=None)
         blob = native.blob_for(compiled_plan(spec, host))
         return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]

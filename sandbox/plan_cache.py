@@ -50,5 +50,5 @@ def compiled_plan(spec: Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
 
 def _caller_state(spec: Spec, host: HostInfo) -> tuple[Any, ...]:
     environ = tuple(host.environ.items()) if spec.env_inherit else ()
-    return (host.uid, host.gid, host.cwd, tuple(sorted(host.hard_limits.items())), host.is_root, host.backend,
+    return (host.uid, host.gid, host.cwd, tuple(sorted(host.hard_limits.items())), host.is_root, host.executor,
             host.pool, host.core_missing, host.effective_caps, host.proc_root_only, host.cgroups, environ)

@@ -1,17 +1,21 @@
-"""Which backend must refuse which Plan, decided before anything runs.
+"""Which executor must refuse which Plan, decided before anything runs.
 
 `refusal(plan, host)` is asked by every entry point (spawn, Template,
-WorkerPool, explain) once the Plan is compiled, so every backend refuses
+WorkerPool, explain) once the Plan is compiled, so every executor refuses
 the same sandbox with the same typed error at the same moment, before a
-process or mount exists. Pure, like sandbox.plan: what it knows of the
-caller comes in as a HostInfo.
+process or mount exists. It compares what the Plan needs with the
+capabilities the executor declares (`host.executor`, sandbox.capabilities),
+never with its name. Pure, like sandbox.plan: what it knows of the caller
+comes in as a HostInfo.
 """
 
 from __future__ import annotations
 
 import errno as E
+from collections.abc import Callable
 
 from . import spec as S
+from .capabilities import Capability as C
 from .errors import SandboxError, SetupError, SpecError, UnavailableError
 from .host import HostInfo
 from .plan import OpFlag, OpKind, Plan
@@ -23,8 +27,16 @@ CAP_NET_ADMIN = S.CAPABILITIES.index("CAP_NET_ADMIN")  # configuring a network n
 
 
 def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
-    """Why `host.backend` must not run `plan`, or None. Decided before
-    anything runs, so every backend fails the same way at the same moment."""
+    """Why `host.executor` must not run `plan`, or None. Decided before
+    anything runs, so every executor fails the same way at the same moment."""
+    for check in (_namespaces_allowed, _cgroups_required, _capabilities):
+        refused = check(plan, host)
+        if refused is not None:
+            return refused
+    return None
+
+
+def _namespaces_allowed(plan: Plan, host: HostInfo) -> SandboxError | None:
     others = plan.mount_ns or plan.pid_ns or plan.net_ns or plan.ipc_ns or plan.uts_ns or plan.cgroup_ns
     joins_userns = plan.sync.userns_fd >= 0  # bwrap is handed a user namespace to create them in
     if (not plan.user_ns and others and not host.is_root and not host.effective_caps >> CAP_SYS_ADMIN & 1
@@ -34,51 +46,72 @@ def refusal(plan: Plan, host: HostInfo) -> SandboxError | None:
         # (bwrap would quietly add a user namespace instead).
         return SetupError("Creating new namespace failed: Operation not permitted (no user namespace requested)",
                           step="clone", errno=E.EPERM, backend=host.backend)
-    if host.backend != "bwrap" and (plan.sync.userns_fd >= 0 or plan.sync.pidns_fd >= 0):
-        return UnavailableError("sync.userns_fd and sync.pidns_fd are for the bwrap backend (natively, the caller "
-                                "joins the namespaces itself before it starts the sandbox)")
-    if plan.require_cgroups and plan.limits_fallback:
-        return UnavailableError(f"limits.require_cgroups: no cgroup for {', '.join(plan.limits_fallback)} on the "
-                                f"{host.backend} backend here: {host.cgroups.reason}")
-    if host.backend == "template":
-        return template_refusal(plan)
-    if host.backend != "bwrap":
-        return None
-    outside = [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
-                                       ("forward", plan.forward), ("check", plan.check_network)) if used]
-    if outside and host.core_missing:
-        # The bwrap backend does this work from outside the sandbox, with the
-        # compiled core's helpers (entering its namespaces, openat2).
-        return UnavailableError(f"the bwrap backend needs the compiled core for {', '.join(outside)}: "
-                                f"{host.core_missing}")
-    if plan.landlock and not plan.landlock_best_effort:
-        return UnavailableError("landlock=True needs the native backend (bwrap has no Landlock support); "
-                                "use landlock='best-effort' to run without it under bwrap")
-    for op in plan.ops:
-        if op.kind is OpKind.BIND and op.flags & OpFlag.RDONLY and not op.flags & OpFlag.NODEV:
-            return SpecError(f"mounts[{op.origin}]", op.dest, "bwrap cannot bind read-only with device access")
     return None
 
 
-# A Template (sandbox.template) executes a Plan in two parts: what its
-# resident process prepares once and what each sandbox it clones does;
-# sandbox.warm_plan splits it. What it cannot execute is refused here.
+def _cgroups_required(plan: Plan, host: HostInfo) -> SandboxError | None:
+    if plan.require_cgroups and plan.limits_fallback:
+        return UnavailableError(f"limits.require_cgroups: no cgroup for {', '.join(plan.limits_fallback)} with "
+                                f"{host.executor.title} here: {host.cgroups.reason}")
+    return None
 
-def template_refusal(plan: Plan) -> SandboxError | None:
-    """Why a Template cannot execute `plan` (then use sandbox.spawn), or None."""
-    why = None
-    if not plan.user_ns:
-        why = "needs a user namespace (its sandboxes are cloned by an unprivileged process)"
-    elif not plan.mount_ns:
-        why = "needs a mount namespace (each sandbox starts in a copy of the template's root)"
-    elif not plan.pid_ns:
-        why = "needs a pid namespace (without one its sandboxes would share the template's and see each other)"
-    elif plan.forward or plan.check_network:
-        why = "does not forward ports or check the network namespace"
-    elif any(op.flags & OpFlag.FD_SOURCE for op in plan.ops):
-        why = "cannot bind a caller's fd (/proc/self/fd/N would name the template's own)"
-    elif plan.keep_caps >> CAP_SYS_ADMIN & 1:
-        why = "cannot keep CAP_SYS_ADMIN (a sandbox could unmount what covers the template's shared mounts)"
-    elif any(op.dest == "/" and op.kind is OpKind.TMPFS for op in plan.ops):
-        why = "cannot make a Tmpfs at / (the root is the template's, shared by its sandboxes)"
-    return UnavailableError(f"a Template {why}") if why else None
+
+# What a Plan needs, one capability each, in the order they are checked (the
+# first missing one is the refusal): a test of the Plan, and the error of an
+# executor that lacks the capability (given its title and its reason).
+Need = tuple[C, Callable[[Plan, HostInfo], bool], Callable[[str, str, Plan, HostInfo], SandboxError]]
+
+
+def _unavailable(what: str) -> Callable[[str, str, Plan, HostInfo], SandboxError]:
+    return lambda title, why, plan, host: UnavailableError(f"{title} {what}{why}")
+
+
+def _outside_work(plan: Plan) -> list[str]:
+    return [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
+                                    ("forward", plan.forward), ("check", plan.check_network)) if used]
+
+
+def _rdonly_dev_bind(plan: Plan) -> tuple[int, str] | None:
+    for op in plan.ops:
+        if op.kind is OpKind.BIND and op.flags & OpFlag.RDONLY and not op.flags & OpFlag.NODEV:
+            return op.origin, op.dest
+    return None
+
+
+def _rdonly_dev_refusal(title: str, why: str, plan: Plan, host: HostInfo) -> SandboxError:
+    origin, dest = _rdonly_dev_bind(plan) or (0, "")
+    return SpecError(f"mounts[{origin}]", dest, f"{title} cannot bind read-only with device access{why}")
+
+
+NEEDS: tuple[Need, ...] = (
+    (C.HANDED_NAMESPACES, lambda p, h: p.sync.userns_fd >= 0 or p.sync.pidns_fd >= 0,
+     lambda title, why, plan, host: UnavailableError(
+         f"sync.userns_fd and sync.pidns_fd: {title} cannot create its namespaces inside ones it is handed{why} "
+         "(natively, the caller joins them itself before it starts the sandbox)")),
+    (C.WITHOUT_USER_NS, lambda p, h: not p.user_ns, _unavailable("needs a user namespace")),
+    (C.WITHOUT_MOUNT_NS, lambda p, h: not p.mount_ns, _unavailable("needs a mount namespace")),
+    (C.WITHOUT_PID_NS, lambda p, h: not p.pid_ns, _unavailable("needs a pid namespace")),
+    (C.FORWARD, lambda p, h: bool(p.forward or p.check_network),
+     _unavailable("does not forward ports or check the network namespace")),
+    (C.FD_SOURCE, lambda p, h: any(op.flags & OpFlag.FD_SOURCE for op in p.ops),
+     _unavailable("cannot bind a caller's fd")),
+    (C.KEEP_SYS_ADMIN, lambda p, h: bool(p.keep_caps >> CAP_SYS_ADMIN & 1),
+     _unavailable("cannot keep CAP_SYS_ADMIN")),
+    (C.TMPFS_ROOT, lambda p, h: any(op.dest == "/" and op.kind is OpKind.TMPFS for op in p.ops),
+     _unavailable("cannot make a Tmpfs at /")),
+    (C.SELF_CONTAINED_SETUP, lambda p, h: bool(_outside_work(p) and h.core_missing),
+     lambda title, why, plan, host: UnavailableError(f"{title} needs the compiled core for "
+                                               f"{', '.join(_outside_work(plan))}{why}: {host.core_missing}")),
+    (C.LANDLOCK, lambda p, h: p.landlock and not p.landlock_best_effort,
+     lambda title, why, plan, host: UnavailableError(
+         f"landlock=True: {title} has no Landlock support{why}; use landlock='best-effort' to run without it")),
+    (C.RDONLY_DEV_BIND, lambda p, h: _rdonly_dev_bind(p) is not None, _rdonly_dev_refusal),
+)
+
+
+def _capabilities(plan: Plan, host: HostInfo) -> SandboxError | None:
+    executor = host.executor
+    for capability, needed, error in NEEDS:
+        if not executor.can(capability) and needed(plan, host):
+            return error(executor.title, executor.why_not(capability), plan, host)
+    return None

@@ -35,7 +35,6 @@ from . import backends
 from .api import Stdio, StdioArg, check_pass_fds, run_with
 from .backends.template import Server, launch_in
 from .errors import SpecError
-from .host import HostInfo
 from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
 from .refusal import refusal
@@ -59,7 +58,7 @@ class Template:
         if not isinstance(spec, Spec):
             raise SpecError("spec", spec, "must be a sandbox.Spec")
         backends.choose("template")
-        host = HostInfo.current(backend="template")
+        host = backends.host_for("template")
         plan = compile_plan(spec, host)
         refused = refusal(plan, host)
         if refused is not None:

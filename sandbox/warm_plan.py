@@ -156,7 +156,7 @@ def server_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
 
 
 def template_plans(plan: Plan) -> TemplatePlans:
-    """Split `plan` (accepted by refusal.template_refusal) for a Template.
+    """Split `plan` (one sandbox.refusal accepts for a Template) for a Template.
 
     The template runs as the ids its sandboxes' id maps name outside
     (plan.host_uid/gid), in its own user namespace; or, when the sandboxes

@@ -1,11 +1,14 @@
 """Which backend runs: the registry of executors of a Plan, and the choice.
 
 A backend is a module of this package that defines `BACKEND`, an object
-implementing `contract.Backend`: it says whether it can run on this host and
-starts a command under a Plan, returning a `contract.Launched` record. It
-interprets the Plan and decides nothing (decisions are `sandbox.plan`'s).
-Adding one means a module and a line in `NAMES`. This module is the registry:
-it loads backends by name and chooses one; backends import only the contract.
+implementing `contract.Backend`: it declares what it can do (its `traits`,
+sandbox.capabilities), says whether it can run on this host and starts a
+command under a Plan, returning a `contract.Launched` record. It interprets
+the Plan and decides nothing (decisions are `sandbox.plan`'s, refusals
+`sandbox.refusal`'s, both by capability). Adding one means a module and a
+line in `NAMES`. This module is the registry: it loads backends by name,
+chooses one, and reads the host as it is for one (`host_for`); backends
+import only the contract.
 """
 
 from __future__ import annotations
@@ -14,12 +17,15 @@ import functools
 import importlib
 import threading
 
+from ..capabilities import ALL, Capability, Traits
 from ..errors import SpecError, UnavailableError
 from ..forksafe import fresh_in_child
+from ..host import HostInfo
 from ..plan import Plan
 from .contract import Backend, ExitSource, Launched, WaitStatus
 
-__all__ = ["NAMES", "Backend", "ExitSource", "Launched", "WaitStatus", "availability", "choose", "get", "launch"]
+__all__ = ["NAMES", "Backend", "ExitSource", "Launched", "WaitStatus", "availability", "choose", "get", "host_for",
+           "launch"]
 
 NAMES = ("native", "bwrap")  # the order "auto" tries them in
 EXPLICIT = ("template",)  # chosen only by name (sandbox.Template's executor)
@@ -31,6 +37,8 @@ class _Missing:
 
     def __init__(self, name: str, reason: str) -> None:
         self.name, self.reason = name, reason
+        # what it could do is unknown: plans are compiled as if it could do anything, and it runs nothing
+        self.traits = Traits(name, f"the {name} backend", ALL)
 
     def available(self) -> tuple[bool, str]:
         return False, self.reason
@@ -51,6 +59,19 @@ def get(name: str) -> Backend:
         return _Missing(name, str(exc))
     backend: Backend = module.BACKEND
     return backend
+
+
+def host_for(name: str) -> HostInfo:
+    """The host as a Plan for the backend `name` sees it (HostInfo.current of
+    its traits). The one side effect, and the reason it is here and not in
+    the facts: a backend that can join a pooled network namespace gets the
+    process-wide pool started, filling in the background (sandbox.netpool)."""
+    traits = get(name).traits
+    if traits.can(Capability.JOIN_POOLED_NETNS):
+        from .. import netpool
+
+        netpool.pool_for("none")
+    return HostInfo.current(traits)
 
 
 _lock = threading.Lock()

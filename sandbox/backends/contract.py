@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..capabilities import Traits
 from ..cgroups import Walls
 from ..plan import Plan
 
@@ -86,9 +87,10 @@ class EarlyStatus(ExitSource, Protocol):
 
 
 class Backend(Protocol):
-    """An executor of Plans."""
+    """An executor of Plans: `traits` declares what it can do."""
 
     name: str
+    traits: Traits
 
     def available(self) -> tuple[bool, str]:
         """(usable here, why or why not); may be slow: callers cache it."""

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import spec as S
+from ..capabilities import Traits
 from ..errors import SpecError
 from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
@@ -126,6 +127,10 @@ def _extras(st: ParseState) -> CliExtras:
     )
 
 
+# Parsing reads only the caller's facts (ids, cwd, environment); no executor is involved yet.
+PARSING = Traits("none", "no executor (a command line being parsed)", frozenset())
+
+
 def _host(environ: Mapping[str, str] | None, cwd: str | None, uid: int | None, gid: int | None) -> HostInfo:
     """This process's ids, cwd and environment, with what the caller gave in
     their place (parsing needs no pool: reading its state would start it)."""
@@ -135,7 +140,7 @@ def _host(environ: Mapping[str, str] | None, cwd: str | None, uid: int | None, g
     for name, value in (("uid", uid), ("gid", gid)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise SpecError(name, value, "must be a non-negative integer or None")
-    host = HostInfo.current(backend="bwrap")
+    host = HostInfo.current(PARSING)
     return dataclasses.replace(
         host,
         uid=host.uid if uid is None else uid,

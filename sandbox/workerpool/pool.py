@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import itertools
 import os
@@ -17,8 +16,9 @@ from typing import Any, ParamSpec, TypeVar
 from .. import backends, cgroups
 from .. import spec as S
 from ..backends.native import ffi, lib, serialize, setup_error
+from ..capabilities import ALL, Capability, Traits
 from ..errors import SandboxError, SetupError, SpecError
-from ..host import HostInfo, backend_cgroups
+from ..host import HostInfo
 from ..plan import compile_mount, compile_plan
 from ..process import SandboxProcess
 from ..refusal import refusal
@@ -35,6 +35,12 @@ T = TypeVar("T")
 MiB = 1 << 20
 DEFAULT_MAX_REPLY = 64 * MiB
 DEFAULT_MAX_OUTPUT = 16 * MiB
+
+# A task is forked by the zygote, which the native backend starts: the native
+# backend's capabilities but the pool's network namespaces (the zygote never
+# uses its own, and each task makes a fresh one: it never leases from the pool).
+TRAITS = Traits("workerpool", "a WorkerPool", ALL - {Capability.HANDED_NAMESPACES, Capability.JOIN_POOLED_NETNS},
+                because={Capability.JOIN_POOLED_NETNS: "each task makes a fresh network namespace"})
 _POOLS = object()  # a per-task cap left to the pool's
 
 
@@ -106,10 +112,7 @@ class WorkerPool(Executor):
         self._timeout = timeout
         self._ids = itertools.count(1)
         backends.choose("native")
-        # The zygote never uses its network namespace (each task makes its
-        # own): it takes a fresh one, never a lease from the pool.
-        host = dataclasses.replace(HostInfo.current(backend="native"), pool=None,
-                                   cgroups=backend_cgroups("workerpool"))
+        host = HostInfo.current(TRAITS)
         plan = compile_plan(zygote_spec(spec), host)
         refused = refusal(plan, host)
         if refused is not None:

@@ -360,10 +360,11 @@ def ro_bind_spec(src: str, dest: str):  # -> Spec
 
 
 def plan_for(spec):  # -> Plan, for the bwrap backend
+    from sandbox.backends.bwrap import TRAITS
     from sandbox.host import HostInfo
     from sandbox.plan import compile_plan
 
-    return compile_plan(spec, HostInfo.current(backend="bwrap"))
+    return compile_plan(spec, HostInfo.current(TRAITS))
 
 
 @pytest.mark.parametrize("unshare", ["--unshare-user", "--unshare-user-try", "--unshare-all"])

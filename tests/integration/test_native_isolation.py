@@ -145,7 +145,7 @@ def spawn_plan_unchecked(spec: Spec, extra_ops: tuple[Op, ...], argv: list[str])
     SetupError propagates."""
     from sandbox.backends import native
 
-    plan = compile_plan(spec, HostInfo.current())
+    plan = compile_plan(spec, HostInfo.current(native.TRAITS))
     plan = dataclasses.replace(plan, ops=plan.ops + extra_ops)
     proc = sandbox.SandboxProcess(argv, native.launch(plan, argv, (-1, -1, -1), ()), backend="native")
     return proc.wait(timeout=30)

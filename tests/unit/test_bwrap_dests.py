@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 
 from sandbox import Bind, Chmod, Dir, File, RoBind, SetupError, Spec, Symlink, Tmpfs
+from sandbox.backends.bwrap import TRAITS as BWRAP
 from sandbox.backends.bwrap import dests
 from sandbox.backends.bwrap.render import render_plan
 from sandbox.host import HostInfo
 from sandbox.plan import OpKind, Plan, compile_plan
 
-HOST = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd="/", environ={}, pool=None, backend="bwrap")
+HOST = HostInfo(executor=BWRAP, uid=os.getuid(), gid=os.getgid(), cwd="/", environ={}, pool=None)
 
 
 def plan_of(*mounts: object) -> Plan:

@@ -6,6 +6,7 @@ import pytest
 
 from sandbox import Chmod, Dir, RemountRo, RoBind, SetupError, Spec, Tmpfs, UnavailableError
 from sandbox.backends.bwrap.messages import _error_from, decode_exit_code, last_bwrap_line
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.host import HostInfo
 from sandbox.plan import Plan, compile_plan
 
@@ -24,7 +25,8 @@ def test_last_bwrap_line() -> None:
 
 
 def _plan(*mounts: object) -> Plan:
-    return compile_plan(Spec(mounts=list(mounts)), HostInfo(uid=1000, gid=1000, cwd="/", environ={}, pool=None))
+    host = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/", environ={}, pool=None)
+    return compile_plan(Spec(mounts=list(mounts)), host)
 
 
 @pytest.mark.parametrize("message, step, path", [

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from sandbox import spec as S
 from sandbox.backends.bwrap.render import render_op, render_plan
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.bwrap.argv import BwrapArgv
 from sandbox.bwrap.parse import from_bwrap_args
 from sandbox.bwrap.unparse import to_bwrap_args
@@ -160,7 +161,7 @@ def test_env_inherit_is_resolved_against_the_given_environ() -> None:
 def test_plan_rendering_matches_native_parent_modes() -> None:
     """A plan op whose parent mode differs from bwrap's implicit rule gets explicit --dir parents."""
     spec = S.Spec(mounts=[S.File("/a/b/f", b"x", perms=0o600)], seccomp=None)
-    plan = compile_plan(spec, HostInfo(uid=0, gid=0, cwd="/", environ={}))
+    plan = compile_plan(spec, HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={}))
     op = plan.ops[0]
     with render_plan(plan) as args:
         assert isinstance(args, BwrapArgv)
@@ -174,7 +175,7 @@ def test_plan_rendering_matches_native_parent_modes() -> None:
 
 
 def test_dev_modes_are_rendered_where_bwrap_makes_others() -> None:
-    (op,) = compile_plan(S.Spec(mounts=[S.Dev("/d")]), HostInfo(uid=0, gid=0, cwd="/", environ={})).ops
+    (op,) = compile_plan(S.Spec(mounts=[S.Dev("/d")]), HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={})).ops
     assert render_op(op, [], match_native=True) == ["--dev", "/d", "--chmod", "1777", "/d/shm"]
     assert render_op(op, [], match_native=False) == ["--dev", "/d"]
     other = dataclasses.replace(op, mode=0o700, shm_mode=0o755)
@@ -186,7 +187,7 @@ def test_dev_modes_are_rendered_where_bwrap_makes_others() -> None:
 @pytest.mark.parametrize("mount", [S.Bind("/a"), S.RoBind("/a"), S.DevBind("/a"), S.RemountRo("/a")])
 def test_binds_without_nosuid_are_refused(mount: S.Mount) -> None:
     """bwrap binds (and remounts) nosuid whatever it is told: a plan that says otherwise cannot run there."""
-    (op,) = compile_plan(S.Spec(mounts=[mount]), HostInfo(uid=0, gid=0, cwd="/", environ={})).ops
+    (op,) = compile_plan(S.Spec(mounts=[mount]), HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={})).ops
     assert render_op(op, [])
     with pytest.raises(SpecError):
         render_op(dataclasses.replace(op, flags=op.flags & ~OpFlag.NOSUID), [])

@@ -92,11 +92,12 @@ def test_a_first_run_imports_only_what_it_uses() -> None:
 
 def test_a_policy_brings_its_compiler() -> None:
     loaded = modules_after("from sandbox import Spec\nfrom sandbox.plan import compile_plan\n"
-                           "from sandbox.host import HostInfo\n"
-                           "compile_plan(Spec(), HostInfo(uid=1000, gid=1000, cwd='/', environ={}, pool=None))")
+                           "from sandbox.host import HostInfo\nfrom sandbox.capabilities import ALL, Traits\n"
+                           "compile_plan(Spec(), HostInfo(uid=1000, gid=1000, cwd='/', environ={}, pool=None, "
+                           "executor=Traits('test', 'a test', ALL)))")
     assert "sandbox.seccomp.compile" in loaded
     loaded = modules_after("from sandbox import Spec\nfrom sandbox.plan import compile_plan\n"
-                           "from sandbox.host import HostInfo\n"
+                           "from sandbox.host import HostInfo\nfrom sandbox.capabilities import ALL, Traits\n"
                            "compile_plan(Spec(seccomp=None), HostInfo(uid=1000, gid=1000, cwd='/', environ={}, "
-                           "pool=None))")
+                           "pool=None, executor=Traits('test', 'a test', ALL)))")
     assert "sandbox.seccomp.compile" not in loaded

@@ -6,7 +6,7 @@ import errno as E
 
 import pytest
 
-from sandbox import Limits, Spec, UnavailableError
+from sandbox import Limits, Spec, UnavailableError, backends
 from sandbox.backends.native import _explain_clone
 from sandbox.host import HostInfo
 from sandbox.plan import compile_plan
@@ -16,7 +16,8 @@ MISSING = "the compiled core sandbox._native is not built in /src/sandbox"
 
 
 def host(core_missing: str | None, backend: str = "bwrap") -> HostInfo:
-    return HostInfo(uid=1000, gid=1000, cwd="/", environ={}, backend=backend, pool=None, core_missing=core_missing)
+    return HostInfo(executor=backends.get(backend).traits, uid=1000, gid=1000, cwd="/", environ={}, pool=None,
+                    core_missing=core_missing)
 
 
 @pytest.mark.parametrize(("fields", "named"), [

@@ -32,13 +32,14 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.backends.native.core import BIN_DIR, OP_KIND_NAMES, STEP_NAMES
 from sandbox.backends.native.messages import describe, setup_error
 from sandbox.host import HostInfo
 from sandbox.plan import OpKind, Plan, compile_plan
 
-HOST = HostInfo(uid=1000, gid=1000, cwd="/home/u", environ={"HOME": "/home/u"})
+HOST = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/home/u", environ={"HOME": "/home/u"})
 MOUNTS = (RoBind("/usr"), Bind("/srv/data", "/data"), Tmpfs("/tmp"), Proc(), Dev(), Dir("/d", perms=0o700),
           Symlink("target", "/l"), File("/f", data=b"x"), RemountRo("/usr"), Chmod("/d", 0o750))
 STRICT = compile_plan(Spec(mounts=MOUNTS, probe_paths=("/etc/shadow", "/root"), cwd="/d"), HOST)

@@ -17,6 +17,7 @@ import pytest
 import sandbox.bwrap
 from sandbox import spec as S
 from sandbox.backends.bwrap.render import render_plan
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.bwrap import argv, grammar, parse, unparse
 from sandbox.bwrap.grammar import BY_NAME, GROUPS, LIMIT_FIELD, LIMIT_OPTION, LIMITS, OPTIONS, BwrapArgsError
 from sandbox.bwrap.parse import parse_bwrap_args, spec_environment
@@ -204,7 +205,7 @@ def test_unparse_emits_only_handled_options() -> None:
 
 def test_render_plan_emits_only_handled_bwrap_options() -> None:
     spec = EVERYTHING.replace(network="none", limits=S.Limits())
-    plan = compile_plan(spec, HostInfo(uid=0, gid=0, cwd="/", environ={}))
+    plan = compile_plan(spec, HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={}))
     with render_plan(plan) as args:
         seen = walk(list(args))
     assert MOUNT_OPTIONS | {"--unshare-net", "--seccomp", "--as-pid-1"} <= set(seen)

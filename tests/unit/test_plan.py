@@ -23,6 +23,7 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.cgroups import CgroupInfo, CgroupLimits
 from sandbox.errors import UnavailableError
 from sandbox.host import LIMITED_RESOURCES, HostInfo, hard_limits
@@ -44,14 +45,14 @@ from sandbox.plan import (
 from sandbox.refusal import refusal
 from sandbox.spec import CAPABILITIES
 
-HOST = HostInfo(
+HOST = HostInfo(executor=NATIVE,
     uid=1000,
     gid=1001,
     cwd="/home/u/project",
     environ={"HOME": "/home/u", "PATH": "/host/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "LC_TIME": "en_GB",
              "TERM": "xterm", "SECRET_TOKEN": "hunter2", "lc_lower": "x", "XLC_X": "y"},
 )
-ROOT = HostInfo(uid=0, gid=0, cwd="/root", environ={"HOME": "/root"})
+ROOT = HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/root", environ={"HOME": "/root"})
 
 
 def plan_of(spec: Spec, host: HostInfo = HOST) -> Plan:
@@ -279,9 +280,9 @@ def test_declared_home_is_preferred_over_the_hosts() -> None:
 
 
 def test_cwd_candidates_skip_missing_and_relative_values() -> None:
-    host = HostInfo(uid=1, gid=1, cwd=None, environ={"HOME": "relative"})
+    host = HostInfo(executor=NATIVE, uid=1, gid=1, cwd=None, environ={"HOME": "relative"})
     assert plan_of(Spec(env={"HOME": "relative"}), host).cwd_candidates == ("/",)
-    host = HostInfo(uid=1, gid=1, cwd="/", environ={"HOME": "/"})
+    host = HostInfo(executor=NATIVE, uid=1, gid=1, cwd="/", environ={"HOME": "/"})
     assert plan_of(Spec(), host).cwd_candidates == ("/",)
 
 
@@ -303,7 +304,7 @@ def test_rlimit_units() -> None:
     assert plan.limits_fallback == ("memory_mb", "nproc")
 
 
-CGROUP_HOST = HostInfo(uid=1, gid=1, cwd="/", environ={}, cgroups=CgroupInfo(
+CGROUP_HOST = HostInfo(executor=NATIVE, uid=1, gid=1, cwd="/", environ={}, cgroups=CgroupInfo(
     mechanism="cgroup1", controllers=frozenset({"memory", "pids", "cpu"}), reason="test"))
 
 
@@ -337,7 +338,7 @@ def test_no_limits_no_rlimits() -> None:
 
 
 def test_rlimits_are_capped_at_the_callers_hard_limit() -> None:
-    host = HostInfo(uid=1, gid=1, cwd="/", environ={},
+    host = HostInfo(executor=NATIVE, uid=1, gid=1, cwd="/", environ={},
                     hard_limits={resource.RLIMIT_NOFILE: 1024, resource.RLIMIT_CPU: 100})
     limits = Limits(nofile=1 << 20, cpu_s=5, nproc=7)
     assert dict(plan_of(Spec(limits=limits), host).rlimits) == {
@@ -345,7 +346,7 @@ def test_rlimits_are_capped_at_the_callers_hard_limit() -> None:
 
 
 def test_the_smallest_request_for_a_resource_wins() -> None:
-    host = HostInfo(uid=1, gid=1, cwd="/", environ={}, hard_limits={resource.RLIMIT_FSIZE: 3 << 20})
+    host = HostInfo(executor=NATIVE, uid=1, gid=1, cwd="/", environ={}, hard_limits={resource.RLIMIT_FSIZE: 3 << 20})
     assert plan_of(Spec(limits=Limits(file_mb=2, file_bytes=5 << 20)), host).rlimits == (
         (resource.RLIMIT_FSIZE, 2 << 20),)
     assert plan_of(Spec(limits=Limits(file_mb=4, file_bytes=5 << 20)), host).rlimits == (
@@ -356,7 +357,7 @@ def test_hard_limits_are_read_for_every_limited_resource() -> None:
     assert {res for res, _unit in [*RLIMITS.values(), *FALLBACK_RLIMITS.values()]} == set(LIMITED_RESOURCES)
     expected = {res: resource.getrlimit(res)[1] for res in LIMITED_RESOURCES}
     assert hard_limits() == {res: hard for res, hard in expected.items() if hard != resource.RLIM_INFINITY}
-    assert HostInfo.current().hard_limits == hard_limits()
+    assert HostInfo.current(NATIVE).hard_limits == hard_limits()
     assert HOST.hard_limits == {}  # not given: nothing is capped
 
 

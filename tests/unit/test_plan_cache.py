@@ -9,13 +9,15 @@ from typing import Any
 import pytest
 
 from sandbox import Limits, Proc, Spec, Tmpfs
+from sandbox.backends.bwrap import TRAITS as BWRAP
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.cgroups import CgroupInfo
 from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import compile_plan
 from sandbox.plan_cache import MAX_PLANS, _caller_state, compiled_plan
 from sandbox.sync import Sync
 
-HOST = HostInfo(uid=1000, gid=1000, cwd="/home/u", environ={"LANG": "C", "HOME": "/home/u"},
+HOST = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/home/u", environ={"LANG": "C", "HOME": "/home/u"},
                 hard_limits={resource.RLIMIT_NOFILE: 4096}, pool=PoolInfo(serves_none=False))
 ROOT = dataclasses.replace(HOST, uid=0, gid=0, is_root=True, effective_caps=0)
 SPEC = Spec(mounts=[Proc(), Tmpfs("/tmp")], env_inherit=("LANG",), limits=Limits(nofile=1000))
@@ -23,7 +25,7 @@ SPEC = Spec(mounts=[Proc(), Tmpfs("/tmp")], env_inherit=("LANG",), limits=Limits
 # Every field of HostInfo, changed to a value that may change the plan.
 CHANGED: dict[str, Any] = {
     "uid": 0, "gid": 0, "cwd": "/srv", "environ": {"LANG": "fr_FR.UTF-8"},
-    "hard_limits": {resource.RLIMIT_NOFILE: 64}, "is_root": True, "backend": "bwrap",
+    "hard_limits": {resource.RLIMIT_NOFILE: 64}, "is_root": True, "executor": BWRAP,
     "pool": PoolInfo(serves_none=True), "core_missing": "not built", "effective_caps": 1 << 21,
     "proc_root_only": ("program_cpu",),
     "cgroups": CgroupInfo(mechanism="cgroup2", controllers=frozenset({"memory"}), reason="delegated"),

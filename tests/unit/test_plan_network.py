@@ -8,17 +8,18 @@ import errno
 
 import pytest
 
-from sandbox import Namespaces, RoBind, SetupError, Spec, SpecError, UnavailableError
+from sandbox import Namespaces, RoBind, SetupError, Spec, SpecError, UnavailableError, backends
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import OpFlag, compile_plan
 from sandbox.refusal import refusal
 
-USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={})
-ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True)
+USER = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/", environ={})
+ROOT = HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={}, is_root=True)
 
 
-def host(base: HostInfo = USER, **changes: object) -> HostInfo:
-    return dataclasses.replace(base, **changes)
+def host(base: HostInfo = USER, backend: str = "native", **changes: object) -> HostInfo:
+    return dataclasses.replace(base, executor=backends.get(backend).traits, **changes)
 
 
 @pytest.mark.parametrize(("spec", "h", "expected"), [

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from sandbox import backends
 from sandbox import spec as S
 from sandbox.errors import SpecError, UnavailableError
 from sandbox.host import HostInfo
@@ -16,7 +17,7 @@ from sandbox.sync import NO_SYNC, Sync
 
 
 def host(backend: str = "native", uid: int = 1000) -> HostInfo:
-    return dataclasses.replace(HostInfo.current(backend=backend), uid=uid, gid=uid, environ={}, cwd="/")
+    return dataclasses.replace(HostInfo.current(backends.get(backend).traits), uid=uid, gid=uid, environ={}, cwd="/")
 
 
 @pytest.mark.parametrize("value", [-2, True, "3", 1.0])

@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from sandbox import spec as S
+from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.errors import UnavailableError
 from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import OpFlag, OpKind, compile_plan
-from sandbox.refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN, refusal, template_refusal
+from sandbox.refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN, refusal
 from sandbox.warm_plan import plan_for_call, template_plans
 
-USER = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, backend="template", pool=PoolInfo())
-ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, is_root=True, backend="template", pool=PoolInfo())
+USER = HostInfo(executor=TEMPLATE, uid=1000, gid=1000, cwd="/", environ={}, pool=PoolInfo())
+ROOT = HostInfo(executor=TEMPLATE, uid=0, gid=0, cwd="/", environ={}, is_root=True, pool=PoolInfo())
 WORLD = (S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Proc(), S.Dev(), S.Tmpfs("/tmp"),
          S.Bind("/srv", "/tmp/srv"), S.File("/etc/rw", b"x"), S.File("/etc/ro", b"y", readonly=True),
          S.Chmod("/etc/rw", 0o600), S.Dir("/work"))
@@ -109,6 +110,6 @@ def test_refusals(fields: dict[str, object], why: str) -> None:
     plan = compile_plan(S.Spec(mounts=WORLD, **fields), ROOT)  # type: ignore[arg-type]
     refused = refusal(plan, ROOT)
     assert isinstance(refused, UnavailableError) and why in str(refused)
-    assert template_refusal(compile_plan(S.Spec(mounts=WORLD), ROOT)) is None
+    assert refusal(compile_plan(S.Spec(mounts=WORLD), ROOT), ROOT) is None
     no_mount = compile_plan(S.Spec(namespaces=S.Namespaces(mount=False)), ROOT)
-    assert "mount namespace" in str(template_refusal(no_mount))
+    assert "a Template needs a mount namespace (each sandbox" in str(refusal(no_mount, ROOT))

@@ -12,6 +12,7 @@ import cloudpickle
 import pytest
 
 from sandbox import Bind, Dev, Dir, File, Limits, Namespaces, Proc, RoBind, Spec, SpecError, Symlink, Tmpfs
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.host import HostInfo
 from sandbox.plan import OpFlag, OpKind, compile_plan
 from sandbox.seccomp import DEFAULT_POLICY
@@ -19,8 +20,8 @@ from sandbox.warm_plan import ZYGOTE_ROOT_STAND_IN, task_plan, with_task_binds, 
 from sandbox.workerpool.interpreter import check_spec, executable_chain, interpreter_paths, zygote_spec
 from sandbox.workerpool.results import RemoteError, RemoteTraceback, ReplyLoader, UnsafeResultError
 
-USER = HostInfo(uid=1000, gid=1001, cwd="/home/u", environ={})
-ROOT = HostInfo(uid=0, gid=0, cwd="/root", environ={})
+USER = HostInfo(executor=NATIVE, uid=1000, gid=1001, cwd="/home/u", environ={})
+ROOT = HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/root", environ={})
 MOUNTS = (RoBind("/usr"), Symlink("usr/bin", "/bin"), Proc(), Dev(), Tmpfs("/tmp"), Dir("/work"),
           Tmpfs("/scratch"), Dir("/scratch/sub"), File("/scratch/sub/f", b"data"), File("/etc/conf", b"x"))
 

@@ -10,12 +10,13 @@ import pytest
 
 from sandbox import Proc, Spec
 from sandbox.backends.bwrap.render import NEWROOT_SOURCE, render_op
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo, root_only_proc_files
 from sandbox.plan import PROC_MASKED_FOR_ROOT, Cover, OpKind, compile_plan, proc_covers
 
-HOST = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, pool=None)
-ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, pool=None, is_root=True)
+HOST = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/", environ={}, pool=None)
+ROOT = HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={}, pool=None, is_root=True)
 PROC_COVERS = proc_covers(1000)
 
 
@@ -66,7 +67,7 @@ def test_root_only_files_are_read_from_the_running_kernel() -> None:
         st = os.lstat("/proc/" + name)
         only_root = stat.S_ISREG(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o044
         assert (name in found) == (only_root and not name.isdigit()), name
-    assert HostInfo(uid=0, gid=0, cwd="/", environ={}).proc_root_only == found
+    assert HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={}).proc_root_only == found
 
 
 def test_bwrap_renders_the_covers_for_bwrap_only() -> None:

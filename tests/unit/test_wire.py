@@ -26,11 +26,13 @@ from sandbox import (
     Symlink,
     Tmpfs,
 )
+from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo
 from sandbox.plan import OpKind, Plan, compile_plan
 
-HOST = HostInfo(uid=1000, gid=1001, cwd="/home/u/project", environ={"HOME": "/home/u", "PATH": "/host/bin"})
+HOST = HostInfo(executor=NATIVE, uid=1000, gid=1001, cwd="/home/u/project",
+                environ={"HOME": "/home/u", "PATH": "/host/bin"})
 NEWROOT = "/tmp"
 
 SPECS = {

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 
+from ...capabilities import ALL, Capability, Traits
 from ...errors import UnavailableError
 from ...host import BWRAP_ENV
 from ...plan import Plan
@@ -60,10 +61,19 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     return _Run(path, plan, argv).start(stdio, pass_fds)
 
 
+# bubblewrap makes its own network namespace, has no Landlock and no cgroups,
+# binds read-only only with nodev, and what it lacks (limits, probes, port
+# forwarding, checks) is done from outside with the compiled core's helpers.
+TRAITS = Traits("bwrap", "the bwrap backend", ALL - {
+    Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,
+    Capability.SELF_CONTAINED_SETUP, Capability.CGROUPS})
+
+
 class _Bwrap:
     """The bwrap backend (the Backend protocol of sandbox.backends)."""
 
-    name = "bwrap"
+    name = TRAITS.name
+    traits = TRAITS
     available = staticmethod(available)
     launch = staticmethod(launch)
 

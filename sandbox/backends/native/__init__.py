@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ... import cgroups, isolation, netpool
+from ...capabilities import ALL, Capability, Traits
 from ...errors import SandboxError, SetupError
 from ...forksafe import fresh_in_child
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
@@ -287,10 +288,16 @@ def _explain_clone(err: int, sysctls: dict[str, str]) -> str:
     return f"user namespaces: {text}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
+# Everything but being handed namespaces to create its own in: natively the
+# caller joins those itself before it starts the sandbox (sandbox.cli).
+TRAITS = Traits("native", "the native backend", ALL - {Capability.HANDED_NAMESPACES})
+
+
 class _Native:
     """The native backend (the Backend protocol of sandbox.backends)."""
 
-    name = "native"
+    name = TRAITS.name
+    traits = TRAITS
     available = staticmethod(available)
     launch = staticmethod(launch)
 

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 
 from ... import isolation, netpool
+from ...capabilities import Capability, Traits
 from ...errors import SandboxError
 from ...plan import Plan
 from ...warm_plan import TemplatePlans, template_plans
@@ -23,7 +24,7 @@ from ..native import ReaperStatus, SandboxStatus
 from ..native import available as native_available
 from .server import TEMPLATE_PATH, Server, Started, launched
 
-__all__ = ["BACKEND", "KEPT_MARKER", "Server", "available", "launch_in"]
+__all__ = ["BACKEND", "KEPT_MARKER", "TRAITS", "Server", "available", "launch_in"]
 
 
 def available() -> tuple[bool, str]:
@@ -66,10 +67,26 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
 KEPT_MARKER = "sandbox-template-kept"
 
 
+# A Template's sandboxes are cloned by its unprivileged resident process, each
+# from a copy of one prepared root that all of them share.
+TRAITS = Traits("template", "a Template", frozenset({
+    Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,
+    Capability.SELF_CONTAINED_SETUP}), because={
+    Capability.WITHOUT_USER_NS: "its sandboxes are cloned by an unprivileged process",
+    Capability.WITHOUT_MOUNT_NS: "each sandbox starts in a copy of the template's root",
+    Capability.WITHOUT_PID_NS: "without one its sandboxes would share the template's and see each other",
+    Capability.FD_SOURCE: "/proc/self/fd/N would name the template's own",
+    Capability.KEEP_SYS_ADMIN: "a sandbox could unmount what covers the template's shared mounts",
+    Capability.TMPFS_ROOT: "the root is the template's, shared by its sandboxes",
+    Capability.HANDED_NAMESPACES: "its sandboxes are cloned into the template's own",
+})
+
+
 class _TemplateBackend:
     """sandbox.spawn(..., backend="template"): one server per plan, kept for the process's life."""
 
-    name = "template"
+    name = TRAITS.name
+    traits = TRAITS
     available = staticmethod(available)
 
     def __init__(self) -> None:

@@ -9,12 +9,10 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from typing import IO, Any
 
-from .backends.contract import Launched
+from .backends.contract import Handle
 from .cgroups import Usage
-from .reaper import reap_later
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -64,84 +62,36 @@ class SandboxProcess:
     "cpu", "timeout") or None.
     """
 
-    def __init__(self, args: list[str], launched: Launched, *, backend: str, backend_reason: str = "",
+    def __init__(self, args: list[str], handle: Handle, *, backend: str, backend_reason: str = "",
                  network: str = "none", pipes: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None] = (
                      None, None, None)) -> None:
         self.args = args
-        self.pid = launched.pid
+        self.pid = handle.pid
         self.backend = backend
         self.backend_reason = backend_reason
-        self.timings = launched.timings
+        self.timings = handle.timings
         self.stdin, self.stdout, self.stderr = pipes
         self.returncode: int | None = None
-        self._exit = launched.exit
-        self._on_exit = launched.on_exit
-        self._pidfd = launched.pidfd  # -1: the first process is our child (waitpid); else poll this pidfd
-        self._ended_fd = launched.ended_fd  # readable once the status is in (launched.exit is an EarlyStatus)
-        self._signal = launched.signal
+        self._handle = handle
         # the host pid of the sandbox's first process, inside its namespaces
-        self.sandbox_pid = launched.sandbox_pid if launched.sandbox_pid is not None else launched.pid
+        self.sandbox_pid = handle.sandbox_pid
         self.network = network  # the network namespace it ran in: "none" (its own), "pool" (leased) or "host"
-        self.isolation = launched.isolation
-        self._walls = launched.walls
+        self.isolation = handle.isolation
         self.usage: Usage | None = None
         self.killed_by: str | None = None
-        self._after_reap: Callable[[], None] | None = None
         self._caller_end: str | None = None  # "timeout" or "kill": the caller ended it, not a limit
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ status
 
-    def _finish(self, status: int) -> None:
-        """Record the exit of the first process (lock held)."""
-        self.returncode = self._exit.returncode(status)
-        if self._walls is not None:
-            self.usage, self.killed_by = self._walls.finish(self.returncode, self._caller_end)
-        elif self._caller_end == "timeout":
-            self.killed_by = "timeout"
-        self._ended_fd = -1  # the exit source held it, and has closed it
-        if self._pidfd >= 0:
-            os.close(self._pidfd)
-            self._pidfd = -1
-        if self._on_exit is not None:  # e.g. give a leased network namespace back
-            hook, self._on_exit = self._on_exit, None
-            hook()
-
-    def _reap(self) -> tuple[int, int]:
-        """(pid, status) of the first process if it has ended, else (0, 0).
-        With an early status (`ended_fd`), the sandbox has ended once that
-        status is in (every other process is gone then; the exit source has
-        it, and a SIGKILL status stands in here): the first process, still
-        exiting, is reaped in the background if it is our child. Not our
-        child (a pidfd): it has ended once the pidfd is readable."""
-        if self._ended_fd >= 0 and _readable(self._ended_fd, 0):
-            if self._exit.arrived():  # type: ignore[attr-defined]
-                if self._pidfd < 0:
-                    # reaped in the background; its cgroup goes after that (and after _finish reads it)
-                    pid, walls = self.pid, self._walls
-                    self._after_reap = lambda: reap_later(pid, walls.remove if walls is not None else None)
-                return self.pid, signal.SIGKILL
-            self._ended_fd = -1  # gone without a word (killed): wait for the process itself
-        if self._pidfd >= 0:
-            return (self.pid, signal.SIGKILL) if _readable(self._pidfd, 0) else (0, 0)
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            pid, status = self.pid, 255 << 8
-        if pid and self._walls is not None:
-            self._after_reap = self._walls.remove  # the first process is reaped: its cgroup can go
-        return pid, status
-
     def poll(self) -> int | None:
         """The return code if the sandbox has ended, else None."""
         with self._lock:
             if self.returncode is None:
-                pid, status = self._reap()
-                if pid:
-                    self._finish(status)
-                    after, self._after_reap = self._after_reap, None
-                    if after is not None:
-                        after()
+                ended = self._handle.reap(self._caller_end)
+                if ended is not None:
+                    self.usage, self.killed_by = ended.usage, ended.killed_by
+                    self.returncode = ended.returncode
             return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -162,16 +112,11 @@ class SandboxProcess:
         return self.returncode
 
     def _wait_ready(self, timeout: float | None) -> bool:
-        """Block until the first process has exited (a pidfd becomes
-        readable) or its status is in (`ended_fd`); False after `timeout`."""
+        """Block until the handle may have news (False after `timeout`)."""
         with self._lock:
-            own = self._pidfd >= 0
-            try:
-                fds = [os.dup(self._pidfd) if own else os.pidfd_open(self.pid)]
-                if self._ended_fd >= 0:
-                    fds.append(os.dup(self._ended_fd))
-            except (ProcessLookupError, OSError):
-                return True  # gone already (or not ours to wait for): poll() says
+            fds = self._handle.wait_fds() if self.returncode is None else []
+        if not fds:
+            return True  # nothing left to wait for: poll() says
         try:
             return _readable(fds, timeout)
         finally:
@@ -182,22 +127,12 @@ class SandboxProcess:
 
     def send_signal(self, sig: int) -> None:
         """Send `sig` to the sandbox (its reaper forwards it to the command).
-        SIGKILL also reaches every process of its cgroup, if it has one."""
+        SIGKILL ends every process of the sandbox."""
         with self._lock:
             if self.returncode is None:
                 if sig == signal.SIGKILL:
                     self._caller_end = self._caller_end or "kill"
-                    if self._walls is not None:
-                        self._walls.kill()
-                try:
-                    if self._signal is not None:
-                        self._signal(sig)
-                    elif self._pidfd >= 0:
-                        signal.pidfd_send_signal(self._pidfd, sig)
-                    else:
-                        os.kill(self.pid, sig)
-                except ProcessLookupError:
-                    pass
+                self._handle.signal(sig)
 
     def terminate(self) -> None:
         """Ask the command to stop (SIGTERM)."""
@@ -246,11 +181,6 @@ class SandboxProcess:
                 pass
         self.wait()
         self._close_pipes()
-
-    def __del__(self) -> None:
-        if getattr(self, "_pidfd", -1) >= 0:
-            os.close(self._pidfd)
-            self._pidfd = -1
 
     def __repr__(self) -> str:
         return f"<SandboxProcess pid={self.pid} backend={self.backend} returncode={self.returncode}>"

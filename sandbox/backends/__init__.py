@@ -3,7 +3,7 @@
 A backend is a module of this package that defines `BACKEND`, an object
 implementing `contract.Backend`: it declares what it can do (its `traits`,
 sandbox.capabilities), says whether it can run on this host and starts a
-command under a Plan, returning a `contract.Launched` record. It interprets
+command under a Plan, returning a `contract.Handle` on it. It interprets
 the Plan and decides nothing (decisions are `sandbox.plan`'s, refusals
 `sandbox.refusal`'s, both by capability). Adding one means a module and a
 line in `NAMES`. This module is the registry: it loads backends by name,
@@ -22,10 +22,11 @@ from ..errors import SpecError, UnavailableError
 from ..forksafe import fresh_in_child
 from ..host import HostInfo
 from ..plan import Plan
-from .contract import Backend, ExitSource, Launched, WaitStatus
+from .contract import Backend, Ended, ExitSource, Handle, WaitStatus
+from .handle import ProcessHandle
 
-__all__ = ["NAMES", "Backend", "ExitSource", "Launched", "WaitStatus", "availability", "choose", "get", "host_for",
-           "launch"]
+__all__ = ["NAMES", "Backend", "Ended", "ExitSource", "Handle", "ProcessHandle", "WaitStatus", "availability",
+           "choose", "get", "host_for", "launch"]
 
 NAMES = ("native", "bwrap")  # the order "auto" tries them in
 EXPLICIT = ("template",)  # chosen only by name (sandbox.Template's executor)
@@ -44,7 +45,7 @@ class _Missing:
         return False, self.reason
 
     def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-               pass_fds: tuple[int, ...]) -> Launched:
+               pass_fds: tuple[int, ...]) -> Handle:
         raise UnavailableError(f"{self.name} backend unavailable: {self.reason}")
 
 
@@ -116,7 +117,7 @@ def choose(requested: str) -> tuple[str, str]:
 
 
 def launch(name: str, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-           pass_fds: tuple[int, ...]) -> Launched:
+           pass_fds: tuple[int, ...]) -> Handle:
     """`get(name).launch(...)`. An UnavailableError (the backend found it cannot
     sandbox here) names every backend's reason when none of the others can either."""
     try:

@@ -1,14 +1,13 @@
-"""The backend contract: what an executor of a Plan provides, and the record it returns."""
+"""The backend contract: what an executor of a Plan provides, and the handle it returns."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..capabilities import Traits
-from ..cgroups import Walls
+from ..cgroups import Usage
 from ..plan import Plan
 
 
@@ -36,45 +35,54 @@ class WaitStatus:
 
 
 @dataclass(frozen=True)
-class Launched:
-    """A sandbox whose command has been exec'd.
+class Ended:
+    """How a sandbox ended: the command's `returncode` (-N if signal N killed
+    it), its resource `usage` where the executor counts it, and `killed_by`:
+    the limit that ended it ("memory", "pids", "cpu", "timeout") or None."""
 
-    `pid` is the host pid of its first process (the one to wait for and to
-    signal); `timings` are µs since the start, with at least `start`, `child`
-    (the sandbox's first process exists), `ready` (setup done) and `exec`
-    (the command seen exec'd), plus the backend's own stages; `isolation` what
-    the isolation checks established; `on_exit` runs once the sandbox has
-    ended (gives back a leased namespace, stops a port relay); `signal`, when
-    set, is how a signal for the sandbox reaches its command where sending it
-    to `pid` would not pass it on (bwrap's monitor dies of a SIGTERM and
-    leaves the command running); `sandbox_pid`, when set, is the host pid of
-    the sandbox's first process where `pid` stands outside the sandbox
-    (bwrap's monitor).
+    returncode: int
+    usage: Usage | None = None
+    killed_by: str | None = None
 
-    `pidfd`, when not -1, is a pidfd of the first process, which is then not
-    the caller's child (a Template's sandbox is its server's): it is waited
-    for by polling the pidfd and signalled through it, and its status comes
-    from `exit` alone (given a SIGKILL status if it reports none). The
-    record's owner closes it. `ended_fd`, when not -1, becomes readable once
-    the command's status is in, or its writer gone: `exit` is then an
-    EarlyStatus, whose arrived() says which. A status that arrived means
-    every other process of the sandbox has gone: the wait ends there, not at
-    the first process's own exit (the namespaces' teardown); a first process
-    that is the caller's child is then reaped in the background
-    (sandbox.reaper). `walls`, when set, holds the sandbox's cgroup (its
-    usage, which limit ended it; removed once the first process is reaped).
-    """
+
+class Handle(Protocol):
+    """A started sandbox, as its executor reaches it: what sandbox.SandboxProcess
+    (Popen's semantics) and the other faces build on.
+
+    `pid` is the host pid of the process to which signals for the sandbox go
+    and whose end is its end; `sandbox_pid` the host pid of the sandbox's first
+    process inside its namespaces (the same unless the executor stands outside,
+    as bwrap's monitor does); `timings` are µs since the start, with at least
+    `start`, `child` (the sandbox's first process exists), `ready` (setup done)
+    and `exec` (the command seen exec'd), plus the executor's own stages;
+    `isolation` what the isolation checks established. Not thread-safe: its
+    owner serializes the calls."""
 
     pid: int
-    exit: ExitSource
+    sandbox_pid: int
     timings: dict[str, float]
-    isolation: dict[str, Any] = field(default_factory=dict)
-    on_exit: Callable[[], None] | None = None
-    pidfd: int = -1
-    ended_fd: int = -1
-    signal: Callable[[int], None] | None = None
-    sandbox_pid: int | None = None
-    walls: Walls | None = None
+    isolation: dict[str, Any]
+
+    def wait_fds(self) -> list[int]:
+        """New fds (the caller closes them), one of which becomes readable once
+        reap() may find the sandbox ended; [] when there is nothing left to
+        wait for (reap() says how it ended)."""
+        ...
+
+    def reap(self, caller_end: str | None = None) -> Ended | None:
+        """How the sandbox ended, once it has (never blocks), else None;
+        `caller_end` is "timeout" or "kill" when the caller ended it. Once it
+        returns an Ended, everything the sandbox held has been released."""
+        ...
+
+    def signal(self, sig: int) -> None:
+        """Pass `sig` on to the sandbox's command; SIGKILL ends every process
+        of the sandbox. Nothing happens if it has ended."""
+        ...
+
+    def close(self) -> None:
+        """Release what the handle holds without waiting (it is abandoned)."""
+        ...
 
 
 class EarlyStatus(ExitSource, Protocol):
@@ -97,7 +105,7 @@ class Backend(Protocol):
         ...
 
     def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-               pass_fds: tuple[int, ...]) -> Launched:
+               pass_fds: tuple[int, ...]) -> Handle:
         """Start `argv` under `plan`; return once it has been exec'd.
 
         Raises SetupError, ExecError, IsolationError or UnavailableError.

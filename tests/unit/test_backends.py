@@ -45,7 +45,7 @@ def test_unknown_backend_is_a_value_error() -> None:
 class _Refusing:
     name = "bwrap"
 
-    def launch(self, *args: object) -> backends.Launched:
+    def launch(self, *args: object) -> backends.Handle:
         raise UnavailableError("bwrap backend unavailable: Creating new namespace failed: EPERM")
 
 

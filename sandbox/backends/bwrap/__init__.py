@@ -14,7 +14,7 @@ from ...capabilities import ALL, Capability, Traits
 from ...errors import UnavailableError
 from ...host import BWRAP_ENV
 from ...plan import Plan
-from ..contract import Launched
+from ..contract import Handle
 from .driver import _Run
 
 
@@ -49,7 +49,7 @@ def available() -> tuple[bool, str]:
     return path is not None, reason
 
 
-def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
+def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Handle:
     """Start `argv` under `plan` with bwrap; return once the command has been exec'd.
 
     Raises SetupError if the sandbox could not be set up, ExecError if the

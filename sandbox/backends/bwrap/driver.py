@@ -50,7 +50,7 @@ from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError, UnavailableError, signal_name
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
-from ..contract import Launched
+from ..handle import ProcessHandle
 from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
@@ -174,7 +174,7 @@ class _Run:
     def _stamp(self, name: str) -> None:
         self.timings[name] = (time.monotonic() - self.t0) * 1e6
 
-    def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Launched:
+    def start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> ProcessHandle:
         plan = self.plan
         # destinations inside bound trees: checked, and the writes there done, before bwrap runs
         self.guard = dests.prepare(plan)
@@ -230,7 +230,7 @@ class _Run:
             raise UnavailableError(f"sandbox-init is missing at {SIGNAL_RESETTER}; reinstall the package")
         return [str(SIGNAL_RESETTER), "--exec-default-signals", *self.command_line]
 
-    def _follow(self, popen: subprocess.Popen[bytes], pipes: _Pipes, tap: _StderrTap) -> Launched:
+    def _follow(self, popen: subprocess.Popen[bytes], pipes: _Pipes, tap: _StderrTap) -> ProcessHandle:
         """Drive bwrap to the exec of the command; raise if it fails first.
         Whatever interrupts this (even KeyboardInterrupt) kills bwrap first."""
         status = _Status(pipes.status_r)
@@ -311,17 +311,15 @@ class _Run:
                 pass  # bwrap died; the caller finds out how
         pipes.close_one("seccomp_w")
 
-    def _started(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status) -> Launched:
+    def _started(self, popen: subprocess.Popen[bytes], pipes: _Pipes, status: _Status) -> ProcessHandle:
         _close(pipes.block_w)
         pipes.block_w = -1
         pipes.status_r = -1  # owned by the decoder from now on
         isolated = self.isolated
         timings = {"start": 0.0, **self.timings}
         decoder = _Decoder(popen, status, self.command_pid)
-        return Launched(pid=popen.pid, exit=decoder, timings=timings,
-                        isolation=isolated.findings if isolated else {},
-                        on_exit=isolated.close if isolated else None, signal=decoder.signal,
-                        sandbox_pid=self.child_pid)
+        return _BwrapHandle(popen.pid, decoder, timings, isolation=isolated.findings if isolated else {},
+                            on_exit=isolated.close if isolated else None, sandbox_pid=self.child_pid)
 
     # ------------------------------------------------------------ steps
 
@@ -448,6 +446,17 @@ class _Decoder:
     def __del__(self) -> None:
         if self.status.fd >= 0 or self.command >= 0:
             self.close()
+
+
+class _BwrapHandle(ProcessHandle):
+    """The handle of a bwrap sandbox: `pid` is bwrap (our child, whose exit
+    ends the sandbox); signals go to the command itself (_Decoder.signal)."""
+
+    exit: _Decoder
+
+    def signal(self, sig: int) -> None:
+        """Pass `sig` on to the command (bwrap passes none on itself)."""
+        self.exit.signal(sig)
 
 
 def _pidfd(pid: int) -> int:

@@ -15,7 +15,8 @@ from ...errors import SandboxError, SetupError
 from ...forksafe import fresh_in_child
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
 from ...plan import Plan
-from ..contract import ExitSource, Launched, WaitStatus
+from ..contract import ExitSource, WaitStatus
+from ..handle import ProcessHandle
 from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize
@@ -49,7 +50,7 @@ def cstrings(items: Sequence[str | bytes]) -> tuple[object, list[object]]:
 
 
 def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...], *,
-           exec_fd: int | None = None) -> Launched:
+           exec_fd: int | None = None) -> ProcessHandle:
     """Start `argv` under `plan` with the native core: in a leased network
     namespace when the plan says so (inspected first when it asks for a
     check), with its forwarded ports relayed, and everything given back when
@@ -83,8 +84,8 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     exit_source: ExitSource = SandboxStatus(started.status_fd) if started.status_fd >= 0 else WaitStatus()
     # sandbox-init writes the status once every other process has gone: the wait ends there, and its
     # own exit (the namespaces' teardown) is reaped in the background (sandbox.process)
-    return Launched(pid=started.pid, exit=exit_source, timings=started.timings, isolation=findings,
-                    on_exit=lambda: _run_all(cleanups), ended_fd=started.status_fd, walls=walls)
+    return ProcessHandle(started.pid, exit_source, started.timings, isolation=findings,
+                         on_exit=lambda: _run_all(cleanups), ended_fd=started.status_fd, walls=walls)
 
 
 def make_walls(plan: Plan) -> cgroups.Walls:

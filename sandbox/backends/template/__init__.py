@@ -19,7 +19,7 @@ from ...capabilities import Capability, Traits
 from ...errors import SandboxError
 from ...plan import Plan
 from ...warm_plan import TemplatePlans, template_plans
-from .. import Launched
+from ..handle import ProcessHandle
 from ..native import ReaperStatus, SandboxStatus
 from ..native import available as native_available
 from .server import TEMPLATE_PATH, Server, Started, launched
@@ -38,7 +38,7 @@ def available() -> tuple[bool, str]:
 
 
 def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-              pass_fds: tuple[int, ...]) -> Launched:
+              pass_fds: tuple[int, ...]) -> ProcessHandle:
     """Start `argv` in a sandbox cloned by `server`, under its sandbox plan
     `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call)."""
     lease = None
@@ -105,7 +105,7 @@ class _TemplateBackend:
             return server
 
     def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-               pass_fds: tuple[int, ...]) -> Launched:
+               pass_fds: tuple[int, ...]) -> ProcessHandle:
         plans = template_plans(plan)
         server = self.server_for(plans)
         return launch_in(server, server.default, argv, stdio, pass_fds)

@@ -18,7 +18,8 @@ from ... import netpool
 from ...errors import SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
-from .. import ExitSource, Launched
+from .. import ExitSource
+from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
 from .wire import FAILURE, REQUEST, STAMPS, parse_report, request, sandbox_blob
@@ -328,12 +329,13 @@ def _close(fd: int) -> None:
 
 
 def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any],
-             on_exit: Callable[[], None] | None) -> Launched:
-    """The Launched record of a started sandbox (its status fd tells when it
-    has ended, if its exit source can say so early)."""
+             on_exit: Callable[[], None] | None) -> ProcessHandle:
+    """The handle of a started sandbox: the server's child, reached through
+    its pidfd (its status fd tells when it has ended, if its exit source can
+    say so early)."""
     ended = started.status_fd if hasattr(exit_source, "arrived") else -1
-    return Launched(pid=started.pid, exit=exit_source, timings=started.timings,
-                    isolation=isolation, on_exit=on_exit, pidfd=started.pidfd, ended_fd=ended)
+    return ProcessHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
+                         pidfd=started.pidfd, ended_fd=ended)
 
 
 def _open(opened: list[int], path: str, flags: int) -> int:

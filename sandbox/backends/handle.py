@@ -1,0 +1,153 @@
+"""ProcessHandle: the Handle (contract.Handle) of a sandbox known by its first process.
+
+Every executor starts a sandbox whose first process is either the caller's
+child (native spawn, bwrap: waited for with waitpid) or another process's (a
+Template's sandbox is its server's: waited for through a pidfd, its status
+sent by the server). Its reaper may also send the command's status early,
+once every other process of the sandbox has gone (`ended_fd`): the wait ends
+there, not at the first process's own exit (the namespaces' teardown), and a
+first process that is our child is then reaped in the background
+(sandbox.reaper). This class is that logic, once; an executor that reaches
+its command differently overrides `signal` (bwrap).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+from collections.abc import Callable
+from typing import Any, cast
+
+from ..cgroups import Walls
+from ..reaper import reap_later
+from .contract import EarlyStatus, Ended, ExitSource
+
+__all__ = ["ProcessHandle"]
+
+
+def _readable(fd: int) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class ProcessHandle:
+    """A started sandbox: `pid` is the host pid of its first process (the one
+    to wait for and to signal); `exit` turns that process's wait status into
+    the command's returncode; `timings` are µs since the start, with at least
+    `start`, `child`, `ready` and `exec`, plus the executor's own stages;
+    `isolation` what the isolation checks established; `on_exit` runs once the
+    sandbox has ended (gives back a leased namespace, stops a port relay);
+    `sandbox_pid` is the host pid of the sandbox's first process inside its
+    namespaces where that is not `pid` (bwrap's monitor stands outside).
+
+    `pidfd`, when not -1, is a pidfd of the first process, which is then not
+    the caller's child: it is waited for by polling the pidfd and signalled
+    through it, and its status comes from `exit` alone (a SIGKILL status if it
+    reports none). `ended_fd`, when not -1, becomes readable once the command's
+    status is in or its writer has gone: `exit` is then an EarlyStatus.
+    `walls`, when set, holds the sandbox's cgroup (its usage, which limit ended
+    it; removed once the first process is reaped). The handle owns the fds."""
+
+    def __init__(self, pid: int, exit: ExitSource, timings: dict[str, float], *,
+                 isolation: dict[str, Any] | None = None, on_exit: Callable[[], None] | None = None,
+                 pidfd: int = -1, ended_fd: int = -1, sandbox_pid: int | None = None,
+                 walls: Walls | None = None) -> None:
+        self.pid = pid
+        self.exit = exit
+        self.timings = timings
+        self.isolation = isolation if isolation is not None else {}
+        self.on_exit = on_exit
+        self.pidfd = pidfd
+        self.ended_fd = ended_fd
+        self.sandbox_pid = sandbox_pid if sandbox_pid is not None else pid
+        self.walls = walls
+
+    # ------------------------------------------------------------ waiting
+
+    def wait_fds(self) -> list[int]:
+        """New fds (the caller closes them) of which one becomes readable once
+        reap() may find the sandbox ended; [] if it cannot be waited for any
+        more (it has gone: reap() says)."""
+        try:
+            fds = [os.dup(self.pidfd) if self.pidfd >= 0 else os.pidfd_open(self.pid)]
+        except OSError:
+            return []
+        try:
+            if self.ended_fd >= 0:
+                fds.append(os.dup(self.ended_fd))
+        except OSError:
+            os.close(fds[0])
+            return []
+        return fds
+
+    def reap(self, caller_end: str | None = None) -> Ended | None:
+        """How the sandbox ended, once it has (never blocks); None while it
+        runs. `caller_end` is "timeout" or "kill" when the caller ended it.
+        Once it returns an Ended, what the sandbox held is released."""
+        status, after = self._status()
+        if status is None:
+            return None
+        returncode = self.exit.returncode(status)
+        usage, killed_by = None, "timeout" if caller_end == "timeout" else None
+        if self.walls is not None:
+            usage, killed_by = self.walls.finish(returncode, caller_end)
+        self.ended_fd = -1  # the exit source held it, and has closed it
+        self._close_pidfd()
+        if self.on_exit is not None:  # e.g. give a leased network namespace back
+            hook, self.on_exit = self.on_exit, None
+            hook()
+        if after is not None:
+            after()
+        return Ended(returncode, usage, killed_by)
+
+    def _status(self) -> tuple[int | None, Callable[[], None] | None]:
+        """(the first process's wait status, what to do after the status is
+        taken) if the sandbox has ended, else (None, None). With an early
+        status the sandbox has ended once it is in (a SIGKILL status stands
+        in here; the exit source has the real one): the first process, still
+        exiting, is reaped in the background if it is our child."""
+        if self.ended_fd >= 0 and _readable(self.ended_fd):
+            if cast(EarlyStatus, self.exit).arrived():
+                if self.pidfd >= 0:
+                    return signal.SIGKILL, None
+                pid, walls = self.pid, self.walls  # its cgroup goes once it is reaped, after finish() read it
+                return signal.SIGKILL, lambda: reap_later(pid, walls.remove if walls is not None else None)
+            self.ended_fd = -1  # gone without a word (killed): wait for the process itself
+        if self.pidfd >= 0:
+            return (signal.SIGKILL, None) if _readable(self.pidfd) else (None, None)
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status = self.pid, 255 << 8
+        if not pid:
+            return None, None
+        return status, self.walls.remove if self.walls is not None else None
+
+    # ------------------------------------------------------------ signals and the end
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the sandbox's first process (its reaper passes it on
+        to the command); SIGKILL also reaches every process of its cgroup."""
+        if sig == signal.SIGKILL and self.walls is not None:
+            self.walls.kill()
+        try:
+            if self.pidfd >= 0:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def close(self) -> None:
+        """Release the fds without waiting (the handle is abandoned)."""
+        self._close_pidfd()
+
+    def _close_pidfd(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+    def __del__(self) -> None:
+        self.close()

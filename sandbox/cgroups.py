@@ -47,6 +47,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .forksafe import fresh_in_child
+from .paths import is_under
 
 __all__ = ["PARENT_ENV", "CONTROLLERS", "CgroupInfo", "CgroupLimits", "Hierarchy", "SandboxCgroup", "Usage",
            "Walls", "host_cgroups", "killed_by", "sweep"]
@@ -178,8 +179,6 @@ def _writable(path: str) -> bool:
     return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
 
 
-def _within(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def detect(env_value: str | None) -> CgroupInfo:
@@ -192,7 +191,7 @@ def detect(env_value: str | None) -> CgroupInfo:
     for version, point, root, ctrls in mounts:
         mine = own.get("") if version == 2 else _own_v1(own, ctrls)
         own_dir = ""
-        if mine is not None and _within(mine, root):
+        if mine is not None and is_under(mine, root):
             own_dir = os.path.normpath(point + "/" + os.path.relpath(mine, root))
         chosen.append((version, point, ctrls, own_dir))
     given = [d for d in (env_value or "").split(":") if d]
@@ -200,7 +199,7 @@ def detect(env_value: str | None) -> CgroupInfo:
     problems: list[str] = []
     for version, point, ctrls, own_dir in chosen:
         if given:
-            inside = [d for d in given if _within(os.path.normpath(d), point)]
+            inside = [d for d in given if is_under(os.path.normpath(d), point)]
             if not inside:
                 continue
             parent = os.path.normpath(inside[0])
@@ -212,7 +211,7 @@ def detect(env_value: str | None) -> CgroupInfo:
             problems.append(f"{parent} is not writable by uid {os.geteuid()}")
             continue
         if version == 2:
-            if os.geteuid() != 0 and own_dir and not _within(own_dir, parent):
+            if os.geteuid() != 0 and own_dir and not is_under(own_dir, parent):
                 problems.append(f"this process lives outside {parent} ({own_dir}): cgroup v2 moves a process only "
                                 "within a subtree its owner may write")
                 continue

@@ -34,6 +34,8 @@ import struct
 import threading
 from collections.abc import Mapping, Sequence
 
+from .paths import root_holding
+
 Target = int | str  # a host loopback TCP port, or a Unix socket path
 
 CHUNK = 1 << 16
@@ -53,12 +55,6 @@ def receive_listeners(sock: socket.socket, count: int) -> list[socket.socket]:
 _MAX_LINKS = 40  # the kernel's limit on links followed in one lookup
 
 
-def _inside(path: str, roots: Sequence[str]) -> str | None:
-    """The root that `path` (resolved, absolute) is or lies below, if any."""
-    for root in roots:
-        if path == root or path.startswith(root.rstrip("/") + "/"):
-            return root
-    return None
 
 
 def _split_at_writable(target: str, roots: Sequence[str]) -> tuple[str, list[str]] | None:
@@ -69,7 +65,7 @@ def _split_at_writable(target: str, roots: Sequence[str]) -> tuple[str, list[str
     ones below it too."""
     comps, cur, links = [c for c in target.split("/") if c], "/", 0
     while comps:
-        root = _inside(cur, roots)
+        root = root_holding(cur, roots)
         if root is not None:
             return cur, comps
         comp = comps.pop(0)

@@ -351,6 +351,13 @@ def resolve_env(spec: S.Spec, environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def maps_root_first(user_ns: bool, ops: Sequence[Op], uid: int, gid: int) -> bool:
+    """Whether a sandbox maps uid and gid 0 during setup and switches to
+    `uid`/`gid` in a nested user namespace afterwards: devpts refuses to mount
+    in a user namespace without uid and gid 0 mapped, so a /dev needs them."""
+    return user_ns and any(op.kind is OpKind.DEV for op in ops) and (uid, gid) != (0, 0)
+
+
 def command_path(env: Mapping[str, str]) -> str:
     """Where the command is searched, as execvp reads PATH: the environment's,
     else glibc's default. Never empty: an empty PATH is the current directory."""
@@ -434,14 +441,10 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
                 for i, m in enumerate(spec.mounts))
     uid = host.uid if spec.uid is None else spec.uid
     gid = host.gid if spec.gid is None else spec.gid
-    has_dev = any(op.kind is OpKind.DEV for op in ops)
     env = resolve_env(spec, host.environ)
     cands, strict = cwd_candidates(spec, host, env)
-    # devpts refuses to mount in a user namespace without uid and gid 0
-    # mapped, so such sandboxes map 0 during setup and switch to the
-    # requested ids in a nested user namespace afterwards.
     # With a userns_block_fd the caller writes the maps, and they stay (bwrap's rule).
-    map_root = ns.user and has_dev and (uid != 0 or gid != 0) and sync.userns_block_fd < 0
+    map_root = maps_root_first(ns.user, ops, uid, gid) and sync.userns_block_fd < 0
     network = plan_network(spec, host)
     cgroup, fallback = plan_cgroup(spec.limits, host.cgroups)
     keep = 0

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from .paths import is_under
 from .spec import Bind, Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs
 from .validate import StrPath, as_text, check_items, check_text
 
@@ -61,7 +62,7 @@ def python_mounts(executable: StrPath | None = None) -> tuple[Mount, ...]:
     installation (sys.base_prefix) and its virtual environment (sys.prefix),
     where they lie outside /usr. `executable` defaults to this interpreter."""
     prefixes = _prefixes(executable)
-    return tuple(RoBind(path) for path in prefixes if not _under(path, "/usr"))
+    return tuple(RoBind(path) for path in prefixes if not is_under(path, "/usr"))
 
 
 def python_interpreter(*mounts: Mount, executable: StrPath | None = None, **fields: Any) -> Spec:
@@ -102,5 +103,3 @@ def _prefixes(executable: StrPath | None) -> list[str]:
     return list(dict.fromkeys(os.path.abspath(p) for p in found if p))
 
 
-def _under(path: str, top: str) -> bool:
-    return path == top or path.startswith(top.rstrip("/") + "/")

@@ -106,6 +106,12 @@ def check_bool(field_name: str, value: object) -> bool:
     return value
 
 
+def valid_env_name(name: object) -> bool:
+    """Whether `name` can name an environment variable: a non-empty string
+    without '=' (which would end the name) or NUL (which would end the entry)."""
+    return isinstance(name, str) and bool(name) and "=" not in name and "\0" not in name
+
+
 def check_env(field_name: str, value: object) -> tuple[tuple[str, str], ...]:
     """An environment (a mapping of names to values, or (name, value) pairs) as
     sorted pairs; names non-empty without '=' or NUL, values strings without NUL."""
@@ -118,7 +124,7 @@ def check_env(field_name: str, value: object) -> tuple[tuple[str, str], ...]:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise SpecError(field_name, value, "must be a mapping of names to values")
         name, val = pair
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+        if not valid_env_name(name):
             raise SpecError(field_name, name, "variable names must be non-empty strings, without '=' or NUL")
         out[name] = check_text(f"{field_name}[{name!r}]", val)
     return tuple(sorted(out.items()))

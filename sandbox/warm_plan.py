@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from . import spec as S
 from .errors import SpecError
+from .paths import root_holding
 from .plan import (
     DEFAULT_PATH,
     Op,
@@ -24,14 +25,11 @@ from .plan import (
     command_path,
     compile_mount,
     landlock_rules,
+    maps_root_first,
     plan_rlimits,
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
 from .seccomp.resident import allows_resident
-
-
-def _under(path: str, roots: Sequence[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
@@ -60,7 +58,7 @@ def sandbox_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
     fresh: list[str] = []
     out: list[Op] = []
     for op in ops:
-        inside = _under(op.dest, fresh)
+        inside = root_holding(op.dest, fresh) is not None
         if op.kind is OpKind.DEV and not inside:
             shm, pts = posixpath.join(op.dest, "shm"), posixpath.join(op.dest, "pts")
             out += [Op(OpKind.TMPFS, shm, mode=op.shm_mode, flags=OpFlag.NODEV, origin=op.origin),
@@ -98,7 +96,7 @@ def zygote_plan(plan: Plan) -> Plan:
     the tasks' per-task binds too), rlimits, cgroup limits (each task has a
     cgroup of its own), disable_userns."""
     uid = plan.uid if plan.uid != 0 else ZYGOTE_ROOT_STAND_IN
-    map_root = plan.user_ns and any(op.kind is OpKind.DEV for op in plan.ops) and (uid, plan.gid) != (0, 0)
+    map_root = maps_root_first(plan.user_ns, plan.ops, uid, plan.gid)
     return replace(plan, ops=template_ops(plan.ops), uid=uid, map_root_first=map_root, nested_userns=map_root,
                    disable_userns=False, rlimits=(), keep_caps=0, die_with_parent=True, reaper=True, seccomp=b"",
                    landlock=False, landlock_best_effort=False, landlock_rules=(), forward=(), check_network=False,
@@ -111,7 +109,7 @@ def task_plan(plan: Plan, zygote: Plan) -> Plan:
     onto the zygote's), mount, pid (the task is their pid 1), ipc, uts and
     loopback-only network namespaces; and plan's own seccomp, Landlock,
     rlimits, capabilities, cwd and probe paths."""
-    map_root = any(op.kind is OpKind.DEV for op in plan.ops) and (plan.uid, plan.gid) != (0, 0)
+    map_root = maps_root_first(True, plan.ops, plan.uid, plan.gid)  # a task always has a user namespace
     return replace(plan, ops=sandbox_ops(plan.ops), user_ns=True, mount_ns=True, pid_ns=True, network="none",
                    recycle_lease=False, ipc_ns=True, uts_ns=True, host_uid=zygote.uid, host_gid=zygote.gid,
                    map_root_first=map_root, nested_userns=map_root or plan.disable_userns, hostname=None,

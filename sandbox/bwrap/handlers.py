@@ -13,6 +13,7 @@ import os
 import posixpath
 
 from .. import spec as S
+from ..validate import valid_env_name
 from .state import BACKENDS, LIMIT_FIELD, MAX_ARGS, PROC_COVERS, BwrapArgsError, Handler, ParseState
 from .values import (
     consume_fd,
@@ -151,7 +152,7 @@ def opt_clearenv(st: ParseState, opt: str, values: list[str]) -> None:
 
 
 def _check_env_name(opt: str, name: str) -> None:
-    if not name or "=" in name:
+    if not valid_env_name(name):
         raise BwrapArgsError(f"{opt[2:]} failed: invalid variable name {name!r}", opt, name)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import SpecError
+from ..paths import executable_chain
 
 
 @dataclass(frozen=True)
@@ -75,17 +76,6 @@ def _mtime(path: str) -> int:
         return os.stat(path).st_mtime_ns
     except OSError:
         return 0
-
-
-def executable_chain(path: str) -> list[str]:
-    """`path` and every symlink it leads through, ending at the real file."""
-    chain: list[str] = []
-    while path not in chain:
-        chain.append(path)
-        if not os.path.islink(path):
-            break
-        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
-    return chain
 
 
 def _site_dirs() -> tuple[str, ...]:

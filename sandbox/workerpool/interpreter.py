@@ -22,25 +22,13 @@ import cloudpickle
 
 from .. import spec as S
 from ..errors import SpecError
+from ..paths import executable_chain, is_under
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the `sandbox` package
 CLOUDPICKLE_ROOT = str(Path(cloudpickle.__file__).resolve().parents[1])
 ZYGOTE_SCRIPT = str(Path(__file__).resolve().parent / "zygote.py")
 
 
-def _beneath(path: str, top: str) -> bool:
-    return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
-
-
-def executable_chain(path: str) -> list[str]:
-    """`path` and every symlink it leads through, ending at the real file."""
-    chain: list[str] = []
-    while path not in chain:
-        chain.append(path)
-        if not os.path.islink(path):
-            break
-        path = os.path.normpath(os.path.join(os.path.dirname(path), os.readlink(path)))
-    return chain
 
 
 def interpreter_paths() -> list[str]:
@@ -53,7 +41,7 @@ def interpreter_paths() -> list[str]:
     found += site.getsitepackages() if hasattr(site, "getsitepackages") else []
     found += [PACKAGE_ROOT, CLOUDPICKLE_ROOT]
     paths = sorted({os.path.normpath(p) for p in found if p and os.path.exists(p)})
-    return [p for p in paths if not any(q != p and _beneath(p, q) for q in paths)]
+    return [p for p in paths if not any(q != p and is_under(p, q) for q in paths)]
 
 
 def visible_roots() -> tuple[str, ...]:
@@ -97,7 +85,7 @@ def _import_dir(top_file: str, package: bool) -> str:
 
 def _covered(path: str, mounts: Iterable[S.Mount]) -> bool:
     """A read-only bind of the Spec already shows `path` at its host path."""
-    return any(isinstance(m, S.Bind) and m.readonly and m.target() == m.src and _beneath(path, m.src)
+    return any(isinstance(m, S.Bind) and m.readonly and m.target() == m.src and is_under(path, m.src)
                for m in mounts)
 
 

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ...errors import SetupError
+from ...paths import is_under
 from ...plan import Op, OpFlag, OpKind, Plan
 
 # Operations done here when their destination lies inside a bound tree.
@@ -76,7 +77,7 @@ class _Walk:
         """The mount `path` lies in: the last one made at it or at an ancestor."""
         found = None
         for m in self.mounts:
-            if path == m.dest or path.startswith(m.dest.rstrip("/") + "/"):
+            if is_under(path, m.dest):
                 found = m
         return found
 
@@ -365,7 +366,7 @@ MOUNT_KINDS = (OpKind.BIND, OpKind.TMPFS, OpKind.PROC, OpKind.DEV, OpKind.MQUEUE
 
 def _covered(op: Op, later: Sequence[Op]) -> bool:
     """Whether a later mount hides `op.dest` (at it or above it)."""
-    return any(m.kind in MOUNT_KINDS and (op.dest == m.dest or op.dest.startswith(m.dest.rstrip("/") + "/"))
+    return any(m.kind in MOUNT_KINDS and is_under(op.dest, m.dest)
                for m in later)
 
 

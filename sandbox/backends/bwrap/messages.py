@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 
 from ...bwrap.argv import data_fd
 from ...errors import ExecError, SetupError, UnavailableError
+from ...paths import is_under
 from ...plan import OpKind, Plan
 from .procfs import _kill_orphans
 from .render import render_plan
@@ -228,7 +229,7 @@ def _op_step(plan: Plan, path: str, message: str) -> str:
     one below it), of the kind the message's verb names where it names one."""
     kind = next((k for verb, k in _VERB_KINDS if f"Can't {verb}" in message), None)
     ops = [op for op in plan.ops if op.dest == path]
-    ops = ops or [op for op in plan.ops if op.dest.startswith(path.rstrip("/") + "/")]
+    ops = ops or [op for op in plan.ops if is_under(op.dest, path) and op.dest != path]
     chosen = next((op for op in ops if op.kind is kind), ops[0] if ops else None)
     if chosen is not None:
         return chosen.kind.name.lower()

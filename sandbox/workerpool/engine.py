@@ -278,7 +278,7 @@ class Engine:
         if task is not None:
             task.end.set(task.usage, task.killed_by)
         if cgroup is not None and not cgroup.remove(attempts=1):
-            cgroups._leftover(cgroup)
+            cgroups.leftover(cgroup)
 
     def _free(self, task: Task) -> None:
         """The task holds no slot any more."""
@@ -601,7 +601,7 @@ class Engine:
             self.cgroups.clear()
         for cgroup in left:
             if not cgroup.remove(attempts=40):
-                cgroups._leftover(cgroup)
+                cgroups.leftover(cgroup)
 
 
 def _memfd(data: bytes) -> int:

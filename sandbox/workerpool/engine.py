@@ -30,7 +30,6 @@ caller's, by cgroups.sweep.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import selectors
 import signal
@@ -43,9 +42,9 @@ from typing import Any
 
 from .. import cgroups
 from ..backends.native import ffi, setup_error
-from ..errors import SetupError
 from . import channel as ch
 from .results import BrokenWorkerPool, ReplyLoader, TaskError, TaskFuture, TaskLimitError
+from .slots import CgroupSlots
 from .task import Task
 
 _CHUNK = 1 << 16
@@ -82,11 +81,7 @@ class Engine:
                  slots: dict[int, cgroups.SandboxCgroup] | None = None, mechanism: str = "rlimit",
                  cpu_s: int | None = None) -> None:
         self.ctl = ctl
-        self.make_cgroup = make_cgroup
-        self.cgroups: dict[int, cgroups.SandboxCgroup] = dict(slots or {})  # slot -> a cgroup not yet removed
-        self.next_slot = max(self.cgroups, default=0) + 1
-        self.mechanism = mechanism  # of the tasks' limits: "cgroup2", "cgroup1" or "rlimit"
-        self.cpu_s = cpu_s  # the tasks' RLIMIT_CPU, to tell its SIGKILL
+        self.slots = CgroupSlots(make_cgroup, slots, mechanism, cpu_s)
         self.max_workers = max_workers
         self.loader = loader
         self.on_closed = on_closed  # reaps the zygote once the thread ends
@@ -172,35 +167,16 @@ class Engine:
         thread touches the task's channels."""
         theirs: list[int] = []
         try:
-            mine, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            theirs.append(their_sock.detach())
-            task.sock = mine
-            for buf in task.output:
-                r, w = os.pipe2(os.O_CLOEXEC)
-                task.pipes[r] = buf
-                theirs.append(w)
-            mine.setblocking(False)
-            # straight to the task: nothing of it passes through the zygote
-            env = json.dumps(task.env).encode() if task.env else b""
-            data = ch.LENGTH.pack(len(env)) + env + ch.LENGTH.pack(len(task.payload)) + task.payload
-            task.payload, task.env = b"", None
-            try:
-                sent = mine.send(data)
-            except BlockingIOError:
-                sent = 0
-            task.unsent = memoryview(data)[sent:] if sent < len(data) else None
             body: dict[str, Any] = {"id": task.id, "trees": len(task.trees)}
             if task.blob is not None:
                 body["blob"] = True
-                theirs.append(_memfd(task.blob))
-            theirs += task.trees
-            task.trees = []
+            task.make_channels(theirs)
             if task.timeout is not None:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
             if task.blob is not None or body["trees"] or not self._to_spare(task, body, theirs):
-                if self.make_cgroup is not None:
-                    body["slot"] = task.slot = self._new_slot(theirs)
+                if self.slots.make is not None:
+                    body["slot"] = task.slot = self.slots.new(theirs)
                 ch.send(self.ctl, ch.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
             task.end.set(None, None)  # it never ran
@@ -239,46 +215,6 @@ class Engine:
                 continue
             ch.send(self.ctl, ch.TAKEN, {"pid": pid, "id": task.id})
             return True
-
-    def _new_slot(self, fds: list[int]) -> int:
-        """Make a cgroup (a slot) and append its cgroup.procs fds to `fds` (which
-        the caller closes once sent); its id."""
-        assert self.make_cgroup is not None
-        cgroup = self.make_cgroup()
-        fds += cgroup.procs_fds
-        cgroup.procs_fds = []
-        with self.lock:
-            slot = self.next_slot
-            self.next_slot += 1
-            self.cgroups[slot] = cgroup
-        return slot
-
-    def _offer_slot(self) -> None:
-        """A cgroup for the zygote's next spare (CGROUP); none if it cannot be made."""
-        fds: list[int] = []
-        try:
-            slot = self._new_slot(fds)
-            ch.send(self.ctl, ch.CGROUP, {"slot": slot}, fds)
-        except (OSError, SetupError):
-            pass  # no more spares meanwhile: tasks are forked with a cgroup of their own
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    def _end_walls(self, task: Task | None, slot: int | None) -> None:
-        """A sandbox has ended: its task's usage and the limit that ended it,
-        read from its cgroup, which is then removed."""
-        with self.lock:
-            cgroup = self.cgroups.pop(slot, None) if slot is not None else None
-        if task is not None and task.status is not None:
-            usage = cgroup.usage() if cgroup is not None else cgroups.Usage(mechanism=self.mechanism)
-            by_caller = "timeout" if task.timed_out else "kill" if task.failure is not None else None
-            task.usage = usage
-            task.killed_by = cgroups.killed_by(task.returncode(), usage, self.cpu_s, by_caller)
-        if task is not None:
-            task.end.set(task.usage, task.killed_by)
-        if cgroup is not None and not cgroup.remove(attempts=1):
-            cgroups.leftover(cgroup)
 
     def _free(self, task: Task) -> None:
         """The task holds no slot any more."""
@@ -420,7 +356,7 @@ class Engine:
             with self.lock:
                 self.spares.append((body["pid"], socket.socket(fileno=fds[0]), fds[1], body.get("slot")))
             if body.get("slot") is not None:
-                self._offer_slot()
+                self.slots.offer(self.ctl)
             return
         for fd in fds:
             os.close(fd)
@@ -430,7 +366,7 @@ class Engine:
         task = self.tasks.get(body.get("id", -1))
         if task is None:
             if kind in (ch.FAILED, ch.EXITED):
-                self._end_walls(None, body.get("slot"))
+                self.slots.end(None, body.get("slot"))
             return
         if kind == ch.STARTED:
             if body.get("slot") is not None:
@@ -442,13 +378,13 @@ class Engine:
             for name in ("step", "op", "err", "detail", "wait_status"):
                 setattr(res, name, body[name])
             task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
-            self._end_walls(None, body.get("slot"))
+            self.slots.end(None, body.get("slot"))
             task.end.set(None, None)
             self._release(task)
             self._maybe_finish(task)
         elif kind == ch.EXITED:
             task.status = body["status"]
-            self._end_walls(task, body.get("slot"))
+            self.slots.end(task, body.get("slot"))
             self._release(task)
             self._maybe_finish(task)
 
@@ -464,7 +400,7 @@ class Engine:
             os.close(pidfd)
         if task is not None:
             task.status = status
-        self._end_walls(task, slot)
+        self.slots.end(task, slot)
         if task is not None:
             self._release(task)
             self._maybe_finish(task)
@@ -591,20 +527,4 @@ class Engine:
         try:
             self.on_closed()
         finally:
-            self.remove_cgroups()
-
-    def remove_cgroups(self) -> None:
-        """Remove every cgroup still held (the zygote, pid 1 of all the
-        sandboxes, is reaped: whatever is left inside is killed)."""
-        with self.lock:
-            left = list(self.cgroups.values())
-            self.cgroups.clear()
-        for cgroup in left:
-            if not cgroup.remove(attempts=40):
-                cgroups.leftover(cgroup)
-
-
-def _memfd(data: bytes) -> int:
-    fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
-    os.write(fd, data)
-    return fd
+            self.slots.remove_all()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -50,6 +51,33 @@ class Task:
     def __post_init__(self) -> None:
         self.end = self.future.end
 
+    def make_channels(self, theirs: list[int]) -> None:
+        """Make the task's socket and output pipes, keeping this side's ends
+        and appending the task's to `theirs` (the caller sends and closes
+        them), with its plan and trees after them; start sending its env and
+        payload, straight to the task (nothing of it passes through the
+        zygote): what the socket does not take now, the I/O thread writes."""
+        mine, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.append(their_sock.detach())
+        self.sock = mine
+        for buf in self.output:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            self.pipes[r] = buf
+            theirs.append(w)
+        mine.setblocking(False)
+        env = json.dumps(self.env).encode() if self.env else b""
+        data = ch.LENGTH.pack(len(env)) + env + ch.LENGTH.pack(len(self.payload)) + self.payload
+        self.payload, self.env = b"", None
+        try:
+            sent = mine.send(data)
+        except BlockingIOError:
+            sent = 0
+        self.unsent = memoryview(data)[sent:] if sent < len(data) else None
+        if self.blob is not None:
+            theirs.append(_memfd(self.blob))
+        theirs += self.trees
+        self.trees = []
+
     def reply_size(self) -> int | None:
         """The size its reply announces, once known (None also for a death note)."""
         if len(self.reply) < ch.LENGTH.size:
@@ -96,3 +124,9 @@ class Task:
         for fd in self.trees:
             os.close(fd)
         self.trees = []
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("sandbox-task-plan", os.MFD_CLOEXEC)
+    os.write(fd, data)
+    return fd

@@ -105,6 +105,16 @@ class SandboxCgroup:
             else:
                 _write(j(path, "cpu.cfs_quota_us"), str(lim.cpu_quota_us))  # the period is 100 ms by default
 
+    def place(self, pid: int) -> None:
+        """Move process `pid`, single-threaded (on v1 the entry file is `tasks`,
+        which moves one thread), into every cgroup of the sandbox, through the
+        entry fds; then close them. The processes it forks after this start there."""
+        try:
+            for fd in self.procs_fds:
+                os.write(fd, str(pid).encode())
+        finally:
+            self.close_fds()
+
     def close_fds(self) -> None:
         """Close the cgroup.procs fds (the sandbox's first process has written them, or never will)."""
         for fd in self.procs_fds:

@@ -1,4 +1,4 @@
-"""Resource walls per sandbox (sandbox.cgroups): memory, processes and CPU, on the native spawn path.
+"""Resource walls per sandbox (sandbox.cgroups): memory, processes and CPU, on every executor of sandbox.run.
 
 Real limits need a cgroup the caller may write: root's own, or the delegated
 subtree run-tests.sh gives the unprivileged run ($SANDBOX_CGROUP_PARENT).
@@ -26,6 +26,15 @@ INFO = host_cgroups()
 needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
                            reason=f"no cgroup limits for this caller: {INFO.reason}")
 PY = sys.executable
+
+
+@pytest.fixture(params=["native", "bwrap"])
+def executor(request: pytest.FixtureRequest) -> str:
+    """The backend sandbox.run uses (each places the sandbox in its cgroup its own way)."""
+    ok, why = sandbox.backends.availability(request.param)
+    if not ok:
+        pytest.skip(f"{request.param}: {why}")
+    return str(request.param)
 
 TOUCH = textwrap.dedent("""
     import ctypes, sys
@@ -67,8 +76,8 @@ def wait_for(predicate: object, timeout: float) -> bool:
 
 
 @needs
-def test_reserving_8_gb_and_touching_10_mb_runs_under_memory_100() -> None:
-    r = sandbox.run([PY, "-c", TOUCH, "10"], spec(memory_mb=100), capture_output=True, backend="native")
+def test_reserving_8_gb_and_touching_10_mb_runs_under_memory_100(executor: str) -> None:
+    r = sandbox.run([PY, "-c", TOUCH, "10"], spec(memory_mb=100), capture_output=True, backend=executor)
     assert (r.returncode, r.stdout, r.killed_by) == (0, b"touched 10\n", None), r.stderr
     assert r.usage is not None and r.usage.mechanism == INFO.mechanism
     assert r.usage.memory_peak_mb is not None and 10 <= r.usage.memory_peak_mb <= 100
@@ -76,8 +85,8 @@ def test_reserving_8_gb_and_touching_10_mb_runs_under_memory_100() -> None:
 
 
 @needs
-def test_touching_300_mb_under_memory_100_is_killed_by_memory() -> None:
-    r = sandbox.run([PY, "-c", TOUCH, "300"], spec(memory_mb=100), capture_output=True, backend="native")
+def test_touching_300_mb_under_memory_100_is_killed_by_memory(executor: str) -> None:
+    r = sandbox.run([PY, "-c", TOUCH, "300"], spec(memory_mb=100), capture_output=True, backend=executor)
     assert r.returncode == -signal.SIGKILL and r.killed_by == "memory", (r.returncode, r.stderr)
     assert r.stdout == b""
     assert r.usage is not None and r.usage.memory_peak_mb is not None and r.usage.memory_peak_mb <= 100.5
@@ -99,10 +108,10 @@ FORK_BOMB = textwrap.dedent("""
 
 
 @needs
-def test_a_fork_bomb_under_nproc_32_stays_at_32(procs: object) -> None:
+def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) -> None:
     marker = procs.new_marker()  # type: ignore[attr-defined]
     before = len([p for p in os.listdir("/proc") if p.isdigit()])
-    r = sandbox.run([PY, "-c", FORK_BOMB, marker], spec(nproc=32), capture_output=True, backend="native",
+    r = sandbox.run([PY, "-c", FORK_BOMB, marker], spec(nproc=32), capture_output=True, backend=executor,
                     timeout=60)
     forked = int(r.stdout)
     # sandbox-init and the bomb itself count too
@@ -114,17 +123,17 @@ def test_a_fork_bomb_under_nproc_32_stays_at_32(procs: object) -> None:
 
 
 @needs
-def test_a_fork_bomb_that_fails_is_killed_by_pids() -> None:
+def test_a_fork_bomb_that_fails_is_killed_by_pids(executor: str) -> None:
     bomb = FORK_BOMB + "sys.exit(3)\n"
-    r = sandbox.run([PY, "-c", bomb], spec(nproc=8), capture_output=True, backend="native", timeout=60)
+    r = sandbox.run([PY, "-c", bomb], spec(nproc=8), capture_output=True, backend=executor, timeout=60)
     assert (r.returncode, r.killed_by) == (3, "pids")
 
 
 @needs
-def test_half_a_core_holds_a_busy_loop_near_half_a_cpu() -> None:
+def test_half_a_core_holds_a_busy_loop_near_half_a_cpu(executor: str) -> None:
     spin = "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t: pass\n"
     start = time.monotonic()
-    r = sandbox.run([PY, "-c", spin], spec(cpu_cores=0.5), capture_output=True, backend="native", timeout=30)
+    r = sandbox.run([PY, "-c", spin], spec(cpu_cores=0.5), capture_output=True, backend=executor, timeout=30)
     wall = time.monotonic() - start
     assert r.returncode == 0 and r.usage is not None and r.usage.cpu_s is not None
     share = r.usage.cpu_s / wall
@@ -132,11 +141,11 @@ def test_half_a_core_holds_a_busy_loop_near_half_a_cpu() -> None:
 
 
 @needs
-def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(procs: object) -> None:
+def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(executor: str, procs: object) -> None:
     marker = procs.new_marker()  # type: ignore[attr-defined]
     script = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     s = python_interpreter(limits=Limits(nproc=16), namespaces=sandbox.Namespaces(pid=False))
-    with sandbox.spawn([PY, "-c", script, marker], s, backend="native") as p:
+    with sandbox.spawn([PY, "-c", script, marker], s, backend=executor) as p:
         assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
         p.kill()
     assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
@@ -144,9 +153,9 @@ def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(procs:
 
 
 @needs
-def test_a_timeout_is_reported_as_killed_by_timeout() -> None:
+def test_a_timeout_is_reported_as_killed_by_timeout(executor: str) -> None:
     with pytest.raises(subprocess.TimeoutExpired) as info:
-        sandbox.run([PY, "-c", "import time; time.sleep(30)"], spec(memory_mb=64), timeout=0.5, backend="native")
+        sandbox.run([PY, "-c", "import time; time.sleep(30)"], spec(memory_mb=64), timeout=0.5, backend=executor)
     assert info.value.killed_by == "timeout"  # type: ignore[attr-defined]
 
 
@@ -178,15 +187,15 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> No
     assert wait_for(lambda: not (made & set(leftovers())), 5.0), made & set(leftovers())
 
 
-def test_require_cgroups_without_them_names_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_require_cgroups_without_them_names_why(executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PARENT_ENV, "/nonexistent/cgroup")
     with pytest.raises(UnavailableError, match="require_cgroups.*memory_mb"):
-        sandbox.run([PY, "-c", "pass"], spec(memory_mb=100, require_cgroups=True), backend="native")
+        sandbox.run([PY, "-c", "pass"], spec(memory_mb=100, require_cgroups=True), backend=executor)
 
 
-def test_without_cgroups_memory_falls_back_to_rlimit_data(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_cgroups_memory_falls_back_to_rlimit_data(executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PARENT_ENV, "/nonexistent/cgroup")
     show = "import resource; print(resource.getrlimit(resource.RLIMIT_DATA)[0] >> 20)"
-    r = sandbox.run([PY, "-c", show], spec(memory_mb=300), capture_output=True, backend="native")
+    r = sandbox.run([PY, "-c", show], spec(memory_mb=300), capture_output=True, backend=executor)
     assert (r.returncode, r.stdout) == (0, b"300\n")
     assert r.usage is not None and r.usage.mechanism == "rlimit" and r.killed_by is None

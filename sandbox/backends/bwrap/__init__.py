@@ -61,12 +61,13 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     return _Run(path, plan, argv).start(stdio, pass_fds)
 
 
-# bubblewrap makes its own network namespace, has no Landlock and no cgroups,
-# binds read-only only with nodev, and what it lacks (limits, probes, port
-# forwarding, checks) is done from outside with the compiled core's helpers.
+# bubblewrap makes its own network namespace, has no Landlock, binds
+# read-only only with nodev, and what it lacks (limits, probes, port
+# forwarding, checks) is done from outside with the compiled core's helpers;
+# its sandbox child is moved into the sandbox's cgroup before its setup.
 TRAITS = Traits("bwrap", "the bwrap backend", ALL - {
     Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,
-    Capability.SELF_CONTAINED_SETUP, Capability.CGROUPS})
+    Capability.SELF_CONTAINED_SETUP})
 
 
 class _Bwrap:

@@ -46,11 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ... import cgroups
 from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError, UnavailableError, signal_name
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
 from ..handle import ProcessHandle
+from ..walls import walls_for
 from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
 from .outside import _isolate, _Isolated
@@ -170,6 +172,7 @@ class _Run:
         self.guard = dests.Guard()
         self.command_pid = -1
         self.child_pid: int | None = None
+        self.walls = cgroups.Walls(None, "rlimit")
 
     def _stamp(self, name: str) -> None:
         self.timings[name] = (time.monotonic() - self.t0) * 1e6
@@ -178,6 +181,17 @@ class _Run:
         plan = self.plan
         # destinations inside bound trees: checked, and the writes there done, before bwrap runs
         self.guard = dests.prepare(plan)
+        self.walls = walls_for(plan, "bwrap")
+        try:
+            return self._start(stdio, pass_fds)
+        except BaseException:
+            if self.walls.cgroup is not None:
+                self.walls.cgroup.close_fds()
+            self.walls.remove()  # bwrap has been reaped: whatever it left inside is killed
+            raise
+
+    def _start(self, stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> ProcessHandle:
+        plan = self.plan
         tap = _StderrTap(stdio[2])
         # a pause after setup, before exec: bwrap waits there for its seccomp program
         try:
@@ -266,6 +280,7 @@ class _Run:
         child = int(status.find("child-pid"))
         self.child_pid = child
         self._stamp("child")
+        self._enter_cgroup(popen, child)
         if not self._sync_started(child, pidfd):
             return False
         try:
@@ -279,6 +294,22 @@ class _Run:
             return False
         self._stamp("exec")
         return True
+
+    def _enter_cgroup(self, popen: subprocess.Popen[bytes], child: int) -> None:
+        """Move bwrap's sandbox child into the sandbox's cgroup while it waits
+        on the block fd (before setup: nothing of the sandbox has forked yet, so
+        every later process starts there); kill bwrap if it cannot be moved."""
+        cgroup = self.walls.cgroup
+        if cgroup is None:
+            return
+        try:
+            cgroup.place(child)
+        except OSError as exc:
+            popen.kill()
+            popen.wait()
+            raise SetupError(f"Can't move the sandbox into its cgroup: {exc.strerror}", step="cgroup",
+                             errno=exc.errno or 0, backend="bwrap") from None
+        self._stamp("cgroup")
 
     def _sync_started(self, child: int, pidfd: int) -> bool:
         """The plan's sync: report the sandbox's pid on started_fd; then wait
@@ -319,7 +350,8 @@ class _Run:
         timings = {"start": 0.0, **self.timings}
         decoder = _Decoder(popen, status, self.command_pid)
         return _BwrapHandle(popen.pid, decoder, timings, isolation=isolated.findings if isolated else {},
-                            on_exit=isolated.close if isolated else None, sandbox_pid=self.child_pid)
+                            on_exit=isolated.close if isolated else None, sandbox_pid=self.child_pid,
+                            walls=self.walls)
 
     # ------------------------------------------------------------ steps
 
@@ -455,7 +487,10 @@ class _BwrapHandle(ProcessHandle):
     exit: _Decoder
 
     def signal(self, sig: int) -> None:
-        """Pass `sig` on to the command (bwrap passes none on itself)."""
+        """Pass `sig` on to the command (bwrap passes none on itself); SIGKILL
+        also reaches every process of the sandbox's cgroup, if it has one."""
+        if sig == signal.SIGKILL and self.walls is not None:
+            self.walls.kill()
         self.exit.signal(sig)
 
 

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import errno as E
 import os
-import resource
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ... import cgroups, isolation, netpool
+from ... import isolation, netpool
 from ...capabilities import ALL, Capability, Traits
-from ...errors import SandboxError, SetupError
+from ...errors import SandboxError
 from ...forksafe import fresh_in_child
 from ...host import DISABLE_NATIVE_ENV, userns_sysctls
 from ...plan import Plan
 from ..contract import ExitSource, WaitStatus
 from ..handle import ProcessHandle
+from ..walls import walls_for
 from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize
@@ -57,7 +57,7 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     it ends. `exec_fd`: the executable to run when `plan.exec_fd` (argv[0]
     is then only its name)."""
     cleanups: list[Callable[[], None]] = []
-    walls = make_walls(plan)
+    walls = walls_for(plan, "native")
     lease = _lease(plan, cleanups)
     dups: tuple[int, int | None] | None = None
     try:
@@ -86,20 +86,6 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     # own exit (the namespaces' teardown) is reaped in the background (sandbox.process)
     return ProcessHandle(started.pid, exit_source, started.timings, isolation=findings,
                          on_exit=lambda: _run_all(cleanups), ended_fd=started.status_fd, walls=walls)
-
-
-def make_walls(plan: Plan) -> cgroups.Walls:
-    """The sandbox's cgroup, made with its limits before the clone (None in
-    the Walls when the plan has none: rlimits only)."""
-    cpu_s = dict(plan.rlimits).get(resource.RLIMIT_CPU)
-    if plan.cgroup is None:
-        return cgroups.Walls(None, "rlimit", cpu_s)
-    try:
-        cgroup = cgroups.SandboxCgroup(cgroups.host_cgroups(), plan.cgroup)
-    except OSError as exc:
-        raise SetupError(f"Can't make the sandbox's cgroup: {exc}", step="cgroup", errno=exc.errno or 0,
-                         path=exc.filename, backend="native") from None
-    return cgroups.Walls(cgroup, plan.limits_mechanism, cpu_s)
 
 
 def _lease(plan: Plan, cleanups: list[Callable[[], None]]) -> netpool.Lease | None:

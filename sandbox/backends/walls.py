@@ -1,0 +1,24 @@
+"""A sandbox's cgroup, as the executors that place sandboxes in one make it (sandbox.cgroups)."""
+
+from __future__ import annotations
+
+import resource
+
+from .. import cgroups
+from ..errors import SetupError
+from ..plan import Plan
+
+
+def walls_for(plan: Plan, backend: str) -> cgroups.Walls:
+    """The sandbox's cgroup, made with its limits before anything of the
+    sandbox runs (None in the Walls when the plan has none: rlimits only).
+    SetupError, naming `backend`, when it cannot be made."""
+    cpu_s = dict(plan.rlimits).get(resource.RLIMIT_CPU)
+    if plan.cgroup is None:
+        return cgroups.Walls(None, "rlimit", cpu_s)
+    try:
+        cgroup = cgroups.SandboxCgroup(cgroups.host_cgroups(), plan.cgroup)
+    except OSError as exc:
+        raise SetupError(f"Can't make the sandbox's cgroup: {exc}", step="cgroup", errno=exc.errno or 0,
+                         path=exc.filename, backend=backend) from None
+    return cgroups.Walls(cgroup, plan.limits_mechanism, cpu_s)

@@ -7,7 +7,8 @@ Rows, interleaved round-robin in one process (as benchmarks/latency.py):
   hierarchy this caller has (mkdir, limits written, cgroup.procs opened), entered by the child, read
   and removed after the end;
 - the same limits with no cgroup for the caller ($SANDBOX_CGROUP_PARENT pointing nowhere: rlimits);
-- posix_spawn /bin/true, the floor.
+- posix_spawn /bin/true, the floor;
+- the bwrap backend without limits and with the cgroup limits (bwrap's sandbox child moved into them).
 Besides, the cgroup's own steps timed alone in the caller (make with limits, read usage, remove).
 
 With --workerpool, a WorkerPool task (submit, result) instead, each pool
@@ -47,8 +48,8 @@ def spec(limits: sandbox.Limits) -> sandbox.Spec:
     return sandbox.Spec(mounts=MOUNTS, limits=limits, env={"PATH": "/usr/bin"})
 
 
-def run_true(s: sandbox.Spec) -> None:
-    with sandbox.spawn(["/bin/true"], s, backend="native") as p:
+def run_true(s: sandbox.Spec, backend: str = "native") -> None:
+    with sandbox.spawn(["/bin/true"], s, backend=backend) as p:
         pass
     if p.returncode != 0:
         raise RuntimeError(f"/bin/true exited {p.returncode}")
@@ -161,14 +162,18 @@ def main() -> int:
         "spawn, rlimits only": lambda: run_true(rl),
         "spawn, cgroup limits": lambda: run_true(cg),
         "spawn, same limits, no cgroup (rlimits)": lambda: no_cgroup(cg),
+        "bwrap backend, no limits": lambda: run_true(plain, "bwrap"),
+        "bwrap backend, cgroup limits": lambda: run_true(cg, "bwrap"),
     }
     times = measure(fns, args.n, on_round=(lambda: time.sleep(args.gap_ms / 1000)) if args.gap_ms else None)
-    base = statistics.median(times["spawn, no limits"])
+    base = {"spawn": statistics.median(times["spawn, no limits"]),
+            "bwrap": statistics.median(times["bwrap backend, no limits"])}
     print(f"\nspawn+wait of /bin/true, n={args.n} each, interleaved, {args.gap_ms} ms between rounds")
     print(f"{'variant':42} {'median ms':>10} {'p99 ms':>8} {'vs no limits':>13}")
     for name, xs in times.items():
         med = statistics.median(xs)
-        print(f"{name:42} {med:10.3f} {p99(xs):8.3f} {med - base:+12.3f}")
+        ref = base["bwrap"] if name.startswith("bwrap") else base["spawn"]
+        print(f"{name:42} {med:10.3f} {p99(xs):8.3f} {med - ref:+12.3f}")
     steps = cgroup_steps(args.n) if info.hierarchies else {}
     if steps:
         print(f"\nthe cgroup's steps in the caller ({len(info.hierarchies)} hierarchies), median µs")

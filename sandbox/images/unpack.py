@@ -100,8 +100,9 @@ class _Unpacker:
             os.close(fd)
             raise
 
-    def clear(self, dfd: int, name: str, keep_dir: bool = False) -> None:
-        """Remove what is at `name` (a later member replaces an earlier one)."""
+    def clear(self, dfd: int, parts: tuple[str, ...], keep_dir: bool = False) -> None:
+        """Remove what is at `parts` (a later member replaces an earlier one)."""
+        name = parts[-1]
         try:
             st = os.lstat(name, dir_fd=dfd)
         except FileNotFoundError:
@@ -111,6 +112,9 @@ class _Unpacker:
                 return
             os.chmod(name, 0o700, dir_fd=dfd)
             shutil.rmtree(name, dir_fd=dfd)  # with dir_fd: fd-based, never follows a symlink
+            n = len(parts)
+            for gone in [d for d in self.dirs if d[:n] == parts]:
+                del self.dirs[gone]
         else:
             os.unlink(name, dir_fd=dfd)
 
@@ -125,7 +129,7 @@ class _Unpacker:
         if m.isdir():
             dfd = self.open_dir(parts[:-1], m.name, create=True)
             try:
-                self.clear(dfd, base, keep_dir=True)
+                self.clear(dfd, parts, keep_dir=True)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(base, 0o700, dir_fd=dfd)
             finally:
@@ -138,7 +142,7 @@ class _Unpacker:
         self.count(m)
         dfd = self.open_dir(parts[:-1], m.name, create=True)
         try:
-            self.clear(dfd, base)
+            self.clear(dfd, parts)
             if m.isreg():
                 self.file(tf, m, dfd, base)
             elif m.issym():

@@ -197,7 +197,7 @@ class ImageStore:
                     raise RegistryError(what, f"the download was cut short after {blob.count} of "
                                         f"{desc.size} bytes: {exc!r}") from None
                 except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, ValueError) as exc:
-                    _cut_short(blob, desc, what, exc)
+                    _diagnose(blob, desc, what, exc)
                     raise ImageFormatError(what, f"not a valid layer: {exc}") from None
             if got_blob != desc.digest:
                 raise DigestMismatchError(what, desc.digest, got_blob)
@@ -348,11 +348,14 @@ def _local_manifest(src: LocalSource) -> Callable[[str], tuple[bytes, str | None
     return fetch
 
 
-def _cut_short(blob: HashingReader, desc: Descriptor, what: str, exc: BaseException) -> None:
-    """Raise RegistryError if a layer that failed to unpack was a download cut short, not a bad layer."""
+def _diagnose(blob: HashingReader, desc: Descriptor, what: str, exc: BaseException) -> None:
+    """Why a layer failed to unpack, if not for being a bad layer: a download cut
+    short (RegistryError), or content other than the digest names (DigestMismatchError)."""
     try:
-        blob.drain()
+        digest = blob.drain()
     except (http.client.HTTPException, OSError, ImageFormatError):
-        pass
+        digest = ""
     if blob.count < desc.size:
         raise RegistryError(what, f"the blob ended after {blob.count} of {desc.size} bytes ({exc})") from None
+    if digest and digest != desc.digest:
+        raise DigestMismatchError(what, desc.digest, digest) from None

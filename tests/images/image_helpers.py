@@ -168,31 +168,35 @@ def _add_bytes(tf: tarfile.TarFile, name: str, data: bytes) -> None:
 
 # ---------------------------------------------------------------- pushing to a registry
 
-def push(registry: str, repo: str, tag: str, image: TestImage) -> str:
-    """Push over plain HTTP with the registry API (monolithic uploads); the manifest's digest."""
+def push(registry: str, repo: str, tag: str, image: TestImage, auth: str = "") -> str:
+    """Push over plain HTTP with the registry API (monolithic uploads); the manifest's digest.
+    `auth` is an Authorization header's value, if the registry wants one."""
     manifest, blobs = image.blobs()
     for digest, data in blobs.items():
         if digest != sha256(manifest):
-            push_blob(registry, repo, digest, data)
-    return put_manifest(registry, repo, tag, manifest, OCI_MANIFEST)
+            push_blob(registry, repo, digest, data, auth)
+    return put_manifest(registry, repo, tag, manifest, OCI_MANIFEST, auth)
 
 
-def push_blob(registry: str, repo: str, digest: str, data: bytes) -> None:
-    req = urllib.request.Request(f"http://{registry}/v2/{repo}/blobs/uploads/", method="POST", data=b"")
+def push_blob(registry: str, repo: str, digest: str, data: bytes, auth: str = "") -> None:
+    hdrs = {"Authorization": auth} if auth else {}
+    req = urllib.request.Request(f"http://{registry}/v2/{repo}/blobs/uploads/", method="POST", data=b"",
+                                 headers=hdrs)
     with urllib.request.urlopen(req) as resp:
         location = resp.headers["Location"]
     if location.startswith("/"):
         location = f"http://{registry}{location}"
     sep = "&" if "?" in location else "?"
     req = urllib.request.Request(f"{location}{sep}digest={digest}", method="PUT", data=data,
-                                 headers={"Content-Type": "application/octet-stream"})
+                                 headers={"Content-Type": "application/octet-stream", **hdrs})
     with urllib.request.urlopen(req):
         pass
 
 
-def put_manifest(registry: str, repo: str, tag: str, manifest: bytes, media: str) -> str:
+def put_manifest(registry: str, repo: str, tag: str, manifest: bytes, media: str, auth: str = "") -> str:
+    hdrs = {"Content-Type": media, **({"Authorization": auth} if auth else {})}
     req = urllib.request.Request(f"http://{registry}/v2/{repo}/manifests/{tag}", method="PUT", data=manifest,
-                                 headers={"Content-Type": media})
+                                 headers=hdrs)
     with urllib.request.urlopen(req):
         pass
     return sha256(manifest)

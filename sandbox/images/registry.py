@@ -21,8 +21,8 @@ from http.client import HTTPResponse
 from typing import IO
 
 from .errors import AuthError, ImageNotFoundError, RegistryError
-from .media import DOCKER_LIST, DOCKER_MANIFEST, MAX_JSON, OCI_INDEX, OCI_MANIFEST
-from .reference import Reference
+from .media import DOCKER_LIST, DOCKER_MANIFEST, MAX_JSON, OCI_INDEX, OCI_MANIFEST, verify
+from .reference import DIGEST, Reference
 
 ACCEPT = ", ".join((OCI_MANIFEST, OCI_INDEX, DOCKER_MANIFEST, DOCKER_LIST))
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
@@ -48,6 +48,9 @@ class Registry:
         with self._get(url, {"Accept": ACCEPT}, f"{self.ref.name}:{reference}") as resp:
             data = _read_all(resp, MAX_JSON, url)
             media = resp.headers.get_content_type() if resp.headers.get("Content-Type") else None
+            served = resp.headers.get("Docker-Content-Digest", "")
+        if DIGEST.fullmatch(served):  # what the registry says it sent: checked when it says
+            verify(url, data, served)
         return data, media
 
     def blob(self, digest: str) -> HTTPResponse:

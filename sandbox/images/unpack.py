@@ -35,6 +35,7 @@ OPAQUE = ".wh..wh..opq"
 _CHUNK = 1 << 20
 _BLOCK = 1 << 16
 _ZEROS = bytes(_BLOCK)
+_KEPT_FDS = 128
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -64,6 +65,7 @@ class _Unpacker:
         self.as_root = os.geteuid() == 0
         self.out = Unpacked()
         self.dirs: dict[tuple[str, ...], _Dir] = {}
+        self.fds: dict[tuple[str, ...], int] = {}  # directories walked, by path (see open_dir)
 
     def refuse(self, member: str, problem: str) -> UnsafeLayerError:
         return UnsafeLayerError(self.layer, member, problem)
@@ -76,29 +78,45 @@ class _Unpacker:
         return parts
 
     def open_dir(self, parts: tuple[str, ...], member: str, create: bool) -> int:
-        """An fd of the directory `parts` (creating missing ones), never through a symlink."""
-        fd = os.dup(self.root_fd)
-        try:
-            for i, part in enumerate(parts):
-                try:
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    if not create:
-                        raise
-                    os.mkdir(part, 0o700, dir_fd=fd)
-                    nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                except OSError as exc:
-                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                        where = "/".join(parts[: i + 1])
-                        raise self.refuse(member, f"{where!r} is a symlink or a file, not a directory: "
-                                          "nothing is written through it") from None
+        """A new fd of the directory `parts` (creating missing ones), never through a symlink.
+
+        The fds of directories already walked are kept (tar lists a
+        directory's entries together): a walk starts from the longest kept
+        prefix. They are all dropped whenever a directory is removed, so a
+        kept fd always is the directory now at that path."""
+        start = len(parts)
+        while start and parts[:start] not in self.fds:
+            start -= 1
+        fd = self.fds[parts[:start]] if start else self.root_fd
+        for i in range(start, len(parts)):
+            part = parts[i]
+            try:
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
                     raise
-                os.close(fd)
-                fd = nfd
-            return fd
-        except BaseException:
+                os.mkdir(part, 0o700, dir_fd=fd)
+                nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    where = "/".join(parts[: i + 1])
+                    raise self.refuse(member, f"{where!r} is a symlink or a file, not a directory: "
+                                      "nothing is written through it") from None
+                raise
+            self.keep(parts[: i + 1], nfd)
+            fd = nfd
+        return os.dup(fd)
+
+    def keep(self, parts: tuple[str, ...], fd: int) -> None:
+        if len(self.fds) >= _KEPT_FDS:
+            self.drop_fds()
+        self.fds[parts] = fd
+
+    def drop_fds(self) -> None:
+        """Close every kept directory fd."""
+        for fd in self.fds.values():
             os.close(fd)
-            raise
+        self.fds.clear()
 
     def clear(self, dfd: int, parts: tuple[str, ...], keep_dir: bool = False) -> None:
         """Remove what is at `parts` (a later member replaces an earlier one)."""
@@ -110,6 +128,7 @@ class _Unpacker:
         if stat.S_ISDIR(st.st_mode):
             if keep_dir:
                 return
+            self.drop_fds()  # one of them may be this directory or below it
             os.chmod(name, 0o700, dir_fd=dfd)
             shutil.rmtree(name, dir_fd=dfd)  # with dir_fd: fd-based, never follows a symlink
             n = len(parts)
@@ -269,12 +288,13 @@ def unpack(stream: IO[bytes], dest: str, layer: str, max_bytes: int) -> Unpacked
     a corrupt archive. `dest` is left partial on error: the caller removes it.
     """
     root_fd = os.open(dest, _DIR_FLAGS)
+    u = _Unpacker(root_fd, layer, max_bytes)
     try:
-        u = _Unpacker(root_fd, layer, max_bytes)
         with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tf:
             for member in tf:
                 u.add(tf, member)
         u.finish_dirs()
         return u.out
     finally:
+        u.drop_fds()
         os.close(root_fd)

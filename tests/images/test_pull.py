@@ -104,6 +104,15 @@ def test_blob_digest_mismatch(store: ImageStore, registry: str) -> None:
         assert os.listdir(Path(store.path) / sub) == []
 
 
+def test_manifest_digest_mismatch(store: ImageStore, registry: str) -> None:
+    """A manifest altered on the way: it no longer hashes to the Docker-Content-Digest the registry sent."""
+    push(registry, "test/tampered", "m1", TestImage([layer(member("f", data=b"x"))]))
+    with proxy(registry, Tamper("/manifests/m1", "flip")) as mitm:
+        with pytest.raises(DigestMismatchError, match="manifests/m1"):
+            store.pull(f"{mitm}/test/tampered:m1", insecure=True)
+    assert os.listdir(Path(store.path) / "refs") == []
+
+
 def test_interrupted_pull_keeps_nothing_and_resumes(store: ImageStore, registry: str,
                                                     host_image: TestImage) -> None:
     push(registry, "test/host", "v1", host_image)

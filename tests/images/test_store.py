@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -234,26 +235,42 @@ def test_corrupt_gzip_layer(store: ImageStore, tmp_path: Path) -> None:
     _nothing_kept(store)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("zstandard") is not None, reason="zstandard is installed here")
-def test_zstd_without_the_module_is_a_clear_error(store: ImageStore, tmp_path: Path) -> None:
+def _zstd_layout(tmp_path: Path, tar: bytes) -> Path:
+    """A layout whose one layer is `tar` compressed with the zstd program."""
     import shutil
     import subprocess
 
     if shutil.which("zstd") is None:
-        pytest.skip("the zstd program is not installed: no zstd blob to make")
-    tar = layer(member("a", data=b"z"))
+        pytest.skip("the zstd program is not installed: no zstd blob to make (Debian: apt-get install zstd)")
     blob = subprocess.run(["zstd", "-q", "-c"], input=tar, stdout=subprocess.PIPE, check=True).stdout
     image = TestImage([tar], compression="tar", layer_media=LAYER_ZSTD)
     manifest, _ = image.blobs()
-    write_layout(str(tmp_path / "layout"), [(image, None)])
+    layout = tmp_path / "layout"
+    write_layout(str(layout), [(image, None)])
     doc = json.loads(manifest)
     doc["layers"][0].update(digest=sha256(blob), size=len(blob))
-    (tmp_path / "layout/blobs/sha256" / sha256(blob)[7:]).write_bytes(blob)
+    (layout / "blobs/sha256" / sha256(blob)[7:]).write_bytes(blob)
     raw = json.dumps(doc).encode()
-    (tmp_path / "layout/blobs/sha256" / sha256(raw)[7:]).write_bytes(raw)
-    index = json.loads((tmp_path / "layout/index.json").read_text())
+    (layout / "blobs/sha256" / sha256(raw)[7:]).write_bytes(raw)
+    index = json.loads((layout / "index.json").read_text())
     index["manifests"][0].update(digest=sha256(raw), size=len(raw))
-    (tmp_path / "layout/index.json").write_text(json.dumps(index))
+    (layout / "index.json").write_text(json.dumps(index))
+    return layout
+
+
+def test_zstd_without_a_module_is_a_clear_error(store: ImageStore, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = _zstd_layout(tmp_path, layer(member("a", data=b"z")))
+    for name in ("zstandard", "compression.zstd"):
+        monkeypatch.setitem(sys.modules, name, None)  # import fails, as where neither is installed
     with pytest.raises(UnsupportedMediaTypeError, match="zstandard"):
-        store.load(tmp_path / "layout")
+        store.load(layout)
     _nothing_kept(store)
+
+
+@pytest.mark.skipif(not any(importlib.util.find_spec(m) for m in ("zstandard",)) and sys.version_info < (3, 14),
+                    reason="no zstd module (pip install 'sandbox[zstd]')")
+def test_zstd_layer(store: ImageStore, tmp_path: Path) -> None:
+    layout = _zstd_layout(tmp_path, layer(member("z/file", data=b"zstd layer\n" * 1000)))
+    img = store.load(layout)
+    assert Path(img.layers[0].path, "z/file").read_bytes() == b"zstd layer\n" * 1000

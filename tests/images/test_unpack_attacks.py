@@ -76,6 +76,16 @@ def test_file_through_a_symlink_it_made(tmp_path: Path, world: tuple[Path, Image
     assert_refused(tmp_path, world, relative, "symlink or a file")
 
 
+def test_directory_replaced_by_a_symlink_then_written_through(tmp_path: Path,
+                                                              world: tuple[Path, ImageStore]) -> None:
+    """A directory the unpacker has walked (and keeps an fd of), replaced by a symlink: the next
+    member under that name must see the symlink, not the directory that was there."""
+    outside, _ = world
+    tar = layer(member("d/", DIRTYPE, mode=0o755), member("d/f", data=b"in d"),
+                member("d", SYMTYPE, linkname=str(outside)), member("d/victim", data=b"owned\n"))
+    assert_refused(tmp_path, world, tar, "symlink or a file")
+
+
 def test_directory_through_a_symlink(tmp_path: Path, world: tuple[Path, ImageStore]) -> None:
     outside, _ = world
     tar = layer(member("link", SYMTYPE, linkname=str(outside)), member("link/dir/sub", DIRTYPE, mode=0o777))

@@ -104,12 +104,13 @@ class HashingReader:
     """A read-only stream that hashes and counts what passes through it, and
     refuses to pass more than `limit` bytes (a blob larger than its descriptor)."""
 
-    def __init__(self, raw: IO[bytes], limit: int | None = None, head: bytes = b"") -> None:
+    def __init__(self, raw: IO[bytes], limit: int | None = None, what: str = "blob") -> None:
         self.raw = raw
+        self.what = what
         self.hash = hashlib.sha256()
         self.count = 0
         self.limit = limit
-        self.head = head  # bytes already read from raw (and hashed): given out first
+        self.head = b""  # bytes already read from raw (and hashed): given out first
 
     def read(self, n: int = -1) -> bytes:
         """Read up to n bytes (all with -1), hashing them."""
@@ -120,7 +121,7 @@ class HashingReader:
         self.hash.update(data)
         self.count += len(data)
         if self.limit is not None and self.count > self.limit:
-            raise ImageFormatError("blob", f"more than the {self.limit} bytes its descriptor gives")
+            raise ImageFormatError(self.what, f"more than the {self.limit} bytes its descriptor gives")
         return data
 
     def peek_head(self, n: int) -> bytes:

@@ -67,9 +67,10 @@ class Manifest:
 
 def media_type_of(doc: dict[str, Any], given: str | None) -> str:
     """A manifest's or index's media type: the document's own, else the one it was served as, else its shape."""
-    media = doc.get("mediaType") or given
+    media = doc.get("mediaType")
     if not media:
-        media = OCI_INDEX if "manifests" in doc else OCI_MANIFEST
+        known = given in (*MANIFESTS, *INDEXES)  # a registry may serve any of them as application/json
+        media = given if known else OCI_INDEX if "manifests" in doc else OCI_MANIFEST
     return str(media)
 
 

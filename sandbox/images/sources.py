@@ -41,6 +41,8 @@ class LocalSource:
             self.members = {_norm(m.name): m for m in self.tar.getmembers()}
         except tarfile.TarError as exc:
             raise ImageFormatError(path, f"neither an OCI layout directory nor a tarball: {exc}") from None
+        except OSError as exc:
+            raise ImageFormatError(path, f"cannot read it: {exc.strerror or exc}") from None
 
     def close(self) -> None:
         """Close the tarball, if it is one."""

@@ -91,9 +91,13 @@ class ImageStore:
                  max_layer_bytes: int = DEFAULT_MAX_LAYER_BYTES) -> None:
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_path())
         self.max_layer_bytes = max_layer_bytes
-        os.makedirs(self.path, mode=0o700, exist_ok=True)
-        for sub in ("blobs/sha256", "layers", "refs", "tmp"):
-            os.makedirs(os.path.join(self.path, sub), mode=0o700, exist_ok=True)
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            for sub in ("blobs/sha256", "layers", "refs", "tmp"):
+                os.makedirs(os.path.join(self.path, sub), mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise ImageError(f"image store at {self.path}: cannot make its directories: "
+                             f"{exc.strerror or exc} ({exc.filename})") from None
         self._lock = fsutil.StoreLock(os.path.join(self.path, "lock"))
 
     def __repr__(self) -> str:
@@ -187,7 +191,7 @@ class ImageStore:
         try:
             os.mkdir(os.path.join(tmp, "root"), 0o700)
             with contextlib.closing(open_blob(desc.digest)) as raw:
-                blob = HashingReader(raw, limit=desc.size)
+                blob = HashingReader(raw, limit=desc.size, what=what)
                 try:
                     head = blob.peek_head(4)
                     tar = HashingReader(decompressed(cast(IO[bytes], blob), kind, head, what))

@@ -28,7 +28,7 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import IO
 
-from .errors import UnsafeLayerError
+from .errors import ImageFormatError, UnsafeLayerError
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
@@ -292,9 +292,23 @@ def unpack(stream: IO[bytes], dest: str, layer: str, max_bytes: int) -> Unpacked
     try:
         with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tf:
             for member in tf:
-                u.add(tf, member)
-        u.finish_dirs()
+                try:
+                    u.add(tf, member)
+                except OSError as exc:
+                    _typed(exc, layer, member.name)
+        try:
+            u.finish_dirs()
+        except OSError as exc:
+            _typed(exc, layer, "(directory modes)")
         return u.out
     finally:
         u.drop_fds()
         os.close(root_fd)
+
+
+def _typed(exc: OSError, layer: str, member: str) -> None:
+    """Re-raise a member's OSError as ImageFormatError (a name too long, too many links, ...), except
+    a full disk and a failing download, which the store reports as such."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) or isinstance(exc, (ConnectionError, TimeoutError)):
+        raise exc
+    raise ImageFormatError(f"layer {layer}", f"member {member!r}: {exc.strerror or exc}") from None

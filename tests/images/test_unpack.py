@@ -103,3 +103,21 @@ def test_docker_style_names(tmp_path: Path) -> None:
     root, _ = unpacked(tmp_path, member("./", DIRTYPE, mode=0o700), member("./etc/", DIRTYPE, mode=0o755),
                        member("./etc/hostname", data=b"box\n"))
     assert (root / "etc/hostname").read_text() == "box\n"
+
+
+def test_a_name_the_file_system_refuses(tmp_path: Path) -> None:
+    """A component longer than NAME_MAX: a typed error naming the member, nothing kept."""
+    from sandbox.images import ImageFormatError
+
+    with pytest.raises(ImageFormatError, match="File name too long") as info:
+        unpacked(tmp_path, member("d/" + "n" * 300, data=b"x"))
+    assert "n" * 300 in str(info.value)
+    assert os.listdir(tmp_path / "store" / "tmp") == [] and os.listdir(tmp_path / "store" / "refs") == []
+
+
+def test_a_store_where_none_can_be_made(tmp_path: Path) -> None:
+    from sandbox.images import ImageError
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ImageError, match="cannot make its directories"):
+        ImageStore(tmp_path / "file" / "store")

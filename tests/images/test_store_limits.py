@@ -126,3 +126,54 @@ def test_gc_waits_for_a_load_in_progress(tmp_path: Path) -> None:
         holder.wait(30)
     worker.join(30)
     assert finished.is_set()
+
+
+def test_a_load_killed_midway_leaves_nothing_used(tmp_path: Path) -> None:
+    """SIGKILL while a layer is half read (its blob is a FIFO the test feeds): no name, no layer
+    directory; gc() removes the leftover in tmp/, and the image then loads whole."""
+    import signal
+
+    from image_helpers import sha256
+
+    tar = layer(member("big", data=os.urandom(1 << 20)))
+    image = TestImage([tar], compression="tar")
+    layout = tmp_path / "layout"
+    write_layout(str(layout), [(image, "example.org/killed:1")])
+    blob = layout / "blobs/sha256" / sha256(tar)[7:]
+    blob.unlink()
+    os.mkfifo(blob)
+    store = tmp_path / "store"
+    loader = subprocess.Popen([sys.executable, "-c", LOAD, str(store), str(layout)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the write end opens once the loader has opened the FIFO to read (ENXIO before)
+            try:
+                fd = os.open(blob, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                assert loader.poll() is None and time.monotonic() < deadline, "the loader never read the blob"
+                time.sleep(0.02)
+        os.set_blocking(fd, True)
+        with open(fd, "wb") as feed:
+            feed.write(tar[: len(tar) // 2])
+            feed.flush()
+            while not any((store / "tmp").glob("layer.*/root/big")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            loader.send_signal(signal.SIGKILL)
+            loader.wait(30)
+    except BrokenPipeError:
+        pass
+    finally:
+        if loader.poll() is None:
+            loader.kill()
+        loader.communicate()
+    assert loader.returncode == -signal.SIGKILL
+    assert os.listdir(store / "refs") == [] and os.listdir(store / "layers") == []
+    assert len(os.listdir(store / "tmp")) == 1  # the half-unpacked layer, never published
+    done = ImageStore(store).gc()
+    assert done.temporaries == 1 and os.listdir(store / "tmp") == []
+    blob.unlink()
+    blob.write_bytes(tar)
+    img = ImageStore(store).load(layout)
+    assert Path(img.layers[0].path, "big").read_bytes() == tar[512:512 + (1 << 20)]

@@ -86,6 +86,12 @@ def test_directory_replaced_by_a_symlink_then_written_through(tmp_path: Path,
     assert_refused(tmp_path, world, tar, "symlink or a file")
 
 
+def test_path_through_a_fifo_does_not_block(tmp_path: Path, world: tuple[Path, ImageStore]) -> None:
+    """A FIFO as a parent: refused at lookup (O_DIRECTORY), never opened (which would block)."""
+    tar = layer(member("p", tarfile.FIFOTYPE), member("p/x", data=b"x"))
+    assert_refused(tmp_path, world, tar, "symlink or a file")
+
+
 def test_directory_through_a_symlink(tmp_path: Path, world: tuple[Path, ImageStore]) -> None:
     outside, _ = world
     tar = layer(member("link", SYMTYPE, linkname=str(outside)), member("link/dir/sub", DIRTYPE, mode=0o777))

@@ -8,7 +8,16 @@ import os
 from pathlib import Path
 
 import pytest
-from image_helpers import (
+
+from sandbox.images import (
+    DigestMismatchError,
+    ImageNotFoundError,
+    ImageStore,
+    RegistryError,
+    UnsupportedPlatformError,
+)
+
+from .image_helpers import (
     OCI_INDEX,
     TestImage,
     layer,
@@ -18,16 +27,8 @@ from image_helpers import (
     put_manifest,
     sha256,
 )
-from registry_proxy import Tamper, proxy
-from test_store import check_host_image
-
-from sandbox.images import (
-    DigestMismatchError,
-    ImageNotFoundError,
-    ImageStore,
-    RegistryError,
-    UnsupportedPlatformError,
-)
+from .registry_proxy import Tamper, proxy
+from .test_store import check_host_image
 
 
 def test_pull_over_plain_http_when_asked(store: ImageStore, registry: str, host_image: TestImage) -> None:

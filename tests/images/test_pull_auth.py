@@ -16,10 +16,11 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
-from conftest import REGISTRY_BIN, start_registry
-from image_helpers import TestImage, layer, member, push
 
 from sandbox.images import AuthError, ImageStore
+
+from .image_helpers import TestImage, layer, member, push
+from .registry_server import REGISTRY_BIN, start_registry
 
 SERVICE, ISSUER = "test-registry", "test-issuer"
 USER, PASSWORD = "alice", "s3cret"

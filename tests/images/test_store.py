@@ -9,16 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from image_helpers import (
-    LAYER_ZSTD,
-    TestImage,
-    docker_save,
-    layer,
-    member,
-    sha256,
-    tar_directory,
-    write_layout,
-)
 
 from sandbox.errors import SandboxError
 from sandbox.images import (
@@ -30,6 +20,17 @@ from sandbox.images import (
     InvalidReferenceError,
     UnsupportedMediaTypeError,
     UnsupportedPlatformError,
+)
+
+from .image_helpers import (
+    LAYER_ZSTD,
+    TestImage,
+    docker_save,
+    layer,
+    member,
+    sha256,
+    tar_directory,
+    write_layout,
 )
 
 

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from image_helpers import TestImage, layer, member, write_layout
 
 from sandbox.images import ImageStore
+
+from .image_helpers import TestImage, layer, member, write_layout
 
 # Loads the layout argv[2] into a store at argv[1]; prints what happened and what the store holds.
 LOAD = """
@@ -133,7 +134,7 @@ def test_a_load_killed_midway_leaves_nothing_used(tmp_path: Path) -> None:
     directory; gc() removes the leftover in tmp/, and the image then loads whole."""
     import signal
 
-    from image_helpers import sha256
+    from .image_helpers import sha256
 
     tar = layer(member("big", data=os.urandom(1 << 20)))
     image = TestImage([tar], compression="tar")

@@ -10,9 +10,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from image_helpers import DIRTYPE, LNKTYPE, SYMTYPE, TestImage, layer, member, write_layout
 
 from sandbox.images import ImageStore, Layer
+
+from .image_helpers import DIRTYPE, LNKTYPE, SYMTYPE, TestImage, layer, member, write_layout
 
 
 def unpacked(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> tuple[Path, Layer]:

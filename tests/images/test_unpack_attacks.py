@@ -10,9 +10,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from image_helpers import DIRTYPE, LNKTYPE, SYMTYPE, TestImage, layer, member, write_layout
 
 from sandbox.images import ImageStore, UnsafeLayerError
+
+from .image_helpers import DIRTYPE, LNKTYPE, SYMTYPE, TestImage, layer, member, write_layout
 
 
 def snapshot(path: Path) -> dict[str, tuple[int, int, bytes | str]]:

@@ -3,6 +3,7 @@
 On disk (the directory is the caller's, mode 0700):
 
     lock                     flock: shared while a pull or load adds, exclusive while gc removes
+    locks/<hex>              flock: held by the one process fetching that layer; the others wait
     blobs/sha256/<hex>       manifests and configs, as fetched (their name is their digest)
     layers/<hex>/root/       a layer's tree, named by its diff_id (the digest of its uncompressed tar)
     layers/<hex>/layer.json  its whiteouts, opaque directories and what was dropped
@@ -93,7 +94,7 @@ class ImageStore:
         self.max_layer_bytes = max_layer_bytes
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
-            for sub in ("blobs/sha256", "layers", "refs", "tmp"):
+            for sub in ("blobs/sha256", "layers", "refs", "tmp", "locks"):
                 os.makedirs(os.path.join(self.path, sub), mode=0o700, exist_ok=True)
         except OSError as exc:
             raise ImageError(f"image store at {self.path}: cannot make its directories: "
@@ -162,8 +163,12 @@ class ImageStore:
             if len(diff_ids) != len(manifest.layers):
                 raise ImageFormatError(where, f"{len(manifest.layers)} layers but {len(diff_ids)} diff_ids")
             for desc, diff_id in zip(manifest.layers, diff_ids, strict=True):
-                if not os.path.isdir(self._layer_dir(diff_id)):
-                    self._unpack_layer(open_blob, desc, diff_id, where)
+                if os.path.isdir(self._layer_dir(diff_id)):
+                    continue
+                # one process fetches a layer, the others wait for it and find it there
+                with fsutil.StoreLock(os.path.join(self.path, "locks", diff_id[7:])).hold(exclusive=True):
+                    if not os.path.isdir(self._layer_dir(diff_id)):
+                        self._unpack_layer(open_blob, desc, diff_id, where)
             self._put_blob(manifest.config.digest, config_data)
             digest = sha256(data)
             self._put_blob(digest, data)
@@ -326,6 +331,9 @@ class ImageStore:
             leftovers = os.listdir(self._tmp)
             for name in leftovers:
                 fsutil.remove_tree(os.path.join(self._tmp, name))
+            locks = os.path.join(self.path, "locks")
+            for name in os.listdir(locks):  # no pull holds one: they run under the shared lock
+                os.unlink(os.path.join(locks, name))
             return GcResult(tuple(sorted(gone_layers)), tuple(sorted(gone_blobs)),
                             len(leftovers) - len(gone_layers))
 

@@ -88,8 +88,11 @@ def test_file_size_limit(tmp_path: Path) -> None:
 def test_concurrent_loads_share_the_store(tmp_path: Path) -> None:
     layout = _big_layout(tmp_path)
     store = tmp_path / "store"
-    procs = [subprocess.Popen([sys.executable, "-c", LOAD, str(store), str(layout)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    counting = ("import sandbox.images.store as st, sys\n"  # each unpack of a layer adds a line
+                f"def unpack(*a, _real=st.unpack, **k):\n    open({str(tmp_path / 'unpacks')!r}, 'a').write('1\\n')\n"
+                "    return _real(*a, **k)\nst.unpack = unpack\n")
+    procs = [subprocess.Popen([sys.executable, "-c", counting + LOAD, str(store), str(layout)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -98,6 +101,8 @@ def test_concurrent_loads_share_the_store(tmp_path: Path) -> None:
     assert len({r.get("ok") for r in results}) == 1 and results[0].get("ok"), results
     assert len(os.listdir(store / "layers")) == 2
     assert os.listdir(store / "tmp") == []
+    # each layer was unpacked by one process only: the others waited on its lock and found it
+    assert (tmp_path / "unpacks").read_text().count("\n") == 2
     img = ImageStore(store).get("example.org/big:1")
     assert Path(img.layers[1].path, "big").stat().st_size == 8 << 20
 

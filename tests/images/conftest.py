@@ -12,7 +12,7 @@ import pytest
 
 from sandbox.images import ImageStore
 
-from .image_helpers import DIRTYPE, TestImage, layer, layer_from_dir, member
+from .image_helpers import DIRTYPE, JSON_ARC, JSON_DIR, TestImage, layer, layer_from_dir, member
 from .registry_server import REGISTRY_BIN, start_registry
 
 
@@ -23,10 +23,10 @@ def store(tmp_path: Path) -> ImageStore:
 
 @pytest.fixture(scope="session")
 def host_image() -> TestImage:
-    """Three layers: host files (/usr/lib/python3.11/json), more host files (/etc/os-release,
+    """Three layers: host files (the standard library's json package), more host files (/etc/os-release,
     /usr/bin/env, a directory /opt/old), then a layer that deletes a file and a directory, makes
     a directory opaque and replaces files."""
-    base = layer_from_dir("/usr/lib/python3.11/json", "usr/lib/python3.11/json")
+    base = layer_from_dir(JSON_DIR, JSON_ARC)
     extra = layer(member("etc", DIRTYPE, mode=0o755),
                   member("etc/os-release", data=open("/etc/os-release", "rb").read()),
                   member("usr/bin/", DIRTYPE, mode=0o755),
@@ -34,11 +34,11 @@ def host_image() -> TestImage:
                   member("opt/", DIRTYPE, mode=0o755),
                   member("opt/old/", DIRTYPE, mode=0o755),
                   member("opt/old/a", data=b"a\n"))
-    top = layer(member("usr/lib/python3.11/json/.wh.tool.py"),
+    top = layer(member(f"{JSON_ARC}/.wh.tool.py"),
                 member("opt/.wh.old"),
                 member("etc/os-release", data=b"ID=test-image\n"),
-                member("usr/lib/python3.11/json/.wh..wh..opq"),
-                member("usr/lib/python3.11/json/__init__.py", data=b"# replaced\n"))
+                member(f"{JSON_ARC}/.wh..wh..opq"),
+                member(f"{JSON_ARC}/__init__.py", data=b"# replaced\n"))
     return TestImage([base + b"", extra, top], env=["PATH=/usr/bin", "GREETING=hello=world"],
                      working_dir="/work", cmd=["python3", "-c", "pass"])
 

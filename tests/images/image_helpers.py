@@ -24,6 +24,11 @@ LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
 
 
+# The standard library's json package, this interpreter's: a host directory every test machine has.
+JSON_DIR = os.path.dirname(json.__file__)
+JSON_ARC = JSON_DIR.lstrip("/")
+
+
 def sha256(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 

@@ -23,6 +23,8 @@ from sandbox.images import (
 )
 
 from .image_helpers import (
+    JSON_ARC,
+    JSON_DIR,
     LAYER_ZSTD,
     TestImage,
     docker_save,
@@ -39,17 +41,17 @@ def check_host_image(img: Image, image: TestImage) -> None:
     assert len(img.layers) == 3
     assert [layer.digest for layer in img.layers] == [sha256(t) for t in image.layers]
     base, extra, top = (Path(layer.path) for layer in img.layers)
-    host = Path("/usr/lib/python3.11/json")
+    host = Path(JSON_DIR)
     for f in host.glob("*.py"):
-        assert (base / "usr/lib/python3.11/json" / f.name).read_bytes() == f.read_bytes()
+        assert (base / JSON_ARC / f.name).read_bytes() == f.read_bytes()
     assert (extra / "usr/bin/env").read_bytes() == Path("/usr/bin/env").read_bytes()
     assert os.access(extra / "usr/bin/env", os.X_OK)
     assert (top / "etc/os-release").read_text() == "ID=test-image\n"
     # whiteouts are recorded beside the tree, never written into it
-    assert set(img.layers[2].whiteouts) == {"usr/lib/python3.11/json/tool.py", "opt/old"}
-    assert img.layers[2].opaque == ("usr/lib/python3.11/json",)
+    assert set(img.layers[2].whiteouts) == {f"{JSON_ARC}/tool.py", "opt/old"}
+    assert img.layers[2].opaque == (JSON_ARC,)
     assert not list(top.rglob(".wh.*"))
-    assert (top / "usr/lib/python3.11/json/__init__.py").read_text() == "# replaced\n"
+    assert (top / JSON_ARC / "__init__.py").read_text() == "# replaced\n"
     assert img.config.env == (("PATH", "/usr/bin"), ("GREETING", "hello=world"))
     assert img.config.working_dir == "/work"
     assert img.config.argv == ("/entry", "python3", "-c", "pass")

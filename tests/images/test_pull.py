@@ -138,3 +138,26 @@ def test_push_helper_blob_reused(registry: str) -> None:
     data = b"x" * 100
     push_blob(registry, "test/dup", sha256(data), data)
     push_blob(registry, "test/dup", sha256(data), data)
+
+
+def test_docker_v2_manifest(store: ImageStore, registry: str) -> None:
+    """Docker's own media types (schema 2 manifest, container config, rootfs.diff.tar.gzip layers)."""
+    import gzip
+
+    tar = layer(member("docker", data=b"schema 2\n"))
+    blob = gzip.compress(tar, mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Cmd": ["/bin/true"]},
+                         "rootfs": {"type": "layers", "diff_ids": [sha256(tar)]}}).encode()
+    for data in (blob, config):
+        push_blob(registry, "test/docker", sha256(data), data)
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "digest": sha256(config),
+                   "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip", "digest": sha256(blob),
+                    "size": len(blob)}]}).encode()
+    digest = put_manifest(registry, "test/docker", "v2", manifest,
+                          "application/vnd.docker.distribution.manifest.v2+json")
+    img = store.pull(f"{registry}/test/docker:v2", insecure=True)
+    assert img.digest == digest and img.config.cmd == ("/bin/true",)
+    assert Path(img.layers[0].path, "docker").read_text() == "schema 2\n"

@@ -25,6 +25,7 @@ import os
 import shutil
 import stat
 import tarfile
+import time
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -97,6 +98,7 @@ class _Unpacker:
                     raise
                 os.mkdir(part, 0o700, dir_fd=fd)
                 nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+                self.dirs[parts[: i + 1]] = _Dir(parts[: i + 1], _implicit_dir("/".join(parts[: i + 1])))
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     where = "/".join(parts[: i + 1])
@@ -265,6 +267,15 @@ class _Unpacker:
                     os.utime(fd, (m.mtime, m.mtime))
             finally:
                 os.close(fd)
+
+
+def _implicit_dir(name: str) -> tarfile.TarInfo:
+    """A parent the layer does not list: 0755, root's (as tar and Docker make them)."""
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = 0o755
+    info.mtime = int(time.time())
+    return info
 
 
 def _copy_sparse(src: IO[bytes], fd: int) -> None:

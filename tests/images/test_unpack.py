@@ -39,6 +39,8 @@ def test_kinds_modes_and_times(tmp_path: Path) -> None:
     assert (root / "ro/file").read_text() == "inside a read-only dir\n"
     assert (root / "deep/er/file").read_text() == "parents made\n"
     assert (root / "deep/er/file").stat().st_mode & 0o7777 == 0o640
+    assert (root / "deep").stat().st_mode & 0o7777 == 0o755  # parents the layer does not list
+    assert (root / "deep/er").stat().st_mode & 0o7777 == 0o755
     assert os.readlink(root / "link") == "/ro/file"  # kept as written, never resolved by the store
     assert (root / "hard").stat().st_ino == (root / "ro/file").stat().st_ino
     assert stat.S_ISFIFO((root / "fifo").lstat().st_mode)

@@ -323,10 +323,10 @@ def stage_order(medians: dict[str, dict[str, float]]) -> list[str]:
 # ---------------------------------------------------------------- the other scripts, as they print
 
 def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
-    """What cli.py, harness.py, netpool.py, seccomp_install.py and
-    netlink_decode.py print (their own Markdown tables), each run here with a
+    """What cli.py, harness.py, netpool.py, seccomp_install.py,
+    netlink_decode.py and images.py print (their own Markdown tables), each run here with a
     smaller count."""
-    from . import cli, harness, netlink_decode, seccomp_install, workerpool
+    from . import cli, harness, images, netlink_decode, seccomp_install, workerpool
     from . import netpool as netpool_bench
 
     runs = {
@@ -336,6 +336,7 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
         "netpool.py -n 500": (netpool_bench.main, ["-n", "500"]),
         "seccomp_install.py --runs 500": (seccomp_install.main, ["--runs", "500"]),
         "netlink_decode.py -n 500": (netlink_decode.main, ["-n", "500"]),
+        "images.py -n 3": (images.main, ["-n", "3"]),
     }
     if importlib.util.find_spec(f"{__package__}.template") is not None:  # with sandbox.Template
         template_bench = importlib.import_module(f"{__package__}.template")
@@ -352,7 +353,7 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
 
 
 def others_steps(sizes: Sizes) -> int:
-    return (6 + 2 * template_available()) if sizes.others else 0
+    return (7 + 2 * template_available()) if sizes.others else 0
 
 
 def _captured(main: Callable[[], int], argv: list[str]) -> str:

@@ -80,6 +80,19 @@ def readme_example_4() -> None:
 # ---------------------------------------------------------------- docs/*.md's blocks, page by page, in order
 
 
+def docs_images_example_1() -> None:
+    from sandbox.images import ImageStore
+
+    store = ImageStore()                                     # $SANDBOX_IMAGES, else ~/.cache/sandbox/images
+    img = store.pull("registry.example.org/team/tool:1.4")   # HTTPS; anonymous or bearer-token auth
+    local = store.load("build/oci-layout", "example.org/tool:dev")
+    for layer in img.layers:                                 # bottom first
+        print(layer.digest, layer.path, layer.whiteouts, layer.opaque)
+    print(img.digest, img.config.env, img.config.working_dir, img.config.user, img.config.argv)
+    store.remove("registry.example.org/team/tool:1.4")
+    print(store.gc().layers)                                 # the layers no image uses any more
+
+
 def docs_python_api_example_1() -> None:
     import sandbox
 

@@ -1,0 +1,245 @@
+"""The image store: first pull + unpack of a ~50 MB image made from this host's files.
+
+The image is one gzip layer of /usr/lib/python3.11 (about 50 MB unpacked,
+several thousand files) built here into an OCI layout, and pushed to a
+docker-registry started on 127.0.0.1 (Debian's `docker-registry`; without
+it the pull rows are missing). Each run uses a fresh, empty store in a
+temporary directory on the same file system, so every run fetches, checks
+and unpacks everything ("first pull"); the rows, interleaved round-robin:
+
+- `pull` over plain HTTP from the local registry (`insecure=True`), a
+  fresh store: manifest, config and the layer blob, streamed through the
+  digest checks and unpacked in one pass;
+- `load` of the OCI layout directory into a fresh store (no network);
+- `pull, layers present`: the same pull into a store that has the layer
+  (only the manifest and config are fetched);
+- `tar -xzf` of the same blob into an empty directory, the floor.
+
+Medians and the spread, in ms, with the unpacked size and the file count.
+
+    python benchmarks/images.py [-n 5] [--src /usr/lib/python3.11] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import sandbox
+from sandbox.images import ImageStore
+from sandbox.images.fsutil import remove_tree
+
+PULL = "pull (fresh store)"
+LOAD = "load of the OCI layout (fresh store)"
+WARM = "pull, layers present"
+TAR = "tar -xzf of the blob (floor)"
+
+
+def sha256(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def build(src: str, layout: str) -> tuple[bytes, dict[str, bytes], int, int]:
+    """An OCI layout of one gzip layer of `src`; (manifest, blobs by digest, files and bytes in the layer)."""
+    buf = io.BytesIO()
+    files = size = 0
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for dirpath, dirnames, filenames in os.walk(src):
+            dirnames.sort()
+            for name in [dirpath, *(os.path.join(dirpath, f) for f in sorted(filenames))]:
+                info = tf.gettarinfo(name, arcname=name.lstrip("/"))
+                if info.isdev():
+                    continue
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                files += info.isreg()
+                size += info.size if info.isreg() else 0
+                if info.isreg():
+                    with open(name, "rb") as f:
+                        tf.addfile(info, f)
+                else:
+                    tf.addfile(info)
+    tar = buf.getvalue()
+    blob = gzip.compress(tar, compresslevel=6, mtime=0)
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [sha256(tar)]}}).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": sha256(config),
+                   "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": sha256(blob),
+                    "size": len(blob)}]}).encode()
+    blobs = {sha256(blob): blob, sha256(config): config, sha256(manifest): manifest}
+    os.makedirs(os.path.join(layout, "blobs", "sha256"))
+    for digest, data in blobs.items():
+        with open(os.path.join(layout, "blobs", "sha256", digest[7:]), "wb") as blob_file:
+            blob_file.write(data)
+    with open(os.path.join(layout, "index.json"), "w") as out:
+        json.dump({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                                                       "digest": sha256(manifest), "size": len(manifest)}]}, out)
+    with open(os.path.join(layout, "oci-layout"), "w") as out:
+        json.dump({"imageLayoutVersion": "1.0.0"}, out)
+    return manifest, blobs, files, size
+
+
+@contextmanager
+def registry(work: str) -> Iterator[str | None]:
+    """A docker-registry on a free 127.0.0.1 port, storage in `work`; None when it is not installed."""
+    binary = shutil.which("docker-registry") or ("/usr/bin/docker-registry"
+                                                  if os.path.exists("/usr/bin/docker-registry") else None)
+    if binary is None:
+        yield None
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.makedirs(work, exist_ok=True)
+    config = os.path.join(work, "config.yml")
+    with open(config, "w") as f:
+        f.write(f"version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n"
+                f"    rootdirectory: {work}/data\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    proc = subprocess.Popen([binary, "serve", config], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("docker-registry did not start") from None
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def push(addr: str, repo: str, manifest: bytes, blobs: dict[str, bytes]) -> None:
+    """The registry API's monolithic upload of every blob, then the manifest as :bench."""
+    for digest, data in blobs.items():
+        if data is manifest:
+            continue
+        req = urllib.request.Request(f"http://{addr}/v2/{repo}/blobs/uploads/", method="POST", data=b"")
+        with urllib.request.urlopen(req) as resp:
+            location = resp.headers["Location"]
+        location = f"http://{addr}{location}" if location.startswith("/") else location
+        req = urllib.request.Request(f"{location}{'&' if '?' in location else '?'}digest={digest}", method="PUT",
+                                     data=data, headers={"Content-Type": "application/octet-stream"})
+        urllib.request.urlopen(req).close()
+    req = urllib.request.Request(f"http://{addr}/v2/{repo}/manifests/bench", method="PUT", data=manifest,
+                                 headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+    urllib.request.urlopen(req).close()
+
+
+def variants(work: str, layout: str, ref: str | None, blob_path: str) -> dict[str, Callable[[], object]]:
+    """name -> one run (each into fresh directories under `work`, removed after)."""
+    count = iter(range(1 << 30))
+
+    def fresh() -> str:
+        return os.path.join(work, f"run{next(count)}")
+
+    def timed_store(fn: Callable[[ImageStore], object]) -> Callable[[], object]:
+        def run() -> None:
+            path = fresh()
+            try:
+                fn(ImageStore(path))
+            finally:
+                remove_tree(path)  # the store's own removal: a layer may have read-only directories
+        return run
+
+    out: dict[str, Callable[[], object]] = {}
+    if ref is not None:
+        out[PULL] = timed_store(lambda s: s.pull(ref, insecure=True))
+        warm = ImageStore(os.path.join(work, "warm"))
+        warm.pull(ref, insecure=True)
+        out[WARM] = lambda: _pull_with_layers(warm, ref)
+    out[LOAD] = timed_store(lambda s: s.load(layout))
+
+    def untar() -> None:
+        path = fresh()
+        os.mkdir(path)
+        try:
+            subprocess.run(["tar", "-xzf", blob_path, "-C", path], check=True)
+        finally:
+            shutil.rmtree(path)
+    if shutil.which("tar"):
+        out[TAR] = untar
+    return out
+
+
+def _pull_with_layers(store: ImageStore, ref: str) -> None:
+    """A pull whose layer is already unpacked: the name is dropped (its blobs stay until gc), then pulled again."""
+    store.remove(ref)
+    store.pull(ref, insecure=True)
+
+
+def measure(fns: dict[str, Callable[[], object]], n: int) -> dict[str, list[float]]:
+    """Round-robin runs (one warm-up round, untimed), ms per run."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for i in range(n + 1):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                times[name].append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def table(times: dict[str, list[float]], size: int, files: int, blob: int) -> str:
+    rows = [f"Image: one gzip layer, {blob / 1e6:.1f} MB compressed, {size / 1e6:.1f} MB and {files} files "
+            "unpacked.", "", "| variant | median ms | min ms | max ms | MB/s unpacked | runs |",
+            "|---|---|---|---|---|---|"]
+    for name, xs in times.items():
+        med = statistics.median(xs)
+        rate = f"{size / 1e6 / (med / 1000):.0f}" if name != WARM else "-"
+        rows.append(f"| {name} | {med:.0f} | {min(xs):.0f} | {max(xs):.0f} | {rate} | {len(xs)} |")
+    return "\n".join(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=5, help="timed runs of each variant (default 5)")
+    ap.add_argument("--src", default=f"/usr/lib/python{sys.version_info[0]}.{sys.version_info[1]}",
+                    help="the host directory the image is made of")
+    ap.add_argument("--json", help="also write the raw per-run times here")
+    args = ap.parse_args()
+    print(f"# image store, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
+          f"kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}; sandbox {sandbox.__version__}")
+    with tempfile.TemporaryDirectory(prefix="sandbox-images-bench-") as work:
+        layout = os.path.join(work, "layout")
+        manifest, blobs, files, size = build(args.src, layout)
+        blob_digest = json.loads(manifest)["layers"][0]["digest"]
+        blob_path = os.path.join(layout, "blobs", "sha256", blob_digest[7:])
+        with registry(os.path.join(work, "registry")) as addr:
+            ref = None
+            if addr is None:
+                print("# docker-registry is not installed: no pull rows (Debian: apt-get install docker-registry)")
+            else:
+                push(addr, "bench/python", manifest, blobs)
+                ref = f"{addr}/bench/python:bench"
+            times = measure(variants(work, layout, ref, blob_path), args.n)
+    print(table(times, size, files, len(blobs[blob_digest])))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(times, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

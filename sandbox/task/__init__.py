@@ -40,9 +40,9 @@ def compile(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Compiled: 
     return compile_task(sb, Facts.gather(sb, env), env)
 
 
-def translate(sb: Sandbox, argv: Sequence[str]) -> list[str]:
+def translate(sb: Sandbox, argv: Sequence[StrPath]) -> list[str]:
     """`argv` with host paths rewritten as the sandbox of `sb` sees them."""
-    words = [check_text(f"argv[{i}]", a) for i, a in enumerate(check_items("argv", argv, "strings"))]
+    words = [check_text(f"argv[{i}]", as_text(a)) for i, a in enumerate(check_items("argv", argv, "strings"))]
     return Translator.of(sb).argv(words)
 
 

@@ -18,12 +18,13 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from ..errors import SandboxError
+from ..errors import ExecError, ExecNotFoundError, SandboxError
 from .description import Sandbox
 from .run import TaskProcess, spawn
 
 USAGE = "usage: python -m sandbox.task [--backend auto|native|bwrap] SPEC -- CMD [ARG...]\n" \
         "SPEC: the description as JSON text, or @FILE"
+EXIT_NOEXEC, EXIT_NOTFOUND = 126, 127  # the command is not executable / not found, as under bwrap
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -88,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         proc = spawn(command, sb, backend=backend)
+    except ExecError as exc:  # as the CLI and bwrap: 127 not found, 126 not executable
+        print(f"sandbox.task: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_NOTFOUND if isinstance(exc, ExecNotFoundError) else EXIT_NOEXEC
     except SandboxError as exc:
         print(f"sandbox.task: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 125

@@ -23,6 +23,7 @@ from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
 from ..plan import check_argv, resolve_env
 from ..process import SandboxProcess
 from ..spec import Spec
+from ..validate import StrPath
 from .compile import Compiled, compile_task
 from .description import Sandbox
 from .facts import Facts
@@ -153,7 +154,7 @@ def _unconfined(argv: list[str], sb: Sandbox, environ: Mapping[str, str], reason
     return TaskProcess(proc, record, sb, environ, None, None)
 
 
-def spawn(argv: Sequence[str], sb: Sandbox, *, backend: str = "auto", stdin: StdioArg = None,
+def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin: StdioArg = None,
           stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
           environ: Mapping[str, str] | None = None) -> TaskProcess:
     """Start `argv` (host paths, translated) under `sb`; return at once.
@@ -223,7 +224,7 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
     return [{"name": f"probe {path}" if path else "isolation", "ok": False, "result": str(exc)}]
 
 
-def run(argv: Sequence[str], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
+def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
         environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from .. import api, backends
 from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
@@ -167,7 +167,7 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
     """
     if not isinstance(sb, Sandbox):
         raise SpecError("sandbox", sb, "must be a sandbox.task.Sandbox")
-    args = check_argv(argv)
+    args = check_argv(cast("Sequence[str]", argv))  # it takes os.PathLike elements too
     env_in = dict(os.environ if environ is None else environ)
     popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
     if not sb.enabled:

@@ -58,7 +58,7 @@ def test_one_record_per_start_with_values_scrubbed(backend: str, tmp_path: Path)
     assert rec["chdir"] == "/w" and rec["exit_status"] == 3 and rec["confined"] is True
     assert rec["backend"] == backend and rec["role"] == "judge" and rec["limits"] == {"cpu_s": 30}
     assert {"source": str(tmp_path / "ws"), "target": "/w", "writable": True} in rec["binds"]
-    assert set(rec["env_names"]) == {"MWM_KEY", "MODEL", "PATH"}
+    assert set(rec["env_names"]) == {"MWM_KEY", "MODEL", "PATH", "SANDBOX_TASK_BROKER"}
     assert any(c["name"] == "network" and c["ok"] for c in rec["check"])
 
 

@@ -258,3 +258,4 @@ def request(fd: int, body: Mapping[str, Any], argv: Sequence[str], stdin: StdioA
         wire.raise_error(reply)
     return NestedProcess(list(argv), ours, reply, stdio)
 
+

@@ -1,9 +1,8 @@
-"""Nested sandboxes, from the trusted side: a description narrowed from its parent's.
+"""Nested sandboxes: a description narrowed from its parent's.
 
-A task sandbox cannot start a sandbox inside itself under the default
-seccomp policy (no new user namespaces there; see docs/task.md, "Nested
-sandboxes"). The framework starts the narrower one itself, as a sibling,
-from `narrowed(parent, child)`: the child description is checked to grant
+The broker (broker.py) checks every nested request with `narrowed(parent,
+child)`, and a framework that starts the stricter sandbox itself, as a
+sibling, can call it too: the child description is checked to grant
 nothing its parent does not (every path it shows lies under a path the
 parent shows, writable only where the parent's is; no network the parent
 lacks; no port, socket or allowed host beyond the parent's; no variable

@@ -149,8 +149,9 @@ def test_killing_the_outer_kills_the_inner(backend: str) -> None:
         assert int(outer.stdout.readline())  # the nested sandbox is up
         assert wait_until(lambda: bool(sleepers(marker)), timeout=10)
         outer.kill()
-        assert outer.wait(timeout=30) == -signal.SIGKILL
+        # before anyone waits for the outer (which would close its broker): the requester's death alone ends it
         assert wait_until(lambda: not sleepers(marker), timeout=10), "the nested sandbox outlived the outer one"
+        assert outer.wait(timeout=30) == -signal.SIGKILL
     finally:
         outer.kill()
         outer.wait()
@@ -293,3 +294,11 @@ def test_the_broker_variable_name_is_the_same_in_api_and_wire() -> None:
     from sandbox.task import wire
 
     assert api.BROKER_ENV == wire.BROKER_ENV
+
+
+def test_inside_without_the_broker_variable_the_error_says_why(backend: str) -> None:
+    code = ("import os\nfrom sandbox import task\ndel os.environ['SANDBOX_TASK_BROKER']\n"
+            "try:\n    task.run(['true'], task.Sandbox())\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    r = pyrun(code, Sandbox(), backend)
+    assert r.stdout.startswith("UnavailableError"), r.stdout + r.stderr
+    assert "nor is a sandbox.task broker reachable (SANDBOX_TASK_BROKER is not set" in r.stdout, r.stdout

@@ -54,6 +54,8 @@ from .facts import HIDE_ENV
 from .narrow import narrowed
 from .translate import Translator
 
+MAX_CHILDREN = 64  # nested sandboxes running at once per broker: more is refused, not queued
+
 if TYPE_CHECKING:
     from .nested import NestedProcess
     from .run import TaskProcess
@@ -83,6 +85,7 @@ class Broker:
         os.set_inheritable(self._theirs.fileno(), True)
         self._pid = 0
         self._children: list[TaskProcess | NestedProcess] = []
+        self._starting = 0
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="sandbox-task-broker", daemon=True)
@@ -153,12 +156,27 @@ class Broker:
             for fd in fds:
                 os.close(fd)
             return
-        chan = socket.socket(fileno=fds[0])
+        try:
+            chan = socket.socket(fileno=fds[0])
+        except OSError:  # not a socket
+            for fd in fds:
+                os.close(fd)
+            return
         try:
             why = self.refusal(creds)
             if why is not None:
                 raise UnavailableError(f"refused by the sandbox.task broker: {why}")
-            proc = self._start(msg, fds[1:])
+            with self._lock:
+                if len(self._children) + self._starting >= MAX_CHILDREN:
+                    raise UnavailableError(f"refused by the sandbox.task broker: {MAX_CHILDREN} nested sandboxes "
+                                           "of this sandbox are running already")
+                self._starting += 1
+            try:
+                proc = self._start(msg, fds[1:])
+            except BaseException:
+                with self._lock:
+                    self._starting -= 1
+                raise
         except (SandboxError, OSError, ValueError, TypeError) as exc:
             with contextlib.suppress(OSError):
                 wire.send(chan, wire.error_message(exc))
@@ -169,6 +187,7 @@ class Broker:
                 os.close(fd)
         with self._lock:
             late = self._closed
+            self._starting -= 1
             self._children.append(proc)
         if late:
             proc.kill()

@@ -302,3 +302,16 @@ def test_inside_without_the_broker_variable_the_error_says_why(backend: str) -> 
     r = pyrun(code, Sandbox(), backend)
     assert r.stdout.startswith("UnavailableError"), r.stdout + r.stderr
     assert "nor is a sandbox.task broker reachable (SANDBOX_TASK_BROKER is not set" in r.stdout, r.stdout
+
+
+def test_a_broker_runs_a_bounded_number_of_nested_sandboxes(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox.task import broker
+
+    monkeypatch.setattr(broker, "MAX_CHILDREN", 1)  # the broker runs in this (the test's) process
+    code = ("from sandbox import task\np = task.spawn(['sleep', '1000'], task.Sandbox())\n"
+            "try:\n    task.run(['true'], task.Sandbox())\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+            "p.kill()\nprint('first', p.wait())\nprint('then', task.run(['true'], task.Sandbox()).returncode)\n")
+    r = pyrun(code, Sandbox(), backend, timeout=120)
+    lines = r.stdout.strip().split("\n")
+    assert lines[0].startswith("UnavailableError") and "1 nested sandboxes" in lines[0], r.stdout + r.stderr
+    assert lines[1:] == [f"first {-signal.SIGKILL}", "then 0"], r.stdout + r.stderr

@@ -315,3 +315,39 @@ def test_a_broker_runs_a_bounded_number_of_nested_sandboxes(backend: str, monkey
     lines = r.stdout.strip().split("\n")
     assert lines[0].startswith("UnavailableError") and "1 nested sandboxes" in lines[0], r.stdout + r.stderr
     assert lines[1:] == [f"first {-signal.SIGKILL}", "then 0"], r.stdout + r.stderr
+
+
+GARBAGE = """
+import os, socket, array
+from sandbox import task
+fd = int(os.environ["SANDBOX_TASK_BROKER"])
+s = socket.socket(fileno=os.dup(fd))
+r, w = os.pipe()
+def send(data, fds=()):
+    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+    s.sendmsg([data], anc)
+send(b"not json")
+send(b"[1, 2]")
+send(b'{"kind": "task"}')                                   # no fds at all
+send(b'{"kind": "task", "argv": ["true"]}', [r, r, r, r])    # the first fd is no socket
+send(b'{"kind": "task"}', [r] * 12)                          # more fds than a request carries
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+send(b'{"kind": "task", "argv": "true", "environ": {}}', [b.fileno(), 0, 1, 2])
+print("bad argv:", a.recv(4096).decode()[:60])
+a2, b2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+send(b'{"kind": "other", "argv": ["true"], "environ": {}}', [b2.fileno(), 0, 1, 2])
+print("bad kind:", a2.recv(4096).decode()[:60])
+print("still serving:", task.run(["true"], task.Sandbox()).returncode)
+"""
+
+
+def test_the_broker_survives_malformed_requests_and_leaks_no_fd(backend: str) -> None:
+    pyrun("pass", Sandbox(), backend)  # what a first start opens for good (caches, pools) is not a leak
+    before = len(os.listdir("/proc/self/fd"))
+    r = pyrun(GARBAGE, Sandbox(), backend, timeout=120)
+    lines = r.stdout.strip().split("\n")
+    assert lines[0].startswith('bad argv: {"error": "SpecError"'), r.stdout + r.stderr
+    assert lines[1].startswith('bad kind: {"error": "SpecError"'), r.stdout + r.stderr
+    assert lines[2] == "still serving: 0", r.stdout + r.stderr
+    assert wait_until(lambda: len(os.listdir("/proc/self/fd")) <= before, timeout=10), \
+        (before, os.listdir("/proc/self/fd"))

@@ -37,7 +37,7 @@ StdioArg = int | IO[Any] | None
 
 def broker_fd() -> int | None:
     """The fd of this sandbox's broker, None outside a task sandbox; UnavailableError
-    when SANDBOX_TASK_BROKER is set but names no socket open in this process."""
+    when SANDBOX_TASK_BROKER is set but names no broker socket (a Unix SEQPACKET one) open in this process."""
     text = os.environ.get(wire.BROKER_ENV)
     if text is None:
         return None
@@ -45,9 +45,12 @@ def broker_fd() -> int | None:
         fd = int(text)
         if fd < 0 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
             raise ValueError(text)
+        with socket.socket(fileno=os.dup(fd)) as s:
+            if (s.family, s.type) != (socket.AF_UNIX, socket.SOCK_SEQPACKET):
+                raise ValueError(text)
     except (ValueError, OSError):
         raise UnavailableError(
-            f"no sandbox.task broker is reachable: {wire.BROKER_ENV}={text} names no socket open in this "
+            f"no sandbox.task broker is reachable: {wire.BROKER_ENV}={text} names no broker socket open in this "
             "process (a parent closed it: start programs that need nested sandboxes with "
             "pass_fds=sandbox.task.broker_fds(), or close_fds=False)") from None
     return fd

@@ -16,7 +16,9 @@ sandbox's own paths, the command, the requester's environment and its three
 stdio fds, and a socket of its own for the rest of the conversation. The
 broker translates every path back to the host's (through the parent's
 binds, then resolving links on the host, so a link planted in a writable
-grant cannot lead a bind elsewhere), checks `narrowed(parent, child)` (a
+grant cannot lead a bind elsewhere; and each source checked is held open
+and bound from that fd, so one swapped for a link after the check cannot
+either), checks `narrowed(parent, child)` (a
 SpecError naming the field that widens goes back to the requester), refuses
 a loopback URL in the environment that would forward a port the parent does
 not have, and starts the child with task.spawn: a sibling of the parent,
@@ -40,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -74,6 +77,27 @@ def descends(pid: int, ancestor: int) -> bool:
         except (OSError, ValueError, IndexError):
             return False
     return False
+
+
+def pin(field: str, path: str) -> int:
+    """An O_PATH fd of `path`, reached from / one component at a time without
+    following a link; SpecError naming `field` if a link is met (the path was
+    resolved before: one now is a swap) or the path does not exist."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for comp in (c for c in path.split("/") if c):
+            nfd = os.open(comp, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise SpecError(field, path, "leads through a link (it changed after it was checked)")
+    except OSError as exc:
+        os.close(fd)
+        raise SpecError(field, path, f"cannot be shown: {exc.strerror}") from None
+    except SpecError:
+        os.close(fd)
+        raise
+    return fd
 
 
 class Broker:
@@ -232,8 +256,8 @@ class Broker:
 
     # ------------------------------------------------------------ one request
 
-    def _start(self, msg: Mapping[str, Any], stdio: list[int]) -> TaskProcess | NestedProcess:
-        from .run import spawn
+    def _start(self, msg: Mapping[str, Any], stdio: list[int]) -> TaskProcess:
+        from .run import start_here
 
         argv, environ = msg.get("argv"), msg.get("environ")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -246,8 +270,20 @@ class Broker:
         host_env = self._reverse.env(environ)
         sb = narrowed(self._checking, self.host_view(child)).replace(enforce="required")
         self._check_env_ports(sb, host_env)
-        return spawn(self._reverse.argv(argv), sb, backend=self.backend, stdin=stdio[0], stdout=stdio[1],
-                     stderr=stdio[2], environ=host_env)
+        # Each source checked is held open and bound from that fd: a path the
+        # sandbox can write in, swapped for a link after the check, changes nothing.
+        pins: dict[str, int] = {}
+        try:
+            for field, paths in (("read", sb.read), ("write", sb.write), ("binds", [b.source for b in sb.binds])):
+                for path in paths:
+                    if path not in pins:
+                        pins[path] = pin(field, path)
+            popen = {"stdin": stdio[0], "stdout": stdio[1], "stderr": stdio[2], "pass_fds": ()}
+            return start_here(self._reverse.argv(argv), sb, self.backend, host_env, popen,
+                              {path: f"/proc/self/fd/{fd}" for path, fd in pins.items()})
+        finally:
+            for fd in pins.values():
+                os.close(fd)
 
     def host_view(self, child: Sandbox) -> Sandbox:
         """`child` (in the parent sandbox's paths) in host paths: translated

@@ -154,14 +154,19 @@ def env_ports(env: Mapping[str, str]) -> list[int]:
     return sorted(set(ports))
 
 
-def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_port: int | None = None) -> Compiled:
-    """The Spec of `sb` on the host of `facts`; `proxy_port` is where the allowlist proxy listens."""
+def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_port: int | None = None,
+                 pinned: Mapping[str, str] | None = None) -> Compiled:
+    """The Spec of `sb` on the host of `facts`; `proxy_port` is where the allowlist proxy listens.
+    `pinned` maps a bind's host source to `/proc/self/fd/N`, an fd of the spawning process that
+    holds what was checked (the broker's): the bind is made of that, never of the path again."""
+    pin = pinned or {}
     tr = Translator.of(sb)
     binds = shown_binds(sb, facts)
     mounts: list[S.Mount] = [*facts.system]
     mounts += [S.RoBind(p, optional=True) for p in facts.etc]
     mounts += [S.Proc(), S.Dev(), S.Tmpfs("/tmp", perms=0o1777)]
-    mounts += [S.Bind(b.source, b.target) if b.writable else S.RoBind(b.source, b.target) for b in binds]
+    mounts += [S.Bind(pin.get(b.source, b.source), b.target) if b.writable
+               else S.RoBind(pin.get(b.source, b.source), b.target) for b in binds]
     emptied = [d for d in facts.python.other_site_dirs if names_of(d, binds, facts.realpaths)]
     for d in emptied:
         mounts += _empty(d)

@@ -185,6 +185,12 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
         return nested.request(fd, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
                               tuple(pass_fds), env_in)
     popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
+    return start_here(args, sb, backend, env_in, popen)
+
+
+def start_here(args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str], popen: dict[str, Any],
+               pinned: Mapping[str, str] | None = None) -> TaskProcess:
+    """spawn() in this process, never through a broker; `pinned` as compile_task takes it."""
     if not sb.enabled:
         return _unconfined(args, sb, env_in, "enabled=False", True, **popen)
     try:
@@ -197,7 +203,7 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
     facts = Facts.gather(sb, env_in)
     proxy = AllowlistProxy(sb.proxy.allowed_hosts) if sb.proxy is not None and sb.network == "isolated" else None
     try:
-        return _start(args, sb, name, facts, env_in, proxy, popen)
+        return _start(args, sb, name, facts, env_in, proxy, popen, pinned)
     except BaseException:
         if proxy is not None:
             proxy.close()
@@ -205,8 +211,8 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
 
 
 def _start(args: list[str], sb: Sandbox, name: str, facts: Facts, env_in: dict[str, str],
-           proxy: AllowlistProxy | None, popen: dict[str, Any]) -> TaskProcess:
-    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None)
+           proxy: AllowlistProxy | None, popen: dict[str, Any], pinned: Mapping[str, str] | None) -> TaskProcess:
+    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned)
     command = compiled.translator.argv(args)
     record = _record(sb, backend=name, confined=True, command=command, chdir=compiled.spec.cwd,
                      binds=[{"source": b.source, "target": b.target, "writable": b.writable} for b in compiled.binds],

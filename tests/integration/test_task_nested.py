@@ -352,3 +352,48 @@ def test_the_broker_survives_malformed_requests_and_leaks_no_fd(backend: str) ->
     assert lines[2] == "still serving: 0", r.stdout + r.stderr
     assert wait_until(lambda: len(os.listdir("/proc/self/fd")) <= before, timeout=10), \
         (before, os.listdir("/proc/self/fd"))
+
+
+def test_a_link_swapped_in_after_the_check_changes_nothing(backend: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race a requester could try: the path it asked for, in a directory it can write, replaced by a
+    link to what the parent does not show, between the broker's check and the mount. The broker binds
+    what it checked (an fd it holds), so the swap is simulated here at the worst moment: right after."""
+    from sandbox.task import broker
+
+    work, secret = tmp_path / "work", tmp_path / "secret"
+    (work / "d").mkdir(parents=True)
+    (work / "d" / "f").write_text("mine\n")
+    secret.mkdir()
+    (secret / "f").write_text("secret\n")
+    for d in (tmp_path, work, secret):
+        d.chmod(0o777)
+    real_pin = broker.pin
+
+    def pin_then_swap(field: str, path: str) -> int:
+        fd = real_pin(field, path)
+        if path == str(work / "d"):
+            os.rename(path, str(work / "d2"))
+            os.symlink(str(secret), path)
+        return fd
+
+    monkeypatch.setattr(broker, "pin", pin_then_swap)  # the broker runs in this (the test's) process
+    code = (f"from sandbox import task\nr = task.run(['cat', {str(work / 'd' / 'f')!r}], "
+            f"task.Sandbox(read=[{str(work / 'd')!r}]), capture_output=True, text=True)\n"
+            "print(r.returncode, r.stdout.strip(), r.stderr.strip())\n")
+    r = pyrun(code, Sandbox(write=[str(work)]), backend, timeout=120)
+    assert (work / "d").is_symlink()  # the swap happened
+    assert r.stdout.strip() == "0 mine", r.stdout + r.stderr
+
+
+def test_pin_refuses_a_path_through_a_link(tmp_path: Path) -> None:
+    from sandbox import SpecError
+    from sandbox.task.broker import pin
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    os.close(pin("read", str(tmp_path / "real")))
+    for path in (tmp_path / "link", tmp_path / "link" / "x", tmp_path / "missing"):
+        with pytest.raises(SpecError) as info:
+            pin("read", str(path))
+        assert info.value.field == "read"

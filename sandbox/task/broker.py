@@ -241,7 +241,7 @@ class Broker:
                         forward_signal(proc, msg["signal"])
 
         try:
-            wire.send(chan, {"pid": proc.pid, "record": proc.record})
+            wire.send(chan, {"pid": proc.pid, "record": self.inside(proc.record)})
         except OSError:
             proc.kill()
         threading.Thread(target=control, name="sandbox-task-broker-control", daemon=True).start()
@@ -249,10 +249,22 @@ class Broker:
         with self._lock:
             self._children.remove(proc)
         with contextlib.suppress(OSError):
-            wire.send(chan, {"exit": rc, "record": proc.record, "record_path": proc.record_path})
+            wire.send(chan, {"exit": rc, "record": self.inside(proc.record),
+                             "record_path": self.inside(proc.record_path)})
         with contextlib.suppress(OSError):
             chan.shutdown(socket.SHUT_RDWR)
         chan.close()
+
+    def inside(self, value: Any) -> Any:
+        """`value` (a record, JSON-ready) with host paths as the parent sandbox shows them:
+        what the requester is told names no host path it could not name itself."""
+        if isinstance(value, str):
+            return self.compiled.translator.word(value)
+        if isinstance(value, dict):
+            return {k: self.inside(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.inside(v) for v in value]
+        return value
 
     # ------------------------------------------------------------ one request
 

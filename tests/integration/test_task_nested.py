@@ -397,3 +397,15 @@ def test_pin_refuses_a_path_through_a_link(tmp_path: Path) -> None:
         with pytest.raises(SpecError) as info:
             pin("read", str(path))
         assert info.value.field == "read"
+
+
+def test_the_record_comes_back_in_the_parents_paths(backend: str, tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "in").mkdir(parents=True)
+    outer = Sandbox(binds=[task.Bind(work, "/w", writable=True)], records=work / "records")
+    code = ("import os\nfrom sandbox import task\nr = task.run(['true'], task.Sandbox(read=['/w/in']))\n"
+            "print(r.record_path.startswith('/w/records/'), os.path.exists(r.record_path))\n"
+            "print([b['source'] for b in r.record['binds'] if b['target'] == '/w/in'])\n"
+            f"print({str(tmp_path)!r} in repr(r.record))\n")
+    r = pyrun(code, outer, backend, timeout=120)
+    assert r.stdout.split("\n")[:3] == ["True True", "['/w/in']", "False"], r.stdout + r.stderr

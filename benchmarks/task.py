@@ -13,7 +13,14 @@ isolated network) started five ways, interleaved in one process:
   does today (no seccomp, no isolation check: bwrap's floor);
 - `task worker`: one call of a WorkerPool started from the description
   (`task.worker_pool(sb).submit(pass_fn)`);
-- `bare exec`: `subprocess.run([python3, -c, pass])`, the floor.
+- `bare exec`: `subprocess.run([python3, -c, pass])`, the floor;
+- `nested native` / `nested bwrap`: the same `task.run` called by code
+  inside a task sandbox of that backend, for a description narrowed from
+  it (`Sandbox(env_allow=["LANG"])`, the parent's hides folded in): the
+  request goes through the outer sandbox's broker, which starts the child
+  beside it (a round trip over a pipe to the code inside is included);
+- `top-level, nested's description`: that description started from the
+  host, the nested start's counterpart.
 
 Prints median and p90 in ms, and each ratio to `bwrap rendered`.
 
@@ -73,6 +80,38 @@ def _pass() -> None:
     return None
 
 
+# Inside the outer sandbox: one nested start per line read, its status written back.
+NESTED_SERVER = """
+import sys
+from sandbox import task
+sb = task.Sandbox(env_allow=["LANG"], hide=["cffi"])
+for line in sys.stdin:
+    print(task.run(sys.argv[1:], sb).returncode, flush=True)
+"""
+
+
+class Nested:
+    """An outer task sandbox on `backend` whose code starts one nested sandbox per call()."""
+
+    def __init__(self, outer: task.Sandbox, backend: str) -> None:
+        self.proc = task.spawn([PY, "-c", NESTED_SERVER, *CMD], outer, backend=backend,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def call(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if line.strip() != b"0":
+            raise RuntimeError(f"nested start answered {line!r}")
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        self.proc.stdout.close()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=60)
@@ -87,8 +126,14 @@ def main() -> int:
             if rc != 0:
                 raise RuntimeError(f"{what} exited {rc}")
 
+        child = task.Sandbox(env_allow=("LANG",), hide=("cffi",))
+        nested = {be: Nested(sb, be) for be in ("native", "bwrap")}
         with task.worker_pool(sb, max_workers=1) as pool:
             modes: dict[str, Callable[[], object]] = {
+                "nested native": nested["native"].call,
+                "nested bwrap": nested["bwrap"].call,
+                "top-level, nested's description": lambda: check(task.run(CMD, child, backend="native").returncode,
+                                                                  "top-level"),
                 "task native": lambda: check(task.run(CMD, sb, backend="native").returncode, "task native"),
                 "spawn of the Spec, no netns check": lambda: check(sandbox.run(CMD, unchecked, backend="native")
                                                                    .returncode, "unchecked"),
@@ -97,7 +142,11 @@ def main() -> int:
                 "task worker": lambda: pool.submit(_pass).result(timeout=60),
                 "bare exec": lambda: check(subprocess.run(CMD).returncode, "bare exec"),
             }
-            times = measure(modes, args.n, warmup=3)
+            try:
+                times = measure(modes, args.n, warmup=3)
+            finally:
+                for n in nested.values():
+                    n.close()
     base = statistics.median(times["bwrap rendered"])
     print(f"# task sandbox start of `python3 -c pass` (and one WorkerPool call), n={args.n}, uid={os.getuid()}, "
           f"load {os.getloadavg()[0]:.1f}")

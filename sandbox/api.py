@@ -18,6 +18,7 @@ from .sync import NO_SYNC, Sync
 from .validate import StrPath, check_items
 
 StdioArg = int | IO[Any] | None
+BROKER_ENV = "SANDBOX_TASK_BROKER"  # sandbox.task.wire's, named here so that spawn() imports nothing more
 
 
 class Stdio:
@@ -127,6 +128,10 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
         raise SpecError("spec", spec, "must be a sandbox.Spec")
     spec = with_call_options(spec, cwd, env)
     fds = check_pass_fds(pass_fds)
+    if BROKER_ENV in os.environ:  # inside a task sandbox: its broker starts the sandbox, beside it
+        from .task.nested_spec import spawn_brokered
+
+        return spawn_brokered(args, spec, stdin, stdout, stderr, fds)
     name, reason = backends.choose(backend)
     host = backends.host_for(name)
     if not isinstance(sync, Sync):

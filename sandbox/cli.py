@@ -241,9 +241,10 @@ def _dry_run(command: list[str], spec: Spec, backend: str) -> int:
     """`--dry-run`: print the sandbox in words and as a bwrap command line."""
     from .errors import SandboxError
     from .explain import explain
+    from .redact import SHOW_SECRETS_ENV
 
     try:
-        print(explain(spec, command, backend))
+        print(explain(spec, command, backend, reveal=os.environ.get(SHOW_SECRETS_ENV) == "1"))
     except SandboxError as exc:
         return _fail(EXIT_SETUP, exc)
     return 0

@@ -20,6 +20,7 @@ from . import spec as S
 from .errors import UnavailableError
 from .host import HostInfo
 from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
+from .redact import env_of, redact
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy
 from .validate import check_instance
@@ -37,8 +38,10 @@ RLIMIT_NAMES = {
 FD_OPTIONS = ("--file", "--bind-data", "--ro-bind-data", "--seccomp")  # their first value is an fd
 
 
-def explain(spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
-    """The sandbox `spawn(argv, spec, backend=backend)` would start, described; nothing runs."""
+def explain(spec: S.Spec, argv: Sequence[str], backend: str = "auto", *, reveal: bool = False) -> str:
+    """The sandbox `spawn(argv, spec, backend=backend)` would start, described; nothing runs.
+    Key-like values (sandbox.redact) of the command's and the caller's environment
+    read `<NAME>` unless `reveal`."""
     check_instance("spec", spec, S.Spec, "a sandbox.Spec")
     args = check_argv(argv)
     try:
@@ -57,7 +60,8 @@ def explain(spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
     lines += describe_plan(plan, args, spec)
     bwrap_plan = compile_plan(spec, HostInfo.current(backends.get("bwrap").traits))
     lines += ["", "equivalent bwrap command line:", bwrap_command(bwrap_plan, args)]
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    return text if reveal else redact(text, env_of(plan.env), host.environ)
 
 
 def describe_plan(plan: Plan, argv: Sequence[str], spec: S.Spec | None = None) -> list[str]:
@@ -224,8 +228,8 @@ class _CallableModule(types.ModuleType):
     first (`from sandbox.explain import describe_plan`), the import system
     binds the module to that name, which must then work as the function."""
 
-    def __call__(self, spec: S.Spec, argv: Sequence[str], backend: str = "auto") -> str:
-        return explain(spec, argv, backend)
+    def __call__(self, spec: S.Spec, argv: Sequence[str], backend: str = "auto", *, reveal: bool = False) -> str:
+        return explain(spec, argv, backend, reveal=reveal)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -8,7 +8,9 @@ One frozen description (`Sandbox`, with a JSON form) compiled into a Spec
 (compile.py), commands translated between host and sandbox paths
 (translate.py), an allowlist proxy (proxy.py), records (records.py), a
 sanitized copy for handoffs (copy.py), the launcher `python -m sandbox.task
-SPEC -- CMD...` (launcher.py) and warm workers (workers.py).
+SPEC -- CMD...` (launcher.py), warm workers (workers.py), and nested
+sandboxes: inside a task sandbox, spawn() and run() ask the broker of that
+sandbox (broker.py, on the trusted side) for a narrower one (nested.py).
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from .copy import sanitized_copy
 from .description import Bind, Layout, Limits, Proxy, Sandbox, check_sandbox
 from .facts import Facts
 from .narrow import narrowed
+from .nested import NestedProcess, broker_fds
 from .run import TaskProcess, run, spawn
 from .translate import Translator
 from .workers import worker_pool, worker_spec
 
-__all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "Proxy", "Sandbox", "TaskProcess", "Translator",
-           "compile", "compile_task", "narrowed", "outside", "relative", "run", "sanitized_copy", "spawn", "translate",
-           "worker_pool", "worker_spec"]
+__all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "NestedProcess", "Proxy", "Sandbox", "TaskProcess",
+           "Translator", "broker_fds", "compile", "compile_task", "narrowed", "outside", "relative", "run",
+           "sanitized_copy", "spawn", "translate", "worker_pool", "worker_spec"]
 
 
 def compile(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Compiled:  # noqa: A001
@@ -40,9 +43,9 @@ def compile(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Compiled: 
     return compile_task(sb, Facts.gather(sb, env), env)
 
 
-def translate(sb: Sandbox, argv: Sequence[str]) -> list[str]:
+def translate(sb: Sandbox, argv: Sequence[StrPath]) -> list[str]:
     """`argv` with host paths rewritten as the sandbox of `sb` sees them."""
-    words = [check_text(f"argv[{i}]", a) for i, a in enumerate(check_items("argv", argv, "strings"))]
+    words = [check_text(f"argv[{i}]", as_text(a)) for i, a in enumerate(check_items("argv", argv, "strings"))]
     return Translator.of(sb).argv(words)
 
 

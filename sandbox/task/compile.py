@@ -24,6 +24,11 @@ from .translate import Translator, _under
 
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
+NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
+# What urllib, requests and httpx match as loopback in NO_PROXY (each by
+# name: none resolves a name first, none reads 127.0.0.0/8 alike, and httpx
+# fails on a bracketed "[::1]").
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 # A loopback URL in an environment value: scheme://[user@]127.0.0.1|localhost[:port]
 LOOPBACK_URL = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*)://(?:[^@/\s]*@)?(?:127\.0\.0\.1|localhost)(?::(\d{1,5}))?")
 DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
@@ -127,6 +132,17 @@ def build_env(sb: Sandbox, facts: Facts, environ: Mapping[str, str], tr: Transla
     return env
 
 
+def no_proxy(env: Mapping[str, str], ports: list[int]) -> dict[str, str]:
+    """NO_PROXY and no_proxy for a sandbox with the proxy: the loopback names
+    and each forwarded port on them go direct (the proxy would refuse them:
+    they are the sandbox's own listeners, not hosts of the allowlist), after
+    whatever the environment already lists there."""
+    given = [e.strip() for v in NO_PROXY_VARS for e in env.get(v, "").split(",") if e.strip()]
+    ours = [*LOOPBACK_NAMES, *(f"{h}:{p}" for p in sorted(ports) for h in ("127.0.0.1", "localhost"))]
+    value = ",".join(dict.fromkeys([*given, *ours]))
+    return {name: value for name in NO_PROXY_VARS}
+
+
 def env_ports(env: Mapping[str, str]) -> list[int]:
     """The ports of the 127.0.0.1 and localhost URLs in `env`'s values."""
     ports = []
@@ -138,14 +154,19 @@ def env_ports(env: Mapping[str, str]) -> list[int]:
     return sorted(set(ports))
 
 
-def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_port: int | None = None) -> Compiled:
-    """The Spec of `sb` on the host of `facts`; `proxy_port` is where the allowlist proxy listens."""
+def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_port: int | None = None,
+                 pinned: Mapping[str, str] | None = None) -> Compiled:
+    """The Spec of `sb` on the host of `facts`; `proxy_port` is where the allowlist proxy listens.
+    `pinned` maps a bind's host source to `/proc/self/fd/N`, an fd of the spawning process that
+    holds what was checked (the broker's): the bind is made of that, never of the path again."""
+    pin = pinned or {}
     tr = Translator.of(sb)
     binds = shown_binds(sb, facts)
     mounts: list[S.Mount] = [*facts.system]
     mounts += [S.RoBind(p, optional=True) for p in facts.etc]
     mounts += [S.Proc(), S.Dev(), S.Tmpfs("/tmp", perms=0o1777)]
-    mounts += [S.Bind(b.source, b.target) if b.writable else S.RoBind(b.source, b.target) for b in binds]
+    mounts += [S.Bind(pin.get(b.source, b.source), b.target) if b.writable
+               else S.RoBind(pin.get(b.source, b.source), b.target) for b in binds]
     emptied = [d for d in facts.python.other_site_dirs if names_of(d, binds, facts.realpaths)]
     for d in emptied:
         mounts += _empty(d)
@@ -177,6 +198,8 @@ def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_po
         forward.update(dict(sb.sockets))
         if proxy_port is not None:
             forward[proxy_port] = proxy_port
+    if proxy_port is not None:
+        env.update(no_proxy(env, [p for p in forward if p != proxy_port]))
     spec = S.Spec(
         mounts=tuple(mounts), network="none" if sb.network == "isolated" else "host", env=env,
         cwd=tr.path(sb.chdir) if sb.chdir else None,

@@ -1,23 +1,41 @@
 """Handoffs: what leaves a sandbox leaves as a copy, made and then sanitized.
 
 `sanitized_copy(src, dst)` copies the tree at `src` (a file or directory the
-sandbox could write) to `dst`, which must not exist, never following a link:
-a link whose target stays inside the tree is copied as a link; one that
-points out of it (absolute, or climbing out with `..`) is dropped; so are
-special files (devices, sockets, fifos), and setuid/setgid/sticky bits are
-cleared on what is kept. Every file is opened with O_NOFOLLOW relative to its
-already-opened directory, so a link swapped in while copying is not followed.
+sandbox could write) to `dst`, never following a link while reading: every
+file is opened with O_NOFOLLOW relative to its already-opened directory, so a
+link swapped in while copying is not followed. Special files (devices,
+sockets, fifos) are dropped, and setuid/setgid/sticky bits cleared on what is
+kept.
+
+Links are decided on the real tree, not on their text: the copy is made in a
+private directory beside `dst` (links copied as links), then each link of the
+copy is resolved there as the kernel would resolve it, component by
+component, through the other links of the copy. A link that leaves the tree
+anywhere on the way (an absolute target, a `..` above the top, even through
+another link: `a -> .` with `b -> a/a/../../..`), that loops, or that leads
+to nothing, is removed; removing one can leave another dangling, so this
+repeats until none changes. The tree is the copy, which only this call
+writes, so what is decided is what is handed off.
+
+An existing `dst` (file, directory or link) is replaced as a whole: the new
+copy is renamed into its place and the old one removed without following its
+links; a second run of the same task gets a fresh copy, never one merged with
+the first. `replace=False` refuses an existing `dst` instead.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
 from dataclasses import dataclass, field
 
-from ..validate import StrPath, as_text, check_text
+from ..errors import SpecError
+from ..validate import StrPath, as_text, check_bool, check_text
 
 KEEP_BITS = 0o777
+MAX_HOPS = 40  # the kernel's limit on links followed in one lookup (ELOOP)
 
 
 @dataclass
@@ -28,26 +46,30 @@ class CopyReport:
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
 
 
-def _link_stays_inside(rel: str, target: str) -> bool:
-    if target.startswith("/"):
-        return False
-    parts = [p for p in os.path.dirname(rel).split("/") if p]
-    for comp in target.split("/"):
-        if comp in ("", "."):
-            continue
-        if comp == "..":
-            if not parts:
-                return False
-            parts.pop()
-        else:
-            parts.append(comp)
-    return True
-
-
-def sanitized_copy(src: StrPath, dst: StrPath) -> CopyReport:
-    """Copy `src` to `dst` (which must not exist), sanitized; return what was kept and dropped."""
+def sanitized_copy(src: StrPath, dst: StrPath, *, replace: bool = True) -> CopyReport:
+    """Copy `src` to `dst`, sanitized, replacing what `dst` held (unless `replace`
+    is false: then an existing `dst` raises SpecError); return what was kept and dropped."""
     src = check_text("src", as_text(src))
-    dst = check_text("dst", as_text(dst))
+    dst = os.path.abspath(check_text("dst", as_text(dst)))
+    check_bool("replace", replace)
+    if os.path.lexists(dst) and not replace:
+        raise SpecError("dst", dst, "exists (replace=False)")
+    work = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", dir=os.path.dirname(dst))
+    try:
+        staged = os.path.join(work, "copy")
+        report = _copy(src, staged)
+        if os.path.isdir(staged):
+            _drop_links_out(staged, report)
+        if os.path.lexists(dst):
+            os.rename(dst, os.path.join(work, "old"))
+        if os.path.lexists(staged):
+            os.rename(staged, dst)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report
+
+
+def _copy(src: str, dst: str) -> CopyReport:
     report = CopyReport()
     st = os.lstat(src)
     if stat.S_ISDIR(st.st_mode):
@@ -77,11 +99,11 @@ def _copy_dir(dir_fd: int, dst: str, rel: str, report: CopyReport) -> None:
         mode = st.st_mode
         if stat.S_ISLNK(mode):
             target = os.readlink(name, dir_fd=dir_fd)
-            if _link_stays_inside(path_rel, target):
-                os.symlink(target, out)
-                report.copied.append(path_rel)
-            else:
+            if target.startswith("/"):
                 report.dropped.append((path_rel, f"link out of the tree ({target})"))
+            else:
+                os.symlink(target, out)  # decided once the whole tree is there
+                report.copied.append(path_rel)
         elif stat.S_ISDIR(mode):
             sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
@@ -118,3 +140,52 @@ def _copy_file(dir_fd: int, name: str, out: str, report: CopyReport, rel: str) -
         report.copied.append(rel)
     finally:
         os.close(fd)
+
+
+def _drop_links_out(root: str, report: CopyReport) -> None:
+    """Remove each link of the tree at `root` that does not resolve inside it, until none is left."""
+    links = [rel for rel in report.copied if os.path.islink(os.path.join(root, rel))]
+    changed = True
+    while changed:
+        changed = False
+        for rel in list(links):
+            target = os.readlink(os.path.join(root, rel))
+            if resolve(root, rel.split("/")[:-1], target.split("/")) is None:
+                os.unlink(os.path.join(root, rel))
+                links.remove(rel)
+                report.copied.remove(rel)
+                report.dropped.append((rel, f"link that does not resolve inside the tree ({target})"))
+                changed = True
+
+
+def resolve(root: str, here: list[str], parts: list[str]) -> list[str] | None:
+    """Where `parts`, looked up from the directory `here` (components under
+    `root`), lead on the tree at `root`, following its links as the kernel
+    does (a `..` after a link goes up from where the link led); None if the
+    lookup leaves the tree, loops, or meets something missing or not a directory."""
+    here, todo, hops = list(here), list(parts), 0
+    while todo:
+        comp = todo.pop(0)
+        if comp in ("", "."):
+            continue
+        if comp == "..":
+            if not here:
+                return None
+            here.pop()
+            continue
+        path = os.path.join(root, *here, comp)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return None
+        if stat.S_ISLNK(mode):
+            hops += 1
+            target = os.readlink(path)
+            if hops > MAX_HOPS or target.startswith("/"):
+                return None
+            todo = target.split("/") + todo
+        elif todo and not stat.S_ISDIR(mode):
+            return None
+        else:
+            here.append(comp)
+    return here

@@ -18,12 +18,14 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from ..errors import SandboxError
+from ..errors import ExecError, ExecNotFoundError, SandboxError
 from .description import Sandbox
+from .nested import NestedProcess
 from .run import TaskProcess, spawn
 
 USAGE = "usage: python -m sandbox.task [--backend auto|native|bwrap] SPEC -- CMD [ARG...]\n" \
         "SPEC: the description as JSON text, or @FILE"
+EXIT_NOEXEC, EXIT_NOTFOUND = 126, 127  # the command is not executable / not found, as under bwrap
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -60,12 +62,12 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def forward_signal(proc: TaskProcess, sig: int) -> None:
+def forward_signal(proc: TaskProcess | NestedProcess, sig: int) -> None:
     """Pass `sig` on to the command. The native sandbox's pid 1 forwards what
     it gets to the command; bwrap's monitor and init do not (a SIGTERM ends
     the monitor, and the rest dies with it, without the command seeing the
     signal), so there the command (the child of bwrap's pid 1) gets it directly."""
-    if proc.record.get("backend") == "bwrap":
+    if isinstance(proc, TaskProcess) and proc.record.get("backend") == "bwrap":
         targets = [g for c in _children(proc.pid) for g in _children(c)]
         if targets:
             for pid in targets:
@@ -88,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     try:
         proc = spawn(command, sb, backend=backend)
+    except ExecError as exc:  # as the CLI and bwrap: 127 not found, 126 not executable
+        print(f"sandbox.task: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_NOTFOUND if isinstance(exc, ExecNotFoundError) else EXIT_NOEXEC
     except SandboxError as exc:
         print(f"sandbox.task: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 125
@@ -98,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def wait_forwarding(proc: TaskProcess) -> int:
+def wait_forwarding(proc: TaskProcess | NestedProcess) -> int:
     """proc.wait(), with FORWARDED passed on to the command by a thread of its
     own that takes them with sigwait(): they stay blocked in every thread
     (main() blocked them before anything started), so one that comes at any

@@ -1,13 +1,12 @@
-"""Nested sandboxes, from the trusted side: a description narrowed from its parent's.
+"""Nested sandboxes: a description narrowed from its parent's.
 
-A task sandbox cannot start a sandbox inside itself under the default
-seccomp policy (no new user namespaces there; see docs/task.md, "Nested
-sandboxes"). The framework starts the narrower one itself, as a sibling,
-from `narrowed(parent, child)`: the child description is checked to grant
+The broker (broker.py) checks every nested request with `narrowed(parent,
+child)`, and a framework that starts the stricter sandbox itself, as a
+sibling, can call it too: the child description is checked to grant
 nothing its parent does not (every path it shows lies under a path the
 parent shows, writable only where the parent's is; no network the parent
 lacks; no port, socket or allowed host beyond the parent's; no variable
-beyond the parent's allowlist), and it inherits what must never loosen: the
+beyond the parent's allowlist; no package beyond the parent's `packages`), and it inherits what must never loosen: the
 parent's hidden modules and probes are added to its own, its limits are the
 smaller of the two, and its enforcement, records and `enabled` are the
 parent's. SpecError names the first field that would widen.
@@ -66,6 +65,9 @@ def narrowed(parent: Sandbox, child: Sandbox) -> Sandbox:
     for pattern in child.env_allow:
         if not any(fnmatch.fnmatchcase(pattern, p) for p in parent.env_allow):
             raise SpecError("env_allow", pattern, "is not within the parent's env_allow")
+    extra_packages = [p for p in child.packages if p not in parent.packages]
+    if extra_packages:  # a package beyond the site directories (a checkout, a PYTHONPATH module)
+        raise SpecError("packages", extra_packages[0], "is not shown in the parent sandbox")
     if child.framework and not parent.framework:
         raise SpecError("framework", True, "the parent covers the framework package")
     limits = Limits(**{name: _smaller(getattr(child.limits, name), getattr(parent.limits, name))

@@ -3,12 +3,12 @@
 The record names variables, never their values. Beyond that, each value of
 a key-like variable of the caller (`*_API_KEY`, `*_KEY`, `*_TOKEN`,
 `*_SECRET`, at least 16 characters) is replaced by `<NAME>` wherever it
-appears in what is kept (a command line that carries a key, for instance).
+appears in what is kept (a command line that carries a key, for instance):
+the rule of sandbox.redact, which explain() and --dry-run apply too.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import itertools
 import json
 import os
@@ -16,31 +16,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-KEY_PATTERNS = ("*_API_KEY", "*_KEY", "*_TOKEN", "*_SECRET")
-MIN_SECRET = 16
+from ..redact import KEY_PATTERNS, MIN_SECRET, scrub, secrets_of
+
+__all__ = ["KEY_PATTERNS", "MIN_SECRET", "RECORD_KEYS", "scrub", "secrets_of", "write_record"]
+
 RECORD_KEYS = ("role", "time", "backend", "confined", "reason", "command", "chdir", "binds", "hidden", "emptied",
                "env_names", "network", "ports", "proxy", "limits", "enforce", "check", "exit_status")
 _counter = itertools.count()
-
-
-def secrets_of(environ: Mapping[str, str]) -> dict[str, str]:
-    """value -> name of each key-like variable of `environ` worth scrubbing (longest values first)."""
-    found = {v: k for k, v in environ.items()
-             if len(v) >= MIN_SECRET and any(fnmatch.fnmatchcase(k, p) for p in KEY_PATTERNS)}
-    return dict(sorted(found.items(), key=lambda kv: len(kv[0]), reverse=True))
-
-
-def scrub(value: Any, secrets: Mapping[str, str]) -> Any:
-    """`value` (JSON-ready) with every secret replaced by `<NAME>`, in keys and values alike."""
-    if isinstance(value, str):
-        for secret, name in secrets.items():
-            value = value.replace(secret, f"<{name}>")
-        return value
-    if isinstance(value, Mapping):
-        return {scrub(k, secrets): scrub(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub(v, secrets) for v in value]
-    return value
 
 
 def write_record(directory: str, record: Mapping[str, Any], environ: Mapping[str, str]) -> str:

@@ -16,18 +16,22 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from .. import api, backends
 from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
 from ..plan import check_argv, resolve_env
 from ..process import SandboxProcess
 from ..spec import Spec
+from ..validate import StrPath
+from . import nested
+from .broker import Broker
 from .compile import Compiled, compile_task
 from .description import Sandbox
 from .facts import Facts
 from .proxy import AllowlistProxy
 from .records import scrub, secrets_of, write_record
+from .wire import BROKER_ENV
 
 StdioArg = int | IO[Any] | None
 
@@ -37,8 +41,10 @@ class TaskProcess:
     record is written (`record_path`) and the proxy stopped."""
 
     def __init__(self, proc: SandboxProcess | subprocess.Popen[bytes], record: dict[str, Any], sb: Sandbox,
-                 environ: Mapping[str, str], proxy: AllowlistProxy | None, compiled: Compiled | None) -> None:
+                 environ: Mapping[str, str], proxy: AllowlistProxy | None, compiled: Compiled | None,
+                 broker: Broker | None = None) -> None:
         self._proc = proc
+        self._broker = broker
         self.record = record
         self.record_path: str | None = None
         self.compiled = compiled
@@ -61,6 +67,8 @@ class TaskProcess:
         if self._finished or self._proc.returncode is None:
             return
         self._finished = True
+        if self._broker is not None:
+            self._broker.close()  # and with it every nested sandbox still running
         if self._proxy is not None:
             self._proxy.close()
         self.record["exit_status"] = self._proc.returncode
@@ -153,10 +161,14 @@ def _unconfined(argv: list[str], sb: Sandbox, environ: Mapping[str, str], reason
     return TaskProcess(proc, record, sb, environ, None, None)
 
 
-def spawn(argv: Sequence[str], sb: Sandbox, *, backend: str = "auto", stdin: StdioArg = None,
+def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin: StdioArg = None,
           stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
-          environ: Mapping[str, str] | None = None) -> TaskProcess:
+          environ: Mapping[str, str] | None = None) -> TaskProcess | nested.NestedProcess:
     """Start `argv` (host paths, translated) under `sb`; return at once.
+
+    Inside a task sandbox (SANDBOX_TASK_BROKER set) the request goes to the
+    broker of that sandbox instead (sandbox.task.nested): `sb` is then in
+    this sandbox's paths, and may only narrow what this sandbox allows.
 
     `environ` is the caller's environment the allowlist draws from (default
     os.environ). Raises UnavailableError under `enforce='required'` when no
@@ -166,21 +178,32 @@ def spawn(argv: Sequence[str], sb: Sandbox, *, backend: str = "auto", stdin: Std
     """
     if not isinstance(sb, Sandbox):
         raise SpecError("sandbox", sb, "must be a sandbox.task.Sandbox")
-    args = check_argv(argv)
+    args = check_argv(cast("Sequence[str]", argv))  # it takes os.PathLike elements too
     env_in = dict(os.environ if environ is None else environ)
+    fd = nested.broker_fd()
+    if fd is not None:
+        return nested.request(fd, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
+                              tuple(pass_fds), env_in)
     popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
+    return start_here(args, sb, backend, env_in, popen)
+
+
+def start_here(args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str], popen: dict[str, Any],
+               pinned: Mapping[str, str] | None = None) -> TaskProcess:
+    """spawn() in this process, never through a broker; `pinned` as compile_task takes it."""
     if not sb.enabled:
         return _unconfined(args, sb, env_in, "enabled=False", True, **popen)
     try:
         name, _ = backends.choose(backend)
     except UnavailableError as exc:
         if sb.enforce == "required":
-            raise UnavailableError(f"enforce='required' and no confinement here: {exc}") from None
+            raise UnavailableError(f"enforce='required' and no confinement here: {exc}{nested.no_broker_note()}") \
+                from None
         return _unconfined(args, sb, env_in, str(exc), False, **popen)
     facts = Facts.gather(sb, env_in)
     proxy = AllowlistProxy(sb.proxy.allowed_hosts) if sb.proxy is not None and sb.network == "isolated" else None
     try:
-        return _start(args, sb, name, facts, env_in, proxy, popen)
+        return _start(args, sb, name, facts, env_in, proxy, popen, pinned)
     except BaseException:
         if proxy is not None:
             proxy.close()
@@ -188,24 +211,34 @@ def spawn(argv: Sequence[str], sb: Sandbox, *, backend: str = "auto", stdin: Std
 
 
 def _start(args: list[str], sb: Sandbox, name: str, facts: Facts, env_in: dict[str, str],
-           proxy: AllowlistProxy | None, popen: dict[str, Any]) -> TaskProcess:
-    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None)
+           proxy: AllowlistProxy | None, popen: dict[str, Any], pinned: Mapping[str, str] | None) -> TaskProcess:
+    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned)
     command = compiled.translator.argv(args)
     record = _record(sb, backend=name, confined=True, command=command, chdir=compiled.spec.cwd,
                      binds=[{"source": b.source, "target": b.target, "writable": b.writable} for b in compiled.binds],
                      hidden=list(compiled.hidden), emptied=list(compiled.emptied),
                      env_names=list(compiled.env_names), ports=[p for p, _ in compiled.forward])
+    # The broker of nested sandboxes: its socket passed in at the same fd number.
+    broker = Broker(sb, compiled, name)
+    spec = compiled.spec.replace(env={**compiled.spec.env_dict, BROKER_ENV: str(broker.fd)})
+    popen = {**popen, "pass_fds": (*popen["pass_fds"], broker.fd)}
+    record["env_names"] = sorted([*record["env_names"], BROKER_ENV])
     try:
         record["check"] = check_targets(compiled.forward)
-        proc = api.spawn(command, compiled.spec, backend=name, **popen)
+        proc = api.spawn(command, spec, backend=name, **popen)
     except SandboxError as exc:
+        broker.close()
         record["check"] = record["check"] + _failed_checks(exc, compiled)
         record["reason"] = str(exc)
         if sb.records:
             write_record(sb.records, record, env_in)
         raise
+    except BaseException:
+        broker.close()
+        raise
+    broker.attach(proc.pid)
     record["check"] += _passed_checks(proc.isolation, sb)
-    return TaskProcess(proc, record, sb, env_in, proxy, compiled)
+    return TaskProcess(proc, record, sb, env_in, proxy, compiled, broker)
 
 
 def _passed_checks(isolation: Mapping[str, Any], sb: Sandbox) -> list[dict[str, Any]]:
@@ -223,7 +256,7 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
     return [{"name": f"probe {path}" if path else "isolation", "ok": False, "result": str(exc)}]
 
 
-def run(argv: Sequence[str], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
+def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
         environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries

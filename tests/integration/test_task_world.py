@@ -155,7 +155,7 @@ def test_environment_allowlist_and_translation(backend: str, tmp_path: Path) -> 
                  capture_output=True, text=True, environ=environ, timeout=60)
     lines = r.stdout.split("\n")
     names = {ln.split("=", 1)[0] for ln in lines if "=" in ln}
-    assert names <= {"MWM_DATA", "MWM_N", "SET", "PATH", "PWD", "SHLVL", "_"}
+    assert names <= {"MWM_DATA", "MWM_N", "SET", "PATH", "PWD", "SHLVL", "_", "SANDBOX_TASK_BROKER"}
     assert "MWM_DATA=/w/x" in lines and "MWM_N=3" in lines and "SET=v" in lines
     assert "/w" in lines and "/w/arg" in lines  # chdir and argv translated
 

@@ -119,3 +119,19 @@ def test_framework_package_covered_unless_asked() -> None:
     assert not shown.hidden
     dests = {d for _, d, _ in binds_of(shown.spec)}
     assert "/src/checkout/trainer" not in dests  # never its checkout
+
+
+def test_no_proxy_lists_loopback_and_every_forwarded_port_when_the_proxy_is_set() -> None:
+    environ = {"MODEL_URL": "http://localhost:8123/v1", "no_proxy": "internal.example"}
+    sb = Sandbox(env_allow=("MODEL_URL", "no_proxy"), ports=(7000,), sockets={7100: "/run/s.sock"},
+                 proxy=Proxy(("example.com",)))
+    env = compile_task(sb, facts(), environ, proxy_port=3128).spec.env_dict
+    assert env["NO_PROXY"] == env["no_proxy"]
+    entries = env["NO_PROXY"].split(",")
+    assert entries[0] == "internal.example"  # what the caller listed stays, first
+    assert {"localhost", "127.0.0.1", "::1"} <= set(entries)
+    for port in (7000, 7100, 8123):
+        assert f"127.0.0.1:{port}" in entries and f"localhost:{port}" in entries
+    assert "127.0.0.1:3128" not in entries  # the proxy itself is reached as a proxy, never through one
+    plain = compile_task(Sandbox(ports=(7000,)), facts(), {}).spec.env_dict
+    assert "NO_PROXY" not in plain and "no_proxy" not in plain

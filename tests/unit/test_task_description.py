@@ -73,3 +73,11 @@ def test_frozen_and_view_keeps_the_rest() -> None:
     assert v.binds == (Bind("/other", "/o"),) and v.layout == Layout("/other", "/o")
     for name in ("network", "proxy", "env", "env_allow", "enforce", "records", "limits", "ports", "sockets"):
         assert getattr(v, name) == getattr(sb, name)
+
+
+def test_socket_paths_may_be_pathlib_paths() -> None:
+    from pathlib import Path
+
+    from sandbox.task import Sandbox
+
+    assert Sandbox(sockets={7399: Path("/run/s.sock")}).sockets == ((7399, "/run/s.sock"),)

@@ -33,6 +33,7 @@ def test_a_narrower_child_inherits_what_never_loosens() -> None:
     (Sandbox(proxy=Proxy(("evil.example.com",))), "proxy.allowed_hosts"),
     (Sandbox(env_allow=("*",)), "env_allow"),
     (Sandbox(framework_package="trainer", framework=True), "framework"),
+    (Sandbox(packages=("checkout_pkg",)), "packages"),  # a checkout or PYTHONPATH module the parent does not show
 ])
 def test_anything_wider_is_refused_by_field(child: Sandbox, field: str) -> None:
     with pytest.raises(SpecError) as info:

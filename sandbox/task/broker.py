@@ -1,0 +1,330 @@
+"""The broker: the trusted side of nested task sandboxes.
+
+Untrusted code in a task sandbox cannot make a sandbox of its own (the
+default seccomp policy denies new user namespaces, and with them every
+mount). So each confined task sandbox gets a broker in the process that
+started it: one end of a SOCK_SEQPACKET socket pair stays here, the other is
+passed into the sandbox as an fd named by SANDBOX_TASK_BROKER. It has no
+name anywhere (no path, no abstract address), so only processes that
+inherited it can reach it; and the kernel attaches each sender's pid and
+uid to each message (SO_PASSCRED), so a request from any other user, or
+from a process that is not in this broker's sandbox (its pid must descend
+from the sandbox's), is refused even if the fd was handed there.
+
+A request (sandbox.task.nested) carries the inner description in the
+sandbox's own paths, the command, the requester's environment and its three
+stdio fds, and a socket of its own for the rest of the conversation. The
+broker translates every path back to the host's (through the parent's
+binds, then resolving links on the host, so a link planted in a writable
+grant cannot lead a bind elsewhere; and each source checked is held open
+and bound from that fd, so one swapped for a link after the check cannot
+either), checks `narrowed(parent, child)` (a
+SpecError naming the field that widens goes back to the requester), refuses
+a loopback URL in the environment that would forward a port the parent does
+not have, and starts the child with task.spawn: a sibling of the parent,
+confined on the parent's backend, with its own broker (so it can narrow
+again). Then it relays signals (and kill) in, the exit status and the
+record out. When the requester goes away (its socket closes: it died, or
+the whole outer sandbox did), the child is killed; when the parent sandbox
+ends, every child is.
+
+What a nested sandbox cannot take from its parent: a path it does not show
+(or write where it only reads), a network, port, socket or proxy host it
+lacks, an environment pattern beyond its allowlist, the framework package
+when covered. What it always inherits: the hidden modules (all of them,
+SANDBOX_HIDE's too), the probes, the smaller limits, the records directory,
+`required` enforcement. Limits bound each sandbox on its own: a child's CPU
+time is not counted against its parent's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import SandboxError, SpecError, UnavailableError
+from ..plan import resolve_env
+from ..spec import Spec
+from . import wire
+from .compile import Compiled, env_ports
+from .description import Bind, Layout, Sandbox
+from .facts import HIDE_ENV
+from .narrow import narrowed
+from .translate import Translator
+
+MAX_CHILDREN = 64  # nested sandboxes running at once per broker: more is refused, not queued
+
+if TYPE_CHECKING:
+    from .nested import NestedProcess
+    from .run import TaskProcess
+
+
+def descends(pid: int, ancestor: int) -> bool:
+    """Whether process `pid` is `ancestor` or one of its descendants (by /proc's parent links)."""
+    for _ in range(4096):
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def pin(field: str, path: str) -> int:
+    """An O_PATH fd of `path`, reached from / one component at a time without
+    following a link; SpecError naming `field` if a link is met (the path was
+    resolved before: one now is a swap) or the path does not exist."""
+    fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for comp in (c for c in path.split("/") if c):
+            nfd = os.open(comp, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise SpecError(field, path, "leads through a link (it changed after it was checked)")
+    except OSError as exc:
+        os.close(fd)
+        raise SpecError(field, path, f"cannot be shown: {exc.strerror}") from None
+    except SpecError:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Broker:
+    """The broker of one task sandbox (described by `sb`, compiled as `compiled`, on `backend`)."""
+
+    def __init__(self, sb: Sandbox, compiled: Compiled, backend: str) -> None:
+        self.parent, self.compiled, self.backend = sb, compiled, backend
+        self._ours, self._theirs = wire.socket_pair()
+        os.set_inheritable(self._theirs.fileno(), True)
+        self._pid = 0
+        self._children: list[TaskProcess | NestedProcess] = []
+        self._starting = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="sandbox-task-broker", daemon=True)
+        # inside -> host, the most specific target first
+        self._reverse = Translator([(b.target, b.source) for b in compiled.binds])
+        self._checking = self._checking_parent()
+
+    @property
+    def fd(self) -> int:
+        """The sandbox's end: pass it in (same number) and name it in BROKER_ENV."""
+        return self._theirs.fileno()
+
+    def attach(self, pid: int) -> None:
+        """The sandbox started as `pid` (requests must come from it or its
+        descendants): close our copy of its end and serve."""
+        self._pid = pid
+        self._theirs.close()
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving and kill every child still running."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            children = list(self._children)
+        with contextlib.suppress(OSError):
+            self._theirs.close()
+        with contextlib.suppress(OSError):
+            self._ours.shutdown(socket.SHUT_RDWR)
+        for child in children:
+            with contextlib.suppress(OSError):
+                child.kill()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self._ours.close()
+
+    # ------------------------------------------------------------ serving
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                msg, fds, creds = wire.recv(self._ours)
+            except ValueError:
+                continue
+            except OSError:
+                return
+            if msg is None:
+                return  # every process of the sandbox closed its end
+            threading.Thread(target=self._handle, args=(msg, fds, creds), name="sandbox-task-broker-child",
+                             daemon=True).start()
+
+    def refusal(self, creds: tuple[int, int, int] | None) -> str | None:
+        """Why a message with these credentials is refused, or None."""
+        if creds is None:
+            return "the request carries no credentials"
+        pid, uid, _ = creds
+        if uid != os.geteuid():
+            return f"uid {uid} is not the user of this broker's sandbox"
+        if not self._pid or not descends(pid, self._pid):
+            return f"pid {pid} is not a process of this broker's sandbox"
+        return None
+
+    def _handle(self, msg: dict[str, Any], fds: list[int], creds: tuple[int, int, int] | None) -> None:
+        """One request: start the child, relay until it ends. This thread lives
+        as long as the child (whose parent-death signal is this thread's end)."""
+        if len(fds) != 4:
+            for fd in fds:
+                os.close(fd)
+            return
+        try:
+            chan = socket.socket(fileno=fds[0])
+        except OSError:  # not a socket
+            for fd in fds:
+                os.close(fd)
+            return
+        try:
+            why = self.refusal(creds)
+            if why is not None:
+                raise UnavailableError(f"refused by the sandbox.task broker: {why}")
+            with self._lock:
+                if len(self._children) + self._starting >= MAX_CHILDREN:
+                    raise UnavailableError(f"refused by the sandbox.task broker: {MAX_CHILDREN} nested sandboxes "
+                                           "of this sandbox are running already")
+                self._starting += 1
+            try:
+                proc = self._start(msg, fds[1:])
+            except BaseException:
+                with self._lock:
+                    self._starting -= 1
+                raise
+        except (SandboxError, OSError, ValueError, TypeError) as exc:
+            with contextlib.suppress(OSError):
+                wire.send(chan, wire.error_message(exc))
+            chan.close()
+            return
+        finally:
+            for fd in fds[1:]:
+                os.close(fd)
+        with self._lock:
+            late = self._closed
+            self._starting -= 1
+            self._children.append(proc)
+        if late:
+            proc.kill()
+        self._relay(chan, proc)
+
+    def _relay(self, chan: socket.socket, proc: TaskProcess | NestedProcess) -> None:
+        from .launcher import forward_signal  # under bwrap, to the command itself
+
+        def control() -> None:
+            while True:
+                try:
+                    msg, fds, _ = wire.recv(chan)
+                except ValueError:
+                    continue
+                except OSError:
+                    msg, fds = None, []
+                for fd in fds:
+                    os.close(fd)
+                if msg is None:  # the requester is gone
+                    with contextlib.suppress(OSError):
+                        proc.kill()
+                    return
+                with contextlib.suppress(OSError, ValueError, TypeError):
+                    if msg.get("kill"):
+                        proc.kill()
+                    elif isinstance(msg.get("signal"), int):
+                        forward_signal(proc, msg["signal"])
+
+        try:
+            wire.send(chan, {"pid": proc.pid, "record": self.inside(proc.record)})
+        except OSError:
+            proc.kill()
+        threading.Thread(target=control, name="sandbox-task-broker-control", daemon=True).start()
+        rc = proc.wait()
+        with self._lock:
+            self._children.remove(proc)
+        with contextlib.suppress(OSError):
+            wire.send(chan, {"exit": rc, "record": self.inside(proc.record),
+                             "record_path": self.inside(proc.record_path)})
+        with contextlib.suppress(OSError):
+            chan.shutdown(socket.SHUT_RDWR)
+        chan.close()
+
+    def inside(self, value: Any) -> Any:
+        """`value` (a record, JSON-ready) with host paths as the parent sandbox shows them:
+        what the requester is told names no host path it could not name itself."""
+        if isinstance(value, str):
+            return self.compiled.translator.word(value)
+        if isinstance(value, dict):
+            return {k: self.inside(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.inside(v) for v in value]
+        return value
+
+    # ------------------------------------------------------------ one request
+
+    def _start(self, msg: Mapping[str, Any], stdio: list[int]) -> TaskProcess:
+        from .run import start_here
+
+        argv, environ = msg.get("argv"), msg.get("environ")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise SpecError("argv", argv, "must be a non-empty list of strings")
+        if not isinstance(environ, dict) or not all(isinstance(v, str) for v in environ.values()):
+            raise SpecError("environ", "...", "must map names to strings")
+        if msg.get("kind") != "task":
+            raise SpecError("kind", msg.get("kind"), "this broker starts task descriptions only")
+        child = Sandbox.from_dict(msg.get("sandbox") or {})
+        host_env = self._reverse.env(environ)
+        sb = narrowed(self._checking, self.host_view(child)).replace(enforce="required")
+        self._check_env_ports(sb, host_env)
+        # Each source checked is held open and bound from that fd: a path the
+        # sandbox can write in, swapped for a link after the check, changes nothing.
+        pins: dict[str, int] = {}
+        try:
+            for field, paths in (("read", sb.read), ("write", sb.write), ("binds", [b.source for b in sb.binds])):
+                for path in paths:
+                    if path not in pins:
+                        pins[path] = pin(field, path)
+            popen = {"stdin": stdio[0], "stdout": stdio[1], "stderr": stdio[2], "pass_fds": ()}
+            return start_here(self._reverse.argv(argv), sb, self.backend, host_env, popen,
+                              {path: f"/proc/self/fd/{fd}" for path, fd in pins.items()})
+        finally:
+            for fd in pins.values():
+                os.close(fd)
+
+    def host_view(self, child: Sandbox) -> Sandbox:
+        """`child` (in the parent sandbox's paths) in host paths: translated
+        back through the parent's binds, then with every link resolved on the host."""
+        path, real = self._reverse.path, os.path.realpath
+        socks = dict(self.parent.sockets)
+        return child.replace(
+            read=[real(path(p)) for p in child.read], write=[real(path(p)) for p in child.write],
+            binds=[Bind(real(path(b.source)), b.target, b.writable) for b in child.binds],
+            layout=None if child.layout is None else Layout(path(child.layout.outside), child.layout.inside),
+            chdir=None if child.chdir is None else path(child.chdir),
+            sockets={port: socks.get(port, path(p)) for port, p in child.sockets}, records=None)
+
+    def _checking_parent(self) -> Sandbox:
+        """The parent as narrowed() is to see it: grants with links resolved,
+        every port it forwards, every module it hides."""
+        real = os.path.realpath
+        p = self.parent
+        ports = sorted(port for port, target in self.compiled.forward if isinstance(target, int))
+        inherited = self.compiled.spec.env_dict.get(HIDE_ENV, "")
+        hide = [*p.hide, *(n for n in inherited.split(",") if n)]
+        return p.replace(read=[real(x) for x in p.read], write=[real(x) for x in p.write],
+                         binds=[Bind(real(b.source), b.target, b.writable) for b in p.binds],
+                         ports=ports, hide=list(dict.fromkeys(hide)))
+
+    def _check_env_ports(self, sb: Sandbox, environ: Mapping[str, str]) -> None:
+        allowed = resolve_env(Spec(env_inherit=sb.env_allow), environ) if sb.env_allow else {}
+        have = {port for port, _ in self.compiled.forward}
+        extra = [port for port in env_ports({**allowed, **sb.env_dict}) if port not in have]
+        if extra:
+            raise SpecError("env", extra[0], "a loopback URL of the environment names a port the parent "
+                            "sandbox does not forward: a nested sandbox can only narrow")

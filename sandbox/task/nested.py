@@ -1,0 +1,264 @@
+"""Inside a task sandbox: nested sandboxes through the broker (see sandbox.task.broker).
+
+When SANDBOX_TASK_BROKER names an fd (set in every confined task sandbox),
+`task.spawn`, `task.run`, the launcher `python -m sandbox.task` and
+`sandbox.spawn`/`sandbox.run` of a Spec send their request there instead of
+making namespaces (which the sandbox's seccomp policy denies): the
+description in this sandbox's own paths, the command, this process's
+environment and its three stdio fds, with a socket of its own for the rest.
+What comes back is shaped as a local start would be: a process object whose
+wait() gives the exit status (-N for signal N), whose send_signal(), terminate() and
+kill() reach the nested sandbox, and whose `record` is the record written
+for it. The child runs beside this sandbox, never inside it; it dies when
+this process (the requester) dies, or when the outer sandbox ends.
+
+The fd is inherited like any other: a program that closes its fds before
+starting another (Python's subprocess does, by default) must pass it on,
+`pass_fds=task.broker_fds()`; where it is not open, the error says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import stat
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+from ..errors import SpecError, UnavailableError
+from . import wire
+
+StdioArg = int | IO[Any] | None
+
+
+def broker_fd() -> int | None:
+    """The fd of this sandbox's broker, None outside a task sandbox; UnavailableError
+    when SANDBOX_TASK_BROKER is set but names no broker socket (a Unix SEQPACKET one) open in this process."""
+    text = os.environ.get(wire.BROKER_ENV)
+    if text is None:
+        return None
+    try:
+        fd = int(text)
+        if fd < 0 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ValueError(text)
+        with socket.socket(fileno=os.dup(fd)) as s:
+            if (s.family, s.type) != (socket.AF_UNIX, socket.SOCK_SEQPACKET):
+                raise ValueError(text)
+    except (ValueError, OSError):
+        raise UnavailableError(
+            f"no sandbox.task broker is reachable: {wire.BROKER_ENV}={text} names no broker socket open in this "
+            "process (a parent closed it: start programs that need nested sandboxes with "
+            "pass_fds=sandbox.task.broker_fds(), or close_fds=False)") from None
+    return fd
+
+
+def broker_fds() -> tuple[int, ...]:
+    """The fds a program started from here needs in order to start nested
+    sandboxes (for subprocess's pass_fds); empty outside a task sandbox."""
+    with contextlib.suppress(UnavailableError):
+        fd = broker_fd()
+        return () if fd is None else (fd,)
+    return ()
+
+
+def no_broker_note() -> str:
+    """Why there is no broker, for an error about starting a sandbox here."""
+    return (f"; nor is a sandbox.task broker reachable ({wire.BROKER_ENV} is not set: this process was not "
+            "started in a task sandbox, or its environment was cleared)")
+
+
+class _Stdio:
+    """The three fds the child gets, and our ends of the pipes made for it."""
+
+    def __init__(self, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> None:
+        self.child: list[int] = []
+        self.ours: list[IO[bytes] | None] = [None, None, None]
+        self._made: list[int] = []
+        for i, arg in enumerate((stdin, stdout, stderr)):
+            self.child.append(self._one(i, arg))
+
+    def _one(self, i: int, arg: StdioArg) -> int:
+        if arg is None:
+            return i
+        if arg == subprocess.PIPE:
+            r, w = os.pipe2(os.O_CLOEXEC)
+            mine, theirs = (w, r) if i == 0 else (r, w)
+            self.ours[i] = open(mine, "wb" if i == 0 else "rb")  # noqa: SIM115 (kept open for the caller)
+            self._made.append(theirs)
+            return theirs
+        if arg == subprocess.DEVNULL:
+            fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+            self._made.append(fd)
+            return fd
+        if arg == subprocess.STDOUT:
+            if i != 2:
+                raise SpecError(("stdin", "stdout")[i], "STDOUT", "only stderr may be STDOUT")
+            return self.child[1]
+        if isinstance(arg, int) and not isinstance(arg, bool) and arg >= 0:
+            return arg
+        if hasattr(arg, "fileno"):
+            return int(arg.fileno())
+        raise SpecError(("stdin", "stdout", "stderr")[i], arg, "must be None, PIPE, DEVNULL, STDOUT, an fd or a file")
+
+    def sent(self) -> None:
+        for fd in self._made:
+            os.close(fd)
+        self._made.clear()
+
+    def abort(self) -> None:
+        self.sent()
+        for f in self.ours:
+            if f is not None:
+                f.close()
+
+
+class NestedProcess:
+    """A nested sandbox started through the broker, shaped like subprocess.Popen
+    (and like sandbox.task.TaskProcess). `pid` is the child's pid on the host,
+    not one of this sandbox's namespace."""
+
+    def __init__(self, args: list[str], chan: socket.socket, reply: dict[str, Any], stdio: _Stdio) -> None:
+        self.args = args
+        self.pid = int(reply.get("pid", 0))
+        self.record: dict[str, Any] = dict(reply.get("record") or {})
+        self.record_path: str | None = None
+        self.stdin, self.stdout, self.stderr = stdio.ours
+        self._chan = chan
+        self._rc: int | None = None
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._listen, name="sandbox-task-nested", daemon=True).start()
+
+    def _listen(self) -> None:
+        try:
+            msg, fds, _ = wire.recv(self._chan)
+            for fd in fds:
+                os.close(fd)
+        except (OSError, ValueError):
+            msg = None
+        if msg is not None and isinstance(msg.get("exit"), int):
+            self.record = dict(msg.get("record") or self.record)
+            self.record_path = msg.get("record_path")
+            self._rc = int(msg["exit"])
+        else:  # the broker went away without a word: its sandbox was taken down
+            self._rc = -signal.SIGKILL
+        self._ended.set()
+
+    @property
+    def returncode(self) -> int | None:
+        """The command's exit code, -N if signal N killed it, None while it runs."""
+        return self._rc if self._ended.is_set() else None
+
+    @property
+    def confined(self) -> bool:
+        """Always: a nested sandbox is never started unconfined."""
+        return bool(self.record.get("confined", True))
+
+    def poll(self) -> int | None:
+        """The return code if it has ended, else None."""
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the end (subprocess.TimeoutExpired after `timeout` seconds)."""
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        with self._lock:
+            with contextlib.suppress(OSError):
+                self._chan.close()
+        assert self._rc is not None
+        return self._rc
+
+    def communicate(self, input: bytes | None = None, timeout: float | None = None) -> tuple[Any, Any]:
+        """As Popen.communicate."""
+        out: dict[int, bytes] = {}
+
+        def feed() -> None:
+            assert self.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                if input:
+                    self.stdin.write(input)
+                self.stdin.close()
+
+        def drain(i: int, f: IO[bytes]) -> None:
+            out[i] = f.read()
+            f.close()
+
+        threads = [threading.Thread(target=drain, args=(i, f), daemon=True)
+                   for i, f in ((1, self.stdout), (2, self.stderr)) if f is not None]
+        if self.stdin is not None:
+            threads.append(threading.Thread(target=feed, daemon=True))
+        for t in threads:
+            t.start()
+        self.wait(timeout)
+        for t in threads:
+            t.join(timeout)
+        return (out.get(1) if self.stdout is not None else None, out.get(2) if self.stderr is not None else None)
+
+    def _tell(self, msg: dict[str, Any]) -> None:
+        with self._lock:
+            if self._ended.is_set():
+                return
+            with contextlib.suppress(OSError):
+                wire.send(self._chan, msg)
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the nested command."""
+        self._tell({"signal": int(sig)})
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """End the whole nested sandbox now."""
+        self._tell({"kill": True})
+
+    def __enter__(self) -> NestedProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.kill()
+        for f in (self.stdin, self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        self.wait()
+
+
+def request(fd: int, body: Mapping[str, Any], argv: Sequence[str], stdin: StdioArg = None,
+            stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Sequence[int] = (),
+            environ: Mapping[str, str] | None = None) -> NestedProcess:
+    """Ask the broker at `fd` for a nested sandbox (`body`: the kind and the description)."""
+    if tuple(pass_fds):
+        raise SpecError("pass_fds", tuple(pass_fds), "a nested sandbox gets its stdio only (no other fds)")
+    stdio = _Stdio(stdin, stdout, stderr)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        env = dict(os.environ if environ is None else environ)
+        with socket.socket(fileno=os.dup(fd)) as broker:  # closing it leaves `fd` open
+            wire.send(broker, {**body, "argv": list(argv), "environ": env}, [theirs.fileno(), *stdio.child])
+        theirs.close()
+        stdio.sent()
+        reply, fds, _ = wire.recv(ours)
+        for extra in fds:
+            os.close(extra)
+    except BaseException:
+        theirs.close()
+        ours.close()
+        stdio.abort()
+        raise
+    if reply is None:
+        ours.close()
+        stdio.abort()
+        raise UnavailableError("the sandbox.task broker ended the request without an answer")
+    if "error" in reply:
+        ours.close()
+        stdio.abort()
+        wire.raise_error(reply)
+    return NestedProcess(list(argv), ours, reply, stdio)
+
+

@@ -1,0 +1,148 @@
+"""`sandbox.spawn`/`sandbox.run` of a Spec inside a task sandbox: sent to the broker as a task description.
+
+A Spec inside a task sandbox cannot be started there (no user namespaces
+for untrusted code); api.spawn hands it here when a broker is reachable.
+The Spec becomes the task description that shows what it asks for, in this
+sandbox's paths: binds become `read`, `write` and `binds`; the network
+`host` becomes `open` (anything else `isolated`); `env`, `env_inherit`,
+`cwd`, the memory, file and CPU limits, `probe_paths` and `forward` carry
+over. Binds of what every task sandbox shows anyway (the system under /usr
+and its links, the /etc files, this interpreter) are left to the task world,
+as are /proc, /dev, tmpfs, directories, links and remounts. What a task
+description cannot express, or what would widen, is refused by name:
+another seccomp policy, capabilities, a uid, a hostname, namespaces turned
+off, device binds, files with data, landlock, other limits. The broker then
+checks the description like any other (it can only narrow).
+
+The process returned is a sandbox.SandboxProcess (so sandbox.run's
+timeouts, checks and results work as they do locally) that relays to the
+nested sandbox; `timings` and `usage` are empty: they are measured beside
+this sandbox, not in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+from ..errors import SpecError
+from ..mounts import Bind as SBind
+from ..mounts import DevBind, File, RoBind
+from ..process import SandboxProcess
+from ..seccomp import DEFAULT_POLICY
+from ..spec import Limits as SLimits
+from ..spec import Namespaces, Spec
+from .description import Bind, Limits, Sandbox
+from .facts import ETC_FILES
+from .nested import NestedProcess, broker_fd, request
+from .translate import _under
+
+StdioArg = int | IO[Any] | None
+SHOWN_ANYWAY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", *ETC_FILES)
+_DEFAULTS: dict[str, object] = {"namespaces": Namespaces(), "hostname": None, "uid": None, "gid": None,
+                                "die_with_parent": True, "as_pid_1": False, "cap_add": (), "seccomp": DEFAULT_POLICY,
+                                "landlock": False}
+_TASK_LIMITS = ("memory_mb", "file_mb", "cpu_s")
+
+
+def _shown_anyway(path: str) -> bool:
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return any(_under(path, p) for p in (*SHOWN_ANYWAY, *prefixes))
+
+
+def description_of(spec: Spec) -> Sandbox:
+    """The task description that shows what `spec` asks for; SpecError naming what it cannot express."""
+    for name, default in _DEFAULTS.items():
+        if getattr(spec, name) != default:
+            raise SpecError(name, getattr(spec, name), "a Spec started through the sandbox.task broker must "
+                            "leave it as the default (a nested sandbox can only narrow)")
+    for name in (f.name for f in dataclasses.fields(SLimits)):
+        if name not in _TASK_LIMITS and getattr(spec.limits, name) != getattr(SLimits(), name):
+            raise SpecError(f"limits.{name}", getattr(spec.limits, name), "a nested sandbox takes memory_mb, "
+                            "file_mb and cpu_s only")
+    read: list[str] = []
+    write: list[str] = []
+    binds: list[Bind] = []
+    for i, m in enumerate(spec.mounts):
+        if isinstance(m, (DevBind, File)):
+            raise SpecError(f"mounts[{i}]", m, "a nested sandbox shows no devices and no files made of data")
+        if not isinstance(m, SBind):
+            continue  # /proc, /dev, tmpfs, directories, links, remounts: the task world has its own
+        dest = m.target()
+        if m.optional and not os.path.exists(m.src):
+            continue
+        writable = not isinstance(m, RoBind)
+        if m.src == dest and not writable and _shown_anyway(m.src):
+            continue
+        if m.src == dest:
+            (write if writable else read).append(m.src)
+        else:
+            binds.append(Bind(m.src, dest, writable))
+    forward = dict(spec.forward)
+    return Sandbox(
+        read=read, write=write, binds=binds, chdir=spec.cwd, env_allow=spec.env_inherit, env=dict(spec.env),
+        network="open" if spec.network == "host" else "isolated", probes=spec.probe_paths,
+        ports=[p for p, t in forward.items() if isinstance(t, int)],
+        sockets={p: t for p, t in forward.items() if isinstance(t, str)},
+        limits=Limits(**{n: getattr(spec.limits, n) for n in _TASK_LIMITS}))
+
+
+class BrokeredProcess(SandboxProcess):
+    """A nested sandbox started through the broker, as a sandbox.SandboxProcess."""
+
+    def __init__(self, nested: NestedProcess, network: str) -> None:  # noqa: D107
+        # Not SandboxProcess.__init__: there is no launch here, only the relay.
+        self._nested = nested
+        self.args, self.pid, self.sandbox_pid = nested.args, nested.pid, nested.pid
+        self.backend = str(nested.record.get("backend") or "native")
+        self.backend_reason = "nested: started beside this sandbox by the sandbox.task broker"
+        self.timings: dict[str, float] = {}
+        self.stdin, self.stdout, self.stderr = nested.stdin, nested.stdout, nested.stderr
+        self.returncode = None
+        self.network = network
+        self.isolation: dict[str, Any] = {}
+        self.usage = None
+        self.killed_by = None
+        self._pidfd = -1
+
+    def poll(self) -> int | None:
+        """The return code if it has ended, else None."""
+        self.returncode = self._nested.poll()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the end (subprocess.TimeoutExpired after `timeout` seconds)."""
+        self.returncode = self._nested.wait(timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the nested command."""
+        self._nested.send_signal(sig)
+
+    def kill(self) -> None:
+        """End the whole nested sandbox now."""
+        self._nested.kill()
+
+    def _timed_out(self) -> None:
+        self.killed_by = "timeout"
+        self.kill()
+
+    def communicate(self, input: bytes | None = None,
+                    timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
+        """Send `input`, read stdout/stderr to EOF, wait; like Popen.communicate."""
+        out, err = self._nested.communicate(input, timeout)
+        self.returncode = self._nested.returncode
+        return out, err
+
+
+def spawn_brokered(argv: Sequence[str], spec: Spec, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
+                   pass_fds: Sequence[int]) -> SandboxProcess:
+    """Start `spec` through this sandbox's broker (api.spawn's path when SANDBOX_TASK_BROKER is set)."""
+    fd = broker_fd()
+    assert fd is not None  # the caller saw the variable
+    sb = description_of(spec)
+    nested = request(fd, {"kind": "task", "sandbox": sb.to_dict()}, argv, stdin, stdout, stderr, pass_fds)
+    return BrokeredProcess(nested, "host" if sb.network == "open" else "none")

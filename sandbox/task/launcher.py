@@ -11,8 +11,6 @@ sandbox's pid 1 has the launcher's death as its parent-death signal).
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import sys
 import threading
@@ -51,29 +49,11 @@ def parse(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     return backend, text, args[cut + 1:]
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
-                out += [int(c) for c in f.read().split()]
-    except OSError:
-        pass
-    return out
-
-
 def forward_signal(proc: TaskProcess | NestedProcess, sig: int) -> None:
-    """Pass `sig` on to the command. The native sandbox's pid 1 forwards what
-    it gets to the command; bwrap's monitor and init do not (a SIGTERM ends
-    the monitor, and the rest dies with it, without the command seeing the
-    signal), so there the command (the child of bwrap's pid 1) gets it directly."""
-    if isinstance(proc, TaskProcess) and proc.record.get("backend") == "bwrap":
-        targets = [g for c in _children(proc.pid) for g in _children(c)]
-        if targets:
-            for pid in targets:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            return
+    """Pass `sig` on to the command. Each executor's handle knows how it
+    reaches the command (the native sandbox's pid 1 forwards what it gets;
+    under bwrap, whose monitor and init pass nothing on, the command itself
+    is signalled: sandbox.backends.bwrap's handle)."""
     proc.send_signal(sig)
 
 

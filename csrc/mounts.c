@@ -260,14 +260,14 @@ void sbx_open_sources(struct sbx_ctx *c)
     int from_fd = 0;
     for (uint32_t i = 0; i < c->h->n_ops; i++) {
         const struct sbx_op *op = &c->ops[i];
-        c->src_fds[i] = -1;
+        c->in.src_fds[i] = -1;
         if (op->kind == SBX_OP_BIND && (op->flags & SBX_F_FROM_FD))
-            c->src_fds[i] = c->bind_fds[from_fd++];
+            c->in.src_fds[i] = c->in.bind_fds[from_fd++];
         else if (op->kind == SBX_OP_BIND) {
             const char *src = sbx_str(c, op->src);
             /* an fd's path may be anywhere, under the new root's directory too */
             int early = under(src, newroot) || under(newroot, src) || (op->flags & SBX_F_FD_SOURCE);
-            c->src_fds[i] = early ? clone_source(c, i) : SRC_DEFERRED;
+            c->in.src_fds[i] = early ? clone_source(c, i) : SRC_DEFERRED;
         }
     }
 }
@@ -296,7 +296,7 @@ void sbx_make_newroot(struct sbx_ctx *c)
 
 static void op_bind(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    int tree = c->src_fds[i] == SRC_DEFERRED ? clone_source(c, (uint32_t)i) : c->src_fds[i];
+    int tree = c->in.src_fds[i] == SRC_DEFERRED ? clone_source(c, (uint32_t)i) : c->in.src_fds[i];
     struct stat st;
     if (tree < 0)
         return; /* optional source missing: skipped, as bwrap's -try */
@@ -307,7 +307,7 @@ static void op_bind(struct sbx_ctx *c, int i, const struct sbx_op *op)
     attach(c, i, tree, fd, dest);
     close(fd);
     close(tree);
-    c->src_fds[i] = -1;
+    c->in.src_fds[i] = -1;
 }
 
 static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
@@ -328,7 +328,7 @@ static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
  * made from the host tree (its root may have no /dev/null to clone). */
 static void attach_null(struct sbx_ctx *c, int i, int dest_fd)
 {
-    int tree = c->null_trees[--c->n_null_trees];
+    int tree = c->in.null_trees[--c->in.n_null_trees];
     if (sbx_move_mount(tree, "", dest_fd, "", EMPTY_PATHS) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
     close(tree);
@@ -342,12 +342,12 @@ static void attach_null(struct sbx_ctx *c, int i, int dest_fd)
 static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt)
 {
     const unsigned ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->blob + op->data + k) + 1) {
-        const char *entry = c->blob + op->data + k;
+    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1) {
+        const char *entry = c->in.blob + op->data + k;
         int sub = sbx_openat2(mnt, entry + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
         if (sub < 0)
             continue; /* not present on this kernel */
-        if (entry[0] == 'm' && c->n_null_trees > 0)
+        if (entry[0] == 'm' && c->in.n_null_trees > 0)
             attach_null(c, i, sub);
         else if (entry[0] == 'm')
             rebind(c, i, -1, "/dev/null", ro, 0, sub);
@@ -368,7 +368,7 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
     cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
-    c->src_fds[i] = -1;
+    c->in.src_fds[i] = -1;
 }
 
 /* A private devpts instance on `pts`. */
@@ -490,7 +490,7 @@ static void op_private_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
     int f = openat(fs, "f", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, op->mode);
     if (f < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
-    if (sbx_write_all(f, c->blob + op->data, op->data_len) < 0)
+    if (sbx_write_all(f, c->in.blob + op->data, op->data_len) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_WRITE);
     close(f);
     int tree = sbx_open_tree(fs, "f", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
@@ -520,7 +520,7 @@ static void op_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
         sbx_fail(c, SBX_STEP_OP, i, ENXIO, SBX_D_CREATE);
-    if (sbx_write_all(fd, c->blob + op->data, op->data_len) < 0)
+    if (sbx_write_all(fd, c->in.blob + op->data, op->data_len) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_WRITE);
     close(fd);
     if (op->flags & SBX_F_RDONLY) {

@@ -281,6 +281,19 @@ int make_null_trees(const char *blob, int *out)
     return n;
 }
 
+void request_input(struct sbx_input *in, const struct request *q, const int *pass)
+{
+    in->blob = q->blob;
+    in->argv = q->argv;
+    in->envp = q->envp;
+    for (int i = 0; i < 3; i++)
+        in->stdio[i] = q->stdio[i];
+    in->pass_fds = pass;
+    in->n_pass = (int)q->r->n_pass;
+    in->fd_targets = q->targets;
+    in->err_fd = q->report;
+}
+
 void close_all(int *fds, int n)
 {
     for (int k = 0; k < n; k++)
@@ -314,7 +327,7 @@ static int clone_binds(const struct sbx_header *h, const char *blob, int *out, i
  * signal dispositions are the server's, all default (main), and every
  * signal is blocked; a sandbox plan never asks for a parent-death signal
  * (the server's death ends it): nothing of sbx_child_start is left to do. */
-static _Noreturn void child(struct sbx_ctx *c)
+static void template_start(struct sbx_ctx *c)
 {
     sbx_stamp(c, SBX_T_CHILD);
     close(sock_fd);
@@ -326,8 +339,22 @@ static _Noreturn void child(struct sbx_ctx *c)
     close(host_tree);
     if (null_master >= 0)
         close(null_master);
-    sbx_child_steps(c);
 }
+
+/* A sandbox the server clones for a request: its id maps go through the
+ * server's procfs (in.proc_dir); it stays resident as its pid 1 when the
+ * plan has a reaper, and tells its caller it runs with a message on the
+ * report socket. */
+const struct sbx_mode SBX_MODE_TEMPLATE = {
+    .name = "template",
+    .start = template_start,
+    .take_request = sbx_no_step,
+    .fd_table = sbx_command_fds,
+    .stay_resident = sbx_resident_reaper,
+    .on_running = sbx_no_step,
+    .report_started = sbx_send_started,
+    .run = sbx_exec_command,
+};
 
 /* Clone the sandbox; its pid, or -1 with errno, *step and *op. */
 static pid_t clone_sandbox(struct request *q, size_t len, int *step, int *op)
@@ -354,23 +381,29 @@ static pid_t clone_sandbox(struct request *q, size_t len, int *step, int *op)
     memcpy(pass, q->pass, q->r->n_pass * sizeof *pass);
     struct sbx_result res;
     memset(&res, 0, sizeof res);
-    struct sbx_ctx c = {
-        .blob = q->blob, .h = h, .ops = (const void *)(q->blob + h->ops_off), .argv = q->argv, .envp = q->envp,
-        .stdio = {q->stdio[0], q->stdio[1], q->stdio[2]}, .pass_fds = pass, .n_pass = (int)q->r->n_pass,
-        .init_fd = -1, .err_fd = q->report, .status_fd = -1, .src_fds = src_fds, .root_fd = -1, .proc_fd = -1,
-        .sh_argv = sh_argv, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1, .res = &res, .spawner_fd = -1,
-        .host_tree_fd = -1, .use_proc_dir = 1, .proc_dir = proc_dir, .bind_fds = binds, .fd_targets = q->targets,
-        .send_stamps = 1, .resident = reaper ? sbx_resident_reaper : NULL, .scrub = msg, .scrub_len = len,
-        .keep_fd = -1, .null_trees = nulls, .n_null_trees = n_nulls, .report_lease = 1, .lease_fd = q->netns,
-    };
+    struct sbx_input in = SBX_INPUT_NONE;
+    request_input(&in, q, pass);
+    in.src_fds = src_fds;
+    in.sh_argv = sh_argv;
+    in.bind_fds = binds;
+    in.null_trees = nulls;
+    in.n_null_trees = n_nulls;
+    in.proc_dir = proc_dir;
+    in.lease_fd = q->netns;
+    in.scrub = msg;
+    in.scrub_len = len;
+    struct sbx_ctx c;
+    sbx_ctx_init(&c, &SBX_MODE_TEMPLATE, &in, &res);
     *step = SBX_STEP_JOIN_NETNS;
     if (q->netns >= 0 && setns(q->netns, CLONE_NEWNET) < 0)
         goto out;
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns), .exit_signal = SIGCHLD};
     sbx_stamp(&c, SBX_T_START);
     pid = (pid_t)syscall(SYS_clone3, &args, sizeof args);
-    if (pid == 0)
-        child(&c);
+    if (pid == 0) {
+        sbx_child_steps(&c);
+        _exit(125); /* not reached: it execs or fails */
+    }
     int saved = errno;
     /* Back to our own network namespace; staying in a lease would hand it
      * to the next sandbox. */

@@ -45,6 +45,11 @@ int parse_request(struct request *q, size_t len);
 #define MAX_NULL_TREES 64
 int make_null_trees(const char *blob, int *out);
 void close_all(int *fds, int n);
+/* The command's side of a sandbox's input: the request's blob, command,
+ * fds (`pass`: its pass fds, in memory the child may rewrite) and report
+ * socket. */
+void request_input(struct sbx_input *in, const struct request *q, const int *pass);
+extern const struct sbx_mode SBX_MODE_TEMPLATE, SBX_MODE_STANDBY;
 
 /* standby.c */
 #define N_STANDBY SBX_N_STANDBY

@@ -193,15 +193,25 @@ void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
 void sbx_block_on(int fd); /* child.c: read one byte or EOF, then close */
 
-/* mounts.c */
+/* sources.c */
+/* Destinations and per-call sources resolve as if the root they are
+ * resolved from were "/", never through /proc's magic links. */
+#define SBX_RESOLVE_INSIDE (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+#define SBX_SRC_DEFERRED (-2) /* in src_fds: cloned when its op runs */
+/* The mount attributes an op's flags ask for, one for one. */
+unsigned sbx_bind_attrs(uint32_t flags);
+/* Clone op i's source tree with its flags set; -1 if it is optional and missing. */
+int sbx_clone_source(struct sbx_ctx *c, uint32_t i);
+void sbx_open_sources(struct sbx_ctx *c);
 /* Clone the tree at `path`, resolved beneath `root` as if it were "/" (so
  * no symlink or ".." leads out), as a detached mount with the SBX_F_RDONLY
  * and SBX_F_NODEV attributes of `flags` and nosuid set: a Template's
  * per-call bind, cloned by its server from its copy of the host tree. An
  * fd, or -1 with errno. */
 int sbx_clone_tree_at(int root, const char *path, uint32_t flags);
+
+/* mounts.c */
 int sbx_in_place(const struct sbx_ctx *c);
-void sbx_open_sources(struct sbx_ctx *c);
 void sbx_make_newroot(struct sbx_ctx *c);
 void sbx_apply_ops(struct sbx_ctx *c);
 void sbx_pivot(struct sbx_ctx *c);

@@ -40,14 +40,10 @@ struct clone3_args {
     uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
 };
 
-static int my_slot;
-static struct sbx_result my_res;
-static int my_fds[MAX_FDS];
-
-static void note(int kind, int fd)
+static void note(struct tpl_sandbox *t, int kind, int fd)
 {
-    struct standby_note n = {kind, my_slot};
-    sbx_send_fds(notify_wr, &n, sizeof n, &fd, 1);
+    struct standby_note n = {kind, t->slot};
+    sbx_send_fds(t->srv->notify_wr, &n, sizeof n, &fd, 1);
 }
 
 /* The request must be one of this Template's: its blob differs from the
@@ -73,7 +69,7 @@ static void refuse(struct sbx_ctx *c, struct request *q, int err)
 /* The command runs (the resident reaper says so): time for a replacement. */
 static void standby_running(struct sbx_ctx *c)
 {
-    note(NOTE_RUNNING, -1);
+    note(TPL_SANDBOX(c), NOTE_RUNNING, -1);
     close(c->keep_fd);
     c->keep_fd = -1;
 }
@@ -81,19 +77,21 @@ static void standby_running(struct sbx_ctx *c)
 /* Wait for a request and take it (SBX_MODE_STANDBY's take_request). */
 static void await_request(struct sbx_ctx *c)
 {
+    struct tpl_sandbox *t = TPL_SANDBOX(c);
+    struct tpl_server *s = t->srv;
     int nfds;
-    note(NOTE_READY, -1);
-    ssize_t n = receive_request(fast_fd, my_fds, &nfds);
+    note(t, NOTE_READY, -1);
+    ssize_t n = receive_request(s, s->fast_fd, t->fds, &nfds);
     if (n == 0)
         _exit(0); /* the caller has gone */
-    standby_taken[my_slot] = 1;
-    close(fast_fd);
-    struct request q = {.fds = my_fds, .nfds = nfds, .report = nfds > 0 ? my_fds[0] : -1, .status = -1, .netns = -1};
-    if (n < 0 || parse_request(&q, (size_t)n) < 0)
+    s->standby_taken[t->slot] = 1;
+    close(s->fast_fd);
+    struct request q = {.fds = t->fds, .nfds = nfds, .report = nfds > 0 ? t->fds[0] : -1, .status = -1, .netns = -1};
+    if (n < 0 || parse_request(s, &q, (size_t)n) < 0)
         refuse(c, &q, n == -2 ? EMSGSIZE : EINVAL);
     if (q.netns >= 0) {
         /* Already in its lease: the request's is for the standby that replaces this one. */
-        note(NOTE_LEASE, q.netns);
+        note(t, NOTE_LEASE, q.netns);
         close(q.netns);
         q.netns = -1;
     }
@@ -101,12 +99,12 @@ static void await_request(struct sbx_ctx *c)
     if (!compatible(c->h, h))
         refuse(c, &q, EINVAL);
     if (sbx_stays_resident(c)) {
-        c->keep_fd = notify_wr; /* close-on-exec: the command never has it (standby_running closes it) */
+        c->keep_fd = s->notify_wr; /* close-on-exec: the command never has it (standby_running closes it) */
     } else { /* as_pid_1: the server writes its status, and replaces it now */
-        note(NOTE_TAKEN, q.status);
+        note(t, NOTE_TAKEN, q.status);
         if (q.status >= 0)
             close(q.status);
-        close(notify_wr);
+        close(s->notify_wr);
     }
     /* From here on the request's blob: the same world, its own command
      * side; its reports still carry this standby's lease. */
@@ -115,7 +113,7 @@ static void await_request(struct sbx_ctx *c)
     in.proc_dir = c->in.proc_dir;
     in.lease_fd = c->in.lease_fd;
     in.sh_argv = malloc((q.r->argc + 2) * sizeof *in.sh_argv);
-    in.scrub = msg;
+    in.scrub = s->msg;
     in.scrub_len = (size_t)n;
     sbx_ctx_take_input(c, &in);
     if (!in.sh_argv)
@@ -133,13 +131,7 @@ static void standby_start(struct sbx_ctx *c)
 {
     if (c->in.lease_fd >= 0 && setns(c->in.lease_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
-    close(sock_fd);
-    close(notify_rd);
-    close(sig_fd);
-    close(own_netns);
-    close(host_tree);
-    if (null_master >= 0)
-        close(null_master);
+    tpl_close_server_fds(TPL_SANDBOX(c)->srv, 1);
 }
 
 /* A standby: its world built before any request, its user namespace made
@@ -158,38 +150,36 @@ const struct sbx_mode SBX_MODE_STANDBY = {
     .run = sbx_exec_command,
 };
 
-pid_t make_standby(int slot, int lease)
+pid_t make_standby(struct tpl_server *s, int slot, int lease)
 {
-    const struct sbx_header *h = (const void *)stored_blob;
+    const struct sbx_header *h = (const void *)s->stored_blob;
     int *src_fds = malloc((h->n_ops + 1) * sizeof *src_fds);
     if (!src_fds)
         return -1;
-    my_slot = slot;
-    memset(&my_res, 0, sizeof my_res);
-    int nulls[MAX_NULL_TREES], n_nulls = make_null_trees(stored_blob, nulls);
+    int nulls[MAX_NULL_TREES], n_nulls = make_null_trees(s, s->stored_blob, nulls);
     /* Failures before a request go to the server, as a 16-byte report. */
     struct sbx_input in = SBX_INPUT_NONE;
-    in.blob = stored_blob;
-    in.err_fd = notify_wr;
+    in.blob = s->stored_blob;
+    in.err_fd = s->notify_wr;
     in.src_fds = src_fds;
     in.null_trees = nulls;
     in.n_null_trees = n_nulls;
-    in.proc_dir = proc_dir;
+    in.proc_dir = s->proc_dir;
     in.lease_fd = lease;
-    struct sbx_ctx c;
-    sbx_ctx_init(&c, &SBX_MODE_STANDBY, &in, &my_res);
+    struct tpl_sandbox t = {.srv = s, .slot = slot};
+    sbx_ctx_init(&t.c, &SBX_MODE_STANDBY, &in, &t.res);
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};
     pid_t pid = -1;
-    if (sbx_prepare_userns(&c) == 0) {
+    if (sbx_prepare_userns(&t.c) == 0) {
         pid = (pid_t)syscall(SYS_clone3, &args, sizeof args);
         if (pid == 0) {
-            sbx_child_steps(&c);
+            sbx_child_steps(&t.c);
             _exit(125); /* not reached: it execs or fails */
         }
     }
     int err = errno;
-    if (c.userns_fd >= 0)
-        close(c.userns_fd); /* the standby has its own copies of these */
+    if (t.c.userns_fd >= 0)
+        close(t.c.userns_fd); /* the standby has its own copies of these */
     close_all(nulls, n_nulls);
     free(src_fds);
     errno = err;

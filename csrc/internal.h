@@ -29,7 +29,6 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "report.h"
 #include "sandbox.h"
 
 /* The stack of a child cloned into our memory: the setup child's deepest

@@ -82,9 +82,7 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
 {
     const struct sbx_request *r = (const void *)s->msg;
     int err = EINVAL;
-    int want_fds = 1 + ((r->flags & SBX_REQ_STANDBY) && (r->flags & SBX_REQ_JOIN_NETNS) ? N_STANDBY : 0);
-    if (len >= sizeof *r && r->magic == SBX_REQ_MAGIC && r->blob_len && r->blob_len <= len - sizeof *r &&
-        sbx_check_blob(s->msg + sizeof *r, r->blob_len) == 0 && nfds == want_fds) {
+    if (sbx_check_store(s->msg, len, nfds) == 0) { /* wire.c */
         char *copy = malloc(r->blob_len);
         err = copy ? 0 : ENOMEM;
         if (copy) {

@@ -19,7 +19,7 @@
 #include <stddef.h>
 
 #define MAX_MSG (256 * 1024)
-#define MAX_FDS 253 /* SCM_MAX_FD */
+#define MAX_FDS SBX_REQ_MAX_FDS /* SCM_MAX_FD */
 #define N_STANDBY SBX_N_STANDBY
 #define MAX_NULL_TREES 64
 

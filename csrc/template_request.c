@@ -1,7 +1,8 @@
 /* template_request.c: one request message of a Template's caller (struct
  * sbx_request, csrc/sandbox.h), as the server and its standbys receive it:
  * the header, the blob (or the stored one), the fd targets, argv and the
- * environment, with its fds (SCM_RIGHTS) in the order the header says. */
+ * environment, with its fds (SCM_RIGHTS) in the order the header says.
+ * wire.c checks it (sbx_parse_request); this file receives and splits it. */
 #include "template.h"
 
 #include <errno.h>
@@ -28,46 +29,27 @@ static char **strings(const char **p, const char *end, uint32_t n)
     return out;
 }
 
-/* The request's blob: its own (checked) or, blob_len 0, the stored one. */
-static const char *request_blob(struct tpl_server *s, const struct sbx_request *r, size_t len)
-{
-    if (r->blob_len == 0)
-        return s->stored_blob;
-    const char *blob = s->msg + sizeof *r;
-    if (r->blob_len > len - sizeof *r || sbx_check_blob(blob, r->blob_len) < 0)
-        return NULL;
-    return blob;
-}
-
+/* The request in s->msg, checked whole by the C core's own reader
+ * (wire.c, sbx_parse_request: the unit tests read Python's requests
+ * through it too), then its argv and environment as arrays. */
 int parse_request(struct tpl_server *s, struct request *q, size_t len)
 {
-    const struct sbx_request *r = (const void *)s->msg;
-    q->r = r;
-    if (len < sizeof *r || r->magic != SBX_REQ_MAGIC || r->argc == 0 || r->n_pass > MAX_FDS)
+    struct sbx_request_view v;
+    q->r = (const void *)s->msg;
+    if (sbx_parse_request(s->msg, len, s->stored_blob, q->nfds, &v) < 0)
         return -1;
-    size_t blob_end = sizeof *r + ((r->blob_len + 7u) & ~7u);
-    q->blob = request_blob(s, r, len);
-    if (!q->blob || blob_end + 4ull * r->n_pass > len)
-        return -1;
-    const struct sbx_header *h = (const void *)q->blob;
-    if (h->n_listen)
-        return -1;
-    q->targets = (const void *)(s->msg + blob_end);
-    const char *p = s->msg + blob_end + 4 * r->n_pass, *end = s->msg + len;
-    q->argv = strings(&p, end, r->argc);
-    q->envp = q->argv ? strings(&p, end, r->envc) : NULL;
+    q->blob = v.blob;
+    q->targets = v.targets;
+    const char *p = v.strings, *end = s->msg + len;
+    q->argv = strings(&p, end, q->r->argc);
+    q->envp = q->argv ? strings(&p, end, q->r->envc) : NULL;
     if (!q->envp)
         return -1;
-    int with_status = !(h->opts & SBX_OPT_REAPER), join = (r->flags & SBX_REQ_JOIN_NETNS) != 0;
-    int at = 1 + with_status + join;
-    int want = at + __builtin_popcount(r->stdio_mask & 7) + (int)r->n_pass;
-    if (q->nfds != want)
-        return -1;
-    q->status = with_status ? q->fds[1] : -1;
-    q->netns = join ? q->fds[1 + with_status] : -1;
+    q->status = v.status >= 0 ? q->fds[v.status] : -1;
+    q->netns = v.netns >= 0 ? q->fds[v.netns] : -1;
     for (int i = 0; i < 3; i++)
-        q->stdio[i] = (r->stdio_mask & (1u << i)) ? q->fds[at++] : -1;
-    q->pass = q->fds + at;
+        q->stdio[i] = v.stdio[i] >= 0 ? q->fds[v.stdio[i]] : -1;
+    q->pass = q->fds + v.pass_at;
     return 0;
 }
 

@@ -247,9 +247,10 @@ static void report_started(struct sbx_ctx *c, int fd)
     close(fd);
 }
 
-/* The first moments of any sandbox's first process: signals as the
- * caller left them must not reach handlers, the parent-death signal, and
- * (SBX_OPT_SYNC) the caller told we exist, its status fds closed here. */
+/* The first moments of a spawned sandbox's first process (SBX_MODE_SPAWN's
+ * start; the other modes have their own): signals as the caller left them
+ * must not reach handlers, the parent-death signal, and (SBX_OPT_SYNC) the
+ * caller told we exist, its status fds closed here. */
 void sbx_child_start(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;

@@ -424,7 +424,6 @@ static int userns_helper(void *arg)
 
 int sbx_prepare_userns(struct sbx_ctx *c)
 {
-    c->userns_fd = -1;
     if (!(c->h->ns & SBX_NS_USER))
         return 0;
     pid_t pid = sbx_clone_vm(userns_helper, c, CLONE_FILES | CLONE_NEWUSER, SBX_CHILD_STACK);

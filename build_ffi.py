@@ -20,8 +20,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 LIB_SOURCES = [
-    "util.c", "wire.c", "idmap.c", "net.c", "mounts.c", "limits.c", "landlock.c", "child.c", "vmclone.c",
-    "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "detach.c",
+    "util.c", "wire.c", "idmap.c", "net.c", "sources.c", "mounts.c", "limits.c", "landlock.c", "child.c",
+    "vmclone.c", "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "detach.c",
 ]
 # bubblewrap's compiler discipline (its meson.build): these warnings fail the
 # build, of the module and of the executables alike. bubblewrap spells one

@@ -1,12 +1,15 @@
 /* child.c: the sandbox's first process, from clone to execve.
  *
- * One step sequence (sbx_child_steps) for both executors of the core: the
- * native spawn's child, which shares the caller's memory (CLONE_VM) while
- * the caller's thread waits (CLONE_VFORK), and a Template's sandbox, cloned
- * fork-style by the sandbox-template server (csrc/template.c) into a copy
- * of its prepared root. So every step is async-signal-safe and reads only
- * the prepared blob. A failing step writes a report to the close-on-exec
- * pipe and exits; the command is never exec'd over a half-applied plan.
+ * One step sequence (sbx_child_steps) for every executor of the core; what
+ * differs is data, the executor's struct sbx_mode (internal.h): the native
+ * spawn's child, which shares the caller's memory (CLONE_VM) while the
+ * caller's thread waits (CLONE_VFORK); a Template's sandbox and standby,
+ * cloned fork-style by the sandbox-template server (csrc/template.c,
+ * standby.c) into a copy of its prepared root; a sandbox forked from a warm
+ * process (forksandbox.c), which returns into its caller's code instead of
+ * exec'ing. So every step is async-signal-safe and reads only the prepared
+ * blob. A failing step writes a report (sbx_fail) and exits; the command is
+ * never exec'd over a half-applied plan.
  */
 #include "internal.h"
 
@@ -52,7 +55,7 @@ static const sigset_t *command_mask(struct sbx_ctx *c, sigset_t *none)
 
 void sbx_enter_cwd(struct sbx_ctx *c)
 {
-    const uint32_t *cands = (const void *)(c->blob + c->h->cwd_off);
+    const uint32_t *cands = (const void *)(c->in.blob + c->h->cwd_off);
     int err = ENOENT;
     for (uint32_t i = 0; i < c->h->n_cwd; i++) {
         if (chdir(sbx_str(c, cands[i])) == 0)
@@ -71,7 +74,7 @@ void sbx_enter_cwd(struct sbx_ctx *c)
  * capabilities than the command will: that can only find more, never less. */
 void sbx_check_probe_paths(struct sbx_ctx *c)
 {
-    const uint32_t *paths = (const void *)(c->blob + c->h->probe_off);
+    const uint32_t *paths = (const void *)(c->in.blob + c->h->probe_off);
     for (uint32_t i = 0; i < c->h->n_probe; i++) {
         int rc = sbx_path_exists(AT_FDCWD, sbx_str(c, paths[i]), 0);
         if (rc == 0)
@@ -122,14 +125,25 @@ int sbx_send_started(struct sbx_ctx *c)
     for (int k = 0; k < SBX_N_STAMPS; k++)
         r.t_ns[k] = c->res->t_ns[k];
     /* pid 1 of its own pid namespace: getpid() names it there */
-    int fds[2] = {(int)syscall(SYS_pidfd_open, getpid(), 0), c->report_lease ? c->lease_fd : -1};
+    int fds[2] = {(int)syscall(SYS_pidfd_open, getpid(), 0), c->in.lease_fd};
     if (fds[0] < 0)
         return -1;
-    int rc = sbx_send_fds(c->err_fd, &r, sizeof r, fds, 2);
+    int rc = sbx_send_fds(c->in.err_fd, &r, sizeof r, fds, 2);
     int err = errno;
     close(fds[0]);
     errno = err;
     return rc;
+}
+
+int sbx_started_by_exec(struct sbx_ctx *c)
+{
+    (void)c;
+    return 0;
+}
+
+void sbx_no_step(struct sbx_ctx *c)
+{
+    (void)c;
 }
 
 /* Just before the exec. A Template's sandbox (memory of its own, not the
@@ -138,7 +152,7 @@ static void mark_ready(struct sbx_ctx *c)
 {
     sbx_stamp(c, SBX_T_READY);
     c->reached_exec = 1;
-    if (c->send_stamps && sbx_send_started(c) < 0)
+    if (c->mode->report_started(c) < 0)
         sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }
 
@@ -158,9 +172,9 @@ static _Noreturn void exec_reaper(struct sbx_ctx *c)
     char sep[3 + 16] = "--";
     if (bits)
         sbx_fmt_uint(sep + 2, bits, 16);
-    c->init_argv[4] = sep;
+    c->in.init_argv[4] = sep;
     mark_ready(c);
-    execveat(c->init_fd, "", c->init_argv, c->envp, AT_EMPTY_PATH);
+    execveat(c->in.init_fd, "", c->in.init_argv, c->in.envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
 }
 
@@ -171,9 +185,9 @@ static _Noreturn void exec_from_fd(struct sbx_ctx *c)
 {
     char *argv[8], number[16];
     size_t n = 0;
-    for (; c->argv[n] && n < 6; n++)
-        argv[n] = c->argv[n];
-    if (c->argv[n])
+    for (; c->in.argv[n] && n < 6; n++)
+        argv[n] = c->in.argv[n];
+    if (c->in.argv[n])
         sbx_fail(c, SBX_STEP_CONFIG, -1, E2BIG, SBX_D_NONE);
     if (c->h->opts & SBX_OPT_HOST_TREE) {
         if (fcntl(c->host_tree_fd, F_SETFD, 0) < 0)
@@ -183,7 +197,7 @@ static _Noreturn void exec_from_fd(struct sbx_ctx *c)
     }
     argv[n] = NULL;
     mark_ready(c);
-    execveat(c->init_fd, "", argv, c->envp, AT_EMPTY_PATH);
+    execveat(c->in.init_fd, "", argv, c->in.envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }
 
@@ -196,9 +210,9 @@ static _Noreturn void exec_from_fd(struct sbx_ctx *c)
 int sbx_joiner_main(void *arg)
 {
     struct sbx_ctx *c = arg;
-    if (c->join_userns_fd >= 0 && setns(c->join_userns_fd, CLONE_NEWUSER) < 0)
+    if (c->in.join_userns_fd >= 0 && setns(c->in.join_userns_fd, CLONE_NEWUSER) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
-    if (setns(c->join_netns_fd, CLONE_NEWNET) < 0)
+    if (setns(c->in.join_netns_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
     pid_t pid = sbx_clone_vm(sbx_child_main, c, CLONE_PARENT | c->inner_flags, SBX_CHILD_STACK);
     if (pid < 0)
@@ -233,9 +247,10 @@ static void report_started(struct sbx_ctx *c, int fd)
     close(fd);
 }
 
-/* The first moments of any sandbox's first process: signals as the
- * caller left them must not reach handlers, the parent-death signal, and
- * (SBX_OPT_SYNC) the caller told we exist, its status fds closed here. */
+/* The first moments of a spawned sandbox's first process (SBX_MODE_SPAWN's
+ * start; the other modes have their own): signals as the caller left them
+ * must not reach handlers, the parent-death signal, and (SBX_OPT_SYNC) the
+ * caller told we exist, its status fds closed here. */
 void sbx_child_start(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
@@ -256,9 +271,8 @@ void sbx_child_start(struct sbx_ctx *c)
 }
 
 /* The root, the network and the hostname: what a standby sandbox of a
- * Template prepares before any request, and a forked sandbox
- * (forksandbox.c) after its id maps. */
-void sbx_setup_world(struct sbx_ctx *c)
+ * Template prepares before any request, and the others after their id maps. */
+static void setup_world(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
     setup_filesystem(c);
@@ -287,58 +301,111 @@ static void take_identity(struct sbx_ctx *c, int handed)
     sbx_apply_landlock(c);
     /* A resident pid 1 whose filter allows what it does from here on takes
      * it now (seccomp.resident), and its command inherits it. */
-    if (c->resident && (h->opts & SBX_OPT_SECCOMP_EARLY))
+    if (sbx_stays_resident(c) && (h->opts & SBX_OPT_SECCOMP_EARLY))
         sbx_install_seccomp(c);
 }
 
-/* Every step after the world is set up, to the exec (a prepared standby
- * took its identity before its request). With the caller's
- * sync fds, at bwrap's points: join --userns2's namespace before the
- * nested one, wait on --block-fd once everything that needs privilege is
- * done (the cwd and what follows are the command's). */
-static _Noreturn void finish(struct sbx_ctx *c, int userns_ready)
+int sbx_stays_resident(const struct sbx_ctx *c)
 {
-    const struct sbx_header *h = c->h;
-    int reaper = (h->opts & SBX_OPT_REAPER) != 0;
-    int sync = (h->opts & SBX_OPT_SYNC) != 0;
-    if (sync && h->userns2_fd >= 0 && setns(h->userns2_fd, CLONE_NEWUSER) < 0)
-        sbx_fail(c, SBX_STEP_USERNS2, -1, errno, SBX_D_NONE);
-    if (!userns_ready)
-        sbx_nested_userns(c);
-    if (sync)
-        sbx_block_on(h->block_fd);
-    sbx_enter_cwd(c);
-    sbx_check_probe_paths(c);
-    sbx_apply_rlimits(c);
-    sbx_place_fds(c);
-    /* sandbox-init is handed the report and status pipes; a resident reaper
-     * keeps its report socket, close-on-exec, away from the command */
-    int handed = reaper && !c->resident;
-    sbx_setup_stdio_fds(c, handed ? c->err_fd : -1, handed ? c->status_fd : -1);
-    if (!c->prepared)
-        take_identity(c, handed);
-    if (reaper && c->resident)
-        c->resident(c);
-    sbx_install_seccomp(c);
-    if (reaper)
-        exec_reaper(c);
-    if (h->opts & SBX_OPT_EXEC_FD)
-        exec_from_fd(c);
+    return c->mode->stay_resident && (c->h->opts & SBX_OPT_REAPER);
+}
 
+/* sandbox-init is handed the report and status pipes; a resident reaper
+ * keeps its report socket, close-on-exec, away from the command */
+static int handed(const struct sbx_ctx *c)
+{
+    return (c->h->opts & SBX_OPT_REAPER) && !sbx_stays_resident(c);
+}
+
+void sbx_command_fds(struct sbx_ctx *c)
+{
+    int hand = handed(c);
+    sbx_place_fds(c);
+    sbx_setup_stdio_fds(c, hand ? c->in.err_fd : -1, hand ? c->in.status_fd : -1);
+}
+
+void sbx_exec_command(struct sbx_ctx *c)
+{
+    if (c->h->opts & SBX_OPT_REAPER)
+        exec_reaper(c);
+    if (c->h->opts & SBX_OPT_EXEC_FD)
+        exec_from_fd(c);
     sigset_t none;
     sigprocmask(SIG_SETMASK, command_mask(c, &none), NULL);
     mark_ready(c);
-    sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, h->path), c->sh_argv);
+    sbx_exec_search(c->in.argv[0], c->in.argv, c->in.envp, sbx_str(c, c->h->path), c->in.sh_argv);
     sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }
 
-/* Every step from the id maps to the exec, in order, for both executors. */
-_Noreturn void sbx_child_steps(struct sbx_ctx *c)
+/* The id maps of a new user namespace (none: one made ahead). */
+static void map_ids(struct sbx_ctx *c)
 {
+    if (c->mode->userns_ahead)
+        return;
     sbx_setup_userns(c);
     sbx_stamp(c, SBX_T_IDMAP);
-    sbx_setup_world(c);
-    finish(c, 0);
+}
+
+static void join_prepared_userns(struct sbx_ctx *c)
+{
+    if (c->userns_fd < 0)
+        return;
+    if (setns(c->userns_fd, CLONE_NEWUSER) < 0)
+        sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
+    close(c->userns_fd);
+    c->userns_fd = -1;
+}
+
+/* With the caller's sync fds, at bwrap's points: join --userns2's
+ * namespace before the nested one (one made ahead is nested already), wait
+ * on --block-fd once everything that needs privilege is done (the cwd and
+ * what follows are the command's). The id maps are written by now. */
+static void last_privileged_steps(struct sbx_ctx *c)
+{
+    const struct sbx_header *h = c->h;
+    int sync = (h->opts & SBX_OPT_SYNC) != 0;
+    if (sync && h->userns2_fd >= 0 && setns(h->userns2_fd, CLONE_NEWUSER) < 0)
+        sbx_fail(c, SBX_STEP_USERNS2, -1, errno, SBX_D_NONE);
+    if (!c->mode->userns_ahead)
+        sbx_nested_userns(c);
+    if (c->proc_fd >= 0) {
+        close(c->proc_fd);
+        c->proc_fd = -1;
+    }
+    if (sync)
+        sbx_block_on(h->block_fd);
+}
+
+/* The table of contents: every step, in order, for every executor (the
+ * mode's calls are what differs; nsjail's containProc has this shape).
+ * A standby of a Template (csrc/standby.c) is cloned ahead of any request
+ * into every namespace but its user namespace: it builds its world while it
+ * still holds its server's capabilities over them, then joins its user
+ * namespace, a child of the server's made ahead (sbx_prepare_userns), takes
+ * the command's identity (identity_before_request) and only then waits for
+ * a request (take_request), which fills in the command's side of `c`.
+ * Either way the command holds no capability over any namespace it lives in. */
+void sbx_child_steps(struct sbx_ctx *c)
+{
+    const struct sbx_mode *m = c->mode;
+    m->start(c);
+    map_ids(c);
+    setup_world(c);
+    join_prepared_userns(c);
+    if (m->identity_before_request)
+        take_identity(c, 0);
+    m->take_request(c);
+    last_privileged_steps(c);
+    sbx_enter_cwd(c);
+    sbx_check_probe_paths(c);
+    sbx_apply_rlimits(c);
+    m->fd_table(c);
+    if (!m->identity_before_request)
+        take_identity(c, handed(c));
+    if (sbx_stays_resident(c))
+        m->stay_resident(c);
+    sbx_install_seccomp(c);
+    m->run(c);
 }
 
 /* In a child that shares our memory and fds, cloned into a new user
@@ -357,7 +424,6 @@ static int userns_helper(void *arg)
 
 int sbx_prepare_userns(struct sbx_ctx *c)
 {
-    c->userns_fd = -1;
     if (!(c->h->ns & SBX_NS_USER))
         return 0;
     pid_t pid = sbx_clone_vm(userns_helper, c, CLONE_FILES | CLONE_NEWUSER, SBX_CHILD_STACK);
@@ -376,45 +442,8 @@ int sbx_prepare_userns(struct sbx_ctx *c)
     return err ? -1 : 0;
 }
 
-static void join_prepared_userns(struct sbx_ctx *c)
-{
-    if (c->userns_fd < 0)
-        return;
-    if (setns(c->userns_fd, CLONE_NEWUSER) < 0)
-        sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
-    close(c->userns_fd);
-    c->userns_fd = -1;
-}
-
-/* A standby sandbox of a Template (csrc/template.c): cloned ahead of any
- * request into every namespace but its user namespace (and, with a lease,
- * already in its network namespace), it builds its world while it still
- * holds its server's capabilities over them. A prepared one (c->prepared:
- * no network namespace left to join) then joins its user namespace, a
- * child of the server's made ahead (sbx_prepare_userns, c->userns_fd), and
- * takes the command's identity (no capability, no new privileges, its own
- * session, Landlock) before it waits. `await` takes a request: it fills in
- * the command's side of `c` (argv, environment, fds, the request's blob
- * for the remaining steps, where to report); an unprepared standby joins
- * the leased network namespace that came with it, and only then its user
- * namespace. Either way the command holds no capability over any other
- * namespace it lives in. */
-_Noreturn void sbx_standby_steps(struct sbx_ctx *c, void (*await)(struct sbx_ctx *c))
-{
-    sbx_setup_world(c);
-    if (c->prepared) {
-        join_prepared_userns(c);
-        take_identity(c, 0);
-    }
-    await(c);
-    join_prepared_userns(c);
-    sbx_stamp(c, SBX_T_IDMAP);
-    finish(c, 1);
-}
-
 int sbx_child_main(void *arg)
 {
-    struct sbx_ctx *c = arg;
-    sbx_child_start(c);
-    sbx_child_steps(c);
+    sbx_child_steps(arg);
+    _exit(125); /* not reached: the spawn mode execs or fails */
 }

@@ -14,15 +14,15 @@
  * caller and passed through the zygote as fds only), as sbx_spawn_cg's does;
  * task_fds later closes them with every other fd not kept.
  *
- * The setup is child.c's sequence minus what the template already did: the
+ * The setup is child.c's sequence (sbx_child_steps) in SBX_MODE_FORK: the
  * child's mount namespace is a copy of the template's, so instead of a new
  * root and a pivot the plan's (task) operations are applied in place on it
  * (fresh tmpfs, proc, /dev/shm and devpts over the template's read-only
  * shared ones, private copies of writable files, per-task binds from
- * detached trees: child.c's sbx_setup_world, in place with newroot "/"); then
- * lo up, cwd, the probe paths, rlimits, the fd table (every fd but stdio and
- * the kept ones is closed: there is no exec to close them), session,
- * capabilities, NO_NEW_PRIVS, Landlock and seccomp.
+ * detached trees: newroot "/"); then lo up, cwd, the probe paths, rlimits,
+ * the fd table (every fd but stdio and the kept ones is closed: there is no
+ * exec to close them), session, capabilities, NO_NEW_PRIVS, Landlock and
+ * seccomp; and instead of an exec, the ready report and the return.
  *
  * With CLONE_NEWPID the child is pid 1 of its pid namespace: when it exits,
  * or is killed, the kernel kills everything it started.
@@ -62,10 +62,10 @@ static uint64_t now_ns(void)
 /* The lowest kept fd (a pass fd or the report pipe) at or above `lo`, or -1. */
 static int next_kept(const struct sbx_ctx *c, int lo)
 {
-    int best = c->err_fd >= lo ? c->err_fd : -1;
-    for (int k = 0; k < c->n_pass; k++)
-        if (c->pass_fds[k] >= lo && (best < 0 || c->pass_fds[k] < best))
-            best = c->pass_fds[k];
+    int best = c->in.err_fd >= lo ? c->in.err_fd : -1;
+    for (int k = 0; k < c->in.n_pass; k++)
+        if (c->in.pass_fds[k] >= lo && (best < 0 || c->in.pass_fds[k] < best))
+            best = c->in.pass_fds[k];
     return best;
 }
 
@@ -75,7 +75,7 @@ static int next_kept(const struct sbx_ctx *c, int lo)
 static void task_fds(struct sbx_ctx *c)
 {
     for (int i = 0; i < 3; i++) {
-        int src = c->stdio[i];
+        int src = c->in.stdio[i];
         if (src < 0 || src == i)
             continue;
         if (src < 3) /* an earlier dup2 may have replaced it */
@@ -102,46 +102,45 @@ static void task_fds(struct sbx_ctx *c)
  * forks one task after another. */
 #define CLONED_NS (CLONE_NEWUSER | CLONE_NEWPID)
 
-/* The child, from clone3 to the return into the caller's code. */
-static void task_setup(struct sbx_ctx *c, int report_rd)
+/* The first moments of the child: its cgroups, the parent-death signal,
+ * and the namespaces the clone left to it. Signals stay as they are: the
+ * caller's code runs on in this process. */
+static void fork_start(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
-    close(report_rd);
     sbx_stamp(c, SBX_T_CHILD);
     sbx_enter_cgroups(c); /* before anything else: every process the task makes is born inside */
     if (h->opts & SBX_OPT_DIE_WITH_PARENT)
         sbx_die_with_spawner(c, SIGKILL);
-    if (c->spawner_fd >= 0)
-        close(c->spawner_fd);
+    if (c->in.spawner_fd >= 0)
+        close(c->in.spawner_fd);
     unsigned long others = sbx_clone_flags(h->ns) & ~(unsigned long)CLONED_NS;
     if (others && unshare((int)others) < 0)
         sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
-    sbx_setup_userns(c);
-    sbx_stamp(c, SBX_T_IDMAP);
-    sbx_setup_world(c); /* child.c: the plan's ops in place on the copy of the template's tree */
-    sbx_nested_userns(c);
-    if (c->proc_fd >= 0) {
-        close(c->proc_fd);
-        c->proc_fd = -1;
-    }
-    sbx_enter_cwd(c);
-    sbx_check_probe_paths(c);
-    sbx_apply_rlimits(c);
-    task_fds(c);
-    if ((h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
-        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
-    sbx_drop_caps(c);
-    sbx_no_new_privs(c);
-    sbx_apply_landlock(c);
-    sbx_install_seccomp(c);
-    sbx_stamp(c, SBX_T_READY);
-    /* A record without a step tells the parent we are ready (EOF alone
-     * would mean we died); its detail is the Landlock ABI applied. Our
-     * timing stamps follow (our memory is not the parent's). */
-    sbx_report_fd(c->err_fd, SBX_STEP_NONE, -1, 0, c->res->landlock_abi);
-    sbx_write_all(c->err_fd, c->res->t_ns, sizeof c->res->t_ns);
-    close(c->err_fd);
 }
+
+/* Set up: instead of an exec, tell the parent, and return into the
+ * caller's code. A record without a step says we are ready (EOF alone would
+ * mean we died); its detail is the Landlock ABI applied. Our timing stamps
+ * follow (our memory is not the parent's). */
+static void return_ready(struct sbx_ctx *c)
+{
+    sbx_stamp(c, SBX_T_READY);
+    sbx_report_fd(c->in.err_fd, SBX_STEP_NONE, -1, 0, c->res->landlock_abi);
+    sbx_write_all(c->in.err_fd, c->res->t_ns, sizeof c->res->t_ns);
+    close(c->in.err_fd);
+}
+
+const struct sbx_mode SBX_MODE_FORK = {
+    .name = "fork",
+    .start = fork_start,
+    .take_request = sbx_no_step,
+    .fd_table = task_fds,
+    .stay_resident = NULL,
+    .on_running = sbx_no_step,
+    .report_started = sbx_started_by_exec,
+    .run = return_ready,
+};
 
 static int count_detached(const struct sbx_header *h, const struct sbx_op *ops)
 {
@@ -198,21 +197,25 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
     int errp[2];
     if (sbx_high_pipe(errp) < 0)
         return fail_early(res, SBX_STEP_PIPE, errno);
-    struct sbx_ctx c = {
-        .blob = blob, .h = h, .ops = ops, .stdio = {stdio[0], stdio[1], stdio[2]},
-        .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = -1, .err_fd = errp[1], .status_fd = -1,
-        .root_fd = -1, .proc_fd = -1, .res = res, .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1,
-        .bind_fds = trees, .spawner_fd = sbx_open_spawner(),
-        .cgroup_fds = cgroup_fds, .n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0,
-    };
-    c.src_fds = malloc((h->n_ops + 1) * sizeof *c.src_fds);
-    if (!c.src_fds) {
-        if (c.spawner_fd >= 0)
-            close(c.spawner_fd);
+    struct sbx_input in = SBX_INPUT_NONE;
+    in.blob = blob;
+    for (int i = 0; i < 3; i++)
+        in.stdio[i] = stdio[i];
+    in.pass_fds = pass_fds;
+    in.n_pass = n_pass;
+    in.bind_fds = trees;
+    in.cgroup_fds = cgroup_fds;
+    in.n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0;
+    in.err_fd = errp[1];
+    in.src_fds = malloc((h->n_ops + 1) * sizeof *in.src_fds);
+    if (!in.src_fds) {
         close(errp[0]);
         close(errp[1]);
         return fail_early(res, SBX_STEP_PIPE, ENOMEM);
     }
+    in.spawner_fd = sbx_open_spawner();
+    struct sbx_ctx c;
+    sbx_ctx_init(&c, &SBX_MODE_FORK, &in, res);
     /* Every signal blocked across the clone: no handler of the caller's may
      * run in the child before it is set up. Both sides restore the mask. */
     sigset_t all, old;
@@ -220,17 +223,18 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
     pthread_sigmask(SIG_SETMASK, &all, &old);
     pid_t pid = clone_task(sbx_clone_flags(h->ns) & CLONED_NS);
     if (pid == 0) {
-        task_setup(&c, errp[0]);
-        free(c.src_fds);
+        close(errp[0]);
+        sbx_child_steps(&c);
+        free(in.src_fds);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         return 0;
     }
     int clone_err = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     res->t_ns[SBX_T_RETURN] = now_ns();
-    free(c.src_fds);
-    if (c.spawner_fd >= 0)
-        close(c.spawner_fd);
+    free(in.src_fds);
+    if (in.spawner_fd >= 0)
+        close(in.spawner_fd);
     close(errp[1]);
     if (pid < 0) {
         close(errp[0]);

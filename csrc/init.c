@@ -26,7 +26,6 @@
  * falls back to libc's syscall().
  */
 #include "execpath.h"
-#include "report.h"
 #include "sandbox.h"
 
 #include <asm/unistd.h>

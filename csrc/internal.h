@@ -29,70 +29,126 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "report.h"
 #include "sandbox.h"
 
 /* The stack of a child cloned into our memory: the setup child's deepest
  * frames hold a path buffer (4 KiB) and a few names. */
 #define SBX_CHILD_STACK (256 * 1024)
 
-/* Everything the child needs, prepared by the parent before clone. */
-struct sbx_ctx {
-    const char *blob;
-    const struct sbx_header *h;
-    const struct sbx_op *ops;
+struct sbx_ctx;
+
+/* What an executor hands its sandbox's first process: the plan (blob), the
+ * command, its fds, where to report, and the memory the child may not
+ * allocate. The child works on its own copy in the context: its steps move
+ * fds (sbx_place_fds) and use up the null trees. Every fd is -1 in
+ * SBX_INPUT_NONE, where an executor starts from; a new field gets its
+ * default there. */
+struct sbx_input {
+    const char *blob;           /* the checked blob (wire.c) */
     char *const *argv;
     char *const *envp;
-    int stdio[3];
+    int stdio[3];               /* the command's 0-2 (-1: inherited) */
     const int *pass_fds;
     int n_pass;
-    int init_fd;      /* O_PATH fd of sandbox-init, or -1 */
-    int err_fd;       /* write end of the report pipe (close-on-exec) */
-    int status_fd;    /* write end of the status pipe (reaper), or -1 */
-    int *src_fds;     /* per op: the cloned source tree, filled by the child */
-    int root_fd;      /* the new root while it is being built */
-    int proc_fd;      /* the child's /proc/<pid> on the host procfs, for id maps */
-    char **init_argv; /* sandbox-init's argv, built by the parent (argc + 6 slots) */
-    char **sh_argv;   /* scratch for the ENOEXEC retry through /bin/sh (argc + 2) */
-    volatile int reached_exec; /* set just before the final exec: a child that
-                                  dies before it has crashed, not exec'd */
-    int join_userns_fd, join_netns_fd; /* a leased netns (and its owner), or -1 */
-    int listen_to;              /* where listening sockets for forwarded ports go, or -1 */
-    unsigned long inner_flags;  /* namespaces the setup child creates after joining */
-    volatile pid_t inner_pid;   /* the setup child, cloned by the joiner */
-    sigset_t caller_mask;       /* the spawning thread's signal mask before clone */
-    int spawner_fd;             /* pidfd of the spawning thread (sbx_open_spawner), or -1 */
+    const uint32_t *fd_targets; /* numbers the pass_fds must have (they arrive elsewhere), or NULL */
     const int *bind_fds;        /* sources of the SBX_F_FROM_FD binds, in op order */
-    struct sbx_result *res;
-    int host_tree_fd;           /* SBX_OPT_HOST_TREE: the clone of the host tree kept for the command */
-    /* a Template's sandbox (csrc/template.c, standby.c); all zero natively */
-    int use_proc_dir;           /* proc_dir is the procfs root to use instead of /proc */
-    int proc_dir;
-    const uint32_t *fd_targets; /* numbers the pass_fds must have (they arrive elsewhere) */
-    int send_stamps;            /* err_fd is a report socket: send the started message (sbx_send_started) */
-    /* With a reaper: instead of exec'ing sandbox-init, stay resident as the
-     * sandbox's pid 1 (csrc/resident.c); the seccomp filter then goes on the
-     * command alone. Only for a child with memory of its own (fork-style). */
-    void (*resident)(struct sbx_ctx *c); /* does not return */
-    char *scrub;                /* memory the resident reaper clears once the command runs */
-    size_t scrub_len;
-    int keep_fd;                /* an fd the resident reaper keeps open until on_running (-1: none) */
-    int userns_fd;              /* a standby's prepared user namespace, joined at the request (-1: none) */
-    void (*on_running)(struct sbx_ctx *c); /* the resident reaper's command runs (NULL: nothing to do) */
+    const int *cgroup_fds;      /* cgroup.procs files the first process writes itself into (sbx_spawn_cg) */
+    int n_cgroup;
     int *null_trees;            /* detached clones of the host's /dev/null for a proc's masks, used from */
     int n_null_trees;           /* the end (a Template's root need not have one); 0: clone /dev/null */
+    int init_fd;                /* O_PATH fd of sandbox-init (or of SBX_OPT_EXEC_FD's executable), or -1 */
+    int err_fd;                 /* where failures (and, per mode, the start) are reported */
+    int status_fd;              /* write end of the status pipe (reaper), or -1 */
+    int listen_to;              /* where listening sockets for forwarded ports go, or -1 */
+    int join_userns_fd, join_netns_fd; /* a leased netns (and its owner) to join before the clone, or -1 */
+    int spawner_fd;             /* pidfd of the spawning thread (sbx_open_spawner), or -1 */
+    int proc_dir;               /* the procfs root for the id maps (a Template's server's), -1: /proc */
     /* A Template's sandbox in a leased network namespace: every message on
-     * the report socket carries an fd of that namespace (SCM_RIGHTS), so the
-     * caller knows which of the leases it sent is this sandbox's. */
-    int report_lease;           /* attach lease_fd to reports (0 natively) */
-    int lease_fd;               /* with report_lease: the lease, or -1 */
-    int prepared;               /* a standby that took the command's identity before its request */
-    /* the cgroup.procs files of the sandbox's cgroups (sbx_spawn_cg): the
-     * first process writes itself into each before any other step */
-    const int *cgroup_fds;
-    int n_cgroup;
+     * the report socket carries an fd of it (SCM_RIGHTS), so the caller
+     * knows which of the leases it sent is this sandbox's. -1: none. */
+    int lease_fd;
+    char *scrub;                /* memory the resident reaper clears once the command runs */
+    size_t scrub_len;
+    /* scratch, sized by the executor: per op, the cloned source trees; a
+     * /bin/sh retry's argv (argc + 2); sandbox-init's argv (argc + 6) */
+    int *src_fds;
+    char **sh_argv;
+    char **init_argv;
 };
 
+#define SBX_INPUT_NONE                                                                                        \
+    {                                                                                                         \
+        .stdio = {-1, -1, -1}, .init_fd = -1, .err_fd = -1, .status_fd = -1, .listen_to = -1,                 \
+        .join_userns_fd = -1, .join_netns_fd = -1, .spawner_fd = -1, .proc_dir = -1, .lease_fd = -1,          \
+    }
+
+/* What differs between the executors, as data: one static table each
+ * (SBX_MODE_SPAWN in spawn.c, SBX_MODE_FORK in forksandbox.c,
+ * SBX_MODE_TEMPLATE and SBX_MODE_STANDBY in sandbox-template's files). Every
+ * sandbox's first process runs one sequence of steps (child.c,
+ * sbx_child_steps); each step that differs is a call through its mode.
+ * No hook is NULL but stay_resident. */
+struct sbx_mode {
+    const char *name;
+    /* The first moments, before the id maps: signals, the parent-death
+     * signal, the sync fds, the creator's own fds. */
+    void (*start)(struct sbx_ctx *c);
+    /* Its user namespace was made ahead (sbx_prepare_userns: mapped and
+     * nested) and is joined once the world is built, instead of being
+     * mapped before it and nested after it. */
+    int userns_ahead;
+    /* The command's identity (session, capabilities, no-new-privs,
+     * Landlock) is taken before the request rather than after the fds. */
+    int identity_before_request;
+    /* Fill in the command's side of the context: nothing when it came with
+     * the clone; a standby waits for a request (sbx_ctx_take_input). */
+    void (*take_request)(struct sbx_ctx *c);
+    /* The fd table the command gets. */
+    void (*fd_table)(struct sbx_ctx *c);
+    /* With a reaper: stay resident as the sandbox's pid 1 (resident.c; only
+     * for a child with memory of its own) instead of exec'ing sandbox-init.
+     * NULL: exec it. Does not return. */
+    void (*stay_resident)(struct sbx_ctx *c);
+    /* The resident reaper's command runs. */
+    void (*on_running)(struct sbx_ctx *c);
+    /* Just before the exec: tell the caller the sandbox runs (0), or -1
+     * with errno. Natively the report pipe's close at exec says so. */
+    int (*report_started)(struct sbx_ctx *c);
+    /* The last step: exec the command (sbx_exec_command, does not return),
+     * or return into the caller's code (a forked sandbox). */
+    void (*run)(struct sbx_ctx *c);
+};
+
+/* Everything the child needs, prepared by the parent before clone: only
+ * sbx_ctx_init fills it in (a new state field gets its value there). */
+struct sbx_ctx {
+    const struct sbx_mode *mode;
+    struct sbx_input in;
+    const struct sbx_header *h; /* views of in.blob */
+    const struct sbx_op *ops;
+    struct sbx_result *res;
+    /* state: opened or set during setup */
+    int root_fd;      /* the new root while it is being built */
+    int proc_fd;      /* the child's /proc/<pid> on the host procfs, for id maps */
+    int host_tree_fd; /* SBX_OPT_HOST_TREE: the clone of the host tree kept for the command */
+    int userns_fd;    /* a user namespace made ahead (sbx_prepare_userns), joined at the request */
+    int keep_fd;      /* an fd the resident reaper keeps open until on_running (-1: none) */
+    volatile int reached_exec; /* set just before the final exec: a child that
+                                  dies before it has crashed, not exec'd */
+    unsigned long inner_flags; /* namespaces the setup child creates after joining */
+    volatile pid_t inner_pid;  /* the setup child, cloned by the joiner */
+    sigset_t caller_mask;      /* the spawning thread's signal mask before clone */
+};
+
+/* The context of a sandbox about to be cloned, in mode `mode`: every state
+ * fd -1, the input copied, its blob's views set. */
+void sbx_ctx_init(struct sbx_ctx *c, const struct sbx_mode *mode, const struct sbx_input *in,
+                  struct sbx_result *res);
+/* From here on the child follows `in` (a standby's request): the same
+ * state, another plan and command. */
+void sbx_ctx_take_input(struct sbx_ctx *c, const struct sbx_input *in);
+
+extern const struct sbx_mode SBX_MODE_SPAWN, SBX_MODE_FORK;
 
 /* util.c */
 const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
@@ -136,15 +192,25 @@ void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
 void sbx_block_on(int fd); /* child.c: read one byte or EOF, then close */
 
-/* mounts.c */
+/* sources.c */
+/* Destinations and per-call sources resolve as if the root they are
+ * resolved from were "/", never through /proc's magic links. */
+#define SBX_RESOLVE_INSIDE (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+#define SBX_SRC_DEFERRED (-2) /* in src_fds: cloned when its op runs */
+/* The mount attributes an op's flags ask for, one for one. */
+unsigned sbx_bind_attrs(uint32_t flags);
+/* Clone op i's source tree with its flags set; -1 if it is optional and missing. */
+int sbx_clone_source(struct sbx_ctx *c, uint32_t i);
+void sbx_open_sources(struct sbx_ctx *c);
 /* Clone the tree at `path`, resolved beneath `root` as if it were "/" (so
  * no symlink or ".." leads out), as a detached mount with the SBX_F_RDONLY
  * and SBX_F_NODEV attributes of `flags` and nosuid set: a Template's
  * per-call bind, cloned by its server from its copy of the host tree. An
  * fd, or -1 with errno. */
 int sbx_clone_tree_at(int root, const char *path, uint32_t flags);
+
+/* mounts.c */
 int sbx_in_place(const struct sbx_ctx *c);
-void sbx_open_sources(struct sbx_ctx *c);
 void sbx_make_newroot(struct sbx_ctx *c);
 void sbx_apply_ops(struct sbx_ctx *c);
 void sbx_pivot(struct sbx_ctx *c);
@@ -180,7 +246,7 @@ int sbx_high_pipe(int fds[2]);
  * CLONE_VM|CLONE_VFORK|SIGCHLD (namespaces, CLONE_FILES, CLONE_PARENT). */
 pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t stack);
 
-/* resident.c (sandbox-template only): ctx->resident of a Template's sandbox */
+/* resident.c (sandbox-template only): the stay_resident of a Template's modes */
 _Noreturn void sbx_resident_reaper(struct sbx_ctx *c);
 
 /* child.c */
@@ -189,15 +255,23 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c);
  * of the calling process (the sandbox's pid 1) and, implicitly, its
  * credentials. 0, or -1 with errno. */
 int sbx_send_started(struct sbx_ctx *c);
-void sbx_child_start(struct sbx_ctx *c);
-void sbx_setup_world(struct sbx_ctx *c);
-_Noreturn void sbx_child_steps(struct sbx_ctx *c);
-_Noreturn void sbx_standby_steps(struct sbx_ctx *c, void (*await)(struct sbx_ctx *c));
+/* Every step from the clone to the exec (or, a forked sandbox, to the
+ * return into the caller's code), in order, for every executor: the
+ * differences are the mode's (c->mode). A failing step reports and exits. */
+void sbx_child_steps(struct sbx_ctx *c);
+/* Steps of the native spawn's child, for modes that share them. */
+void sbx_child_start(struct sbx_ctx *c); /* signals, parent death, sync fds */
+void sbx_command_fds(struct sbx_ctx *c); /* sbx_place_fds, then stdio and the kept fds */
+void sbx_exec_command(struct sbx_ctx *c); /* sandbox-init, the EXEC_FD executable, or the command */
+int sbx_started_by_exec(struct sbx_ctx *c); /* report_started: nothing to send (0) */
+void sbx_no_step(struct sbx_ctx *c);
+/* Whether this sandbox's first process stays resident as its pid 1. */
+int sbx_stays_resident(const struct sbx_ctx *c);
 /* The user namespace a standby's command will live in, made ahead (by its
  * server: a helper of ours would take a pid in the sandbox's namespace), in
  * c->userns_fd: its owner and maps (nested as the plan says) are what the
  * sandbox's own unshare(CLONE_NEWUSER) would have made; joining it costs one
- * setns. 0, or -1 (a helper's failure is reported on c->err_fd). */
+ * setns. 0, or -1 (a helper's failure is reported on c->in.err_fd). */
 int sbx_prepare_userns(struct sbx_ctx *c);
 int sbx_child_main(void *arg);
 int sbx_joiner_main(void *arg);

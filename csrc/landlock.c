@@ -74,7 +74,7 @@ void sbx_apply_landlock(struct sbx_ctx *c)
     int ruleset = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
     if (ruleset < 0)
         sbx_fail(c, SBX_STEP_LANDLOCK, -1, errno, SBX_D_NONE);
-    const struct sbx_landlock *rules = (const void *)(c->blob + h->landlock_off);
+    const struct sbx_landlock *rules = (const void *)(c->in.blob + h->landlock_off);
     for (uint32_t i = 0; i < h->n_landlock; i++) {
         int fd = open(sbx_str(c, rules[i].path), O_PATH | O_CLOEXEC);
         if (fd < 0 && errno == ENOENT)
@@ -85,8 +85,8 @@ void sbx_apply_landlock(struct sbx_ctx *c)
         close(fd);
     }
     /* the reaper is exec'd from an fd outside every declared path */
-    if (c->init_fd >= 0 && (h->opts & SBX_OPT_REAPER))
-        add_rule(c, ruleset, c->init_fd, LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE, -1);
+    if (c->in.init_fd >= 0 && (h->opts & SBX_OPT_REAPER))
+        add_rule(c, ruleset, c->in.init_fd, LANDLOCK_ACCESS_FS_EXECUTE | LANDLOCK_ACCESS_FS_READ_FILE, -1);
     if (syscall(SYS_landlock_restrict_self, ruleset, 0) < 0)
         sbx_fail(c, SBX_STEP_LANDLOCK, -1, errno, SBX_D_NONE);
     close(ruleset);

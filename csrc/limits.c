@@ -21,14 +21,14 @@
  * fds were opened by the caller, so only a write(2) is needed here. */
 void sbx_enter_cgroups(struct sbx_ctx *c)
 {
-    for (int i = 0; i < c->n_cgroup; i++)
-        if (sbx_write_all(c->cgroup_fds[i], "0", 1) < 0)
+    for (int i = 0; i < c->in.n_cgroup; i++)
+        if (sbx_write_all(c->in.cgroup_fds[i], "0", 1) < 0)
             sbx_fail(c, SBX_STEP_CGROUP, i, errno, SBX_D_NONE);
 }
 
 void sbx_apply_rlimits(struct sbx_ctx *c)
 {
-    const struct sbx_rlimit *rl = (const void *)(c->blob + c->h->rlimits_off);
+    const struct sbx_rlimit *rl = (const void *)(c->in.blob + c->h->rlimits_off);
     /* The plan already capped each value at the caller's hard limit. */
     for (uint32_t i = 0; i < c->h->n_rlimits; i++) {
         if (sbx_set_rlimit((int)rl[i].resource, rl[i].value, rl[i].value) < 0)
@@ -43,36 +43,36 @@ void sbx_apply_rlimits(struct sbx_ctx *c)
  * is dup'd onto its target. */
 void sbx_place_fds(struct sbx_ctx *c)
 {
-    if (!c->fd_targets)
+    if (!c->in.fd_targets)
         return;
     int base = 3;
-    for (int k = 0; k < c->n_pass; k++)
-        if ((int)c->fd_targets[k] >= base)
-            base = (int)c->fd_targets[k] + 1;
+    for (int k = 0; k < c->in.n_pass; k++)
+        if ((int)c->in.fd_targets[k] >= base)
+            base = (int)c->in.fd_targets[k] + 1;
     /* and a Template's sandbox's own: the server's notify socket, its lease */
-    int *keep[] = {&c->stdio[0], &c->stdio[1], &c->stdio[2], &c->err_fd, &c->status_fd, &c->init_fd,
-                   c->resident ? &c->keep_fd : NULL, c->report_lease ? &c->lease_fd : NULL};
+    int *keep[] = {&c->in.stdio[0], &c->in.stdio[1], &c->in.stdio[2], &c->in.err_fd, &c->in.status_fd, &c->in.init_fd,
+                   &c->keep_fd, &c->in.lease_fd};
     for (size_t k = 0; k < sizeof keep / sizeof *keep; k++) {
-        if (!keep[k] || *keep[k] < 0 || *keep[k] >= base)
+        if (*keep[k] < 0 || *keep[k] >= base)
             continue;
         int hi = fcntl(*keep[k], F_DUPFD_CLOEXEC, base);
         if (hi < 0)
             sbx_fail(c, SBX_STEP_FDS, *keep[k], errno, SBX_D_NONE);
         *keep[k] = hi;
     }
-    int *pass = (int *)c->pass_fds; /* the child's own copy of the list */
-    for (int k = 0; k < c->n_pass; k++) {
+    int *pass = (int *)c->in.pass_fds; /* the child's own copy of the list */
+    for (int k = 0; k < c->in.n_pass; k++) {
         if (pass[k] >= base)
             continue;
         int hi = fcntl(pass[k], F_DUPFD_CLOEXEC, base);
         if (hi < 0)
-            sbx_fail(c, SBX_STEP_FDS, (int)c->fd_targets[k], errno, SBX_D_NONE);
+            sbx_fail(c, SBX_STEP_FDS, (int)c->in.fd_targets[k], errno, SBX_D_NONE);
         pass[k] = hi;
     }
-    for (int k = 0; k < c->n_pass; k++) {
-        if (dup2(pass[k], (int)c->fd_targets[k]) < 0)
-            sbx_fail(c, SBX_STEP_FDS, (int)c->fd_targets[k], errno, SBX_D_NONE);
-        pass[k] = (int)c->fd_targets[k];
+    for (int k = 0; k < c->in.n_pass; k++) {
+        if (dup2(pass[k], (int)c->in.fd_targets[k]) < 0)
+            sbx_fail(c, SBX_STEP_FDS, (int)c->in.fd_targets[k], errno, SBX_D_NONE);
+        pass[k] = (int)c->in.fd_targets[k];
     }
 }
 
@@ -83,7 +83,7 @@ void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b)
 {
     int src[3];
     for (int i = 0; i < 3; i++) {
-        src[i] = c->stdio[i];
+        src[i] = c->in.stdio[i];
         /* an fd that is itself 0-2 could be overwritten by an earlier dup2 */
         if (src[i] >= 0 && src[i] < 3 && src[i] != i) {
             src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, 3);
@@ -101,8 +101,8 @@ void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b)
             sbx_fail(c, SBX_STEP_STDIO, i, errno, SBX_D_NONE);
     }
     unsigned lo = 3;
-    for (int k = 0; k < c->n_pass; k++) {
-        int fd = c->pass_fds[k];
+    for (int k = 0; k < c->in.n_pass; k++) {
+        int fd = c->in.pass_fds[k];
         if (fd < 3)
             continue;
         if (fcntl(fd, F_SETFD, 0) < 0)
@@ -173,7 +173,7 @@ void sbx_install_seccomp(struct sbx_ctx *c)
         return;
     struct sock_fprog prog = {
         .len = (unsigned short)(c->h->seccomp_len / 8),
-        .filter = (struct sock_filter *)(c->blob + c->h->seccomp_off),
+        .filter = (struct sock_filter *)(c->in.blob + c->h->seccomp_off),
     };
     if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_SECCOMP, -1, errno, SBX_D_NONE);

@@ -1,12 +1,9 @@
 /* mounts.c: build the new root and apply the plan's operations in order.
  *
  * Kernel mechanisms, in the order they are used:
- * - Sources are cloned with open_tree(OPEN_TREE_CLONE|AT_RECURSIVE) while the
- *   host tree is still the root: a symlinked source binds its target, and a
- *   recursive clone keeps submounts the kernel locked together visible.
- * - Flags are set on the detached clone with mount_setattr(AT_RECURSIVE):
- *   only ever *set* (nosuid, nodev, ro), so a flag the kernel locked in a less
- *   privileged namespace is never cleared, and read-only reaches every submount.
+ * - Sources are cloned (sources.c) with open_tree(OPEN_TREE_CLONE|
+ *   AT_RECURSIVE) while the host tree is still the root, their flags set on
+ *   the detached clone.
  * - The new root is a tmpfs on a host directory of this private mount
  *   namespace. Destinations are opened with openat2(RESOLVE_IN_ROOT), which
  *   resolves '..' and absolute symlinks as if the new root were '/', so no
@@ -36,7 +33,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define RESOLVE_INSIDE (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
 #define EMPTY_PATHS (MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)
 
 static const char *const dev_nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
@@ -48,20 +44,7 @@ static const char *const dev_links[][2] = {
 
 static int open_inside(struct sbx_ctx *c, const char *path, uint64_t flags)
 {
-    return sbx_openat2(c->root_fd, path, flags | O_CLOEXEC, 0, RESOLVE_INSIDE);
-}
-
-/* The mount attributes an op's flags ask for, one for one. */
-static unsigned bind_attrs(uint32_t flags)
-{
-    unsigned attrs = 0;
-    if (flags & SBX_F_NOSUID)
-        attrs |= MOUNT_ATTR_NOSUID;
-    if (flags & SBX_F_NODEV)
-        attrs |= MOUNT_ATTR_NODEV;
-    if (flags & SBX_F_RDONLY)
-        attrs |= MOUNT_ATTR_RDONLY;
-    return attrs;
+    return sbx_openat2(c->root_fd, path, flags | O_CLOEXEC, 0, SBX_RESOLVE_INSIDE);
 }
 
 /* Open the parent directory of `path` inside the new root, creating missing
@@ -197,81 +180,6 @@ static void rebind(struct sbx_ctx *c, int i, int src_fd, const char *src, unsign
     close(tree);
 }
 
-#define SRC_DEFERRED (-2)
-
-/* A caller's fd as a bind source (SBX_F_FD_SOURCE, bwrap's --bind-fd): a
- * mount of the caller's namespace cannot be cloned from this one (EINVAL),
- * so the tree is cloned at the path the fd's magic link shows, as bwrap
- * does, and must be the fd's own file (else something was swapped in). */
-static int clone_fd_source(struct sbx_ctx *c, uint32_t i, const char *link)
-{
-    char path[4096];
-    struct stat want, got;
-    ssize_t n = readlink(link, path, sizeof path - 1);
-    if (n < 0 || stat(link, &want) < 0)
-        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
-    path[n] = 0;
-    int tree = sbx_open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-    if (tree < 0)
-        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
-    if (fstat(tree, &got) < 0 || got.st_dev != want.st_dev || got.st_ino != want.st_ino)
-        sbx_fail(c, SBX_STEP_SOURCE, (int)i, ESTALE, SBX_D_SOURCE);
-    return tree;
-}
-
-/* Clone op i's source tree with its flags set; -1 if it is optional and missing. */
-static int clone_source(struct sbx_ctx *c, uint32_t i)
-{
-    const struct sbx_op *op = &c->ops[i];
-    int bind = op->kind == SBX_OP_BIND;
-    const char *src = bind ? sbx_str(c, op->src) : "/proc";
-    unsigned attrs = bind ? bind_attrs(op->flags) : MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    int tree = bind && (op->flags & SBX_F_FD_SOURCE)
-                   ? clone_fd_source(c, i, src)
-                   : sbx_open_tree(AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
-    if (tree < 0) {
-        if (errno == ENOENT && (op->flags & SBX_F_OPTIONAL))
-            return -1;
-        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_SOURCE);
-    }
-    if (sbx_mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs, 0) < 0)
-        sbx_fail(c, SBX_STEP_SOURCE, (int)i, errno, SBX_D_ATTR);
-    return tree;
-}
-
-static int under(const char *path, const char *dir)
-{
-    size_t n = sbx_strlen(dir);
-    for (size_t k = 0; k < n; k++)
-        if (path[k] != dir[k])
-            return 0;
-    return path[n] == 0 || path[n] == '/' || (n == 1 && dir[0] == '/');
-}
-
-/* Sources the new root's tmpfs would change are cloned now, before it is
- * mounted: those under its host directory (the tmpfs covers them) and those
- * above it, such as "/" (a recursive clone taken later would carry the
- * tmpfs along, and the sandbox would see its own scaffolding at /tmp instead
- * of the host's /tmp). The others are cloned when their op runs, so a spec
- * with thousands of binds never holds thousands of fds at once. */
-void sbx_open_sources(struct sbx_ctx *c)
-{
-    const char *newroot = sbx_str(c, c->h->newroot);
-    int from_fd = 0;
-    for (uint32_t i = 0; i < c->h->n_ops; i++) {
-        const struct sbx_op *op = &c->ops[i];
-        c->src_fds[i] = -1;
-        if (op->kind == SBX_OP_BIND && (op->flags & SBX_F_FROM_FD))
-            c->src_fds[i] = c->bind_fds[from_fd++];
-        else if (op->kind == SBX_OP_BIND) {
-            const char *src = sbx_str(c, op->src);
-            /* an fd's path may be anywhere, under the new root's directory too */
-            int early = under(src, newroot) || under(newroot, src) || (op->flags & SBX_F_FD_SOURCE);
-            c->src_fds[i] = early ? clone_source(c, i) : SRC_DEFERRED;
-        }
-    }
-}
-
 int sbx_in_place(const struct sbx_ctx *c)
 {
     const char *dir = sbx_str(c, c->h->newroot);
@@ -296,7 +204,7 @@ void sbx_make_newroot(struct sbx_ctx *c)
 
 static void op_bind(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    int tree = c->src_fds[i] == SRC_DEFERRED ? clone_source(c, (uint32_t)i) : c->src_fds[i];
+    int tree = c->in.src_fds[i] == SBX_SRC_DEFERRED ? sbx_clone_source(c, (uint32_t)i) : c->in.src_fds[i];
     struct stat st;
     if (tree < 0)
         return; /* optional source missing: skipped, as bwrap's -try */
@@ -307,7 +215,7 @@ static void op_bind(struct sbx_ctx *c, int i, const struct sbx_op *op)
     attach(c, i, tree, fd, dest);
     close(fd);
     close(tree);
-    c->src_fds[i] = -1;
+    c->in.src_fds[i] = -1;
 }
 
 static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
@@ -328,7 +236,7 @@ static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
  * made from the host tree (its root may have no /dev/null to clone). */
 static void attach_null(struct sbx_ctx *c, int i, int dest_fd)
 {
-    int tree = c->null_trees[--c->n_null_trees];
+    int tree = c->in.null_trees[--c->in.n_null_trees];
     if (sbx_move_mount(tree, "", dest_fd, "", EMPTY_PATHS) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
     close(tree);
@@ -342,12 +250,12 @@ static void attach_null(struct sbx_ctx *c, int i, int dest_fd)
 static void cover_proc(struct sbx_ctx *c, int i, const struct sbx_op *op, int mnt)
 {
     const unsigned ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->blob + op->data + k) + 1) {
-        const char *entry = c->blob + op->data + k;
+    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1) {
+        const char *entry = c->in.blob + op->data + k;
         int sub = sbx_openat2(mnt, entry + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS);
         if (sub < 0)
             continue; /* not present on this kernel */
-        if (entry[0] == 'm' && c->n_null_trees > 0)
+        if (entry[0] == 'm' && c->in.n_null_trees > 0)
             attach_null(c, i, sub);
         else if (entry[0] == 'm')
             rebind(c, i, -1, "/dev/null", ro, 0, sub);
@@ -361,14 +269,14 @@ static void op_proc(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     const char *dest = sbx_str(c, op->dest);
     int fd = mountpoint(c, i, dest, 1, op->parent_mode);
-    int mnt = (op->flags & SBX_F_FRESH) ? -1 : clone_source(c, (uint32_t)i);
+    int mnt = (op->flags & SBX_F_FRESH) ? -1 : sbx_clone_source(c, (uint32_t)i);
     if (op->flags & SBX_F_FRESH)
         mnt = fresh_fs(c, i, "proc", NULL, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
     attach(c, i, mnt, fd, dest);
     cover_proc(c, i, op, mnt);
     close(mnt);
     close(fd);
-    c->src_fds[i] = -1;
+    c->in.src_fds[i] = -1;
 }
 
 /* A private devpts instance on `pts`. */
@@ -490,7 +398,7 @@ static void op_private_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
     int f = openat(fs, "f", O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, op->mode);
     if (f < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
-    if (sbx_write_all(f, c->blob + op->data, op->data_len) < 0)
+    if (sbx_write_all(f, c->in.blob + op->data, op->data_len) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_WRITE);
     close(f);
     int tree = sbx_open_tree(fs, "f", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
@@ -514,13 +422,13 @@ static void op_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
     /* O_NONBLOCK: a FIFO a previous tenant planted here must not block the
      * open (no reader: ENXIO); anything but a regular file is refused. */
     int fd = sbx_openat2(c->root_fd, dest, O_CREAT | O_WRONLY | O_TRUNC | O_NONBLOCK | O_CLOEXEC, op->mode,
-                         RESOLVE_INSIDE);
+                         SBX_RESOLVE_INSIDE);
     struct stat st;
     if (fd < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
         sbx_fail(c, SBX_STEP_OP, i, ENXIO, SBX_D_CREATE);
-    if (sbx_write_all(fd, c->blob + op->data, op->data_len) < 0)
+    if (sbx_write_all(fd, c->in.blob + op->data, op->data_len) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_WRITE);
     close(fd);
     if (op->flags & SBX_F_RDONLY) {
@@ -537,7 +445,7 @@ static void op_remount_ro(struct sbx_ctx *c, int i, const struct sbx_op *op)
     int fd = open_inside(c, sbx_str(c, op->dest), O_PATH);
     if (fd < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-    if (sbx_mount_setattr(fd, "", AT_EMPTY_PATH, bind_attrs(op->flags), 0) < 0)
+    if (sbx_mount_setattr(fd, "", AT_EMPTY_PATH, sbx_bind_attrs(op->flags), 0) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_ATTR);
     close(fd);
 }
@@ -583,21 +491,4 @@ void sbx_pivot(struct sbx_ctx *c)
         sbx_fail(c, SBX_STEP_PIVOT, -1, errno, SBX_D_NONE);
     close(c->root_fd);
     c->root_fd = -1;
-}
-
-int sbx_clone_tree_at(int root, const char *path, uint32_t flags)
-{
-    int at = sbx_openat2(root, path, O_PATH | O_CLOEXEC, 0, RESOLVE_INSIDE);
-    if (at < 0)
-        return -1;
-    int tree = sbx_open_tree(at, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH);
-    int err = errno;
-    close(at);
-    if (tree >= 0 && sbx_mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, bind_attrs(flags), 0) < 0) {
-        err = errno;
-        close(tree);
-        tree = -1;
-    }
-    errno = err;
-    return tree;
 }

@@ -36,7 +36,7 @@ void sbx_loopback_up(struct sbx_ctx *c)
 static void send_fd(struct sbx_ctx *c, int index, int fd)
 {
     char byte = 0;
-    if (sbx_send_fds(c->listen_to, &byte, 1, &fd, 1) < 0)
+    if (sbx_send_fds(c->in.listen_to, &byte, 1, &fd, 1) < 0)
         sbx_fail(c, SBX_STEP_FORWARD, index, errno, SBX_D_NONE);
 }
 
@@ -60,7 +60,7 @@ int sbx_listen_loopback(uint16_t port)
 
 void sbx_make_listeners(struct sbx_ctx *c)
 {
-    const uint32_t *ports = (const void *)(c->blob + c->h->listen_off);
+    const uint32_t *ports = (const void *)(c->in.blob + c->h->listen_off);
     for (uint32_t i = 0; i < c->h->n_listen; i++) {
         int fd = sbx_listen_loopback((uint16_t)ports[i]);
         if (fd < 0)

@@ -58,10 +58,10 @@ int sbx_probe(uint32_t ns, struct sbx_result *res)
     a.h.host_gid = (uint32_t)getgid();
     a.h.uid = a.h.host_uid;
     a.h.gid = a.h.host_gid;
-    a.ctx.h = &a.h;
-    a.ctx.err_fd = errp[1];
-    a.ctx.proc_fd = -1;
-    a.ctx.res = res;
+    struct sbx_input in = SBX_INPUT_NONE;
+    in.blob = (const char *)&a.h; /* a header alone: no ops, no strings */
+    in.err_fd = errp[1];
+    sbx_ctx_init(&a.ctx, &SBX_MODE_SPAWN, &in, res);
     pid_t pid = sbx_clone_vm(probe_child, &a.ctx, sbx_clone_flags(ns), 64 * 1024);
     int err = errno;
     close(errp[1]);

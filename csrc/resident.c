@@ -51,7 +51,7 @@ static int command_main(void *arg)
     if (c->h->seccomp_len && !(c->h->opts & SBX_OPT_SECCOMP_EARLY)) { /* else inherited */
         struct sock_fprog prog = {
             .len = (unsigned short)(c->h->seccomp_len / 8),
-            .filter = (struct sock_filter *)(c->blob + c->h->seccomp_off),
+            .filter = (struct sock_filter *)(c->in.blob + c->h->seccomp_off),
         };
         if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) < 0) {
             command.step = SBX_STEP_SECCOMP;
@@ -62,7 +62,7 @@ static int command_main(void *arg)
     /* The command's mask: none blocked (a Template keeps no caller's mask). */
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
-    sbx_exec_search(c->argv[0], c->argv, c->envp, sbx_str(c, c->h->path), c->sh_argv);
+    sbx_exec_search(c->in.argv[0], c->in.argv, c->in.envp, sbx_str(c, c->h->path), c->in.sh_argv);
     command.step = SBX_STEP_EXEC;
     command.err = errno;
     _exit(errno == ENOENT ? 127 : 126);
@@ -73,7 +73,7 @@ static int command_main(void *arg)
 /* The lease this sandbox reports (-1: none). */
 static int lease_of(const struct sbx_ctx *c)
 {
-    return c->report_lease ? c->lease_fd : -1;
+    return c->in.lease_fd;
 }
 
 /* Close every fd but 0-2, the pass_fds (at their numbers by now), keep, c->keep_fd and the lease. */
@@ -86,9 +86,9 @@ static void close_all_but(const struct sbx_ctx *c, int keep)
         fds[n++] = c->keep_fd;
     if (lease_of(c) >= 0)
         fds[n++] = lease_of(c);
-    for (int k = 0; k < c->n_pass && n < MAX_KEEP; k++)
-        if (c->pass_fds[k] > 2)
-            fds[n++] = c->pass_fds[k];
+    for (int k = 0; k < c->in.n_pass && n < MAX_KEEP; k++)
+        if (c->in.pass_fds[k] > 2)
+            fds[n++] = c->in.pass_fds[k];
     for (int i = 1; i < n; i++) /* insertion sort: a few fds */
         for (int j = i; j > 0 && fds[j - 1] > fds[j]; j--) {
             int t = fds[j];
@@ -163,7 +163,7 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
 {
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
-    close_all_but(c, c->err_fd);
+    close_all_but(c, c->in.err_fd);
     command.c = c;
     sbx_stamp(c, SBX_T_READY);
     c->reached_exec = 1;
@@ -183,22 +183,21 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
     /* Only the report socket stays (and until it is reported, the lease):
      * the command's stdio and passed fds must reach EOF when the command
      * (not this reaper) closes them. */
-    close_except(c->err_fd, c->keep_fd, lease_of(c));
+    close_except(c->in.err_fd, c->keep_fd, lease_of(c));
     if (sbx_send_started(c) < 0) {
         kill(pid, SIGKILL);
         _exit(125);
     }
     if (lease_of(c) >= 0) { /* the caller has its own fd of it now */
-        close(c->lease_fd);
-        c->lease_fd = -1;
+        close(c->in.lease_fd);
+        c->in.lease_fd = -1;
     }
     /* After the caller is woken, not before: the replacement the server
      * starts at this word competes with the caller for the CPU. (A Template's
      * standby marked itself taken when the request came: if the caller
      * kills us first, the server does not take that for a crash.) */
-    if (c->on_running)
-        c->on_running(c);
-    if (c->scrub)
-        memset(c->scrub, 0, c->scrub_len);
-    reap(pid, c->err_fd);
+    c->mode->on_running(c);
+    if (c->in.scrub)
+        memset(c->in.scrub, 0, c->in.scrub_len);
+    reap(pid, c->in.err_fd);
 }

@@ -374,15 +374,52 @@ extern const int sbx_n_op_kinds;
                                        socket, answering once the first is ready (or failed); with
                                        SBX_REQ_JOIN_NETNS, SBX_N_STANDBY leases follow the report socket */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
+#define SBX_REQ_VERSION 1           /* struct sbx_request.version: what follows the header, and how */
+#define SBX_REQ_MAX_FDS 253         /* fds with one request (SCM_MAX_FD) */
 struct sbx_request {
-    uint32_t magic;
+    uint32_t magic;         /* SBX_REQ_MAGIC */
     uint32_t blob_len;
     uint32_t argc;
     uint32_t envc;
     uint32_t n_pass;
     uint32_t flags;         /* SBX_REQ_* */
     uint32_t stdio_mask;
-    uint32_t pad;
+    uint32_t version;       /* SBX_REQ_VERSION */
+};
+
+/* Where a checked request's parts are (sbx_parse_request): pointers into
+ * the message (or the stored blob), and which of the fds that came with it
+ * is which, as indexes (-1: none). The server and the unit tests read
+ * requests through it alike. */
+struct sbx_request_view {
+    const char *blob;           /* the request's blob, or the stored one (blob_len 0) */
+    const uint32_t *targets;    /* uint32_t[n_pass]: the numbers the pass fds get inside */
+    const char *strings;        /* argc + envc NUL-terminated strings, ending where the message does */
+    int32_t report, status, netns, stdio[3], pass_at; /* pass_at: the first of n_pass */
+};
+
+/* Check a request message (`len` bytes, 8-aligned) that came with `nfds`
+ * fds, as a per-sandbox request: its header (magic, version, counts), its
+ * blob (sbx_check_blob) or, blob_len 0, `stored` (NULL: none), its fd
+ * targets and strings, which must end the message, and that its fds are
+ * exactly those the header announces. 0 and *view filled in, or -1. */
+int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds, struct sbx_request_view *view);
+/* Check a store request (SBX_REQ_STORE_BLOB, argc 0): its header, its blob
+ * (which ends the message), and its fds (the report socket, and
+ * SBX_N_STANDBY leases with SBX_REQ_STANDBY|SBX_REQ_JOIN_NETNS). 0, or -1. */
+int sbx_check_store(const void *msg, size_t len, int nfds);
+
+/* The failure record a setup process writes to its close-on-exec error
+ * pipe (or a Template's report socket) before it exits: the setup child
+ * (child.c), the joiner, sandbox-init when the command cannot be forked or
+ * exec'd (init.c), a Template's server. The parent reads it into struct
+ * sbx_result. An EOF without a record means the pipe was closed by a
+ * successful exec. */
+struct sbx_report {
+    int32_t step;   /* enum sbx_step */
+    int32_t op;     /* index of the failing op (or probe path, rlimit ...), or -1 */
+    int32_t err;    /* errno */
+    int32_t detail; /* enum sbx_detail */
 };
 
 /* On the report socket, one message each:

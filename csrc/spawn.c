@@ -61,8 +61,6 @@ static void fail_early(struct sbx_result *res, int step, int err)
     res->err = err;
 }
 
-static void release_scratch(struct sbx_ctx *c);
-
 static void close_pipes(int errp[2], int statp[2])
 {
     for (int i = 0; i < 2; i++) {
@@ -72,44 +70,57 @@ static void close_pipes(int errp[2], int statp[2])
     }
 }
 
+/* The native spawn: the child shares the caller's memory, so it cannot
+ * stay resident; it execs sandbox-init or the command, and the report
+ * pipe's close at that exec tells the caller it has started. */
+const struct sbx_mode SBX_MODE_SPAWN = {
+    .name = "spawn",
+    .start = sbx_child_start,
+    .take_request = sbx_no_step,
+    .fd_table = sbx_command_fds,
+    .stay_resident = NULL,
+    .on_running = sbx_no_step,
+    .report_started = sbx_started_by_exec,
+    .run = sbx_exec_command,
+};
+
 /* Everything the child needs that scales with the input, allocated here
  * (the child may not allocate, and its stack is small): a slot per op for
  * source trees, sandbox-init's argv, and room for a /bin/sh retry. */
-static int prepare_memory(struct sbx_ctx *c, char fds[2][16])
+static int prepare_memory(struct sbx_input *in, const struct sbx_header *h, char fds[2][16])
 {
     size_t argc = 0;
-    while (c->argv[argc])
+    while (in->argv[argc])
         argc++;
-    c->src_fds = malloc((c->h->n_ops + 1) * sizeof *c->src_fds);
-    c->init_argv = malloc((argc + 6) * sizeof *c->init_argv);
-    c->sh_argv = malloc((argc + 2) * sizeof *c->sh_argv);
-    if (!c->src_fds || !c->init_argv || !c->sh_argv) {
-        release_scratch(c);
+    in->src_fds = malloc((h->n_ops + 1) * sizeof *in->src_fds);
+    in->init_argv = malloc((argc + 6) * sizeof *in->init_argv);
+    in->sh_argv = malloc((argc + 2) * sizeof *in->sh_argv);
+    if (!in->src_fds || !in->init_argv || !in->sh_argv) {
+        free(in->src_fds);
+        free(in->init_argv);
+        free(in->sh_argv);
         return -1;
     }
-    sbx_fmt_uint(fds[0], (unsigned)c->err_fd, 10);
-    sbx_fmt_uint(fds[1], (unsigned)(c->status_fd >= 0 ? c->status_fd : 0), 10);
-    c->init_argv[0] = "sandbox-init";
-    c->init_argv[1] = fds[0];
-    c->init_argv[2] = fds[1];
-    c->init_argv[3] = (char *)(c->h->path ? sbx_str(c, c->h->path) : "");
-    c->init_argv[4] = "--";
+    sbx_fmt_uint(fds[0], (unsigned)in->err_fd, 10);
+    sbx_fmt_uint(fds[1], (unsigned)(in->status_fd >= 0 ? in->status_fd : 0), 10);
+    in->init_argv[0] = "sandbox-init";
+    in->init_argv[1] = fds[0];
+    in->init_argv[2] = fds[1];
+    in->init_argv[3] = (char *)(h->path ? in->blob + h->path : "");
+    in->init_argv[4] = "--";
     for (size_t i = 0; i <= argc; i++)
-        c->init_argv[5 + i] = c->argv[i];
+        in->init_argv[5 + i] = in->argv[i];
     return 0;
 }
 
 /* The parent's scratch for the child: its memory, and the spawner pidfd. */
-static void release_scratch(struct sbx_ctx *c)
+static void release_scratch(const struct sbx_input *in)
 {
-    free(c->src_fds);
-    free(c->init_argv);
-    free(c->sh_argv);
-    if (c->spawner_fd >= 0)
-        close(c->spawner_fd);
-    c->spawner_fd = -1;
-    c->src_fds = NULL;
-    c->init_argv = c->sh_argv = NULL;
+    free(in->src_fds);
+    free(in->init_argv);
+    free(in->sh_argv);
+    if (in->spawner_fd >= 0)
+        close(in->spawner_fd);
 }
 
 /* Clone the child: the caller's thread sleeps until it exec's or exits.
@@ -119,7 +130,7 @@ static pid_t clone_child(struct sbx_ctx *c, unsigned long flags)
 {
     /* The command's mask, if the plan keeps it (sbx_clone_vm blocks all). */
     pthread_sigmask(SIG_SETMASK, NULL, &c->caller_mask);
-    if (c->join_netns_fd < 0)
+    if (c->in.join_netns_fd < 0)
         return sbx_clone_vm(sbx_child_main, c, flags, SBX_CHILD_STACK);
     c->inner_flags = flags & ~(unsigned long)CLONE_NEWNET;
     pid_t joiner = sbx_clone_vm(sbx_joiner_main, c, 0, SBX_CHILD_STACK);
@@ -173,32 +184,44 @@ int sbx_spawn_cg(const void *blob, size_t len, char *const argv[], char *const e
         close(errp[1]);
         return -1;
     }
-    struct sbx_ctx c = {
-        .blob = blob, .h = h, .ops = (const void *)((const char *)blob + h->ops_off),
-        .argv = argv, .envp = envp, .stdio = {stdio[0], stdio[1], stdio[2]},
-        .pass_fds = pass_fds, .n_pass = n_pass, .init_fd = init_fd,
-        .err_fd = errp[1], .status_fd = statp[1], .root_fd = -1, .proc_fd = -1, .res = res,
-        .join_userns_fd = join_ns ? join_ns[0] : -1, .join_netns_fd = join_ns ? join_ns[1] : -1, .inner_pid = -1,
-        .listen_to = listen_to, .spawner_fd = sbx_open_spawner(),
-        .cgroup_fds = cgroup_fds, .n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0,
-    };
+    struct sbx_input in = SBX_INPUT_NONE;
+    in.blob = blob;
+    in.argv = argv;
+    in.envp = envp;
+    for (int i = 0; i < 3; i++)
+        in.stdio[i] = stdio[i];
+    in.pass_fds = pass_fds;
+    in.n_pass = n_pass;
+    in.cgroup_fds = cgroup_fds;
+    in.n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0;
+    in.init_fd = init_fd;
+    in.err_fd = errp[1];
+    in.status_fd = statp[1];
+    in.listen_to = listen_to;
+    if (join_ns) {
+        in.join_userns_fd = join_ns[0];
+        in.join_netns_fd = join_ns[1];
+    }
     char fds[2][16];
-    if (prepare_memory(&c, fds) < 0) {
+    if (prepare_memory(&in, h, fds) < 0) {
         fail_early(res, SBX_STEP_PIPE, ENOMEM);
         close_pipes(errp, statp);
         return -1;
     }
+    in.spawner_fd = sbx_open_spawner();
+    struct sbx_ctx c;
+    sbx_ctx_init(&c, &SBX_MODE_SPAWN, &in, res);
     pid_t pid = clone_child(&c, sbx_clone_flags(h->ns));
     int clone_err = errno;
     res->t_ns[SBX_T_RETURN] = now_ns();
     close(errp[1]);
     if (reaper)
         close(statp[1]);
-    release_scratch(&c);
+    release_scratch(&in);
     struct sbx_report r = {SBX_STEP_CRASHED, -1, 0, SBX_D_NONE};
     if (pid < 0) {
         /* a joiner that failed has reported why; a failed clone has not */
-        if (c.join_netns_fd < 0 || !sbx_read_report(errp[0], &r)) {
+        if (in.join_netns_fd < 0 || !sbx_read_report(errp[0], &r)) {
             r.step = SBX_STEP_CLONE;
             r.err = clone_err;
         }

@@ -6,7 +6,7 @@
  * standby (leases mode), which the standby joins first. Still holding the
  * server's capabilities over its namespaces, it mounts its fresh proc,
  * tmpfs, shm and devpts, brings up its loopback and sets its hostname
- * (child.c, sbx_standby_steps). Then, prepared, it joins its user namespace
+ * (child.c, sbx_child_steps in SBX_MODE_STANDBY). Then, prepared, it joins its user namespace
  * (a child of the server's, made ahead) and takes the command's identity:
  * no capability, no new privileges, its own session, Landlock. It tells the
  * server it is ready and blocks on the request socket the server does not
@@ -40,14 +40,10 @@ struct clone3_args {
     uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
 };
 
-static int my_slot;
-static struct sbx_result my_res;
-static int my_fds[MAX_FDS];
-
-static void note(int kind, int fd)
+static void note(struct tpl_sandbox *t, int kind, int fd)
 {
-    struct standby_note n = {kind, my_slot};
-    sbx_send_fds(notify_wr, &n, sizeof n, &fd, 1);
+    struct standby_note n = {kind, t->slot};
+    sbx_send_fds(t->srv->notify_wr, &n, sizeof n, &fd, 1);
 }
 
 /* The request must be one of this Template's: its blob differs from the
@@ -64,119 +60,126 @@ static int compatible(const struct sbx_header *mine, const struct sbx_header *th
 static void refuse(struct sbx_ctx *c, struct request *q, int err)
 {
     if (q->report >= 0) {
-        c->err_fd = q->report;
+        c->in.err_fd = q->report;
         sbx_fail(c, SBX_STEP_CONFIG, -1, err, SBX_D_NONE); /* with the lease, if it has one */
     }
     _exit(125);
 }
 
 /* The command runs (the resident reaper says so): time for a replacement. */
-static void running(struct sbx_ctx *c)
+static void standby_running(struct sbx_ctx *c)
 {
-    note(NOTE_RUNNING, -1);
+    note(TPL_SANDBOX(c), NOTE_RUNNING, -1);
     close(c->keep_fd);
     c->keep_fd = -1;
 }
 
-/* Wait for a request and take it (sbx_standby_steps' `await`). */
+/* Wait for a request and take it (SBX_MODE_STANDBY's take_request). */
 static void await_request(struct sbx_ctx *c)
 {
+    struct tpl_sandbox *t = TPL_SANDBOX(c);
+    struct tpl_server *s = t->srv;
     int nfds;
-    note(NOTE_READY, -1);
-    ssize_t n = receive_request(fast_fd, my_fds, &nfds);
+    note(t, NOTE_READY, -1);
+    ssize_t n = receive_request(s, s->fast_fd, t->fds, &nfds);
     if (n == 0)
         _exit(0); /* the caller has gone */
-    standby_taken[my_slot] = 1;
-    close(fast_fd);
-    struct request q = {.fds = my_fds, .nfds = nfds, .report = nfds > 0 ? my_fds[0] : -1, .status = -1, .netns = -1};
-    if (n < 0 || parse_request(&q, (size_t)n) < 0)
+    s->standby_taken[t->slot] = 1;
+    close(s->fast_fd);
+    struct request q = {.fds = t->fds, .nfds = nfds, .report = nfds > 0 ? t->fds[0] : -1, .status = -1, .netns = -1};
+    if (n < 0 || parse_request(s, &q, (size_t)n) < 0)
         refuse(c, &q, n == -2 ? EMSGSIZE : EINVAL);
     if (q.netns >= 0) {
         /* Already in its lease: the request's is for the standby that replaces this one. */
-        note(NOTE_LEASE, q.netns);
+        note(t, NOTE_LEASE, q.netns);
         close(q.netns);
         q.netns = -1;
     }
     const struct sbx_header *h = (const void *)q.blob;
     if (!compatible(c->h, h))
         refuse(c, &q, EINVAL);
-    if (!c->resident) { /* as_pid_1: the server writes its status, and replaces it now */
-        note(NOTE_TAKEN, q.status);
+    if (sbx_stays_resident(c)) {
+        c->keep_fd = s->notify_wr; /* close-on-exec: the command never has it (standby_running closes it) */
+    } else { /* as_pid_1: the server writes its status, and replaces it now */
+        note(t, NOTE_TAKEN, q.status);
         if (q.status >= 0)
             close(q.status);
+        close(s->notify_wr);
     }
-    if (c->resident) {
-        c->keep_fd = notify_wr; /* close-on-exec: the command never has it */
-        c->on_running = running;
-    } else {
-        close(notify_wr);
-    }
-    /* From here on the request's blob: the same world, its own command side. */
-    c->blob = q.blob;
-    c->h = h;
-    c->ops = (const void *)(q.blob + h->ops_off);
-    c->argv = q.argv;
-    c->envp = q.envp;
-    for (int i = 0; i < 3; i++)
-        c->stdio[i] = q.stdio[i];
-    c->pass_fds = q.pass;
-    c->n_pass = (int)q.r->n_pass;
-    c->fd_targets = q.targets;
-    c->err_fd = q.report;
-    c->sh_argv = malloc((q.r->argc + 2) * sizeof *c->sh_argv);
-    c->scrub = msg;
-    c->scrub_len = (size_t)n;
-    if (!c->sh_argv)
+    /* From here on the request's blob: the same world, its own command
+     * side; its reports still carry this standby's lease. */
+    struct sbx_input in = SBX_INPUT_NONE;
+    request_input(&in, &q, q.pass);
+    in.proc_dir = c->in.proc_dir;
+    in.lease_fd = c->in.lease_fd;
+    in.sh_argv = malloc((q.r->argc + 2) * sizeof *in.sh_argv);
+    in.scrub = s->msg;
+    in.scrub_len = (size_t)n;
+    sbx_ctx_take_input(c, &in);
+    if (!in.sh_argv)
         sbx_fail(c, SBX_STEP_CONFIG, -1, ENOMEM, SBX_D_NONE);
     memset(c->res->t_ns, 0, sizeof c->res->t_ns);
     sbx_stamp(c, SBX_T_START);
     sbx_stamp(c, SBX_T_CHILD);
+    sbx_stamp(c, SBX_T_IDMAP); /* its user namespace was joined before the request */
 }
 
-static _Noreturn void standby_main(struct sbx_ctx *c)
+/* The standby's first moments: its lease first, so that its proc (mounted
+ * next) shows that namespace's sys/net; then it drops what is the server's
+ * alone (it keeps the standbys' request socket and the notify socket). */
+static void standby_start(struct sbx_ctx *c)
 {
-    /* First its lease, so that its proc (mounted next) shows that namespace's sys/net. */
-    if (c->lease_fd >= 0 && setns(c->lease_fd, CLONE_NEWNET) < 0)
+    if (c->in.lease_fd >= 0 && setns(c->in.lease_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
-    close(sock_fd);
-    close(notify_rd);
-    close(sig_fd);
-    close(own_netns);
-    close(host_tree);
-    if (null_master >= 0)
-        close(null_master);
-    sbx_standby_steps(c, await_request);
+    tpl_close_server_fds(TPL_SANDBOX(c)->srv, 1);
 }
 
-pid_t make_standby(int slot, int lease)
+/* A standby: its world built before any request, its user namespace made
+ * ahead by the server (sbx_prepare_userns) and joined, with the command's
+ * identity, before it waits; it stays resident as pid 1 with a reaper. */
+const struct sbx_mode SBX_MODE_STANDBY = {
+    .name = "standby",
+    .start = standby_start,
+    .userns_ahead = 1,
+    .identity_before_request = 1,
+    .take_request = await_request,
+    .fd_table = sbx_command_fds,
+    .stay_resident = sbx_resident_reaper,
+    .on_running = standby_running,
+    .report_started = sbx_send_started,
+    .run = sbx_exec_command,
+};
+
+pid_t make_standby(struct tpl_server *s, int slot, int lease)
 {
-    const struct sbx_header *h = (const void *)stored_blob;
+    const struct sbx_header *h = (const void *)s->stored_blob;
     int *src_fds = malloc((h->n_ops + 1) * sizeof *src_fds);
     if (!src_fds)
         return -1;
-    my_slot = slot;
-    memset(&my_res, 0, sizeof my_res);
-    int nulls[MAX_NULL_TREES], n_nulls = make_null_trees(stored_blob, nulls);
+    int nulls[MAX_NULL_TREES], n_nulls = make_null_trees(s, s->stored_blob, nulls);
     /* Failures before a request go to the server, as a 16-byte report. */
-    struct sbx_ctx c = {
-        .blob = stored_blob, .h = h, .ops = (const void *)(stored_blob + h->ops_off), .stdio = {-1, -1, -1},
-        .init_fd = -1, .err_fd = notify_wr, .status_fd = -1, .src_fds = src_fds, .root_fd = -1, .proc_fd = -1,
-        .join_userns_fd = -1, .join_netns_fd = -1, .listen_to = -1, .res = &my_res, .host_tree_fd = -1, .spawner_fd = -1,
-        .use_proc_dir = 1, .proc_dir = proc_dir, .send_stamps = 1, .keep_fd = -1, .userns_fd = -1,
-        .null_trees = nulls, .n_null_trees = n_nulls,
-        .resident = (h->opts & SBX_OPT_REAPER) ? sbx_resident_reaper : NULL,
-        .report_lease = 1, .lease_fd = lease, .prepared = 1,
-    };
+    struct sbx_input in = SBX_INPUT_NONE;
+    in.blob = s->stored_blob;
+    in.err_fd = s->notify_wr;
+    in.src_fds = src_fds;
+    in.null_trees = nulls;
+    in.n_null_trees = n_nulls;
+    in.proc_dir = s->proc_dir;
+    in.lease_fd = lease;
+    struct tpl_sandbox t = {.srv = s, .slot = slot};
+    sbx_ctx_init(&t.c, &SBX_MODE_STANDBY, &in, &t.res);
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};
     pid_t pid = -1;
-    if (sbx_prepare_userns(&c) == 0) {
+    if (sbx_prepare_userns(&t.c) == 0) {
         pid = (pid_t)syscall(SYS_clone3, &args, sizeof args);
-        if (pid == 0)
-            standby_main(&c);
+        if (pid == 0) {
+            sbx_child_steps(&t.c);
+            _exit(125); /* not reached: it execs or fails */
+        }
     }
     int err = errno;
-    if (c.userns_fd >= 0)
-        close(c.userns_fd); /* the standby has its own copies of these */
+    if (t.c.userns_fd >= 0)
+        close(t.c.userns_fd); /* the standby has its own copies of these */
     close_all(nulls, n_nulls);
     free(src_fds);
     errno = err;

@@ -1,25 +1,95 @@
-/* template.h: what the files of sandbox-template share (template.c: the
- * server and requests it serves itself; standby.c: standby sandboxes). */
+/* template.h: what the files of sandbox-template share.
+ *
+ *   template.c          the server: main, its poll loop, requests it serves
+ *                       itself (SBX_MODE_TEMPLATE) and the stored blob
+ *   template_request.c  a request message: receive, parse, the sandbox's input
+ *   template_trees.c    trees the server clones from the host's for a sandbox
+ *   template_schedule.c the standby schedule: notes, reaping, replacements
+ *   standby.c           a standby sandbox itself (SBX_MODE_STANDBY)
+ *   resident.c          a sandbox's resident pid 1 (both modes)
+ *
+ * The server's state is one struct tpl_server, passed by pointer; a
+ * sandbox (a fork-style copy of the server) reaches it through its context
+ * (struct tpl_sandbox). */
 #ifndef SANDBOX_TEMPLATE_H
 #define SANDBOX_TEMPLATE_H
 
 #include "internal.h"
 
+#include <stddef.h>
+
 #define MAX_MSG (256 * 1024)
-#define MAX_FDS 253 /* SCM_MAX_FD */
+#define MAX_FDS SBX_REQ_MAX_FDS /* SCM_MAX_FD */
+#define N_STANDBY SBX_N_STANDBY
+#define MAX_NULL_TREES 64
 
-/* The server's own fds; a sandbox closes them first thing. */
-extern int sock_fd;   /* requests the server serves (per-call binds, stores) */
-extern int fast_fd;   /* requests standby sandboxes take */
-extern int notify_rd; /* standby -> server messages (the server's end) */
-extern int notify_wr; /* ... (the standbys' end) */
-extern int proc_dir, host_tree, sig_fd, own_netns;
-extern int null_master; /* a detached read-only /dev/null to clone (-2: not made yet, -1: none) */
+/* A sandbox without a reaper (as_pid_1): the server, its parent, writes its
+ * wait status to the caller's status pipe. */
+struct waiter {
+    pid_t pid;
+    int status_fd;
+};
 
-extern char msg[MAX_MSG]; /* the request being parsed (each process's own copy) */
-extern char *stored_blob; /* SBX_REQ_STORE_BLOB */
-extern volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request */
+/* A standby's slot: pid 0, to be made; taken: its request is being set up,
+ * and its replacement waits until its command runs (or it ends), so that
+ * the replacement's setup does not compete with it for the CPU. Once it
+ * runs, the replacement waits longer (replace_at) while another standby is
+ * ready: until the sandbox ends or REPLACE_DELAY_NS have passed. A short
+ * command's sandbox is then torn down before the next one is built, and
+ * building it does not compete with the command, its caller and the
+ * teardown for the CPU. */
+struct standby_slot {
+    pid_t pid;
+    int taken;
+    int64_t replace_at; /* the sandbox it became runs: replace it from then on (0: not yet) */
+};
 
+struct tpl_server {
+    /* The server's own fds; a sandbox closes them first thing. */
+    int sock_fd;   /* requests the server serves (per-call binds, stores) */
+    int fast_fd;   /* requests standby sandboxes take */
+    int notify_rd; /* standby -> server messages (the server's end) */
+    int notify_wr; /* ... (the standbys' end) */
+    int proc_dir;  /* the caller's procfs root: the sandboxes' id maps go through it */
+    int host_tree; /* a detached clone of the host's mount tree */
+    int sig_fd;    /* SIGCHLD */
+    int own_netns; /* to come back to after a clone into a lease */
+    int null_master; /* a detached read-only /dev/null to clone (-2: not made yet, -1: none) */
+    char *stored_blob; /* SBX_REQ_STORE_BLOB */
+    /* the standby schedule (template_schedule.c) */
+    volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request */
+    struct standby_slot standby[N_STANDBY];
+    int standby_on;   /* making standbys: asked for, and none has failed */
+    /* Leases mode (the stored plan's sandboxes lease their network namespace):
+     * each standby joins one ahead, handed in by the caller (N_STANDBY with the
+     * store request, then one with every request), so no request waits for a
+     * join; a request the server serves itself joins the one it brings. */
+    int leases_mode;
+    int leases[2 * N_STANDBY]; /* ... those not in a standby yet */
+    int n_leases;
+    int store_report; /* the store request's report socket, until the first standby is ready */
+    struct waiter *waiters;
+    size_t n_waiters, cap_waiters;
+    /* the request being parsed (each process's own copy) */
+    char msg[MAX_MSG] __attribute__((aligned(8)));
+};
+
+/* A sandbox's context and the server it is a copy of (its mode's hooks
+ * find one from the other). */
+struct tpl_sandbox {
+    struct sbx_ctx c;
+    struct tpl_server *srv;
+    int slot;           /* a standby's slot */
+    struct sbx_result res;
+    int fds[MAX_FDS];   /* a standby's request's fds */
+};
+#define TPL_SANDBOX(ctx) ((struct tpl_sandbox *)((char *)(ctx) - offsetof(struct tpl_sandbox, c)))
+
+/* Close the server's own fds in a sandbox; a standby keeps the standbys'
+ * request socket and the notify socket. */
+void tpl_close_server_fds(struct tpl_server *s, int standby);
+
+/* template_request.c */
 /* One request, parsed: pointers into msg (or the stored blob) and the received fds. */
 struct request {
     const struct sbx_request *r;
@@ -30,24 +100,44 @@ struct request {
     int nfds, report, status, netns, stdio[3];
     int *pass;
 };
-
-/* Receive one request and its fds from `fd` into msg; its length, 0 when
+/* Receive one request and its fds from `fd` into s->msg; its length, 0 when
  * the caller has gone, -2 when it did not fit (fds are received still). */
-ssize_t receive_request(int fd, int *fds, int *nfds);
-int parse_request(struct request *q, size_t len);
+ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds);
+int parse_request(struct tpl_server *s, struct request *q, size_t len);
+/* The command's side of a sandbox's input: the request's blob, command,
+ * fds (`pass`: its pass fds, in memory the child may rewrite) and report
+ * socket. */
+void request_input(struct sbx_input *in, const struct request *q, const int *pass);
 
+/* template_trees.c */
 /* As many detached clones of the host's /dev/null (from the host tree) as
  * the blob's procs have masks of entries this kernel has (and one more per
  * sys/net mask when the sandbox may join a leased network namespace), into
  * out[] (at most MAX_NULL_TREES): a sandbox's proc masks attach them, its
  * root need not have a /dev/null. How many (0 if the host has none: the
  * sandbox then clones its own). */
-#define MAX_NULL_TREES 64
-int make_null_trees(const char *blob, int *out);
+int make_null_trees(struct tpl_server *s, const char *blob, int *out);
+/* Clone the sources of the blob's per-call binds (SBX_F_FROM_FD), in op
+ * order, from the host tree into out[]; how many, or -1 with *op/errno. */
+int clone_binds(struct tpl_server *s, const char *blob, int *out, int *op);
 void close_all(int *fds, int n);
 
+/* template_schedule.c */
+int add_waiter(struct tpl_server *s, pid_t pid, int status_fd);
+void add_lease(struct tpl_server *s, int fd);
+/* Start the standbys of the stored blob (SBX_REQ_STANDBY): the store
+ * request's report socket is answered once one is ready; `leases` its
+ * N_STANDBY leases in leases mode (n 0 otherwise). */
+void start_standbys(struct tpl_server *s, int report, int leases_mode, const int *leases, int n);
+void read_notes(struct tpl_server *s);
+void reap(struct tpl_server *s);
+void make_standbys(struct tpl_server *s);
+/* Milliseconds until the next deferred replacement is due (-1: none). */
+int next_replacement(struct tpl_server *s);
+/* Whether the server takes the standbys' requests itself. */
+int serving_fast(struct tpl_server *s);
+
 /* standby.c */
-#define N_STANDBY SBX_N_STANDBY
 /* A message on the notify socket: a 16-byte struct sbx_report instead says
  * why a standby failed before any request. */
 struct standby_note {
@@ -60,6 +150,8 @@ struct standby_note {
 #define NOTE_LEASE 4 /* with SCM_RIGHTS: a request's lease, for the standby that replaces the sender */
 /* Clone a standby sandbox of the stored blob into `slot`, in the network
  * namespace `lease` (-1: none; the standby owns its copy): its pid, or -1. */
-pid_t make_standby(int slot, int lease);
+pid_t make_standby(struct tpl_server *s, int slot, int lease);
+
+extern const struct sbx_mode SBX_MODE_TEMPLATE, SBX_MODE_STANDBY;
 
 #endif

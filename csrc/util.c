@@ -17,9 +17,31 @@
 #include <time.h>
 #include <unistd.h>
 
+void sbx_ctx_take_input(struct sbx_ctx *c, const struct sbx_input *in)
+{
+    c->in = *in;
+    c->h = (const void *)in->blob;
+    c->ops = (const void *)(in->blob + c->h->ops_off);
+}
+
+void sbx_ctx_init(struct sbx_ctx *c, const struct sbx_mode *mode, const struct sbx_input *in,
+                  struct sbx_result *res)
+{
+    memset(c, 0, sizeof *c);
+    c->mode = mode;
+    c->res = res;
+    c->root_fd = -1;
+    c->proc_fd = -1;
+    c->host_tree_fd = -1;
+    c->userns_fd = -1;
+    c->keep_fd = -1;
+    c->inner_pid = -1;
+    sbx_ctx_take_input(c, in);
+}
+
 const char *sbx_str(const struct sbx_ctx *c, uint32_t off)
 {
-    return off ? c->blob + off : NULL;
+    return off ? c->in.blob + off : NULL;
 }
 
 int64_t sbx_now_ns(void)
@@ -103,11 +125,11 @@ int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fd
 
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)
 {
-    if (c->report_lease && c->lease_fd >= 0) {
+    if (c->in.lease_fd >= 0) {
         struct sbx_report r = {step, op, err, detail};
-        sbx_send_fds(c->err_fd, &r, sizeof r, &c->lease_fd, 1);
+        sbx_send_fds(c->in.err_fd, &r, sizeof r, &c->in.lease_fd, 1);
     } else {
-        sbx_report_fd(c->err_fd, step, op, err, detail);
+        sbx_report_fd(c->in.err_fd, step, op, err, detail);
     }
     _exit(125);
 }
@@ -132,8 +154,8 @@ void sbx_die_with_spawner(struct sbx_ctx *c, int sig)
 {
     if (prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_PDEATHSIG, -1, errno, SBX_D_NONE);
-    struct pollfd spawner = {c->spawner_fd, POLLIN, 0};
-    if (c->spawner_fd >= 0 && poll(&spawner, 1, 0) == 1)
+    struct pollfd spawner = {c->in.spawner_fd, POLLIN, 0};
+    if (c->in.spawner_fd >= 0 && poll(&spawner, 1, 0) == 1)
         _exit(125);
 }
 
@@ -273,8 +295,8 @@ int sbx_pivot_root(const char *new_root, const char *put_old)
  * natively (the host's, before the pivot), or the fd a Template holds. */
 int sbx_proc_open(const struct sbx_ctx *c, const char *rel, int flags)
 {
-    if (c->use_proc_dir)
-        return openat(c->proc_dir, rel, flags | O_CLOEXEC);
+    if (c->in.proc_dir >= 0)
+        return openat(c->in.proc_dir, rel, flags | O_CLOEXEC);
     char path[64];
     sbx_stpcpy(sbx_stpcpy(path, "/proc/"), rel);
     return open(path, flags | O_CLOEXEC);
@@ -283,8 +305,8 @@ int sbx_proc_open(const struct sbx_ctx *c, const char *rel, int flags)
 /* chmod `rel` under that procfs (a magic link: its target is changed). */
 int sbx_proc_chmod(const struct sbx_ctx *c, const char *rel, unsigned mode)
 {
-    if (c->use_proc_dir)
-        return fchmodat(c->proc_dir, rel, mode, 0);
+    if (c->in.proc_dir >= 0)
+        return fchmodat(c->in.proc_dir, rel, mode, 0);
     char path[64];
     sbx_stpcpy(sbx_stpcpy(path, "/proc/"), rel);
     return chmod(path, mode);

@@ -1,4 +1,6 @@
-/* wire.c: the check of a serialized plan (the blob) before anything trusts it.
+/* wire.c: the check of a serialized plan (the blob) before anything trusts
+ * it, and of a Template's request messages (struct sbx_request) before its
+ * server or a standby reads them.
  *
  * The blob is the boundary between Python and the child: everything the
  * child does between clone and exec reads it, without further checks. So
@@ -101,4 +103,71 @@ int sbx_check_blob(const void *p, size_t len)
         if (!op_ok(blob, len, &ops[i]))
             return -EINVAL;
     return 0;
+}
+
+/* A Template request's header: this protocol, this version. */
+static int request_head_ok(const struct sbx_request *r, size_t len)
+{
+    return len >= sizeof *r && r->magic == SBX_REQ_MAGIC && r->version == SBX_REQ_VERSION;
+}
+
+/* The end of n NUL-terminated strings from p, all before end; NULL if not. */
+static const char *strings_end(const char *p, const char *end, uint64_t n)
+{
+    for (uint64_t k = 0; k < n; k++) {
+        const char *nul = p < end ? memchr(p, 0, (size_t)(end - p)) : NULL;
+        if (!nul)
+            return NULL;
+        p = nul + 1;
+    }
+    return p;
+}
+
+int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds, struct sbx_request_view *view)
+{
+    const struct sbx_request *r = msg;
+    const char *m = msg;
+    if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc == 0 || r->n_pass > SBX_REQ_MAX_FDS)
+        return -1;
+    const char *blob = stored;
+    if (r->blob_len) {
+        blob = m + sizeof *r;
+        if (r->blob_len > len - sizeof *r || sbx_check_blob(blob, r->blob_len) < 0)
+            return -1;
+    }
+    uint64_t blob_end = sizeof *r + (((uint64_t)r->blob_len + 7) & ~(uint64_t)7);
+    if (!blob || blob_end + 4ull * r->n_pass > len)
+        return -1;
+    const struct sbx_header *h = (const void *)blob;
+    if (h->n_listen) /* a Template's sandbox forwards no port */
+        return -1;
+    const char *strings = m + blob_end + 4 * r->n_pass;
+    if (strings_end(strings, m + len, (uint64_t)r->argc + r->envc) != m + len)
+        return -1;
+    /* the fds: report, status (without a reaper), netns, stdio, pass */
+    int with_status = !(h->opts & SBX_OPT_REAPER), join = (r->flags & SBX_REQ_JOIN_NETNS) != 0;
+    int at = 1 + with_status + join;
+    if (nfds != at + __builtin_popcount(r->stdio_mask & 7) + (int)r->n_pass)
+        return -1;
+    view->blob = blob;
+    view->targets = (const void *)(m + blob_end);
+    view->strings = strings;
+    view->report = 0;
+    view->status = with_status ? 1 : -1;
+    view->netns = join ? 1 + with_status : -1;
+    for (int i = 0; i < 3; i++)
+        view->stdio[i] = (r->stdio_mask & (1u << i)) ? at++ : -1;
+    view->pass_at = at;
+    return 0;
+}
+
+int sbx_check_store(const void *msg, size_t len, int nfds)
+{
+    const struct sbx_request *r = msg;
+    if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc || !(r->flags & SBX_REQ_STORE_BLOB))
+        return -1;
+    int leases = (r->flags & SBX_REQ_STANDBY) && (r->flags & SBX_REQ_JOIN_NETNS);
+    if (nfds != 1 + (leases ? SBX_N_STANDBY : 0) || r->blob_len == 0 || r->blob_len != len - sizeof *r)
+        return -1;
+    return sbx_check_blob((const char *)msg + sizeof *r, r->blob_len);
 }

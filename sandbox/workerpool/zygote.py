@@ -65,6 +65,30 @@ READY, ERROR, SPARE, STARTED, FAILED, EXITED = C.READY, C.ERROR, C.SPARE, C.STAR
 send, recv, read_fd, map_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.map_fd, C.run_task, C.spare_main
 
 
+# ctypes' counterparts of the cdef's scalar types (every pointer is a c_void_p)
+CTYPES_SCALARS = {"int": "c_int", "unsigned int": "c_uint", "size_t": "c_size_t", "uint32_t": "c_uint32",
+                  "int32_t": "c_int32", "uint64_t": "c_uint64", "int64_t": "c_int64"}
+
+
+def ctypes_prototype(ffi: Any, func: Any) -> tuple[Any, list[Any]]:
+    """The ctypes restype and argtypes of `func`, a function of the C core,
+    derived from its cffi type: the cdef (csrc/sandbox.h) is its one
+    definition. (The fork is called through ctypes.PyDLL, which keeps the
+    GIL across the call as os.fork() does; cffi releases it around every
+    call.)"""
+    import ctypes
+
+    def one(ctype: Any) -> Any:
+        if ctype.kind == "pointer":
+            return ctypes.c_void_p
+        if ctype.cname not in CTYPES_SCALARS:
+            raise TypeError(f"{ffi.typeof(func).cname}: no ctypes counterpart for {ctype.cname}")
+        return getattr(ctypes, CTYPES_SCALARS[ctype.cname])
+
+    kind = ffi.typeof(func)
+    return one(kind.result), [one(arg) for arg in kind.args]
+
+
 # ---------------------------------------------------------------- the zygote
 
 class Child:
@@ -116,9 +140,7 @@ class Zygote:
         # sbx_fork_sandbox is called with the GIL held, as os.fork() calls
         # fork(): cffi would release it across the clone. PyDLL keeps it.
         self.fork_c = ctypes.PyDLL(body["native"]).sbx_fork_sandbox_cg
-        self.fork_c.restype = ctypes.c_int
-        self.fork_c.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
-                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        self.fork_c.restype, self.fork_c.argtypes = ctypes_prototype(self.ffi, self.lib.sbx_fork_sandbox_cg)
         self.api = ctypes.pythonapi
         self.blob = read_fd(fds[0])
         self.per_slot = int(body.get("cgroups", 0))

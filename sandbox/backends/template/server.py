@@ -22,7 +22,7 @@ from .. import ExitSource
 from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
-from .wire import FAILURE, REQUEST, STAMPS, parse_report, request, sandbox_blob
+from .wire import FAILURE_SIZE, STAMPS_SIZE, parse_failure, parse_report, request, sandbox_blob, store_request
 
 TEMPLATE_PATH = BIN_DIR / "sandbox-template"
 CREDENTIALS = struct.Struct("<3i")  # struct ucred: pid, uid, gid
@@ -113,12 +113,12 @@ class Server:
         standby sandboxes of it; whether it does."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with mine:
-            flags = lib.SBX_REQ_STORE_BLOB | (lib.SBX_REQ_STANDBY if standby else 0)
+            flags = lib.SBX_REQ_STANDBY if standby else 0
             leases = self._lease_for_standbys() if standby and self.pool is not None else []
             if leases:
                 flags |= lib.SBX_REQ_JOIN_NETNS
             blob = sandbox_blob(plan)
-            msg = REQUEST.pack(lib.SBX_REQ_MAGIC, len(blob), 0, 0, 0, flags, 0, 0) + blob
+            msg = store_request(blob, flags)
             dups = [lease.dup_netns_fd() for lease in leases]
             try:
                 self._send(self._sock, msg, [theirs.fileno(), *dups])
@@ -126,10 +126,11 @@ class Server:
                 theirs.close()
                 for fd in dups:
                     os.close(fd)
-            data = mine.recv(FAILURE.size)
-        if len(data) != FAILURE.size:
+            data = mine.recv(FAILURE_SIZE)
+        answer = parse_failure(data)
+        if answer is None:
             raise SandboxError("the template process has gone")
-        step, op, err, detail = FAILURE.unpack(data)
+        step, op, err, detail = answer
         if step == lib.SBX_STEP_CONFIG:
             raise _failure(plan, ["sandbox-template"], step, op, err, detail)
         if step != lib.SBX_STEP_NONE:  # a standby could not set up here: the server clones per request
@@ -224,7 +225,7 @@ class Server:
         """Wait for the sandbox's word on `sock`: (Landlock ABI, stamps, pid,
         pidfd, its lease) once its command runs; raise why it did not
         (having released the lease that came back with the failure)."""
-        data, anc, _, _ = sock.recvmsg(STAMPS.size, ANCILLARY)
+        data, anc, _, _ = sock.recvmsg(STAMPS_SIZE, ANCILLARY)
         fds, pid = _ancillary(anc)
         started, failure = parse_report(data) if data else (None, None)
         pidfd = fds.pop(0) if started is not None and fds else -1
@@ -242,7 +243,7 @@ class Server:
                 raise _failure(plan, argv, *failure)
             assert started is not None and pidfd >= 0
             while not plan.reaper:  # it sent its word before its own exec: EOF says that exec worked
-                more, anc, _, _ = sock.recvmsg(STAMPS.size, ANCILLARY)
+                more, anc, _, _ = sock.recvmsg(STAMPS_SIZE, ANCILLARY)
                 for fd in _ancillary(anc)[0]:
                     os.close(fd)  # its lease again
                 if not more:

@@ -1,24 +1,30 @@
 """The Template server's protocol (csrc/sandbox.h, struct sbx_request and
 after): one request message per sandbox, and the messages that come back on
-its report socket. Sizes are checked against the compiled module at import."""
+its report socket.
+
+Every struct is the cdef's, built and read through cffi by field name, as
+the native blob is (backends/native/wire.py): its layout has one source.
+The server checks a request whole (csrc/wire.c, sbx_parse_request and
+sbx_check_store, which tests/unit/test_wire_template.py calls on what this
+module builds); its version (SBX_REQ_VERSION) says what follows the header.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
-import struct
 from collections.abc import Sequence
+from typing import Any
 
 from ...plan import Plan
 from ..native import ffi, lib, serialize
 
-REQUEST = struct.Struct("<8I")
-FAILURE = struct.Struct("<4i")
-STAMPS = struct.Struct("<4i8Q")
-STATUS = struct.Struct("<i")
-for _name, _st in (("struct sbx_request", REQUEST), ("struct sbx_stamps_report", STAMPS)):
-    if ffi.sizeof(_name) != _st.size:  # pragma: no cover - a bug, not a build problem
-        raise ImportError(f"sandbox: {_name} is {ffi.sizeof(_name)} bytes in C, {_st.size} in Python")
+REQUEST_SIZE = ffi.sizeof("struct sbx_request")
+FAILURE_SIZE = ffi.sizeof("struct sbx_report")
+STAMPS_SIZE = ffi.sizeof("struct sbx_stamps_report")
+
+Failure = tuple[int, int, int, int]  # step, op, err, detail
+Started = tuple[int, tuple[int, ...]]  # the Landlock ABI applied, the stamps (enum sbx_stamp)
 
 
 @functools.lru_cache(maxsize=512)
@@ -27,14 +33,30 @@ def sandbox_blob(plan: Plan) -> bytes:
     return serialize(plan, "/")
 
 
+def header(*, blob_len: int, argc: int = 0, envc: int = 0, n_pass: int = 0, flags: int = 0,
+           stdio_mask: int = 0) -> bytes:
+    """A struct sbx_request, its fields set by name."""
+    head = ffi.new("struct sbx_request *", {
+        "magic": lib.SBX_REQ_MAGIC, "version": lib.SBX_REQ_VERSION, "blob_len": blob_len, "argc": argc,
+        "envc": envc, "n_pass": n_pass, "flags": flags, "stdio_mask": stdio_mask})
+    return bytes(ffi.buffer(head))
+
+
 def request(blob: bytes, argv: Sequence[str], env: tuple[str, ...], targets: Sequence[int], *,
             join_netns: bool, stdio_mask: int) -> bytes:
     """One request message (the fds travel beside it, see csrc/sandbox.h).
     An empty `blob` names the one the server stored."""
     strings = b"".join([*(os.fsencode(s) + b"\0" for s in argv), _environment(env)])
-    flags = lib.SBX_REQ_JOIN_NETNS if join_netns else 0
-    head = REQUEST.pack(lib.SBX_REQ_MAGIC, len(blob), len(argv), len(env), len(targets), flags, stdio_mask, 0)
-    return b"".join((head, blob, b"\0" * (-len(blob) % 8), struct.pack(f"<{len(targets)}I", *targets), strings))
+    head = header(blob_len=len(blob), argc=len(argv), envc=len(env), n_pass=len(targets),
+                  flags=lib.SBX_REQ_JOIN_NETNS if join_netns else 0, stdio_mask=stdio_mask)
+    c_targets = ffi.new("uint32_t[]", list(targets)) if targets else None
+    return b"".join((head, blob, b"\0" * (-len(blob) % 8),
+                     bytes(ffi.buffer(c_targets)) if c_targets is not None else b"", strings))
+
+
+def store_request(blob: bytes, flags: int) -> bytes:
+    """The message that stores `blob` in the server (SBX_REQ_STORE_BLOB and `flags`)."""
+    return header(blob_len=len(blob), flags=lib.SBX_REQ_STORE_BLOB | flags) + blob
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,13 +64,28 @@ def _environment(env: tuple[str, ...]) -> bytes:
     return b"".join(os.fsencode(s) + b"\0" for s in env)
 
 
-def parse_report(data: bytes) -> tuple[tuple[int, tuple[int, ...]] | None, tuple[int, int, int, int] | None]:
+def _read(ctype: str, data: bytes) -> Any:
+    record = ffi.new(ctype)
+    ffi.memmove(record, data, len(data))
+    return record
+
+
+def parse_failure(data: bytes) -> Failure | None:
+    """A struct sbx_report (step, op, err, detail), or None if `data` is not one."""
+    if len(data) != FAILURE_SIZE:
+        return None
+    r = _read("struct sbx_report *", data)
+    return r.step, r.op, r.err, r.detail
+
+
+def parse_report(data: bytes) -> tuple[Started | None, Failure | None]:
     """One message of the report socket: ((Landlock ABI, stamps), None) when
     the sandbox is running, (None, (step, op, err, detail)) when it failed."""
-    if len(data) == STAMPS.size:
-        fields = STAMPS.unpack(data)
-        if fields[0] == lib.SBX_STEP_NONE:
-            return (fields[1], fields[4:]), None
-    if len(data) == FAILURE.size:
-        return None, FAILURE.unpack(data)
+    if len(data) == STAMPS_SIZE:
+        r = _read("struct sbx_stamps_report *", data)
+        if r.step == lib.SBX_STEP_NONE:
+            return (r.op, tuple(r.t_ns)), None
+    failure = parse_failure(data)
+    if failure is not None:
+        return None, failure
     return None, (lib.SBX_STEP_CONFIG, -1, 0, 0)  # not a message the protocol has: a bug

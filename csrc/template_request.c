@@ -1,0 +1,88 @@
+/* template_request.c: one request message of a Template's caller (struct
+ * sbx_request, csrc/sandbox.h), as the server and its standbys receive it:
+ * the header, the blob (or the stored one), the fd targets, argv and the
+ * environment, with its fds (SCM_RIGHTS) in the order the header says.
+ * wire.c checks it (sbx_parse_request); this file receives and splits it. */
+#include "template.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+/* n NUL-terminated strings starting at *p (bounded by end) into a NULL-terminated array. */
+static char **strings(const char **p, const char *end, uint32_t n)
+{
+    char **out = malloc((n + 1) * sizeof *out);
+    if (!out)
+        return NULL;
+    for (uint32_t k = 0; k < n; k++) {
+        const char *nul = *p < end ? memchr(*p, 0, (size_t)(end - *p)) : NULL;
+        if (!nul) {
+            free(out);
+            return NULL;
+        }
+        out[k] = (char *)*p;
+        *p = nul + 1;
+    }
+    out[n] = NULL;
+    return out;
+}
+
+/* The request in s->msg, checked whole by the C core's own reader
+ * (wire.c, sbx_parse_request: the unit tests read Python's requests
+ * through it too), then its argv and environment as arrays. */
+int parse_request(struct tpl_server *s, struct request *q, size_t len)
+{
+    struct sbx_request_view v;
+    q->r = (const void *)s->msg;
+    if (sbx_parse_request(s->msg, len, s->stored_blob, q->nfds, &v) < 0)
+        return -1;
+    q->blob = v.blob;
+    q->targets = v.targets;
+    const char *p = v.strings, *end = s->msg + len;
+    q->argv = strings(&p, end, q->r->argc);
+    q->envp = q->argv ? strings(&p, end, q->r->envc) : NULL;
+    if (!q->envp)
+        return -1;
+    q->status = v.status >= 0 ? q->fds[v.status] : -1;
+    q->netns = v.netns >= 0 ? q->fds[v.netns] : -1;
+    for (int i = 0; i < 3; i++)
+        q->stdio[i] = v.stdio[i] >= 0 ? q->fds[v.stdio[i]] : -1;
+    q->pass = q->fds + v.pass_at;
+    return 0;
+}
+
+void request_input(struct sbx_input *in, const struct request *q, const int *pass)
+{
+    in->blob = q->blob;
+    in->argv = q->argv;
+    in->envp = q->envp;
+    for (int i = 0; i < 3; i++)
+        in->stdio[i] = q->stdio[i];
+    in->pass_fds = pass;
+    in->n_pass = (int)q->r->n_pass;
+    in->fd_targets = q->targets;
+    in->err_fd = q->report;
+}
+
+ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds)
+{
+    static char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
+    struct iovec iov = {.iov_base = s->msg, .iov_len = sizeof s->msg};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+    ssize_t n;
+    while ((n = recvmsg(fd, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    *nfds = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        memcpy(fds + *nfds, CMSG_DATA(cm), (size_t)k * sizeof(int));
+        *nfds += k;
+    }
+    if (n > 0 && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+        return -2; /* too large: refused */
+    return n;
+}

@@ -1,0 +1,234 @@
+/* template_schedule.c: the server's standby schedule and its children.
+ *
+ * The server keeps N_STANDBY standby sandboxes (csrc/standby.c) of the
+ * stored blob ready on the standbys' request socket, and replaces each one
+ * that takes a request once its command runs (or, while another standby is
+ * ready, up to REPLACE_DELAY_NS later). Standbys talk to the server on the
+ * notify socket (struct standby_note): ready, taken, running, a lease for
+ * the replacement; a 16-byte struct sbx_report says why one failed before
+ * any request, and the server then stops making them and serves their
+ * socket itself. Being pid 1, the server reaps every child, and writes the
+ * wait status of a sandbox without a reaper (a waiter) to its status pipe. */
+#include "template.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define REPLACE_DELAY_NS 3000000
+
+int add_waiter(struct tpl_server *s, pid_t pid, int status_fd)
+{
+    if (s->n_waiters == s->cap_waiters) {
+        size_t cap = s->cap_waiters ? 2 * s->cap_waiters : 16;
+        struct waiter *w = realloc(s->waiters, cap * sizeof *w);
+        if (!w)
+            return -1;
+        s->waiters = w;
+        s->cap_waiters = cap;
+    }
+    s->waiters[s->n_waiters++] = (struct waiter){pid, status_fd};
+    return 0;
+}
+
+/* Keep a lease for a standby to come. The caller sends one per standby and
+ * one per request, and every standby made takes one, so the queue stays
+ * short; a lease beyond its room is closed (the caller releases every lease
+ * it sent and never saw reported when the template ends). */
+void add_lease(struct tpl_server *s, int fd)
+{
+    if (fd < 0)
+        return;
+    if (s->n_leases < (int)(sizeof s->leases / sizeof *s->leases))
+        s->leases[s->n_leases++] = fd;
+    else
+        close(fd);
+}
+
+void start_standbys(struct tpl_server *s, int report, int leases_mode, const int *leases, int n)
+{
+    s->standby_on = 1;
+    s->leases_mode = leases_mode;
+    for (int k = 0; leases_mode && k < n; k++)
+        add_lease(s, fcntl(leases[k], F_DUPFD_CLOEXEC, 3));
+    s->store_report = fcntl(report, F_DUPFD_CLOEXEC, 3);
+}
+
+/* Answer the store request, once: its standbys work (err 0) or why not. */
+static void answer_store(struct tpl_server *s, int step, int op, int err)
+{
+    if (s->store_report < 0)
+        return;
+    sbx_report_fd(s->store_report, step, op, err, SBX_D_NONE);
+    close(s->store_report);
+    s->store_report = -1;
+}
+
+/* No more standbys (one failed to set up): the server serves their socket. */
+static void standby_failed(struct tpl_server *s, int step, int op, int err)
+{
+    s->standby_on = 0;
+    answer_store(s, step, op, err ? err : EIO);
+}
+
+/* A note from the standby of slot `slot`, with the fd that came with it
+ * (-1: none); the fd, unless it was kept (then -1). */
+static int take_note(struct tpl_server *s, const struct standby_note *note, int fd)
+{
+    if (note->kind == NOTE_LEASE) {
+        if (s->leases_mode)
+            add_lease(s, fd);
+        return s->leases_mode ? -1 : fd;
+    }
+    if (note->slot < 0 || note->slot >= N_STANDBY)
+        return fd;
+    struct standby_slot *slot = &s->standby[note->slot];
+    if (note->kind == NOTE_READY) {
+        answer_store(s, SBX_STEP_NONE, -1, 0);
+    } else if (note->kind == NOTE_TAKEN) {
+        slot->taken = 1;
+        if (fd >= 0 && add_waiter(s, slot->pid, fd) == 0)
+            fd = -1;
+        if (!(((const struct sbx_header *)s->stored_blob)->opts & SBX_OPT_REAPER))
+            slot->pid = 0; /* as_pid_1: no word comes once it runs */
+    } else if (note->kind == NOTE_RUNNING) {
+        slot->replace_at = sbx_now_ns() + REPLACE_DELAY_NS;
+    }
+    return fd;
+}
+
+/* Messages from standbys: ready, taken (with an as_pid_1 sandbox's status
+ * fd), or a 16-byte report of why one failed before any request. */
+void read_notes(struct tpl_server *s)
+{
+    for (;;) {
+        union {
+            struct standby_note note;
+            struct sbx_report failure;
+        } m;
+        char control[CMSG_SPACE(sizeof(int))];
+        struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
+        struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(s->notify_rd, &h, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return;
+        int fd = -1;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
+        if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+        if (n == sizeof m.failure) {
+            standby_failed(s, m.failure.step, m.failure.op, m.failure.err);
+            if (s->leases_mode)
+                add_lease(s, fd); /* its lease, unused */
+            fd = -1;
+        } else if (n == sizeof m.note) {
+            fd = take_note(s, &m.note, fd);
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+}
+
+/* Reap every ended child: write the status of those that have a waiter;
+ * free the slot of a standby that ended. */
+void reap(struct tpl_server *s)
+{
+    int status;
+    pid_t pid;
+    read_notes(s); /* a taken standby said so before it could end */
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int k = 0; k < N_STANDBY; k++) {
+            if (s->standby[k].pid != pid)
+                continue;
+            /* A standby that fails to set up says why (a note) before it
+             * exits; one that exits otherwise took a request (a sandbox
+             * that ended before its command ran). One killed by a signal
+             * has crashed. */
+            read_notes(s);
+            if (s->standby[k].pid == pid && !s->standby[k].taken && !s->standby_taken[k] && WIFSIGNALED(status))
+                standby_failed(s, SBX_STEP_CRASHED, -1, WTERMSIG(status));
+            if (s->standby[k].pid == pid)
+                s->standby[k].pid = 0;
+        }
+        for (size_t k = 0; k < s->n_waiters; k++) {
+            if (s->waiters[k].pid != pid)
+                continue;
+            sbx_write_all(s->waiters[k].status_fd, &status, sizeof status);
+            close(s->waiters[k].status_fd);
+            s->waiters[k] = s->waiters[--s->n_waiters];
+            break;
+        }
+    }
+}
+
+/* A standby waiting for a request (set up, not taken). */
+static int ready(const struct tpl_server *s, int k)
+{
+    return s->standby[k].pid && !s->standby[k].taken && !s->standby[k].replace_at && !s->standby_taken[k];
+}
+
+/* Whether slot k needs a new standby now. */
+static int to_replace(const struct tpl_server *s, int k, int64_t now)
+{
+    if (!s->standby[k].pid)
+        return 1;
+    if (!s->standby[k].replace_at)
+        return 0;
+    for (int j = 0; j < N_STANDBY; j++)
+        if (j != k && ready(s, j))
+            return now >= s->standby[k].replace_at;
+    return 1;
+}
+
+int next_replacement(struct tpl_server *s)
+{
+    int64_t first = 0, now = sbx_now_ns();
+    for (int k = 0; k < N_STANDBY; k++)
+        if (s->standby[k].pid && s->standby[k].replace_at && (!first || s->standby[k].replace_at < first))
+            first = s->standby[k].replace_at;
+    if (!s->standby_on || !first)
+        return -1;
+    return first <= now ? 0 : (int)((first - now + 999999) / 1000000);
+}
+
+/* None is made or being made (none can be, or none has a lease), so none
+ * would read the standbys' requests. */
+int serving_fast(struct tpl_server *s)
+{
+    if (!s->standby_on)
+        return 1;
+    for (int k = 0; k < N_STANDBY; k++)
+        if (ready(s, k))
+            return 0;
+    return 1;
+}
+
+void make_standbys(struct tpl_server *s)
+{
+    int64_t now = sbx_now_ns();
+    for (int k = 0; s->standby_on && k < N_STANDBY; k++) {
+        if (!to_replace(s, k, now))
+            continue;
+        if (s->leases_mode && s->n_leases == 0)
+            continue; /* none to join: requests meanwhile are the server's */
+        int lease = s->leases_mode ? s->leases[--s->n_leases] : -1;
+        s->standby[k].taken = 0;
+        s->standby[k].replace_at = 0;
+        s->standby_taken[k] = 0;
+        s->standby[k].pid = make_standby(s, k, lease);
+        if (s->standby[k].pid < 0) {
+            s->standby[k].pid = 0;
+            add_lease(s, lease);
+            standby_failed(s, SBX_STEP_CLONE, -1, errno);
+        } else if (lease >= 0) {
+            close(lease); /* the standby has its own copy */
+        }
+    }
+}

@@ -1,0 +1,217 @@
+"""The Template's wire (sandbox.backends.template.wire <-> csrc/wire.c): the
+requests Python builds, read back by the C core's own reader
+(sbx_parse_request, sbx_check_store, which the server uses), field by field
+and fd by fd; every truncation, trailing byte, wrong magic, version or fd
+count refused; the report records read by name; and the WorkerPool zygote's
+ctypes prototype of sbx_fork_sandbox_cg, derived from the cdef and called
+for real. Nothing runs in a sandbox and nothing needs privileges."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+from typing import Any
+
+import pytest
+
+from sandbox import Spec
+from sandbox.backends.native import ffi, lib
+from sandbox.backends.template import wire
+from sandbox.host import HostInfo
+from sandbox.plan import compile_plan
+from sandbox.workerpool import zygote
+
+HOST = HostInfo(uid=1000, gid=1001, cwd="/home/u", environ={"HOME": "/home/u", "PATH": "/usr/bin"})
+ARGV = ("/bin/echo", "hello", "wörld", "")
+ENV = ("PATH=/usr/bin", "A=b")
+
+
+def sandbox_blob(reaper: bool = True) -> bytes:
+    return wire.sandbox_blob(compile_plan(Spec(seccomp=None, as_pid_1=not reaper), HOST))
+
+
+def aligned(data: bytes) -> Any:
+    """A private, 8-aligned copy of `data`, as the server's buffer is."""
+    buf = ffi.new("uint64_t[]", max(1, (len(data) + 7) // 8))
+    ffi.memmove(buf, data, len(data))
+    return buf
+
+
+def parse(msg: bytes, nfds: int, stored: Any = ffi.NULL) -> Any:
+    """sbx_parse_request on `msg` with `nfds` fds: its view, or None if refused."""
+    view = ffi.new("struct sbx_request_view *")
+    buf = aligned(msg)
+    parse.keep = buf  # type: ignore[attr-defined]  # the view points into it
+    return view if lib.sbx_parse_request(buf, len(msg), stored, nfds, view) == 0 else None
+
+
+def offset(view_ptr: Any, msg_buf: Any) -> int:
+    return int(ffi.cast("uintptr_t", view_ptr)) - int(ffi.cast("uintptr_t", msg_buf))
+
+
+def strings(view: Any, n: int) -> list[str]:
+    out, p = [], view.strings
+    for _ in range(n):
+        s = ffi.string(p)
+        out.append(s.decode())
+        p += len(s) + 1
+    return out
+
+
+def fd_count(reaper: bool, join: bool, stdio_mask: int, n_pass: int) -> int:
+    return 1 + (not reaper) + join + bin(stdio_mask).count("1") + n_pass
+
+
+def test_sizes_come_from_the_cdef() -> None:
+    assert wire.REQUEST_SIZE == ffi.sizeof("struct sbx_request") == len(wire.header(blob_len=0))
+    assert wire.FAILURE_SIZE == ffi.sizeof("struct sbx_report")
+    assert wire.STAMPS_SIZE == ffi.sizeof("struct sbx_stamps_report")
+
+
+def test_the_header_read_back_by_name() -> None:
+    data = wire.header(blob_len=40, argc=3, envc=2, n_pass=4, flags=lib.SBX_REQ_JOIN_NETNS, stdio_mask=5)
+    head = ffi.new("struct sbx_request *")
+    ffi.memmove(head, data, len(data))
+    assert (head.magic, head.version, head.blob_len, head.argc, head.envc, head.n_pass, head.flags,
+            head.stdio_mask) == (lib.SBX_REQ_MAGIC, lib.SBX_REQ_VERSION, 40, 3, 2, 4, lib.SBX_REQ_JOIN_NETNS, 5)
+
+
+@pytest.mark.parametrize(("reaper", "join", "stdio_mask", "targets"),
+                         list(itertools.product((True, False), (True, False), (0, 1, 5, 7), ((), (3,), (9, 4, 200)))))
+def test_every_request_is_read_back_whole_by_the_c_reader(reaper: bool, join: bool, stdio_mask: int,
+                                                          targets: tuple[int, ...]) -> None:
+    blob = sandbox_blob(reaper)
+    msg = wire.request(blob, ARGV, ENV, targets, join_netns=join, stdio_mask=stdio_mask)
+    nfds = fd_count(reaper, join, stdio_mask, len(targets))
+    view = parse(msg, nfds)
+    assert view is not None
+    buf = parse.keep  # type: ignore[attr-defined]
+    assert offset(view.blob, buf) == wire.REQUEST_SIZE
+    assert bytes(ffi.buffer(view.blob, len(blob))) == blob
+    assert [view.targets[k] for k in range(len(targets))] == list(targets)
+    assert strings(view, len(ARGV) + len(ENV)) == [*ARGV, *ENV]
+    # the fds in the order csrc/sandbox.h gives: report, status, netns, stdio, pass
+    order = ["report"] + ([] if reaper else ["status"]) + (["netns"] if join else [])
+    order += [f"stdio{i}" for i in range(3) if stdio_mask & (1 << i)]
+    got = {"report": view.report, "status": view.status, "netns": view.netns,
+           **{f"stdio{i}": view.stdio[i] for i in range(3)}}
+    assert {name: got[name] for name in order} == {name: k for k, name in enumerate(order)}
+    assert all(got[name] == -1 for name in got if name not in order)
+    assert view.pass_at == len(order)
+    # one fd more or fewer than announced: refused
+    assert parse(msg, nfds - 1) is None
+    assert parse(msg, nfds + 1) is None
+
+
+def test_a_request_for_the_stored_blob() -> None:
+    stored = aligned(sandbox_blob())
+    msg = wire.request(b"", ARGV, ENV, (), join_netns=False, stdio_mask=0)
+    view = parse(msg, 1, stored)
+    assert view is not None and view.blob == ffi.cast("char *", stored)
+    assert parse(msg, 1) is None  # nothing stored: refused
+
+
+def test_every_truncation_and_trailing_byte_is_refused() -> None:
+    msg = wire.request(sandbox_blob(), ARGV, ENV, (7,), join_netns=True, stdio_mask=3)
+    nfds = fd_count(True, True, 3, 1)
+    assert parse(msg, nfds) is not None
+    for n in range(len(msg)):
+        assert parse(msg[:n], nfds) is None, n
+    assert parse(msg + b"x", nfds) is None
+    assert parse(msg + b"\0", nfds) is None
+
+
+@pytest.mark.parametrize("field", ["magic", "version", "argc", "envc", "blob_len", "n_pass", "stdio_mask"])
+def test_a_header_that_lies_is_refused(field: str) -> None:
+    msg = wire.request(sandbox_blob(), ARGV, ENV, (7,), join_netns=False, stdio_mask=0)
+    head = ffi.new("struct sbx_request *")
+    ffi.memmove(head, msg, wire.REQUEST_SIZE)
+    setattr(head, field, {"magic": 0x1234, "version": lib.SBX_REQ_VERSION + 1, "argc": 0}.get(
+        field, getattr(head, field) + 1))
+    bad = bytes(ffi.buffer(head)) + msg[wire.REQUEST_SIZE:]
+    assert parse(bad, fd_count(True, False, 0, 1)) is None
+    if field not in ("n_pass", "stdio_mask"):
+        # refused whatever fds come with it; a count of fds the message does
+        # not carry is caught by the fds alone (a 4-byte target more can be
+        # read out of the first string)
+        assert parse(bad, fd_count(True, False, head.stdio_mask, head.n_pass)) is None
+
+
+def test_too_many_pass_fds_are_refused() -> None:
+    targets = tuple(range(lib.SBX_REQ_MAX_FDS + 1))
+    msg = wire.request(sandbox_blob(), ARGV, ENV, targets, join_netns=False, stdio_mask=0)
+    assert parse(msg, fd_count(True, False, 0, len(targets))) is None
+
+
+def store_ok(msg: bytes, nfds: int) -> bool:
+    return lib.sbx_check_store(aligned(msg), len(msg), nfds) == 0
+
+
+def test_a_store_request_is_checked_whole() -> None:
+    blob = sandbox_blob()
+    plain = wire.store_request(blob, 0)
+    assert store_ok(plain, 1)
+    assert not store_ok(plain, 2)
+    leases = wire.store_request(blob, lib.SBX_REQ_STANDBY | lib.SBX_REQ_JOIN_NETNS)
+    assert store_ok(leases, 1 + lib.SBX_N_STANDBY)
+    assert not store_ok(leases, 1)
+    for n in range(len(plain)):
+        assert not store_ok(plain[:n], 1), n
+    assert not store_ok(plain + b"\0", 1)
+    head = ffi.new("struct sbx_request *")
+    ffi.memmove(head, plain, wire.REQUEST_SIZE)
+    head.version = 0  # a request of before the version field
+    assert not store_ok(bytes(ffi.buffer(head)) + blob, 1)
+    # a store request is not a sandbox request, nor the other way round
+    assert parse(plain, 1) is None
+    assert not store_ok(wire.request(blob, ARGV, ENV, (), join_netns=False, stdio_mask=0), 1)
+
+
+def test_reports_are_read_by_name() -> None:
+    stamps = ffi.new("struct sbx_stamps_report *", {"step": lib.SBX_STEP_NONE, "op": 3,
+                                                     "t_ns": list(range(10, 10 + lib.SBX_N_STAMPS))})
+    started, failure = wire.parse_report(bytes(ffi.buffer(stamps)))
+    assert failure is None and started == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)))
+    record = ffi.new("struct sbx_report *", {"step": lib.SBX_STEP_EXEC, "op": -1, "err": 2, "detail": 0})
+    data = bytes(ffi.buffer(record))
+    assert wire.parse_report(data) == (None, (lib.SBX_STEP_EXEC, -1, 2, 0))
+    assert wire.parse_failure(data) == (lib.SBX_STEP_EXEC, -1, 2, 0)
+    assert wire.parse_failure(data[:-1]) is None
+    assert wire.parse_report(b"\0" * 5) == (None, (lib.SBX_STEP_CONFIG, -1, 0, 0))
+
+
+def test_the_zygote_prototype_is_the_cdef() -> None:
+    restype, argtypes = zygote.ctypes_prototype(ffi, lib.sbx_fork_sandbox_cg)
+    kind = ffi.typeof(lib.sbx_fork_sandbox_cg)
+    assert restype is ctypes.c_int
+    assert len(argtypes) == len(kind.args) == 10
+    for arg, got in zip(kind.args, argtypes, strict=True):
+        assert got is (ctypes.c_void_p if arg.kind == "pointer" else getattr(ctypes, zygote.CTYPES_SCALARS[arg.cname]))
+
+
+def test_a_type_without_a_ctypes_counterpart_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(zygote.CTYPES_SCALARS, "size_t")
+    with pytest.raises(TypeError, match="size_t"):
+        zygote.ctypes_prototype(ffi, lib.sbx_fork_sandbox_cg)
+
+
+def test_the_zygote_prototype_calls_the_real_function() -> None:
+    """Through ctypes.PyDLL, as the zygote calls it: a blob the C check
+    refuses returns before any clone, and the result lands in the struct
+    cffi allocated, where Python reads it by name."""
+    import sandbox._native as native
+
+    fork = ctypes.PyDLL(native.__file__).sbx_fork_sandbox_cg
+    fork.restype, fork.argtypes = zygote.ctypes_prototype(ffi, lib.sbx_fork_sandbox_cg)
+    res = ffi.new("struct sbx_result *")
+    blob, stdio, fds = ffi.new("char[]", 64), ffi.new("int[3]", [0, 1, 2]), ffi.new("int[]", [0])
+
+    def addr(cdata: Any) -> int:
+        return int(ffi.cast("uintptr_t", cdata))
+
+    assert fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), 0, addr(res)) == -1
+    assert (res.step, res.err, res.pid) == (lib.SBX_STEP_CONFIG, 22, -1)
+    with pytest.raises(ctypes.ArgumentError):
+        fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), "zero", addr(res))
+    with pytest.raises(TypeError):
+        fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), addr(res))

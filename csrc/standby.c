@@ -40,10 +40,12 @@ struct clone3_args {
     uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
 };
 
-static void note(struct tpl_sandbox *t, int kind, int fd)
+/* A note to the server on `notify` (its notify socket: the server's number
+ * for it until the request's fds are placed, c->keep_fd after that). */
+static void note(struct tpl_sandbox *t, int notify, int kind, int fd)
 {
     struct standby_note n = {kind, t->slot};
-    sbx_send_fds(t->srv->notify_wr, &n, sizeof n, &fd, 1);
+    sbx_send_fds(notify, &n, sizeof n, &fd, 1);
 }
 
 /* The request must be one of this Template's: its blob differs from the
@@ -69,7 +71,8 @@ static void refuse(struct sbx_ctx *c, struct request *q, int err)
 /* The command runs (the resident reaper says so): time for a replacement. */
 static void standby_running(struct sbx_ctx *c)
 {
-    note(TPL_SANDBOX(c), NOTE_RUNNING, -1);
+    /* the request's pass_fds may have moved the notify socket off its number (limits.c) */
+    note(TPL_SANDBOX(c), c->keep_fd, NOTE_RUNNING, -1);
     close(c->keep_fd);
     c->keep_fd = -1;
 }
@@ -80,7 +83,7 @@ static void await_request(struct sbx_ctx *c)
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     struct tpl_server *s = t->srv;
     int nfds;
-    note(t, NOTE_READY, -1);
+    note(t, t->srv->notify_wr, NOTE_READY, -1);
     ssize_t n = receive_request(s, s->fast_fd, t->fds, &nfds);
     if (n == 0)
         _exit(0); /* the caller has gone */
@@ -91,7 +94,7 @@ static void await_request(struct sbx_ctx *c)
         refuse(c, &q, n == -2 ? EMSGSIZE : EINVAL);
     if (q.netns >= 0) {
         /* Already in its lease: the request's is for the standby that replaces this one. */
-        note(t, NOTE_LEASE, q.netns);
+        note(t, t->srv->notify_wr, NOTE_LEASE, q.netns);
         close(q.netns);
         q.netns = -1;
     }
@@ -101,7 +104,7 @@ static void await_request(struct sbx_ctx *c)
     if (sbx_stays_resident(c)) {
         c->keep_fd = s->notify_wr; /* close-on-exec: the command never has it (standby_running closes it) */
     } else { /* as_pid_1: the server writes its status, and replaces it now */
-        note(t, NOTE_TAKEN, q.status);
+        note(t, t->srv->notify_wr, NOTE_TAKEN, q.status);
         if (q.status >= 0)
             close(q.status);
         close(s->notify_wr);

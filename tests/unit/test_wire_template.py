@@ -16,12 +16,13 @@ import pytest
 
 from sandbox import Spec
 from sandbox.backends.native import ffi, lib
+from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.backends.template import wire
 from sandbox.host import HostInfo
 from sandbox.plan import compile_plan
 from sandbox.workerpool import zygote
 
-HOST = HostInfo(uid=1000, gid=1001, cwd="/home/u", environ={"HOME": "/home/u", "PATH": "/usr/bin"})
+HOST = HostInfo(executor=TEMPLATE, uid=1000, gid=1001, cwd="/home/u", environ={"HOME": "/home/u", "PATH": "/usr/bin"})
 ARGV = ("/bin/echo", "hello", "wörld", "")
 ENV = ("PATH=/usr/bin", "A=b")
 

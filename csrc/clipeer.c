@@ -62,7 +62,8 @@ int socket_path(const char *exe_dir, char *out, size_t size)
 static size_t append_file(char *out, size_t at, size_t size, const char *path, int status_only)
 {
     static const char *const keys[] = {"Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:",
-                                       "CapAmb:", "NoNewPrivs:", "Seccomp:", "Seccomp_filters:", NULL};
+                                       "CapAmb:", "NoNewPrivs:", "TracerPid:", "Seccomp:", "Seccomp_filters:",
+                                       NULL};
     char buf[8192];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     ssize_t n = fd < 0 ? -1 : read(fd, buf, sizeof buf - 1);
@@ -87,7 +88,8 @@ static size_t append_file(char *out, size_t at, size_t size, const char *path, i
 }
 
 /* What must be equal between us and the server: ids, capabilities,
- * no_new_privs, seccomp, namespaces, LSM label, cgroup, root. */
+ * no_new_privs, tracer (a traced client's tracer would not see the
+ * sandbox's start), seccomp, namespaces, LSM label, cgroup, root. */
 static int fingerprint(const char *proc, char *out, size_t size)
 {
     static const char *const ns[] = {"cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time",

@@ -7,7 +7,8 @@ client whose /proc entry shows all of those equal to its own (`Peer.check`);
 anything it cannot read, or any difference, and the client runs the
 command line itself. A client inside a sandbox differs at least in its
 mount namespace; one under a seccomp filter, no_new_privs (as Landlock
-requires) or another LSM label differs there. The pid read from the socket
+requires) or another LSM label differs there; a traced one (strace, gdb)
+has a tracer, which would not see the sandbox start from the server. The pid read from the socket
 (SO_PEERCRED) is confirmed through the peer's pidfd (SO_PEERPIDFD) after
 the reads: a live process keeps its pid, so the entry read was the peer's.
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 STATUS_KEYS = ("Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:",
-               "Seccomp:", "Seccomp_filters:")
+               "TracerPid:", "Seccomp:", "Seccomp_filters:")
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time", "time_for_children", "user", "uts")
 UCRED = struct.Struct("3i")
 

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import resource
 import signal
 import socket
 import sys
-import threading
 from typing import Any, NoReturn
 
 from . import wire
@@ -193,12 +191,11 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
     argv = [os.fsdecode(a) for a in request.argv]
     sys.argv = argv
     _fresh_stdio()
-    acks: queue.Queue[int] = queue.Queue()
-    threading.Thread(target=_read_frames, args=(conn, acks), name="sandbox-cli-frames", daemon=True).start()
+    frames = _Frames(conn)
 
     def die_with_client() -> bool:
         conn.send(wire.frame(wire.DIE_WITH_PARENT))
-        return acks.get() == 1
+        return frames.ack() == 1
 
     cli.HIDDEN_FDS.update((conn.fileno(), peer.pidfd))
     cli.DIE_WITH_PARENT_HOOK = die_with_client
@@ -226,16 +223,51 @@ def _fresh_stdio() -> None:
                                             line_buffering=tty or fd == 2, write_through=fd == 2))
 
 
-def _read_frames(conn: socket.socket, acks: queue.Queue[int]) -> None:
-    """The client's frames: a signal it received is raised here, as it would be in the Python CLI."""
-    while True:
-        try:
-            data = conn.recv(wire.FRAME_SIZE + 1)
-            kind, value = wire.parse_frame(data)
-        except (OSError, wire.WireError):
-            acks.put(0)
-            return
-        if kind == wire.SIGNAL and 0 < value < signal.NSIG:
-            os.kill(os.getpid(), value)
-        elif kind == wire.ACK:
-            acks.put(value)
+class _Frames:
+    """The client's frames, read when the kernel says they came (SIGIO on the
+    connection, O_ASYNC): a signal the client received is raised here, as it
+    would be in the Python CLI. No thread: the CLI joins namespaces with
+    setns(CLONE_NEWUSER) (--userns), which a multi-threaded process cannot."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        import fcntl
+
+        self.conn = conn
+        self.acks: list[int] = []
+        self.gone = False
+        conn.setblocking(False)
+        signal.signal(signal.SIGIO, self._on_sigio)
+        fcntl.fcntl(conn.fileno(), fcntl.F_SETOWN, os.getpid())
+        fcntl.fcntl(conn.fileno(), fcntl.F_SETFL, fcntl.fcntl(conn.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
+        self.read()  # what came before O_ASYNC was set
+
+    def _on_sigio(self, signum: int, frame: object) -> None:
+        self.read()
+
+    def read(self) -> None:
+        """Act on every frame that has come."""
+        while not self.gone:
+            try:
+                data = self.conn.recv(wire.FRAME_SIZE + 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:  # the client is gone: the server ends this process's group
+                self.gone = True
+                return
+            with contextlib.suppress(wire.WireError):
+                kind, value = wire.parse_frame(data)
+                if kind == wire.SIGNAL and 0 < value < signal.NSIG:
+                    os.kill(os.getpid(), value)
+                elif kind == wire.ACK:
+                    self.acks.append(value)
+
+    def ack(self) -> int:
+        """Wait for the client's ACK; its value (0 if the client is gone)."""
+        import select
+
+        while not self.acks and not self.gone:
+            select.select([self.conn], [], [], 1.0)
+            self.read()
+        return self.acks.pop(0) if self.acks else 0

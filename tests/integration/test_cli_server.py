@@ -333,6 +333,14 @@ class TestConfinedClientsRunDirectly:
         assert "confined otherwise" in served.ran_directly()[0]
         del sk
 
+    @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+    def test_a_traced_client(self, served):
+        """A tracer follows the client's children: the sandbox must be one, so the client runs directly."""
+        result = subprocess.run(["strace", "-f", "-o", "/dev/null", str(served.client), "run", *SYSTEM, "sh", "-c",
+                                 "echo traced"], env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        assert (result.returncode, result.stdout) == (0, "traced\n"), result.stderr
+        assert served.handed_off() == 0
+
     def test_inside_a_sandbox(self, served, tmp_path):
         """A process in a sandbox that sees the socket (a bind of /) gets nothing from the server."""
         result = subprocess.run(

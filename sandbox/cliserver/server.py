@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from . import spare, wire
 
 IDLE_SECONDS = 120.0
+# A spare taken by a client is replaced once its worker ends, or this long after: forking the
+# next one while a worker runs competes with it for the CPUs, and a caller that runs one command
+# after the other only needs the next spare when the command before has ended.
+SPARE_DELAY = 0.05
 
 
 @dataclass(eq=False)
@@ -56,6 +60,8 @@ class Server:
         self.workers: dict[int, _Worker] = {}  # by pidfd
         self.by_fd: dict[int, _Worker] = {}  # by ctrl or conn fd
         self.spare: _Worker | None = None
+        self.spare_due = 0.0  # when to fork the next spare while workers run
+        self.closed: set[int] = set()  # fds closed while handling the current batch of events
         self.listener: socket.socket | None = None
         self.epoll = select.epoll()
         self.last_client = time.monotonic()
@@ -76,14 +82,21 @@ class Server:
     def serve_forever(self) -> None:
         """Serve until idle (or stale) with no worker but the spare left."""
         while not self.stale:
-            if self.spare is None:
+            now = time.monotonic()
+            if self.spare is None and (not self.workers or now >= self.spare_due):
                 self._fork_spare()
-            busy = len(self.workers) > 1
-            timeout = None if busy else max(0.0, self.last_client + self.idle - time.monotonic())
+            busy = len(self.workers) > (self.spare is not None)
+            if self.spare is None:
+                timeout: float | None = max(0.0, self.spare_due - now)
+            else:
+                timeout = None if busy else max(0.0, self.last_client + self.idle - now)
             events = self.epoll.poll(timeout)
             if not events and not busy and time.monotonic() >= self.last_client + self.idle:
                 return
+            self.closed.clear()
             for fd, _ in events:
+                if fd in self.closed:  # closed by an earlier event of this batch: its number may be reused
+                    continue
                 w = self.workers.get(fd)
                 if w is not None:
                     self._reap(w)
@@ -116,6 +129,7 @@ class Server:
         if threading.active_count() != 1:  # a fork copies one thread: whatever the others held stays held
             raise RuntimeError("the CLI server is not single-threaded")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        ours.setblocking(False)
         pid = os.fork()
         if pid == 0:
             ours.close()
@@ -133,6 +147,8 @@ class Server:
         assert w.ctrl is not None
         try:
             msg, fds, _, _ = socket.recv_fds(w.ctrl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+        except BlockingIOError:
+            return
         except OSError:
             msg, fds = b"", []
         if msg == b"A" and fds and w.conn is None:
@@ -141,7 +157,8 @@ class Server:
             self.by_fd[w.conn.fileno()] = w
             self.epoll.register(w.conn.fileno(), select.EPOLLRDHUP)
             if self.spare is w:
-                self.spare = None  # the loop forks the next one
+                self.spare = None  # the loop forks the next one (see SPARE_DELAY)
+                self.spare_due = time.monotonic() + SPARE_DELAY
             return
         for fd in fds:
             os.close(fd)
@@ -154,6 +171,7 @@ class Server:
         if w.ctrl is not None:
             self.epoll.unregister(w.ctrl.fileno())
             del self.by_fd[w.ctrl.fileno()]
+            self.closed.add(w.ctrl.fileno())
             w.ctrl.close()
             w.ctrl = None
 
@@ -161,6 +179,7 @@ class Server:
         assert w.conn is not None
         self.epoll.unregister(w.conn.fileno())
         del self.by_fd[w.conn.fileno()]
+        self.closed.add(w.conn.fileno())
         w.conn.close()
         w.conn = None
         with contextlib.suppress(ProcessLookupError):
@@ -175,12 +194,26 @@ class Server:
                     w.conn.send(wire.frame(wire.STATUS, -os.WTERMSIG(status)))
             self.epoll.unregister(w.conn.fileno())
             del self.by_fd[w.conn.fileno()]
+            self.closed.add(w.conn.fileno())
             w.conn.close()
         self.epoll.unregister(w.pidfd)
         del self.workers[w.pidfd]
+        self.closed.add(w.pidfd)
         os.close(w.pidfd)
         if self.spare is w:
             self.spare = None
+
+
+def _warm_wire() -> None:
+    """cffi parses a C type on its first use: each of the wire's, once, here."""
+    head = wire.ffi.new("struct sbx_cli_request *", {"magic": wire.MAGIC, "version": wire.VERSION, "argc": 1,
+                                                     "nfds": 1, "size": 4})
+    wire.parse_request(bytes(wire.ffi.buffer(head)) + b"\0\0\0\0" + b"a\0/\0")
+    wire.parse_frame(wire.frame(wire.STATUS))
+    from .peer import controlling_tty, fingerprint
+
+    fingerprint("/proc/self")
+    controlling_tty(os.getpid())
 
 
 def own_dir(path: str) -> bool:
@@ -206,9 +239,9 @@ def run_server(path: str, client: tuple[int, int, int] | None, idle: float = IDL
             return 0
         for sig in (signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _terminate)  # the socket goes with the server
         if log:
-            with open(log, "w"):  # this server's notes only
-                pass
+            os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))  # its notes only
         warm()
         server = Server(path, client, idle, log)
         server.listen()
@@ -219,6 +252,10 @@ def run_server(path: str, client: tuple[int, int, int] | None, idle: float = IDL
         return 0
     finally:
         os.close(lock)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(0)
 
 
 def warm() -> None:
@@ -234,6 +271,7 @@ def warm() -> None:
     name, _ = choose("auto")
     parse.parse_bwrap_args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
     HostInfo.current(backend=name)
+    _warm_wire()
     import gc
 
     gc.collect()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
 from typing import NoReturn
@@ -31,6 +32,7 @@ def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, in
     """The spare's whole life: never returns."""
     try:
         os.setpgid(0, 0)  # the server kills this group when the client goes away
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is the server's
         _rehearse()
         conn, _ = listener.accept()
         listener.close()

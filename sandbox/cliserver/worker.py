@@ -60,6 +60,14 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
         for fd in received:  # above every number taken
             os.close(fd)
         code = _run_cli(conn, peer, request)
+    except KeyboardInterrupt:  # as it ends the Python CLI: a traceback, then SIGINT itself (the server reports it)
+        import traceback
+
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+            sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:  # as an uncaught exception ends the Python CLI: a traceback, status 1
         import traceback
 

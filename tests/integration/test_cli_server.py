@@ -43,6 +43,9 @@ SYSTEM = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlin
           "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev"]
 
 
+SHOW_STATE = "ulimit -Sn; ulimit -Hn; umask; grep SigIgn /proc/self/status | cut -f2 >&2"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without the package's own settings (a client with any runs directly)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
@@ -176,6 +179,22 @@ class TestHandedOff:
         with os.fdopen(r) as f:
             assert f.read() == f"to-{high}\n"
         assert result.stdout == f"{tmp_path}\nvalue\n" and result.returncode == 0
+        assert served.handed_off() == 1
+
+    def test_limits_umask_and_ignored_signals_are_the_clients(self, served):
+        import resource
+
+        def narrow() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (77, 99))
+            os.umask(0o027)
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+        direct = served.run("run", *SYSTEM, "sh", "-c", SHOW_STATE, preexec_fn=narrow,
+                            env=clean_env(SANDBOX_CLI_SERVER="0"))
+        handed = served.run("run", *SYSTEM, "sh", "-c", SHOW_STATE, preexec_fn=narrow)
+        assert handed.stdout.split() == ["77", "99", "0027"] and direct.returncode == 0
+        # the ignored signals (SigIgn, on stderr) the command inherits too
+        assert (handed.stdout, handed.stderr) == (direct.stdout, direct.stderr)
         assert served.handed_off() == 1
 
     def test_args_info_and_json_status_fds(self, served):

@@ -51,6 +51,15 @@ def _rehearse() -> None:
     parse_bwrap_args(["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
 
 
+def _same_interpreter_settings(environ: list[bytes]) -> None:
+    """Unverified unless the client's PYTHON* variables are the server's: they decide what the
+    interpreter of a direct run would import (PYTHONPATH, PYTHONHOME...) and how it behaves."""
+    theirs = sorted(e for e in environ if e.startswith(b"PYTHON"))
+    ours = sorted(k + b"=" + v for k, v in os.environb.items() if k.startswith(b"PYTHON"))
+    if theirs != ours:
+        raise Unverified("the client's PYTHON* variables are not the server's")
+
+
 def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, log: str) -> NoReturn:
     conn.settimeout(REQUEST_TIMEOUT)
     fds: list[int] = []
@@ -67,6 +76,7 @@ def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int
                 ctrl.send(b"S")  # another installation, or this one rebuilt: the server makes way
             raise Unverified("the client is not this server's build")
         peer.check()
+        _same_interpreter_settings(request.environ)
         if threading.active_count() != 1:
             raise Unverified("the worker is not single-threaded")
     except (Unverified, wire.WireError, OSError) as exc:

@@ -379,6 +379,13 @@ class TestConfinedClientsRunDirectly:
         assert result.returncode == 0
         assert served.notes() == []
 
+    def test_other_interpreter_settings(self, served):
+        """PYTHONPATH and its kin decide what a direct run would import: a client whose differ runs directly."""
+        result = served.run("run", *SYSTEM, "true", env=clean_env(PYTHONPATH="/nonexistent"))
+        assert result.returncode == 0
+        assert served.handed_off() == 0
+        assert "PYTHON* variables" in served.ran_directly()[0]
+
     def test_a_client_of_another_build(self, install):
         install.start_server(identity="1:2:3")
         result = install.run("run", *SYSTEM, "sh", "-c", "echo direct")

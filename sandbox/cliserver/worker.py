@@ -200,9 +200,13 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
     sys.argv = argv
     _fresh_stdio()
     frames = _Frames(conn)
+    asked = _asks_die_with_parent(argv)
+    if asked:  # the client's answer comes while the command line is parsed, not after
+        conn.send(wire.frame(wire.DIE_WITH_PARENT))
 
     def die_with_client() -> bool:
-        conn.send(wire.frame(wire.DIE_WITH_PARENT))
+        if not asked:  # in an --args file: asked only now
+            conn.send(wire.frame(wire.DIE_WITH_PARENT))
         return frames.ack() == 1
 
     cli.HIDDEN_FDS.update((conn.fileno(), peer.pidfd))
@@ -212,6 +216,30 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     return code
+
+
+def _asks_die_with_parent(argv: list[str]) -> bool:
+    """Whether the options on the command line itself (not in an --args file) hold --die-with-parent,
+    read with the grammar's arities; parsing proper comes after and decides everything else."""
+    from ..bwrap.grammar import BY_NAME
+
+    args = argv[1:]
+    if os.path.basename(argv[0]) != "bwrap":
+        if args[:1] == ["--as-bwrap"]:
+            args = args[2:]
+        elif args[:1] == ["run"]:
+            args = args[1:]
+        else:
+            return False
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] not in ("--", "--help", "--version"):
+        if args[i] == "--die-with-parent":
+            return True
+        option = BY_NAME.get(args[i])
+        if option is None:
+            return False
+        i += 1 + option.nargs
+    return False
 
 
 def _fresh_stdio() -> None:

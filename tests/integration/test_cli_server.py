@@ -282,6 +282,26 @@ class TestSignalsAndDeath:
             kill_trees({parent.pid, *descendants(parent.pid)})
         assert served.handed_off() == 1
 
+    def test_die_with_parent_in_an_args_file(self, served, tmp_path):
+        marker = tmp_path / "alive"
+        options = [*SYSTEM, "--bind", str(tmp_path), str(tmp_path), "--die-with-parent"]
+        code = ("import os,subprocess,sys\nr,w=os.pipe()\n"
+                "os.write(w,b''.join(a.encode()+b'\\0' for a in sys.argv[2].split('\\n')))\nos.close(w)\n"
+                "subprocess.run([sys.argv[1],'run','--args',str(r),'sh','-c',sys.argv[3]],pass_fds=(r,))\n")
+        parent = subprocess.Popen(
+            [sys.executable, "-c", code, str(served.client), "\n".join(options),
+             f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"],
+            env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
+        try:
+            assert parent.stdout is not None
+            assert parent.stdout.readline() == "ready\n"
+            parent.kill()
+            parent.wait(timeout=TIMEOUT)
+            assert not outlives(marker), "the sandbox outlived its client's parent"
+        finally:
+            kill_trees({parent.pid, *descendants(parent.pid)})
+        assert served.handed_off() == 1
+
 
 # ---------------------------------------------------------------- what runs directly
 

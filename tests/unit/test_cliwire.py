@@ -93,3 +93,20 @@ def test_frames_round_trip():
         assert wire.parse_frame(wire.frame(kind, -9)) == (kind, -9)
     with pytest.raises(wire.WireError):
         wire.parse_frame(b"\0" * (wire.FRAME_SIZE + 1))
+
+
+@pytest.mark.parametrize(("argv", "asked"), [
+    (["sandbox", "run", "--ro-bind", "/", "/", "--die-with-parent", "true"], True),
+    (["/x/bwrap", "--bind", "/a", "/b", "--die-with-parent", "true"], True),
+    (["sandbox", "run", "--ro-bind", "/", "--die-with-parent", "true"], False),  # a value, not the option
+    (["sandbox", "run", "--", "cmd", "--die-with-parent"], False),  # the command's own argument
+    (["sandbox", "run", "true", "--die-with-parent"], False),
+    (["sandbox", "run", "--version", "--die-with-parent"], False),  # parsing stops at --version
+    (["sandbox", "probe", "--die-with-parent"], False),
+])
+def test_the_worker_asks_for_die_with_parent_only_when_the_options_hold_it(argv, asked):
+    """The worker asks the client for PR_SET_PDEATHSIG early when the command line's options hold
+    --die-with-parent (an --args file's is asked for when parsing finds it)."""
+    from sandbox.cliserver.worker import _asks_die_with_parent
+
+    assert _asks_die_with_parent(argv) is asked

@@ -148,6 +148,8 @@ class Server:
         for leftover in (".lock", ".log"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.socket.removesuffix(".sock") + leftover)
+        with contextlib.suppress(OSError):  # the socket directory, if nothing else is in it
+            os.rmdir(os.path.dirname(self.socket))
 
     def _pids(self) -> list[int]:
         found = []

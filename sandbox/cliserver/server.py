@@ -62,8 +62,12 @@ class Server:
         self.spare: _Worker | None = None
         self.spare_due = 0.0  # when to fork the next spare while workers run
         self.closed: set[int] = set()  # fds closed while handling the current batch of events
+        self.terminating = False  # SIGTERM came: stop serving
+        # SIGTERM wakes the loop through this pipe (signal.set_wakeup_fd), whatever it was doing
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.listener: socket.socket | None = None
         self.epoll = select.epoll()
+        self.epoll.register(self._wake_r, select.EPOLLIN)
         self.last_client = time.monotonic()
         self._ident: tuple[int, int] | None = None
 
@@ -81,7 +85,19 @@ class Server:
 
     def serve_forever(self) -> None:
         """Serve until idle (or stale) with no worker but the spare left."""
-        while not self.stale:
+        previous = signal.signal(signal.SIGTERM, self._terminate)
+        old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        try:
+            self._loop()
+        finally:
+            signal.set_wakeup_fd(old_wakeup)
+            signal.signal(signal.SIGTERM, previous)
+
+    def _terminate(self, signum: int, frame: object) -> None:
+        self.terminating = True
+
+    def _loop(self) -> None:
+        while not self.stale and not self.terminating:
             now = time.monotonic()
             if self.spare is None and (not self.workers or now >= self.spare_due):
                 self._fork_spare()
@@ -95,6 +111,11 @@ class Server:
                 return
             self.closed.clear()
             for fd, _ in events:
+                if fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        while os.read(self._wake_r, 64):
+                            pass
+                    continue
                 if fd in self.closed:  # closed by an earlier event of this batch: its number may be reused
                     continue
                 w = self.workers.get(fd)
@@ -121,6 +142,8 @@ class Server:
                 os.kill(self.spare.pid, signal.SIGKILL)
             os.waitpid(self.spare.pid, 0)
         self.epoll.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
 
     # ------------------------------------------------------------ workers
 
@@ -239,7 +262,7 @@ def run_server(path: str, client: tuple[int, int, int] | None, idle: float = IDL
             return 0
         for sig in (signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, _terminate)  # the socket goes with the server
+        signal.signal(signal.SIGTERM, _terminate)  # until the loop takes over: the socket goes with the server
         if log:
             os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))  # its notes only
         warm()

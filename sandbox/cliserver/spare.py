@@ -32,7 +32,8 @@ def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, in
     """The spare's whole life: never returns."""
     try:
         os.setpgid(0, 0)  # the server kills this group when the client goes away
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is the server's
+        signal.set_wakeup_fd(-1)  # the server's wake-up pipe and handler are the server's
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _rehearse()
         conn, _ = listener.accept()
         listener.close()

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 from . import wire
 from .peer import Peer
 
+F_SETOWN_EX, F_OWNER_TID = 15, 0  # <asm-generic/fcntl.h>: SIGIO for one thread
 LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
 FALLBACK_EXIT = 0  # the worker's exit status after a FALLBACK (the server sends nothing more)
 
@@ -263,17 +264,24 @@ class _Frames:
     """The client's frames, read when the kernel says they came (SIGIO on the
     connection, O_ASYNC): a signal the client received is raised here, as it
     would be in the Python CLI. No thread: the CLI joins namespaces with
-    setns(CLONE_NEWUSER) (--userns), which a multi-threaded process cannot."""
+    setns(CLONE_NEWUSER) (--userns), which a multi-threaded process cannot.
+    SIGIO and the signals raised go to the main thread itself (F_SETOWN_EX,
+    pthread_kill): a signal another thread (a sandbox's reaper) took would
+    leave the main thread asleep in its wait, and Python's handler unrun."""
 
     def __init__(self, conn: socket.socket) -> None:
         import fcntl
+        import struct
+        import threading
 
         self.conn = conn
         self.acks: list[int] = []
         self.gone = False
+        self.main = threading.main_thread().ident or 0
         conn.setblocking(False)
         signal.signal(signal.SIGIO, self._on_sigio)
-        fcntl.fcntl(conn.fileno(), fcntl.F_SETOWN, os.getpid())
+        owner = struct.pack("ii", F_OWNER_TID, threading.get_native_id())
+        fcntl.fcntl(conn.fileno(), F_SETOWN_EX, owner)
         fcntl.fcntl(conn.fileno(), fcntl.F_SETFL, fcntl.fcntl(conn.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
         self.read()  # what came before O_ASYNC was set
 
@@ -295,7 +303,7 @@ class _Frames:
             with contextlib.suppress(wire.WireError):
                 kind, value = wire.parse_frame(data)
                 if kind == wire.SIGNAL and 0 < value < signal.NSIG:
-                    os.kill(os.getpid(), value)
+                    signal.pthread_kill(self.main, value)
                 elif kind == wire.ACK:
                     self.acks.append(value)
 

@@ -120,7 +120,12 @@ def install(tmp_path: Path) -> Iterator[Installation]:
     finally:
         if inst.server is not None:
             inst.server.terminate()
-            inst.server.wait(timeout=TIMEOUT)
+            try:
+                inst.server.wait(timeout=TIMEOUT)
+            finally:  # the test has failed already then: nothing is left behind anyway
+                if inst.server.poll() is None:
+                    inst.server.kill()
+                    inst.server.wait()
         for pid in servers_of(path):  # one the client started itself
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -130,6 +135,8 @@ def install(tmp_path: Path) -> Iterator[Installation]:
         for leftover in (path, path.removesuffix(".sock") + ".lock", path.removesuffix(".sock") + ".log"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(leftover)
+        with contextlib.suppress(OSError):  # the socket directory, if nothing else is in it
+            os.rmdir(os.path.dirname(path))
 
 
 @pytest.fixture
@@ -426,6 +433,7 @@ class TestConfinedClientsRunDirectly:
 
     def test_a_process_posing_as_the_server_gets_nothing(self, install):
         """Something confined that took the socket's name: the client checks it before it sends."""
+        os.makedirs(os.path.dirname(install.socket), mode=0o700, exist_ok=True)
         fake = subprocess.Popen(
             [sys.executable, "-c",
              "import socket,sys\ns=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\ns.bind(sys.argv[1])\n"

@@ -2,8 +2,9 @@
 
 sandbox-init (the pid-1 reaper, static so it execs fast and needs nothing
 inside the sandbox), sandbox-launch (the native launcher used by
-sandbox.compat.avatar) and sandbox-template (the resident process of a
-sandbox.Template) are compiled from csrc/ into sandbox/_bin/.
+sandbox.compat.avatar), sandbox-template (the resident process of a
+sandbox.Template) and sandbox-cli (the installed `sandbox` command, a client
+of sandbox.cliserver) are compiled from csrc/ into sandbox/_bin/.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 from setuptools.errors import SetupError as DistutilsSetupError
@@ -37,13 +38,32 @@ INIT_FLAGS = (
     if platform.machine() == "x86_64"
     else ["-static", "-DSBX_INIT_LIBC"]
 )
+
+
+def _client_defines() -> list[str]:
+    """The versions the client prints for --version, from where the package writes them."""
+    found = []
+    for name, var, path in (("SBX_VERSION", "__version__", "__init__.py"),
+                            ("SBX_BWRAP_RELEASE", "BWRAP_RELEASE", "bwrap/__init__.py")):
+        match = re.search(rf'^{var} = "([^"]+)"', (HERE / "sandbox" / path).read_text(), re.M)
+        if not match:
+            raise SystemExit(f"sandbox/{path}: no {var} line")
+        found.append(f'-D{name}="{match[1]}"')
+    return found
+
+
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
     "sandbox-launch": (["launcher.c", "handoff.c", *LIB_SOURCES], []),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "resident.c", *LIB_SOURCES], ["-static"]),
+    # the installed `sandbox` command (CLIENT_SCRIPT): static, it execs in a fraction of a dynamic one's time
+    "sandbox-cli": (["cliclient.c", "clipeer.c"], ["-static", *_client_defines()]),
 }
+# The console command `sandbox` is the client executable itself, installed as a script (setup() below);
+# pyproject.toml's `sandbox-py` is the Python CLI it runs when it does not hand a command line off.
+CLIENT_SCRIPT = Path("build") / "cli-client" / "sandbox"
 
 
 class BuildError(DistutilsSetupError):
@@ -123,6 +143,9 @@ class BuildWithExecutables(build_ext):
             self.announce(" ".join(cmd), level=2)
             if subprocess.run(cmd).returncode != 0:
                 raise BuildError(f"linking {name} failed (the compiler's message is above): {' '.join(cmd)}")
+        shutil.copy(CSRC / "cliwire.h", out_dir / "cliwire.h")  # the client's wire, read by sandbox.cliserver
+        (HERE / CLIENT_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(out_dir / "sandbox-cli", HERE / CLIENT_SCRIPT)
 
 
 class BuildPyWithoutStaleModules(build_py):
@@ -139,10 +162,24 @@ class BuildPyWithoutStaleModules(build_py):
         super().run()
 
 
+class BuildScriptsWithClient(Distribution().get_command_class("build_scripts")):  # type: ignore[misc]
+    """build_scripts for the one script, CLIENT_SCRIPT: an executable (built by
+    build_ext, which runs first), copied as it is (the stock command would
+    read it as a Python script to fix its `#!` line)."""
+
+    def run(self) -> None:
+        self.mkpath(self.build_dir)
+        target = Path(self.build_dir) / CLIENT_SCRIPT.name
+        self.copy_file(str(HERE / CLIENT_SCRIPT), str(target))
+        target.chmod(0o755)
+
+
 setup(
     cffi_modules=["build_ffi.py:ffibuilder"],
-    cmdclass={"build_ext": BuildWithExecutables, "build_py": BuildPyWithoutStaleModules},
+    cmdclass={"build_ext": BuildWithExecutables, "build_py": BuildPyWithoutStaleModules,
+              "build_scripts": BuildScriptsWithClient},
     package_data={"sandbox": ["_bin/*", "py.typed"]},
+    scripts=[str(CLIENT_SCRIPT)],
     # The module uses only the stable ABI (cffi defines Py_LIMITED_API): one
     # wheel, tagged cp311-abi3, serves every CPython from 3.11 on.
     options={"bdist_wheel": {"py_limited_api": "cp311"}},

@@ -1,34 +1,43 @@
-"""The command line's cold start: `sandbox run <options> /bin/true` against `bwrap <options> /bin/true`.
+"""The command line: `sandbox run <options> /bin/true` against `bwrap <options> /bin/true`, warm and cold.
 
 Every row is a fresh process, what a program that runs the command line pays
 for each command, started with subprocess.run and timed to its exit. The
-options are latency.py's flatpak-like ones (read-only /usr with its links,
-ld.so.cache, proc, dev, a tmpfs /tmp, --unshare-all, --die-with-parent,
---new-session, --clearenv). Rows: bwrap itself; this package's console
-script `sandbox run` (the native backend where the host allows it) and the
-same under the name `bwrap` (a link, as a drop-in is installed); `--version`
-of each; `python -c 'import sandbox'`; and the interpreter's floor
-(`python -I -S -c pass`, `python -c pass`). All interleaved round-robin, so
-machine noise hits them alike; medians and p99s in ms, and each median as a
-ratio to bwrap's and to the interpreter's floor.
+installed `sandbox` command is the CLI server's client (csrc/cliclient.c,
+docs/cli.md): this copies it (and its `sandbox-py`) into two private
+installations, so each has a server of its own:
 
-`--other LABEL=SCRIPT` adds the `sandbox run` and `import sandbox` rows of
-another installation (its `sandbox` console script; the python beside it),
-to compare two versions in one run.
+- warm: its server is started first and serves every call;
+- cold: no server; each call starts one (and runs its command line
+  directly, as a first use does), and that server is stopped again between
+  rounds, outside the timed calls.
 
-    python benchmarks/cli.py [-n 100] [--other before=/opt/old-venv/bin/sandbox] [--json out.json]
+Two command lines: the flatpak-like options of latency.py (read-only /usr
+with its links, ld.so.cache, proc, dev, a tmpfs /tmp, --unshare-all,
+--die-with-parent, --new-session, --clearenv), and a coding agent's (about
+40 options through `--args FD`, as such wrappers pass them: / read-only,
+binds of a work tree and caches, tmpfs masks, new pid/ipc/uts namespaces,
+--die-with-parent, --new-session), each under the name bwrap as a drop-in
+is installed. Then `--version` of bwrap and of ours, `python -c 'import
+sandbox'` and the interpreter's floor (`python -I -S -c pass`). All
+interleaved round-robin, so machine noise hits them alike; medians and
+p99s in ms, and each median as a ratio to bwrap's with the same options.
+
+    python benchmarks/cli.py [-n 100] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,60 +51,168 @@ else:  # run as a script (or imported by one): benchmarks/ is sys.path[0]
     from timing import measure, p99
 
 TRUE = ["/bin/true"]
-BWRAP = "bwrap <options> /bin/true"
-SANDBOX_RUN = "sandbox run <options> /bin/true"
+BWRAP = "bwrap <flatpak-like> /bin/true"
+AGENT_BWRAP = "bwrap --args FD <agent> /bin/true"
 FLOOR = "python -I -S -c pass"
+BASELINE = {BWRAP: BWRAP, AGENT_BWRAP: AGENT_BWRAP, "bwrap --version": "bwrap --version"}
 
 
-def console_script() -> Path:
-    """The `sandbox` console script of the interpreter running this (the installation measured)."""
-    script = Path(sys.executable).with_name("sandbox")
-    if not script.exists():
-        raise SystemExit(f"no `sandbox` console script beside {sys.executable}: run this with the venv's python")
-    return script
+def agent_args(work: Path) -> list[str]:
+    """A coding agent's sandbox: / read-only, its work tree and caches writable, secrets masked (~40 options)."""
+    home = work / "home"
+    out = ["--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+           "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for sub in ("repo", "cache", "npm", "cargo", "pip", "go"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+        out += ["--bind", str(home / sub), str(home / sub)]
+    for secret in (".ssh", ".aws", ".gnupg", ".config/gh", ".docker", ".kube"):
+        out += ["--tmpfs", str(home / secret)]
+    for path in ("/etc/ssl", "/etc/ca-certificates", "/usr/share/ca-certificates", "/etc/resolv.conf"):
+        out += ["--ro-bind-try", path, path]
+    out += ["--setenv", "HOME", str(home), "--setenv", "TMPDIR", "/tmp", "--chdir", str(home / "repo")]
+    return out
 
 
-def _run(argv: list[str]) -> Callable[[], object]:
+def _run(argv: list[str], env: dict[str, str] | None = None, args_file: list[str] | None = None,
+         ) -> Callable[[], object]:
+    """One fresh process of `argv`; with `args_file`, its options come through `--args FD` (a new pipe each time)."""
+    data = b"".join(a.encode() + b"\0" for a in args_file or [])
+
     def call() -> None:
-        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        fds: tuple[int, ...] = ()
+        cmd = argv
+        if args_file is not None:
+            r, w = os.pipe()
+            os.write(w, data)
+            os.close(w)
+            fds = (r,)
+            cmd = [argv[0], "--args", str(r), *argv[1:]]
+        try:
+            done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, pass_fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv[:3])} ... exited {done.returncode}: {done.stderr.decode()[-300:]}")
+            raise RuntimeError(f"{' '.join(cmd[:3])} ... exited {done.returncode}: {done.stderr.decode()[-300:]}")
     return call
 
 
-def variants(link_dir: Path, others: dict[str, Path]) -> dict[str, Callable[[], object]]:
+def installation(root: Path) -> Path:
+    """A private copy of the installed client (and its sandbox-py, and a `bwrap` link to it) in `root`."""
+    here = Path(sys.executable).parent
+    root.mkdir()
+    for name in ("sandbox", "sandbox-py"):
+        if not (here / name).exists():
+            raise SystemExit(f"no `{name}` beside {sys.executable}: run this with the installation's python")
+        shutil.copy2(here / name, root / name)
+    (root / "bwrap").symlink_to("sandbox")
+    return root
+
+
+def _env() -> dict[str, str]:
+    """This environment without the package's settings (a client with any runs directly)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+
+
+class Server:
+    """The CLI server of a private installation: started, or stopped between rounds."""
+
+    def __init__(self, root: Path) -> None:
+        from sandbox.cliserver import socket_path
+
+        self.root = root
+        self.socket = socket_path(str(root))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        st = os.stat(self.root / "sandbox")
+        self.proc = subprocess.Popen([str(self.root / "sandbox-py"), "serve", "--socket", self.socket, "--client",
+                                      f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}", "--idle", "600"],
+                                     env=_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        self._wait(lambda: os.path.exists(self.socket))
+
+    def stop_started(self) -> None:
+        """Stop the server a cold call started (once it listens), so the next call is cold again."""
+        self._wait(lambda: os.path.exists(self.socket))
+        for pid in self._pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        self._wait(lambda: not self._pids())
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+        with contextlib.suppress(SystemExit):
+            self.stop_started()
+        for leftover in (".lock", ".log"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket.removesuffix(".sock") + leftover)
+        with contextlib.suppress(OSError):  # the socket directory, if nothing else is in it
+            os.rmdir(os.path.dirname(self.socket))
+
+    def _pids(self) -> list[int]:
+        found = []
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as f:
+                if self.socket.encode() in f.read().split(b"\0"):
+                    found.append(pid)
+        return found
+
+    @staticmethod
+    def _wait(cond: Callable[[], bool], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the CLI server did not come up (or go) in time: {cond}")
+            time.sleep(0.01)
+
+
+def variants(warm: Path, cold: Path, work: Path) -> dict[str, Callable[[], object]]:
     """name -> one fresh process, waited for."""
-    script = console_script()
-    as_bwrap = link_dir / "bwrap"
-    as_bwrap.symlink_to(script)
     python = sys.executable
+    env = _env()
+    agent = agent_args(work)
     out: dict[str, Callable[[], object]] = {}
     bwrap = shutil.which("bwrap")
     if bwrap:
         out[BWRAP] = _run([bwrap, *BWRAP_ARGS, *TRUE])
-    out[SANDBOX_RUN] = _run([str(script), "run", *BWRAP_ARGS, *TRUE])
-    out["the same, named bwrap"] = _run([str(as_bwrap), *BWRAP_ARGS, *TRUE])
-    for label, other in others.items():
-        out[f"{label}: sandbox run <options> /bin/true"] = _run([str(other), "run", *BWRAP_ARGS, *TRUE])
+    out["warm: sandbox run <flatpak-like> /bin/true"] = _run([str(warm / "sandbox"), "run", *BWRAP_ARGS, *TRUE], env)
+    out["warm: named bwrap <flatpak-like> /bin/true"] = _run([str(warm / "bwrap"), *BWRAP_ARGS, *TRUE], env)
+    if bwrap:
+        out[AGENT_BWRAP] = _run([bwrap, *TRUE], args_file=agent)
+    out["warm: named bwrap --args FD <agent> /bin/true"] = _run([str(warm / "bwrap"), *TRUE], env, agent)
     if bwrap:
         out["bwrap --version"] = _run([bwrap, "--version"])
-    out["sandbox --version"] = _run([str(script), "--version"])
-    out["named bwrap: --version"] = _run([str(as_bwrap), "--version"])
+    out["sandbox --version"] = _run([str(warm / "sandbox"), "--version"], env)
+    out["named bwrap: --version"] = _run([str(warm / "bwrap"), "--version"], env)
     out["python -c 'import sandbox'"] = _run([python, "-c", "import sandbox"])
-    for label, other in others.items():
-        out[f"{label}: python -c 'import sandbox'"] = _run([str(other.with_name("python")), "-c", "import sandbox"])
-    out["python -c pass"] = _run([python, "-c", "pass"])
     out[FLOOR] = _run([python, "-I", "-S", "-c", "pass"])
+    # last in each round: the server a cold call starts is stopped before the next round
+    out["cold: sandbox run <flatpak-like> /bin/true"] = _run([str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE],
+                                                             env)
+    out["cold: named bwrap --args FD <agent> /bin/true"] = _run([str(cold / "bwrap"), *TRUE], env, agent)
     return out
 
 
+def _baseline(name: str) -> str | None:
+    if "--version" in name:
+        return "bwrap --version"
+    if "<agent>" in name:
+        return AGENT_BWRAP
+    if "<flatpak-like>" in name:
+        return BWRAP
+    return None
+
+
 def table(times: dict[str, list[float]]) -> str:
-    """A Markdown table: medians, p99s, and ratios to bwrap's run and to the interpreter's floor."""
+    """A Markdown table: medians, p99s, and ratios to bwrap's with the same options and to the interpreter."""
     med = {k: statistics.median(v) for k, v in times.items()}
-    bw, floor = med.get(BWRAP), med.get(FLOOR)
+    floor = med.get(FLOOR)
     rows = ["| process | median ms | p99 ms | / bwrap | / python -I -S |", "|---|---|---|---|---|"]
     for name, xs in times.items():
-        r_bw = f"{med[name] / bw:.1f}x" if bw else "-"
+        base = _baseline(name)
+        r_bw = f"{med[name] / med[base]:.2f}x" if base in med else "-"
         r_floor = f"{med[name] / floor:.2f}x" if floor else "-"
         rows.append(f"| {name} | {med[name]:.2f} | {p99(xs):.2f} | {r_bw} | {r_floor} |")
     return "\n".join(rows)
@@ -104,21 +221,22 @@ def table(times: dict[str, list[float]]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=100, help="runs per row (default 100)")
-    ap.add_argument("--other", action="append", default=[], metavar="LABEL=SCRIPT",
-                    help="also another installation's `sandbox` console script (repeatable)")
     ap.add_argument("--json", help="also write the raw per-run times here")
     args = ap.parse_args()
-    others = {}
-    for item in args.other:
-        label, _, path = item.partition("=")
-        if not path or not Path(path).exists():
-            ap.error(f"--other wants LABEL=SCRIPT, an existing console script: {item!r}")
-        others[label] = Path(path)
     print(f"# fresh processes, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}, kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
     print(f"# sandbox {sandbox.__version__} in {Path(sandbox.__file__).parent}; {sandbox.probe().native_reason}")
-    with tempfile.TemporaryDirectory(prefix="sandbox-cli-bench-") as link_dir:
-        times = measure(variants(Path(link_dir), others), args.n, warmup=min(5, args.n))
+    with tempfile.TemporaryDirectory(prefix="sandbox-cli-bench-") as tmp:
+        Path(tmp).chmod(0o755)
+        warm, cold = installation(Path(tmp) / "warm"), installation(Path(tmp) / "cold")
+        warm_server, cold_server = Server(warm), Server(cold)
+        warm_server.start()
+        try:
+            times = measure(variants(warm, cold, Path(tmp) / "work"), args.n, warmup=min(5, args.n),
+                            on_round=cold_server.stop_started)
+        finally:
+            warm_server.stop()
+            cold_server.stop()
     print(table(times))
     if args.json:
         with open(args.json, "w") as f:

@@ -26,7 +26,7 @@ import sys
 # so `--version` (and `bwrap --version`) costs little more than the interpreter.
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
     from types import FrameType
     from typing import Any
 
@@ -42,6 +42,7 @@ FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # by name: the signal modul
 USAGE = """\
 usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
        python -m sandbox probe
+       python -m sandbox serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS]
        python -m sandbox --version
        python -m sandbox --help
 
@@ -50,6 +51,8 @@ commands:
              (see `python -m sandbox run --help`; `--dry-run` shows the
              sandbox without running it, `--verbose` says which backend ran)
     probe    Report what this host supports: which backends can run and why
+    serve    The per-user CLI server the installed `sandbox` command starts
+             on first use (docs/cli.md); it exits when idle
 """
 
 PROBE_HELP = """\
@@ -70,12 +73,23 @@ it does not exist."""
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); return the exit status.
     Without `argv`, a program named `bwrap` (sys.argv[0]) is `run` as bwrap (see above)."""
+    if argv is None:
+        return run_command_line(sys.argv[1:], sys.argv[0], one_shot=True)
+    return run_command_line(argv, "", one_shot=False)
+
+
+def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
+    """The command line `args` of a program invoked as `argv0` (named `bwrap`:
+    bwrap's conventions; "": none); `one_shot`: this process runs one
+    command and ends (the console script, the CLI server's worker)."""
     global _PARENT, _ONE_SHOT
     _PARENT = os.getppid()
-    _ONE_SHOT = argv is None
-    args = list(sys.argv[1:] if argv is None else argv)
-    if argv is None and os.path.basename(sys.argv[0]) == BWRAP_NAME:
-        return run_as_bwrap(args, sys.argv[0])
+    _ONE_SHOT = one_shot
+    args = list(args)
+    if args[:1] == ["--as-bwrap"] and len(args) >= 2:  # how the client (csrc/cliclient.c) says its name
+        args, argv0 = args[2:], args[1]
+    if os.path.basename(argv0) == BWRAP_NAME:
+        return run_as_bwrap(args, argv0)
     if not args:
         sys.stderr.write(USAGE)
         return EXIT_SETUP
@@ -90,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(rest)
     if command == "probe":
         return probe(rest)
+    if command == "serve":
+        from .cliserver import serve_command
+
+        return serve_command(rest)
     return _fail(EXIT_SETUP, f"unknown command {command!r} (try --help)")
 
 
@@ -170,7 +188,7 @@ def run(args: Sequence[str]) -> int:
         return _print_version()
     if extras.dry_run:
         return _dry_run(command, spec, extras.backend)
-    if spec.die_with_parent and not _die_with_parent():
+    if spec.die_with_parent and not (DIE_WITH_PARENT_HOOK or _die_with_parent)():
         return _fail(EXIT_SETUP, "the caller is gone (--die-with-parent)")
     from .bwrap import monitor
 
@@ -415,6 +433,11 @@ def _pidfd(pid: int) -> int:
 
 
 _PARENT = os.getppid()  # the caller, read again as early as main() runs
+# The CLI server's worker (sandbox/cliserver/worker.py) stands in for the
+# client process: --die-with-parent is the client's, and the fds it holds of
+# its own are not the command's.
+DIE_WITH_PARENT_HOOK: Callable[[], bool] | None = None
+HIDDEN_FDS: set[int] = set()
 
 
 def _die_with_parent() -> bool:
@@ -444,7 +467,7 @@ def inherited_fds() -> list[int]:
     except OSError:
         return []
     fds = sorted(int(name) for name in names if name.isdigit() and int(name) > 2)
-    return [fd for fd in fds if _is_open(fd)]
+    return [fd for fd in fds if fd not in HIDDEN_FDS and _is_open(fd)]
 
 
 def _is_open(fd: int) -> bool:

@@ -49,6 +49,7 @@ say "install into a fresh venv elsewhere and smoke-test it"
 quiet_pip "$work/user-venv/bin/pip" install -q "$repaired"
 (
     cd "$work"  # nowhere near the checkout
+    export SANDBOX_CLI_SERVER=0  # no CLI server left running from a venv about to be deleted
     sbx="$work/user-venv/bin/sandbox"
     "$sbx" --version
     "$sbx" probe

@@ -3,10 +3,14 @@
 # v0.8.0: test-run.sh, test-specifying-userns.sh, test-specifying-pidns.sh,
 # test-seccomp.py) against `python -m sandbox run`, or against any bwrap.
 #
-#   tools/run-bwrap-suite.sh TESTS_DIR [ours|ours-bwrap|bwrap|/path/to/bwrap-like]
+#   tools/run-bwrap-suite.sh TESTS_DIR [ours|ours-bwrap|ours-warm|bwrap|/path/to/bwrap-like]
 #
 # ours: our CLI (auto backend: native where the host allows it); ours-bwrap:
-# our CLI with --backend bwrap; bwrap: the real bwrap on PATH.
+# our CLI with --backend bwrap; ours-warm: the installed `sandbox` command
+# (the CLI server's client, csrc/cliclient.c) under the name bwrap, as a
+# drop-in is installed, so every command goes through the warm server once
+# one runs (its notes, in the socket's directory, say which did); bwrap:
+# the real bwrap on PATH.
 #
 # The suite is not part of this repository (CI cannot fetch it): get a copy
 # with `git archive v0.8.0 tests | tar -x` in a bubblewrap clone. Run it as
@@ -40,6 +44,14 @@ ours|ours-bwrap)
     printf '#!%s -P\nimport sys\nfrom sandbox.cli import main\nsys.argv[1:1] = ["--backend", "%s"]\nsys.exit(main())\n' \
         "$py" "$backend" > "$work/bwrap"
     chmod 755 "$work/bwrap"
+    bwrap=$work/bwrap ;;
+ours-warm)
+    py=${SUITE_PYTHON:-}
+    if [ -z "$py" ]; then
+        for p in /opt/sandbox-venv*/bin/python; do [ -x "$p" ] && py=$p && break; done
+    fi
+    client=$(dirname "${py:?ours-warm needs SUITE_PYTHON or an /opt/sandbox-venv}")/sandbox
+    ln -s "$client" "$work/bwrap"
     bwrap=$work/bwrap ;;
 bwrap) bwrap=$(command -v bwrap) ;;
 *) bwrap=$which ;;

@@ -325,12 +325,15 @@ class TestCommands:
     def test_the_console_script_says_its_version(self):
         script = Path(sys.executable).with_name("sandbox")
         for args in (["--version"], ["run", "--version"], ["run", "--ro-bind", "/", "/", "--version"]):
-            result = subprocess.run([script, *args], capture_output=True, text=True, timeout=TIMEOUT)
+            result = subprocess.run([script, *args], capture_output=True, text=True, timeout=TIMEOUT, env=NO_SERVER)
             assert (result.returncode, result.stdout, result.stderr) == (0, f"sandbox {sandbox.__version__}\n", "")
 
 
 # ---------------------------------------------------------------- named bwrap: its --version
 
+# The console script is the client of the CLI server (tests/integration/test_cli_server.py): these
+# tests run it without one, so that none is started in the user's own socket directory.
+NO_SERVER = {**os.environ, "SANDBOX_CLI_SERVER": "0"}
 BWRAP_VERSION = "bubblewrap 0.8.0\n"  # what bwrap 0.8.0 prints: the release whose command line `run` is
 
 
@@ -351,7 +354,7 @@ class TestNamedBwrap:
 
     @pytest.mark.parametrize("args", [["--version"], ["--ro-bind", "/", "/", "--version", "true"]])
     def test_its_version_is_bwraps_line_alone(self, as_bwrap, args):
-        result = subprocess.run([as_bwrap, *args], capture_output=True, text=True, timeout=TIMEOUT)
+        result = subprocess.run([as_bwrap, *args], capture_output=True, text=True, timeout=TIMEOUT, env=NO_SERVER)
         assert (result.returncode, result.stdout, result.stderr) == (0, BWRAP_VERSION, "")
         assert result.stdout.strip().removeprefix("bubblewrap ") == "0.8.0"
         assert [line.split()[1] for line in result.stdout.splitlines()] == ["0.8.0"]

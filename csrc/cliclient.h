@@ -1,0 +1,31 @@
+/* cliclient.h: what the CLI client's files share (cliclient.c, clipeer.c).
+ * The wire itself is cliwire.h. */
+#ifndef SANDBOX_CLICLIENT_H
+#define SANDBOX_CLICLIENT_H
+
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <sys/stat.h>
+
+#include "cliwire.h"
+
+#define CLI_SERVER_ENV "SANDBOX_CLI_SERVER" /* "0": never hand off, never start a server */
+
+/* The server's socket for the installation in `exe_dir`, in a directory of
+ * mode 0700 that belongs to us (made if missing); -1 if there is none. */
+int socket_path(const char *exe_dir, char *out, size_t size);
+
+/* A connection to the server at `path` whose peer is verified (our uid, and
+ * confined exactly as we are); -2 if nobody listens there, -1 otherwise. */
+int connect_server(const char *path);
+
+/* The request (cliwire.h) for argv in `cwd`, with every open fd of ours
+ * but `conn` listed in `fds` (their count in `nfds`); NULL if it cannot be
+ * sent (too many fds, too large). */
+char *build_request(int argc, char **argv, const char *cwd, const struct stat *exe, int conn, int *fds, int *nfds,
+                    size_t *size);
+
+/* sendmsg of `msg` with `fds` in SCM_RIGHTS (up to SBX_CLI_MAX_FDS); 0 or -1. */
+int send_fds(int sock, const void *msg, size_t len, const int *fds, int nfds);
+
+#endif

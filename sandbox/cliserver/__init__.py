@@ -1,0 +1,77 @@
+"""The per-user CLI server: `sandbox run` and `bwrap` without the interpreter's start.
+
+The installed `sandbox` command (and `bwrap`, when installed under that
+name) is a small static client (csrc/cliclient.c). For a `run` it connects
+to this server, which has the Python side imported and warm, and hands it
+the command line with its fds, working directory and environment; the
+server forks a worker that runs `sandbox.cli` as the client's own Python
+CLI would have, and sends back its exit status. Without a server (first
+use) the client starts one and runs the command line directly; the server
+exits when idle. docs/cli.md has the whole story: where the socket lives,
+what is handed off and what runs directly, and SANDBOX_CLI_SERVER=0 to
+turn it off.
+
+- `server.py`: the accept loop (single-threaded; one fork per command);
+- `peer.py`: what must be equal between a client and the server;
+- `worker.py`: the forked worker that becomes the client's Python CLI;
+- `wire.py`: the request and frames, read from csrc/cliwire.h through cffi.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+SERVE_HELP = """\
+usage: sandbox-py serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE]
+
+Serve `run` command lines handed over by the installed `sandbox` command
+(csrc/cliclient.c) at the socket PATH (default: this installation's, see
+socket_path), until no client came for SECONDS (default 120). --client is
+the identity of the client executable served; a request from another one is
+handed back and the server exits. --log notes each client's outcome (handed
+off, or run directly and why) in FILE. The client starts this itself.
+"""
+
+
+def socket_path(client_dir: str) -> str:
+    """The socket of the installation whose client executable is in
+    `client_dir` (as the client computes it: csrc/clipeer.c)."""
+    uid = os.getuid()
+    base = f"/run/user/{uid}"
+    from .server import own_dir
+
+    directory = f"{base}/sandbox-cli" if own_dir(base) else f"/tmp/sandbox-cli-{uid}"
+    h = 0xCBF29CE484222325
+    for byte in os.fsencode(client_dir):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{directory}/cli-{h:016x}.sock"
+
+
+def serve_command(args: Sequence[str]) -> int:
+    """`serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE]`."""
+    from .server import IDLE_SECONDS, run_server
+
+    opts = {"--socket": "", "--client": "", "--idle": str(IDLE_SECONDS), "--log": ""}
+    rest = list(args)
+    while rest:
+        name = rest.pop(0)
+        if name in ("-h", "--help"):
+            sys.stdout.write(SERVE_HELP)
+            return 0
+        if name not in opts or not rest:
+            sys.stderr.write(f"sandbox: serve: bad argument {name!r} (try --help)\n")
+            return 125
+        opts[name] = rest.pop(0)
+    path = opts["--socket"] or socket_path(os.path.dirname(os.path.realpath(sys.argv[0])))
+    client = None
+    if opts["--client"]:
+        dev, ino, mtime = (int(v) for v in opts["--client"].split(":"))
+        client = (dev, ino, mtime)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        return run_server(path, client, float(opts["--idle"]), opts["--log"])
+    except OSError as exc:
+        sys.stderr.write(f"sandbox: serve: {exc}\n")
+        return 125

@@ -1,0 +1,107 @@
+"""What the server checks of a client before it runs anything for it.
+
+A command handed to the server runs as the server's child: with the
+server's ids, capabilities, namespaces, seccomp filters, no_new_privs,
+LSM label, cgroup and root. So the server takes a request only from a
+client whose /proc entry shows all of those equal to its own (`Peer.check`);
+anything it cannot read, or any difference, and the client runs the
+command line itself. A client inside a sandbox differs at least in its
+mount namespace; one under a seccomp filter, no_new_privs (as Landlock
+requires) or another LSM label differs there; a traced one (strace, gdb)
+has a tracer, which would not see the sandbox start from the server. The pid read from the socket
+(SO_PEERCRED) is confirmed through the peer's pidfd (SO_PEERPIDFD) after
+the reads: a live process keeps its pid, so the entry read was the peer's.
+
+What a child can be given of the client's own (its rlimits, umask, nice
+value, CPU affinity, OOM score, signal mask and ignored signals) is not
+compared here: the worker takes it on (sandbox/cliserver/worker.py), or
+hands the command line back when it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
+STATUS_KEYS = ("Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:",
+               "TracerPid:", "Seccomp:", "Seccomp_filters:")
+NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time", "time_for_children", "user", "uts")
+UCRED = struct.Struct("3i")
+
+
+class Unverified(Exception):
+    """The client could not be shown to be confined as the server is: it runs directly."""
+
+
+def fingerprint(proc: str) -> tuple[str, ...]:
+    """What must be equal between client and server, read from `proc` (/proc/self or /proc/PID)."""
+    with open(f"{proc}/status") as f:
+        status = tuple(line for line in f.read().splitlines() if line.startswith(STATUS_KEYS))
+    ns = tuple(os.readlink(f"{proc}/ns/{name}") for name in NAMESPACES)
+    try:
+        with open(f"{proc}/attr/current") as f:
+            label = f.read()
+    except OSError as exc:  # no LSM: the same error for both sides
+        label = f"-{exc.errno}"
+    with open(f"{proc}/cgroup") as f:
+        cgroup = f.read()
+    root = os.stat(f"{proc}/root")
+    return (*status, *ns, label, cgroup, f"root {root.st_dev}:{root.st_ino}")
+
+
+def controlling_tty(pid: int) -> int:
+    """The tty_nr of `pid` (0: no controlling terminal)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(b")") + 2:].split()[4])
+
+
+@dataclass
+class Peer:
+    """The process at the other end of a client's connection."""
+
+    pid: int
+    uid: int
+    pidfd: int  # owned: close() it
+
+    @classmethod
+    def of(cls, conn: socket.socket) -> Peer:
+        """The peer of `conn` (Unverified if the kernel does not say)."""
+        pid, uid, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+        try:
+            pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+        except OSError as exc:
+            raise Unverified(f"no pidfd for the client ({exc.strerror})") from None
+        return cls(pid=pid, uid=uid, pidfd=pidfd)
+
+    def check(self) -> None:
+        """Unverified unless the peer is our uid and confined exactly as this process is."""
+        if self.uid != os.getuid() or self.pid <= 0:
+            raise Unverified(f"the client is uid {self.uid}, pid {self.pid}")
+        try:
+            theirs = fingerprint(f"/proc/{self.pid}")
+            ours = fingerprint("/proc/self")
+            tty = controlling_tty(self.pid)
+            self.confirm()
+        except OSError as exc:
+            raise Unverified(f"the client's /proc entry cannot be read ({exc})") from None
+        if theirs != ours:
+            diff = next(f"{a!r} (server: {b!r})" for a, b in zip(theirs, ours, strict=True) if a != b)
+            raise Unverified(f"the client is confined otherwise: {diff}")
+        if tty:  # the command would be in the client's session, with its terminal: only a direct run can be
+            raise Unverified("the client has a controlling terminal")
+
+    def confirm(self) -> None:
+        """OSError unless the peer is still alive (so /proc/PID read so far was its)."""
+        import signal
+
+        signal.pidfd_send_signal(self.pidfd, 0)
+
+    def close(self) -> None:
+        """Close the pidfd (idempotent)."""
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1

@@ -1,0 +1,98 @@
+"""The client's wire (csrc/cliwire.h), read through cffi from the header itself.
+
+The header is installed beside the executables (sandbox/_bin/cliwire.h) and
+its CDEF region is the one definition of the request and the frames: this
+module parses it with cffi (ABI level: no compiler at run time) and reads
+and writes them by field name. tests/unit/test_cliwire.py compiles the
+header and checks every size, offset and constant against this reading.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cffi import FFI  # type: ignore[import-untyped]
+
+HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "cliwire.h")
+
+
+class WireError(ValueError):
+    """A request that does not follow csrc/cliwire.h (the server drops it)."""
+
+
+def cdef_text(path: str = HEADER) -> str:
+    """The CDEF region of the header at `path`."""
+    with open(path) as f:
+        text = f.read()
+    match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
+    if not match:
+        raise RuntimeError(f"{path}: no CDEF BEGIN/END region")
+    return match.group(1)
+
+
+ffi = FFI()
+ffi.cdef(cdef_text())
+lib: Any = ffi.dlopen(None)  # the header's constants and enum values (no symbols are looked up)
+
+MAGIC: int = lib.SBX_CLI_MAGIC
+VERSION: int = lib.SBX_CLI_VERSION
+MAX_FDS: int = lib.SBX_CLI_MAX_FDS
+MAX_REQUEST: int = lib.SBX_CLI_MAX_REQUEST
+STATUS: int = lib.SBX_CLI_STATUS
+FALLBACK: int = lib.SBX_CLI_FALLBACK
+SIGNAL: int = lib.SBX_CLI_SIGNAL
+DIE_WITH_PARENT: int = lib.SBX_CLI_DIE_WITH_PARENT
+ACK: int = lib.SBX_CLI_ACK
+REQUEST_SIZE: int = ffi.sizeof("struct sbx_cli_request")
+FRAME_SIZE: int = ffi.sizeof("struct sbx_cli_frame")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One client's command line: argv (argv[0] as the client was invoked),
+    its cwd (as text; the server uses the client's own cwd), environment,
+    fd numbers, and the identity of the client's executable."""
+
+    argv: list[bytes]
+    cwd: bytes
+    environ: list[bytes]
+    fd_numbers: list[int]
+    exe: tuple[int, int, int]  # st_dev, st_ino, st_mtime_ns
+
+
+def parse_request(data: bytes) -> Request:
+    """The request in `data` (one datagram), checked whole: WireError if anything is off."""
+    if len(data) < REQUEST_SIZE:
+        raise WireError(f"a request of {len(data)} bytes is shorter than its header ({REQUEST_SIZE})")
+    h = ffi.cast("struct sbx_cli_request *", ffi.from_buffer(data))
+    if h.magic != MAGIC or h.version != VERSION:
+        raise WireError(f"magic/version {h.magic:#x}/{h.version} (expected {MAGIC:#x}/{VERSION})")
+    if h.nfds > MAX_FDS or h.argc < 1:
+        raise WireError(f"{h.nfds} fds, {h.argc} arguments")
+    head = REQUEST_SIZE + 4 * h.nfds
+    if len(data) != head + h.size:
+        raise WireError(f"a request of {len(data)} bytes, its header says {head + h.size}")
+    numbers = list(ffi.from_buffer("int32_t[]", data[REQUEST_SIZE:head])) if h.nfds else []
+    strings = data[head:].split(b"\0")
+    if strings[-1:] != [b""] or len(strings) - 1 != h.argc + 1 + h.envc:
+        raise WireError(f"{len(strings) - 1} strings, the header says {h.argc + 1 + h.envc}")
+    argv = [strings[0], *strings[2:h.argc + 1]]
+    return Request(argv=argv, cwd=strings[1], environ=strings[h.argc + 1:-1], fd_numbers=numbers,
+                   exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)))
+
+
+def frame(kind: int, value: int = 0) -> bytes:
+    """One frame (struct sbx_cli_frame)."""
+    f = ffi.new("struct sbx_cli_frame *", {"kind": kind, "value": value})
+    return bytes(ffi.buffer(f))
+
+
+def parse_frame(data: bytes) -> tuple[int, int]:
+    """(kind, value) of a frame; WireError if it is not one."""
+    if len(data) != FRAME_SIZE:
+        raise WireError(f"a frame of {len(data)} bytes (expected {FRAME_SIZE})")
+    f = ffi.cast("struct sbx_cli_frame *", ffi.from_buffer(data))
+    return int(f.kind), int(f.value)

@@ -1,0 +1,317 @@
+"""One handed-off command line, in a process forked from the server.
+
+The worker becomes the process the Python CLI would have been: it takes
+the client's fds at their numbers (and no other), its working directory,
+environment, umask, rlimits, nice value, CPU affinity, OOM score adjustment,
+signal mask and ignored signals, then runs `sandbox.cli` on the client's
+argv. What it cannot take on (a limit above the server's, a nice value
+below it) sends the command line back (FALLBACK) before anything of the
+client's is used. It sends the client its exit status (STATUS) as it ends;
+the server sends that of a worker a signal killed. Its process group is its
+own: when the client goes away the server kills that group, which holds the
+sandbox unless `--new-session` moved it out (as the caller's group kill
+would have reached it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import signal
+import socket
+import sys
+from typing import Any, NoReturn
+
+from . import wire
+from .peer import Peer
+
+F_SETOWN_EX, F_OWNER_TID = 15, 0  # <asm-generic/fcntl.h>: SIGIO for one thread
+LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
+FALLBACK_EXIT = 0  # the worker's exit status after a FALLBACK (the server sends nothing more)
+
+
+class Fallback(Exception):
+    """The worker cannot be what the client's Python CLI would be: the client runs it itself."""
+
+
+def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], log: str = "") -> NoReturn:
+    """The forked worker's whole life: never returns. `log`: the server's notes file ("": none)."""
+    code = 1
+    try:
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the client's own limit is taken on below
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        base = max([LOW_FD, *request.fd_numbers]) + 1  # above every number the client's fds take
+        if hard != resource.RLIM_INFINITY and base + len(fds) + 2 > hard:
+            conn.send(wire.frame(wire.FALLBACK))
+            os._exit(FALLBACK_EXIT)
+        own = _move_high([conn.detach(), peer.pidfd, *fds], base)
+        conn_fd, peer.pidfd, received = own[0], own[1], own[2:]
+        conn = socket.socket(fileno=conn_fd)
+        _close_all_but(own)
+        try:
+            _take_on(peer.pid)
+            peer.confirm()
+        except (Fallback, OSError) as exc:
+            note(log, f"pid {peer.pid}: runs directly: {exc}")
+            conn.send(wire.frame(wire.FALLBACK))
+            os._exit(FALLBACK_EXIT)
+        for number, fd in zip(request.fd_numbers, received, strict=True):
+            os.dup2(fd, number, inheritable=True)
+        for fd in received:  # above every number taken
+            os.close(fd)
+        code = _run_cli(conn, peer, request)
+    except KeyboardInterrupt:  # as it ends the Python CLI: a traceback, then SIGINT itself (the server reports it)
+        import traceback
+
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+            sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # as an uncaught exception ends the Python CLI: a traceback, status 1
+        import traceback
+
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()
+            sys.stderr.flush()
+    finally:
+        with contextlib.suppress(BaseException):
+            conn.send(wire.frame(wire.STATUS, code))
+        os._exit(code)
+
+
+def note(log: str, text: str) -> None:
+    """A line in the server's notes file `log` ("": none)."""
+    if log:
+        with contextlib.suppress(OSError), open(log, "a") as f:
+            f.write(text + "\n")
+
+
+def _move_high(fds: list[int], base: int) -> list[int]:
+    """Each fd duplicated at `base` or above (close-on-exec), the original closed."""
+    import fcntl
+
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, base) for fd in fds]
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    return moved
+
+
+def _close_all_but(keep: list[int]) -> None:
+    """Close every fd of this process (the server's listener, other clients', 0-2) but `keep`."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+# ---------------------------------------------------------------- the client's process state
+
+def _status_fields(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/status") as f:
+        return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+
+
+LIMITS = {  # /proc/PID/limits' names, and their RLIMIT_* numbers (<asm-generic/resource.h>)
+    "Max cpu time": 0, "Max file size": 1, "Max data size": 2, "Max stack size": 3, "Max core file size": 4,
+    "Max resident set": 5, "Max processes": 6, "Max open files": 7, "Max locked memory": 8,
+    "Max address space": 9, "Max file locks": 10, "Max pending signals": 11, "Max msgqueue size": 12,
+    "Max nice priority": 13, "Max realtime priority": 14, "Max realtime timeout": 15,
+}
+
+
+def client_limits(pid: int) -> dict[int, tuple[int, int]]:
+    """The rlimits of `pid` (soft, hard), from /proc/PID/limits."""
+    out = {}
+    with open(f"/proc/{pid}/limits") as f:
+        for line in f.read().splitlines()[1:]:
+            name = line[:26].strip()
+            if name in LIMITS:
+                soft, hard = line[26:].split()[:2]
+                out[LIMITS[name]] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
+                                          for v in (soft, hard))
+    if len(out) != len(LIMITS):
+        raise Fallback(f"/proc/{pid}/limits lists {len(out)} of {len(LIMITS)} limits")
+    return out  # type: ignore[return-value]
+
+
+def _take_on(pid: int) -> None:
+    """This process takes on the client's process state (Fallback if it cannot)."""
+    fields = _status_fields(pid)
+    os.umask(int(fields["Umask"].strip(), 8))
+    for which, (soft, hard) in client_limits(pid).items():
+        _, our_hard = resource.getrlimit(which)
+        if _above(hard, our_hard):
+            raise Fallback(f"the client's limit {which} is above the server's")
+        resource.setrlimit(which, (soft, hard))
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    nice = int(stat[stat.rindex(b")") + 2:].split()[16])
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        os.sched_setaffinity(0, os.sched_getaffinity(pid))
+        with open(f"/proc/{pid}/oom_score_adj") as f:
+            oom = f.read()
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(oom)
+    except OSError as exc:
+        raise Fallback(str(exc)) from None
+    _take_signals(int(fields["SigBlk"], 16), int(fields["SigIgn"], 16))
+    cwd = os.open(f"/proc/{pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fchdir(cwd)
+    finally:
+        os.close(cwd)
+
+
+def _above(a: int, b: int) -> bool:
+    inf = resource.RLIM_INFINITY
+    return b != inf and (a == inf or a > b)
+
+
+def _take_signals(blocked: int, ignored: int) -> None:
+    """The client's ignored signals stay ignored, the rest are as a fresh
+    interpreter has them (SIGINT raising KeyboardInterrupt, SIGPIPE and
+    SIGXFSZ ignored); its signal mask is ours."""
+    fresh: dict[int, Any] = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
+             signal.SIGXFSZ: signal.SIG_IGN}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        handler = signal.SIG_IGN if ignored & (1 << (sig - 1)) else fresh.get(sig, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, {s for s in signal.valid_signals() if blocked & (1 << (s - 1))})
+
+
+# ---------------------------------------------------------------- running the CLI
+
+def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
+    from .. import cli
+
+    os.environb.clear()
+    for entry in request.environ:
+        name, _, value = entry.partition(b"=")
+        if name:
+            os.environb[name] = value
+    argv = [os.fsdecode(a) for a in request.argv]
+    sys.argv = argv
+    _fresh_stdio()
+    frames = _Frames(conn)
+    asked = _asks_die_with_parent(argv)
+    if asked:  # the client's answer comes while the command line is parsed, not after
+        conn.send(wire.frame(wire.DIE_WITH_PARENT))
+
+    def die_with_client() -> bool:
+        if not asked:  # in an --args file: asked only now
+            conn.send(wire.frame(wire.DIE_WITH_PARENT))
+        return frames.ack() == 1
+
+    cli.HIDDEN_FDS.update((conn.fileno(), peer.pidfd))
+    cli.DIE_WITH_PARENT_HOOK = die_with_client
+    code = cli.run_command_line(argv[1:], argv[0], one_shot=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    return code
+
+
+def _asks_die_with_parent(argv: list[str]) -> bool:
+    """Whether the options on the command line itself (not in an --args file) hold --die-with-parent,
+    read with the grammar's arities; parsing proper comes after and decides everything else."""
+    from ..bwrap.grammar import BY_NAME
+
+    args = argv[1:]
+    if os.path.basename(argv[0]) != "bwrap":
+        if args[:1] == ["--as-bwrap"]:
+            args = args[2:]
+        elif args[:1] == ["run"]:
+            args = args[1:]
+        else:
+            return False
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] not in ("--", "--help", "--version"):
+        if args[i] == "--die-with-parent":
+            return True
+        option = BY_NAME.get(args[i])
+        if option is None:
+            return False
+        i += 1 + option.nargs
+    return False
+
+
+def _fresh_stdio() -> None:
+    """sys.stdout and sys.stderr on the client's fds 1 and 2, buffered as a new interpreter's would be."""
+    import io
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        try:
+            tty = os.isatty(fd)
+            raw = io.FileIO(fd, "w", closefd=False)
+        except OSError:
+            setattr(sys, name, None)
+            continue
+        setattr(sys, name, io.TextIOWrapper(io.BufferedWriter(raw), encoding=old.encoding if old else "utf-8",
+                                            errors="backslashreplace" if fd == 2 else old.errors if old else None,
+                                            line_buffering=tty or fd == 2, write_through=fd == 2))
+
+
+class _Frames:
+    """The client's frames, read when the kernel says they came (SIGIO on the
+    connection, O_ASYNC): a signal the client received is raised here, as it
+    would be in the Python CLI. No thread: the CLI joins namespaces with
+    setns(CLONE_NEWUSER) (--userns), which a multi-threaded process cannot.
+    SIGIO and the signals raised go to the main thread itself (F_SETOWN_EX,
+    pthread_kill): a signal another thread (a sandbox's reaper) took would
+    leave the main thread asleep in its wait, and Python's handler unrun."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        import fcntl
+        import struct
+        import threading
+
+        self.conn = conn
+        self.acks: list[int] = []
+        self.gone = False
+        self.main = threading.main_thread().ident or 0
+        conn.setblocking(False)
+        signal.signal(signal.SIGIO, self._on_sigio)
+        owner = struct.pack("ii", F_OWNER_TID, threading.get_native_id())
+        fcntl.fcntl(conn.fileno(), F_SETOWN_EX, owner)
+        fcntl.fcntl(conn.fileno(), fcntl.F_SETFL, fcntl.fcntl(conn.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
+        self.read()  # what came before O_ASYNC was set
+
+    def _on_sigio(self, signum: int, frame: object) -> None:
+        self.read()
+
+    def read(self) -> None:
+        """Act on every frame that has come."""
+        while not self.gone:
+            try:
+                data = self.conn.recv(wire.FRAME_SIZE + 1)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:  # the client is gone: the server ends this process's group
+                self.gone = True
+                return
+            with contextlib.suppress(wire.WireError):
+                kind, value = wire.parse_frame(data)
+                if kind == wire.SIGNAL and 0 < value < signal.NSIG:
+                    signal.pthread_kill(self.main, value)
+                elif kind == wire.ACK:
+                    self.acks.append(value)
+
+    def ack(self) -> int:
+        """Wait for the client's ACK; its value (0 if the client is gone)."""
+        import select
+
+        while not self.acks and not self.gone:
+            select.select([self.conn], [], [], 1.0)
+            self.read()
+        return self.acks.pop(0) if self.acks else 0

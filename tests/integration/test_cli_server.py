@@ -1,0 +1,467 @@
+"""The installed `sandbox` command (csrc/cliclient.c) and the CLI server (sandbox.cliserver).
+
+Each test gets an installation of its own: a copy of the client executable
+and of the `sandbox-py` script beside it in a temporary directory, so its
+socket (named after that directory) is its own, and a server started for
+it (`sandbox-py serve`, stopped afterwards). The server's notes (`--log`)
+say, per client, whether it was handed off or run directly, and why.
+
+What is checked: a handed-off command line behaves as the Python CLI run
+directly (status, output, fds at their numbers, --args, --info-fd,
+--json-status-fd, signals, --die-with-parent, the client's death); and the
+handoff is attacked: a client under a seccomp filter, under no_new_privs,
+inside a sandbox, of another user, and a process posing as the server, all
+end up run directly (or refused), never served by the less-confined server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from leakcheck import descendants, kill_trees
+
+import sandbox
+from sandbox.cliserver import socket_path
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 60
+BIN = Path(sys.executable).parent
+SYSTEM = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+          "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev"]
+
+
+SHOW_STATE = "ulimit -Sn; ulimit -Hn; umask; grep SigIgn /proc/self/status | cut -f2 >&2"
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the package's own settings (a client with any runs directly)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+    return {**env, **extra}
+
+
+@dataclass
+class Installation:
+    """A private copy of the client and its `sandbox-py`, with its server's socket and notes."""
+
+    root: Path
+    client: Path
+    socket: str
+    log: Path
+    server: subprocess.Popen[bytes] | None = None
+
+    def identity(self) -> str:
+        st = os.stat(self.client)
+        return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}"
+
+    def start_server(self, identity: str | None = None) -> None:
+        self.server = subprocess.Popen(
+            [str(self.root / "sandbox-py"), "serve", "--socket", self.socket, "--client",
+             identity or self.identity(), "--log", str(self.log), "--idle", "60"],
+            env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + TIMEOUT
+        while not os.path.exists(self.socket):
+            assert self.server.poll() is None, self.server.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not listen"
+            time.sleep(0.02)
+
+    def run(self, *args: str, name: str = "sandbox", **kw) -> subprocess.CompletedProcess[str]:
+        kw.setdefault("env", clean_env())
+        kw.setdefault("cwd", "/")
+        argv0 = self.client if name == "sandbox" else self.root / name
+        return subprocess.run([str(argv0), *args], capture_output=True, text=True, timeout=TIMEOUT, **kw)
+
+    def notes(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
+
+    def handed_off(self) -> int:
+        return sum(1 for line in self.notes() if line.endswith("handed off"))
+
+    def ran_directly(self) -> list[str]:
+        return [line for line in self.notes() if ": runs directly: " in line]
+
+
+def servers_of(socket: str) -> set[int]:
+    """Every process serving `socket` (by its command line), this user's own."""
+    found = set()
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if socket.encode() in f.read().split(b"\0") and os.stat(f"/proc/{pid}").st_uid == os.getuid():
+                    found.add(pid)
+    return found
+
+
+@pytest.fixture
+def install(tmp_path: Path) -> Iterator[Installation]:
+    """A private installation (no server yet); whatever server serves it is gone afterwards."""
+    root = tmp_path / "bin"
+    root.mkdir()
+    for name in ("sandbox", "sandbox-py"):
+        shutil.copy2(BIN / name, root / name)
+    (root / "bwrap").symlink_to("sandbox")
+    tmp_path.chmod(0o755)
+    path = socket_path(str(root))
+    inst = Installation(root=root, client=root / "sandbox", socket=path, log=tmp_path / "notes.log")
+    try:
+        yield inst
+    finally:
+        if inst.server is not None:
+            inst.server.terminate()
+            try:
+                inst.server.wait(timeout=TIMEOUT)
+            finally:  # the test has failed already then: nothing is left behind anyway
+                if inst.server.poll() is None:
+                    inst.server.kill()
+                    inst.server.wait()
+        for pid in servers_of(path):  # one the client started itself
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + TIMEOUT
+        while servers_of(path) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for leftover in (path, path.removesuffix(".sock") + ".lock", path.removesuffix(".sock") + ".log"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+        with contextlib.suppress(OSError):  # the socket directory, if nothing else is in it
+            os.rmdir(os.path.dirname(path))
+
+
+@pytest.fixture
+def served(install: Installation) -> Installation:
+    install.start_server()
+    return install
+
+
+# ---------------------------------------------------------------- the same as the Python CLI
+
+class TestHandedOff:
+    def test_status_and_output(self, served):
+        result = served.run("run", *SYSTEM, "sh", "-c", "echo out; echo err >&2; exit 7")
+        assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
+        assert served.handed_off() == 1
+
+    def test_a_failure_speaks_as_the_python_cli(self, served):
+        result = served.run("run", *SYSTEM, "/nonexistent")
+        assert result.returncode == 127 and result.stderr.startswith("sandbox: execvp /nonexistent")
+        bad = served.run("run", "--no-such-option", "true")
+        assert bad.returncode == 125 and bad.stderr.startswith("sandbox: ")
+        assert served.handed_off() == 2
+
+    def test_named_bwrap(self, served):
+        result = served.run("--no-such-option", "true", name="bwrap")
+        assert result.returncode == 1 and result.stderr.startswith("bwrap: ")
+        assert served.run("--version", name="bwrap").stdout == "bubblewrap 0.8.0\n"
+        assert served.handed_off() == 1  # --version is answered by the client itself
+
+    def test_version_is_the_packages(self, served):
+        for args in (["--version"], ["-V"], ["run", "--version"]):
+            assert served.run(*args).stdout == f"sandbox {sandbox.__version__}\n"
+
+    def test_cwd_env_and_fds_at_their_numbers(self, served, tmp_path):
+        import fcntl
+
+        r, w = os.pipe()
+        high = fcntl.fcntl(w, fcntl.F_DUPFD, 77)  # a number of its own, as the command will see it
+        os.close(w)
+        try:
+            env = clean_env(PROBE="value")
+            result = served.run("run", *SYSTEM, "--bind", str(tmp_path), str(tmp_path), "--chdir", str(tmp_path),
+                                "sh", "-c", f'pwd; echo "$PROBE"; echo to-{high} > /proc/self/fd/{high}',
+                                env=env, pass_fds=(high,))
+        finally:
+            os.close(high)
+        with os.fdopen(r) as f:
+            assert f.read() == f"to-{high}\n"
+        assert result.stdout == f"{tmp_path}\nvalue\n" and result.returncode == 0
+        assert served.handed_off() == 1
+
+    def test_limits_umask_and_ignored_signals_are_the_clients(self, served):
+        import resource
+
+        def narrow() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (77, 99))
+            os.umask(0o027)
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
+        direct = served.run("run", *SYSTEM, "sh", "-c", SHOW_STATE, preexec_fn=narrow,
+                            env=clean_env(SANDBOX_CLI_SERVER="0"))
+        handed = served.run("run", *SYSTEM, "sh", "-c", SHOW_STATE, preexec_fn=narrow)
+        assert handed.stdout.split() == ["77", "99", "0027"] and direct.returncode == 0
+        # the ignored signals (SigIgn, on stderr) the command inherits too
+        assert (handed.stdout, handed.stderr) == (direct.stdout, direct.stderr)
+        assert served.handed_off() == 1
+
+    def test_args_info_and_json_status_fds(self, served):
+        args_r, args_w = os.pipe()
+        info_r, info_w = os.pipe()
+        json_r, json_w = os.pipe()
+        os.write(args_w, b"\0".join(a.encode() for a in SYSTEM) + b"\0")
+        os.close(args_w)
+        try:
+            result = served.run("run", "--args", str(args_r), "--info-fd", str(info_w), "--json-status-fd",
+                                str(json_w), "--unshare-pid", "sh", "-c", "exit 3", pass_fds=(args_r, info_w, json_w))
+        finally:
+            for fd in (args_r, info_w, json_w):
+                os.close(fd)
+        with os.fdopen(info_r) as f:
+            info = json.loads(f.read())
+        with os.fdopen(json_r) as f:
+            lines = [json.loads(line) for line in f.read().splitlines()]
+        assert result.returncode == 3, result.stderr
+        assert info["child-pid"] > 0 and "pid-namespace" in info
+        assert lines[0]["child-pid"] == info["child-pid"] and lines[-1] == {"exit-code": 3}
+        assert served.handed_off() == 1
+
+    def test_nested_mount_proc_unprivileged_as_with_bwrap(self, served):
+        if os.getuid() == 0:
+            pytest.skip("the case is an unprivileged caller's")
+        result = served.run("run", "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-pid", "--unshare-user",
+                            "--cap-drop", "ALL", "--proc", "/proc", "--", "unshare", "--user", "--map-root-user",
+                            "--pid", "--fork", "--mount-proc", "true")
+        assert result.returncode == 0, result.stderr
+        assert served.handed_off() == 1
+
+
+def outlives(marker: Path) -> bool:
+    """Whether a sandbox that keeps touching `marker` still does so a while later."""
+    time.sleep(0.5)
+    marker.unlink(missing_ok=True)
+    time.sleep(0.5)
+    return marker.exists()
+
+
+class TestSignalsAndDeath:
+    def _start(self, inst: Installation, *args: str, **kw) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([str(inst.client), "run", *SYSTEM, *args], env=clean_env(), cwd="/",
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n"
+        return proc
+
+    def test_sigterm_reaches_the_command(self, served):
+        proc = self._start(served, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
+                           'while :; do sleep 0.05; done')
+        try:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=TIMEOUT)
+        finally:
+            kill_trees({proc.pid, *descendants(proc.pid)})
+        assert (proc.returncode, out) == (9, "got-term\n")
+        assert served.handed_off() == 1
+
+    def test_the_clients_death_ends_the_sandbox(self, served, tmp_path):
+        marker = tmp_path / "alive"
+        proc = self._start(served, "--bind", str(tmp_path), str(tmp_path), "sh", "-c",
+                           f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done")
+        proc.kill()
+        proc.wait(timeout=TIMEOUT)
+        assert not outlives(marker), "the sandbox outlived its client"
+        assert served.handed_off() == 1
+
+    def test_die_with_parent_is_the_clients(self, served, tmp_path):
+        marker = tmp_path / "alive"
+        # a shell is the client's parent; killing it ends the client (PDEATHSIG) and so the sandbox
+        parent = subprocess.Popen(
+            ["sh", "-c", f'"$0" run {" ".join(SYSTEM)} --bind {tmp_path} {tmp_path} --die-with-parent sh -c '
+             f'"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"; echo never',
+             str(served.client)],
+            env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
+        try:
+            assert parent.stdout is not None
+            assert parent.stdout.readline() == "ready\n"
+            parent.kill()
+            parent.wait(timeout=TIMEOUT)
+            assert not outlives(marker), "the sandbox outlived its client's parent"
+        finally:
+            kill_trees({parent.pid, *descendants(parent.pid)})
+        assert served.handed_off() == 1
+
+    def test_die_with_parent_in_an_args_file(self, served, tmp_path):
+        marker = tmp_path / "alive"
+        options = [*SYSTEM, "--bind", str(tmp_path), str(tmp_path), "--die-with-parent"]
+        code = ("import os,subprocess,sys\nr,w=os.pipe()\n"
+                "os.write(w,b''.join(a.encode()+b'\\0' for a in sys.argv[2].split('\\n')))\nos.close(w)\n"
+                "subprocess.run([sys.argv[1],'run','--args',str(r),'sh','-c',sys.argv[3]],pass_fds=(r,))\n")
+        parent = subprocess.Popen(
+            [sys.executable, "-c", code, str(served.client), "\n".join(options),
+             f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"],
+            env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
+        try:
+            assert parent.stdout is not None
+            assert parent.stdout.readline() == "ready\n"
+            parent.kill()
+            parent.wait(timeout=TIMEOUT)
+            assert not outlives(marker), "the sandbox outlived its client's parent"
+        finally:
+            kill_trees({parent.pid, *descendants(parent.pid)})
+        assert served.handed_off() == 1
+
+
+# ---------------------------------------------------------------- what runs directly
+
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+
+def _allow_all_filter() -> None:
+    """preexec: a seccomp filter that allows everything (no_new_privs first, as an unprivileged caller must)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    program = (SockFilter * 1)(SockFilter(0x06, 0, 0, 0x7FFF0000))  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
+    prog = SockFprog(1, program)
+    if os.getuid() != 0 and libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _no_new_privs() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+class TestConfinedClientsRunDirectly:
+    """A client confined more than the server runs the command line itself (so its
+    confinement holds for the sandbox), never through the warmer server."""
+
+    @pytest.mark.parametrize("confine", [_allow_all_filter, _no_new_privs], ids=["seccomp", "no_new_privs"])
+    def test_confined_caller(self, served, confine):
+        result = served.run("run", *SYSTEM, "sh", "-c", "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status",
+                            preexec_fn=confine)
+        assert result.returncode == 0, result.stderr
+        status = dict(line.split(":\t") for line in result.stdout.splitlines())
+        assert status["NoNewPrivs"] == "1"  # the command is as confined as its caller: run directly
+        assert served.handed_off() == 0  # the client saw the server differ and sent it nothing
+
+    @pytest.mark.parametrize("confine", [_allow_all_filter, _no_new_privs], ids=["seccomp", "no_new_privs"])
+    def test_the_server_refuses_a_confined_peer(self, served, confine):
+        """A confined process that speaks the wire itself (no client's check of the server) gets FALLBACK."""
+        import socket as sk
+
+        from sandbox.cliserver import wire
+
+        code = (
+            "import socket,sys\n"
+            "from test_cliwire import request\n"
+            "from sandbox.cliserver import wire\n"
+            "s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\ns.connect(sys.argv[1])\n"
+            "exe=tuple(int(v) for v in sys.argv[2].split(':'))\n"
+            "socket.send_fds(s,[request(argv=(b'sandbox',b'run',b'--ro-bind',b'/',b'/',b'true'),fds=(0,1,2),"
+            "exe=exe)],[0,1,2])\n"
+            "sys.stdout.buffer.write(s.recv(64))\n")
+        unit = str(Path(__file__).resolve().parents[1] / "unit")
+        result = subprocess.run([sys.executable, "-c", code, served.socket, served.identity()], capture_output=True,
+                                timeout=TIMEOUT,
+                                preexec_fn=confine, env=clean_env(PYTHONPATH=unit))
+        assert result.returncode == 0, result.stderr
+        assert wire.parse_frame(result.stdout) == (wire.FALLBACK, 0)
+        assert served.handed_off() == 0
+        assert "confined otherwise" in served.ran_directly()[0]
+        del sk
+
+    @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+    def test_a_traced_client(self, served):
+        """A tracer follows the client's children: the sandbox must be one, so the client runs directly."""
+        result = subprocess.run(["strace", "-f", "-o", "/dev/null", str(served.client), "run", *SYSTEM, "sh", "-c",
+                                 "echo traced"], env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        assert (result.returncode, result.stdout) == (0, "traced\n"), result.stderr
+        assert served.handed_off() == 0
+
+    def test_inside_a_sandbox(self, served, tmp_path):
+        """A process in a sandbox that sees the socket (a bind of /) gets nothing from the server."""
+        result = subprocess.run(
+            [str(served.root / "sandbox-py"), "run", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--",
+             str(served.client), "run", *SYSTEM, "sh", "-c", "echo inner"],
+            env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+        assert (result.returncode, result.stdout) == (0, "inner\n"), result.stderr
+        assert served.handed_off() == 0
+
+    def test_disabled_by_the_environment(self, served):
+        result = served.run("run", *SYSTEM, "true", env=clean_env(SANDBOX_CLI_SERVER="0"))
+        assert result.returncode == 0
+        assert served.notes() == []
+
+    def test_a_package_setting_in_the_environment(self, served):
+        result = served.run("run", *SYSTEM, "true", env=clean_env(SANDBOX_NETNS_POOL="0"))
+        assert result.returncode == 0
+        assert served.notes() == []
+
+    def test_other_interpreter_settings(self, served):
+        """PYTHONPATH and its kin decide what a direct run would import: a client whose differ runs directly."""
+        result = served.run("run", *SYSTEM, "true", env=clean_env(PYTHONPATH="/nonexistent"))
+        assert result.returncode == 0
+        assert served.handed_off() == 0
+        assert "PYTHON* variables" in served.ran_directly()[0]
+
+    def test_a_client_of_another_build(self, install):
+        install.start_server(identity="1:2:3")
+        result = install.run("run", *SYSTEM, "sh", "-c", "echo direct")
+        assert (result.returncode, result.stdout) == (0, "direct\n")
+        assert install.handed_off() == 0
+        assert install.server is not None
+        assert install.server.wait(timeout=TIMEOUT) == 0  # it made way for the client's own build
+
+    def test_another_user_cannot_reach_the_socket(self, served):
+        if os.getuid() != 0:
+            pytest.skip("needs root to act as another user")
+        probe = ("import socket,sys\ns=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\n"
+                 "try:\n s.connect(sys.argv[1])\nexcept PermissionError:\n sys.exit(3)\n")
+        result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                                 "-c", probe, served.socket], capture_output=True, timeout=TIMEOUT)
+        assert result.returncode == 3, result.stderr
+        assert os.stat(os.path.dirname(served.socket)).st_mode & 0o777 == 0o700
+
+    def test_a_process_posing_as_the_server_gets_nothing(self, install):
+        """Something confined that took the socket's name: the client checks it before it sends."""
+        os.makedirs(os.path.dirname(install.socket), mode=0o700, exist_ok=True)
+        fake = subprocess.Popen(
+            [sys.executable, "-c",
+             "import socket,sys\ns=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\ns.bind(sys.argv[1])\n"
+             "s.listen()\nprint('ready',flush=True)\nc,_=s.accept()\nc.settimeout(5)\n"
+             "try:\n d=c.recv(1<<20)\nexcept OSError:\n d=b''\nprint(len(d),flush=True)\n", install.socket],
+            stdout=subprocess.PIPE, text=True, preexec_fn=_no_new_privs)
+        try:
+            assert fake.stdout is not None
+            assert fake.stdout.readline() == "ready\n"
+            result = install.run("run", *SYSTEM, "sh", "-c", "echo direct", env=clean_env(SANDBOX_CLI_SERVER="1"))
+            assert (result.returncode, result.stdout) == (0, "direct\n"), result.stderr
+            assert fake.stdout.readline() == "0\n"  # connected, then closed unheard
+        finally:
+            fake.kill()
+            fake.wait()
+
+
+class TestFirstUse:
+    def test_the_first_run_starts_a_server_and_runs_directly(self, install):
+        first = install.run("run", *SYSTEM, "sh", "-c", "echo one")
+        assert (first.returncode, first.stdout) == (0, "one\n")
+        deadline = time.monotonic() + TIMEOUT
+        log = install.socket.removesuffix(".sock") + ".log"
+        while True:
+            second = install.run("run", *SYSTEM, "sh", "-c", "echo two")
+            assert (second.returncode, second.stdout) == (0, "two\n")
+            if os.path.exists(log) and any(line.endswith("handed off") for line in Path(log).read_text().splitlines()):
+                break
+            assert time.monotonic() < deadline, "no server took over"
+            time.sleep(0.2)
+        assert servers_of(install.socket)

@@ -284,16 +284,15 @@ def _terminate(signum: int, frame: object) -> None:
 def warm() -> None:
     """Import and compute once what each `run` needs, so that a worker only forks."""
     from .. import api, cli, netpool, process  # noqa: F401
-    from ..backends import choose
+    from ..backends import choose, host_for
     from ..bwrap import monitor, parse  # noqa: F401
-    from ..host import HostInfo
     from ..probe import probe
 
     netpool.disable()  # its refill thread would make the server multi-threaded; a one-shot CLI has no pool
     probe()
     name, _ = choose("auto")
     parse.parse_bwrap_args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
-    HostInfo.current(backend=name)
+    host_for(name)  # the pool is disabled above: this only reads
     _warm_wire()
     import gc
 

@@ -8,7 +8,15 @@ Spec's plus the interpreter's, read-only), under sandbox.run (native), and
 bare. Variants run interleaved in one process (round-robin), so machine noise
 hits them alike; the table reports median and p99 in ms and each median as a
 ratio to bwrap's. Then tasks per second with 2 callers (threads submitting
-and waiting back to back), and for pool.map over many tasks.
+and waiting back to back), and for pool.map over many tasks; and where a
+task's CPU goes during the 2-caller run (`cpu_per_task`): this process (the
+callers and the pool's I/O thread), the zygote itself (its forks' page-table
+copies, the copy-on-write faults it takes after each, its messages) and the
+sandboxes it forked and reaped (their setup, the task, their exit and the
+teardown of their namespaces), with the minor faults of each. The kernel's
+asynchronous work (a network namespace's cleanup, in kworkers) is not in
+those figures: the machine's busy time per task (/proc/stat, every process,
+so only meaningful on an otherwise idle machine) is printed beside them.
 
     python benchmarks/workerpool.py [-n 100] [--seconds 5] [--json out.json]
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -89,6 +98,83 @@ def sustained(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> flo
     return calls_per_second(lambda: pool.submit(small_task).result(), callers, seconds)
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _zygote_pid(pool: sandbox.WorkerPool) -> int:
+    """The zygote's host pid: the only child of the pool's pid 1 (sandbox-init)."""
+    with open(f"/proc/{pool.pid}/task/{pool.pid}/children") as f:
+        return int(f.read().split()[0])
+
+
+def _proc_cpu(pid: int) -> tuple[float, float, int, int]:
+    """(own CPU s, its reaped children's CPU s, own minor faults, its reaped children's) of `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # fields[0] is stat's 3rd field (state)
+    minflt, cminflt = int(fields[7]), int(fields[8])
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime) / TICK, (cutime + cstime) / TICK, minflt, cminflt
+
+
+def _busy_seconds() -> float:
+    """The machine's busy CPU seconds so far (every state but idle and iowait)."""
+    with open("/proc/stat") as f:
+        values = [int(x) for x in f.readline().split()[1:]]
+    return (sum(values) - values[3] - values[4]) / TICK
+
+
+def cpu_per_task(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> dict[str, float]:
+    """The 2-caller sustained run, with where its CPU went, per task: ms of CPU
+    of this process, of the zygote, of the sandboxes it forked (reaped), their
+    sum, the machine's busy time, and the minor faults of the zygote and of
+    each sandbox. Spares forked and not yet reaped at either end blur the
+    figures by a task or two."""
+    zygote = _zygote_pid(pool)
+    z0, me0, busy0 = _proc_cpu(zygote), resource.getrusage(resource.RUSAGE_SELF), _busy_seconds()
+    start = time.monotonic()
+    rate = sustained(pool, seconds, callers)
+    tasks = rate * (time.monotonic() - start)
+    z1, me1, busy1 = _proc_cpu(zygote), resource.getrusage(resource.RUSAGE_SELF), _busy_seconds()
+    me = me1.ru_utime + me1.ru_stime - me0.ru_utime - me0.ru_stime
+    out = {"tasks/s": rate, "caller ms": me, "zygote ms": z1[0] - z0[0], "sandboxes ms": z1[1] - z0[1],
+           "busy ms": busy1 - busy0, "zygote faults": z1[2] - z0[2], "sandbox faults": z1[3] - z0[3]}
+    for key in out:
+        if key != "tasks/s":
+            out[key] = out[key] / tasks * (1e3 if key.endswith("ms") else 1)
+    out["total ms"] = out["caller ms"] + out["zygote ms"] + out["sandboxes ms"]
+    return out
+
+
+FORK_FLOOR = """
+import gc, os, resource, sys
+import cloudpickle
+for name in sys.argv[2:]:
+    __import__(name)
+gc.collect(); gc.freeze()
+n = int(sys.argv[1])
+me0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+me1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = lambda a, b: (b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime) / n * 1e3
+print(cpu(me0, me1), cpu(kids0, kids1), (kids1.ru_minflt - kids0.ru_minflt) / n)
+"""
+
+
+def fork_floor(n: int = 300) -> tuple[float, float, float]:
+    """What a bare os.fork() and os._exit(0) of an interpreter with the zygote's
+    imports (cloudpickle and PRELOAD) costs, outside any sandbox: (ms of CPU
+    in the parent, in the child, the child's minor faults): the floor of a
+    forked task."""
+    out = subprocess.run([sys.executable, "-I", "-c", FORK_FLOOR, str(n), *PRELOAD], check=True,
+                         capture_output=True, text=True).stdout.split()
+    parent, child, faults = (float(x) for x in out)
+    return parent, child, faults
+
+
 def mapped(pool: sandbox.WorkerPool, n: int) -> float:
     """Tasks per second of pool.map over n tasks (the pool keeps max_workers in flight)."""
     start = time.monotonic()
@@ -122,8 +208,16 @@ def main() -> int:
         print(table(times))
         print()
         for name, p in (("spares=2", pool), ("spares=0", no_spares)):
-            print(f"{name}: sustained, 2 callers: {sustained(p, args.seconds):.0f} tasks/s; "
+            cpu = cpu_per_task(p, args.seconds)
+            print(f"{name}: sustained, 2 callers: {cpu['tasks/s']:.0f} tasks/s; "
                   f"pool.map of 1000 tasks (max_workers=4): {mapped(p, 1000):.0f} tasks/s")
+            print(f"  CPU per task (2 callers), ms: this process {cpu['caller ms']:.2f}, zygote "
+                  f"{cpu['zygote ms']:.2f}, its sandboxes {cpu['sandboxes ms']:.2f}; sum {cpu['total ms']:.2f} "
+                  f"(machine busy {cpu['busy ms']:.2f}); minor faults per task: zygote "
+                  f"{cpu['zygote faults']:.0f}, sandbox {cpu['sandbox faults']:.0f}")
+    parent, child, faults = fork_floor()
+    print(f"bare os.fork() + os._exit(0) of an interpreter with cloudpickle and the preload imported: "
+          f"{parent:.2f} ms of CPU in the parent, {child:.2f} in the child ({faults:.0f} minor faults)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(times, f)

@@ -209,6 +209,22 @@ def test_random_is_reseeded_in_every_task() -> None:
     assert len(set(values)) == len(values)
 
 
+def frozen_heap() -> tuple[int, int, bool]:
+    import gc
+
+    return gc.get_freeze_count(), len(gc.get_objects(generation=2)), "json" in sys.modules
+
+
+def test_the_zygotes_heap_is_frozen_before_it_forks(pool: sandbox.WorkerPool) -> None:
+    """What the zygote imported (cloudpickle, the preload) is in the
+    collector's permanent generation when it forks: no collection in a task
+    scans those objects, which would write (copy) their pages."""
+    frozen, gen2, preloaded = pool.submit(frozen_heap).result()
+    assert preloaded
+    assert frozen > 5_000, f"only {frozen} objects frozen"
+    assert gen2 < frozen // 10, f"{gen2} objects left for the collector to scan in the oldest generation"
+
+
 def test_results_are_loaded_safely() -> None:
     if not sandbox.probe().native:
         pytest.skip("native backend unavailable")

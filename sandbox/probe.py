@@ -50,7 +50,7 @@ class ProbeResult:
         ]
         lines += [f"sysctl {k} = {v}" for k, v in sorted(self.sysctls.items())]
         if self.limits:
-            lines.append(f"limits (native spawn): {self.limits}")
+            lines.append(f"limits: {self.limits}")
         if self.package:
             lines.append(f"package: sandbox {self.version} in {self.package}")
         return "\n".join(lines)
@@ -92,7 +92,19 @@ def limits_report() -> str:
         text += "; " + ", ".join(f"{name} by {'RLIMIT_' + ('DATA' if name == 'memory_mb' else 'NPROC')}"
                                  if name in FALLBACK_RLIMITS else f"{name} not enforced" for name in fake)
     where = ", ".join(f"v{h.version} {h.parent}" for h in info.hierarchies)
-    return f"{text} ({info.reason}{'; in ' + where if where else ''}); Template and bwrap: rlimits only"
+    without = _executors_without_cgroups()
+    return f"{text} ({info.reason}{'; in ' + where if where else ''})" + (
+        f"; rlimits only with {' and '.join(without)}" if without else "")
+
+
+def _executors_without_cgroups() -> list[str]:
+    """How messages name the executors that do not place their sandboxes in cgroups (their traits say)."""
+    from . import backends
+    from .capabilities import Capability
+    from .workerpool.pool import TRAITS as WORKERPOOL
+
+    declared = [backends.get(name).traits for name in (*backends.NAMES, *backends.EXPLICIT)] + [WORKERPOOL]
+    return [traits.title for traits in declared if not traits.can(Capability.CGROUPS)]
 
 
 def _version() -> str:

@@ -187,7 +187,7 @@ def run(args: Sequence[str]) -> int:
     if extras.show_version:
         return _print_version()
     if extras.dry_run:
-        return _dry_run(command, spec, extras.backend)
+        return _dry_run(command, spec, extras.backend, extras.show_secrets)
     if spec.die_with_parent and not (DIE_WITH_PARENT_HOOK or _die_with_parent)():
         return _fail(EXIT_SETUP, "the caller is gone (--die-with-parent)")
     from .bwrap import monitor
@@ -255,14 +255,16 @@ def probe(args: Sequence[str]) -> int:
 
 # ---------------------------------------------------------------- running
 
-def _dry_run(command: list[str], spec: Spec, backend: str) -> int:
-    """`--dry-run`: print the sandbox in words and as a bwrap command line."""
+def _dry_run(command: list[str], spec: Spec, backend: str, show_secrets: bool) -> int:
+    """`--dry-run`: print the sandbox in words and as a bwrap command line
+    (key-like values as <NAME> unless --show-secrets or $SANDBOX_SHOW_SECRETS=1)."""
     from .errors import SandboxError
     from .explain import explain
     from .redact import SHOW_SECRETS_ENV
 
+    reveal = show_secrets or os.environ.get(SHOW_SECRETS_ENV) == "1"
     try:
-        print(explain(spec, command, backend, reveal=os.environ.get(SHOW_SECRETS_ENV) == "1"))
+        print(explain(spec, command, backend, reveal=reveal))
     except SandboxError as exc:
         return _fail(EXIT_SETUP, exc)
     return 0

@@ -173,6 +173,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--verbose", 0, (), "Say on stderr which backend runs COMMAND, and why", OURS, h.opt_verbose),
     Option("--dry-run", 0, (), "Print the sandbox in words and as a bwrap command line; run nothing", OURS,
            h.opt_dry_run),
+    Option("--show-secrets", 0, (), "With --dry-run, print key-like environment values (else <NAME>)", OURS,
+           h.flag_of_state("show_secrets")),
     *(Option(limit.option, 1, (limit.metavar,), limit.help, OURS, h.opt_limit) for limit in LIMITS),
 
     Option("--info-fd", 1, ("FD",), "Write information about the running container to FD", MONITOR,

@@ -83,6 +83,13 @@ def opt_dry_run(st: ParseState, opt: str, values: list[str]) -> None:
     st.dry_run = True
 
 
+def flag_of_state(name: str) -> Handler:
+    """An option that only sets a flag of the parse state (`--show-secrets`), not of the Spec."""
+    def handler(st: ParseState, opt: str, values: list[str]) -> None:
+        setattr(st, name, True)
+    return handler
+
+
 def opt_netns_pool(st: ParseState, opt: str, values: list[str]) -> None:
     st.net_pool = True
 

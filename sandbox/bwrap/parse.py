@@ -56,6 +56,7 @@ class CliExtras:
     warnings: bwrap-style warnings ("Only the last --chdir option will take effect").
     verbose: `--verbose`: say on stderr which backend runs the command and why.
     dry_run: `--dry-run`: describe the sandbox and its bwrap command line, run nothing.
+    show_secrets: `--show-secrets`: the description shows key-like environment values.
     monitor: the status and synchronization options (`--info-fd`, `--lock-file`, ...).
     show_help / show_version: `--help` / `--version` was given; parsing stopped there.
     """
@@ -66,6 +67,7 @@ class CliExtras:
     warnings: tuple[str, ...] = ()
     verbose: bool = False
     dry_run: bool = False
+    show_secrets: bool = False
     show_help: bool = False
     show_version: bool = False
     monitor: Monitor = dataclasses.field(default_factory=Monitor)
@@ -122,7 +124,7 @@ def from_bwrap_args(
 def _extras(st: ParseState) -> CliExtras:
     return CliExtras(
         backend=st.backend, close_fds=st.close_fds, consumed_fds=tuple(st.consumed + st.held),
-        warnings=tuple(st.warnings), verbose=st.verbose, dry_run=st.dry_run,
+        warnings=tuple(st.warnings), verbose=st.verbose, dry_run=st.dry_run, show_secrets=st.show_secrets,
         show_help=st.stop == "help", show_version=st.stop == "version", monitor=st.monitor,
     )
 

@@ -82,6 +82,7 @@ class ParseState:
     close_fds: bool = False
     verbose: bool = False  # --verbose: say which backend runs and why
     dry_run: bool = False  # --dry-run: describe the sandbox, run nothing
+    show_secrets: bool = False  # --show-secrets: --dry-run prints key-like values as they are
     consumed: list[int] = field(default_factory=list)
     held: list[int] = field(default_factory=list)  # fds used (--bind-fd), not passed to the command
     warnings: list[str] = field(default_factory=list)

@@ -38,9 +38,9 @@ def test_explain_redacts_the_command_env_and_the_callers_unless_revealed(monkeyp
     assert f"MODEL_KEY={KEY}" in shown
 
 
-def _dry_run(extra_env: dict[str, str]) -> str:
+def _dry_run(extra_env: dict[str, str], *options: str) -> str:
     env = {**os.environ, "OPENAI_API_KEY": TOKEN, **extra_env}
-    out = subprocess.run([sys.executable, "-m", "sandbox", "run", "--dry-run", "--ro-bind", "/usr", "/usr",
+    out = subprocess.run([sys.executable, "-m", "sandbox", "run", "--dry-run", *options, "--ro-bind", "/usr", "/usr",
                           "--setenv", "MODEL_KEY", KEY, "--", "/usr/bin/env"],
                          capture_output=True, text=True, env=env, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
@@ -52,3 +52,8 @@ def test_dry_run_redacts_unless_asked_with_the_variable() -> None:
     assert KEY not in out and TOKEN not in out
     assert "MODEL_KEY=<MODEL_KEY>" in out and "OPENAI_API_KEY=<OPENAI_API_KEY>" in out
     assert KEY in _dry_run({SHOW_SECRETS_ENV: "1"})
+
+
+def test_dry_run_shows_values_with_show_secrets() -> None:
+    out = _dry_run({}, "--show-secrets")
+    assert f"MODEL_KEY={KEY}" in out and TOKEN in out

@@ -136,6 +136,8 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
         return ["--remount-ro", op.dest]
     if kind is OpKind.CHMOD:
         return chmod_args(op.dest, op.mode)
+    if kind is OpKind.OVERLAY:  # refused before (sandbox.refusal: Capability.OVERLAY)
+        raise SpecError("mounts", op.dest, "an Overlay: bubblewrap 0.8.0 has no --overlay")
     raise SpecError("mounts", op.kind, "operation bwrap cannot express")
 
 

@@ -1,0 +1,155 @@
+"""An image as a sandbox's root (sandbox.presets.image), for real: an image
+built here from this host's programs, loaded into a fresh store, run in
+sandboxes with its layers stacked by overlayfs in the sandbox's user
+namespace, and with the merged-tree fallback. Root and unprivileged."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import sandbox
+from sandbox import presets
+from sandbox.errors import SpecError, UnavailableError
+from sandbox.images import Image, ImageStore
+from sandbox.spec import Overlay
+
+from .image_helpers import DIRTYPE, SYMTYPE, TestImage, layer, member, runnable_layer, write_layout
+
+pytestmark = pytest.mark.skipif(not presets.overlay_works(), reason="no overlayfs in a user namespace here")
+
+
+@pytest.fixture(scope="module")
+def canary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A host file no image should reach."""
+    path = tmp_path_factory.mktemp("canary") / "secret"
+    path.write_text("host secret\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory, canary: Path) -> Image:
+    """Two layers: this host's programs with data files, then a layer that
+    deletes a file, makes a directory opaque, replaces a file, and plants
+    links at the host's canary (absolute, and climbing with '..')."""
+    base = runnable_layer((
+        member("etc/", DIRTYPE, mode=0o755), member("etc/image-file", data=b"base\n"),
+        member("data/", DIRTYPE, mode=0o755), member("data/keep", data=b"keep\n"),
+        member("data/gone", data=b"gone\n"), member("data/dir/", DIRTYPE, mode=0o755),
+        member("data/dir/x", data=b"x\n"), member("work/", DIRTYPE, mode=0o755)))
+    top = layer(member("data/.wh.gone"), member("data/dir/.wh..wh..opq"), member("data/dir/y", data=b"y\n"),
+                member("etc/image-file", data=b"top\n"),
+                member("abs-link", SYMTYPE, linkname=str(canary)),
+                member("up-link", SYMTYPE, linkname="../../../../../../../.." + str(canary)),
+                member("data/xattr", data=b"z\n", pax_headers={"SCHILY.xattr.user.overlay.redirect": "/etc",
+                                                              "SCHILY.xattr.user.overlay.opaque": "y"}))
+    root = tmp_path_factory.mktemp("image")
+    write_layout(str(root / "layout"), [(TestImage([base, top], env=["PATH=/usr/bin", "GREETING=hi"],
+                                                   working_dir="/work"), "run")])
+    return ImageStore(root / "store").load(root / "layout")
+
+
+def store_of(image: Image) -> ImageStore:
+    """The store `image` was loaded into (its layers are store/layers/<hex>/root)."""
+    return ImageStore(Path(image.layers[0].path).parents[2])
+
+
+def run(spec: sandbox.Spec, script: str) -> sandbox.CompletedProcess[str]:
+    return sandbox.run(["sh", "-c", script], spec, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture(params=["overlay", "merged"])
+def root(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def test_the_sandbox_sees_the_images_files_not_the_hosts(image: Image, root: str) -> None:
+    spec = presets.image(image, root=root, store=store_of(image))
+    r = run(spec, "cat /etc/image-file; ls /data; ls /data/dir; echo $GREETING; pwd; id -u; ls /;"
+                  "test -e /etc/os-release && echo HOST-ETC; test -e /usr/bin/python3 && echo HOST-USR;"
+                  "test -e /home && echo HOST-HOME; true")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.split("\n")
+    assert lines[:5] == ["top", "dir", "keep", "xattr", "y"]  # gone deleted, x hidden by the opaque dir
+    assert lines[5:8] == ["hi", "/work", "1000"]
+    assert "HOST" not in r.stdout
+    listed = set(lines[8:]) - {""}
+    expected = {"abs-link", "bin", "data", "dev", "etc", "lib", "lib64", "proc", "tmp", "up-link", "usr", "work"}
+    assert listed == expected | ({"root", "run", "var"} if root == "merged" else set())  # its scratch mounts
+
+
+def test_links_in_the_image_lead_into_the_image_not_the_host(image: Image, root: str, canary: Path) -> None:
+    store = store_of(image)
+    r = run(presets.image(image, root=root, store=store), f"cat /abs-link /up-link {canary} 2>&1; true")
+    assert "host secret" not in r.stdout
+    assert r.stdout.count("No such file") == 3
+
+
+def test_overlay_xattrs_of_a_layer_are_dropped(image: Image) -> None:
+    path = os.path.join(image.layers[1].path, "data", "xattr")
+    assert not [n for n in os.listxattr(path) if n.startswith("user.overlay.")]
+    r = run(presets.image(image, root="overlay", store=ImageStore(Path(path).parents[4])), "cat /data/xattr")
+    assert r.stdout == "z\n"
+
+
+def test_writes_go_to_a_layer_of_the_sandbox_and_vanish_with_it(image: Image) -> None:
+    store = store_of(image)
+    spec = presets.image(image, root="overlay", store=store)
+    r = run(spec, "echo new > /data/new && echo changed > /data/keep && rm /etc/image-file && mkdir /opt && "
+                  "touch /opt/f && cat /data/new /data/keep")
+    assert (r.returncode, r.stdout) == (0, "new\nchanged\n"), r.stderr
+    r = run(spec, "ls /data; cat /data/keep /etc/image-file; test -e /opt || echo no-opt")
+    assert r.stdout == "dir\nkeep\nxattr\nkeep\ntop\nno-opt\n"
+    for lay in image.layers:  # the layers themselves are untouched
+        assert not os.path.exists(os.path.join(lay.path, "data", "new"))
+    assert open(os.path.join(image.layers[0].path, "data", "keep")).read() == "keep\n"
+
+
+def test_a_kept_writable_layer_keeps_the_writes(image: Image, tmp_path: Path) -> None:
+    store = store_of(image)
+    spec = presets.image(image, writable=tmp_path, store=store)
+    assert run(spec, "echo kept > /data/new && rm /data/keep").returncode == 0
+    assert (tmp_path / "upper" / "data" / "new").read_text() == "kept\n"
+    r = run(spec, "cat /data/new; ls /data")
+    assert r.stdout == "kept\ndir\nnew\nxattr\n"
+
+
+def test_a_read_only_root_refuses_writes_but_tmp(image: Image, root: str) -> None:
+    store = store_of(image)
+    spec = presets.image(image, root=root, writable=False, store=store)
+    r = run(spec, "touch /data/new 2>&1; touch /tmp/ok && echo tmp-ok")
+    assert "Read-only file system" in r.stdout and "tmp-ok" in r.stdout
+
+
+def test_binds_go_on_top(image: Image, tmp_path: Path) -> None:
+    (tmp_path / "in").write_text("bound\n")
+    store = store_of(image)
+    spec = presets.image(image, sandbox.RoBind(tmp_path, "/work/in"), store=store)
+    assert run(spec, "cat /work/in/in").stdout == "bound\n"
+
+
+def test_bad_choices_are_named(image: Image, tmp_path: Path) -> None:
+    store = store_of(image)
+    with pytest.raises(SpecError, match="root"):
+        presets.image(image, root="chroot", store=store)
+    with pytest.raises(SpecError, match="writable"):
+        presets.image(image, root="merged", writable=tmp_path, store=store)
+    with pytest.raises(sandbox.images.ImageNotFoundError):
+        presets.image("no/such:image", store=store)
+
+
+def test_the_bwrap_backend_refuses_an_overlay_by_capability(image: Image) -> None:
+    spec = presets.minimal_system(Overlay("/mnt", [image.layers[0].path]))
+    with pytest.raises(UnavailableError, match="no --overlay"):
+        sandbox.run(["true"], spec, backend="bwrap")
+
+
+def test_a_template_runs_the_merged_root_per_sandbox(image: Image) -> None:
+    store = store_of(image)
+    with sandbox.Template(presets.image(image, root="merged", store=store)) as t:
+        first = t.run(["sh", "-c", "cat /etc/image-file; echo x > /tmp/f; ls /data"], capture_output=True, text=True)
+        second = t.run(["sh", "-c", "ls /tmp; touch /data/no 2>&1"], capture_output=True, text=True)
+    assert first.stdout == "top\ndir\nkeep\nxattr\n"
+    assert "f" not in second.stdout.split("\n") and "Read-only" in second.stdout

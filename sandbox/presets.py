@@ -137,7 +137,7 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
                             *(Tmpfs(p) for p in roots.scratch_dirs(img)), *mounts), **fields)
     img = store.overlay_ready(img)
     lowers = [layer.path for layer in img.layers]
-    kept = None if writable in (None, False, True) else writable
+    kept = writable if isinstance(writable, (str, os.PathLike)) else None
     top = Overlay("/", lowers, upper=kept, size=size)
     tail = (RemountRo("/"),) if writable is False else ()
     return Spec(mounts=(top, *RUNTIME_MOUNTS, *mounts, *tail), **fields)

@@ -26,6 +26,7 @@ import stat
 from collections.abc import Iterable, Iterator
 
 from . import fsutil
+from .errors import ImageError
 from .model import Image, Layer
 
 OVERLAY_MARK = "overlay"  # layers/<hex>/overlay: the tree has its whiteout devices and opaque xattrs
@@ -79,10 +80,26 @@ def _writable(fd: int) -> Iterator[None]:
         os.fchmod(fd, stat.S_IMODE(mode))
 
 
-def make_overlay_ready(layer_dir: str, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
+def make_overlay_ready(layer_dir: str, whiteouts: Iterable[str], opaque: Iterable[str], tmp_dir: str) -> None:
     """Write a layer's whiteout devices and opaque xattrs into its tree, make
     them durable, then mark the layer (the caller holds the layer's lock)."""
-    root = os.path.join(layer_dir, "root")
+    try:
+        _write_markers(os.path.join(layer_dir, "root"), whiteouts, opaque)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise ImageError(f"layer {os.path.basename(layer_dir)}: a whiteout or opaque directory lies below "
+                         f"a link the layer itself makes ({exc.filename or exc}): it cannot be an overlayfs "
+                         "layer; use root='merged'") from None
+    fd = os.open(os.path.join(layer_dir, "root"), DIR_FLAGS)
+    try:
+        fsutil.syncfs(fd)
+    finally:
+        os.close(fd)
+    fsutil.write_atomic(os.path.join(layer_dir, OVERLAY_MARK), b"1\n", tmp_dir)
+
+
+def _write_markers(root: str, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
     for path in whiteouts:
         parts = _split(path)
         with _walk(root, parts[:-1], create=True) as fd, _writable(fd):
@@ -93,12 +110,6 @@ def make_overlay_ready(layer_dir: str, whiteouts: Iterable[str], opaque: Iterabl
     for path in opaque:
         with _walk(root, _split(path), create=True) as fd:
             os.setxattr(fd, OPAQUE_XATTR, b"y")
-    fd = os.open(root, DIR_FLAGS)
-    try:
-        fsutil.syncfs(fd)
-    finally:
-        os.close(fd)
-    fsutil.write_atomic(os.path.join(layer_dir, OVERLAY_MARK), b"1\n", os.path.join(layer_dir, ".."))
 
 
 def _remove(fd: int, name: str) -> None:

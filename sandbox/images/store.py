@@ -244,7 +244,7 @@ class ImageStore:
                 if not layer.overlay:
                     with fsutil.StoreLock(os.path.join(self.path, "locks", layer.digest[7:])).hold(exclusive=True):
                         if not os.path.exists(os.path.join(directory, roots.OVERLAY_MARK)):
-                            roots.make_overlay_ready(directory, layer.whiteouts, layer.opaque)
+                            roots.make_overlay_ready(directory, layer.whiteouts, layer.opaque, self._tmp)
                 layers.append(dataclasses.replace(layer, overlay=True))
         return dataclasses.replace(image, layers=tuple(layers))
 

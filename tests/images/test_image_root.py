@@ -5,6 +5,7 @@ namespace, and with the merged-tree fallback. Root and unprivileged."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -153,3 +154,46 @@ def test_a_template_runs_the_merged_root_per_sandbox(image: Image) -> None:
         second = t.run(["sh", "-c", "ls /tmp; touch /data/no 2>&1"], capture_output=True, text=True)
     assert first.stdout == "top\ndir\nkeep\nxattr\n"
     assert "f" not in second.stdout.split("\n") and "Read-only" in second.stdout
+
+
+def test_nothing_of_the_host_is_mounted_but_what_the_spec_declares(image: Image) -> None:
+    spec = presets.image(image, store=store_of(image))
+    r = run(spec, "cat /proc/self/mountinfo")
+    points = {line.split()[4] for line in r.stdout.splitlines()}
+    devices = {f"/dev/{n}" for n in ("null", "zero", "full", "random", "urandom", "tty", "pts", "shm")}
+    proc_covers = {p for p in points if p.startswith("/proc/")}
+    assert points - proc_covers == {"/", "/proc", "/dev", "/tmp"} | (devices & points)
+    assert {"/", "/proc", "/dev", "/tmp"} <= points
+    root = next(line for line in r.stdout.splitlines() if line.split()[4] == "/")
+    assert " - overlay " in root and "nosuid" in root.split()[5]
+
+
+def test_a_missing_layer_or_a_bad_kept_directory_is_a_setup_error_naming_it(image: Image, tmp_path: Path) -> None:
+    lowers = [lay.path for lay in image.layers]
+    spec = presets.image(image, store=store_of(image))
+    missing = spec.replace(mounts=(Overlay("/", [*lowers, str(tmp_path / "nope")]), *spec.mounts[1:]))
+    with pytest.raises(sandbox.SetupError) as err:
+        run(missing, "true")
+    assert err.value.step == "overlay" and err.value.errno == errno.ENOENT
+    (tmp_path / "file").write_text("")
+    with pytest.raises(sandbox.SetupError) as err:
+        run(presets.image(image, writable=tmp_path / "file", store=store_of(image)), "true")
+    assert err.value.step == "overlay" and err.value.errno == errno.ENOTDIR
+
+
+def test_a_template_refuses_an_overlay_by_capability_and_names_the_way_out(image: Image) -> None:
+    with pytest.raises(UnavailableError, match="root='merged'"):
+        sandbox.Template(presets.image(image, root="overlay", store=store_of(image)))
+
+
+def test_a_hostile_image_cannot_reach_the_host_through_proc_or_links(image: Image, root: str, canary: Path,
+                                                                    tmp_path: Path) -> None:
+    """The image's own root is all there is: /proc/1/root, the cwd's '..',
+    and the paths of its layers on the host lead nowhere outside."""
+    store = store_of(image)
+    layer_file = os.path.join(image.layers[0].path, "etc", "image-file")
+    script = (f"cat /proc/1/root{canary} ../../../..{canary} {layer_file} 2>&1; "
+              "readlink /proc/1/root; ls /proc/1/root/; echo pwn > /proc/1/root/data/keep 2>&1; true")
+    r = run(presets.image(image, root=root, store=store), script)
+    assert "host secret" not in r.stdout and "base" not in r.stdout.split("\n")[:3]
+    assert open(os.path.join(image.layers[0].path, "data", "keep")).read() == "keep\n"

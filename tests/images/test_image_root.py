@@ -197,3 +197,17 @@ def test_a_hostile_image_cannot_reach_the_host_through_proc_or_links(image: Imag
     r = run(presets.image(image, root=root, store=store), script)
     assert "host secret" not in r.stdout and "base" not in r.stdout.split("\n")[:3]
     assert open(os.path.join(image.layers[0].path, "data", "keep")).read() == "keep\n"
+
+
+def test_the_cli_runs_a_command_in_an_image(image: Image, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "SANDBOX_IMAGES": store_of(image).path}
+    cmd = [sys.executable, "-P", "-m", "sandbox", "run", "--image", image.digest, "--tmpfs", "/data/dir",
+           "--", "sh", "-c", "cat /etc/image-file; ls /data/dir; pwd"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (0, "top\n/work\n"), r.stderr
+    cmd[6] = "no/such:image"
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode != 0 and "--image no/such:image" in r.stderr and "no image" in r.stderr

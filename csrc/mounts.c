@@ -180,25 +180,19 @@ static void rebind(struct sbx_ctx *c, int i, int src_fd, const char *src, unsign
     close(tree);
 }
 
-/* overlayfs, made inside the sandbox's user namespace (overlay allows that
- * since 5.11), with the mount API:
- * - "userxattr": its markers are user.overlay.* xattrs (trusted.* would need
+/* overlayfs, made in the sandbox's user namespace (allowed since 5.11):
+ * - "userxattr": its markers are user.overlay.* xattrs (trusted.* needs
  *   CAP_SYS_ADMIN in the initial namespace); it also turns redirect_dir and
- *   metacopy off, so no xattr a lower layer carries makes overlay follow a
- *   path elsewhere.
- * - one "lowerdir+" per layer, top first (6.8), not one "lowerdir=a:b:..."
- *   string, which the page-sized options buffer would limit.
- * - the upper and work directories: those of a fresh tmpfs, passed as fds
- *   (FSCONFIG_SET_FD, 6.13); or upper/ and work/ of a host directory kept.
- *   overlay takes a private clone of each layer's mount, which must be one
- *   of this mount namespace (a detached one is refused: EINVAL): the tmpfs
- *   is attached on the new root's host directory first, where the new
- *   root's own tmpfs then covers it, and the pivot takes it away.
- * - without an upper, overlay wants two lowers: a single one gets an empty
- *   directory (a tmpfs's) beneath it.
- * It is built before the new root's tmpfs is mounted (overlay resolves each
- * layer at fsconfig time, while the host's paths are all visible, a store
- * below /tmp too) and kept in src_fds[i] for its op to attach. */
+ *   metacopy off, so no xattr of a layer makes overlay follow a path.
+ * - one "lowerdir+" per layer, top first (6.8): no page-sized option string.
+ * - upper and work: a fresh tmpfs's, as fds (FSCONFIG_SET_FD, 6.13), or
+ *   upper/ and work/ of a host directory kept. overlay clones each layer's
+ *   mount privately, which must be one of this namespace (a detached one:
+ *   EINVAL), so the tmpfs is attached on the new root's host directory,
+ *   where the new root's tmpfs covers it and the pivot drops it.
+ * - without an upper, a single layer gets an empty directory beneath it.
+ * Built before the new root's tmpfs hides any host path (overlay resolves
+ * a layer at fsconfig time), kept in src_fds[i] for its op to attach. */
 static void ovl_set(struct sbx_ctx *c, int i, int fs, unsigned cmd, const char *key, const void *value, int aux)
 {
     if (sbx_fsconfig(fs, cmd, key, value, aux) < 0)
@@ -217,44 +211,49 @@ static void ovl_dir_fd(struct sbx_ctx *c, int i, int fs, int mnt, const char *na
     close(fd);
 }
 
-static int overlay_tree(struct sbx_ctx *c, int i, const struct sbx_op *op)
+/* The first pass: the layers and a kept upper; the context's fd. */
+static int overlay_layers(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    char size[32];
-    const char *kv[] = {"mode", "755", op->size ? "size" : NULL, size, NULL};
-    sbx_fmt_uint(size, op->size, 10);
     int fs = sbx_fsopen("overlay", FSOPEN_CLOEXEC);
     if (fs < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
     ovl_set(c, i, fs, FSCONFIG_SET_FLAG, "userxattr", NULL, 0);
-    uint32_t n = 0;
-    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1, n++)
+    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1)
         ovl_set(c, i, fs, FSCONFIG_SET_STRING, "lowerdir+", c->in.blob + op->data + k, 0);
-    int tmp = -1;
-    if (!op->src && (!(op->flags & SBX_F_RDONLY) || n == 1)) {
-        int mnt = fresh_fs(c, i, "tmpfs", kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-        if (sbx_move_mount(mnt, "", AT_FDCWD, sbx_str(c, c->h->newroot), MOVE_MOUNT_F_EMPTY_PATH) < 0)
-            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
-        tmp = open(sbx_str(c, c->h->newroot), O_PATH | O_DIRECTORY | O_CLOEXEC);
-        if (tmp < 0)
-            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
-        close(mnt);
-    }
-    if (op->flags & SBX_F_RDONLY) {
-        if (n == 1)
-            ovl_dir_fd(c, i, fs, tmp, "empty", "lowerdir+");
-    } else if (op->src) {
+    if (op->src) {
+        if (mkdir(sbx_str(c, op->src), 0700) < 0 && errno != EEXIST)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
         int dir = open(sbx_str(c, op->src), O_PATH | O_DIRECTORY | O_CLOEXEC);
         if (dir < 0)
             sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
         ovl_dir_fd(c, i, fs, dir, "upper", "upperdir");
         ovl_dir_fd(c, i, fs, dir, "work", "workdir");
         close(dir);
-    } else {
-        ovl_dir_fd(c, i, fs, tmp, "upper", "upperdir");
-        ovl_dir_fd(c, i, fs, tmp, "work", "workdir");
     }
-    if (tmp >= 0)
+    return fs;
+}
+
+/* The second pass: a tmpfs's upper (or empty lower), then the mount. */
+static int overlay_tree(struct sbx_ctx *c, int i, const struct sbx_op *op, int fs)
+{
+    char size[32];
+    const char *kv[] = {"mode", "755", op->size ? "size" : NULL, size, NULL};
+    sbx_fmt_uint(size, op->size, 10);
+    int single = op->data_len == sbx_strlen(c->in.blob + op->data) + 1;
+    if (!op->src && (!(op->flags & SBX_F_RDONLY) || single)) {
+        int mnt = fresh_fs(c, i, "tmpfs", kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        if (sbx_move_mount(mnt, "", AT_FDCWD, sbx_str(c, c->h->newroot), MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+        close(mnt);
+        int tmp = open(sbx_str(c, c->h->newroot), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (tmp < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
+        ovl_dir_fd(c, i, fs, tmp, (op->flags & SBX_F_RDONLY) ? "empty" : "upper",
+                   (op->flags & SBX_F_RDONLY) ? "lowerdir+" : "upperdir");
+        if (!(op->flags & SBX_F_RDONLY))
+            ovl_dir_fd(c, i, fs, tmp, "work", "workdir");
         close(tmp);
+    }
     if (sbx_fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
     int mnt = sbx_fsmount(fs, FSMOUNT_CLOEXEC, sbx_bind_attrs(op->flags));
@@ -264,18 +263,21 @@ static int overlay_tree(struct sbx_ctx *c, int i, const struct sbx_op *op)
     return mnt;
 }
 
+/* Every overlay's host paths resolved before a tmpfs covers the new root's directory. */
 static void open_overlays(struct sbx_ctx *c)
 {
     for (uint32_t i = 0; i < c->h->n_ops; i++)
         if (c->ops[i].kind == SBX_OP_OVERLAY)
-            c->in.src_fds[i] = overlay_tree(c, (int)i, &c->ops[i]);
+            c->in.src_fds[i] = overlay_layers(c, (int)i, &c->ops[i]);
+    for (uint32_t i = 0; i < c->h->n_ops; i++)
+        if (c->ops[i].kind == SBX_OP_OVERLAY)
+            c->in.src_fds[i] = overlay_tree(c, (int)i, &c->ops[i], c->in.src_fds[i]);
 }
 
 static void op_overlay(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    const char *dest = sbx_str(c, op->dest);
-    int fd = mountpoint(c, i, dest, 1, op->parent_mode);
-    attach(c, i, c->in.src_fds[i], fd, dest);
+    int fd = mountpoint(c, i, sbx_str(c, op->dest), 1, op->parent_mode);
+    attach(c, i, c->in.src_fds[i], fd, sbx_str(c, op->dest));
     close(fd);
     close(c->in.src_fds[i]);
     c->in.src_fds[i] = -1;

@@ -317,8 +317,9 @@ class Overlay(Mount):
     `sandbox.images.Image.layers`) stacked read-only, under a writable layer
     that is, by default, a fresh tmpfs of this sandbox (`size` bytes), gone
     with it; with `upper`, the host directory `upper`'s `upper/` and `work/`
-    subdirectories (made if missing), kept; with `writable=False`, none (the
-    stack is read-only).
+    subdirectories (each made if missing, `upper` too), kept; with
+    `writable=False`, none (the stack is read-only: its mount points must
+    exist in the layers).
 
     Mounted inside the sandbox's user namespace with overlayfs's `userxattr`:
     a whiteout is a 0:0 character device, an opaque directory carries

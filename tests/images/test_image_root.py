@@ -211,3 +211,19 @@ def test_the_cli_runs_a_command_in_an_image(image: Image, tmp_path: Path) -> Non
     cmd[6] = "no/such:image"
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert r.returncode != 0 and "--image no/such:image" in r.stderr and "no image" in r.stderr
+
+
+def test_two_overlays_each_resolve_their_layers_below_the_new_roots_directory(image: Image,
+                                                                             tmp_path: Path) -> None:
+    """The store and a kept upper below /tmp, where the new root is built: a
+    second overlay's layers must not be looked up after the first one's
+    tmpfs covered that directory."""
+    assert str(tmp_path).startswith("/tmp/") and image.layers[0].path.startswith("/tmp/")
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "e").write_text("extra\n")
+    spec = presets.image(image, Overlay("/mnt/ro", [str(tmp_path / "extra")], writable=False),
+                         Overlay("/mnt/kept", [str(tmp_path / "extra")], upper=tmp_path / "keep"),
+                         store=store_of(image))
+    r = run(spec, "cat /etc/image-file /mnt/ro/e /mnt/kept/e && echo k > /mnt/kept/new")
+    assert (r.returncode, r.stdout) == (0, "top\nextra\nextra\n"), r.stderr
+    assert (tmp_path / "keep" / "upper" / "new").read_text() == "k\n"

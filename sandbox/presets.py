@@ -20,7 +20,6 @@ directories, and are left out where absent.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -114,25 +113,30 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
     image's home and its working directory: writes elsewhere fail, and a
     bind's mount point must exist in the image. `writable=DIR` needs
     "overlay"."""
-    from .images import ImageStore, roots
+    from .images import Image, ImageStore, roots
 
     if root not in ("auto", "overlay", "merged"):
         raise SpecError("root", root, "must be 'auto', 'overlay' or 'merged'")
+    if writable is not None and not isinstance(writable, (bool, str, os.PathLike)):
+        raise SpecError("writable", writable, "must be None, False or a host directory to keep the writes in")
     if isinstance(img, str):
         img = (store or ImageStore()).get(img)
+    if not isinstance(img, Image):
+        raise SpecError("img", img, "must be a sandbox.images.Image or a reference (a str)")
     store = store or ImageStore()
     config = img.config
     env = dict(config.env)
     env.setdefault("PATH", SYSTEM_PATH)
     fields.setdefault("env", env)
     fields.setdefault("cwd", config.working_dir or "/")
-    uid, gid = _image_user(img, config.user) or (0, 0)  # no User: root, as a container runs (its userns's)
-    fields.setdefault("uid", uid)
-    fields.setdefault("gid", gid)
+    if "uid" not in fields and "gid" not in fields:  # no User: root, as a container runs (of its userns)
+        fields["uid"], fields["gid"] = _image_user(img, config.user) or (0, 0)
     overlay = root == "overlay" or (root == "auto" and (writable not in (None, False) or overlay_works()))
     if not overlay:
         if writable not in (None, False):
             raise SpecError("writable", writable, "a kept writable layer needs root='overlay'")
+        if size is not None:
+            raise SpecError("size", size, "sizes the overlay's writable layer; root='merged' has none")
         return Spec(mounts=(RoBind(store.merged(img), "/"), Proc(), Dev(),
                             *(Tmpfs(p) for p in roots.scratch_dirs(img)), *mounts), **fields)
     img = store.overlay_ready(img)
@@ -164,21 +168,25 @@ def overlay_works() -> bool:
 
 
 def _image_user(img: Image, user: str) -> tuple[int, int] | None:
-    """The image's `User` (uid[:gid] or a name in its /etc/passwd) as ids, None if unset or unknown."""
+    """The image's `User` (uid[:gid], or a name in the top-most /etc/passwd
+    of its layers, read without following links) as ids; None if unset."""
+    from .images import roots
+
     name, _, group = user.partition(":")
     if not name:
         return None
     if name.isdigit():
         return int(name), int(group) if group.isdigit() else 0
     for layer in reversed(img.layers):
-        with contextlib.suppress(OSError):
-            with open(os.path.join(layer.path, "etc", "passwd"), errors="replace") as f:
-                for line in f:
-                    parts = line.split(":")
-                    if len(parts) > 3 and parts[0] == name and parts[2].isdigit() and parts[3].isdigit():
-                        return int(parts[2]), int(group) if group.isdigit() else int(parts[3])
-            return None
-    return None
+        data = roots.read_file(layer, "etc/passwd")
+        if data is None:
+            continue
+        for line in data.decode(errors="replace").splitlines():
+            parts = line.split(":")
+            if len(parts) > 3 and parts[0] == name and parts[2].isdigit() and parts[3].isdigit():
+                return int(parts[2]), int(group) if group.isdigit() else int(parts[3])
+        break
+    raise SpecError("uid", user, "the image's User names no user of its /etc/passwd; give uid= and gid=")
 
 
 def _prefixes(executable: StrPath | None) -> list[str]:

@@ -62,6 +62,22 @@ def _walk(root: str, parts: Iterable[str], create: bool = False) -> Iterator[int
         os.close(fd)
 
 
+def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
+    """The file `path` of one layer's tree, read without following any link
+    (an image's /etc/passwd may be a link to the host's): None if it is not
+    a regular file of that layer."""
+    parts = _split(path)
+    try:
+        with _walk(layer.path, parts[:-1]) as fd:
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        return os.read(f, limit) if stat.S_ISREG(os.fstat(f).st_mode) else None
+    finally:
+        os.close(f)
+
+
 def _split(path: str) -> list[str]:
     return [p for p in path.split("/") if p and p != "."]
 

@@ -5,6 +5,7 @@ namespace, and with the merged-tree fallback. Root and unprivileged."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 from pathlib import Path
@@ -139,6 +140,29 @@ def test_bad_choices_are_named(image: Image, tmp_path: Path) -> None:
         presets.image(image, root="merged", writable=tmp_path, store=store)
     with pytest.raises(sandbox.images.ImageNotFoundError):
         presets.image("no/such:image", store=store)
+    with pytest.raises(SpecError, match="writable"):
+        presets.image(image, writable=5, store=store)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="size"):
+        presets.image(image, root="merged", size=1 << 20, store=store)
+    with pytest.raises(SpecError, match="img"):
+        presets.image(object(), store=store)  # type: ignore[arg-type]
+
+
+def test_the_images_user_is_read_from_its_own_passwd_never_through_a_link(tmp_path: Path) -> None:
+    store = ImageStore(tmp_path / "store")
+    own = layer(member("etc/", DIRTYPE, mode=0o755), member("etc/passwd", data=b"app:x:1234:5678::/:/bin/sh\n"))
+    linked = layer(member("etc/", DIRTYPE, mode=0o755), member("etc/passwd", SYMTYPE, linkname="/etc/passwd"))
+    write_layout(str(tmp_path / "own"), [(TestImage([own]), "own")])
+    write_layout(str(tmp_path / "linked"), [(TestImage([own, linked]), "linked")])
+    img = store.load(tmp_path / "own")
+    named = dataclasses.replace(img, config=dataclasses.replace(img.config, user="app"))
+    spec = presets.image(named, store=store, root="merged")
+    assert (spec.uid, spec.gid) == (1234, 5678)
+    assert presets.image(named, store=store, root="merged", uid=7).gid is None  # a given id wins, whole
+    top = store.load(tmp_path / "linked")
+    as_root = dataclasses.replace(top, config=dataclasses.replace(top.config, user="root"))
+    with pytest.raises(SpecError, match="names no user"):  # the host's /etc/passwd is not read
+        presets.image(as_root, store=store, root="merged")
 
 
 def test_the_bwrap_backend_refuses_an_overlay_by_capability(image: Image) -> None:
@@ -227,3 +251,12 @@ def test_two_overlays_each_resolve_their_layers_below_the_new_roots_directory(im
     r = run(spec, "cat /etc/image-file /mnt/ro/e /mnt/kept/e && echo k > /mnt/kept/new")
     assert (r.returncode, r.stdout) == (0, "top\nextra\nextra\n"), r.stderr
     assert (tmp_path / "keep" / "upper" / "new").read_text() == "k\n"
+
+
+def test_the_merged_root_runs_under_bwrap_too(image: Image) -> None:
+    if not sandbox.backends.availability("bwrap")[0]:
+        pytest.skip("bwrap is not available here")
+    spec = presets.image(image, root="merged", store=store_of(image))
+    r = sandbox.run(["sh", "-c", "cat /etc/image-file; ls /data"], spec, capture_output=True, text=True,
+                    backend="bwrap", timeout=60)
+    assert (r.returncode, r.stdout, r.backend) == (0, "top\ndir\nkeep\nxattr\n", "bwrap"), r.stderr

@@ -73,3 +73,24 @@ def test_gc_removes_the_merged_tree_of_a_removed_image(store: ImageStore, host_i
     result = store.gc()
     assert not os.path.exists(merged) and len(result.layers) == 3
     assert not os.listdir(Path(store.path) / "tmp")
+
+
+def test_concurrent_callers_make_a_layer_overlay_ready_once(store: ImageStore, host_image: TestImage,
+                                                           tmp_path: Path) -> None:
+    """Four processes at once: each finds every layer ready, none fails on
+    another's markers (the layer's lock), the markers are there once."""
+    import subprocess
+    import sys
+
+    write_layout(str(tmp_path / "l"), [(host_image, "h")])
+    img = store.load(tmp_path / "l")
+    code = ("import sys; from sandbox.images import ImageStore; s = ImageStore(sys.argv[1]); "
+            "img = s.overlay_ready(s.get(sys.argv[2])); s.merged(img); print(all(l.overlay for l in img.layers))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, store.path, img.digest], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [(p.returncode, out) for p, (out, _) in zip(procs, outs, strict=True)] == [(0, "True\n")] * 4, outs
+    top = Path(img.layers[2].path)
+    assert stat.S_ISCHR(os.lstat(top / "opt/old").st_mode)
+    assert os.listdir(Path(store.path) / "merged") == [img.digest[7:]]
+    assert not os.listdir(Path(store.path) / "tmp")

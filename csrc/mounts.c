@@ -184,7 +184,7 @@ static void rebind(struct sbx_ctx *c, int i, int src_fd, const char *src, unsign
  * - "userxattr": its markers are user.overlay.* xattrs (trusted.* needs
  *   CAP_SYS_ADMIN in the initial namespace); it also turns redirect_dir and
  *   metacopy off, so no xattr of a layer makes overlay follow a path.
- * - one "lowerdir+" per layer, top first (6.8): no page-sized option string.
+ * - one "lowerdir+" per layer, top first, as an fd: no option string limits them.
  * - upper and work: a fresh tmpfs's, as fds (FSCONFIG_SET_FD, 6.13), or
  *   upper/ and work/ of a host directory kept. overlay clones each layer's
  *   mount privately, which must be one of this namespace (a detached one:
@@ -199,12 +199,13 @@ static void ovl_set(struct sbx_ctx *c, int i, int fs, unsigned cmd, const char *
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
 }
 
-/* A directory `name` of mount `mnt` (made if missing) as the fd `key` names. */
-static void ovl_dir_fd(struct sbx_ctx *c, int i, int fs, int mnt, const char *name, const char *key)
+/* Directory `name` under `at` as the fd `key` names: made if missing, but a
+ * layer (a path: fsconfig would take at most 255 bytes of one as a string). */
+static void ovl_dir_fd(struct sbx_ctx *c, int i, int fs, int at, const char *name, const char *key)
 {
-    if (mkdirat(mnt, name, 0755) < 0 && errno != EEXIST)
+    if (at != AT_FDCWD && mkdirat(at, name, 0755) < 0 && errno != EEXIST)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
-    int fd = openat(mnt, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | (at == AT_FDCWD ? 0 : O_NOFOLLOW) | O_CLOEXEC);
     if (fd < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
     ovl_set(c, i, fs, FSCONFIG_SET_FD, key, NULL, fd);
@@ -219,7 +220,7 @@ static int overlay_layers(struct sbx_ctx *c, int i, const struct sbx_op *op)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
     ovl_set(c, i, fs, FSCONFIG_SET_FLAG, "userxattr", NULL, 0);
     for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1)
-        ovl_set(c, i, fs, FSCONFIG_SET_STRING, "lowerdir+", c->in.blob + op->data + k, 0);
+        ovl_dir_fd(c, i, fs, AT_FDCWD, c->in.blob + op->data + k, "lowerdir+");
     if (op->src) {
         if (mkdir(sbx_str(c, op->src), 0700) < 0 && errno != EEXIST)
             sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);

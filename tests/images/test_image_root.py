@@ -260,3 +260,13 @@ def test_the_merged_root_runs_under_bwrap_too(image: Image) -> None:
     r = sandbox.run(["sh", "-c", "cat /etc/image-file; ls /data"], spec, capture_output=True, text=True,
                     backend="bwrap", timeout=60)
     assert (r.returncode, r.stdout, r.backend) == (0, "top\ndir\nkeep\nxattr\n", "bwrap"), r.stderr
+
+
+def test_a_layer_path_longer_than_an_fsconfig_string_mounts(image: Image, tmp_path: Path) -> None:
+    """fsconfig copies at most 255 bytes of a string value: layers go as fds."""
+    deep = tmp_path / ("d" * 200) / ("e" * 200)
+    deep.mkdir(parents=True)
+    (deep / "f").write_text("deep\n")
+    assert len(str(deep)) > 400
+    spec = presets.image(image, Overlay("/mnt/deep", [str(deep)]), store=store_of(image))
+    assert run(spec, "cat /mnt/deep/f").stdout == "deep\n"

@@ -123,8 +123,8 @@ def _write_markers(root: str, whiteouts: Iterable[str], opaque: Iterable[str]) -
                 os.mknod(parts[-1], stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)
             except FileExistsError:
                 pass  # the layer puts something there itself: that wins, as in the tar
-    for path in opaque:
-        with _walk(root, _split(path), create=True) as fd:
+    for path in opaque:  # a user.* xattr wants write permission on the directory, as an entry would
+        with _walk(root, _split(path), create=True) as fd, _writable(fd):
             os.setxattr(fd, OPAQUE_XATTR, b"y")
 
 

@@ -94,3 +94,18 @@ def test_concurrent_callers_make_a_layer_overlay_ready_once(store: ImageStore, h
     assert stat.S_ISCHR(os.lstat(top / "opt/old").st_mode)
     assert os.listdir(Path(store.path) / "merged") == [img.digest[7:]]
     assert not os.listdir(Path(store.path) / "tmp")
+
+
+def test_read_only_directories_of_a_layer_still_get_their_markers(store: ImageStore, tmp_path: Path) -> None:
+    """A layer may make a directory read-only (0555) after deleting in it or
+    making it opaque: the markers go in anyway, and the mode stays."""
+    ro = TestImage([layer(member("d/", DIRTYPE, mode=0o755), member("d/keep", data=b"k\n"),
+                          member("o/", DIRTYPE, mode=0o755))])
+    top = layer(member("d/", DIRTYPE, mode=0o555), member("d/.wh.gone"),
+                member("o/", DIRTYPE, mode=0o555), member("o/.wh..wh..opq"))
+    write_layout(str(tmp_path / "l"), [(TestImage([*ro.layers, top]), "ro")])
+    img = store.overlay_ready(store.load(tmp_path / "l"))
+    layer_root = Path(img.layers[1].path)
+    assert stat.S_ISCHR(os.lstat(layer_root / "d" / "gone").st_mode)
+    assert os.getxattr(layer_root / "o", "user.overlay.opaque") == b"y"
+    assert stat.S_IMODE(os.lstat(layer_root / "d").st_mode) == stat.S_IMODE(os.lstat(layer_root / "o").st_mode) == 0o555

@@ -96,11 +96,12 @@ def host_view(*mounts: Mount, writable: Iterable[StrPath] = (), **fields: Any) -
 
 def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = None, root: str = "auto",
           store: ImageStore | None = None, size: int | None = None, **fields: Any) -> Spec:
-    """A container image as the root: `img` is an `Image` or a reference
-    looked up in `store` (default: `ImageStore()`). The image's layers are
-    stacked read-only with overlayfs inside the sandbox's user namespace
-    under a writable layer: a fresh tmpfs per sandbox (`size` bytes) by
-    default, gone with it; `writable=DIR` keeps it in host directory DIR
+    """A container image as the root: `img` is an `Image` (of the store it
+    came from, unless `store` says) or a reference looked up in `store`
+    (default: `ImageStore()`). The image's layers are stacked read-only
+    with overlayfs inside the sandbox's user namespace under a writable
+    layer: a fresh tmpfs per sandbox (`size` bytes) by default, gone with
+    it; `writable=DIR` keeps it in host directory DIR
     (its upper/ and work/); `writable=False` makes the root read-only.
     Then /proc, a minimal /dev, a private /tmp, the image's environment
     (PATH defaults to the usual one), working directory and user (root
@@ -123,7 +124,7 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
         img = (store or ImageStore()).get(img)
     if not isinstance(img, Image):
         raise SpecError("img", img, "must be a sandbox.images.Image or a reference (a str)")
-    store = store or ImageStore()
+    store = store or ImageStore(roots.store_path(img))
     config = img.config
     env = dict(config.env)
     env.setdefault("PATH", SYSTEM_PATH)

@@ -36,6 +36,11 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MOUNT_POINTS = ("proc", "dev")
 
 
+def store_path(image: Image) -> str | None:
+    """The store an image's layers are in (each is <store>/layers/<hex>/root), None for no layers."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(image.layers[0].path))) if image.layers else None
+
+
 def scratch_dirs(image: Image) -> tuple[str, ...]:
     """Where a read-only root of `image` gets a fresh tmpfs: /tmp, /run,
     /var/tmp, the image's home ($HOME, else /root) and working directory."""

@@ -127,8 +127,7 @@ def test_a_read_only_root_refuses_writes_but_tmp(image: Image, root: str) -> Non
 
 def test_binds_go_on_top(image: Image, tmp_path: Path) -> None:
     (tmp_path / "in").write_text("bound\n")
-    store = store_of(image)
-    spec = presets.image(image, sandbox.RoBind(tmp_path, "/work/in"), store=store)
+    spec = presets.image(image, sandbox.RoBind(tmp_path, "/work/in"))  # its store is found from the Image
     assert run(spec, "cat /work/in/in").stdout == "bound\n"
 
 

@@ -114,3 +114,18 @@ def test_the_c_check_refuses_a_malformed_overlay() -> None:
     assert _check(_with_op(blob, 1, flags=kept.flags | lib.SBX_F_RDONLY)) != 0  # read-only with an upper
     assert _check(_with_op(blob, 1, src=kept.src + 1)) != 0  # a relative upper
     assert _check(_with_op(blob, 0, kind=lib.SBX_OP_OVERLAY + 1)) != 0  # no such kind
+
+
+def test_explain_shows_an_overlay_in_bwrap_0_11_words_and_the_refusal() -> None:
+    import sandbox
+    from sandbox.backends.bwrap.render import overlay_args
+
+    spec = Spec(mounts=(Overlay("/", ["/s/bottom", "/s/top"]), Overlay("/k", ["/s/l"], upper="/keep"),
+                        Overlay("/r", ["/s/a", "/s/b"], writable=False), Overlay("/one", ["/s/l"], writable=False)))
+    root, kept, ro, one = compile_plan(spec, HOST).ops
+    assert overlay_args(root) == ["--overlay-src", "/s/bottom", "--overlay-src", "/s/top", "--tmp-overlay", "/"]
+    assert overlay_args(kept) == ["--overlay-src", "/s/l", "--overlay", "/keep/upper", "/keep/work", "/k"]
+    assert overlay_args(ro) == ["--overlay-src", "/s/a", "--overlay-src", "/s/b", "--ro-overlay", "/r"]
+    assert overlay_args(one) == ["--ro-bind", "/s/l", "/one"]
+    text = sandbox.explain(spec, ["true"], backend="bwrap")
+    assert "refused before anything runs" in text and "--tmp-overlay /" in text

@@ -17,7 +17,16 @@ and unpacks everything ("first pull"); the rows, interleaved round-robin:
 
 Medians and the spread, in ms, with the unpacked size and the file count.
 
-    python benchmarks/images.py [-n 5] [--src /usr/lib/python3.11] [--json out.json]
+Then image roots (issue 27): an image of this host's /usr/bin/true and the
+libraries it loads (two layers), loaded into a store, and spawn + wait of
+`/bin/true`, interleaved round-robin: a Template of `presets.image` (its
+merged tree: a Template cannot mount an Overlay) against a Template of
+`presets.minimal_system` (the host's /usr; target: at most 1.3x);
+`sandbox.spawn` of the image's overlay root and of the host's /usr; and
+`podman run --rm` of the same image (target: the Template at most 0.05x of
+it), a row left out, with the reason, where podman cannot run here.
+
+    python benchmarks/images.py [-n 5] [--src /usr/lib/python3.11] [--json out.json] [--roots-only]
 """
 
 from __future__ import annotations
@@ -218,7 +227,12 @@ def main() -> int:
     ap.add_argument("--src", default=f"/usr/lib/python{sys.version_info[0]}.{sys.version_info[1]}",
                     help="the host directory the image is made of")
     ap.add_argument("--json", help="also write the raw per-run times here")
+    ap.add_argument("--roots-only", action="store_true", help="only the image-root rows")
+    ap.add_argument("--roots-n", type=int, default=200, help="spawns per image-root row (default 200)")
     args = ap.parse_args()
+    if args.roots_only:
+        print(image_roots(args.roots_n))
+        return 0
     print(f"# image store, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
           f"kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}; sandbox {sandbox.__version__}")
     with tempfile.TemporaryDirectory(prefix="sandbox-images-bench-") as work:
@@ -235,10 +249,130 @@ def main() -> int:
                 ref = f"{addr}/bench/python:bench"
             times = measure(variants(work, layout, ref, blob_path), args.n)
     print(table(times, size, files, len(blobs[blob_digest])))
+    print()
+    print(image_roots(args.roots_n))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(times, f)
     return 0
+
+
+# ---------------------------------------------------------------- image roots
+
+T_IMAGE = "Template, image root (merged tree)"
+T_HOST = "Template, host /usr (minimal_system)"
+S_IMAGE = "sandbox.spawn, image root (overlay)"
+S_HOST = "sandbox.spawn, host /usr (minimal_system)"
+PODMAN = "podman run --rm --network none"
+# podman's default rlimits (nofile 1048576) exceed what a host may allow (EPERM from crun's setrlimit)
+PODMAN_ARGS = ("run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+
+
+def true_layers() -> list[bytes]:
+    """Two layers: this host's /usr/bin/true with its loader and libc (and the
+    links bin, lib, lib64 into usr), then one that adds a file."""
+    files = {"usr/bin/true": os.path.realpath("/usr/bin/true")}
+    out = subprocess.run(["ldd", "/usr/bin/true"], capture_output=True, text=True, check=True).stdout
+    for word in out.split():
+        if word.startswith("/"):
+            files[os.path.realpath(word).lstrip("/")] = os.path.realpath(word)
+            files[("usr" + word if not word.startswith("/usr/") else word).lstrip("/")] = os.path.realpath(word)
+    bufs = []
+    for members in (files, {"etc/image": None}):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            if members is files:
+                for name, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+                    link = tarfile.TarInfo(name)
+                    link.type, link.linkname = tarfile.SYMTYPE, target
+                    tf.addfile(link)
+            for arc, src in sorted(members.items()):
+                info = tarfile.TarInfo(arc)
+                data = open(src, "rb").read() if src else b"x\n"
+                info.size, info.mode = len(data), 0o755
+                tf.addfile(info, io.BytesIO(data))
+        bufs.append(buf.getvalue())
+    return bufs
+
+
+def write_true_layout(layout: str) -> None:
+    """An OCI layout of true_layers(), uncompressed, named `true`."""
+    tars = true_layers()
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [sha256(t) for t in tars]}}).encode()
+    layers = [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": sha256(t), "size": len(t)}
+              for t in tars]
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": sha256(config), "size": len(config)}, "layers": layers}).encode()
+    os.makedirs(os.path.join(layout, "blobs", "sha256"))
+    for data in (*tars, config, manifest):
+        with open(os.path.join(layout, "blobs", "sha256", sha256(data)[7:]), "wb") as f:
+            f.write(data)
+    with open(os.path.join(layout, "index.json"), "w") as out:
+        json.dump({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": sha256(manifest),
+            "size": len(manifest), "annotations": {"org.opencontainers.image.ref.name": "true"}}]}, out)
+    with open(os.path.join(layout, "oci-layout"), "w") as out:
+        json.dump({"imageLayoutVersion": "1.0.0"}, out)
+
+
+def podman_image(layout: str) -> tuple[str | None, str]:
+    """The layout pulled into podman's storage: (its name, "") or (None, why not)."""
+    podman = shutil.which("podman")
+    if podman is None:
+        return None, "podman is not installed (Debian: apt-get install podman)"
+    got = subprocess.run([podman, "pull", "-q", f"oci:{layout}:true"], capture_output=True, text=True)
+    name = got.stdout.strip()  # the image's id
+    if got.returncode == 0:
+        got = subprocess.run([podman, *PODMAN_ARGS, name, "/bin/true"], capture_output=True, text=True)
+        if got.returncode != 0:
+            subprocess.run([podman, "rmi", "-f", name], capture_output=True)
+    if got.returncode != 0:
+        return None, f"podman cannot run it here: {(got.stderr or got.stdout).strip()[-300:]}"
+    return name, ""
+
+
+def image_roots(n: int) -> str:
+    """The image-root rows (a Markdown table and the ratios)."""
+    from sandbox import presets
+
+    # podman names an oci: image by its path, which must then be a valid reference: [a-z0-9] around "_"
+    with tempfile.TemporaryDirectory(prefix="sbxroots", suffix="x") as work:
+        layout = os.path.join(work, "layout")
+        write_true_layout(layout)
+        store = ImageStore(os.path.join(work, "store"))
+        img = store.load(layout)
+        overlay_spec = presets.image(img, root="overlay", store=store)
+        merged_spec = presets.image(img, root="merged", store=store)
+        host_spec = presets.minimal_system()
+        podman, why = podman_image(layout)
+        with sandbox.Template(merged_spec) as t_image, sandbox.Template(host_spec) as t_host:
+            fns: dict[str, Callable[[], object]] = {
+                T_IMAGE: lambda: t_image.spawn(["/bin/true"]).wait(),
+                T_HOST: lambda: t_host.spawn(["/bin/true"]).wait(),
+                S_IMAGE: lambda: sandbox.spawn(["/bin/true"], overlay_spec).wait(),
+                S_HOST: lambda: sandbox.spawn(["/bin/true"], host_spec).wait(),
+            }
+            times = measure(fns, n)
+            if podman:
+                podman_run = ["podman", *PODMAN_ARGS, podman, "/bin/true"]
+                times[PODMAN] = measure({PODMAN: lambda: subprocess.run(podman_run, check=True)},
+                                        max(3, n // 20))[PODMAN]
+        if podman:
+            subprocess.run(["podman", "rmi", "-f", podman], capture_output=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = [f"Image roots: spawn + wait of /bin/true, medians of {n} (podman: {max(3, n // 20)}), "
+            f"uid {os.getuid()}, load {os.getloadavg()[0]:.2f}.", "",
+            "| variant | median ms | min ms | max ms | runs |", "|---|---|---|---|---|"]
+    rows += [f"| {k} | {med[k]:.2f} | {min(v):.2f} | {max(v):.2f} | {len(v)} |" for k, v in times.items()]
+    rows += ["", f"- Template, image root / host /usr: {med[T_IMAGE] / med[T_HOST]:.2f}x (target <= 1.3x)",
+             f"- sandbox.spawn, overlay image root / host /usr: {med[S_IMAGE] / med[S_HOST]:.2f}x"]
+    if podman:
+        rows.append(f"- Template, image root / podman run --rm: {med[T_IMAGE] / med[PODMAN]:.4f}x (target <= 0.05x)")
+    else:
+        rows.append(f"- podman row left out: {why}")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

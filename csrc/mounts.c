@@ -11,7 +11,7 @@
  *   parents are created one component at a time with mkdirat() on a parent
  *   that was itself resolved that way.
  * - Trees are attached with move_mount() onto those fds; fresh filesystems
- *   (tmpfs, proc, devpts, mqueue) come from fsopen()/fsmount().
+ *   (tmpfs, proc, devpts, mqueue, overlay) come from fsopen()/fsmount().
  * - pivot_root(".", ".") stacks the old root on the new one; a lazy unmount
  *   of "." then drops the host tree from the namespace.
  * - In place (newroot "/", a Template's sandbox): the root is the copy of
@@ -180,6 +180,110 @@ static void rebind(struct sbx_ctx *c, int i, int src_fd, const char *src, unsign
     close(tree);
 }
 
+/* overlayfs, made in the sandbox's user namespace (allowed since 5.11):
+ * - "userxattr": its markers are user.overlay.* xattrs (trusted.* needs
+ *   CAP_SYS_ADMIN in the initial namespace); it also turns redirect_dir and
+ *   metacopy off, so no xattr of a layer makes overlay follow a path.
+ * - one "lowerdir+" per layer, top first, as an fd: no option string limits them.
+ * - upper and work: a fresh tmpfs's, as fds (FSCONFIG_SET_FD, 6.13), or
+ *   upper/ and work/ of a host directory kept. overlay clones each layer's
+ *   mount privately, which must be one of this namespace (a detached one:
+ *   EINVAL), so the tmpfs is attached on the new root's host directory,
+ *   where the new root's tmpfs covers it and the pivot drops it.
+ * - without an upper, a single layer gets an empty directory beneath it.
+ * Built before the new root's tmpfs hides any host path (overlay resolves
+ * a layer at fsconfig time), kept in src_fds[i] for its op to attach. */
+static void ovl_set(struct sbx_ctx *c, int i, int fs, unsigned cmd, const char *key, const void *value, int aux)
+{
+    if (sbx_fsconfig(fs, cmd, key, value, aux) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
+}
+
+/* Directory `name` under `at` as the fd `key` names: made if missing, but a
+ * layer (a path: fsconfig would take at most 255 bytes of one as a string). */
+static void ovl_dir_fd(struct sbx_ctx *c, int i, int fs, int at, const char *name, const char *key)
+{
+    if (at != AT_FDCWD && mkdirat(at, name, 0755) < 0 && errno != EEXIST)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
+    int fd = openat(at, name, O_RDONLY | O_DIRECTORY | (at == AT_FDCWD ? 0 : O_NOFOLLOW) | O_CLOEXEC);
+    if (fd < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
+    ovl_set(c, i, fs, FSCONFIG_SET_FD, key, NULL, fd);
+    close(fd);
+}
+
+/* The first pass: the layers and a kept upper; the context's fd. */
+static int overlay_layers(struct sbx_ctx *c, int i, const struct sbx_op *op)
+{
+    int fs = sbx_fsopen("overlay", FSOPEN_CLOEXEC);
+    if (fs < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+    ovl_set(c, i, fs, FSCONFIG_SET_FLAG, "userxattr", NULL, 0);
+    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1)
+        ovl_dir_fd(c, i, fs, AT_FDCWD, c->in.blob + op->data + k, "lowerdir+");
+    if (op->src) {
+        if (mkdir(sbx_str(c, op->src), 0700) < 0 && errno != EEXIST)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_CREATE);
+        int dir = open(sbx_str(c, op->src), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (dir < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
+        ovl_dir_fd(c, i, fs, dir, "upper", "upperdir");
+        ovl_dir_fd(c, i, fs, dir, "work", "workdir");
+        close(dir);
+    }
+    return fs;
+}
+
+/* The second pass: a tmpfs's upper (or empty lower), then the mount. */
+static int overlay_tree(struct sbx_ctx *c, int i, const struct sbx_op *op, int fs)
+{
+    char size[32];
+    const char *kv[] = {"mode", "755", op->size ? "size" : NULL, size, NULL};
+    sbx_fmt_uint(size, op->size, 10);
+    int single = op->data_len == sbx_strlen(c->in.blob + op->data) + 1;
+    if (!op->src && (!(op->flags & SBX_F_RDONLY) || single)) {
+        int mnt = fresh_fs(c, i, "tmpfs", kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+        if (sbx_move_mount(mnt, "", AT_FDCWD, sbx_str(c, c->h->newroot), MOVE_MOUNT_F_EMPTY_PATH) < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+        close(mnt);
+        int tmp = open(sbx_str(c, c->h->newroot), O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (tmp < 0)
+            sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_RESOLVE);
+        ovl_dir_fd(c, i, fs, tmp, (op->flags & SBX_F_RDONLY) ? "empty" : "upper",
+                   (op->flags & SBX_F_RDONLY) ? "lowerdir+" : "upperdir");
+        if (!(op->flags & SBX_F_RDONLY))
+            ovl_dir_fd(c, i, fs, tmp, "work", "workdir");
+        close(tmp);
+    }
+    if (sbx_fsconfig(fs, FSCONFIG_CMD_CREATE, NULL, NULL, 0) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+    int mnt = sbx_fsmount(fs, FSMOUNT_CLOEXEC, sbx_bind_attrs(op->flags));
+    if (mnt < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_MOUNT);
+    close(fs);
+    return mnt;
+}
+
+/* Every overlay's host paths resolved before a tmpfs covers the new root's directory. */
+static void open_overlays(struct sbx_ctx *c)
+{
+    for (uint32_t i = 0; i < c->h->n_ops; i++)
+        if (c->ops[i].kind == SBX_OP_OVERLAY)
+            c->in.src_fds[i] = overlay_layers(c, (int)i, &c->ops[i]);
+    for (uint32_t i = 0; i < c->h->n_ops; i++)
+        if (c->ops[i].kind == SBX_OP_OVERLAY)
+            c->in.src_fds[i] = overlay_tree(c, (int)i, &c->ops[i], c->in.src_fds[i]);
+}
+
+static void op_overlay(struct sbx_ctx *c, int i, const struct sbx_op *op)
+{
+    int fd = mountpoint(c, i, sbx_str(c, op->dest), 1, op->parent_mode);
+    attach(c, i, c->in.src_fds[i], fd, sbx_str(c, op->dest));
+    close(fd);
+    close(c->in.src_fds[i]);
+    c->in.src_fds[i] = -1;
+}
+
 int sbx_in_place(const struct sbx_ctx *c)
 {
     const char *dir = sbx_str(c, c->h->newroot);
@@ -189,6 +293,7 @@ int sbx_in_place(const struct sbx_ctx *c)
 void sbx_make_newroot(struct sbx_ctx *c)
 {
     const char *dir = sbx_str(c, c->h->newroot);
+    open_overlays(c);
     if (sbx_in_place(c)) {
         c->root_fd = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
         if (c->root_fd < 0)
@@ -480,6 +585,7 @@ void sbx_apply_ops(struct sbx_ctx *c)
         case SBX_OP_CHMOD: op_chmod(c, (int)i, op); break;
         case SBX_OP_DEVPTS: op_devpts(c, (int)i, op); break;
         case SBX_OP_MQUEUE: op_mqueue(c, (int)i, op); break;
+        case SBX_OP_OVERLAY: op_overlay(c, (int)i, op); break;
         default: sbx_fail(c, SBX_STEP_OP, (int)i, EINVAL, SBX_D_NONE);
         }
     }

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 15
+#define SBX_ABI_VERSION 16
 #define SBX_MAGIC 0x58425353
 
 /* namespaces (struct sbx_header.ns) */
@@ -66,7 +66,10 @@ enum sbx_op_kind {
     SBX_OP_REMOUNT_RO = 8,
     SBX_OP_CHMOD = 9,
     SBX_OP_DEVPTS = 10,  /* a private devpts instance (a Template's sandbox, on its shared /dev) */
-    SBX_OP_MQUEUE = 11   /* a fresh mqueue filesystem (the queues of the sandbox's IPC namespace) */
+    SBX_OP_MQUEUE = 11,  /* a fresh mqueue filesystem (the queues of the sandbox's IPC namespace) */
+    SBX_OP_OVERLAY = 12  /* an overlayfs: data holds its lower host directories, top first, each
+                            NUL-terminated; src a host directory whose upper/ and work/ it keeps (0:
+                            a fresh tmpfs of `size` bytes); SBX_F_RDONLY: no upper at all */
 };
 #define SBX_F_RDONLY 1
 #define SBX_F_NODEV 2
@@ -194,7 +197,7 @@ struct sbx_op {
     uint32_t mode;          /* mode of what is created (DEV: its tmpfs) */
     uint32_t parent_mode;   /* mode of missing parents */
     uint64_t size;          /* tmpfs size in bytes, 0 = default */
-    uint32_t src;           /* string offset: host path (BIND) or link target */
+    uint32_t src;           /* string offset: host path (BIND, OVERLAY's kept upper) or link target */
     uint32_t dest;          /* string offset: absolute path inside */
     uint32_t data;          /* byte offset of FILE contents */
     uint32_t data_len;

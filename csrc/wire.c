@@ -54,9 +54,25 @@ static int paths_ok(const char *blob, size_t len, uint32_t off, uint32_t n)
     return 1;
 }
 
+/* OVERLAY: at least one lower, each a NUL-terminated absolute path (the
+ * last byte of data a NUL), at most overlayfs's 500; an upper (src) is an
+ * absolute path and goes with a writable overlay only. */
+static int overlay_ok(const char *blob, const struct sbx_op *op)
+{
+    if (!op->data_len || blob[op->data + op->data_len - 1])
+        return 0;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < op->data_len; k += (uint32_t)strlen(blob + op->data + k) + 1, n++)
+        if (blob[op->data + k] != '/')
+            return 0;
+    if (n > 500)
+        return 0;
+    return !op->src || (blob[op->src] == '/' && !(op->flags & SBX_F_RDONLY));
+}
+
 static int op_ok(const char *blob, size_t len, const struct sbx_op *op)
 {
-    if (op->kind < SBX_OP_BIND || op->kind > SBX_OP_MQUEUE)
+    if (op->kind < SBX_OP_BIND || op->kind > SBX_OP_OVERLAY)
         return 0;
     if (!path_ok(blob, len, op->dest) || blob[op->dest] != '/' || !str_ok(blob, len, op->src))
         return 0;
@@ -66,6 +82,8 @@ static int op_ok(const char *blob, size_t len, const struct sbx_op *op)
         return 0;
     /* PROC: its covers, each a NUL-terminated entry */
     if (op->kind == SBX_OP_PROC && op->data_len && blob[op->data + op->data_len - 1])
+        return 0;
+    if (op->kind == SBX_OP_OVERLAY && !overlay_ok(blob, op))
         return 0;
     return op->data_len || !op->data;
 }

@@ -32,6 +32,7 @@ class Capability(enum.Enum):
     RDONLY_DEV_BIND = "binds read-only with device access"
     SELF_CONTAINED_SETUP = "applies limits, probes, forwards and checks without the compiled core's outside helpers"
     CGROUPS = "places each sandbox in a cgroup of its own"
+    OVERLAY = "mounts an overlayfs of host directories (an Overlay mount; an image root)"
 
 
 ALL = frozenset(Capability)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -17,6 +17,7 @@ from .validate import (
     StrPath,
     as_text,
     check_bool,
+    check_items,
     check_path,
     check_perms,
     check_positive,
@@ -306,9 +307,66 @@ class Chmod(Mount):
         return False
 
 
+# overlayfs stacks at most this many lower layers (the kernel's OVL_MAX_STACK).
+MAX_OVERLAY_LOWERS = 500
+
+
+@dataclass(frozen=True, init=False)
+class Overlay(Mount):
+    """An overlayfs at `dest`: the host directories `lowers` (bottom first, as
+    `sandbox.images.Image.layers`) stacked read-only, under a writable layer
+    that is, by default, a fresh tmpfs of this sandbox (`size` bytes), gone
+    with it; with `upper`, the host directory `upper`'s `upper/` and `work/`
+    subdirectories (each made if missing, `upper` too), kept; with
+    `writable=False`, none (the stack is read-only: its mount points must
+    exist in the layers).
+
+    Mounted inside the sandbox's user namespace with overlayfs's `userxattr`:
+    a whiteout is a 0:0 character device, an opaque directory carries
+    `user.overlay.opaque=y` (`ImageStore.overlay_ready` makes an image's
+    layers so). Always nosuid and nodev. Native executor only.
+    """
+
+    dest: str
+    lowers: tuple[str, ...]
+    upper: str | None = None
+    writable: bool = True
+    size: int | None = None
+    kind: ClassVar[str] = "overlay"
+
+    def __init__(self, dest: StrPath, lowers: Iterable[StrPath], upper: StrPath | None = None,
+                 writable: bool = True, size: int | None = None) -> None:
+        init_fields(self, dest=dest, lowers=lowers, upper=upper, writable=writable, size=size)
+
+    def validate(self, where: str) -> None:
+        self._path(where, "dest")
+        lowers = check_items(f"{where}.lowers", self.lowers, "host directories")
+        if not lowers:
+            raise SpecError(f"{where}.lowers", self.lowers, "must name at least one directory")
+        if len(lowers) > MAX_OVERLAY_LOWERS:
+            raise SpecError(f"{where}.lowers", f"{len(lowers)} directories",
+                            f"overlayfs stacks at most {MAX_OVERLAY_LOWERS}")
+        object.__setattr__(self, "lowers", tuple(normalize_path(check_path(f"{where}.lowers[{k}]", p))
+                                                 for k, p in enumerate(lowers)))
+        check_bool(f"{where}.writable", self.writable)
+        check_positive(f"{where}.size", self.size)
+        if self.upper is not None:
+            self._path(where, "upper")
+            if not self.writable:
+                raise SpecError(f"{where}.upper", self.upper, "a read-only overlay (writable=False) has no upper")
+            if self.size is not None:
+                raise SpecError(f"{where}.size", self.size, "sizes the tmpfs upper; a kept upper directory has none")
+        elif self.size is not None and not self.writable:
+            raise SpecError(f"{where}.size", self.size, "a read-only overlay (writable=False) has no upper to size")
+
+    def target(self) -> str:
+        return self.dest
+
+
 MOUNT_TYPES: dict[str, type[Mount]] = {
     cls.kind: cls
-    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Mqueue, Dir, Symlink, File, RemountRo, Chmod)
+    for cls in (Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Mqueue, Dir, Symlink, File, RemountRo, Chmod,
+                Overlay)
 }
 
 

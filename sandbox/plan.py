@@ -43,6 +43,7 @@ class OpKind(enum.IntEnum):
     CHMOD = 9
     DEVPTS = 10  # a private devpts (a Template's sandbox, on the template's /dev)
     MQUEUE = 11  # a fresh mqueue filesystem (the sandbox's IPC namespace's queues)
+    OVERLAY = 12  # an overlayfs of host directories (data: the lowers; src: a kept upper's directory)
 
 
 class OpFlag(enum.IntFlag):
@@ -127,7 +128,8 @@ class Op:
     `shm_mode` the mode of DEV's shm directory; `parent_mode` the mode of any
     missing parent directory; `size` a tmpfs size in bytes (0 = default);
     `covers` (PROC) the entries below it covered right after it is mounted,
-    as paths relative to `dest`.
+    as paths relative to `dest`; `lowers` (OVERLAY) its layers, top first,
+    as overlayfs stacks them.
     """
 
     kind: OpKind
@@ -141,6 +143,7 @@ class Op:
     shm_mode: int = 0
     origin: int = -1  # index of the Spec mount this op came from
     covers: tuple[tuple[str, Cover], ...] = ()
+    lowers: tuple[str, ...] = ()
 
 
 # rlimit resources by Limits field, and the unit each field counts in.
@@ -309,6 +312,10 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
         return Op(OpKind.REMOUNT_RO, m.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID, origin=i)
     if isinstance(m, S.Chmod):
         return Op(OpKind.CHMOD, m.path, mode=m.perms, origin=i)
+    if isinstance(m, S.Overlay):  # no upper: read-only; a tmpfs upper unless one is kept
+        flags = OpFlag.NOSUID | OpFlag.NODEV | (OpFlag.NONE if m.writable else OpFlag.RDONLY)
+        return Op(OpKind.OVERLAY, m.dest, src=m.upper or "", size=m.size or 0, flags=flags,
+                  lowers=tuple(reversed(m.lowers)), origin=i)
     raise SpecError(f"mounts[{i}]", m, "unsupported mount operation")
 
 
@@ -327,7 +334,7 @@ def landlock_rules(ops: tuple[Op, ...]) -> tuple[tuple[str, bool], ...]:
     and writable files; nothing anywhere else (not even the root itself)."""
     rules: dict[str, bool] = {}
     for op in ops:
-        if op.kind is OpKind.BIND or op.kind is OpKind.FILE:
+        if op.kind in (OpKind.BIND, OpKind.FILE, OpKind.OVERLAY):
             writable = not op.flags & OpFlag.RDONLY
         elif op.kind in (OpKind.TMPFS, OpKind.DEV, OpKind.MQUEUE):
             writable = True

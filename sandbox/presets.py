@@ -3,6 +3,7 @@
     spec = sandbox.presets.minimal_system(sandbox.Bind("/home/me/work", "/work"), cwd="/work")
     spec = sandbox.presets.python_interpreter()          # this Python, its venv and the system
     spec = sandbox.presets.host_view()                   # bwrap's `--ro-bind / /` view of the host
+    spec = sandbox.presets.image("debian:12")            # a container image's root (sandbox.images)
 
 Each function takes extra mounts (applied after the preset's, so they can
 cover its paths) and any other Spec field by keyword, and returns an ordinary
@@ -19,16 +20,21 @@ directories, and are left out where absent.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .errors import SpecError
 from .paths import is_under
-from .spec import Bind, Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs
+from .spec import Bind, Dev, Mount, Overlay, Proc, RemountRo, RoBind, Spec, Symlink, Tmpfs
 from .validate import StrPath, as_text, check_items, check_text
 
-__all__ = ["host_view", "minimal_system", "python_interpreter", "python_mounts", "system_mounts"]
+if TYPE_CHECKING:
+    from .images import Image, ImageStore
+
+__all__ = ["host_view", "image", "minimal_system", "python_interpreter", "python_mounts", "system_mounts"]
 
 TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -86,6 +92,102 @@ def host_view(*mounts: Mount, writable: Iterable[StrPath] = (), **fields: Any) -
     untrusted code."""
     binds = tuple(Bind(path) for path in check_items("writable", writable, "paths"))
     return Spec(mounts=(RoBind("/"), *RUNTIME_MOUNTS, *binds, *mounts), **fields)
+
+
+def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = None, root: str = "auto",
+          store: ImageStore | None = None, size: int | None = None, **fields: Any) -> Spec:
+    """A container image as the root: `img` is an `Image` (of the store it
+    came from, unless `store` says) or a reference looked up in `store`
+    (default: `ImageStore()`). The image's layers are stacked read-only
+    with overlayfs inside the sandbox's user namespace under a writable
+    layer: a fresh tmpfs per sandbox (`size` bytes) by default, gone with
+    it; `writable=DIR` keeps it in host directory DIR
+    (its upper/ and work/); `writable=False` makes the root read-only.
+    Then /proc, a minimal /dev, a private /tmp, the image's environment
+    (PATH defaults to the usual one), working directory and user (root
+    inside the sandbox's user namespace if it names none), and `mounts`.
+
+    `root="merged"` (or "auto" where this host cannot mount an overlayfs
+    in a user namespace, or the executor cannot: `overlay_works()`) binds
+    one tree of the layers merged (made once per image, in the store)
+    read-only instead, with a fresh tmpfs at /tmp, /run, /var/tmp, the
+    image's home and its working directory: writes elsewhere fail, and a
+    bind's mount point must exist in the image. `writable=DIR` needs
+    "overlay"."""
+    from .images import Image, ImageStore, roots
+
+    if root not in ("auto", "overlay", "merged"):
+        raise SpecError("root", root, "must be 'auto', 'overlay' or 'merged'")
+    if writable is not None and not isinstance(writable, (bool, str, os.PathLike)):
+        raise SpecError("writable", writable, "must be None, False or a host directory to keep the writes in")
+    if isinstance(img, str):
+        img = (store or ImageStore()).get(img)
+    if not isinstance(img, Image):
+        raise SpecError("img", img, "must be a sandbox.images.Image or a reference (a str)")
+    store = store or ImageStore(roots.store_path(img))
+    config = img.config
+    env = dict(config.env)
+    env.setdefault("PATH", SYSTEM_PATH)
+    fields.setdefault("env", env)
+    fields.setdefault("cwd", config.working_dir or "/")
+    if "uid" not in fields and "gid" not in fields:  # no User: root, as a container runs (of its userns)
+        fields["uid"], fields["gid"] = _image_user(img, config.user) or (0, 0)
+    overlay = root == "overlay" or (root == "auto" and (writable not in (None, False) or overlay_works()))
+    if not overlay:
+        if writable not in (None, False):
+            raise SpecError("writable", writable, "a kept writable layer needs root='overlay'")
+        if size is not None:
+            raise SpecError("size", size, "sizes the overlay's writable layer; root='merged' has none")
+        return Spec(mounts=(RoBind(store.merged(img), "/"), Proc(), Dev(),
+                            *(Tmpfs(p) for p in roots.scratch_dirs(img)), *mounts), **fields)
+    img = store.overlay_ready(img)
+    lowers = [layer.path for layer in img.layers]
+    kept = writable if isinstance(writable, (str, os.PathLike)) else None
+    top = Overlay("/", lowers, upper=kept, size=size)
+    tail = (RemountRo("/"),) if writable is False else ()
+    return Spec(mounts=(top, *RUNTIME_MOUNTS, *mounts, *tail), **fields)
+
+
+@functools.cache
+def overlay_works() -> bool:
+    """Whether an overlayfs of the store's kind mounts in a sandbox here: tried
+    once per process, in a real sandbox (the kernel, its user namespaces, the
+    executor `backend="auto"` picks)."""
+    import tempfile
+
+    from .api import run
+    from .errors import SandboxError
+
+    with tempfile.TemporaryDirectory(prefix="sandbox-overlay-probe.") as tmp:
+        lower = os.path.join(tmp, "l")
+        os.mkdir(lower)
+        spec = minimal_system(Overlay("/mnt", [lower]))
+        try:
+            return run(["true"], spec).returncode == 0
+        except SandboxError:
+            return False
+
+
+def _image_user(img: Image, user: str) -> tuple[int, int] | None:
+    """The image's `User` (uid[:gid], or a name in the top-most /etc/passwd
+    of its layers, read without following links) as ids; None if unset."""
+    from .images import roots
+
+    name, _, group = user.partition(":")
+    if not name:
+        return None
+    if name.isdigit():
+        return int(name), int(group) if group.isdigit() else 0
+    for layer in reversed(img.layers):
+        data = roots.read_file(layer, "etc/passwd")
+        if data is None:
+            continue
+        for line in data.decode(errors="replace").splitlines():
+            parts = line.split(":")
+            if len(parts) > 3 and parts[0] == name and parts[2].isdigit() and parts[3].isdigit():
+                return int(parts[2]), int(group) if group.isdigit() else int(parts[3])
+        break
+    raise SpecError("uid", user, "the image's User names no user of its /etc/passwd; give uid= and gid=")
 
 
 def _prefixes(executable: StrPath | None) -> list[str]:

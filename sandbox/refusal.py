@@ -106,6 +106,9 @@ NEEDS: tuple[Need, ...] = (
      lambda title, why, plan, host: UnavailableError(
          f"landlock=True: {title} has no Landlock support{why}; use landlock='best-effort' to run without it")),
     (C.RDONLY_DEV_BIND, lambda p, h: _rdonly_dev_bind(p) is not None, _rdonly_dev_refusal),
+    (C.OVERLAY, lambda p, h: any(op.kind is OpKind.OVERLAY for op in p.ops),
+     _unavailable("cannot mount an Overlay (an image root: sandbox.presets.image(..., root='merged') "
+                  "binds a merged tree instead)")),
 )
 
 

@@ -28,6 +28,7 @@ from .mounts import (
     File,
     Mount,
     Mqueue,
+    Overlay,
     Proc,
     RemountRo,
     RoBind,
@@ -57,7 +58,8 @@ from .validate import (
 
 __all__ = [
     "CAPABILITIES", "MAX_HOSTNAME", "MAX_ID", "MOUNT_TYPES", "NETWORK_MODES", "Bind", "Chmod", "Dev", "DevBind",
-    "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs",
+    "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Overlay", "Proc", "RemountRo", "RoBind", "Spec",
+    "Symlink", "Tmpfs",
     "check_bool", "check_path", "check_perms", "check_positive", "check_text", "normalize_path",
 ]
 

@@ -158,6 +158,8 @@ OPTIONS: tuple[Option, ...] = (
 
     Option("--spec", 1, ("FILE_OR_JSON",), "Start from this Spec (JSON text or a file); other options apply on top",
            OURS, h.opt_spec, last_wins=True),
+    Option("--image", 1, ("REF",), "Start from this image's root (sandbox.presets.image, the default image "
+           "store); other options apply on top", OURS, h.opt_image, last_wins=True),
     Option("--backend", 1, ("|".join(BACKENDS),), "Choose the backend (default auto)", OURS,
            h.opt_backend, last_wins=True),
     Option("--proc-covers", 1, ("|".join(PROC_COVERS),),

@@ -59,6 +59,17 @@ def opt_spec(st: ParseState, opt: str, values: list[str]) -> None:
     st.base = S.Spec.from_json(data)
 
 
+def opt_image(st: ParseState, opt: str, values: list[str]) -> None:
+    """--image REF: the Spec of sandbox.presets.image(REF), from the default store, as the base."""
+    from ..images import ImageError
+    from ..presets import image
+
+    try:
+        st.base = image(values[0])
+    except ImageError as exc:
+        raise BwrapArgsError(f"Can't use --image {values[0]}: {exc}", opt, values[0]) from None
+
+
 def opt_backend(st: ParseState, opt: str, values: list[str]) -> None:
     if values[0] not in BACKENDS:
         raise BwrapArgsError(f"--backend must be one of {', '.join(BACKENDS)}", opt, values[0])

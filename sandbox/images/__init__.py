@@ -8,7 +8,10 @@
 
 Layers are unpacked once each, into a directory of their own, with
 whiteouts recorded beside the tree; a hostile layer cannot write outside
-its directory. docs/images.md has the details.
+its directory. `sandbox.presets.image(img)` makes an image a sandbox's
+root: its layers made overlay-ready once (`store.overlay_ready`) and
+stacked by overlayfs in the sandbox's user namespace, or merged once into
+one tree of hardlinks (`store.merged`). docs/images.md has the details.
 """
 
 from .errors import (

@@ -36,13 +36,15 @@ class Layer:
 
     `digest` is its diff_id (the digest of the uncompressed tar), `whiteouts`
     the paths it deletes and `opaque` the directories whose lower contents it
-    hides (both relative to the root, `/`-separated)."""
+    hides (both relative to the root, `/`-separated). `overlay`: the tree
+    also holds them as overlayfs reads them (ImageStore.overlay_ready)."""
 
     digest: str
     path: str
     whiteouts: tuple[str, ...] = ()
     opaque: tuple[str, ...] = ()
     size: int = 0
+    overlay: bool = False
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,8 @@ On disk (the directory is the caller's, mode 0700):
     blobs/sha256/<hex>       manifests and configs, as fetched (their name is their digest)
     layers/<hex>/root/       a layer's tree, named by its diff_id (the digest of its uncompressed tar)
     layers/<hex>/layer.json  its whiteouts, opaque directories and what was dropped
+    layers/<hex>/overlay     present once the tree holds its whiteout devices and opaque xattrs (roots.py)
+    merged/<hex>/            an image's layers merged into one tree of hardlinks (roots.py), by manifest digest
     refs/<quoted name>       a name's manifest digest (an image loaded without a name: its digest)
     tmp/                     work in progress; what a killed process left is removed by gc()
 
@@ -18,6 +20,7 @@ manifest, config and every layer are in place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gzip
 import http.client
 import json
@@ -29,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, cast
 
-from . import fsutil, reference
+from . import fsutil, reference, roots
 from .errors import (
     DigestMismatchError,
     ImageError,
@@ -94,7 +97,7 @@ class ImageStore:
         self.max_layer_bytes = max_layer_bytes
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
-            for sub in ("blobs/sha256", "layers", "refs", "tmp", "locks"):
+            for sub in ("blobs/sha256", "layers", "refs", "tmp", "locks", "merged"):
                 os.makedirs(os.path.join(self.path, sub), mode=0o700, exist_ok=True)
         except OSError as exc:
             raise ImageError(f"image store at {self.path}: cannot make its directories: "
@@ -228,6 +231,36 @@ class ImageStore:
             raise
         fsutil.publish_dir(tmp, self._layer_dir(diff_id))
 
+    # ------------------------------------------------------------ roots
+
+    def overlay_ready(self, image: Image) -> Image:
+        """`image` with every layer ready for overlayfs: its whiteouts as 0:0
+        devices and its opaque directories marked in its tree (roots.py). Done
+        once per layer, by one process (the others wait for it), and kept."""
+        layers = []
+        with self._lock.hold(exclusive=False), fsutil.full_disk_is_typed(self.path):
+            for layer in image.layers:
+                directory = self._layer_dir(layer.digest)
+                if not layer.overlay:
+                    with fsutil.StoreLock(os.path.join(self.path, "locks", layer.digest[7:])).hold(exclusive=True):
+                        if not os.path.exists(os.path.join(directory, roots.OVERLAY_MARK)):
+                            roots.make_overlay_ready(directory, layer.whiteouts, layer.opaque, self._tmp)
+                layers.append(dataclasses.replace(layer, overlay=True))
+        return dataclasses.replace(image, layers=tuple(layers))
+
+    def merged(self, image: Image) -> str:
+        """The directory of `image`'s layers merged into one tree (hardlinks to
+        the layers' files, deletions applied, mount points added: roots.py),
+        made once, by one process, and published complete by rename(2)."""
+        final = os.path.join(self.path, "merged", image.digest[7:])
+        if os.path.isdir(final):
+            return final
+        with self._lock.hold(exclusive=False), fsutil.full_disk_is_typed(self.path):
+            with fsutil.StoreLock(os.path.join(self.path, "locks", "merged-" + image.digest[7:])).hold(exclusive=True):
+                if not os.path.isdir(final):
+                    roots.build_merged(image, final, self._tmp)
+        return final
+
     def _put_blob(self, digest: str, data: bytes) -> None:
         path = self._blob_path(digest)
         if not os.path.exists(path):
@@ -284,7 +317,7 @@ class ImageStore:
         with open(os.path.join(directory, "layer.json")) as f:
             meta = json.load(f)
         return Layer(diff_id, os.path.join(directory, "root"), tuple(meta["whiteouts"]), tuple(meta["opaque"]),
-                     int(meta["size"]))
+                     int(meta["size"]), os.path.exists(os.path.join(directory, roots.OVERLAY_MARK)))
 
     def _refs(self) -> Iterator[tuple[str, str]]:
         refs = os.path.join(self.path, "refs")
@@ -328,6 +361,11 @@ class ImageStore:
             for diff_id in gone_layers:  # renamed into tmp/ first: a layer directory is complete or absent
                 tmp = fsutil.temp_name(self._tmp, "gone")
                 os.rename(self._layer_dir(diff_id), tmp)
+            merged_dir = os.path.join(self.path, "merged")
+            images = {d[7:] for _, d in self._refs()}
+            gone_merged = [name for name in os.listdir(merged_dir) if name not in images]
+            for name in gone_merged:  # the merged tree of an image no name refers to
+                os.rename(os.path.join(merged_dir, name), fsutil.temp_name(self._tmp, "gone"))
             leftovers = os.listdir(self._tmp)
             for name in leftovers:
                 fsutil.remove_tree(os.path.join(self._tmp, name))
@@ -335,7 +373,7 @@ class ImageStore:
             for name in os.listdir(locks):  # no pull holds one: they run under the shared lock
                 os.unlink(os.path.join(locks, name))
             return GcResult(tuple(sorted(gone_layers)), tuple(sorted(gone_blobs)),
-                            len(leftovers) - len(gone_layers))
+                            len(leftovers) - len(gone_layers) - len(gone_merged))
 
     # ------------------------------------------------------------ paths
 

@@ -247,7 +247,9 @@ class _Unpacker:
             if not key.startswith("SCHILY.xattr."):
                 continue
             name = key[len("SCHILY.xattr."):]
-            if not name.startswith("user."):
+            # user.overlay.* is overlayfs's own bookkeeping under `userxattr`
+            # (whiteouts, opaque directories, redirects): only the store writes it
+            if not name.startswith("user.") or name.startswith("user.overlay."):
                 self.out.dropped.append(f"{m.name}: xattr {name}")
                 continue
             with contextlib.suppress(OSError):  # a file system without user xattrs

@@ -205,3 +205,52 @@ def put_manifest(registry: str, repo: str, tag: str, manifest: bytes, media: str
     with urllib.request.urlopen(req):
         pass
     return sha256(manifest)
+
+
+# ---------------------------------------------------------------- an image that runs
+
+PROGRAMS = ("sh", "cat", "ls", "rm", "id", "touch", "mkdir", "true", "readlink", "stat")
+
+
+def _libraries(program: str) -> list[str]:
+    """The shared libraries `program` loads (and the loader), as ldd lists them."""
+    import subprocess
+
+    out = subprocess.run(["ldd", program], capture_output=True, text=True, check=True).stdout
+    found = []
+    for line in out.splitlines():
+        words = line.split()
+        path = words[2] if "=>" in words and len(words) > 2 else words[0] if words else ""
+        if path.startswith("/"):
+            found.append(path)
+    return found
+
+
+def runnable_layer(extra: tuple[tuple[tarfile.TarInfo, bytes], ...] = ()) -> bytes:
+    """A layer of this host's programs (PROGRAMS, under usr/bin, with their
+    libraries at their real paths under usr/) and the links bin, lib, lib64
+    into usr, as a merged-/usr distribution has; then `extra`."""
+    import shutil
+
+    files: dict[str, str] = {}
+    for name in PROGRAMS:
+        found = shutil.which(name, path="/usr/bin:/bin")
+        assert found, f"{name} is not installed"
+        files[f"usr/bin/{name}"] = os.path.realpath(found)
+        for lib in _libraries(found):
+            real = os.path.realpath(lib)
+            files[real.lstrip("/")] = real
+            files[("usr" + lib if not lib.startswith("/usr/") else lib).lstrip("/")] = real
+    members = [member("usr/", DIRTYPE, mode=0o755), member("bin", SYMTYPE, linkname="usr/bin"),
+               member("lib", SYMTYPE, linkname="usr/lib"), member("lib64", SYMTYPE, linkname="usr/lib64")]
+    dirs: set[str] = {"usr"}
+    for arc in sorted(files):
+        parts = arc.split("/")
+        for k in range(1, len(parts)):
+            d = "/".join(parts[:k])
+            if d not in dirs:
+                dirs.add(d)
+                members.append(member(d + "/", DIRTYPE, mode=0o755))
+        with open(files[arc], "rb") as f:
+            members.append(member(arc, data=f.read(), mode=0o755))
+    return layer(*members, *extra)

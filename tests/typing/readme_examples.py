@@ -93,6 +93,18 @@ def docs_images_example_1() -> None:
     print(store.gc().layers)                                 # the layers no image uses any more
 
 
+def docs_images_example_2() -> None:
+    import sandbox
+    from sandbox.images import ImageStore
+
+    store = ImageStore()
+    spec = sandbox.presets.image("example.org/tool:dev", store=store)    # a ref in the store, or an Image
+    print(sandbox.run(["sh", "-c", "cat /etc/os-release"], spec, capture_output=True).stdout)
+    kept = sandbox.presets.image(store.get("example.org/tool:dev"), writable="/var/tmp/tool-upper")
+    with sandbox.Template(sandbox.presets.image("example.org/tool:dev", root="merged")) as t:
+        t.run(["/bin/true"])                                              # ~1-2 ms: see Figures
+
+
 def docs_python_api_example_1() -> None:
     import sandbox
 

@@ -46,6 +46,7 @@ NEEDING: dict[Capability, tuple[S.Spec, Sync, dict[str, object]]] = {
     Capability.RDONLY_DEV_BIND: (S.Spec(mounts=(*WORLD, S.RoBind("/dev/null", "/n"))), Sync(), {}),
     Capability.SELF_CONTAINED_SETUP: (S.Spec(mounts=WORLD, limits=S.Limits(nofile=64)), Sync(),
                                       {"core_missing": "not built"}),
+    Capability.OVERLAY: (S.Spec(mounts=(S.Overlay("/", ["/srv/layer0", "/srv/layer1"]), *WORLD)), Sync(), {}),
 }
 
 

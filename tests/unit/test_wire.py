@@ -30,6 +30,7 @@ from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo
 from sandbox.plan import OpKind, Plan, compile_plan
+from sandbox.spec import Overlay
 
 HOST = HostInfo(executor=NATIVE, uid=1000, gid=1001, cwd="/home/u/project",
                 environ={"HOME": "/home/u", "PATH": "/host/bin"})
@@ -51,6 +52,8 @@ SPECS = {
                    cap_add=("CAP_NET_RAW",), disable_userns=True),
     "forward": Spec(mounts=(RoBind("/usr"),), forward=((8080, 80), (9000, "/run/app.sock")),
                     env=(("A", "b"),), network="none"),
+    "overlay": Spec(mounts=(Overlay("/", ["/srv/l0", "/srv/l1"], size=1 << 20), Overlay("/ro", ["/srv/l0"],
+                            writable=False), Overlay("/kept", ["/srv/l1"], upper="/srv/keep"), Proc())),
 }
 
 
@@ -133,6 +136,8 @@ def test_ops_read_by_name_match_the_plan(name: str) -> None:
         assert (string_at(data, raw.src).decode() if raw.src else "") == (op.src or "")
         covers = [(c.value + path).encode() for path, c in op.covers]
         expected = b"".join(c + b"\0" for c in covers) if op.kind is OpKind.PROC else op.data
+        if op.kind is OpKind.OVERLAY:
+            expected = b"".join(lower.encode() + b"\0" for lower in op.lowers)
         assert data[raw.data:raw.data + raw.data_len] == expected
 
 

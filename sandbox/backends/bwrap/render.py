@@ -11,6 +11,7 @@ the returned argv's `.fds`.
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Collection, Sequence
 
 from ... import spec as S
@@ -103,6 +104,19 @@ def _proc_options(op: Op, match_native: bool) -> list[str]:
     return out
 
 
+def overlay_args(op: Op) -> list[str]:
+    """An OVERLAY in bubblewrap 0.11's words (what `sandbox.explain` shows; the
+    bwrap backend, for bwrap 0.8.0, refuses it first: Capability.OVERLAY):
+    `--overlay-src` per layer, the lowest first, then the upper's option
+    (a tmpfs's size has no bwrap option); one read-only layer is a read-only bind."""
+    srcs = [arg for lower in reversed(op.lowers) for arg in ("--overlay-src", lower)]
+    if op.flags & OpFlag.RDONLY:
+        return ["--ro-bind", op.lowers[0], op.dest] if len(op.lowers) == 1 else [*srcs, "--ro-overlay", op.dest]
+    if op.src:
+        return [*srcs, "--overlay", posixpath.join(op.src, "upper"), posixpath.join(op.src, "work"), op.dest]
+    return [*srcs, "--tmp-overlay", op.dest]
+
+
 def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     """The bwrap options for one operation; a FILE's data goes into a new fd appended to `fds`.
 
@@ -136,6 +150,8 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
         return ["--remount-ro", op.dest]
     if kind is OpKind.CHMOD:
         return chmod_args(op.dest, op.mode)
+    if kind is OpKind.OVERLAY:
+        return overlay_args(op)
     raise SpecError("mounts", op.kind, "operation bwrap cannot express")
 
 

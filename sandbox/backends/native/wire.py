@@ -83,9 +83,12 @@ def _u32s(values: Iterable[int]) -> bytes:
 
 def _op_data(op: Op) -> bytes:
     """An op's data area: a FILE's contents; a PROC's covers, each its tag and
-    path, NUL-terminated (csrc/mounts.c op_proc reads them in order)."""
+    path, NUL-terminated (csrc/mounts.c op_proc reads them in order); an
+    OVERLAY's lower directories, top first, each NUL-terminated."""
     if op.kind is OpKind.PROC:
         return b"".join(cover.value.encode() + os.fsencode(path) + b"\0" for path, cover in op.covers)
+    if op.kind is OpKind.OVERLAY:
+        return b"".join(os.fsencode(path) + b"\0" for path in op.lowers)
     return op.data
 
 

@@ -1,0 +1,256 @@
+"""An image's layers made into a sandbox's root: overlay-ready layers, and
+merged trees where overlayfs cannot be mounted.
+
+- **Overlay-ready**: unpacking records a layer's whiteouts and opaque
+  directories beside its tree (layer.json). overlayfs, mounted with
+  `userxattr` in the sandbox's user namespace, reads them from the tree
+  itself: a whiteout is a 0:0 character device (which an unprivileged user
+  may make since Linux 5.8), an opaque directory carries
+  `user.overlay.opaque=y`. `make_overlay_ready` writes them once per layer,
+  under that layer's lock, and then the marker file `overlay` beside the
+  tree (a store written before this keeps working: its layers get theirs on
+  first use).
+- **Merged**: one tree per image, `merged/<hex>/` in the store, the layers
+  applied bottom first with their deletions: every file a hardlink to the
+  layer's (no data copied), directories made afresh; built in tmp/ and
+  published by rename(2), so a merged tree is complete or absent. It also
+  holds the mount points a read-only root needs (`MOUNT_POINTS`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterable, Iterator
+
+from . import fsutil
+from .errors import ImageError
+from .model import Image, Layer
+
+OVERLAY_MARK = "overlay"  # layers/<hex>/overlay: the tree has its whiteout devices and opaque xattrs
+OPAQUE_XATTR = "user.overlay.opaque"
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What a read-only root needs to mount on, made in a merged tree where the image lacks them.
+MOUNT_POINTS = ("proc", "dev")
+
+
+def store_path(image: Image) -> str | None:
+    """The store an image's layers are in (each is <store>/layers/<hex>/root), None for no layers."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(image.layers[0].path))) if image.layers else None
+
+
+def scratch_dirs(image: Image) -> tuple[str, ...]:
+    """Where a read-only root of `image` gets a fresh tmpfs: /tmp, /run,
+    /var/tmp, the image's home ($HOME, else /root) and working directory."""
+    home = dict(image.config.env).get("HOME", "/root")
+    dirs = ("/tmp", "/run", "/var/tmp", home, image.config.working_dir or "/")
+    return tuple(dict.fromkeys(d for d in dirs if d.startswith("/") and _split(d)))
+
+
+@contextlib.contextmanager
+def _walk(root: str, parts: Iterable[str], create: bool = False) -> Iterator[int]:
+    """An fd of directory `parts` under `root`, each component opened without
+    following a link (the store's tree, but a layer's names are the image's)."""
+    fd = os.open(root, DIR_FLAGS)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
+    """The file `path` of one layer's tree, read without following any link
+    (an image's /etc/passwd may be a link to the host's): None if it is not
+    a regular file of that layer."""
+    parts = _split(path)
+    try:
+        with _walk(layer.path, parts[:-1]) as fd:
+            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        return os.read(f, limit) if stat.S_ISREG(os.fstat(f).st_mode) else None
+    finally:
+        os.close(f)
+
+
+def _split(path: str) -> list[str]:
+    return [p for p in path.split("/") if p and p != "."]
+
+
+@contextlib.contextmanager
+def _writable(fd: int) -> Iterator[None]:
+    """Directory `fd` writable by its owner for the block (a layer may have made it read-only)."""
+    mode = os.fstat(fd).st_mode
+    if mode & stat.S_IWUSR or os.geteuid() == 0:
+        yield
+        return
+    os.fchmod(fd, stat.S_IMODE(mode) | stat.S_IWUSR)
+    try:
+        yield
+    finally:
+        os.fchmod(fd, stat.S_IMODE(mode))
+
+
+def make_overlay_ready(layer_dir: str, whiteouts: Iterable[str], opaque: Iterable[str], tmp_dir: str) -> None:
+    """Write a layer's whiteout devices and opaque xattrs into its tree, make
+    them durable, then mark the layer (the caller holds the layer's lock)."""
+    try:
+        _write_markers(os.path.join(layer_dir, "root"), whiteouts, opaque)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise ImageError(f"layer {os.path.basename(layer_dir)}: a whiteout or opaque directory lies below "
+                         f"a link the layer itself makes ({exc.filename or exc}): it cannot be an overlayfs "
+                         "layer; use root='merged'") from None
+    fd = os.open(os.path.join(layer_dir, "root"), DIR_FLAGS)
+    try:
+        fsutil.syncfs(fd)
+    finally:
+        os.close(fd)
+    fsutil.write_atomic(os.path.join(layer_dir, OVERLAY_MARK), b"1\n", tmp_dir)
+
+
+def _write_markers(root: str, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
+    for path in whiteouts:
+        parts = _split(path)
+        with _walk(root, parts[:-1], create=True) as fd, _writable(fd):
+            try:
+                os.mknod(parts[-1], stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)
+            except FileExistsError:
+                pass  # the layer puts something there itself: that wins, as in the tar
+    for path in opaque:  # a user.* xattr wants write permission on the directory, as an entry would
+        with _walk(root, _split(path), create=True) as fd, _writable(fd):
+            os.setxattr(fd, OPAQUE_XATTR, b"y")
+
+
+def _remove(fd: int, name: str) -> None:
+    """Remove entry `name` of directory `fd`, a whole tree if it is one."""
+    try:
+        st = os.lstat(name, dir_fd=fd)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=fd)
+        return
+    sub = os.open(name, DIR_FLAGS, dir_fd=fd)
+    try:
+        os.fchmod(sub, 0o700)
+        _clear(sub)
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=fd)
+
+
+def _clear(fd: int) -> None:
+    for entry in os.listdir(fd):
+        _remove(fd, entry)
+
+
+def _overlay(src: int, dst: int, dirs: list[tuple[str, os.stat_result]], where: str) -> None:
+    """Apply the tree at `src` onto the merged tree at `dst`: files hardlinked,
+    directories merged; each directory's final mode and owner noted in `dirs`."""
+    for name in os.listdir(src):
+        st = os.lstat(name, dir_fd=src)
+        path = f"{where}/{name}"
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                if not stat.S_ISDIR(os.lstat(name, dir_fd=dst).st_mode):
+                    os.unlink(name, dir_fd=dst)
+                    os.mkdir(name, 0o700, dir_fd=dst)
+            except FileNotFoundError:
+                os.mkdir(name, 0o700, dir_fd=dst)
+            dirs.append((path, st))
+            s, d = os.open(name, DIR_FLAGS, dir_fd=src), os.open(name, DIR_FLAGS, dir_fd=dst)
+            try:
+                _overlay(s, d, dirs, path)
+            finally:
+                os.close(s)
+                os.close(d)
+        elif stat.S_ISCHR(st.st_mode):
+            pass  # a whiteout device of make_overlay_ready (unpacking drops the image's devices)
+        else:
+            _remove(dst, name)
+            os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+
+
+def build_merged(image: Image, final: str, tmp_dir: str) -> str:
+    """The merged tree of `image` at `final`, built in `tmp_dir` and renamed
+    there (a concurrent builder's identical tree may win: then it is used)."""
+    tmp = fsutil.temp_name(tmp_dir, "merged")
+    os.mkdir(tmp, 0o700)
+    try:
+        dirs: list[tuple[str, os.stat_result]] = []
+        with _walk(tmp, ()) as dst:
+            for layer in image.layers:
+                _apply_layer(layer, dst, dirs)
+            for path in (*MOUNT_POINTS, *scratch_dirs(image)):
+                with contextlib.suppress(OSError), _walk(tmp, _split(path), create=True):
+                    pass  # a path through a link of the image's gets none: mounting there fails, named
+        _finish_dirs(tmp, dirs)
+        fd = os.open(tmp, DIR_FLAGS)
+        try:
+            fsutil.syncfs(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        fsutil.remove_tree(tmp)
+        raise
+    fsutil.publish_dir(tmp, final)
+    return final
+
+
+def _apply_layer(layer: Layer, dst: int, dirs: list[tuple[str, os.stat_result]]) -> None:
+    for path in layer.opaque:  # the lower layers' contents of an opaque directory go first
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, _split(path)) as fd:
+            _clear(fd)
+    for path in layer.whiteouts:
+        parts = _split(path)
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, parts[:-1]) as fd:
+            _remove(fd, parts[-1])
+    src = os.open(layer.path, DIR_FLAGS)
+    try:
+        dirs.append(("", os.fstat(src)))
+        _overlay(src, dst, dirs, "")
+    finally:
+        os.close(src)
+
+
+@contextlib.contextmanager
+def _walk_fd(top: int, parts: list[str]) -> Iterator[int]:
+    fd = os.dup(top)
+    try:
+        for part in parts:
+            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _finish_dirs(top: str, dirs: list[tuple[str, os.stat_result]]) -> None:
+    """Each directory gets the mode (and, for root, the owner) of the top-most
+    layer that has it, deepest first (the last noted wins: layers go bottom first)."""
+    final: dict[str, os.stat_result] = {}
+    for path, st in dirs:
+        final[path] = st
+    for path in sorted(final, key=lambda p: p.count("/"), reverse=True):
+        st = final[path]
+        try:
+            with _walk(top, _split(path)) as fd:
+                if os.geteuid() == 0:
+                    os.fchown(fd, st.st_uid, st.st_gid)
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # deleted by a layer above
+                raise

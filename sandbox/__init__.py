@@ -73,8 +73,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     **{name: ("process", name) for name in ("DEVNULL", "PIPE", "STDOUT", "CompletedProcess", "SandboxProcess")},
     **{name: ("seccomp", name) for name in ("ArgRule", "Seccomp")},
     **{name: ("spec", name) for name in (
-        "Bind", "Chmod", "Dev", "DevBind", "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Proc",
-        "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs")},
+        "Bind", "Chmod", "Dev", "DevBind", "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Overlay",
+        "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs")},
     "Template": ("template", "Template"),
     "WorkerPool": ("workerpool", "WorkerPool"),
 }
@@ -115,7 +115,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
     "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
-    "Mqueue", "Namespaces", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess", "Seccomp",
-    "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs", "UnavailableError", "WorkerPool", "explain",
-    "from_bwrap_args", "presets", "probe", "run", "spawn",
+    "Mqueue", "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
+    "Seccomp", "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs", "UnavailableError", "WorkerPool",
+    "explain", "from_bwrap_args", "presets", "probe", "run", "spawn",
 ]

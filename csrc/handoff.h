@@ -23,29 +23,11 @@
 #ifndef SANDBOX_HANDOFF_H
 #define SANDBOX_HANDOFF_H
 
-#include <stdint.h>
+#include "sandbox.h" /* the messages: struct handoff_request, struct handoff_frame (in the cdef) */
 
-#define HANDOFF_MAGIC 0x48584253u /* "SBXH" */
-#define HANDOFF_VERSION 2u
 #define HANDOFF_ENV "SANDBOX_HANDOFF"
-#define HANDOFF_SECRET_SIZE 32
 
-struct handoff_request {
-    uint32_t magic, version, argc, envc, size; /* size: bytes of payload that follow */
-    uint32_t ticket;                           /* ID of HANDOFF_ENV */
-    uint8_t secret[HANDOFF_SECRET_SIZE];       /* SECRET of HANDOFF_ENV */
-};
-
-enum handoff_kind {
-    HANDOFF_STATUS = 1,   /* value: the returncode (-N: killed by signal N) */
-    HANDOFF_ERROR = 2,    /* value: the exit code (125, 126, 127); text: the message */
-    HANDOFF_FALLBACK = 3, /* the server will not start it (stale template, unknown ticket): run the plan */
-    HANDOFF_SIGNAL = 4,   /* launcher -> server; value: the signal number */
-};
-
-struct handoff_frame {
-    int32_t kind, value;
-};
+_Static_assert(sizeof(((struct handoff_request *)0)->secret) == HANDOFF_SECRET_SIZE, "the secret's size");
 
 /* Take HANDOFF_ENV out of the environment (every copy; the bytes of its
  * value zeroed) and, if `keep`, keep its ticket for try_handoff; returns 1

@@ -44,17 +44,21 @@ import tempfile
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..backends.native import ffi, lib
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
 from ..spec import Spec
 from ..template import Template
 
-SECRET_SIZE = 32
-REQUEST = struct.Struct(f"<6I{SECRET_SIZE}s")  # magic, version, argc, envc, payload size, ticket, secret
-FRAME = struct.Struct("<ii")  # kind, value
-MAGIC, VERSION = 0x48584253, 2
-STATUS, ERROR, FALLBACK, SIGNAL = 1, 2, 3, 4
+# The messages are csrc/sandbox.h's (struct handoff_request, struct handoff_frame), read and written by
+# field name through the compiled core's cdef: never retyped here.
+SECRET_SIZE = lib.HANDOFF_SECRET_SIZE
+REQUEST_SIZE = ffi.sizeof("struct handoff_request")
+FRAME_SIZE = ffi.sizeof("struct handoff_frame")
+MAGIC, VERSION = lib.HANDOFF_MAGIC, lib.HANDOFF_VERSION
+STATUS, ERROR, FALLBACK, SIGNAL = lib.HANDOFF_STATUS, lib.HANDOFF_ERROR, lib.HANDOFF_FALLBACK, lib.HANDOFF_SIGNAL
 ENV = "SANDBOX_HANDOFF"  # the launcher's ticket: "ID:SECRET:PATH"
 MAX_REQUEST = 1 << 20  # the launcher falls back on its own beyond what the socket takes
 MAX_TICKETS = 4096  # tickets issued and not yet used; beyond, the oldest is dropped (its launch falls back)
@@ -285,16 +289,15 @@ class Handoff:
     def _admit(self, warm: _Warm, msg: bytes) -> bool:
         """Whether `msg` carries a ticket issued for `warm` and not used yet
         (the secret compared in constant time); the ticket is used up."""
-        if len(msg) < REQUEST.size:
+        head = _request_head(msg)
+        if head is None or head.magic != MAGIC or head.version != VERSION:
             return False
-        magic, version, _, _, _, number, secret = REQUEST.unpack_from(msg)
-        if magic != MAGIC or version != VERSION:
-            return False
+        secret = bytes(ffi.buffer(head.secret))
         with self._lock:
-            ticket = self._tickets.get(number)
+            ticket = self._tickets.get(head.ticket)
             if ticket is None or ticket.warm is not warm or not hmac.compare_digest(ticket.secret, secret):
                 return False
-            del self._tickets[number]
+            del self._tickets[head.ticket]
         return True
 
     def _start(self, conn: socket.socket, warm: _Warm, msg: bytes, fds: list[int]) -> None:
@@ -335,15 +338,15 @@ class Handoff:
 
     def _from_launcher(self, running: _Running) -> None:
         try:
-            data = running.conn.recv(FRAME.size)
+            data = running.conn.recv(FRAME_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             data = b""
-        if len(data) == FRAME.size:
-            kind, value = FRAME.unpack(data)
-            if kind == SIGNAL and 0 < value < 65:
-                running.proc.send_signal(value)
+        if len(data) == FRAME_SIZE:
+            frame = ffi.from_buffer("struct handoff_frame *", data)
+            if frame.kind == SIGNAL and 0 < frame.value < 65:
+                running.proc.send_signal(frame.value)
             return
         # The connection closed: after its status (done), or because the launcher has gone (the harness's
         # timeout killed it, or anyone did): then so does its sandbox.
@@ -383,12 +386,13 @@ class Handoff:
 
 def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:
     """(cwd, argv, env) from an admitted request; ValueError if it is malformed."""
-    if len(msg) < REQUEST.size:
+    head = _request_head(msg)
+    if head is None:
         raise ValueError("short request")
-    magic, version, argc, envc, size, _, _ = REQUEST.unpack_from(msg)
-    if magic != MAGIC or version != VERSION or size != len(msg) - REQUEST.size or argc < 1:
+    argc, envc = head.argc, head.envc
+    if head.magic != MAGIC or head.version != VERSION or head.size != len(msg) - REQUEST_SIZE or argc < 1:
         raise ValueError(f"not a version {VERSION} handoff request")
-    parts = msg[REQUEST.size:].split(b"\0")
+    parts = msg[REQUEST_SIZE:].split(b"\0")
     if len(parts) != 2 + argc + envc or parts[-1]:
         raise ValueError("field count does not match")
     strs = [os.fsdecode(p) for p in parts[:-1]]
@@ -398,6 +402,15 @@ def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:
         if sep and name and name != ENV:  # (the launcher took it out already)
             env[name] = value
     return strs[0], strs[1:1 + argc], env
+
+
+def _request_head(msg: bytes) -> Any:
+    """The struct handoff_request at the start of `msg` (a copy), or None if it is shorter."""
+    if len(msg) < REQUEST_SIZE:
+        return None
+    head = ffi.new("struct handoff_request *")
+    ffi.memmove(head, msg, REQUEST_SIZE)
+    return head
 
 
 def _our_child(conn: socket.socket) -> bool:
@@ -426,7 +439,8 @@ def _gone(pid: int) -> bool:
 
 def _reply(conn: socket.socket, kind: int, value: int, text: str = "") -> None:
     try:
-        conn.send(FRAME.pack(kind, value) + text.encode()[:4000])
+        frame = ffi.new("struct handoff_frame *", {"kind": kind, "value": value})
+        conn.send(bytes(ffi.buffer(frame)) + text.encode()[:4000])
     except OSError:
         pass  # the launcher has gone: nobody to tell
 

@@ -300,5 +300,5 @@ def test_the_launchers_proc_environ_does_not_show_the_secret(box: NativeSandbox,
 def test_forged_frames_are_the_documented_ones() -> None:
     """The forgeries above speak the wire format handoff.py defines (so a
     refusal is the ticket's doing, not a malformed request's)."""
-    assert struct.calcsize("<6I32s") == handoff.REQUEST.size and handoff.VERSION == 2
+    assert struct.calcsize("<6I32s") == handoff.REQUEST_SIZE and handoff.VERSION == 2
     assert handoff.ENV == ENV

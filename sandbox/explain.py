@@ -19,7 +19,8 @@ from . import backends
 from . import spec as S
 from .errors import UnavailableError
 from .host import HostInfo
-from .plan import Cover, Op, OpFlag, OpKind, Plan, check_argv, compile_plan
+from .plan import Op, OpFlag, OpKind, Plan, check_argv, compile_plan
+from .proc_covers import Cover
 from .redact import env_of, redact
 from .refusal import refusal
 from .seccomp import DEFAULT_POLICY, compile_policy

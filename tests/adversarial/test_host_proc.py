@@ -17,7 +17,7 @@ import pytest
 
 from sandbox import Namespaces
 from sandbox.host import root_only_proc_files
-from sandbox.plan import Cover, proc_covers
+from sandbox.proc_covers import Cover, proc_covers
 
 from .attack import BACKENDS, make_base_spec, require, run_py, run_sh
 

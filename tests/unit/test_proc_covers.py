@@ -13,7 +13,8 @@ from sandbox.backends.bwrap.render import NEWROOT_SOURCE, render_op
 from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo, root_only_proc_files
-from sandbox.plan import PROC_MASKED_FOR_ROOT, Cover, OpKind, compile_plan, proc_covers
+from sandbox.plan import OpKind, compile_plan
+from sandbox.proc_covers import PROC_MASKED_FOR_ROOT, Cover, proc_covers
 
 HOST = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/", environ={}, pool=None)
 ROOT = HostInfo(executor=NATIVE, uid=0, gid=0, cwd="/", environ={}, pool=None, is_root=True)

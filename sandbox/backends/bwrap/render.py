@@ -28,7 +28,8 @@ from ...bwrap.argv import (
     unshare_args,
 )
 from ...errors import SpecError
-from ...plan import DEV_MODE, DEV_SHM_MODE, Cover, Op, OpFlag, OpKind, Plan, parent_mode_for
+from ...plan import DEV_MODE, DEV_SHM_MODE, Op, OpFlag, OpKind, Plan, parent_mode_for
+from ...proc_covers import Cover
 
 # What bwrap 0.8.0 makes by itself: --dev's tmpfs and its shm directory are
 # 0755; --remount-ro adds nodev and nosuid (bind_mount() in bind-mount.c).

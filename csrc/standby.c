@@ -119,6 +119,10 @@ static void await_request(struct sbx_ctx *c)
     in.scrub = s->msg;
     in.scrub_len = (size_t)n;
     sbx_ctx_take_input(c, &in);
+    /* Into the request's cgroups before anything else of it: the command
+     * and whatever it forks are born there. A process moving itself is the
+     * cheap case (on cgroup v1 another's move takes a global lock). */
+    sbx_enter_cgroups(c);
     if (!in.sh_argv)
         sbx_fail(c, SBX_STEP_CONFIG, -1, ENOMEM, SBX_D_NONE);
     memset(c->res->t_ns, 0, sizeof c->res->t_ns);

@@ -99,13 +99,15 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
         sbx_report_fd(fds[0], err ? SBX_STEP_CONFIG : SBX_STEP_NONE, -1, err, SBX_D_NONE);
 }
 
-/* The child, in its new namespaces: drop what is the server's alone. Its
+/* The child, in its new namespaces: its cgroups first (every process it
+ * makes is born inside), then drop what is the server's alone. Its
  * signal dispositions are the server's, all default (main), and every
  * signal is blocked; a sandbox plan never asks for a parent-death signal
  * (the server's death ends it): nothing of sbx_child_start is left to do. */
 static void template_start(struct sbx_ctx *c)
 {
     sbx_stamp(c, SBX_T_CHILD);
+    sbx_enter_cgroups(c);
     tpl_close_server_fds(TPL_SANDBOX(c)->srv, 0);
 }
 

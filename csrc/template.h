@@ -99,6 +99,8 @@ struct request {
     int *fds;
     int nfds, report, status, netns, stdio[3];
     int *pass;
+    const int *cgroup; /* the sandbox's cgroup entry fds, n_cgroup of them */
+    int n_cgroup;
 };
 /* Receive one request and its fds from `fd` into s->msg; its length, 0 when
  * the caller has gone, -2 when it did not fit (fds are received still). */

@@ -65,6 +65,7 @@ class Template:
             raise refused
         self.spec = spec
         self._hard_limits = host.hard_limits
+        self._cgroups = host.cgroups
         self._plans = template_plans(plan)
         self._server = Server(self._plans.shared, self._plans.sandbox)
 
@@ -86,7 +87,8 @@ class Template:
         plan = self._plans.sandbox
         if env is not None or cwd is not None or limits is not None or binds:
             plan = plan_for_call(plan, env=_check_env(env), cwd=_check_cwd(cwd), limits=_check_limits(limits),
-                                 binds=_check_binds(binds), hard_limits=self._hard_limits)
+                                 binds=_check_binds(binds), hard_limits=self._hard_limits,
+                                 cgroups=self._cgroups)
         stdio = Stdio(stdin, stdout, stderr)
         try:
             launched = launch_in(self._server, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from . import spec as S
-from .errors import SpecError
+from .cgroups import CgroupInfo
+from .errors import SpecError, UnavailableError
 from .paths import root_holding
 from .plan import (
     DEFAULT_PATH,
@@ -26,6 +27,7 @@ from .plan import (
     compile_mount,
     landlock_rules,
     maps_root_first,
+    plan_cgroup,
     plan_rlimits,
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
@@ -169,7 +171,8 @@ def template_plans(plan: Plan) -> TemplatePlans:
     every sandbox), shares the caller's ipc, uts and cgroup namespaces (each
     sandbox gets its own as the plan says), and nothing of the command's: no
     seccomp filter (its sandboxes create user namespaces), no Landlock,
-    rlimits or environment. Its /dev has no devpts, so it needs no uid 0
+    rlimits, cgroup limits (each sandbox enters a cgroup of its own) or
+    environment. Its /dev has no devpts, so it needs no uid 0
     mapped (each sandbox maps it during its own setup, as the plan says).
     """
     pooled = plan.network == "pool"
@@ -182,6 +185,7 @@ def template_plans(plan: Plan) -> TemplatePlans:
         die_with_parent=False, new_session=True,
         reaper=False, seccomp=b"", landlock=False, landlock_best_effort=False, landlock_rules=(), probe_paths=(),
         forward=(), check_network=False, exec_fd=True, host_tree=True,
+        cgroup=None, limits_fallback=(), limits_mechanism="rlimit",  # each sandbox has a cgroup of its own
     )
     # The template's death ends every sandbox (they live in its pid namespace).
     early = plan.reaper and allows_resident(plan.seccomp)
@@ -191,17 +195,26 @@ def template_plans(plan: Plan) -> TemplatePlans:
 
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                   limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
-                  hard_limits: Mapping[int, int] | None = None) -> Plan:
+                  hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None) -> Plan:
     """A sandbox plan with one call's overrides: the complete environment,
-    the working directory (must exist), the limits, and extra binds
-    (with_task_binds: the template's server clones their source trees from
-    its copy of the host tree)."""
+    the working directory (must exist), the limits (their cgroup as
+    `cgroups`, the Template's host cgroups, allows; the rest as rlimits, as
+    sandbox.plan decides), and extra binds (with_task_binds: the template's
+    server clones their source trees from its copy of the host tree).
+    UnavailableError when the limits require cgroups this host lacks."""
     changes: dict[str, object] = {}
     if env is not None:
         changes.update(env=tuple(f"{k}={v}" for k, v in env.items()), path=command_path(env))
     if cwd is not None:
         changes.update(cwd_candidates=(cwd,), cwd_strict=True)
     if limits is not None:
-        changes["rlimits"] = plan_rlimits(limits, hard_limits or {})
+        info = cgroups if cgroups is not None else CgroupInfo(reason="no cgroups given for this call")
+        cgroup, fallback = plan_cgroup(limits, info)
+        if limits.require_cgroups and fallback:
+            raise UnavailableError(f"limits.require_cgroups: no cgroup for {', '.join(fallback)} with a Template "
+                                   f"here: {info.reason}")
+        changes.update(rlimits=plan_rlimits(limits, hard_limits or {}, fallback), cgroup=cgroup,
+                       limits_fallback=fallback, require_cgroups=limits.require_cgroups,
+                       limits_mechanism=info.mechanism if cgroup is not None else "rlimit")
     plan = replace(plan, **changes) if changes else plan  # type: ignore[arg-type]
     return with_task_binds(plan, binds) if binds else plan

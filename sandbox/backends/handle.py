@@ -111,12 +111,12 @@ class ProcessHandle:
         if self.ended_fd >= 0 and _readable(self.ended_fd):
             if cast(EarlyStatus, self.exit).arrived():
                 if self.pidfd >= 0:
-                    return signal.SIGKILL, None
+                    return signal.SIGKILL, self._remove_walls_after_exit()
                 pid, walls = self.pid, self.walls  # its cgroup goes once it is reaped, after finish() read it
                 return signal.SIGKILL, lambda: reap_later(pid, walls.remove if walls is not None else None)
             self.ended_fd = -1  # gone without a word (killed): wait for the process itself
         if self.pidfd >= 0:
-            return (signal.SIGKILL, None) if _readable(self.pidfd) else (None, None)
+            return (signal.SIGKILL, self._remove_walls_after_exit()) if _readable(self.pidfd) else (None, None)
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
@@ -124,6 +124,27 @@ class ProcessHandle:
         if not pid:
             return None, None
         return status, self.walls.remove if self.walls is not None else None
+
+    def _remove_walls_after_exit(self) -> Callable[[], None] | None:
+        """Removing the cgroup of a first process known by its pidfd (not our
+        child: another reaps it): once it has exited, which it does right
+        after its status is written (a cgroup empties when its last process
+        exits, before it is reaped)."""
+        walls = self.walls
+        if walls is None or walls.cgroup is None:
+            return None
+        try:
+            pidfd = os.dup(self.pidfd)
+        except OSError:
+            return walls.remove
+
+        def remove() -> None:
+            try:
+                select.select([pidfd], [], [], 1.0)
+            finally:
+                os.close(pidfd)
+            walls.remove()
+        return remove
 
     # ------------------------------------------------------------ signals and the end
 

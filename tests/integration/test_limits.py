@@ -14,11 +14,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import sandbox
 from sandbox import Limits, UnavailableError
+from sandbox.backends.template import BACKEND as template_backend
 from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
 from sandbox.presets import python_interpreter
 
@@ -28,13 +30,16 @@ needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
 PY = sys.executable
 
 
-@pytest.fixture(params=["native", "bwrap"])
-def executor(request: pytest.FixtureRequest) -> str:
-    """The backend sandbox.run uses (each places the sandbox in its cgroup its own way)."""
+@pytest.fixture(params=["native", "bwrap", "template"])
+def executor(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The backend sandbox.run uses (each places the sandbox in its cgroup its own way; "template": a
+    Template per Spec, whose sandboxes enter the cgroup the caller made for their request)."""
     ok, why = sandbox.backends.availability(request.param)
     if not ok:
         pytest.skip(f"{request.param}: {why}")
-    return str(request.param)
+    yield str(request.param)
+    if request.param == "template":
+        template_backend.close()  # the servers it keeps per Spec (and the pool's leases their standbys hold)
 
 TOUCH = textwrap.dedent("""
     import ctypes, sys
@@ -142,6 +147,8 @@ def test_half_a_core_holds_a_busy_loop_near_half_a_cpu(executor: str) -> None:
 
 @needs
 def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(executor: str, procs: object) -> None:
+    if executor == "template":
+        pytest.skip("a Template's sandboxes always have a pid namespace of their own")
     marker = procs.new_marker()  # type: ignore[attr-defined]
     script = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     s = python_interpreter(limits=Limits(nproc=16), namespaces=sandbox.Namespaces(pid=False))
@@ -199,3 +206,20 @@ def test_without_cgroups_memory_falls_back_to_rlimit_data(executor: str, monkeyp
     r = sandbox.run([PY, "-c", show], spec(memory_mb=300), capture_output=True, backend=executor)
     assert (r.returncode, r.stdout) == (0, b"300\n")
     assert r.usage is not None and r.usage.mechanism == "rlimit" and r.killed_by is None
+
+
+@needs
+@pytest.mark.parametrize("binds", [False, True], ids=["standby", "per-call-bind"])
+def test_a_template_calls_limits_get_a_cgroup_of_its_own(binds: bool, tmp_path: object) -> None:
+    """Per-call limits on a Template: taken by a standby, or (with a per-call bind) cloned by the server."""
+    call = {"binds": [sandbox.RoBind(str(tmp_path), "/tmp")]} if binds else {}
+    with sandbox.Template(python_interpreter()) as t:
+        free = t.run([PY, "-c", "pass"], **call)  # type: ignore[arg-type]
+        assert free.usage is not None and free.usage.mechanism == "rlimit"  # no limits: no cgroup
+        r = t.run([PY, "-c", TOUCH, "300"], limits=Limits(memory_mb=100), capture_output=True,
+                  **call)  # type: ignore[arg-type]
+        assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
+        r = t.run([PY, "-c", FORK_BOMB], limits=Limits(nproc=8), capture_output=True, timeout=60,
+                  **call)  # type: ignore[arg-type]
+        assert 0 < int(r.stdout) <= 7 and r.usage is not None and r.usage.pids_peak is not None
+        assert r.usage.pids_peak <= 8 and r.usage.mechanism == INFO.mechanism

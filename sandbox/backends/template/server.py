@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import netpool
+from ...cgroups import Walls
 from ...errors import SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
@@ -152,14 +153,16 @@ class Server:
         return leases
 
     def spawn(self, plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
-              lease: Lease | None = None) -> Started:
+              lease: Lease | None = None, cgroup_fds: Sequence[int] = ()) -> Started:
         """Clone one sandbox for `plan` (a sandbox plan of this template's);
         return once its command has been exec'd. Raises what spawn raises.
 
         `lease` (for a pooled plan) goes to the server: the sandbox lives in
         it or, taken by a standby already in another, that one's
         replacement does. Started.lease is the sandbox's; a failure releases
-        the one that came back."""
+        the one that came back. `cgroup_fds`: the entry files of the
+        sandbox's cgroups (the caller's to close), which its first process
+        enters before anything of the request runs."""
         statr = statw = netns_fd = -1
         mine = theirs = None
         try:
@@ -168,7 +171,8 @@ class Server:
             else:  # per-call binds are cloned by the server, in its mount namespace
                 blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
             child_stdio, mask = _stdio(stdio)
-            msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask)
+            msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
+                          n_cgroup=len(cgroup_fds))
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
             statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
@@ -177,7 +181,7 @@ class Server:
                 with self._leases_lock:
                     self._leases[lease.netns_inode] = lease
             fds = [theirs.fileno(), *([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
-                   *child_stdio, *pass_fds]
+                   *cgroup_fds, *child_stdio, *pass_fds]
             start = time.monotonic_ns()
             self._send(self._fast if fast else self._sock, msg, fds)
         except BaseException:
@@ -330,13 +334,13 @@ def _close(fd: int) -> None:
 
 
 def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any],
-             on_exit: Callable[[], None] | None) -> ProcessHandle:
+             on_exit: Callable[[], None] | None, walls: Walls | None = None) -> ProcessHandle:
     """The handle of a started sandbox: the server's child, reached through
     its pidfd (its status fd tells when it has ended, if its exit source can
-    say so early)."""
+    say so early); `walls`: its cgroup, if it has one."""
     ended = started.status_fd if hasattr(exit_source, "arrived") else -1
     return ProcessHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
-                         pidfd=started.pidfd, ended_fd=ended)
+                         pidfd=started.pidfd, ended_fd=ended, walls=walls)
 
 
 def _open(opened: list[int], path: str, flags: int) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..cgroups import Walls
-from ..reaper import reap_later
+from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
 __all__ = ["ProcessHandle"]
@@ -127,9 +127,10 @@ class ProcessHandle:
 
     def _remove_walls_after_exit(self) -> Callable[[], None] | None:
         """Removing the cgroup of a first process known by its pidfd (not our
-        child: another reaps it): once it has exited, which it does right
-        after its status is written (a cgroup empties when its last process
-        exits, before it is reaped)."""
+        child: another reaps it) once it has exited, which it does right after
+        its status is written, in the background: its exit is where the kernel
+        tears its namespaces down, which the caller's wait need not sit through
+        (a cgroup empties as its last process exits, before it is reaped)."""
         walls = self.walls
         if walls is None or walls.cgroup is None:
             return None
@@ -137,14 +138,7 @@ class ProcessHandle:
             pidfd = os.dup(self.pidfd)
         except OSError:
             return walls.remove
-
-        def remove() -> None:
-            try:
-                select.select([pidfd], [], [], 1.0)
-            finally:
-                os.close(pidfd)
-            walls.remove()
-        return remove
+        return lambda: after_exit(pidfd, walls.remove)
 
     # ------------------------------------------------------------ signals and the end
 

@@ -223,3 +223,40 @@ def test_a_template_calls_limits_get_a_cgroup_of_its_own(binds: bool, tmp_path: 
                   **call)  # type: ignore[arg-type]
         assert 0 < int(r.stdout) <= 7 and r.usage is not None and r.usage.pids_peak is not None
         assert r.usage.pids_peak <= 8 and r.usage.mechanism == INFO.mechanism
+
+
+INSIDE = textwrap.dedent("""
+    import os, sys, time
+    def is_open(fd):
+        try:
+            os.fstat(fd)
+            return True
+        except OSError:
+            return False
+    print(sorted(fd for fd in map(int, os.listdir("/proc/self/fd")) if is_open(fd)), flush=True)  # not listdir's
+    if os.fork() == 0:
+        os.setsid()
+        time.sleep(30)
+    time.sleep(30)
+""")
+
+
+@needs
+@pytest.mark.parametrize("as_pid_1", [False, True], ids=["reaper", "as-pid-1"])
+def test_every_process_of_a_template_sandbox_is_in_its_cgroup_and_holds_no_fd_of_it(as_pid_1: bool,
+                                                                                   procs: object) -> None:
+    marker = procs.new_marker()  # type: ignore[attr-defined]
+    with sandbox.Template(python_interpreter(limits=Limits(nproc=16), as_pid_1=as_pid_1)) as t:
+        with t.spawn([PY, "-c", INSIDE, marker], stdout=subprocess.PIPE) as p:
+            assert p.stdout is not None
+            assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
+            assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
+            walls = p._handle.walls  # type: ignore[attr-defined]
+            assert walls is not None and walls.cgroup is not None
+            inside = {int(pid) for _, path in walls.cgroup.dirs
+                      for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+            assert set(procs.with_marker(marker)) <= inside  # type: ignore[attr-defined]
+            assert len(inside) == (2 if as_pid_1 else 3)  # and its resident pid 1, if it has one
+            p.kill()
+        assert p.returncode == -signal.SIGKILL and p.killed_by is None
+    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ EXECUTABLES = {
     "sandbox-launch": (["launcher.c", "handoff.c", *LIB_SOURCES], []),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
-                          "resident.c", *LIB_SOURCES], ["-static"]),
+                          "template_recycle.c", "resident.c", *LIB_SOURCES], ["-static"]),
 }
 
 

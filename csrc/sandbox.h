@@ -376,6 +376,8 @@ extern const int sbx_n_op_kinds;
 #define SBX_REQ_STANDBY 4           /* with a store: keep standby sandboxes of that blob on the second
                                        socket, answering once the first is ready (or failed); with
                                        SBX_REQ_JOIN_NETNS, SBX_N_STANDBY leases follow the report socket */
+#define SBX_REQ_RECYCLE 8           /* with a store (before SBX_REQ_STANDBY's): this blob is the reset blob,
+                                       the fresh mounts a recycled standby makes again after each request */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
 #define SBX_REQ_VERSION 2           /* struct sbx_request.version: what follows the header, and how */
 #define SBX_REQ_MAX_CGROUP 8        /* cgroup entry files with one request (one per hierarchy) */

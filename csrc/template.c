@@ -74,7 +74,9 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
     }
 }
 
-/* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob;
+/* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob
+ * (with SBX_REQ_RECYCLE, as the reset blob: the standbys to come are
+ * recycled, csrc/template_recycle.c);
  * with SBX_REQ_STANDBY, start the standbys and answer once one is ready;
  * with SBX_REQ_JOIN_NETNS as well, N_STANDBY leases follow the report
  * socket, one for each standby (leases mode). */
@@ -84,11 +86,12 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
     int err = EINVAL;
     if (sbx_check_store(s->msg, len, nfds) == 0) { /* wire.c */
         char *copy = malloc(r->blob_len);
+        char **into = (r->flags & SBX_REQ_RECYCLE) ? &s->reset_blob : &s->stored_blob;
         err = copy ? 0 : ENOMEM;
         if (copy) {
             memcpy(copy, s->msg + sizeof *r, r->blob_len);
-            free(s->stored_blob);
-            s->stored_blob = copy;
+            free(*into);
+            *into = copy;
         }
     }
     if (!err && (r->flags & SBX_REQ_STANDBY) && s->store_report < 0) {

@@ -193,6 +193,27 @@ def template_plans(plan: Plan) -> TemplatePlans:
                                                         seccomp_early=early))
 
 
+def recycle_refusal(plan: Plan) -> str | None:
+    """Why the sandboxes of `plan` (a Template's sandbox plan) cannot be
+    recycled (Template(spec, recycle=True)), or None: what a recycled
+    sandbox's pid 1 could not reset, or would have to give up to reset it."""
+    if not plan.reaper:
+        return "as_pid_1: a recycled sandbox's pid 1 is the reaper that resets it"
+    if plan.keep_caps:
+        return "cap_add: a command that keeps a capability is cloned per request, never by a standby"
+    if plan.cgroup is not None:
+        return ("cgroup limits (memory_mb, nproc, cpu_cores): its pid 1 would stay in its last request's "
+                "cgroup; set them per call instead (such calls get sandboxes of their own)")
+    return None
+
+
+def reset_plan(plan: Plan) -> Plan:
+    """What a recycled sandbox makes again after each request: every mount
+    of `plan` (a sandbox plan) but its proc, which shows the same pid
+    namespace and nothing a task can write (csrc/template_recycle.c)."""
+    return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC))
+
+
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                   limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
                   hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None) -> Plan:

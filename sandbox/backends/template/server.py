@@ -60,9 +60,14 @@ class Server:
     it on to its replacement). Each sandbox's report names the lease it
     lives in; the leases sent and not reported yet are kept here (`_leases`),
     and released when the server has gone.
+
+    With `recycle` (a reset plan, warm_plan.reset_plan), its standbys are
+    recycled: each serves request after request, reset in between
+    (csrc/template_recycle.c).
     """
 
-    def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template") -> None:
+    def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template",
+                 recycle: Plan | None = None) -> None:
         if not TEMPLATE_PATH.exists():
             raise SandboxError(f"sandbox-template is missing at {TEMPLATE_PATH}; reinstall the package")
         self.plan = shared
@@ -103,18 +108,22 @@ class Server:
             # no network itself, so the pool may count that namespace gone now (not recycled: we stay in it)
             # rather than for as long as the template lives.
             self._launched.on_exit()
+        self.recycle = recycle is not None
         try:
+            if recycle is not None:  # its standbys serve request after request (csrc/template_recycle.c)
+                self._store(recycle, standby=False, flags=lib.SBX_REQ_RECYCLE)
             self.standby = self._store(default, standby=default.keep_caps == 0)
         except BaseException:
             self.close()
             raise
 
-    def _store(self, plan: Plan, standby: bool) -> bool:
-        """Store `plan`'s blob in the server and, if `standby`, have it keep
-        standby sandboxes of it; whether it does."""
+    def _store(self, plan: Plan, standby: bool, flags: int = 0) -> bool:
+        """Store `plan`'s blob in the server (with `flags`: SBX_REQ_RECYCLE
+        stores a reset blob) and, if `standby`, have it keep standby
+        sandboxes of it; whether it does."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with mine:
-            flags = lib.SBX_REQ_STANDBY if standby else 0
+            flags |= lib.SBX_REQ_STANDBY if standby else 0
             leases = self._lease_for_standbys() if standby and self.pool is not None else []
             if leases:
                 flags |= lib.SBX_REQ_JOIN_NETNS
@@ -137,7 +146,7 @@ class Server:
         if step != lib.SBX_STEP_NONE:  # a standby could not set up here: the server clones per request
             self.standby_reason = str(_failure(plan, ["(standby)"], step, op, err, detail))
             return False
-        if not standby:
+        if not standby and not flags & lib.SBX_REQ_RECYCLE:
             self.standby_reason = "its command keeps capabilities (checked against its namespaces' owner)"
         return standby
 
@@ -170,6 +179,8 @@ class Server:
                 blob, fast = b"", self.standby
             else:  # per-call binds are cloned by the server, in its mount namespace
                 blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
+            if self.recycle and cgroup_fds:
+                fast = False  # a recycled pid 1 would stay in the cgroup: a sandbox of its own
             child_stdio, mask = _stdio(stdio)
             msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
                           n_cgroup=len(cgroup_fds))

@@ -1,0 +1,287 @@
+/* template_recycle.c: a recycled standby (sandbox.Template(spec, recycle=True)).
+ *
+ * A standby (csrc/standby.c) builds its world before any request; a
+ * recycled one then serves request after request in the same pid, mount,
+ * user-owned and network namespaces, instead of exiting after one. For that
+ * its pid 1 never takes the command's identity: it stays in the server's
+ * user namespace with the server's capabilities over the sandbox's
+ * namespaces, non-dumpable, and its command child (sharing its memory until
+ * exec, CLONE_VM|CLONE_VFORK) runs the steps that belong to the command
+ * (sbx_command_steps: its own fresh user namespace, made ahead, a child of
+ * the server's; cwd, rlimits, fds, session, no capability, no new privileges,
+ * Landlock, seccomp). The command therefore holds no capability over pid 1
+ * or any of its namespaces, cannot ptrace it (non-dumpable, another user
+ * namespace's), nor signal it (the kernel drops a pid namespace's init's
+ * default-handled signals sent from inside), and gets none of its fds.
+ *
+ * When the command ends, pid 1 kills and reaps whatever is left, writes the
+ * status, and resets what a task could have changed before it takes the
+ * next request:
+ * - every mount the sandbox made fresh (each Tmpfs, /dev/shm, devpts, an
+ *   mqueue, a writable File's private copy, and whatever lies beneath them)
+ *   is detached and made again, from the reset blob the caller stored
+ *   (the sandbox blob without its proc, which shows the same pid namespace
+ *   and nothing a task can write); only mounts on the template's read-only
+ *   root are detached by path, so no path a task planted is followed;
+ * - a fresh IPC namespace (SysV objects, POSIX queues), then the mqueue;
+ * - a fresh network namespace with its loopback up (sockets, listeners,
+ *   TIME_WAIT, abstract names all stay in the old one); or, when its
+ *   sandboxes lease theirs from the pool, it leaves the lease (which the
+ *   caller releases, and the pool checks, as for any sandbox) for one of
+ *   its own kept for that, and joins the next request's lease;
+ * - the hostname, written again;
+ * - a fresh user namespace for the next command (user keyrings live
+ *   there), and each command joins a session keyring of its own;
+ * - its own cwd, umask and rlimits were never the command's (CLONE_VM
+ *   without CLONE_FS: the command's chdir and umask are its own).
+ * Any failure ends pid 1, and the server makes a fresh standby instead.
+ * What it shares with its predecessor: the pid namespace (pid numbers keep
+ * counting), the mount namespace's read-only template root, the proc mount,
+ * and whatever the Spec lets a task write outside the sandbox (a writable
+ * Bind of a host directory).
+ */
+#include "template.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef KEYCTL_JOIN_SESSION_KEYRING
+#define KEYCTL_JOIN_SESSION_KEYRING 1 /* linux/keyctl.h */
+#endif
+#ifndef UMOUNT_NOFOLLOW
+#define UMOUNT_NOFOLLOW 8
+#endif
+
+/* What the command child leaves here (its memory is ours until its exec). */
+static struct {
+    volatile int execing; /* set just before the exec: a child gone without it has failed and reported */
+    int step, err;
+} command;
+
+static int command_main(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    /* A session keyring of its own: pid 1's (the caller's) would carry a key
+     * one tenant adds to the next. */
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS)
+        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    sbx_command_steps(c); /* a failing step reports on the report socket and exits */
+    if (!(c->h->opts & SBX_OPT_SECCOMP_EARLY))
+        sbx_install_seccomp(c); /* else taken with the identity */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    command.execing = 1;
+    sbx_exec_search(c->in.argv[0], c->in.argv, c->in.envp, sbx_str(c, c->h->path), c->in.sh_argv);
+    command.step = SBX_STEP_EXEC;
+    command.err = errno;
+    _exit(errno == ENOENT ? 127 : 126);
+}
+
+/* Whether op i's destination lies beneath an earlier op's (a mount made
+ * on a fresh one, detached with it). */
+static int beneath_another(const struct sbx_ctx *c, uint32_t i)
+{
+    const char *dest = sbx_str(c, c->ops[i].dest);
+    for (uint32_t j = 0; j < i; j++) {
+        const char *top = sbx_str(c, c->ops[j].dest);
+        size_t n = sbx_strlen(top);
+        if (n && strncmp(dest, top, n) == 0 && (dest[n] == '/' || top[n - 1] == '/'))
+            return 1;
+    }
+    return 0;
+}
+
+/* Detach every fresh mount of the reset blob that lies on the template's
+ * read-only root (those beneath go with it), last first. */
+static int detach_fresh(const struct sbx_ctx *c)
+{
+    for (uint32_t k = c->h->n_ops; k-- > 0;) {
+        uint32_t kind = c->ops[k].kind;
+        if (kind == SBX_OP_DIR || kind == SBX_OP_SYMLINK || kind == SBX_OP_REMOUNT_RO || kind == SBX_OP_CHMOD ||
+            beneath_another(c, k))
+            continue;
+        if (umount2(sbx_str(c, c->ops[k].dest), MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL)
+            return -1;
+    }
+    return 0;
+}
+
+/* Everything of the last request gone, make the sandbox as its standby
+ * was: 0, or -1 (pid 1 then ends, and the server replaces it). */
+static int reset(struct sbx_ctx *c)
+{
+    struct tpl_sandbox *t = TPL_SANDBOX(c);
+    struct tpl_server *s = t->srv;
+    const struct sbx_header *h = (const void *)s->stored_blob, *rh = (const void *)s->reset_blob;
+    if (!t->src_fds && !(t->src_fds = malloc((rh->n_ops + 1) * sizeof *t->src_fds)))
+        return -1;
+    /* the reset blob's ops, in place, as this sandbox's own setup did them */
+    struct sbx_input in = SBX_INPUT_NONE;
+    in.blob = s->reset_blob;
+    in.src_fds = t->src_fds;
+    in.proc_dir = c->in.proc_dir;
+    in.lease_fd = c->in.lease_fd;
+    sbx_ctx_take_input(c, &in);
+    if (detach_fresh(c) < 0)
+        return -1;
+    if ((h->ns & SBX_NS_IPC) && unshare(CLONE_NEWIPC) < 0)
+        return -1;
+    if (c->in.lease_fd >= 0) {
+        /* Out of the lease the caller now releases, into one of its own
+         * kept for that (made once): the next request brings the next. */
+        if (t->parking < 0 && (unshare(CLONE_NEWNET) < 0 ||
+                               (t->parking = sbx_proc_open(c, "thread-self/ns/net", O_RDONLY)) < 0))
+            return -1;
+        if (setns(t->parking, CLONE_NEWNET) < 0)
+            return -1;
+        close(c->in.lease_fd);
+        c->in.lease_fd = -1;
+    } else if ((h->ns & SBX_NS_NET) && unshare(CLONE_NEWNET) < 0) {
+        return -1;
+    }
+    int fresh_net = (h->ns & SBX_NS_NET) && !s->leases_mode;
+    /* From here a failing step reports nowhere (err_fd -1) and exits. */
+    sbx_setup_filesystem(c);
+    if (fresh_net)
+        sbx_loopback_up(c);
+    in.blob = s->stored_blob;
+    in.lease_fd = c->in.lease_fd; /* none by now: the next request brings one */
+    sbx_ctx_take_input(c, &in);
+    if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
+        return -1;
+    if (c->userns_fd >= 0)
+        close(c->userns_fd);
+    c->userns_fd = -1;
+    /* Its helper writes its own id maps through /proc/<pid>, which a
+     * non-dumpable process's files deny an unprivileged owner; no process
+     * but this one is left in the sandbox meanwhile. */
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+        return -1;
+    int rc = sbx_prepare_userns(c);
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        _exit(125);
+    return rc;
+}
+
+/* The command has ended: whatever is left of it goes, then its status. */
+static void finish(int report, int status)
+{
+    int other;
+    kill(-1, SIGKILL);
+    while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+        ;
+    sbx_write_all(report, &status, sizeof status);
+}
+
+/* Forward signals from outside to the command, reap orphans, until the
+ * command ends: its wait status. */
+static int serve(pid_t pid)
+{
+    sigset_t all;
+    sigfillset(&all);
+    for (;;) {
+        siginfo_t info;
+        int sig = sigtimedwait(&all, &info, NULL);
+        if (sig < 0)
+            continue;
+        if (sig != SIGCHLD) {
+            if (info.si_pid == 0)
+                kill(pid, sig);
+            continue;
+        }
+        int status;
+        pid_t done;
+        while ((done = waitpid(-1, &status, WNOHANG)) > 0)
+            if (done == pid)
+                return status;
+    }
+}
+
+/* Close every fd of the request (it stays in t->fds) but the report socket. */
+static void close_request(struct tpl_sandbox *t, int nfds, int report)
+{
+    for (int k = 0; k < nfds; k++)
+        if (t->fds[k] >= 0 && t->fds[k] != report)
+            close(t->fds[k]);
+}
+
+/* One request after another (SBX_MODE_RECYCLE's stay_resident). */
+static _Noreturn void recycle_reaper(struct sbx_ctx *c)
+{
+    struct tpl_sandbox *t = TPL_SANDBOX(c);
+    static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+    for (;;) {
+        sbx_stamp(c, SBX_T_READY);
+        c->reached_exec = 1;
+        struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
+        command.execing = 0;
+        command.step = 0;
+        pid_t pid = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, c);
+        *c = saved;
+        sbx_stamp(c, SBX_T_RETURN);
+        if (pid < 0)
+            sbx_fail(c, SBX_STEP_FORK, -1, errno, SBX_D_NONE);
+        if (!command.execing || command.step) { /* it failed: reported by now, or here */
+            int status;
+            waitpid(pid, &status, 0);
+            if (command.step)
+                sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
+            _exit(125);
+        }
+        int report = c->in.err_fd;
+        close_request(t, t->nfds, report);
+        if (sbx_send_started(c) < 0) {
+            kill(pid, SIGKILL);
+            _exit(125);
+        }
+        if (c->in.scrub)
+            memset(c->in.scrub, 0, c->in.scrub_len);
+        finish(report, serve(pid));
+        close(report);
+        free(c->in.sh_argv);
+        free((void *)c->in.argv);
+        free((void *)c->in.envp);
+        if (reset(c) < 0)
+            _exit(125);
+        t->srv->standby_taken[t->slot] = 0;
+        c->mode->take_request(c);
+    }
+}
+
+/* Wait for a request and take it, as a standby does, keeping the request
+ * socket and the notify socket for the next one. */
+static void recycle_await(struct sbx_ctx *c)
+{
+    tpl_take_request(c, 1);
+    sbx_enter_cgroups(c);
+}
+
+static void recycle_start(struct sbx_ctx *c)
+{
+    tpl_standby_start(c);
+}
+
+const struct sbx_mode SBX_MODE_RECYCLE = {
+    .name = "recycle",
+    .start = recycle_start,
+    .userns_ahead = 1,
+    .resident_before_identity = 1,
+    .take_request = recycle_await,
+    .fd_table = sbx_command_fds,
+    .stay_resident = recycle_reaper,
+    .on_running = sbx_no_step,
+    .report_started = sbx_send_started,
+    .run = sbx_exec_command,
+};

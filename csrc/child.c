@@ -417,7 +417,6 @@ void sbx_command_steps(struct sbx_ctx *c)
     join_prepared_userns(c);
     last_privileged_steps(c);
     sbx_enter_cwd(c);
-    sbx_check_probe_paths(c);
     sbx_apply_rlimits(c);
     c->mode->fd_table(c);
     take_identity(c, 0);

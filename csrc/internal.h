@@ -266,7 +266,8 @@ int sbx_send_started(struct sbx_ctx *c);
  * differences are the mode's (c->mode). A failing step reports and exits. */
 void sbx_child_steps(struct sbx_ctx *c);
 /* The steps from the request's user namespace to the seccomp filter, in the
- * command child of a resident_before_identity mode's pid 1. */
+ * command child of a resident_before_identity mode's pid 1 (which checks
+ * the probe paths itself: it can see more than the command, never less). */
 void sbx_command_steps(struct sbx_ctx *c);
 /* The root in place as the blob says (a warm sandbox's): the ops on its copy. */
 void sbx_setup_filesystem(struct sbx_ctx *c);

@@ -94,20 +94,7 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
     if (n < 0 || parse_request(s, &q, (size_t)n) < 0)
         refuse(c, &q, n == -2 ? EMSGSIZE : EINVAL);
     int lease = c->in.lease_fd;
-    if (q.netns >= 0 && recycled) {
-        /* A recycled sandbox moves into the request's lease (the one its
-         * report names, released by the caller when it ends); the one it
-         * was in stays the caller's to release with the template. */
-        if (setns(q.netns, CLONE_NEWNET) < 0)
-            refuse(c, &q, errno);
-        if (lease >= 0)
-            close(lease);
-        lease = q.netns;
-        for (int k = 0; k < nfds; k++)
-            if (t->fds[k] == lease)
-                t->fds[k] = -1; /* kept past the request's fds */
-        q.netns = -1;
-    } else if (q.netns >= 0) {
+    if (q.netns >= 0) {
         /* Already in its lease: the request's is for the standby that replaces this one. */
         note(t, t->srv->notify_wr, NOTE_LEASE, q.netns);
         close(q.netns);
@@ -196,7 +183,7 @@ pid_t make_standby(struct tpl_server *s, int slot, int lease)
     in.n_null_trees = n_nulls;
     in.proc_dir = s->proc_dir;
     in.lease_fd = lease;
-    struct tpl_sandbox t = {.srv = s, .slot = slot, .parking = -1};
+    struct tpl_sandbox t = {.srv = s, .slot = slot};
     sbx_ctx_init(&t.c, s->reset_blob ? &SBX_MODE_RECYCLE : &SBX_MODE_STANDBY, &in, &t.res);
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};
     pid_t pid = -1;

@@ -66,7 +66,7 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
     close(s->sig_fd);
     close(s->own_netns);
     close(s->host_tree);
-    if (s->null_master >= 0)
+    if (s->null_master >= 0 && !(standby && s->reset_blob)) /* a recycled one clones its masks from it */
         close(s->null_master);
     if (!standby) {
         close(s->fast_fd);

@@ -23,6 +23,7 @@
 #define MAX_FDS SBX_REQ_MAX_FDS /* SCM_MAX_FD */
 #define N_STANDBY SBX_N_STANDBY
 #define MAX_NULL_TREES 64
+#define TAKEN_RESETTING 2
 
 /* A sandbox without a reaper (as_pid_1): the server, its parent, writes its
  * wait status to the caller's status pipe. */
@@ -59,7 +60,8 @@ struct tpl_server {
     char *stored_blob; /* SBX_REQ_STORE_BLOB */
     char *reset_blob;  /* SBX_REQ_STORE_BLOB|SBX_REQ_RECYCLE: the standbys are recycled (template_recycle.c) */
     /* the standby schedule (template_schedule.c) */
-    volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request */
+    volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request
+                                    (TAKEN_RESETTING: a recycled one's command has ended) */
     struct standby_slot standby[N_STANDBY];
     int standby_on;   /* making standbys: asked for, and none has failed */
     /* Leases mode (the stored plan's sandboxes lease their network namespace):
@@ -86,7 +88,7 @@ struct tpl_sandbox {
     int fds[MAX_FDS];   /* a standby's request's fds */
     int nfds;
     int *src_fds;       /* a recycled standby's scratch for its reset blob's ops */
-    int parking;        /* a recycled standby's netns between leases (-1: not made yet) */
+    int own_null;       /* a recycled standby's srv->null_master is its own (template_recycle.c) */
 };
 #define TPL_SANDBOX(ctx) ((struct tpl_sandbox *)((char *)(ctx) - offsetof(struct tpl_sandbox, c)))
 

@@ -17,18 +17,17 @@
  * When the command ends, pid 1 kills and reaps whatever is left, writes the
  * status, and resets what a task could have changed before it takes the
  * next request:
- * - every mount the sandbox made fresh (each Tmpfs, /dev/shm, devpts, an
- *   mqueue, a writable File's private copy, and whatever lies beneath them)
- *   is detached and made again, from the reset blob the caller stored
- *   (the sandbox blob without its proc, which shows the same pid namespace
- *   and nothing a task can write); only mounts on the template's read-only
- *   root are detached by path, so no path a task planted is followed;
+ * - every mount the sandbox made (each Tmpfs, /dev/shm, devpts, an mqueue,
+ *   a writable File's private copy, its proc with its covers, and whatever
+ *   lies beneath them) is detached and made again, from the reset blob the
+ *   caller stored; only mounts on the template's read-only root are
+ *   detached by path, so no path a task planted is followed; its proc is
+ *   mounted after the new network namespace is entered (/proc/sys/net
+ *   shows the reader's: covers made on the last one's would not apply);
  * - a fresh IPC namespace (SysV objects, POSIX queues), then the mqueue;
  * - a fresh network namespace with its loopback up (sockets, listeners,
- *   TIME_WAIT, abstract names all stay in the old one); or, when its
- *   sandboxes lease theirs from the pool, it leaves the lease (which the
- *   caller releases, and the pool checks, as for any sandbox) for one of
- *   its own kept for that, and joins the next request's lease;
+ *   TIME_WAIT, abstract names all stay in the old one; a recycled Template
+ *   makes its own rather than leasing from the pool, warm_plan.recycle_plan);
  * - the hostname, written again;
  * - a fresh user namespace for the next command (user keyrings live
  *   there), and each command joins a session keyring of its own;
@@ -36,8 +35,7 @@
  *   without CLONE_FS: the command's chdir and umask are its own).
  * Any failure ends pid 1, and the server makes a fresh standby instead.
  * What it shares with its predecessor: the pid namespace (pid numbers keep
- * counting), the mount namespace's read-only template root, the proc mount,
- * and whatever the Spec lets a task write outside the sandbox (a writable
+ * counting), the mount namespace's read-only template root, and whatever the Spec lets a task write outside the sandbox (a writable
  * Bind of a host directory).
  */
 #include "template.h"
@@ -53,6 +51,8 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <linux/mount.h>
 
 #ifndef KEYCTL_JOIN_SESSION_KEYRING
 #define KEYCTL_JOIN_SESSION_KEYRING 1 /* linux/keyctl.h */
@@ -116,6 +116,30 @@ static int detach_fresh(const struct sbx_ctx *c)
     return 0;
 }
 
+/* A detached clone of one of its proc's masks (a read-only, nodev bind of
+ * /dev/null), made in its own mount namespace: the masks of the proc it
+ * mounts again are cloned from it (the server's, made in another mount
+ * namespace, cannot be cloned here). -1 if its proc has none. */
+static int own_null_master(const struct sbx_ctx *c)
+{
+    char path[4096];
+    for (uint32_t i = 0; i < c->h->n_ops; i++) {
+        const struct sbx_op *op = &c->ops[i];
+        if (op->kind != SBX_OP_PROC)
+            continue;
+        for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1) {
+            const char *entry = c->in.blob + op->data + k;
+            if (entry[0] != 'm' || sbx_strlen(sbx_str(c, op->dest)) + sbx_strlen(entry) + 2 > sizeof path)
+                continue;
+            sbx_stpcpy(sbx_stpcpy(sbx_stpcpy(path, sbx_str(c, op->dest)), "/"), entry + 1);
+            int fd = sbx_open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
+            if (fd >= 0)
+                return fd;
+        }
+    }
+    return -1;
+}
+
 /* Everything of the last request gone, make the sandbox as its standby
  * was: 0, or -1 (pid 1 then ends, and the server replaces it). */
 static int reset(struct sbx_ctx *c)
@@ -130,32 +154,32 @@ static int reset(struct sbx_ctx *c)
     in.blob = s->reset_blob;
     in.src_fds = t->src_fds;
     in.proc_dir = c->in.proc_dir;
-    in.lease_fd = c->in.lease_fd;
     sbx_ctx_take_input(c, &in);
+    if (!t->own_null) { /* before its proc goes */
+        if (s->null_master >= 0)
+            close(s->null_master);
+        s->null_master = own_null_master(c);
+        t->own_null = 1;
+    }
     if (detach_fresh(c) < 0)
         return -1;
     if ((h->ns & SBX_NS_IPC) && unshare(CLONE_NEWIPC) < 0)
         return -1;
-    if (c->in.lease_fd >= 0) {
-        /* Out of the lease the caller now releases, into one of its own
-         * kept for that (made once): the next request brings the next. */
-        if (t->parking < 0 && (unshare(CLONE_NEWNET) < 0 ||
-                               (t->parking = sbx_proc_open(c, "thread-self/ns/net", O_RDONLY)) < 0))
-            return -1;
-        if (setns(t->parking, CLONE_NEWNET) < 0)
-            return -1;
-        close(c->in.lease_fd);
-        c->in.lease_fd = -1;
-    } else if ((h->ns & SBX_NS_NET) && unshare(CLONE_NEWNET) < 0) {
+    if ((h->ns & SBX_NS_NET) && unshare(CLONE_NEWNET) < 0)
         return -1;
-    }
-    int fresh_net = (h->ns & SBX_NS_NET) && !s->leases_mode;
+    /* its proc again, after the network namespace: /proc/sys/net shows the
+     * reader's, and the covers made on the last one's entries would not
+     * apply; its masks are cloned from the server's /dev/null, kept */
+    int nulls[MAX_NULL_TREES];
+    in.null_trees = nulls;
+    in.n_null_trees = make_null_trees(s, s->reset_blob, nulls);
+    sbx_ctx_take_input(c, &in);
     /* From here a failing step reports nowhere (err_fd -1) and exits. */
     sbx_setup_filesystem(c);
-    if (fresh_net)
+    close_all(c->in.null_trees, c->in.n_null_trees); /* those its proc did not use */
+    if (h->ns & SBX_NS_NET)
         sbx_loopback_up(c);
     in.blob = s->stored_blob;
-    in.lease_fd = c->in.lease_fd; /* none by now: the next request brings one */
     sbx_ctx_take_input(c, &in);
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
         return -1;
@@ -223,6 +247,12 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
     for (;;) {
+        if (c->h->n_probe) { /* from the command's cwd, as it would look */
+            sbx_enter_cwd(c);
+            sbx_check_probe_paths(c);
+            if (chdir("/") < 0)
+                sbx_fail(c, SBX_STEP_CWD, -1, errno, SBX_D_NONE);
+        }
         sbx_stamp(c, SBX_T_READY);
         c->reached_exec = 1;
         struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
@@ -250,6 +280,7 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
             memset(c->in.scrub, 0, c->in.scrub_len);
         finish(report, serve(pid));
         close(report);
+        t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
         free(c->in.sh_argv);
         free((void *)c->in.argv);
         free((void *)c->in.envp);

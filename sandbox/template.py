@@ -40,7 +40,7 @@ from .process import CompletedProcess, SandboxProcess
 from .refusal import refusal
 from .spec import Bind, Limits, Spec
 from .validate import StrPath, check_env, check_items, check_path
-from .warm_plan import plan_for_call, recycle_refusal, reset_plan, template_plans
+from .warm_plan import plan_for_call, recycle_plan, recycle_refusal, template_plans
 
 __all__ = ["Template"]
 
@@ -74,13 +74,14 @@ class Template:
         self.spec = spec
         self._hard_limits = host.hard_limits
         self._cgroups = host.cgroups
-        self._plans = template_plans(plan)
+        self._plans = template_plans(recycle_plan(plan) if recycle else plan)
         why = recycle_refusal(self._plans.sandbox) if recycle else None
         if why is not None:
             raise UnavailableError(f"Template(recycle=True): {why}")
         self.recycle = recycle
+        # a recycled sandbox's reset makes every mount of the sandbox plan again: its blob is the reset blob
         self._server = Server(self._plans.shared, self._plans.sandbox,
-                              recycle=reset_plan(self._plans.sandbox) if recycle else None)
+                              recycle=self._plans.sandbox if recycle else None)
 
     @property
     def pid(self) -> int:

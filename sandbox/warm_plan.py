@@ -207,11 +207,12 @@ def recycle_refusal(plan: Plan) -> str | None:
     return None
 
 
-def reset_plan(plan: Plan) -> Plan:
-    """What a recycled sandbox makes again after each request: every mount
-    of `plan` (a sandbox plan) but its proc, which shows the same pid
-    namespace and nothing a task can write (csrc/template_recycle.c)."""
-    return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC))
+def recycle_plan(plan: Plan) -> Plan:
+    """`plan` for a Template whose sandboxes are recycled: a network namespace
+    of its own rather than one leased from the pool ("pool" serves "none": the
+    same loopback-only namespace), since its pid 1 makes a fresh one after each
+    request and mounts its proc again in it (csrc/template_recycle.c)."""
+    return replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
 
 
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,

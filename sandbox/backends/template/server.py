@@ -61,8 +61,8 @@ class Server:
     lives in; the leases sent and not reported yet are kept here (`_leases`),
     and released when the server has gone.
 
-    With `recycle` (a reset plan, warm_plan.reset_plan), its standbys are
-    recycled: each serves request after request, reset in between
+    With `recycle` (the plan whose mounts a reset makes again), its standbys
+    are recycled: each serves request after request, reset in between
     (csrc/template_recycle.c).
     """
 

@@ -378,6 +378,8 @@ extern const int sbx_n_op_kinds;
                                        SBX_REQ_JOIN_NETNS, SBX_N_STANDBY leases follow the report socket */
 #define SBX_REQ_RECYCLE 8           /* with a store (before SBX_REQ_STANDBY's): this blob is the reset blob,
                                        the fresh mounts a recycled standby makes again after each request */
+#define SBX_REQ_RECYCLE_NET_KEPT 16 /* with SBX_REQ_RECYCLE: the reset blob for a reset that keeps the network
+                                       namespace (no socket left in it): without the proc, which stays */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
 #define SBX_REQ_VERSION 2           /* struct sbx_request.version: what follows the header, and how */
 #define SBX_REQ_MAX_CGROUP 8        /* cgroup entry files with one request (one per hierarchy) */

@@ -86,7 +86,9 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
     int err = EINVAL;
     if (sbx_check_store(s->msg, len, nfds) == 0) { /* wire.c */
         char *copy = malloc(r->blob_len);
-        char **into = (r->flags & SBX_REQ_RECYCLE) ? &s->reset_blob : &s->stored_blob;
+        char **into = (r->flags & SBX_REQ_RECYCLE_NET_KEPT) ? &s->reset_kept_blob
+                      : (r->flags & SBX_REQ_RECYCLE)        ? &s->reset_blob
+                                                            : &s->stored_blob;
         err = copy ? 0 : ENOMEM;
         if (copy) {
             memcpy(copy, s->msg + sizeof *r, r->blob_len);

@@ -59,6 +59,7 @@ struct tpl_server {
     int null_master; /* a detached read-only /dev/null to clone (-2: not made yet, -1: none) */
     char *stored_blob; /* SBX_REQ_STORE_BLOB */
     char *reset_blob;  /* SBX_REQ_STORE_BLOB|SBX_REQ_RECYCLE: the standbys are recycled (template_recycle.c) */
+    char *reset_kept_blob; /* ... |SBX_REQ_RECYCLE_NET_KEPT: their reset when the netns is kept */
     /* the standby schedule (template_schedule.c) */
     volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request
                                     (TAKEN_RESETTING: a recycled one's command has ended) */

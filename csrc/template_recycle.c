@@ -18,16 +18,20 @@
  * status, and resets what a task could have changed before it takes the
  * next request:
  * - every mount the sandbox made (each Tmpfs, /dev/shm, devpts, an mqueue,
- *   a writable File's private copy, its proc with its covers, and whatever
- *   lies beneath them) is detached and made again, from the reset blob the
- *   caller stored; only mounts on the template's read-only root are
- *   detached by path, so no path a task planted is followed; its proc is
- *   mounted after the new network namespace is entered (/proc/sys/net
- *   shows the reader's: covers made on the last one's would not apply);
+ *   a writable File's private copy, and whatever lies beneath them) is
+ *   detached and made again, from the reset blob the caller stored; only
+ *   mounts on the template's read-only root are detached by path, so no
+ *   path a task planted is followed; its proc (nothing of it is the
+ *   command's to write) only with a new network namespace, once that is
+ *   entered (/proc/sys/net shows the reader's: covers made on the last
+ *   one's entries would not apply to the next);
  * - a fresh IPC namespace (SysV objects, POSIX queues), then the mqueue;
- * - a fresh network namespace with its loopback up (sockets, listeners,
- *   TIME_WAIT, abstract names all stay in the old one; a recycled Template
- *   makes its own rather than leasing from the pool, warm_plan.recycle_plan);
+ * - the network namespace is kept if no socket is left in it (all died
+ *   with their processes: the command holds no capability over the
+ *   namespace, so links, addresses, routes and sysctls are as they were);
+ *   else a fresh one, with its loopback up (a TIME_WAIT, say, stays in the
+ *   old one), and its proc again; a recycled Template makes its own rather
+ *   than leasing from the pool (warm_plan.recycle_plan);
  * - the hostname, written again;
  * - a fresh user namespace for the next command (user keyrings live
  *   there), and each command joins a session keyring of its own;
@@ -140,6 +144,34 @@ static int own_null_master(const struct sbx_ctx *c)
     return -1;
 }
 
+/* Whether the network namespace holds no socket any more: every process
+ * of the last request is gone, and with them every socket but TCP's that
+ * outlive their owners (TIME_WAIT, FIN_WAIT, orphans). Links, addresses,
+ * routes and sysctls were never the command's to change (it holds no
+ * capability over the namespace). Read through the caller's procfs, as
+ * this process's own (thread-self). */
+static int net_empty(const struct sbx_ctx *c)
+{
+    static const char *const tables[] = {"thread-self/net/tcp", "thread-self/net/tcp6", "thread-self/net/udp",
+                                         "thread-self/net/udp6", "thread-self/net/raw", "thread-self/net/raw6",
+                                         "thread-self/net/unix"};
+    char buf[512];
+    for (size_t k = 0; k < sizeof tables / sizeof *tables; k++) {
+        int fd = sbx_proc_open(c, tables[k], O_RDONLY);
+        if (fd < 0) {
+            if (errno == ENOENT)
+                continue; /* no such protocol here */
+            return 0;
+        }
+        ssize_t n = read(fd, buf, sizeof buf);
+        close(fd);
+        const char *nl = n > 0 ? memchr(buf, '\n', (size_t)n) : NULL;
+        if (n < 0 || !nl || nl + 1 != buf + n) /* more than the header line */
+            return 0;
+    }
+    return 1;
+}
+
 /* Everything of the last request gone, make the sandbox as its standby
  * was: 0, or -1 (pid 1 then ends, and the server replaces it). */
 static int reset(struct sbx_ctx *c)
@@ -149,9 +181,12 @@ static int reset(struct sbx_ctx *c)
     const struct sbx_header *h = (const void *)s->stored_blob, *rh = (const void *)s->reset_blob;
     if (!t->src_fds && !(t->src_fds = malloc((rh->n_ops + 1) * sizeof *t->src_fds)))
         return -1;
+    /* A network namespace left empty is kept, and the proc with it (its
+     * sys/net covers are that namespace's); else both are made again. */
+    int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && net_empty(c);
     /* the reset blob's ops, in place, as this sandbox's own setup did them */
     struct sbx_input in = SBX_INPUT_NONE;
-    in.blob = s->reset_blob;
+    in.blob = keep_net ? s->reset_kept_blob : s->reset_blob;
     in.src_fds = t->src_fds;
     in.proc_dir = c->in.proc_dir;
     sbx_ctx_take_input(c, &in);
@@ -165,19 +200,19 @@ static int reset(struct sbx_ctx *c)
         return -1;
     if ((h->ns & SBX_NS_IPC) && unshare(CLONE_NEWIPC) < 0)
         return -1;
-    if ((h->ns & SBX_NS_NET) && unshare(CLONE_NEWNET) < 0)
+    if ((h->ns & SBX_NS_NET) && !keep_net && unshare(CLONE_NEWNET) < 0)
         return -1;
     /* its proc again, after the network namespace: /proc/sys/net shows the
      * reader's, and the covers made on the last one's entries would not
      * apply; its masks are cloned from the server's /dev/null, kept */
     int nulls[MAX_NULL_TREES];
     in.null_trees = nulls;
-    in.n_null_trees = make_null_trees(s, s->reset_blob, nulls);
+    in.n_null_trees = make_null_trees(s, in.blob, nulls);
     sbx_ctx_take_input(c, &in);
     /* From here a failing step reports nowhere (err_fd -1) and exits. */
     sbx_setup_filesystem(c);
     close_all(c->in.null_trees, c->in.n_null_trees); /* those its proc did not use */
-    if (h->ns & SBX_NS_NET)
+    if ((h->ns & SBX_NS_NET) && !keep_net)
         sbx_loopback_up(c);
     in.blob = s->stored_blob;
     sbx_ctx_take_input(c, &in);

@@ -215,6 +215,14 @@ def recycle_plan(plan: Plan) -> Plan:
     return replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
 
 
+def net_kept_plan(plan: Plan) -> Plan:
+    """What a recycled sandbox makes again when it keeps its network
+    namespace (no socket left in it): every mount of `plan` but its proc,
+    which shows the same pid and network namespaces, nothing of it the
+    command's to write (csrc/template_recycle.c)."""
+    return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC))
+
+
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                   limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
                   hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None) -> Plan:

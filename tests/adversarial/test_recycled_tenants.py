@@ -5,7 +5,7 @@ pid 1 resets it in between (csrc/template_recycle.c). Request N plants a
 secret everywhere a command can write or create: files in every Tmpfs and
 /dev/shm, SysV shared memory, message queues and semaphores, a POSIX message
 queue, an abstract socket, a TCP listener and a connection left in
-TIME_WAIT, a setsid survivor, a SIGSTOPped process, the hostname (if it
+TIME_WAIT (or none: the network namespace is then kept), a setsid survivor, a SIGSTOPped process, the hostname (if it
 could), its session and user keyrings (with no seccomp policy to stop it),
 lowered rlimits, another cwd and umask, and a lock on a file of the
 template's root. Request N+1, in the same recycled sandbox (its pid numbers
@@ -56,10 +56,11 @@ PLANT = textwrap.dedent("""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 47011))
     listener.listen()
-    client = socket.create_connection(("127.0.0.1", 47011))
-    served, _ = listener.accept()
-    client.close()  # the side that closes first keeps the connection in TIME_WAIT
-    served.close()
+    if sys.argv[2] == "time-wait":  # else the namespace is left without a socket, and kept
+        client = socket.create_connection(("127.0.0.1", 47011))
+        served, _ = listener.accept()
+        client.close()  # the side that closes first keeps the connection in TIME_WAIT
+        served.close()
     done.append("sockets")
     if os.fork() == 0:
         os.setsid()
@@ -138,8 +139,9 @@ def recycled_check(t: sandbox.Template, secret: str) -> dict[str, object]:
     raise AssertionError("no request was served by a recycled sandbox")
 
 
+@pytest.mark.parametrize("net", ["time-wait", "listener-only"])
 @pytest.mark.parametrize("seccomp", ["default", "none"])
-def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str) -> None:
+def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str, net: str) -> None:
     require("template")
     if not os.access(PYTHON, os.X_OK):
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
@@ -149,7 +151,8 @@ def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str) -> No
         assert baseline["found"] == [] and baseline["host"] == "tenant"
         for _ in range(4):  # enough rounds that both standbys are planted in and recycled
             secret = "SBXRECYCLE" + secrets.token_hex(8)
-            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT, secret], capture_output=True, text=True, timeout=60)
+            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT, secret, net], capture_output=True, text=True,
+                            timeout=60)
             assert planted.returncode == 0, planted.stderr
             done = set(planted.stdout.split())
             assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= done

@@ -19,6 +19,7 @@ from ...cgroups import Walls
 from ...errors import SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
+from ...warm_plan import net_kept_plan
 from .. import ExitSource
 from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
@@ -112,6 +113,8 @@ class Server:
         try:
             if recycle is not None:  # its standbys serve request after request (csrc/template_recycle.c)
                 self._store(recycle, standby=False, flags=lib.SBX_REQ_RECYCLE)
+                self._store(net_kept_plan(recycle), standby=False,
+                            flags=lib.SBX_REQ_RECYCLE | lib.SBX_REQ_RECYCLE_NET_KEPT)
             self.standby = self._store(default, standby=default.keep_caps == 0)
         except BaseException:
             self.close()

@@ -144,7 +144,12 @@ class ProcessHandle:
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the sandbox's first process (its reaper passes it on
-        to the command); SIGKILL also reaches every process of its cgroup."""
+        to the command); SIGKILL also reaches every process of its cgroup.
+        Nothing once its status is in: the sandbox has ended, and a first
+        process known by its pidfd may be serving another request by now (a
+        recycled Template sandbox's pid 1)."""
+        if self.pidfd >= 0 and self.ended_fd >= 0 and _readable(self.ended_fd):
+            return
         if sig == signal.SIGKILL and self.walls is not None:
             self.walls.kill()
         try:

@@ -176,3 +176,29 @@ def test_what_a_recycled_sandbox_cannot_reset_is_refused_with_the_reason() -> No
         assert why == "cgroup limits", why  # nproc falls back to an rlimit where no cgroup is given
     with pytest.raises(sandbox.SpecError, match="recycle"):
         sandbox.Template(spec(), recycle="yes")  # type: ignore[arg-type]
+
+
+def test_a_finished_sandboxs_handle_never_signals_the_next_tenant() -> None:
+    """Its pid 1 serves the next request: a kill() through the old handle (not waited for yet) must not reach it."""
+    require("template")
+    with sandbox.Template(spec(), recycle=True) as t:
+        first = t.spawn(["/bin/true"])
+        time.sleep(0.3)  # its status is in, its pid 1 reset
+        others = []
+        for _ in range(20):
+            nxt = t.spawn(["sleep", "30"])
+            if nxt.pid == first.pid:  # the same pid 1, recycled
+                break
+            others.append(nxt)
+            time.sleep(0.1)
+        else:
+            pytest.fail("the first sandbox's pid 1 never served again")
+        for other in others:
+            other.kill()
+            other.wait()
+        first.kill()  # late: the sandbox it names has ended
+        time.sleep(0.2)
+        assert nxt.poll() is None, nxt.returncode  # the next tenant runs on
+        assert first.wait() == 0
+        nxt.kill()
+        assert nxt.wait() == -9

@@ -8,7 +8,10 @@ Rows, interleaved round-robin in one process (as benchmarks/latency.py):
   and removed after the end;
 - the same limits with no cgroup for the caller ($SANDBOX_CGROUP_PARENT pointing nowhere: rlimits);
 - posix_spawn /bin/true, the floor;
-- the bwrap backend without limits and with the cgroup limits (bwrap's sandbox child moved into them).
+- the bwrap backend without limits and with the cgroup limits (bwrap's sandbox child moved into them);
+- a sandbox.Template without limits and with the cgroup limits (a cgroup made per request in the
+  caller, its entry fds sent with the request, entered by the standby that takes it), and with those
+  limits and no cgroup (rlimits).
 Besides, the cgroup's own steps timed alone in the caller (make with limits, read usage, remove).
 
 With --workerpool, a WorkerPool task (submit, result) instead, each pool
@@ -30,6 +33,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,6 +47,7 @@ from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.plan_cache import compiled_plan  # noqa: E402
 
 LIMITS = sandbox.Limits(memory_mb=256, nproc=64, cpu_cores=1.0)
+T = TypeVar("T")
 
 
 def spec(limits: sandbox.Limits) -> sandbox.Spec:
@@ -55,16 +61,28 @@ def run_true(s: sandbox.Spec, backend: str = "native") -> None:
         raise RuntimeError(f"/bin/true exited {p.returncode}")
 
 
-def no_cgroup(s: sandbox.Spec) -> None:
+def template_true(t: sandbox.Template) -> None:
+    with t.spawn(["/bin/true"]) as p:
+        pass
+    if p.returncode != 0:
+        raise RuntimeError(f"/bin/true exited {p.returncode}")
+
+
+def without_cgroups(fn: Callable[[], T]) -> T:
+    """fn() with no cgroup for the caller ($SANDBOX_CGROUP_PARENT pointing nowhere)."""
     saved = os.environ.get(cgroups.PARENT_ENV)
     os.environ[cgroups.PARENT_ENV] = "/nonexistent"
     try:
-        run_true(s)
+        return fn()
     finally:
         if saved is None:
             del os.environ[cgroups.PARENT_ENV]
         else:
             os.environ[cgroups.PARENT_ENV] = saved
+
+
+def no_cgroup(s: sandbox.Spec) -> None:
+    without_cgroups(lambda: run_true(s))
 
 
 def cgroup_steps(n: int) -> dict[str, float]:
@@ -156,6 +174,8 @@ def main() -> int:
                 json.dump({"mechanism": info.mechanism, "workerpool_times_ms": times}, f)
         return 0
     plain, rl, cg = spec(sandbox.Limits()), spec(sandbox.Limits(nofile=256)), spec(LIMITS)
+    templates = {"plain": sandbox.Template(plain), "limits": sandbox.Template(cg),
+                 "rlimits": without_cgroups(lambda: sandbox.Template(cg))}
     fns = {
         "posix_spawn /bin/true": lambda: subprocess.run(["/bin/true"], check=True),
         "spawn, no limits": lambda: run_true(plain),
@@ -164,15 +184,24 @@ def main() -> int:
         "spawn, same limits, no cgroup (rlimits)": lambda: no_cgroup(cg),
         "bwrap backend, no limits": lambda: run_true(plain, "bwrap"),
         "bwrap backend, cgroup limits": lambda: run_true(cg, "bwrap"),
+        "Template, no limits": lambda: template_true(templates["plain"]),
+        "Template, cgroup limits": lambda: template_true(templates["limits"]),
+        "Template, same limits, no cgroup (rlimits)": lambda: template_true(templates["rlimits"]),
     }
-    times = measure(fns, args.n, on_round=(lambda: time.sleep(args.gap_ms / 1000)) if args.gap_ms else None)
+    try:
+        times = measure(fns, args.n, on_round=(lambda: time.sleep(args.gap_ms / 1000)) if args.gap_ms else None)
+    finally:
+        for t in templates.values():
+            t.close()
     base = {"spawn": statistics.median(times["spawn, no limits"]),
-            "bwrap": statistics.median(times["bwrap backend, no limits"])}
+            "bwrap": statistics.median(times["bwrap backend, no limits"]),
+            "Template": statistics.median(times["Template, no limits"])}
     print(f"\nspawn+wait of /bin/true, n={args.n} each, interleaved, {args.gap_ms} ms between rounds")
     print(f"{'variant':42} {'median ms':>10} {'p99 ms':>8} {'vs no limits':>13}")
     for name, xs in times.items():
         med = statistics.median(xs)
-        ref = base["bwrap"] if name.startswith("bwrap") else base["spawn"]
+        ref = base["bwrap"] if name.startswith("bwrap") else base["Template"] if name.startswith("Template") \
+            else base["spawn"]
         print(f"{name:42} {med:10.3f} {p99(xs):8.3f} {med - ref:+12.3f}")
     steps = cgroup_steps(args.n) if info.hierarchies else {}
     if steps:

@@ -12,7 +12,10 @@ the Spec (directories of a temporary tree), for sandbox.spawn, the Template
 and bwrap, interleaved per count: what a large mount table costs each.
 
 Targets (issue 10): Template median <= 1.5x posix_spawn and <= 0.25x bwrap,
-p99 <= 2.5 ms; sustained >= 4x bwrap.
+p99 <= 2.5 ms; sustained >= 4x bwrap. A Template(recycle=True) row (issue 26:
+its standbys reset and serve again) runs beside them; its CPU is measured
+by benchmarks/tradeoffs.py (the whole machine's: a recycled pid 1 is never
+reaped, so the template's process tree does not count it).
 
     python benchmarks/template.py [-n 500] [--seconds 5] [--binds 10,100,1000] [--bind-runs 50]
                                   [--json out.json]
@@ -42,6 +45,7 @@ from sandbox import netpool  # noqa: E402
 POSIX = "posix_spawn /bin/true"
 BWRAP = "bwrap (same config)"
 TEMPLATE = "Template.spawn, network=pool"
+RECYCLED = "Template.spawn, recycle=True (own netns)"
 
 
 STAGES: list[dict[str, float]] = []  # the pooled Template's timings, one dict per spawn
@@ -100,13 +104,15 @@ def _posix_spawn() -> None:
     os.waitpid(pid, 0)
 
 
-def variants(pooled: sandbox.Template, fresh: sandbox.Template) -> dict[str, Callable[[], object]]:
+def variants(pooled: sandbox.Template, fresh: sandbox.Template,
+             recycled: sandbox.Template) -> dict[str, Callable[[], object]]:
     """name -> one spawn+wait of /bin/true."""
     spec = sandbox.Spec(mounts=MOUNTS)
     out: dict[str, Callable[[], object]] = {
         POSIX: _posix_spawn,
         TEMPLATE: lambda: _wait(pooled.spawn(["/bin/true"]), STAGES),
         "Template.spawn, network=none (fresh netns)": lambda: _wait(fresh.spawn(["/bin/true"])),
+        RECYCLED: lambda: _wait(recycled.spawn(["/bin/true"])),
         "sandbox.spawn, network=pool": lambda: _wait(sandbox.spawn(["/bin/true"], spec.replace(network="pool"))),
         "sandbox.spawn, network=none": lambda: _wait(sandbox.spawn(["/bin/true"], spec)),
     }
@@ -171,13 +177,14 @@ def main() -> int:
           f"kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
     netpool.enable(size=8, for_network_none=False).wait_filled(30)
     spec = sandbox.Spec(mounts=MOUNTS)
-    with sandbox.Template(spec.replace(network="pool")) as pooled, sandbox.Template(spec) as fresh:
-        fns = variants(pooled, fresh)
+    with (sandbox.Template(spec.replace(network="pool")) as pooled, sandbox.Template(spec) as fresh,
+          sandbox.Template(spec, recycle=True) as recycled):
+        fns = variants(pooled, fresh, recycled)
         times = measure(fns, args.n)
         print(table(times))
         print("\n" + stage_table(STAGES[-args.n:]))
         print("\n" + cpu_table(pooled, fns[TEMPLATE], fns[POSIX], min(args.n, 300)))
-        rated = (TEMPLATE, "sandbox.spawn, network=pool", BWRAP)
+        rated = (TEMPLATE, RECYCLED, "sandbox.spawn, network=pool", BWRAP)
         rates = {name: calls_per_second(fns[name], 2, args.seconds) for name in rated if name in fns}
     print("\n| sustained, 2 callers | sandboxes/s | / bwrap |\n|---|---|---|")
     for name, rate in rates.items():

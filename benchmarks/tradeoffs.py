@@ -11,10 +11,11 @@ option. Three measures, each side by side in one run:
 - busy CPU per spawn: each variant alone for a block of spawns, the whole
   machine's busy time (/proc/stat) divided by the spawns, so the kernel's
   asynchronous teardown and the template process count too; blocks of every
-  variant alternate, so drift hits them alike;
+  variant alternate, so drift hits them alike (--own-cpu: this process
+  tree's CPU alone, from a cpuacct cgroup, on a machine others load);
 - sustained rate: 2 caller threads back to back for a few seconds.
 
-    python benchmarks/tradeoffs.py [-n 300] [--seconds 3]
+    python benchmarks/tradeoffs.py [-n 300] [--seconds 3] [--only NAME,...] [--own-cpu]
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def _native(spec: sandbox.Spec, kind: str) -> Variant:
     return run
 
 
-def _template(spec: sandbox.Spec, kind: str, stack: contextlib.ExitStack) -> Variant:
+def _template(spec: sandbox.Spec, kind: str, stack: contextlib.ExitStack, recycle: bool = False) -> Variant:
     with proc_covers(kind):
-        template = stack.enter_context(sandbox.Template(spec))
+        template = stack.enter_context(sandbox.Template(spec, recycle=recycle))
     return lambda: _check(template.spawn(["/bin/true"]))
 
 
@@ -121,14 +122,49 @@ def variants(stack: contextlib.ExitStack) -> dict[str, Variant]:
     for kind in COVERS:
         label = "" if kind == "default" else f", experiment: {kind}"
         out[f"Template.spawn{label}"] = _template(spec, kind, stack)
+    # issue 26: its standbys reset after each request and serve again (a network namespace of their own)
+    out["Template.spawn, recycle=True"] = _template(spec, "default", stack, recycle=True)
     return out
 
 
+OWN_CPU: str | None = None  # --own-cpu: a cpuacct cgroup holding this process and all it starts
+
+
 def _busy_seconds() -> float:
-    """The machine's busy CPU seconds so far (every CPU, every state but idle and iowait)."""
+    """The machine's busy CPU seconds so far (every CPU, every state but idle and iowait); with
+    --own-cpu, the CPU seconds of this process and everything it started (kernel work they caused in
+    kernel threads, such as a network namespace's cleanup, is not counted)."""
+    if OWN_CPU is not None:
+        with open(os.path.join(OWN_CPU, "cpuacct.usage")) as f:
+            return int(f.read()) / 1e9
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def own_cpu() -> Iterator[None]:
+    """Move this process into a cpuacct cgroup of its own (v1, root), so that busy CPU counts what it and
+    its sandboxes use, not the rest of a shared machine; back out and remove it at the end."""
+    global OWN_CPU
+    top = "/sys/fs/cgroup/cpuacct"
+    path = os.path.join(top, f"sbx-bench-{os.getpid()}")
+    os.mkdir(path)
+    try:
+        with open(os.path.join(path, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        OWN_CPU = path
+        yield
+    finally:
+        OWN_CPU = None
+        with open(os.path.join(top, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        for _ in range(100):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 def busy_cpu(fns: dict[str, Variant], blocks: int, per_block: int) -> dict[str, float]:
@@ -173,13 +209,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=300, help="interleaved runs per variant (default 300)")
     ap.add_argument("--seconds", type=float, default=3.0, help="length of each sustained run (default 3)")
+    ap.add_argument("--only", default="", help="comma-separated substrings: only the variants whose name has one")
+    ap.add_argument("--own-cpu", action="store_true",
+                    help="busy CPU of this process tree alone (a cpuacct cgroup; root, cgroup v1), not the machine's")
     args = ap.parse_args()
     netpool.enable(size=8, for_network_none=False).wait_filled(30)
     print(f"# /bin/true spawn+wait, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}, kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
     with contextlib.ExitStack() as stack:
+        if args.own_cpu:
+            stack.enter_context(own_cpu())
         stack.enter_context(experiments())
         fns = variants(stack)
+        if args.only:
+            fns = {k: v for k, v in fns.items() if any(part in k for part in args.only.split(","))}
         times = measure(fns, args.n)
         cpu = busy_cpu(fns, blocks=4, per_block=max(10, args.n // 6))
         rates = {name: calls_per_second(fn, 2, args.seconds) for name, fn in fns.items()}

@@ -91,7 +91,7 @@ void sbx_check_probe_paths(struct sbx_ctx *c)
  * slaves or private, never shared; a copy of a mount namespace keeps each
  * mount's propagation, and a mount made beneath one that is not shared
  * propagates nowhere: nothing done here reaches the template. */
-static void setup_filesystem(struct sbx_ctx *c)
+void sbx_setup_filesystem(struct sbx_ctx *c)
 {
     if (!(c->h->ns & SBX_NS_MOUNT))
         return;
@@ -275,7 +275,7 @@ void sbx_child_start(struct sbx_ctx *c)
 static void setup_world(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
-    setup_filesystem(c);
+    sbx_setup_filesystem(c);
     if (h->ns & SBX_NS_NET)
         sbx_loopback_up(c);
     if (h->n_listen)
@@ -391,6 +391,10 @@ void sbx_child_steps(struct sbx_ctx *c)
     m->start(c);
     map_ids(c);
     setup_world(c);
+    if (m->resident_before_identity) {
+        m->take_request(c);
+        m->stay_resident(c); /* its command child runs sbx_command_steps */
+    }
     join_prepared_userns(c);
     if (m->identity_before_request)
         take_identity(c, 0);
@@ -406,6 +410,16 @@ void sbx_child_steps(struct sbx_ctx *c)
         m->stay_resident(c);
     sbx_install_seccomp(c);
     m->run(c);
+}
+
+void sbx_command_steps(struct sbx_ctx *c)
+{
+    join_prepared_userns(c);
+    last_privileged_steps(c);
+    sbx_enter_cwd(c);
+    sbx_apply_rlimits(c);
+    c->mode->fd_table(c);
+    take_identity(c, 0);
 }
 
 /* In a child that shares our memory and fds, cloned into a new user

@@ -363,6 +363,9 @@ extern const int sbx_n_op_kinds;
  * the report socket (one end of a SOCK_SEQPACKET pair, the caller keeps the
  * other), the status pipe's write end (only for a blob without
  * SBX_OPT_REAPER), a network namespace to join (if SBX_REQ_JOIN_NETNS), the
+ * n_cgroup entry files (cgroup.procs or v1 tasks) of the sandbox's own
+ * cgroups, which its first process writes "0" to before anything else of
+ * the request runs (the caller made them with the request's limits), the
  * stdio fds present in stdio_mask (bit i: fd i), then the pass_fds. Requests
  * on the server's second socket are taken by its standby sandboxes
  * (csrc/standby.c), in the same format; a request with per-call binds goes to
@@ -376,8 +379,13 @@ extern const int sbx_n_op_kinds;
 #define SBX_REQ_STANDBY 4           /* with a store: keep standby sandboxes of that blob on the second
                                        socket, answering once the first is ready (or failed); with
                                        SBX_REQ_JOIN_NETNS, SBX_N_STANDBY leases follow the report socket */
+#define SBX_REQ_RECYCLE 8           /* with a store (before SBX_REQ_STANDBY's): this blob is the reset blob,
+                                       the fresh mounts a recycled standby makes again after each request */
+#define SBX_REQ_RECYCLE_NET_KEPT 16 /* with SBX_REQ_RECYCLE: the reset blob for a reset that keeps the network
+                                       namespace (no socket left in it): without the proc, which stays */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
-#define SBX_REQ_VERSION 1           /* struct sbx_request.version: what follows the header, and how */
+#define SBX_REQ_VERSION 2           /* struct sbx_request.version: what follows the header, and how */
+#define SBX_REQ_MAX_CGROUP 8        /* cgroup entry files with one request (one per hierarchy) */
 #define SBX_REQ_MAX_FDS 253         /* fds with one request (SCM_MAX_FD) */
 struct sbx_request {
     uint32_t magic;         /* SBX_REQ_MAGIC */
@@ -388,6 +396,8 @@ struct sbx_request {
     uint32_t flags;         /* SBX_REQ_* */
     uint32_t stdio_mask;
     uint32_t version;       /* SBX_REQ_VERSION */
+    uint32_t n_cgroup;      /* cgroup entry fds after the netns (at most SBX_REQ_MAX_CGROUP) */
+    uint32_t reserved;      /* 0 */
 };
 
 /* Where a checked request's parts are (sbx_parse_request): pointers into
@@ -399,6 +409,7 @@ struct sbx_request_view {
     const uint32_t *targets;    /* uint32_t[n_pass]: the numbers the pass fds get inside */
     const char *strings;        /* argc + envc NUL-terminated strings, ending where the message does */
     int32_t report, status, netns, stdio[3], pass_at; /* pass_at: the first of n_pass */
+    int32_t cgroup_at;          /* the first of n_cgroup */
 };
 
 /* Check a request message (`len` bytes, 8-aligned) that came with `nfds`

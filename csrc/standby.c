@@ -77,8 +77,7 @@ static void standby_running(struct sbx_ctx *c)
     c->keep_fd = -1;
 }
 
-/* Wait for a request and take it (SBX_MODE_STANDBY's take_request). */
-static void await_request(struct sbx_ctx *c)
+void tpl_take_request(struct sbx_ctx *c, int recycled)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     struct tpl_server *s = t->srv;
@@ -88,10 +87,13 @@ static void await_request(struct sbx_ctx *c)
     if (n == 0)
         _exit(0); /* the caller has gone */
     s->standby_taken[t->slot] = 1;
-    close(s->fast_fd);
+    t->nfds = nfds;
+    if (!recycled)
+        close(s->fast_fd);
     struct request q = {.fds = t->fds, .nfds = nfds, .report = nfds > 0 ? t->fds[0] : -1, .status = -1, .netns = -1};
     if (n < 0 || parse_request(s, &q, (size_t)n) < 0)
         refuse(c, &q, n == -2 ? EMSGSIZE : EINVAL);
+    int lease = c->in.lease_fd;
     if (q.netns >= 0) {
         /* Already in its lease: the request's is for the standby that replaces this one. */
         note(t, t->srv->notify_wr, NOTE_LEASE, q.netns);
@@ -101,7 +103,9 @@ static void await_request(struct sbx_ctx *c)
     const struct sbx_header *h = (const void *)q.blob;
     if (!compatible(c->h, h))
         refuse(c, &q, EINVAL);
-    if (sbx_stays_resident(c)) {
+    if (recycled) {
+        /* pid 1 keeps its sockets (close-on-exec: its command child never has them) */
+    } else if (sbx_stays_resident(c)) {
         c->keep_fd = s->notify_wr; /* close-on-exec: the command never has it (standby_running closes it) */
     } else { /* as_pid_1: the server writes its status, and replaces it now */
         note(t, t->srv->notify_wr, NOTE_TAKEN, q.status);
@@ -114,7 +118,7 @@ static void await_request(struct sbx_ctx *c)
     struct sbx_input in = SBX_INPUT_NONE;
     request_input(&in, &q, q.pass);
     in.proc_dir = c->in.proc_dir;
-    in.lease_fd = c->in.lease_fd;
+    in.lease_fd = lease;
     in.sh_argv = malloc((q.r->argc + 2) * sizeof *in.sh_argv);
     in.scrub = s->msg;
     in.scrub_len = (size_t)n;
@@ -127,10 +131,20 @@ static void await_request(struct sbx_ctx *c)
     sbx_stamp(c, SBX_T_IDMAP); /* its user namespace was joined before the request */
 }
 
+/* Wait for a request and take it (SBX_MODE_STANDBY's take_request). */
+static void await_request(struct sbx_ctx *c)
+{
+    tpl_take_request(c, 0);
+    /* Into the request's cgroups before anything else of it: the command
+     * and whatever it forks are born there. A process moving itself is the
+     * cheap case (on cgroup v1 another's move takes a global lock). */
+    sbx_enter_cgroups(c);
+}
+
 /* The standby's first moments: its lease first, so that its proc (mounted
  * next) shows that namespace's sys/net; then it drops what is the server's
  * alone (it keeps the standbys' request socket and the notify socket). */
-static void standby_start(struct sbx_ctx *c)
+void tpl_standby_start(struct sbx_ctx *c)
 {
     if (c->in.lease_fd >= 0 && setns(c->in.lease_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
@@ -142,7 +156,7 @@ static void standby_start(struct sbx_ctx *c)
  * identity, before it waits; it stays resident as pid 1 with a reaper. */
 const struct sbx_mode SBX_MODE_STANDBY = {
     .name = "standby",
-    .start = standby_start,
+    .start = tpl_standby_start,
     .userns_ahead = 1,
     .identity_before_request = 1,
     .take_request = await_request,
@@ -170,7 +184,7 @@ pid_t make_standby(struct tpl_server *s, int slot, int lease)
     in.proc_dir = s->proc_dir;
     in.lease_fd = lease;
     struct tpl_sandbox t = {.srv = s, .slot = slot};
-    sbx_ctx_init(&t.c, &SBX_MODE_STANDBY, &in, &t.res);
+    sbx_ctx_init(&t.c, s->reset_blob ? &SBX_MODE_RECYCLE : &SBX_MODE_STANDBY, &in, &t.res);
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};
     pid_t pid = -1;
     if (sbx_prepare_userns(&t.c) == 0) {

@@ -66,7 +66,7 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
     close(s->sig_fd);
     close(s->own_netns);
     close(s->host_tree);
-    if (s->null_master >= 0)
+    if (s->null_master >= 0 && !(standby && s->reset_blob)) /* a recycled one clones its masks from it */
         close(s->null_master);
     if (!standby) {
         close(s->fast_fd);
@@ -74,7 +74,9 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
     }
 }
 
-/* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob;
+/* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob
+ * (with SBX_REQ_RECYCLE, as the reset blob: the standbys to come are
+ * recycled, csrc/template_recycle.c);
  * with SBX_REQ_STANDBY, start the standbys and answer once one is ready;
  * with SBX_REQ_JOIN_NETNS as well, N_STANDBY leases follow the report
  * socket, one for each standby (leases mode). */
@@ -84,11 +86,14 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
     int err = EINVAL;
     if (sbx_check_store(s->msg, len, nfds) == 0) { /* wire.c */
         char *copy = malloc(r->blob_len);
+        char **into = (r->flags & SBX_REQ_RECYCLE_NET_KEPT) ? &s->reset_kept_blob
+                      : (r->flags & SBX_REQ_RECYCLE)        ? &s->reset_blob
+                                                            : &s->stored_blob;
         err = copy ? 0 : ENOMEM;
         if (copy) {
             memcpy(copy, s->msg + sizeof *r, r->blob_len);
-            free(s->stored_blob);
-            s->stored_blob = copy;
+            free(*into);
+            *into = copy;
         }
     }
     if (!err && (r->flags & SBX_REQ_STANDBY) && s->store_report < 0) {
@@ -99,13 +104,15 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
         sbx_report_fd(fds[0], err ? SBX_STEP_CONFIG : SBX_STEP_NONE, -1, err, SBX_D_NONE);
 }
 
-/* The child, in its new namespaces: drop what is the server's alone. Its
+/* The child, in its new namespaces: its cgroups first (every process it
+ * makes is born inside), then drop what is the server's alone. Its
  * signal dispositions are the server's, all default (main), and every
  * signal is blocked; a sandbox plan never asks for a parent-death signal
  * (the server's death ends it): nothing of sbx_child_start is left to do. */
 static void template_start(struct sbx_ctx *c)
 {
     sbx_stamp(c, SBX_T_CHILD);
+    sbx_enter_cgroups(c);
     tpl_close_server_fds(TPL_SANDBOX(c)->srv, 0);
 }
 

@@ -6,6 +6,7 @@
  *   template_trees.c    trees the server clones from the host's for a sandbox
  *   template_schedule.c the standby schedule: notes, reaping, replacements
  *   standby.c           a standby sandbox itself (SBX_MODE_STANDBY)
+ *   template_recycle.c  a recycled standby, serving request after request (SBX_MODE_RECYCLE)
  *   resident.c          a sandbox's resident pid 1 (both modes)
  *
  * The server's state is one struct tpl_server, passed by pointer; a
@@ -22,6 +23,7 @@
 #define MAX_FDS SBX_REQ_MAX_FDS /* SCM_MAX_FD */
 #define N_STANDBY SBX_N_STANDBY
 #define MAX_NULL_TREES 64
+#define TAKEN_RESETTING 2
 
 /* A sandbox without a reaper (as_pid_1): the server, its parent, writes its
  * wait status to the caller's status pipe. */
@@ -56,8 +58,11 @@ struct tpl_server {
     int own_netns; /* to come back to after a clone into a lease */
     int null_master; /* a detached read-only /dev/null to clone (-2: not made yet, -1: none) */
     char *stored_blob; /* SBX_REQ_STORE_BLOB */
+    char *reset_blob;  /* SBX_REQ_STORE_BLOB|SBX_REQ_RECYCLE: the standbys are recycled (template_recycle.c) */
+    char *reset_kept_blob; /* ... |SBX_REQ_RECYCLE_NET_KEPT: their reset when the netns is kept */
     /* the standby schedule (template_schedule.c) */
-    volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request */
+    volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request
+                                    (TAKEN_RESETTING: a recycled one's command has ended) */
     struct standby_slot standby[N_STANDBY];
     int standby_on;   /* making standbys: asked for, and none has failed */
     /* Leases mode (the stored plan's sandboxes lease their network namespace):
@@ -82,6 +87,9 @@ struct tpl_sandbox {
     int slot;           /* a standby's slot */
     struct sbx_result res;
     int fds[MAX_FDS];   /* a standby's request's fds */
+    int nfds;
+    int *src_fds;       /* a recycled standby's scratch for its reset blob's ops */
+    int own_null;       /* a recycled standby's srv->null_master is its own (template_recycle.c) */
 };
 #define TPL_SANDBOX(ctx) ((struct tpl_sandbox *)((char *)(ctx) - offsetof(struct tpl_sandbox, c)))
 
@@ -99,6 +107,8 @@ struct request {
     int *fds;
     int nfds, report, status, netns, stdio[3];
     int *pass;
+    const int *cgroup; /* the sandbox's cgroup entry fds, n_cgroup of them */
+    int n_cgroup;
 };
 /* Receive one request and its fds from `fd` into s->msg; its length, 0 when
  * the caller has gone, -2 when it did not fit (fds are received still). */
@@ -152,6 +162,12 @@ struct standby_note {
  * namespace `lease` (-1: none; the standby owns its copy): its pid, or -1. */
 pid_t make_standby(struct tpl_server *s, int slot, int lease);
 
-extern const struct sbx_mode SBX_MODE_TEMPLATE, SBX_MODE_STANDBY;
+/* A standby's first moments (its lease, the server's fds dropped). */
+void tpl_standby_start(struct sbx_ctx *c);
+/* Wait for a request on the standbys' socket and take it into c; a
+ * `recycled` standby keeps its sockets for the next one. */
+void tpl_take_request(struct sbx_ctx *c, int recycled);
+
+extern const struct sbx_mode SBX_MODE_TEMPLATE, SBX_MODE_STANDBY, SBX_MODE_RECYCLE;
 
 #endif

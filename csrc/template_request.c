@@ -50,6 +50,8 @@ int parse_request(struct tpl_server *s, struct request *q, size_t len)
     for (int i = 0; i < 3; i++)
         q->stdio[i] = v.stdio[i] >= 0 ? q->fds[v.stdio[i]] : -1;
     q->pass = q->fds + v.pass_at;
+    q->cgroup = q->fds + v.cgroup_at;
+    q->n_cgroup = (int)q->r->n_cgroup;
     return 0;
 }
 
@@ -64,6 +66,8 @@ void request_input(struct sbx_input *in, const struct request *q, const int *pas
     in->n_pass = (int)q->r->n_pass;
     in->fd_targets = q->targets;
     in->err_fd = q->report;
+    in->cgroup_fds = q->cgroup;
+    in->n_cgroup = q->n_cgroup;
 }
 
 ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds)

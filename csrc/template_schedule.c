@@ -207,6 +207,11 @@ int serving_fast(struct tpl_server *s)
     for (int k = 0; k < N_STANDBY; k++)
         if (ready(s, k))
             return 0;
+    /* A recycled standby being reset is ready within a moment: the request
+     * waits for it rather than for a sandbox the server would clone. */
+    for (int k = 0; s->reset_blob && k < N_STANDBY; k++)
+        if (s->standby[k].pid && s->standby_taken[k] == TAKEN_RESETTING)
+            return 0;
     return 1;
 }
 

@@ -145,7 +145,8 @@ int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds,
 {
     const struct sbx_request *r = msg;
     const char *m = msg;
-    if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc == 0 || r->n_pass > SBX_REQ_MAX_FDS)
+    if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc == 0 || r->n_pass > SBX_REQ_MAX_FDS ||
+        r->n_cgroup > SBX_REQ_MAX_CGROUP || r->reserved)
         return -1;
     const char *blob = stored;
     if (r->blob_len) {
@@ -162,9 +163,9 @@ int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds,
     const char *strings = m + blob_end + 4 * r->n_pass;
     if (strings_end(strings, m + len, (uint64_t)r->argc + r->envc) != m + len)
         return -1;
-    /* the fds: report, status (without a reaper), netns, stdio, pass */
+    /* the fds: report, status (without a reaper), netns, cgroups, stdio, pass */
     int with_status = !(h->opts & SBX_OPT_REAPER), join = (r->flags & SBX_REQ_JOIN_NETNS) != 0;
-    int at = 1 + with_status + join;
+    int at = 1 + with_status + join + (int)r->n_cgroup;
     if (nfds != at + __builtin_popcount(r->stdio_mask & 7) + (int)r->n_pass)
         return -1;
     view->blob = blob;
@@ -173,6 +174,7 @@ int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds,
     view->report = 0;
     view->status = with_status ? 1 : -1;
     view->netns = join ? 1 + with_status : -1;
+    view->cgroup_at = 1 + with_status + join;
     for (int i = 0; i < 3; i++)
         view->stdio[i] = (r->stdio_mask & (1u << i)) ? at++ : -1;
     view->pass_at = at;
@@ -182,7 +184,8 @@ int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds,
 int sbx_check_store(const void *msg, size_t len, int nfds)
 {
     const struct sbx_request *r = msg;
-    if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc || !(r->flags & SBX_REQ_STORE_BLOB))
+    if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc || !(r->flags & SBX_REQ_STORE_BLOB) ||
+        r->n_cgroup || r->reserved)
         return -1;
     int leases = (r->flags & SBX_REQ_STANDBY) && (r->flags & SBX_REQ_JOIN_NETNS);
     if (nfds != 1 + (leases ? SBX_N_STANDBY : 0) || r->blob_len == 0 || r->blob_len != len - sizeof *r)

@@ -6,20 +6,24 @@ sandbox's namespaces down (a mount namespace's mounts one by one), which the
 caller's wait need not sit through; but that pid 1 is the caller's child and
 must still be reaped. One daemon thread does it, in turn: each pid it is
 given is already on its way out (nothing inside can stop a pid 1), and it
-holds no fd meanwhile.
+holds no fd meanwhile. A pid 1 another process reaps (a Template's sandbox)
+is known by a pidfd: the same thread waits for its exit (`after_exit`) to
+run what must wait for it (removing its cgroup), holding that pidfd alone.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import select
 import threading
 from collections.abc import Callable
 
-__all__ = ["reap_later"]
+__all__ = ["after_exit", "reap_later"]
 
 _lock = threading.Lock()
-_pids: queue.SimpleQueue[tuple[int, Callable[[], None] | None]] = queue.SimpleQueue()
+# (pid, then, pidfd): a child to reap (pidfd -1), or a pidfd to wait on (pid -1)
+_pids: queue.SimpleQueue[tuple[int, Callable[[], None] | None, int]] = queue.SimpleQueue()
 _owner = -1  # the process whose reaper thread runs
 
 
@@ -37,7 +41,16 @@ def reap_later(pid: int, then: Callable[[], None] | None = None) -> None:
         if then is not None:
             then()
         return
-    _pids.put((pid, then))
+    _pids.put((pid, then, -1))
+
+
+def after_exit(pidfd: int, then: Callable[[], None]) -> None:
+    """Run `then()` once the process of `pidfd` (exiting; not necessarily our
+    child) has exited, without waiting here; `pidfd` is ours to close."""
+    if not _thread_running():
+        _reap(-1, then, pidfd)
+        return
+    _pids.put((-1, then, pidfd))
 
 
 def _thread_running() -> bool:
@@ -59,11 +72,18 @@ def _loop() -> None:
         _reap(*_pids.get())
 
 
-def _reap(pid: int, then: Callable[[], None] | None = None) -> None:
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:  # reaped elsewhere
-        pass
+def _reap(pid: int, then: Callable[[], None] | None = None, pidfd: int = -1) -> None:
+    if pidfd >= 0:
+        try:
+            while not select.select([pidfd], [], [], 5.0)[0]:
+                pass  # a pid 1 whose sandbox is on its way out: it cannot stay
+        finally:
+            os.close(pidfd)
+    else:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:  # reaped elsewhere
+            pass
     if then is not None:
         try:
             then()

@@ -34,13 +34,13 @@ from typing import Any
 from . import backends
 from .api import Stdio, StdioArg, check_pass_fds, run_with
 from .backends.template import Server, launch_in
-from .errors import SpecError
+from .errors import SpecError, UnavailableError
 from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
 from .refusal import refusal
 from .spec import Bind, Limits, Spec
 from .validate import StrPath, check_env, check_items, check_path
-from .warm_plan import plan_for_call, template_plans
+from .warm_plan import plan_for_call, recycle_plan, recycle_refusal, template_plans
 
 __all__ = ["Template"]
 
@@ -52,11 +52,19 @@ class Template:
     what a Template cannot do (no user, mount or pid namespace, port
     forwarding, the network check, CAP_SYS_ADMIN kept, a Tmpfs at /), and
     SetupError when building the root fails (a missing bind source...).
+
+    `recycle=True` (opt-in): a standby sandbox whose command has ended is
+    reset and serves the next request in the same namespaces instead of
+    being replaced (docs/template.md says what it resets and what a
+    recycled sandbox shares with its predecessor); UnavailableError names
+    what in the Spec it could not reset.
     """
 
-    def __init__(self, spec: Spec) -> None:
+    def __init__(self, spec: Spec, *, recycle: bool = False) -> None:
         if not isinstance(spec, Spec):
             raise SpecError("spec", spec, "must be a sandbox.Spec")
+        if not isinstance(recycle, bool):
+            raise SpecError("recycle", recycle, "must be True or False")
         backends.choose("template")
         host = backends.host_for("template")
         plan = compile_plan(spec, host)
@@ -65,8 +73,15 @@ class Template:
             raise refused
         self.spec = spec
         self._hard_limits = host.hard_limits
-        self._plans = template_plans(plan)
-        self._server = Server(self._plans.shared, self._plans.sandbox)
+        self._cgroups = host.cgroups
+        self._plans = template_plans(recycle_plan(plan) if recycle else plan)
+        why = recycle_refusal(self._plans.sandbox) if recycle else None
+        if why is not None:
+            raise UnavailableError(f"Template(recycle=True): {why}")
+        self.recycle = recycle
+        # a recycled sandbox's reset makes every mount of the sandbox plan again: its blob is the reset blob
+        self._server = Server(self._plans.shared, self._plans.sandbox,
+                              recycle=self._plans.sandbox if recycle else None)
 
     @property
     def pid(self) -> int:
@@ -86,7 +101,8 @@ class Template:
         plan = self._plans.sandbox
         if env is not None or cwd is not None or limits is not None or binds:
             plan = plan_for_call(plan, env=_check_env(env), cwd=_check_cwd(cwd), limits=_check_limits(limits),
-                                 binds=_check_binds(binds), hard_limits=self._hard_limits)
+                                 binds=_check_binds(binds), hard_limits=self._hard_limits,
+                                 cgroups=self._cgroups)
         stdio = Stdio(stdin, stdout, stderr)
         try:
             launched = launch_in(self._server, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)

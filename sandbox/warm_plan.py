@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from . import spec as S
-from .errors import SpecError
+from .cgroups import CgroupInfo
+from .errors import SpecError, UnavailableError
 from .paths import root_holding
 from .plan import (
     DEFAULT_PATH,
@@ -26,6 +27,7 @@ from .plan import (
     compile_mount,
     landlock_rules,
     maps_root_first,
+    plan_cgroup,
     plan_rlimits,
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
@@ -169,7 +171,8 @@ def template_plans(plan: Plan) -> TemplatePlans:
     every sandbox), shares the caller's ipc, uts and cgroup namespaces (each
     sandbox gets its own as the plan says), and nothing of the command's: no
     seccomp filter (its sandboxes create user namespaces), no Landlock,
-    rlimits or environment. Its /dev has no devpts, so it needs no uid 0
+    rlimits, cgroup limits (each sandbox enters a cgroup of its own) or
+    environment. Its /dev has no devpts, so it needs no uid 0
     mapped (each sandbox maps it during its own setup, as the plan says).
     """
     pooled = plan.network == "pool"
@@ -182,6 +185,7 @@ def template_plans(plan: Plan) -> TemplatePlans:
         die_with_parent=False, new_session=True,
         reaper=False, seccomp=b"", landlock=False, landlock_best_effort=False, landlock_rules=(), probe_paths=(),
         forward=(), check_network=False, exec_fd=True, host_tree=True,
+        cgroup=None, limits_fallback=(), limits_mechanism="rlimit",  # each sandbox has a cgroup of its own
     )
     # The template's death ends every sandbox (they live in its pid namespace).
     early = plan.reaper and allows_resident(plan.seccomp)
@@ -189,19 +193,58 @@ def template_plans(plan: Plan) -> TemplatePlans:
                                                         seccomp_early=early))
 
 
+def recycle_refusal(plan: Plan) -> str | None:
+    """Why the sandboxes of `plan` (a Template's sandbox plan) cannot be
+    recycled (Template(spec, recycle=True)), or None: what a recycled
+    sandbox's pid 1 could not reset, or would have to give up to reset it."""
+    if not plan.reaper:
+        return "as_pid_1: a recycled sandbox's pid 1 is the reaper that resets it"
+    if plan.keep_caps:
+        return "cap_add: a command that keeps a capability is cloned per request, never by a standby"
+    if plan.cgroup is not None:
+        return ("cgroup limits (memory_mb, nproc, cpu_cores): its pid 1 would stay in its last request's "
+                "cgroup; set them per call instead (such calls get sandboxes of their own)")
+    return None
+
+
+def recycle_plan(plan: Plan) -> Plan:
+    """`plan` for a Template whose sandboxes are recycled: a network namespace
+    of its own rather than one leased from the pool ("pool" serves "none": the
+    same loopback-only namespace), since its pid 1 makes a fresh one after each
+    request and mounts its proc again in it (csrc/template_recycle.c)."""
+    return replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
+
+
+def net_kept_plan(plan: Plan) -> Plan:
+    """What a recycled sandbox makes again when it keeps its network
+    namespace (no socket left in it): every mount of `plan` but its proc,
+    which shows the same pid and network namespaces, nothing of it the
+    command's to write (csrc/template_recycle.c)."""
+    return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC))
+
+
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                   limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
-                  hard_limits: Mapping[int, int] | None = None) -> Plan:
+                  hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None) -> Plan:
     """A sandbox plan with one call's overrides: the complete environment,
-    the working directory (must exist), the limits, and extra binds
-    (with_task_binds: the template's server clones their source trees from
-    its copy of the host tree)."""
+    the working directory (must exist), the limits (their cgroup as
+    `cgroups`, the Template's host cgroups, allows; the rest as rlimits, as
+    sandbox.plan decides), and extra binds (with_task_binds: the template's
+    server clones their source trees from its copy of the host tree).
+    UnavailableError when the limits require cgroups this host lacks."""
     changes: dict[str, object] = {}
     if env is not None:
         changes.update(env=tuple(f"{k}={v}" for k, v in env.items()), path=command_path(env))
     if cwd is not None:
         changes.update(cwd_candidates=(cwd,), cwd_strict=True)
     if limits is not None:
-        changes["rlimits"] = plan_rlimits(limits, hard_limits or {})
+        info = cgroups if cgroups is not None else CgroupInfo(reason="no cgroups given for this call")
+        cgroup, fallback = plan_cgroup(limits, info)
+        if limits.require_cgroups and fallback:
+            raise UnavailableError(f"limits.require_cgroups: no cgroup for {', '.join(fallback)} with a Template "
+                                   f"here: {info.reason}")
+        changes.update(rlimits=plan_rlimits(limits, hard_limits or {}, fallback), cgroup=cgroup,
+                       limits_fallback=fallback, require_cgroups=limits.require_cgroups,
+                       limits_mechanism=info.mechanism if cgroup is not None else "rlimit")
     plan = replace(plan, **changes) if changes else plan  # type: ignore[arg-type]
     return with_task_binds(plan, binds) if binds else plan

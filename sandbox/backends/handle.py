@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from ..cgroups import Walls
-from ..reaper import reap_later
+from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
 __all__ = ["ProcessHandle"]
@@ -111,12 +111,12 @@ class ProcessHandle:
         if self.ended_fd >= 0 and _readable(self.ended_fd):
             if cast(EarlyStatus, self.exit).arrived():
                 if self.pidfd >= 0:
-                    return signal.SIGKILL, None
+                    return signal.SIGKILL, self._remove_walls_after_exit()
                 pid, walls = self.pid, self.walls  # its cgroup goes once it is reaped, after finish() read it
                 return signal.SIGKILL, lambda: reap_later(pid, walls.remove if walls is not None else None)
             self.ended_fd = -1  # gone without a word (killed): wait for the process itself
         if self.pidfd >= 0:
-            return (signal.SIGKILL, None) if _readable(self.pidfd) else (None, None)
+            return (signal.SIGKILL, self._remove_walls_after_exit()) if _readable(self.pidfd) else (None, None)
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
@@ -125,11 +125,31 @@ class ProcessHandle:
             return None, None
         return status, self.walls.remove if self.walls is not None else None
 
+    def _remove_walls_after_exit(self) -> Callable[[], None] | None:
+        """Removing the cgroup of a first process known by its pidfd (not our
+        child: another reaps it) once it has exited, which it does right after
+        its status is written, in the background: its exit is where the kernel
+        tears its namespaces down, which the caller's wait need not sit through
+        (a cgroup empties as its last process exits, before it is reaped)."""
+        walls = self.walls
+        if walls is None or walls.cgroup is None:
+            return None
+        try:
+            pidfd = os.dup(self.pidfd)
+        except OSError:
+            return walls.remove
+        return lambda: after_exit(pidfd, walls.remove)
+
     # ------------------------------------------------------------ signals and the end
 
     def signal(self, sig: int) -> None:
         """Send `sig` to the sandbox's first process (its reaper passes it on
-        to the command); SIGKILL also reaches every process of its cgroup."""
+        to the command); SIGKILL also reaches every process of its cgroup.
+        Nothing once its status is in: the sandbox has ended, and a first
+        process known by its pidfd may be serving another request by now (a
+        recycled Template sandbox's pid 1)."""
+        if self.pidfd >= 0 and self.ended_fd >= 0 and _readable(self.ended_fd):
+            return
         if sig == signal.SIGKILL and self.walls is not None:
             self.walls.kill()
         try:

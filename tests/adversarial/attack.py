@@ -7,7 +7,9 @@ runs on every backend, and through a Template, as whoever runs the suite
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from typing import Any
 
 import pytest
@@ -15,15 +17,18 @@ from conftest import BASE_MOUNTS, make_base_spec
 
 import sandbox
 from sandbox import backends
+from sandbox.backends.native import lib
 
-BACKENDS = ("native", "bwrap", "template")  # template: sandbox.spawn through a Template kept for the Spec
+# template: sandbox.spawn through a Template kept for the Spec; template-recycle: a Template(recycle=True) per
+# run, its standbys each recycled first (run() alone knows it: tests that spawn otherwise skip it)
+BACKENDS = ("native", "bwrap", "template", "template-recycle")
 PYTHON = "/usr/bin/python3"
 IS_ROOT = os.geteuid() == 0
 
 
 def require(backend: str) -> None:
     """Skip unless `backend` can run here."""
-    if backend == "template":
+    if backend in ("template", "template-recycle"):
         ok, reason = backends.availability("template")
     else:
         result = sandbox.probe()
@@ -33,14 +38,34 @@ def require(backend: str) -> None:
         pytest.skip(f"{backend} backend unavailable: {reason}")
 
 
+def require_spawnable(backend: str) -> None:
+    """require(backend), and skip a backend sandbox.spawn(backend=...) has not: a recycled Template's sandboxes are
+    run() alone's."""
+    require(backend)
+    if backend == "template-recycle":
+        pytest.skip("this attack spawns through sandbox.spawn(backend=...), which has no recycled Template")
+
+
 def run(argv: list[str], spec: sandbox.Spec, backend: str, **kwargs: Any) -> sandbox.CompletedProcess:
     """sandbox.run on `backend`; a Spec a Template refuses skips the test with its reason."""
     try:
+        if backend == "template-recycle":
+            return run_recycled(argv, spec, **kwargs)
         return sandbox.run(argv, spec, backend=backend, **kwargs)
     except sandbox.UnavailableError as exc:
-        if backend == "template" and str(exc).startswith("a Template "):
+        if backend.startswith("template") and str(exc).startswith(("a Template ", "Template(recycle=True)")):
             pytest.skip(str(exc))
         raise
+
+
+def run_recycled(argv: list[str], spec: sandbox.Spec, **kwargs: Any) -> sandbox.CompletedProcess:
+    """`argv` in a recycled sandbox of a Template(spec, recycle=True): each standby has served and been reset first."""
+    with sandbox.Template(spec, recycle=True) as t:
+        for _ in range(2 * lib.SBX_N_STANDBY):
+            with contextlib.suppress(sandbox.SandboxError):
+                t.run(["/bin/true"], timeout=60)
+            time.sleep(0.02)  # its reset, before the next request
+        return t.run(argv, **kwargs)
 
 
 def run_sh(backend: str, script: str, spec: sandbox.Spec | None = None, **kwargs: Any) -> sandbox.CompletedProcess:
@@ -60,4 +85,5 @@ def run_py(backend: str, code: str, spec: sandbox.Spec | None = None, *args: str
                capture_output=True, text=True, **kwargs)
 
 
-__all__ = ["BACKENDS", "BASE_MOUNTS", "IS_ROOT", "make_base_spec", "require", "run_py", "run_sh"]
+__all__ = ["BACKENDS", "BASE_MOUNTS", "IS_ROOT", "make_base_spec", "require", "require_spawnable", "run", "run_py",
+           "run_sh"]

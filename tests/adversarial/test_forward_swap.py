@@ -23,7 +23,7 @@ import pytest
 import sandbox
 from sandbox import Bind
 
-from .attack import BACKENDS, PYTHON, require, run_py
+from .attack import BACKENDS, PYTHON, require, require_spawnable, run_py
 
 pytestmark = pytest.mark.integration
 
@@ -124,7 +124,7 @@ print(ask())
 def test_a_socket_recreated_in_place_is_still_found(base_spec, tmp_path: Path, backend: str) -> None:
     if backend == "template":
         pytest.skip("a Template does not forward ports")
-    require(backend)
+    require_spawnable(backend)
     box = tmp_path / "box"
     box.mkdir()
     target = box / "service.sock"

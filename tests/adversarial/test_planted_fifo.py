@@ -25,7 +25,7 @@ import pytest
 import sandbox
 from sandbox import Bind, File, Tmpfs
 
-from .attack import BACKENDS, make_base_spec, require, run_sh
+from .attack import BACKENDS, make_base_spec, require_spawnable, run_sh
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def _box(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("reader", [False, True], ids=["no-reader", "reader"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_planted_fifo_fails_fast(backend: str, reader: bool, tmp_path: Path) -> None:
-    require(backend)
+    require_spawnable(backend)
     box = _box(tmp_path)
     planted = run_sh(backend, "mkfifo /box/config", make_base_spec(Bind(str(box), "/box")))
     assert planted.returncode == 0, planted.stderr
@@ -177,7 +177,7 @@ def _stop_a_setup(caller: subprocess.Popen[bytes], backend: str) -> list[int]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_caller_killed_during_setup_leaves_nothing(backend: str) -> None:
-    require(backend)
+    require_spawnable(backend)
     if backend == "template":
         pytest.skip("a Template's sandboxes set up ahead, in its process's pid namespace: they end with it, and "
                     "it with its caller (test_template.py::test_caller_death_ends_template_and_sandboxes)")

@@ -24,7 +24,7 @@ import pytest
 import sandbox
 from sandbox import Bind, Chmod, Dir, File, RoBind, SetupError, Symlink, Tmpfs
 
-from .attack import BACKENDS, PYTHON, make_base_spec, require, run_sh
+from .attack import BACKENDS, PYTHON, make_base_spec, require, require_spawnable, run_sh
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ MOUNTS_THERE = ("grep -qE ' /box/sub(\\.lnk)?/t ' /proc/self/mountinfo && "
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_swap_race_does_not_redirect_setup(backend: str, host: Host) -> None:
-    require(backend)
+    require_spawnable(backend)
     attempts = 150
     (host.box / "sub").mkdir()
     (host.box / "sub" / "file").write_text("mine\n")

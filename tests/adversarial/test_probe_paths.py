@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import sandbox
 from sandbox import IsolationError, RoBind
 
-from .attack import BACKENDS, make_base_spec, require
+from .attack import BACKENDS, make_base_spec, require, run
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +38,7 @@ def test_probe_through_proc_finds_a_visible_secret(backend: str, probe: str, sec
     require(backend)
     spec = make_base_spec(RoBind(str(secret), "/data"), probe_paths=[probe], cwd="/")
     with pytest.raises(IsolationError) as info:
-        sandbox.run(["true"], spec, backend=backend, timeout=30)
+        run(["true"], spec, backend, timeout=30)
     assert info.value.path == probe
     assert "is visible inside the sandbox" in str(info.value)
 
@@ -49,6 +48,6 @@ def test_probe_through_proc_finds_a_visible_secret(backend: str, probe: str, sec
 def test_probe_through_proc_passes_when_the_secret_is_absent(backend: str, probe: str, secret: Path) -> None:
     require(backend)
     spec = make_base_spec(RoBind(str(secret), "/other"), probe_paths=[probe], cwd="/")
-    done = sandbox.run(["true"], spec, backend=backend, timeout=30)
+    done = run(["true"], spec, backend, timeout=30)
     assert done.returncode == 0
     assert done.isolation["probe_paths_absent"] == [probe]

@@ -37,6 +37,7 @@ from .model import (
     Case,
     Contains,
     ContainsAll,
+    CountedOn,
     EndsWith,
     Greater,
     HostValue,
@@ -85,6 +86,9 @@ BLOB = bytes(range(256)) * 3
 BLOB_SHA256 = hashlib.sha256(BLOB).hexdigest()
 # Why a case's expectations differ on WorkerPool (its `why`), and what it has no meaning for.
 WP = "workerpool"
+TR = "template-recycle"
+TR_PIDS = ("a recycled Template sandbox keeps its pid namespace across requests: its pid numbers keep counting "
+           "(docs/template.md)")
 WP_PID_1 = ("a WorkerPool task is pid 1 of its own pid namespace (no reaper); it is a fork of the zygote, "
             "whose command line it keeps")
 WP_OWN_SIGNAL = ("a WorkerPool task is pid 1 of its own pid namespace: the kernel drops a signal it sends itself "
@@ -175,7 +179,8 @@ MOUNT_CASES = [
          expect={("mounts", "points", "/proc", "fstype"): "proc",
                  ("mounts", "points", "/proc", "flags"): ["nodev", "noexec", "nosuid", "rw"],
                  ("proc", "visible_pids"): [1, 2], ("paths", "/proc/self", "type"): "link"},
-         expect_on={WP: {("proc", "visible_pids"): [1]}}, why={WP: WP_PID_1}),
+         expect_on={WP: {("proc", "visible_pids"): [1]}, TR: {("proc", "visible_pids"): CountedOn()}},
+         why={WP: WP_PID_1, TR: TR_PIDS}),
     Case("proc_without_pid_namespace_is_the_hosts", mounts=(S.Proc(),),
          spec={"namespaces": S.Namespaces(pid=False)},
          request={"mounts": ["/proc"]},
@@ -357,7 +362,8 @@ NAMESPACE_CASES = [
          # pid 1 is bwrap itself; a Template's sandbox keeps its clone of sandbox-template as its pid 1
          differs={"bwrap": (("proc", "pid1_cmdline"),), "template": (("proc", "pid1_cmdline"),),
                   WP: (("proc", "pid1_cmdline"),)},
-         expect_on={WP: {("proc", "pid"): 1, ("proc", "ppid"): 0}}, why={WP: WP_PID_1}),
+         expect_on={WP: {("proc", "pid"): 1, ("proc", "ppid"): 0}, TR: {("proc", "pid"): Greater(2)}},
+         why={WP: WP_PID_1, TR: TR_PIDS}),
     # Only loopback traffic, inside the sandbox's own namespace; a UDP connect() sends nothing.
     Case("network_none_is_loopback_only", mounts=(S.Proc(),),
          request={"actions": [["tcp_echo", "127.0.0.1"], ["tcp_echo", "::1"], ["udp_connect", "192.0.2.1"]]},

@@ -97,6 +97,14 @@ class Greater(Matcher):
 
 
 @dataclass(frozen=True)
+class CountedOn(Matcher):
+    """[1, n], n > 2: pid 1 and a command whose pid number kept counting (a recycled Template sandbox's)."""
+
+    def matches(self, value: Any, ctx: Mapping[str, Any]) -> bool:
+        return isinstance(value, list) and len(value) == 2 and value[0] == 1 and value[1] > 2
+
+
+@dataclass(frozen=True)
 class HostValue(Matcher):
     """Equal to ctx[key] (what the host sees); with differ=True, a value of the
     same type that is not equal (so an error report never passes for "new")."""

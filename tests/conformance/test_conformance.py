@@ -20,6 +20,7 @@ import signal
 import socket
 import stat
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from conftest import SYSTEM_MOUNTS
 import sandbox
 from sandbox import backends, errors
 from sandbox import spec as S
+from sandbox.backends.native import lib
 from sandbox.warm_plan import ZYGOTE_ROOT_STAND_IN
 from sandbox.workerpool import TaskError
 from sandbox.workerpool.interpreter import interpreter_paths
@@ -44,14 +46,17 @@ PYTHON = "/usr/bin/python3"
 PROBE_PATH = Path(__file__).with_name("probe.py")
 PROBE = PROBE_PATH.read_bytes()
 BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=True))
-# template: every case through a sandbox.Template; workerpool: every case's
-# probe as a task function (probe.task) of a sandbox.WorkerPool
-BACKENDS = ("native", "bwrap", "template", "workerpool")
+# template: every case through a sandbox.Template; template-recycle: through a
+# Template(recycle=True), in a sandbox recycled after earlier requests (declared
+# as "template"'s); workerpool: every case's probe as a task function
+# (probe.task) of a sandbox.WorkerPool
+BACKENDS = ("native", "bwrap", "template", "template-recycle", "workerpool")
+DECLARED_AS = {"template-recycle": "template"}
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
 def available(backend: str) -> tuple[bool, str]:
-    if backend == "template":
+    if backend in ("template", "template-recycle"):
         return backends.availability("template")
     result = sandbox.probe()
     if backend in ("native", "workerpool"):  # a WorkerPool's zygote is a native sandbox
@@ -157,8 +162,8 @@ def run_case(case: Case, backend: str, ctx: Mapping[str, Any], monkeypatch: pyte
     with (scratch_dir(case, ctx) as run_ctx, caller_umask(case.host_umask), extra_fds(case) as fds,
           caller_signals(case.host_ignores, case.host_blocks)):
         spec = build_spec(case, run_ctx)
-        if backend == "template":
-            result = run_in_template(spec, command(case), fds)
+        if backend in ("template", "template-recycle"):
+            result = run_in_template(spec, command(case), fds, recycle=backend == "template-recycle")
         elif backend == "workerpool":
             result = run_in_workerpool(spec, case)
         else:
@@ -222,15 +227,20 @@ def host_report(case: Case, ctx: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_in_template(spec: S.Spec, argv: list[str], fds: list[int]) -> sandbox.CompletedProcess:
-    """Run through a fresh sandbox.Template; a case it refuses (no mount namespace...) is skipped with its reason."""
+def run_in_template(spec: S.Spec, argv: list[str], fds: list[int], recycle: bool = False) -> sandbox.CompletedProcess:
+    """Run through a fresh sandbox.Template; a case it refuses (no mount namespace...) is skipped with its reason.
+    `recycle`: a Template(recycle=True), whose standbys have each served a request and been reset first."""
     try:
-        template = sandbox.Template(spec)
+        template = sandbox.Template(spec, recycle=recycle)
     except sandbox.UnavailableError as exc:
-        if str(exc).startswith("a Template "):
+        if str(exc).startswith(("a Template ", "Template(recycle=True)")):
             pytest.skip(str(exc))
         raise
     with template:
+        for _ in range(2 * lib.SBX_N_STANDBY if recycle else 0):
+            with contextlib.suppress(sandbox.SandboxError):
+                template.run(["/bin/true"], timeout=60)
+            time.sleep(0.02)  # its reset, before the next request
         return template.run(argv, capture_output=True, pass_fds=fds, timeout=60)
 
 
@@ -326,10 +336,14 @@ def lookup(report: Mapping[str, Any], path: tuple[str, ...]) -> Any:
 
 
 def expectations(case: Case, backend: str) -> dict[tuple[str, ...], Any]:
-    """The case's expectations on `backend`: `expect` without what `differs` there, with `expect_on`'s."""
+    """The case's expectations on `backend`: `expect` without what `differs` there, with `expect_on`'s
+    (a backend DECLARED_AS another has that one's declarations, then its own)."""
+    names = (DECLARED_AS.get(backend, backend), backend)
+    differs = [other for name in dict.fromkeys(names) for other in case.differs.get(name, ())]
     out = {path: expected for path, expected in case.expect.items()
-           if not any(path[:len(other)] == other for other in case.differs.get(backend, ()))}
-    out.update(case.expect_on.get(backend, {}))
+           if not any(path[:len(other)] == other for other in differs)}
+    for name in dict.fromkeys(names):
+        out.update(case.expect_on.get(name, {}))
     out.pop(("returncode",), None)
     return out
 
@@ -364,9 +378,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_case(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    if backend in case.not_applicable:
-        pytest.skip(f"not applicable on {backend}: {case.not_applicable[backend]}")
-    if backend in case.known_bug:
+    declared = DECLARED_AS.get(backend, backend)
+    if declared in case.not_applicable:
+        pytest.skip(f"not applicable on {backend}: {case.not_applicable[declared]}")
+    if declared in case.known_bug:
         try:
             run_and_check(case, backend, ctx, monkeypatch)
         except (AssertionError, sandbox.SandboxError):
@@ -376,10 +391,11 @@ def test_case(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest
 
 
 def run_and_check(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    if backend in case.refused:
+    declared = DECLARED_AS.get(backend, backend)
+    if declared in case.refused:
         with pytest.raises(errors.SpecError) as refusal:
             run_case(case, backend, ctx, monkeypatch)
-        assert refusal.value.field == case.refused[backend], f"refused for another field: {refusal.value}"
+        assert refusal.value.field == case.refused[declared], f"refused for another field: {refusal.value}"
         return
     if case.error is not None:
         with pytest.raises(sandbox.SandboxError) as info:
@@ -387,8 +403,8 @@ def run_and_check(case: Case, backend: str, ctx: dict[str, Any], monkeypatch: py
         check_error(case, info.value, ctx)
         return
     result, host = run_case(case, backend, ctx, monkeypatch)
-    assert result.backend == backend
-    returncode = case.expect_on.get(backend, {}).get(("returncode",), case.returncode)
+    assert result.backend == declared
+    returncode = case.expect_on.get(declared, {}).get(("returncode",), case.returncode)
     codes = returncode if isinstance(returncode, tuple) else (returncode,)
     assert result.returncode in codes, result.stderr
     if case.argv is None:

@@ -29,7 +29,7 @@ def bits(*signals: int) -> str:
                          ids=["reaper", "as-pid-1", "no-pid-namespace"])
 def test_signals_kept_when_the_plan_says_so(spec: dict[str, Any], backend: str, ctx: dict[str, Any],  # noqa: F811
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    if backend == "template":
+    if backend in ("template", "template-recycle"):
         pytest.skip("a Template's sandboxes are cloned by its server: the caller's signal state cannot be kept")
     if backend == "workerpool":
         pytest.skip("a WorkerPool's tasks are forks of its zygote, a fresh interpreter: the caller's signal state "

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import sandbox
 from sandbox import Limits, UnavailableError
+from sandbox.backends.template import BACKEND as template_backend
 from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
 from sandbox.presets import python_interpreter
 
@@ -28,13 +30,16 @@ needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
 PY = sys.executable
 
 
-@pytest.fixture(params=["native", "bwrap"])
-def executor(request: pytest.FixtureRequest) -> str:
-    """The backend sandbox.run uses (each places the sandbox in its cgroup its own way)."""
+@pytest.fixture(params=["native", "bwrap", "template"])
+def executor(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The backend sandbox.run uses (each places the sandbox in its cgroup its own way; "template": a
+    Template per Spec, whose sandboxes enter the cgroup the caller made for their request)."""
     ok, why = sandbox.backends.availability(request.param)
     if not ok:
         pytest.skip(f"{request.param}: {why}")
-    return str(request.param)
+    yield str(request.param)
+    if request.param == "template":
+        template_backend.close()  # the servers it keeps per Spec (and the pool's leases their standbys hold)
 
 TOUCH = textwrap.dedent("""
     import ctypes, sys
@@ -142,6 +147,8 @@ def test_half_a_core_holds_a_busy_loop_near_half_a_cpu(executor: str) -> None:
 
 @needs
 def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(executor: str, procs: object) -> None:
+    if executor == "template":
+        pytest.skip("a Template's sandboxes always have a pid namespace of their own")
     marker = procs.new_marker()  # type: ignore[attr-defined]
     script = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     s = python_interpreter(limits=Limits(nproc=16), namespaces=sandbox.Namespaces(pid=False))
@@ -199,3 +206,57 @@ def test_without_cgroups_memory_falls_back_to_rlimit_data(executor: str, monkeyp
     r = sandbox.run([PY, "-c", show], spec(memory_mb=300), capture_output=True, backend=executor)
     assert (r.returncode, r.stdout) == (0, b"300\n")
     assert r.usage is not None and r.usage.mechanism == "rlimit" and r.killed_by is None
+
+
+@needs
+@pytest.mark.parametrize("binds", [False, True], ids=["standby", "per-call-bind"])
+def test_a_template_calls_limits_get_a_cgroup_of_its_own(binds: bool, tmp_path: object) -> None:
+    """Per-call limits on a Template: taken by a standby, or (with a per-call bind) cloned by the server."""
+    call = {"binds": [sandbox.RoBind(str(tmp_path), "/tmp")]} if binds else {}
+    with sandbox.Template(python_interpreter()) as t:
+        free = t.run([PY, "-c", "pass"], **call)  # type: ignore[arg-type]
+        assert free.usage is not None and free.usage.mechanism == "rlimit"  # no limits: no cgroup
+        r = t.run([PY, "-c", TOUCH, "300"], limits=Limits(memory_mb=100), capture_output=True,
+                  **call)  # type: ignore[arg-type]
+        assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
+        r = t.run([PY, "-c", FORK_BOMB], limits=Limits(nproc=8), capture_output=True, timeout=60,
+                  **call)  # type: ignore[arg-type]
+        assert 0 < int(r.stdout) <= 7 and r.usage is not None and r.usage.pids_peak is not None
+        assert r.usage.pids_peak <= 8 and r.usage.mechanism == INFO.mechanism
+
+
+INSIDE = textwrap.dedent("""
+    import os, sys, time
+    def is_open(fd):
+        try:
+            os.fstat(fd)
+            return True
+        except OSError:
+            return False
+    print(sorted(fd for fd in map(int, os.listdir("/proc/self/fd")) if is_open(fd)), flush=True)  # not listdir's
+    if os.fork() == 0:
+        os.setsid()
+        time.sleep(30)
+    time.sleep(30)
+""")
+
+
+@needs
+@pytest.mark.parametrize("as_pid_1", [False, True], ids=["reaper", "as-pid-1"])
+def test_every_process_of_a_template_sandbox_is_in_its_cgroup_and_holds_no_fd_of_it(as_pid_1: bool,
+                                                                                   procs: object) -> None:
+    marker = procs.new_marker()  # type: ignore[attr-defined]
+    with sandbox.Template(python_interpreter(limits=Limits(nproc=16), as_pid_1=as_pid_1)) as t:
+        with t.spawn([PY, "-c", INSIDE, marker], stdout=subprocess.PIPE) as p:
+            assert p.stdout is not None
+            assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
+            assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
+            walls = p._handle.walls  # type: ignore[attr-defined]
+            assert walls is not None and walls.cgroup is not None
+            inside = {int(pid) for _, path in walls.cgroup.dirs
+                      for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+            assert set(procs.with_marker(marker)) <= inside  # type: ignore[attr-defined]
+            assert len(inside) == (2 if as_pid_1 else 3)  # and its resident pid 1, if it has one
+            p.kill()
+        assert p.returncode == -signal.SIGKILL and p.killed_by is None
+    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]

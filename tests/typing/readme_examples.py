@@ -181,6 +181,12 @@ def docs_template_example_1() -> None:
                          binds=[sandbox.Bind(workdir, "/tmp/work")], cwd="/tmp/work", env={"TASK": "1"})
 
 
+def docs_template_example_2() -> None:
+    with sandbox.Template(spec, recycle=True) as t:
+        for task in tasks:
+            t.run(["python3", "-c", task], capture_output=True, timeout=60)
+
+
 def docs_workerpool_example_1() -> None:
     with sandbox.WorkerPool(spec, 4, preload=["json", "numpy"]) as pool:
         fut = pool.submit(grade, submission)           # a concurrent.futures.Executor

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from sandbox import spec as S
 from sandbox.backends.template import TRAITS as TEMPLATE
+from sandbox.cgroups import CgroupInfo
 from sandbox.errors import UnavailableError
 from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import OpFlag, OpKind, compile_plan
 from sandbox.refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN, refusal
-from sandbox.warm_plan import plan_for_call, template_plans
+from sandbox.warm_plan import net_kept_plan, plan_for_call, recycle_plan, recycle_refusal, template_plans
 
 USER = HostInfo(executor=TEMPLATE, uid=1000, gid=1000, cwd="/", environ={}, pool=PoolInfo())
 ROOT = HostInfo(executor=TEMPLATE, uid=0, gid=0, cwd="/", environ={}, is_root=True, pool=PoolInfo())
@@ -113,3 +116,40 @@ def test_refusals(fields: dict[str, object], why: str) -> None:
     assert refusal(compile_plan(S.Spec(mounts=WORLD), ROOT), ROOT) is None
     no_mount = compile_plan(S.Spec(namespaces=S.Namespaces(mount=False)), ROOT)
     assert "a Template needs a mount namespace (each sandbox" in str(refusal(no_mount, ROOT))
+
+
+CGROUPS = CgroupInfo(mechanism="cgroup2", controllers=frozenset({"memory", "pids", "cpu"}), reason="")
+
+
+def test_a_calls_limits_get_their_cgroup_and_the_rest_as_rlimits() -> None:
+    base = plans().sandbox
+    call = plan_for_call(base, limits=S.Limits(memory_mb=64, nproc=8, nofile=5), cgroups=CGROUPS)
+    assert call.cgroup is not None and (call.cgroup.memory_bytes, call.cgroup.pids) == (64 << 20, 8)
+    assert (call.limits_mechanism, call.limits_fallback, call.rlimits) == ("cgroup2", (), ((7, 5),))
+    # no cgroups for this caller: memory and processes fall back to rlimits, or the call is refused
+    bare = plan_for_call(base, limits=S.Limits(memory_mb=64, nproc=8))
+    assert bare.cgroup is None and bare.limits_mechanism == "rlimit" and set(bare.limits_fallback) == {
+        "memory_mb", "nproc"}
+    with pytest.raises(UnavailableError, match="require_cgroups.*memory_mb"):
+        plan_for_call(base, limits=S.Limits(memory_mb=64, require_cgroups=True))
+
+
+def test_the_template_itself_is_in_no_sandbox_cgroup() -> None:
+    host = dataclasses.replace(USER, cgroups=CGROUPS)
+    split = template_plans(compile_plan(S.Spec(mounts=WORLD, limits=S.Limits(nproc=8)), host))
+    assert split.sandbox.cgroup is not None and split.shared.cgroup is None
+    assert split.shared.limits_mechanism == "rlimit"
+
+
+def test_what_recycling_refuses_and_resets() -> None:
+    assert recycle_refusal(plans().sandbox) is None
+    assert "as_pid_1" in (recycle_refusal(plans(as_pid_1=True).sandbox) or "")
+    assert "cap_add" in (recycle_refusal(plans(cap_add=["CAP_NET_RAW"]).sandbox) or "")
+    limited = template_plans(compile_plan(S.Spec(mounts=WORLD, limits=S.Limits(nproc=8)),
+                                          dataclasses.replace(USER, cgroups=CGROUPS)))
+    assert "cgroup limits" in (recycle_refusal(limited.sandbox) or "")
+    pooled = compile_plan(S.Spec(mounts=WORLD, network="pool"), USER)
+    assert pooled.network == "pool" and recycle_plan(pooled).network == "none"
+    kept = net_kept_plan(plans().sandbox)
+    assert OpKind.PROC not in {op.kind for op in kept.ops}
+    assert [op for op in plans().sandbox.ops if op.kind is not OpKind.PROC] == list(kept.ops)

@@ -59,8 +59,8 @@ def strings(view: Any, n: int) -> list[str]:
     return out
 
 
-def fd_count(reaper: bool, join: bool, stdio_mask: int, n_pass: int) -> int:
-    return 1 + (not reaper) + join + bin(stdio_mask).count("1") + n_pass
+def fd_count(reaper: bool, join: bool, stdio_mask: int, n_pass: int, n_cgroup: int = 0) -> int:
+    return 1 + (not reaper) + join + n_cgroup + bin(stdio_mask).count("1") + n_pass
 
 
 def test_sizes_come_from_the_cdef() -> None:
@@ -77,13 +77,14 @@ def test_the_header_read_back_by_name() -> None:
             head.stdio_mask) == (lib.SBX_REQ_MAGIC, lib.SBX_REQ_VERSION, 40, 3, 2, 4, lib.SBX_REQ_JOIN_NETNS, 5)
 
 
-@pytest.mark.parametrize(("reaper", "join", "stdio_mask", "targets"),
-                         list(itertools.product((True, False), (True, False), (0, 1, 5, 7), ((), (3,), (9, 4, 200)))))
+@pytest.mark.parametrize(("reaper", "join", "stdio_mask", "targets", "n_cgroup"),
+                         list(itertools.product((True, False), (True, False), (0, 1, 5, 7), ((), (3,), (9, 4, 200)),
+                                                (0, 4))))
 def test_every_request_is_read_back_whole_by_the_c_reader(reaper: bool, join: bool, stdio_mask: int,
-                                                          targets: tuple[int, ...]) -> None:
+                                                          targets: tuple[int, ...], n_cgroup: int) -> None:
     blob = sandbox_blob(reaper)
-    msg = wire.request(blob, ARGV, ENV, targets, join_netns=join, stdio_mask=stdio_mask)
-    nfds = fd_count(reaper, join, stdio_mask, len(targets))
+    msg = wire.request(blob, ARGV, ENV, targets, join_netns=join, stdio_mask=stdio_mask, n_cgroup=n_cgroup)
+    nfds = fd_count(reaper, join, stdio_mask, len(targets), n_cgroup)
     view = parse(msg, nfds)
     assert view is not None
     buf = parse.keep  # type: ignore[attr-defined]
@@ -91,13 +92,16 @@ def test_every_request_is_read_back_whole_by_the_c_reader(reaper: bool, join: bo
     assert bytes(ffi.buffer(view.blob, len(blob))) == blob
     assert [view.targets[k] for k in range(len(targets))] == list(targets)
     assert strings(view, len(ARGV) + len(ENV)) == [*ARGV, *ENV]
-    # the fds in the order csrc/sandbox.h gives: report, status, netns, stdio, pass
+    # the fds in the order csrc/sandbox.h gives: report, status, netns, cgroups, stdio, pass
     order = ["report"] + ([] if reaper else ["status"]) + (["netns"] if join else [])
+    assert view.cgroup_at == len(order)
+    order += [f"cgroup{i}" for i in range(n_cgroup)]
     order += [f"stdio{i}" for i in range(3) if stdio_mask & (1 << i)]
     got = {"report": view.report, "status": view.status, "netns": view.netns,
-           **{f"stdio{i}": view.stdio[i] for i in range(3)}}
+           **{f"stdio{i}": view.stdio[i] for i in range(3)},
+           **{f"cgroup{i}": view.cgroup_at + i for i in range(n_cgroup)}}
     assert {name: got[name] for name in order} == {name: k for k, name in enumerate(order)}
-    assert all(got[name] == -1 for name in got if name not in order)
+    assert all(got[name] == -1 for name in got if name not in order and not name.startswith("cgroup"))
     assert view.pass_at == len(order)
     # one fd more or fewer than announced: refused
     assert parse(msg, nfds - 1) is None
@@ -122,7 +126,8 @@ def test_every_truncation_and_trailing_byte_is_refused() -> None:
     assert parse(msg + b"\0", nfds) is None
 
 
-@pytest.mark.parametrize("field", ["magic", "version", "argc", "envc", "blob_len", "n_pass", "stdio_mask"])
+@pytest.mark.parametrize("field", ["magic", "version", "argc", "envc", "blob_len", "n_pass", "stdio_mask",
+                                   "n_cgroup", "reserved"])
 def test_a_header_that_lies_is_refused(field: str) -> None:
     msg = wire.request(sandbox_blob(), ARGV, ENV, (7,), join_netns=False, stdio_mask=0)
     head = ffi.new("struct sbx_request *")
@@ -131,11 +136,17 @@ def test_a_header_that_lies_is_refused(field: str) -> None:
         field, getattr(head, field) + 1))
     bad = bytes(ffi.buffer(head)) + msg[wire.REQUEST_SIZE:]
     assert parse(bad, fd_count(True, False, 0, 1)) is None
-    if field not in ("n_pass", "stdio_mask"):
+    if field not in ("n_pass", "stdio_mask", "n_cgroup"):
         # refused whatever fds come with it; a count of fds the message does
         # not carry is caught by the fds alone (a 4-byte target more can be
         # read out of the first string)
-        assert parse(bad, fd_count(True, False, head.stdio_mask, head.n_pass)) is None
+        assert parse(bad, fd_count(True, False, head.stdio_mask, head.n_pass, head.n_cgroup)) is None
+
+
+def test_too_many_cgroup_fds_are_refused() -> None:
+    for n, ok in ((lib.SBX_REQ_MAX_CGROUP, True), (lib.SBX_REQ_MAX_CGROUP + 1, False)):
+        msg = wire.request(sandbox_blob(), ARGV, ENV, (), join_netns=False, stdio_mask=0, n_cgroup=n)
+        assert (parse(msg, fd_count(True, False, 0, 0, n)) is not None) == ok
 
 
 def test_too_many_pass_fds_are_refused() -> None:
@@ -163,6 +174,9 @@ def test_a_store_request_is_checked_whole() -> None:
     ffi.memmove(head, plain, wire.REQUEST_SIZE)
     head.version = 0  # a request of before the version field
     assert not store_ok(bytes(ffi.buffer(head)) + blob, 1)
+    head.version, head.n_cgroup = lib.SBX_REQ_VERSION, 1  # a store enters no cgroup
+    assert not store_ok(bytes(ffi.buffer(head)) + blob, 1)
+    assert not store_ok(bytes(ffi.buffer(head)) + blob, 2)
     # a store request is not a sandbox request, nor the other way round
     assert parse(plain, 1) is None
     assert not store_ok(wire.request(blob, ARGV, ENV, (), join_netns=False, stdio_mask=0), 1)

@@ -16,12 +16,14 @@ from collections.abc import Callable
 
 from ... import isolation, netpool
 from ...capabilities import Capability, Traits
+from ...cgroups import Walls
 from ...errors import SandboxError
 from ...plan import Plan
 from ...warm_plan import TemplatePlans, template_plans
 from ..handle import ProcessHandle
 from ..native import ReaperStatus, SandboxStatus
 from ..native import available as native_available
+from ..walls import walls_for
 from .server import TEMPLATE_PATH, Server, Started, launched
 
 __all__ = ["BACKEND", "KEPT_MARKER", "TRAITS", "Server", "available", "launch_in"]
@@ -40,7 +42,23 @@ def available() -> tuple[bool, str]:
 def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
               pass_fds: tuple[int, ...]) -> ProcessHandle:
     """Start `argv` in a sandbox cloned by `server`, under its sandbox plan
-    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call)."""
+    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call), in
+    a cgroup of its own when the plan has cgroup limits: made here, its
+    entry files sent with the request, entered by the sandbox's first
+    process before anything of the request runs."""
+    walls = walls_for(plan, "template")
+    try:
+        return _launch(server, plan, argv, stdio, pass_fds, walls)
+    except BaseException:
+        walls.remove()  # whatever entered it has been killed or never ran
+        raise
+    finally:
+        if walls.cgroup is not None:
+            walls.cgroup.close_fds()
+
+
+def _launch(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
+            pass_fds: tuple[int, ...], walls: Walls) -> ProcessHandle:
     lease = None
     if plan.network == "pool":
         pool = server.pool
@@ -49,7 +67,8 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
                                "(netpool.disable()): make a new Template")
         lease = pool.lease()
     # the lease goes to the server, which answers with the one the sandbox lives in (server.Server.spawn)
-    started: Started = server.spawn(plan, argv, stdio, pass_fds, lease)
+    cgroup_fds = walls.cgroup.procs_fds if walls.cgroup is not None else []
+    started: Started = server.spawn(plan, argv, stdio, pass_fds, lease, cgroup_fds)
     findings = isolation.findings(plan, None)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi
@@ -60,7 +79,7 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
         def on_exit() -> None:
             held.release(recycle=recycle, wait=False, unprivileged_tenant=recycle)
     exit_source = SandboxStatus(started.status_fd) if plan.reaper else ReaperStatus(started.status_fd)
-    return launched(started, exit_source, findings, on_exit)
+    return launched(started, exit_source, findings, on_exit, walls)
 
 
 # The argv[0] of the servers sandbox.spawn(..., backend="template") keeps for the process's life.
@@ -70,7 +89,7 @@ KEPT_MARKER = "sandbox-template-kept"
 # A Template's sandboxes are cloned by its unprivileged resident process, each
 # from a copy of one prepared root that all of them share.
 TRAITS = Traits("template", "a Template", frozenset({
-    Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,
+    Capability.CGROUPS, Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,
     Capability.SELF_CONTAINED_SETUP}), because={
     Capability.WITHOUT_USER_NS: "its sandboxes are cloned by an unprivileged process",
     Capability.WITHOUT_MOUNT_NS: "each sandbox starts in a copy of the template's root",

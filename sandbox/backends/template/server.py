@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import netpool
+from ...cgroups import Walls
 from ...errors import SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
+from ...warm_plan import net_kept_plan
 from .. import ExitSource
 from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
@@ -59,9 +61,14 @@ class Server:
     it on to its replacement). Each sandbox's report names the lease it
     lives in; the leases sent and not reported yet are kept here (`_leases`),
     and released when the server has gone.
+
+    With `recycle` (the plan whose mounts a reset makes again), its standbys
+    are recycled: each serves request after request, reset in between
+    (csrc/template_recycle.c).
     """
 
-    def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template") -> None:
+    def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template",
+                 recycle: Plan | None = None) -> None:
         if not TEMPLATE_PATH.exists():
             raise SandboxError(f"sandbox-template is missing at {TEMPLATE_PATH}; reinstall the package")
         self.plan = shared
@@ -102,18 +109,24 @@ class Server:
             # no network itself, so the pool may count that namespace gone now (not recycled: we stay in it)
             # rather than for as long as the template lives.
             self._launched.on_exit()
+        self.recycle = recycle is not None
         try:
+            if recycle is not None:  # its standbys serve request after request (csrc/template_recycle.c)
+                self._store(recycle, standby=False, flags=lib.SBX_REQ_RECYCLE)
+                self._store(net_kept_plan(recycle), standby=False,
+                            flags=lib.SBX_REQ_RECYCLE | lib.SBX_REQ_RECYCLE_NET_KEPT)
             self.standby = self._store(default, standby=default.keep_caps == 0)
         except BaseException:
             self.close()
             raise
 
-    def _store(self, plan: Plan, standby: bool) -> bool:
-        """Store `plan`'s blob in the server and, if `standby`, have it keep
-        standby sandboxes of it; whether it does."""
+    def _store(self, plan: Plan, standby: bool, flags: int = 0) -> bool:
+        """Store `plan`'s blob in the server (with `flags`: SBX_REQ_RECYCLE
+        stores a reset blob) and, if `standby`, have it keep standby
+        sandboxes of it; whether it does."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with mine:
-            flags = lib.SBX_REQ_STANDBY if standby else 0
+            flags |= lib.SBX_REQ_STANDBY if standby else 0
             leases = self._lease_for_standbys() if standby and self.pool is not None else []
             if leases:
                 flags |= lib.SBX_REQ_JOIN_NETNS
@@ -136,7 +149,7 @@ class Server:
         if step != lib.SBX_STEP_NONE:  # a standby could not set up here: the server clones per request
             self.standby_reason = str(_failure(plan, ["(standby)"], step, op, err, detail))
             return False
-        if not standby:
+        if not standby and not flags & lib.SBX_REQ_RECYCLE:
             self.standby_reason = "its command keeps capabilities (checked against its namespaces' owner)"
         return standby
 
@@ -152,14 +165,16 @@ class Server:
         return leases
 
     def spawn(self, plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
-              lease: Lease | None = None) -> Started:
+              lease: Lease | None = None, cgroup_fds: Sequence[int] = ()) -> Started:
         """Clone one sandbox for `plan` (a sandbox plan of this template's);
         return once its command has been exec'd. Raises what spawn raises.
 
         `lease` (for a pooled plan) goes to the server: the sandbox lives in
         it or, taken by a standby already in another, that one's
         replacement does. Started.lease is the sandbox's; a failure releases
-        the one that came back."""
+        the one that came back. `cgroup_fds`: the entry files of the
+        sandbox's cgroups (the caller's to close), which its first process
+        enters before anything of the request runs."""
         statr = statw = netns_fd = -1
         mine = theirs = None
         try:
@@ -167,8 +182,11 @@ class Server:
                 blob, fast = b"", self.standby
             else:  # per-call binds are cloned by the server, in its mount namespace
                 blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
+            if self.recycle and cgroup_fds:
+                fast = False  # a recycled pid 1 would stay in the cgroup: a sandbox of its own
             child_stdio, mask = _stdio(stdio)
-            msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask)
+            msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
+                          n_cgroup=len(cgroup_fds))
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
             statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
@@ -177,7 +195,7 @@ class Server:
                 with self._leases_lock:
                     self._leases[lease.netns_inode] = lease
             fds = [theirs.fileno(), *([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
-                   *child_stdio, *pass_fds]
+                   *cgroup_fds, *child_stdio, *pass_fds]
             start = time.monotonic_ns()
             self._send(self._fast if fast else self._sock, msg, fds)
         except BaseException:
@@ -330,13 +348,13 @@ def _close(fd: int) -> None:
 
 
 def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any],
-             on_exit: Callable[[], None] | None) -> ProcessHandle:
+             on_exit: Callable[[], None] | None, walls: Walls | None = None) -> ProcessHandle:
     """The handle of a started sandbox: the server's child, reached through
     its pidfd (its status fd tells when it has ended, if its exit source can
-    say so early)."""
+    say so early); `walls`: its cgroup, if it has one."""
     ended = started.status_fd if hasattr(exit_source, "arrived") else -1
     return ProcessHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
-                         pidfd=started.pidfd, ended_fd=ended)
+                         pidfd=started.pidfd, ended_fd=ended, walls=walls)
 
 
 def _open(opened: list[int], path: str, flags: int) -> int:

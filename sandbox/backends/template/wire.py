@@ -34,21 +34,22 @@ def sandbox_blob(plan: Plan) -> bytes:
 
 
 def header(*, blob_len: int, argc: int = 0, envc: int = 0, n_pass: int = 0, flags: int = 0,
-           stdio_mask: int = 0) -> bytes:
+           stdio_mask: int = 0, n_cgroup: int = 0) -> bytes:
     """A struct sbx_request, its fields set by name."""
     head = ffi.new("struct sbx_request *", {
         "magic": lib.SBX_REQ_MAGIC, "version": lib.SBX_REQ_VERSION, "blob_len": blob_len, "argc": argc,
-        "envc": envc, "n_pass": n_pass, "flags": flags, "stdio_mask": stdio_mask})
+        "envc": envc, "n_pass": n_pass, "flags": flags, "stdio_mask": stdio_mask, "n_cgroup": n_cgroup})
     return bytes(ffi.buffer(head))
 
 
 def request(blob: bytes, argv: Sequence[str], env: tuple[str, ...], targets: Sequence[int], *,
-            join_netns: bool, stdio_mask: int) -> bytes:
+            join_netns: bool, stdio_mask: int, n_cgroup: int = 0) -> bytes:
     """One request message (the fds travel beside it, see csrc/sandbox.h).
-    An empty `blob` names the one the server stored."""
+    An empty `blob` names the one the server stored; `n_cgroup` entry fds of
+    the sandbox's cgroups come after the network namespace's."""
     strings = b"".join([*(os.fsencode(s) + b"\0" for s in argv), _environment(env)])
     head = header(blob_len=len(blob), argc=len(argv), envc=len(env), n_pass=len(targets),
-                  flags=lib.SBX_REQ_JOIN_NETNS if join_netns else 0, stdio_mask=stdio_mask)
+                  flags=lib.SBX_REQ_JOIN_NETNS if join_netns else 0, stdio_mask=stdio_mask, n_cgroup=n_cgroup)
     c_targets = ffi.new("uint32_t[]", list(targets)) if targets else None
     return b"".join((head, blob, b"\0" * (-len(blob) % 8),
                      bytes(ffi.buffer(c_targets)) if c_targets is not None else b"", strings))

@@ -1,0 +1,353 @@
+/* template_recycle.c: a recycled standby (sandbox.Template(spec, recycle=True)).
+ *
+ * A standby (csrc/standby.c) builds its world before any request; a
+ * recycled one then serves request after request in the same pid, mount,
+ * user-owned and network namespaces, instead of exiting after one. For that
+ * its pid 1 never takes the command's identity: it stays in the server's
+ * user namespace with the server's capabilities over the sandbox's
+ * namespaces, non-dumpable, and its command child (sharing its memory until
+ * exec, CLONE_VM|CLONE_VFORK) runs the steps that belong to the command
+ * (sbx_command_steps: its own fresh user namespace, made ahead, a child of
+ * the server's; cwd, rlimits, fds, session, no capability, no new privileges,
+ * Landlock, seccomp). The command therefore holds no capability over pid 1
+ * or any of its namespaces, cannot ptrace it (non-dumpable, another user
+ * namespace's), nor signal it (the kernel drops a pid namespace's init's
+ * default-handled signals sent from inside), and gets none of its fds.
+ *
+ * When the command ends, pid 1 kills and reaps whatever is left, writes the
+ * status, and resets what a task could have changed before it takes the
+ * next request:
+ * - every mount the sandbox made (each Tmpfs, /dev/shm, devpts, an mqueue,
+ *   a writable File's private copy, and whatever lies beneath them) is
+ *   detached and made again, from the reset blob the caller stored; only
+ *   mounts on the template's read-only root are detached by path, so no
+ *   path a task planted is followed; its proc (nothing of it is the
+ *   command's to write) only with a new network namespace, once that is
+ *   entered (/proc/sys/net shows the reader's: covers made on the last
+ *   one's entries would not apply to the next);
+ * - a fresh IPC namespace (SysV objects, POSIX queues), then the mqueue;
+ * - the network namespace is kept if no socket is left in it (all died
+ *   with their processes: the command holds no capability over the
+ *   namespace, so links, addresses, routes and sysctls are as they were);
+ *   else a fresh one, with its loopback up (a TIME_WAIT, say, stays in the
+ *   old one), and its proc again; a recycled Template makes its own rather
+ *   than leasing from the pool (warm_plan.recycle_plan);
+ * - the hostname, written again;
+ * - a fresh user namespace for the next command (user keyrings live
+ *   there), and each command joins a session keyring of its own;
+ * - its own cwd, umask and rlimits were never the command's (CLONE_VM
+ *   without CLONE_FS: the command's chdir and umask are its own).
+ * Any failure ends pid 1, and the server makes a fresh standby instead.
+ * What it shares with its predecessor: the pid namespace (pid numbers keep
+ * counting), the mount namespace's read-only template root, and whatever the Spec lets a task write outside the sandbox (a writable
+ * Bind of a host directory).
+ */
+#include "template.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <linux/mount.h>
+
+#ifndef KEYCTL_JOIN_SESSION_KEYRING
+#define KEYCTL_JOIN_SESSION_KEYRING 1 /* linux/keyctl.h */
+#endif
+#ifndef UMOUNT_NOFOLLOW
+#define UMOUNT_NOFOLLOW 8
+#endif
+
+/* What the command child leaves here (its memory is ours until its exec). */
+static struct {
+    volatile int execing; /* set just before the exec: a child gone without it has failed and reported */
+    int step, err;
+} command;
+
+static int command_main(void *arg)
+{
+    struct sbx_ctx *c = arg;
+    /* A session keyring of its own: pid 1's (the caller's) would carry a key
+     * one tenant adds to the next. */
+    if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS)
+        sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
+    sbx_command_steps(c); /* a failing step reports on the report socket and exits */
+    if (!(c->h->opts & SBX_OPT_SECCOMP_EARLY))
+        sbx_install_seccomp(c); /* else taken with the identity */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    command.execing = 1;
+    sbx_exec_search(c->in.argv[0], c->in.argv, c->in.envp, sbx_str(c, c->h->path), c->in.sh_argv);
+    command.step = SBX_STEP_EXEC;
+    command.err = errno;
+    _exit(errno == ENOENT ? 127 : 126);
+}
+
+/* Whether op i's destination lies beneath an earlier op's (a mount made
+ * on a fresh one, detached with it). */
+static int beneath_another(const struct sbx_ctx *c, uint32_t i)
+{
+    const char *dest = sbx_str(c, c->ops[i].dest);
+    for (uint32_t j = 0; j < i; j++) {
+        const char *top = sbx_str(c, c->ops[j].dest);
+        size_t n = sbx_strlen(top);
+        if (n && strncmp(dest, top, n) == 0 && (dest[n] == '/' || top[n - 1] == '/'))
+            return 1;
+    }
+    return 0;
+}
+
+/* Detach every fresh mount of the reset blob that lies on the template's
+ * read-only root (those beneath go with it), last first. */
+static int detach_fresh(const struct sbx_ctx *c)
+{
+    for (uint32_t k = c->h->n_ops; k-- > 0;) {
+        uint32_t kind = c->ops[k].kind;
+        if (kind == SBX_OP_DIR || kind == SBX_OP_SYMLINK || kind == SBX_OP_REMOUNT_RO || kind == SBX_OP_CHMOD ||
+            beneath_another(c, k))
+            continue;
+        if (umount2(sbx_str(c, c->ops[k].dest), MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL)
+            return -1;
+    }
+    return 0;
+}
+
+/* A detached clone of one of its proc's masks (a read-only, nodev bind of
+ * /dev/null), made in its own mount namespace: the masks of the proc it
+ * mounts again are cloned from it (the server's, made in another mount
+ * namespace, cannot be cloned here). -1 if its proc has none. */
+static int own_null_master(const struct sbx_ctx *c)
+{
+    char path[4096];
+    for (uint32_t i = 0; i < c->h->n_ops; i++) {
+        const struct sbx_op *op = &c->ops[i];
+        if (op->kind != SBX_OP_PROC)
+            continue;
+        for (uint32_t k = 0; k < op->data_len; k += (uint32_t)sbx_strlen(c->in.blob + op->data + k) + 1) {
+            const char *entry = c->in.blob + op->data + k;
+            if (entry[0] != 'm' || sbx_strlen(sbx_str(c, op->dest)) + sbx_strlen(entry) + 2 > sizeof path)
+                continue;
+            sbx_stpcpy(sbx_stpcpy(sbx_stpcpy(path, sbx_str(c, op->dest)), "/"), entry + 1);
+            int fd = sbx_open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
+            if (fd >= 0)
+                return fd;
+        }
+    }
+    return -1;
+}
+
+/* Whether the network namespace holds no socket any more: every process
+ * of the last request is gone, and with them every socket but TCP's that
+ * outlive their owners (TIME_WAIT, FIN_WAIT, orphans). Links, addresses,
+ * routes and sysctls were never the command's to change (it holds no
+ * capability over the namespace). Read through the caller's procfs, as
+ * this process's own (thread-self). */
+static int net_empty(const struct sbx_ctx *c)
+{
+    static const char *const tables[] = {"thread-self/net/tcp", "thread-self/net/tcp6", "thread-self/net/udp",
+                                         "thread-self/net/udp6", "thread-self/net/raw", "thread-self/net/raw6",
+                                         "thread-self/net/unix"};
+    char buf[512];
+    for (size_t k = 0; k < sizeof tables / sizeof *tables; k++) {
+        int fd = sbx_proc_open(c, tables[k], O_RDONLY);
+        if (fd < 0) {
+            if (errno == ENOENT)
+                continue; /* no such protocol here */
+            return 0;
+        }
+        ssize_t n = read(fd, buf, sizeof buf);
+        close(fd);
+        const char *nl = n > 0 ? memchr(buf, '\n', (size_t)n) : NULL;
+        if (n < 0 || !nl || nl + 1 != buf + n) /* more than the header line */
+            return 0;
+    }
+    return 1;
+}
+
+/* Everything of the last request gone, make the sandbox as its standby
+ * was: 0, or -1 (pid 1 then ends, and the server replaces it). */
+static int reset(struct sbx_ctx *c)
+{
+    struct tpl_sandbox *t = TPL_SANDBOX(c);
+    struct tpl_server *s = t->srv;
+    const struct sbx_header *h = (const void *)s->stored_blob, *rh = (const void *)s->reset_blob;
+    if (!t->src_fds && !(t->src_fds = malloc((rh->n_ops + 1) * sizeof *t->src_fds)))
+        return -1;
+    /* A network namespace left empty is kept, and the proc with it (its
+     * sys/net covers are that namespace's); else both are made again. */
+    int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && net_empty(c);
+    /* the reset blob's ops, in place, as this sandbox's own setup did them */
+    struct sbx_input in = SBX_INPUT_NONE;
+    in.blob = keep_net ? s->reset_kept_blob : s->reset_blob;
+    in.src_fds = t->src_fds;
+    in.proc_dir = c->in.proc_dir;
+    sbx_ctx_take_input(c, &in);
+    if (!t->own_null) { /* before its proc goes */
+        if (s->null_master >= 0)
+            close(s->null_master);
+        s->null_master = own_null_master(c);
+        t->own_null = 1;
+    }
+    if (detach_fresh(c) < 0)
+        return -1;
+    if ((h->ns & SBX_NS_IPC) && unshare(CLONE_NEWIPC) < 0)
+        return -1;
+    if ((h->ns & SBX_NS_NET) && !keep_net && unshare(CLONE_NEWNET) < 0)
+        return -1;
+    /* its proc again, after the network namespace: /proc/sys/net shows the
+     * reader's, and the covers made on the last one's entries would not
+     * apply; its masks are cloned from the server's /dev/null, kept */
+    int nulls[MAX_NULL_TREES];
+    in.null_trees = nulls;
+    in.n_null_trees = make_null_trees(s, in.blob, nulls);
+    sbx_ctx_take_input(c, &in);
+    /* From here a failing step reports nowhere (err_fd -1) and exits. */
+    sbx_setup_filesystem(c);
+    close_all(c->in.null_trees, c->in.n_null_trees); /* those its proc did not use */
+    if ((h->ns & SBX_NS_NET) && !keep_net)
+        sbx_loopback_up(c);
+    in.blob = s->stored_blob;
+    sbx_ctx_take_input(c, &in);
+    if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
+        return -1;
+    if (c->userns_fd >= 0)
+        close(c->userns_fd);
+    c->userns_fd = -1;
+    /* Its helper writes its own id maps through /proc/<pid>, which a
+     * non-dumpable process's files deny an unprivileged owner; no process
+     * but this one is left in the sandbox meanwhile. */
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+        return -1;
+    int rc = sbx_prepare_userns(c);
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        _exit(125);
+    return rc;
+}
+
+/* The command has ended: whatever is left of it goes, then its status. */
+static void finish(int report, int status)
+{
+    int other;
+    kill(-1, SIGKILL);
+    while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+        ;
+    sbx_write_all(report, &status, sizeof status);
+}
+
+/* Forward signals from outside to the command, reap orphans, until the
+ * command ends: its wait status. */
+static int serve(pid_t pid)
+{
+    sigset_t all;
+    sigfillset(&all);
+    for (;;) {
+        siginfo_t info;
+        int sig = sigtimedwait(&all, &info, NULL);
+        if (sig < 0)
+            continue;
+        if (sig != SIGCHLD) {
+            if (info.si_pid == 0)
+                kill(pid, sig);
+            continue;
+        }
+        int status;
+        pid_t done;
+        while ((done = waitpid(-1, &status, WNOHANG)) > 0)
+            if (done == pid)
+                return status;
+    }
+}
+
+/* Close every fd of the request (it stays in t->fds) but the report socket. */
+static void close_request(struct tpl_sandbox *t, int nfds, int report)
+{
+    for (int k = 0; k < nfds; k++)
+        if (t->fds[k] >= 0 && t->fds[k] != report)
+            close(t->fds[k]);
+}
+
+/* One request after another (SBX_MODE_RECYCLE's stay_resident). */
+static _Noreturn void recycle_reaper(struct sbx_ctx *c)
+{
+    struct tpl_sandbox *t = TPL_SANDBOX(c);
+    static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+    for (;;) {
+        if (c->h->n_probe) { /* from the command's cwd, as it would look */
+            sbx_enter_cwd(c);
+            sbx_check_probe_paths(c);
+            if (chdir("/") < 0)
+                sbx_fail(c, SBX_STEP_CWD, -1, errno, SBX_D_NONE);
+        }
+        sbx_stamp(c, SBX_T_READY);
+        c->reached_exec = 1;
+        struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
+        command.execing = 0;
+        command.step = 0;
+        pid_t pid = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, c);
+        *c = saved;
+        sbx_stamp(c, SBX_T_RETURN);
+        if (pid < 0)
+            sbx_fail(c, SBX_STEP_FORK, -1, errno, SBX_D_NONE);
+        if (!command.execing || command.step) { /* it failed: reported by now, or here */
+            int status;
+            waitpid(pid, &status, 0);
+            if (command.step)
+                sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
+            _exit(125);
+        }
+        int report = c->in.err_fd;
+        close_request(t, t->nfds, report);
+        if (sbx_send_started(c) < 0) {
+            kill(pid, SIGKILL);
+            _exit(125);
+        }
+        if (c->in.scrub)
+            memset(c->in.scrub, 0, c->in.scrub_len);
+        finish(report, serve(pid));
+        close(report);
+        t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
+        free(c->in.sh_argv);
+        free((void *)c->in.argv);
+        free((void *)c->in.envp);
+        if (reset(c) < 0)
+            _exit(125);
+        t->srv->standby_taken[t->slot] = 0;
+        c->mode->take_request(c);
+    }
+}
+
+/* Wait for a request and take it, as a standby does, keeping the request
+ * socket and the notify socket for the next one. */
+static void recycle_await(struct sbx_ctx *c)
+{
+    tpl_take_request(c, 1);
+    sbx_enter_cgroups(c);
+}
+
+static void recycle_start(struct sbx_ctx *c)
+{
+    tpl_standby_start(c);
+}
+
+const struct sbx_mode SBX_MODE_RECYCLE = {
+    .name = "recycle",
+    .start = recycle_start,
+    .userns_ahead = 1,
+    .resident_before_identity = 1,
+    .take_request = recycle_await,
+    .fd_table = sbx_command_fds,
+    .stay_resident = recycle_reaper,
+    .on_running = sbx_no_step,
+    .report_started = sbx_send_started,
+    .run = sbx_exec_command,
+};

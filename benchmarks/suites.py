@@ -323,15 +323,16 @@ def stage_order(medians: dict[str, dict[str, float]]) -> list[str]:
 # ---------------------------------------------------------------- the other scripts, as they print
 
 def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
-    """What cli.py, harness.py, netpool.py, seccomp_install.py,
+    """What cli.py, harness.py, limits.py, netpool.py, seccomp_install.py,
     netlink_decode.py and images.py print (their own Markdown tables), each run here with a
     smaller count."""
-    from . import cli, harness, images, netlink_decode, seccomp_install, workerpool
+    from . import cli, harness, images, limits, netlink_decode, seccomp_install, workerpool
     from . import netpool as netpool_bench
 
     runs = {
         "cli.py -n 50": (cli.main, ["-n", "50"]),
         "harness.py -n 100": (harness.main, ["-n", "100"]),
+        "limits.py -n 100": (limits.main, ["-n", "100"]),
         "workerpool.py -n 50 --seconds 3": (workerpool.main, ["-n", "50", "--seconds", "3"]),
         "netpool.py -n 500": (netpool_bench.main, ["-n", "500"]),
         "seccomp_install.py --runs 500": (seccomp_install.main, ["--runs", "500"]),
@@ -353,7 +354,7 @@ def others(sizes: Sizes, progress: Progress) -> dict[str, str]:
 
 
 def others_steps(sizes: Sizes) -> int:
-    return (7 + 2 * template_available()) if sizes.others else 0
+    return (8 + 2 * template_available()) if sizes.others else 0
 
 
 def _captured(main: Callable[[], int], argv: list[str]) -> str:

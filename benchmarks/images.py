@@ -229,9 +229,11 @@ def main() -> int:
     ap.add_argument("--json", help="also write the raw per-run times here")
     ap.add_argument("--roots-only", action="store_true", help="only the image-root rows")
     ap.add_argument("--roots-n", type=int, default=200, help="spawns per image-root row (default 200)")
+    ap.add_argument("--podman", action="store_true",
+                    help="also time `podman run --rm` of the image (it writes podman's storage on the host)")
     args = ap.parse_args()
     if args.roots_only:
-        print(image_roots(args.roots_n))
+        print(image_roots(args.roots_n, args.podman))
         return 0
     print(f"# image store, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
           f"kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}; sandbox {sandbox.__version__}")
@@ -250,7 +252,7 @@ def main() -> int:
             times = measure(variants(work, layout, ref, blob_path), args.n)
     print(table(times, size, files, len(blobs[blob_digest])))
     print()
-    print(image_roots(args.roots_n))
+    print(image_roots(args.roots_n, args.podman))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(times, f)
@@ -333,8 +335,8 @@ def podman_image(layout: str) -> tuple[str | None, str]:
     return name, ""
 
 
-def image_roots(n: int) -> str:
-    """The image-root rows (a Markdown table and the ratios)."""
+def image_roots(n: int, with_podman: bool = False) -> str:
+    """The image-root rows (a Markdown table and the ratios); podman's only when asked."""
     from sandbox import presets
 
     # podman names an oci: image by its path, which must then be a valid reference: [a-z0-9] around "_"
@@ -346,7 +348,7 @@ def image_roots(n: int) -> str:
         overlay_spec = presets.image(img, root="overlay", store=store)
         merged_spec = presets.image(img, root="merged", store=store)
         host_spec = presets.minimal_system()
-        podman, why = podman_image(layout)
+        podman, why = podman_image(layout) if with_podman else (None, "not asked (--podman)")
         with sandbox.Template(merged_spec) as t_image, sandbox.Template(host_spec) as t_host:
             fns: dict[str, Callable[[], object]] = {
                 T_IMAGE: lambda: t_image.spawn(["/bin/true"]).wait(),

@@ -254,6 +254,9 @@ pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t sta
 
 /* resident.c (sandbox-template only): the stay_resident of a Template's modes */
 _Noreturn void sbx_resident_reaper(struct sbx_ctx *c);
+/* A resident pid 1's wait for its command `pid` (every signal blocked):
+ * signals from outside forwarded to it, orphans reaped; its wait status. */
+int sbx_serve_command(pid_t pid);
 
 /* child.c */
 /* The message that says a Template's sandbox is running (csrc/sandbox.h,

@@ -126,7 +126,9 @@ static void close_except(int a, int b, int d)
     syscall(SYS_close_range, next, ~0U, 0);
 }
 
-static _Noreturn void reap(pid_t pid, int report)
+/* Forward signals from outside to the command, reap orphans, until the
+ * command `pid` ends: its wait status. Every signal is blocked here. */
+int sbx_serve_command(pid_t pid)
 {
     sigset_t all;
     sigfillset(&all);
@@ -140,23 +142,27 @@ static _Noreturn void reap(pid_t pid, int report)
                 kill(pid, sig);
             continue;
         }
-        int status, other;
+        int status;
         pid_t done;
-        while ((done = waitpid(-1, &status, WNOHANG)) > 0) {
-            if (done != pid)
-                continue;
-            /* The sandbox ends with its command: what is left goes now, so
-             * that the status, once written, says the sandbox is gone but
-             * for this process, which exits at once. */
-            if (waitpid(-1, &other, WNOHANG) >= 0 || errno != ECHILD) {
-                kill(-1, SIGKILL);
-                while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
-                    ;
-            }
-            sbx_write_all(report, &status, sizeof status);
-            _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
-        }
+        while ((done = waitpid(-1, &status, WNOHANG)) > 0)
+            if (done == pid)
+                return status;
     }
+}
+
+/* The sandbox ends with its command: what is left goes now, so that the
+ * status, once written, says the sandbox is gone but for this process,
+ * which exits at once. */
+static _Noreturn void reap(pid_t pid, int report)
+{
+    int status = sbx_serve_command(pid), other;
+    if (waitpid(-1, &other, WNOHANG) >= 0 || errno != ECHILD) {
+        kill(-1, SIGKILL);
+        while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+            ;
+    }
+    sbx_write_all(report, &status, sizeof status);
+    _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
 }
 
 _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)

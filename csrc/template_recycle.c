@@ -242,30 +242,6 @@ static void finish(int report, int status)
     sbx_write_all(report, &status, sizeof status);
 }
 
-/* Forward signals from outside to the command, reap orphans, until the
- * command ends: its wait status. */
-static int serve(pid_t pid)
-{
-    sigset_t all;
-    sigfillset(&all);
-    for (;;) {
-        siginfo_t info;
-        int sig = sigtimedwait(&all, &info, NULL);
-        if (sig < 0)
-            continue;
-        if (sig != SIGCHLD) {
-            if (info.si_pid == 0)
-                kill(pid, sig);
-            continue;
-        }
-        int status;
-        pid_t done;
-        while ((done = waitpid(-1, &status, WNOHANG)) > 0)
-            if (done == pid)
-                return status;
-    }
-}
-
 /* Close every fd of the request (it stays in t->fds) but the report socket. */
 static void close_request(struct tpl_sandbox *t, int nfds, int report)
 {
@@ -313,7 +289,7 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
         }
         if (c->in.scrub)
             memset(c->in.scrub, 0, c->in.scrub_len);
-        finish(report, serve(pid));
+        finish(report, sbx_serve_command(pid));
         close(report);
         t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
         free(c->in.sh_argv);

@@ -53,18 +53,12 @@ def scratch_dirs(image: Image) -> tuple[str, ...]:
 def _walk(root: str, parts: Iterable[str], create: bool = False) -> Iterator[int]:
     """An fd of directory `parts` under `root`, each component opened without
     following a link (the store's tree, but a layer's names are the image's)."""
-    fd = os.open(root, DIR_FLAGS)
+    top = os.open(root, DIR_FLAGS)
     try:
-        for part in parts:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, 0o755, dir_fd=fd)
-            nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        yield fd
+        with _walk_fd(top, parts, create) as fd:
+            yield fd
     finally:
-        os.close(fd)
+        os.close(top)
 
 
 def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
@@ -226,10 +220,14 @@ def _apply_layer(layer: Layer, dst: int, dirs: list[tuple[str, os.stat_result]])
 
 
 @contextlib.contextmanager
-def _walk_fd(top: int, parts: list[str]) -> Iterator[int]:
+def _walk_fd(top: int, parts: Iterable[str], create: bool = False) -> Iterator[int]:
+    """An fd of directory `parts` below the directory fd `top`, as _walk (`create`: made where missing)."""
     fd = os.dup(top)
     try:
         for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
             nxt = os.open(part, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt

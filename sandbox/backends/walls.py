@@ -16,9 +16,15 @@ def walls_for(plan: Plan, backend: str) -> cgroups.Walls:
     cpu_s = dict(plan.rlimits).get(resource.RLIMIT_CPU)
     if plan.cgroup is None:
         return cgroups.Walls(None, "rlimit", cpu_s)
+    return cgroups.Walls(new_cgroup(plan.cgroup, backend), plan.limits_mechanism, cpu_s)
+
+
+def new_cgroup(limits: cgroups.CgroupLimits, backend: str,
+               info: cgroups.CgroupInfo | None = None) -> cgroups.SandboxCgroup:
+    """A sandbox's cgroup with `limits`, where `info` (default: this host's
+    now) puts them; SetupError, naming `backend`, when it cannot be made."""
     try:
-        cgroup = cgroups.SandboxCgroup(cgroups.host_cgroups(), plan.cgroup)
+        return cgroups.SandboxCgroup(info or cgroups.host_cgroups(), limits)
     except OSError as exc:
         raise SetupError(f"Can't make the sandbox's cgroup: {exc}", step="cgroup", errno=exc.errno or 0,
                          path=exc.filename, backend=backend) from None
-    return cgroups.Walls(cgroup, plan.limits_mechanism, cpu_s)

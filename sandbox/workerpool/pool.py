@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 from .. import backends, cgroups
 from .. import spec as S
 from ..backends.native import ffi, lib, serialize, setup_error
+from ..backends.walls import new_cgroup
 from ..capabilities import ALL, Capability, Traits
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
@@ -222,15 +223,8 @@ def _cgroup_maker(limits: cgroups.CgroupLimits | None) -> Callable[[], cgroups.S
     """What makes a task's cgroup with the pool's limits (None: the tasks have rlimits only)."""
     if limits is None:
         return None
-    info = cgroups.host_cgroups()
-
-    def make() -> cgroups.SandboxCgroup:
-        try:
-            return cgroups.SandboxCgroup(info, limits)
-        except OSError as exc:
-            raise SetupError(f"Can't make the task's cgroup: {exc}", step="cgroup", errno=exc.errno or 0,
-                             backend="native") from exc
-    return make
+    info = cgroups.host_cgroups()  # where the pool's plan was compiled for
+    return lambda: new_cgroup(limits, TRAITS.name, info)
 
 
 def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int, startup_timeout: float,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import select
 import selectors
 import signal
 import subprocess
@@ -12,22 +11,12 @@ import time
 from typing import IO, Any
 
 from .backends.contract import Handle
+from .backends.handle import readable
 from .cgroups import Usage
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
 STDOUT = subprocess.STDOUT
-
-
-def _readable(fds: int | list[int], timeout: float | None) -> bool:
-    """Whether `fds` (one or several: a pidfd is readable once its process
-    has exited) has a readable one within `timeout` seconds (None: wait as
-    long as it takes)."""
-    poller = select.poll()
-    for fd in [fds] if isinstance(fds, int) else fds:
-        poller.register(fd, select.POLLIN)
-    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
-    return bool(poller.poll(ms))
 
 
 class CompletedProcess(subprocess.CompletedProcess[Any]):
@@ -118,7 +107,7 @@ class SandboxProcess:
         if not fds:
             return True  # nothing left to wait for: poll() says
         try:
-            return _readable(fds, timeout)
+            return readable(fds, timeout)
         finally:
             for fd in fds:
                 os.close(fd)

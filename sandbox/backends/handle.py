@@ -23,13 +23,18 @@ from ..cgroups import Walls
 from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
-__all__ = ["ProcessHandle"]
+__all__ = ["ProcessHandle", "readable"]
 
 
-def _readable(fd: int) -> bool:
+def readable(fds: int | list[int], timeout: float | None = 0) -> bool:
+    """Whether `fds` (one or several: a pidfd is readable once its process
+    has exited) has a readable one within `timeout` seconds (None: wait as
+    long as it takes)."""
     poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
+    for fd in [fds] if isinstance(fds, int) else fds:
+        poller.register(fd, select.POLLIN)
+    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
+    return bool(poller.poll(ms))
 
 
 class ProcessHandle:
@@ -108,7 +113,7 @@ class ProcessHandle:
         status the sandbox has ended once it is in (a SIGKILL status stands
         in here; the exit source has the real one): the first process, still
         exiting, is reaped in the background if it is our child."""
-        if self.ended_fd >= 0 and _readable(self.ended_fd):
+        if self.ended_fd >= 0 and readable(self.ended_fd):
             if cast(EarlyStatus, self.exit).arrived():
                 if self.pidfd >= 0:
                     return signal.SIGKILL, self._remove_walls_after_exit()
@@ -116,7 +121,7 @@ class ProcessHandle:
                 return signal.SIGKILL, lambda: reap_later(pid, walls.remove if walls is not None else None)
             self.ended_fd = -1  # gone without a word (killed): wait for the process itself
         if self.pidfd >= 0:
-            return (signal.SIGKILL, self._remove_walls_after_exit()) if _readable(self.pidfd) else (None, None)
+            return (signal.SIGKILL, self._remove_walls_after_exit()) if readable(self.pidfd) else (None, None)
         try:
             pid, status = os.waitpid(self.pid, os.WNOHANG)
         except ChildProcessError:
@@ -148,7 +153,7 @@ class ProcessHandle:
         Nothing once its status is in: the sandbox has ended, and a first
         process known by its pidfd may be serving another request by now (a
         recycled Template sandbox's pid 1)."""
-        if self.pidfd >= 0 and self.ended_fd >= 0 and _readable(self.ended_fd):
+        if self.pidfd >= 0 and self.ended_fd >= 0 and readable(self.ended_fd):
             return
         if sig == signal.SIGKILL and self.walls is not None:
             self.walls.kill()

@@ -32,6 +32,7 @@ from .plan import (
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
 from .seccomp.resident import allows_resident
+from .warm_overlay import mounts_overlay, overlay_split
 
 
 def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
@@ -176,9 +177,11 @@ def template_plans(plan: Plan) -> TemplatePlans:
     mapped (each sandbox maps it during its own setup, as the plan says).
     """
     pooled = plan.network == "pool"
+    split = overlay_split(plan.ops) if mounts_overlay(plan.ops) else None  # each sandbox its own overlay root
     caps = (1 << CAP_SYS_ADMIN) | ((plan.host_uid == 0) << CAP_SETFCAP) | (plan.net_ns << CAP_NET_ADMIN)
     shared = replace(
-        plan, ops=server_ops(plan.ops), user_ns=not pooled, recycle_lease=False, ipc_ns=False, uts_ns=False,
+        plan, ops=server_ops(split.template if split else plan.ops), user_ns=not pooled, recycle_lease=False,
+        ipc_ns=False, uts_ns=False,
         cgroup_ns=False, uid=plan.host_uid, gid=plan.host_gid, map_root_first=False, nested_userns=False,
         disable_userns=False, hostname=None, env=(), path=DEFAULT_PATH, cwd_candidates=("/",), cwd_strict=False,
         rlimits=(), keep_caps=caps,
@@ -189,8 +192,8 @@ def template_plans(plan: Plan) -> TemplatePlans:
     )
     # The template's death ends every sandbox (they live in its pid namespace).
     early = plan.reaper and allows_resident(plan.seccomp)
-    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=sandbox_ops(plan.ops), die_with_parent=False,
-                                                        seccomp_early=early))
+    ops = split.sandbox if split else sandbox_ops(plan.ops)
+    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=ops, die_with_parent=False, seccomp_early=early))
 
 
 def recycle_refusal(plan: Plan) -> str | None:
@@ -201,6 +204,9 @@ def recycle_refusal(plan: Plan) -> str | None:
         return "as_pid_1: a recycled sandbox's pid 1 is the reaper that resets it"
     if plan.keep_caps:
         return "cap_add: a command that keeps a capability is cloned per request, never by a standby"
+    if mounts_overlay(plan.ops):
+        return ("an Overlay (an image root): each sandbox pivots into an overlay root of its own, which its pid 1 "
+                "cannot make again")
     if plan.cgroup is not None:
         return ("cgroup limits (memory_mb, nproc, cpu_cores): its pid 1 would stay in its last request's "
                 "cgroup; set them per call instead (such calls get sandboxes of their own)")

@@ -212,11 +212,6 @@ def test_a_missing_layer_or_a_bad_kept_directory_is_a_setup_error_naming_it(imag
     assert err.value.step == "overlay" and err.value.errno == errno.ENOTDIR
 
 
-def test_a_template_refuses_an_overlay_by_capability_and_names_the_way_out(image: Image) -> None:
-    with pytest.raises(UnavailableError, match="root='merged'"):
-        sandbox.Template(presets.image(image, root="overlay", store=store_of(image)))
-
-
 def test_a_hostile_image_cannot_reach_the_host_through_proc_or_links(image: Image, root: str, canary: Path,
                                                                     tmp_path: Path) -> None:
     """The image's own root is all there is: /proc/1/root, the cwd's '..',

@@ -111,3 +111,10 @@ def test_cgroups_are_offered_only_to_executors_that_place_sandboxes_in_them(name
         spec = S.Spec(mounts=WORLD, limits=S.Limits(nproc=8, require_cgroups=True))
         refused = refusal(compile_plan(spec, limited), limited)
         assert refused is not None and "does not place its sandboxes in cgroups" in str(refused)
+
+
+def test_a_template_mounts_an_overlay_and_bwrap_does_not() -> None:
+    """A Template serves an image root warm (sandbox.warm_overlay): each sandbox its own overlay."""
+    assert TEMPLATE.can(Capability.OVERLAY) and not BWRAP.can(Capability.OVERLAY)
+    host = _host(TEMPLATE)
+    assert refusal(_plan(Capability.OVERLAY, host), host) is None

@@ -89,8 +89,8 @@ KEPT_MARKER = "sandbox-template-kept"
 # A Template's sandboxes are cloned by its unprivileged resident process, each
 # from a copy of one prepared root that all of them share.
 TRAITS = Traits("template", "a Template", frozenset({
-    Capability.CGROUPS, Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,
-    Capability.SELF_CONTAINED_SETUP}), because={
+    Capability.CGROUPS, Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.OVERLAY,
+    Capability.RDONLY_DEV_BIND, Capability.SELF_CONTAINED_SETUP}), because={
     Capability.WITHOUT_USER_NS: "its sandboxes are cloned by an unprivileged process",
     Capability.WITHOUT_MOUNT_NS: "each sandbox starts in a copy of the template's root",
     Capability.WITHOUT_PID_NS: "without one its sandboxes would share the template's and see each other",

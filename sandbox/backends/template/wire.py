@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...plan import Plan
+from ...warm_overlay import sandbox_newroot
 from ..native import ffi, lib, serialize
 
 REQUEST_SIZE = ffi.sizeof("struct sbx_request")
@@ -29,8 +30,9 @@ Started = tuple[int, tuple[int, ...]]  # the Landlock ABI applied, the stamps (e
 
 @functools.lru_cache(maxsize=512)
 def sandbox_blob(plan: Plan) -> bytes:
-    """A sandbox plan's blob: its ops apply in place, on the copy of the template's root."""
-    return serialize(plan, "/")
+    """A sandbox plan's blob: its ops apply in place, on the copy of the template's root
+    (or, for an Overlay, on a new root pivoted into: sandbox.warm_overlay)."""
+    return serialize(plan, sandbox_newroot(plan))
 
 
 def header(*, blob_len: int, argc: int = 0, envc: int = 0, n_pass: int = 0, flags: int = 0,

@@ -1,0 +1,88 @@
+"""Planning for a Template whose Plan mounts an Overlay (an image root,
+sandbox.presets.image): which part its resident process prepares once and
+which each sandbox makes afresh. Pure, like sandbox.warm_plan, which calls it.
+
+A sandbox of such a Template cannot work in place on a copy of the template's
+root, as the others do: its root must be an overlayfs of its own, with a
+writable layer no other sandbox sees, and in-place ops cannot replace the root
+they start in. So the template's root holds only what the sandboxes need to
+build theirs: each layer (and each bind's source) bound read-only, once, at a
+hidden path, a procfs (the kernel mounts a fresh proc in a user namespace only
+where a fully visible one is) and /dev (whose nodes /dev's op binds). Each
+sandbox, in its own user and mount namespaces (a copy of the template's: the
+layers' mounts are then its own, which overlayfs requires of every layer it
+clones), builds a new root as a cold spawn does: a tmpfs on WARM_NEWROOT, the
+overlay from the hidden layers with a fresh tmpfs upper, the plan's other ops,
+and a pivot_root that drops the template's root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from .errors import SpecError
+from .plan import Op, OpFlag, OpKind, Plan
+
+# Where a Template's root holds what its overlay sandboxes build from: the
+# layers (l<i>), the binds' sources (b<op index>) and their new roots' directory.
+WARM_DIR = "/.sandbox-warm"
+WARM_NEWROOT = f"{WARM_DIR}/root"
+_RO = OpFlag.RDONLY | OpFlag.NOSUID | OpFlag.NODEV
+
+
+@dataclass(frozen=True)
+class OverlaySplit:
+    """An overlay plan's ops split for a Template: `template` (what its
+    resident process mounts; warm_plan.server_ops still applies) and `sandbox`
+    (what each sandbox applies on a new root at WARM_NEWROOT)."""
+
+    template: tuple[Op, ...]
+    sandbox: tuple[Op, ...]
+
+
+def mounts_overlay(ops: Sequence[Op]) -> bool:
+    """Whether `ops` mount an Overlay."""
+    return any(op.kind is OpKind.OVERLAY for op in ops)
+
+
+def sandbox_newroot(plan: Plan) -> str:
+    """The directory a Template's sandbox of `plan` (its sandbox plan) builds
+    its root on: WARM_NEWROOT for an overlay plan, else "/" (in place)."""
+    return WARM_NEWROOT if mounts_overlay(plan.ops) else "/"
+
+
+def overlay_split(ops: Sequence[Op]) -> OverlaySplit:
+    """Split the ops of a plan that mounts an Overlay (mounts_overlay).
+
+    Every layer is bound read-only once into the template's root and each
+    sandbox's overlay names those copies; every bind's source likewise (a
+    sandbox's bind is cloned from the template's copy: the host is not in
+    its view). A kept writable layer (Overlay(upper=DIR)) is a SpecError:
+    overlayfs leaves two mounts sharing an upper undefined, and a Template's
+    sandboxes run side by side; each gets a fresh tmpfs instead."""
+    template: list[Op] = [Op(OpKind.DIR, WARM_NEWROOT, mode=0o755, parent_mode=0o755)]
+    sandbox: list[Op] = []
+    layer = 0
+    for i, op in enumerate(ops):
+        if op.kind is OpKind.OVERLAY:
+            if op.src:
+                raise SpecError(f"mounts[{op.origin}]", op.src,
+                                "a Template gives each sandbox a fresh writable layer; an Overlay's kept upper "
+                                "directory would be shared by its sandboxes at once: leave upper (writable=) unset")
+            hidden = []
+            for lower in op.lowers:
+                hidden.append(f"{WARM_DIR}/l{layer}")
+                template.append(Op(OpKind.BIND, hidden[-1], src=lower, flags=_RO, parent_mode=0o755,
+                                   origin=op.origin))
+                layer += 1
+            sandbox.append(replace(op, lowers=tuple(hidden)))
+        elif op.kind is OpKind.BIND and not op.flags & OpFlag.FROM_FD:
+            hidden_src = f"{WARM_DIR}/b{i}"
+            template.append(replace(op, dest=hidden_src, parent_mode=0o755))
+            sandbox.append(replace(op, src=hidden_src))
+        else:
+            if op.kind in (OpKind.PROC, OpKind.DEV):
+                template.append(op)
+            sandbox.append(op)
+    return OverlaySplit(tuple(template), tuple(sandbox))

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from . import spec as S
 from .errors import SpecError
 from .plan import Op, OpFlag, OpKind, Plan
 
@@ -29,6 +30,17 @@ from .plan import Op, OpFlag, OpKind, Plan
 WARM_DIR = "/.sandbox-warm"
 WARM_NEWROOT = f"{WARM_DIR}/root"
 _RO = OpFlag.RDONLY | OpFlag.NOSUID | OpFlag.NODEV
+
+# What the template keeps, beyond CAP_SYS_ADMIN, over its own user namespace
+# when its sandboxes mount overlays. A standby builds its world before it
+# joins a user namespace of its own, with its server's credentials, and
+# overlayfs does its work in the upper layer with the credentials of whoever
+# mounted it: it makes work/work with mode 0 and uses it at once (without
+# CAP_DAC_OVERRIDE: EACCES, "upper fs does not support tmpfile"), and a
+# copy-up gives the copy its lower file's owner and times (CAP_CHOWN,
+# CAP_FOWNER). Each covers only the ids mapped in the template's namespace
+# (the caller's own), and none reaches the command.
+OVERLAY_MOUNTER_CAPS = sum(1 << S.CAPABILITIES.index(name) for name in ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER"))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from .plan import (
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
 from .seccomp.resident import allows_resident
-from .warm_overlay import mounts_overlay, overlay_split
+from .warm_overlay import OVERLAY_MOUNTER_CAPS, mounts_overlay, overlay_split
 
 
 def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
@@ -179,6 +179,7 @@ def template_plans(plan: Plan) -> TemplatePlans:
     pooled = plan.network == "pool"
     split = overlay_split(plan.ops) if mounts_overlay(plan.ops) else None  # each sandbox its own overlay root
     caps = (1 << CAP_SYS_ADMIN) | ((plan.host_uid == 0) << CAP_SETFCAP) | (plan.net_ns << CAP_NET_ADMIN)
+    caps |= OVERLAY_MOUNTER_CAPS if split else 0
     shared = replace(
         plan, ops=server_ops(split.template if split else plan.ops), user_ns=not pooled, recycle_lease=False,
         ipc_ns=False, uts_ns=False,

@@ -137,3 +137,20 @@ def test_an_overlay_below_the_root_is_served_warm_too(tmp_path: Path) -> None:
         second = sh(t, "cat /mnt/o/f")
     assert (first.stdout, second.stdout) == ("lower\nw\n", "lower\n"), (first.stderr, second.stderr)
     assert (tmp_path / "lower" / "f").read_text() == "lower\n"
+
+
+def test_requests_are_served_by_standbys_built_ahead(image: Image) -> None:
+    """A standby mounts its overlay before any request (with its server's
+    credentials: sandbox.warm_overlay.OVERLAY_MOUNTER_CAPS): a request it
+    serves has no mount step of its own in its timings, as one the server
+    clones cold has."""
+    import time
+
+    with sandbox.Template(presets.image(image, root="overlay", store=store_of(image))) as t:
+        served = []
+        for _ in range(3):
+            time.sleep(0.3)  # its standby is ready by now
+            p = t.spawn(["sh", "-c", "echo x > /etc/image-file"])
+            assert p.wait(timeout=60) == 0
+            served.append("mounts" in p.timings)
+    assert served == [False, False, False]

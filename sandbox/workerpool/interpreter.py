@@ -22,6 +22,7 @@ import cloudpickle
 
 from .. import spec as S
 from ..errors import SpecError
+from ..images.python import own_root
 from ..paths import executable_chain, is_under
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the `sandbox` package
@@ -111,7 +112,21 @@ def check_spec(spec: S.Spec) -> None:
 
 def zygote_spec(spec: S.Spec) -> S.Spec:
     """`spec` with the interpreter's paths bound read-only after its own mounts (skipping
-    those a read-only bind of the Spec already shows), a reaper as pid 1."""
+    those a read-only bind of the Spec already shows), a reaper as pid 1. In a root of
+    its own (an image), only this package's and cloudpickle's: the image's Python runs."""
     check_spec(spec)
-    extra = [S.RoBind(p) for p in interpreter_paths() if not _covered(p, spec.mounts)]
+    wanted = [PACKAGE_ROOT, CLOUDPICKLE_ROOT] if own_root(spec) else interpreter_paths()
+    extra = [S.RoBind(p) for p in dict.fromkeys(wanted) if not _covered(p, spec.mounts)]
     return spec.replace(mounts=(*spec.mounts, *extra), as_pid_1=False)
+
+
+def zygote_python(spec: S.Spec, native: str) -> str:
+    """The interpreter the zygote of `spec` runs: the caller's own; in a root
+    of its own (an image: sandbox.images.python), that root's Python of the
+    caller's version, once a real start there showed it loads the C core
+    (`native`), else UnavailableError saying why not."""
+    if not own_root(spec):
+        return sys.executable
+    from ..images.python import image_python
+
+    return image_python(zygote_spec(spec), native, (CLOUDPICKLE_ROOT,))

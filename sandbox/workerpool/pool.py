@@ -27,7 +27,7 @@ from ..warm_plan import task_plan, with_task_binds, zygote_plan
 from . import channel as ch
 from .calls import pickle_call
 from .engine import Engine
-from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, zygote_spec
+from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, zygote_python, zygote_spec
 from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
 from .task import Task
 
@@ -118,6 +118,7 @@ class WorkerPool(Executor):
         refused = refusal(plan, host)
         if refused is not None:
             raise refused
+        python = zygote_python(spec, _native_path())
         zygote = zygote_plan(plan)
         self._task_plan = task_plan(plan, zygote)
         self._task_blob = serialize(self._task_plan, "/")
@@ -127,7 +128,7 @@ class WorkerPool(Executor):
         slots = {n: make_cgroup() for n in range(1, max(1, spares) + 1)} if make_cgroup is not None else {}
         try:
             ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), spares,
-                                                       startup_timeout, slots)
+                                                       startup_timeout, slots, python)
         except BaseException:
             for cgroup in slots.values():
                 cgroup.close_fds()
@@ -228,13 +229,14 @@ def _cgroup_maker(limits: cgroups.CgroupLimits | None) -> Callable[[], cgroups.S
 
 
 def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int, startup_timeout: float,
-                  slots: Mapping[int, cgroups.SandboxCgroup]) -> tuple[socket.socket, int, SandboxProcess]:
+                  slots: Mapping[int, cgroups.SandboxCgroup], python: str = sys.executable,
+                  ) -> tuple[socket.socket, int, SandboxProcess]:
     """Start the zygote through the native backend, send INIT (with the cgroups
     of `slots`: their cgroup.procs fds, closed here once sent), wait for READY."""
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    argv = [sys.executable, "-I", ZYGOTE_SCRIPT, str(theirs.fileno())]
+    argv = [python, "-I", ZYGOTE_SCRIPT, str(theirs.fileno())]
     try:
         launched = backends.get("native").launch(template, argv, (devnull, devnull, err_w), (theirs.fileno(),))
     except BaseException:

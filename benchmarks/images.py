@@ -20,8 +20,8 @@ Medians and the spread, in ms, with the unpacked size and the file count.
 Then image roots (issue 27): an image of this host's /usr/bin/true and the
 libraries it loads (two layers), loaded into a store, and spawn + wait of
 `/bin/true`, interleaved round-robin: a Template of `presets.image` (its
-merged tree: a Template cannot mount an Overlay) against a Template of
-`presets.minimal_system` (the host's /usr; target: at most 1.3x);
+overlay, each sandbox its own writable layer; and its merged tree) against
+a Template of `presets.minimal_system` (the host's /usr; target: at most 1.3x);
 `sandbox.spawn` of the image's overlay root and of the host's /usr; and
 `podman run --rm` of the same image (target: the Template at most 0.05x of
 it), a row left out, with the reason, where podman cannot run here.

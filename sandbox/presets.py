@@ -113,7 +113,9 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
     read-only instead, with a fresh tmpfs at /tmp, /run, /var/tmp, the
     image's home and its working directory: writes elsewhere fail, and a
     bind's mount point must exist in the image. `writable=DIR` needs
-    "overlay"."""
+    "overlay". A Template serves either warm (sandbox.warm_overlay: each of
+    its sandboxes its own writable layer; no `writable=DIR`); a WorkerPool
+    runs the image's own Python (sandbox.images.python)."""
     from .images import Image, ImageStore, roots
 
     if root not in ("auto", "overlay", "merged"):

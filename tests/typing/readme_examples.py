@@ -101,8 +101,10 @@ def docs_images_example_2() -> None:
     spec = sandbox.presets.image("example.org/tool:dev", store=store)    # a ref in the store, or an Image
     print(sandbox.run(["sh", "-c", "cat /etc/os-release"], spec, capture_output=True).stdout)
     kept = sandbox.presets.image(store.get("example.org/tool:dev"), writable="/var/tmp/tool-upper")
-    with sandbox.Template(sandbox.presets.image("example.org/tool:dev", root="merged")) as t:
-        t.run(["/bin/true"])                                              # ~1-2 ms: see Figures
+    with sandbox.Template(sandbox.presets.image("example.org/tool:dev", store=store)) as t:
+        t.run(["/bin/true"])                      # ~1-2 ms, each sandbox its own writable layer: see Figures
+    with sandbox.WorkerPool(sandbox.presets.image("example.org/py:3.11", store=store)) as pool:
+        print(pool.submit(sum, [1, 2]).result())  # in the image's python3.11
 
 
 def docs_python_api_example_1() -> None:

@@ -18,6 +18,7 @@ and a pivot_root that drops the template's root.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -93,8 +94,15 @@ def overlay_split(ops: Sequence[Op]) -> OverlaySplit:
             hidden_src = f"{WARM_DIR}/b{i}"
             template.append(replace(op, dest=hidden_src, parent_mode=0o755))
             sandbox.append(replace(op, src=hidden_src))
+        elif op.kind is OpKind.DEV:  # the template's, read-only, with a fresh shm and devpts (as in place)
+            template.append(op)
+            shm, pts = posixpath.join(op.dest, "shm"), posixpath.join(op.dest, "pts")
+            sandbox += [Op(OpKind.BIND, op.dest, src=op.dest, flags=OpFlag.RDONLY | OpFlag.NOSUID,
+                           parent_mode=op.parent_mode, origin=op.origin),
+                        Op(OpKind.TMPFS, shm, mode=op.shm_mode, flags=OpFlag.NODEV, origin=op.origin),
+                        Op(OpKind.DEVPTS, pts, origin=op.origin)]
         else:
-            if op.kind in (OpKind.PROC, OpKind.DEV):
+            if op.kind is OpKind.PROC:
                 template.append(op)
             sandbox.append(op)
     return OverlaySplit(tuple(template), tuple(sandbox))

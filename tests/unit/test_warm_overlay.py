@@ -41,7 +41,9 @@ def test_the_template_binds_the_layers_and_sources_once_and_the_sandbox_overlays
     assert (OpKind.BIND, f"{WARM_DIR}/b4", "/srv/data") in shared
     assert (OpKind.DIR, WARM_NEWROOT, "") in shared
     assert not any(kind in (OpKind.OVERLAY, OpKind.TMPFS) for kind, _, _ in shared)
-    assert [kind for kind, _, _ in sandbox] == [OpKind.OVERLAY, OpKind.PROC, OpKind.DEV, OpKind.TMPFS, OpKind.BIND]
+    assert sandbox[1:6] == [(OpKind.PROC, "/proc", ""), (OpKind.BIND, "/dev", "/dev"), (OpKind.TMPFS, "/dev/shm", ""),
+                            (OpKind.DEVPTS, "/dev/pts", ""), (OpKind.TMPFS, "/tmp", "")]  # /dev: as in place
+    assert (OpKind.DEV, "/dev", "") in shared
     overlay = plans.sandbox.ops[0]
     assert overlay.lowers == (f"{WARM_DIR}/l0", f"{WARM_DIR}/l1") and overlay.dest == "/"
     assert sandbox[-1] == (OpKind.BIND, "/data", f"{WARM_DIR}/b4")

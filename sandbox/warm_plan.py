@@ -39,8 +39,8 @@ def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
     """What the template builds: every op (what its sandboxes make afresh
     needs a mount point), its own procfs without covers (a fresh proc may be
     mounted in a user namespace only where a fully visible one is), then its
-    root, /dev and tmpfs read-only: each is one filesystem shared by every
-    sandbox, and read-only mounts stay locked so in their copies."""
+    root, /dev, tmpfs and overlays read-only: each is one filesystem shared
+    by every sandbox, and read-only mounts stay locked so in their copies."""
     out = [replace(op, covers=()) if op.kind is OpKind.PROC
            else Op(OpKind.DIR, op.dest, mode=0o755, parent_mode=op.parent_mode, origin=op.origin)
            if op.kind is OpKind.MQUEUE else op for op in ops]  # an mqueue: each sandbox's own IPC namespace's
@@ -48,7 +48,7 @@ def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
         out.append(Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
     out += [Op(OpKind.REMOUNT_RO, op.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID,
                origin=op.origin)
-            for op in ops if op.kind in (OpKind.DEV, OpKind.TMPFS)]
+            for op in ops if op.kind in (OpKind.DEV, OpKind.TMPFS, OpKind.OVERLAY)]
     return tuple(out)
 
 

@@ -21,6 +21,7 @@ from sandbox import presets
 from sandbox.errors import UnavailableError
 from sandbox.images import Image, ImageStore
 from sandbox.images.python import python_name, required_glibc
+from sandbox.spec import Overlay
 from sandbox.workerpool.interpreter import PACKAGE_ROOT
 
 from .image_helpers import DIRTYPE, TestImage, _libraries, layer, member, runnable_layer, write_layout
@@ -170,3 +171,31 @@ def test_the_c_cores_glibc_need_is_read_from_its_symbol_versions() -> None:
     major, minor = (os.confstr("CS_GNU_LIBC_VERSION") or "glibc 0.0").split()[1].split(".")[:2]
     assert (2, 2) <= need <= (int(major), int(minor))
 
+
+
+def write_over(path: str) -> tuple[str, str]:
+    """What `path` holds, then what writing to it did."""
+    with open(path) as f:
+        seen = f.read()
+    try:
+        with open(path, "w") as f:
+            f.write("task\n")
+    except OSError as exc:
+        return seen, exc.strerror or ""
+    return seen, "written"
+
+
+def test_no_task_writes_where_the_next_task_would_see_it(py_image: Image, tmp_path: Path) -> None:
+    """The zygote's overlays (the image's root, and any other Overlay of the
+    Spec) are one mount shared by its tasks: read-only in them, as the root
+    of a WorkerPool always is. (Before, a task wrote into an Overlay at
+    /mnt/o and the next read it.)"""
+    (tmp_path / "lower").mkdir()
+    (tmp_path / "lower" / "f").write_text("lower\n")
+    spec = spec_of(py_image)
+    spec = spec.replace(mounts=(*spec.mounts, Overlay("/mnt/o", [str(tmp_path / "lower")])))
+    with sandbox.WorkerPool(spec, 1) as pool:
+        results = [pool.submit(write_over, path).result(timeout=60)
+                   for path in ("/mnt/o/f", "/mnt/o/f", "/etc/image-file", "/etc/image-file")]
+    assert results == [("lower\n", "Read-only file system")] * 2 + [("from the image\n", "Read-only file system")] * 2
+    assert (tmp_path / "lower" / "f").read_text() == "lower\n"

@@ -16,7 +16,7 @@ from sandbox.errors import SpecError
 from sandbox.host import HostInfo
 from sandbox.plan import OpFlag, OpKind, Plan, compile_plan
 from sandbox.warm_overlay import WARM_DIR, WARM_NEWROOT, sandbox_newroot
-from sandbox.warm_plan import TemplatePlans, recycle_refusal, template_plans
+from sandbox.warm_plan import TemplatePlans, recycle_refusal, template_plans, zygote_plan
 
 HOST = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, executor=TEMPLATE, is_root=False, pool=None)
 
@@ -65,3 +65,12 @@ def test_a_kept_upper_and_recycling_are_refused_naming_why() -> None:
         _plans(S.Overlay("/", ["/srv/l0"], upper="/srv/keep"), S.Proc())
     _, _, plans = _plans(S.Overlay("/", ["/srv/l0"]), S.Proc())
     assert "Overlay" in (recycle_refusal(dataclasses.replace(plans.sandbox, reaper=True)) or "")
+
+
+def test_a_workerpool_zygotes_overlays_are_read_only_for_its_tasks() -> None:
+    """One overlay mount is shared by every task forked from the zygote: it is
+    remounted read-only there (as its root, /dev and tmpfs are)."""
+    plan = compile_plan(S.Spec(mounts=(S.Overlay("/", ["/srv/l0"]), S.Proc(), S.Dev(),
+                                       S.Overlay("/mnt/o", ["/srv/l1"]))), HOST)
+    ro = {op.dest for op in zygote_plan(plan).ops if op.kind is OpKind.REMOUNT_RO}
+    assert {"/", "/mnt/o", "/dev"} <= ro

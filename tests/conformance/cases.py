@@ -105,6 +105,8 @@ WP_SHARED_DEV = ("a WorkerPool zygote's /dev is one tmpfs shared by its tasks: r
 WP_NESTS = ("WorkerPool needs a Dev at /dev, so the case runs with one added: with it a task whose uid is not 0 runs "
             "in a user namespace nested in one that maps uid 0 (as uid_gid_with_dev_nests), and the outer one owns "
             "the network namespace (as nested_userns_caps_do_not_reach_the_network)")
+WP_SHARED_OVERLAY = ("a WorkerPool zygote's Overlay is one mount shared by its tasks: read-only in them, as its root "
+                     "is, so that no task sees what another wrote")
 WP_NO_ARGV = "a WorkerPool task runs a function, not a command: there is no argv to look up or execute"
 WP_NO_PASS_FDS = "a WorkerPool task is passed no fds: a function gets its inputs as arguments"
 WP_TOPS = "workerpool.tops"
@@ -282,6 +284,17 @@ MOUNT_CASES = [
          mounts=(rw(SCRATCH, "/s"), S.Tmpfs("/s")), request={"paths": ["/s"], "actions": [["write", "/s/new", 1]]},
          host_paths=(".",),
          expect={("paths", "/s", "entries"): [], ("actions",): ["ok"], ("host", ".", "entries"): ["host-file"]}),
+    # An overlayfs of a host directory: its files, and writes that stay in the sandbox's own upper layer.
+    Case("overlay_shows_its_lower_and_keeps_writes_inside", scratch={"lower": None, "lower/f": "lower\n"},
+         mounts=(S.Overlay("/o", [f"{SCRATCH}/lower"]),),
+         request={"paths": ["/o", "/o/f"], "actions": [["write", "/o/new", 1], ["append", "/o/f", "more\n"]]},
+         host_paths=("lower", "lower/f"),
+         expect={("paths", "/o", "entries"): ["f"], ("paths", "/o/f", "content"): "lower\n",
+                 ("actions",): ["ok", "ok"], ("host", "lower", "entries"): ["f"],
+                 ("host", "lower/f", "content"): "lower\n"},
+         expect_on={WP: {("actions",): ["EROFS", "EROFS"]}}, why={WP: WP_SHARED_OVERLAY},
+         not_applicable={"bwrap": "bubblewrap 0.8.0 has no --overlay: the bwrap backend refuses an Overlay by "
+                                  "capability, before anything runs (tests/images/test_image_root.py)"}),
     # Every run gets a fresh /tmp: empty, though the previous run wrote to its own.
     Case("tmp_starts_empty", mounts=(S.Tmpfs("/tmp"),),
          request={"paths": ["/tmp"], "actions": [["write", "/tmp/f", 1]]},

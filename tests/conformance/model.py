@@ -235,7 +235,7 @@ def fill(value: Any, ctx: Mapping[str, Any]) -> Any:
         return {fill(k, ctx): fill(v, ctx) for k, v in value.items()}
     if isinstance(value, S.Mount):
         changes = {f.name: fill(getattr(value, f.name), ctx) for f in dataclasses.fields(value)
-                   if isinstance(getattr(value, f.name), str)}
+                   if isinstance(getattr(value, f.name), (str, tuple))}  # an Overlay's lowers: a tuple
         return dataclasses.replace(value, **changes)
     if isinstance(value, Matcher) and dataclasses.is_dataclass(value):
         return dataclasses.replace(value, **{f.name: fill(getattr(value, f.name), ctx)

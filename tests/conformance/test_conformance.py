@@ -480,6 +480,8 @@ def drop(report: dict[str, Any], path: tuple[str, ...]) -> None:
 def test_backends_agree(case: Case, ctx: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("native", "bwrap"):
         require(name)
+        if name in case.not_applicable:
+            pytest.skip(f"not applicable on {name}: {case.not_applicable[name]}")
     native = outcome(case, "native", ctx, monkeypatch)
     bwrap = outcome(case, "bwrap", ctx, monkeypatch)
     if native != bwrap and case.known_bug:

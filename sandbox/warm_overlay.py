@@ -8,12 +8,13 @@ writable layer no other sandbox sees, and in-place ops cannot replace the root
 they start in. So the template's root holds only what the sandboxes need to
 build theirs: each layer (and each bind's source) bound read-only, once, at a
 hidden path, a procfs (the kernel mounts a fresh proc in a user namespace only
-where a fully visible one is) and /dev (whose nodes /dev's op binds). Each
-sandbox, in its own user and mount namespaces (a copy of the template's: the
-layers' mounts are then its own, which overlayfs requires of every layer it
-clones), builds a new root as a cold spawn does: a tmpfs on WARM_NEWROOT, the
-overlay from the hidden layers with a fresh tmpfs upper, the plan's other ops,
-and a pivot_root that drops the template's root.
+where a fully visible one is) and /dev (each sandbox binds it read-only, with
+a fresh shm and devpts, as in place). Each sandbox, in a mount namespace of its
+own (a copy of the template's: the layers' mounts are then its own, which
+overlayfs requires of every layer it clones), builds a new root as a cold
+spawn does: a tmpfs on WARM_NEWROOT, the overlay of the hidden layers with a
+fresh tmpfs upper, the plan's other ops, and a pivot_root whose lazy unmount
+drops the template's root.
 """
 
 from __future__ import annotations

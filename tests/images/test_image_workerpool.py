@@ -199,3 +199,13 @@ def test_no_task_writes_where_the_next_task_would_see_it(py_image: Image, tmp_pa
                    for path in ("/mnt/o/f", "/mnt/o/f", "/etc/image-file", "/etc/image-file")]
     assert results == [("lower\n", "Read-only file system")] * 2 + [("from the image\n", "Read-only file system")] * 2
     assert (tmp_path / "lower" / "f").read_text() == "lower\n"
+
+
+def test_a_merged_root_with_no_room_for_the_package_is_refused_naming_it(py_image: Image) -> None:
+    """A merged root is read-only: the package's directory has no mount
+    point there (unless it lies below one of its scratch tmpfs)."""
+    if PACKAGE_ROOT.startswith(("/tmp/", "/run/", "/var/tmp/", "/root/")):
+        pytest.skip(f"this package lies below a merged root's scratch directory: {PACKAGE_ROOT}")
+    spec = presets.image(py_image, root="merged", store=ImageStore(Path(py_image.layers[0].path).parents[2]))
+    with pytest.raises(UnavailableError, match=r"cannot bind this package and cloudpickle into it"):
+        sandbox.WorkerPool(spec, 1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import sys
 
@@ -37,20 +36,6 @@ except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"
 print(json.dumps(out))
 """
-
-
-def own_root(spec: S.Spec) -> bool:
-    """Whether `spec`'s root is not the host's: an Overlay at /, or a bind at
-    / of anything but the host's /. Its tasks then cannot run the caller's
-    interpreter (its libraries would be the root's), only the root's own."""
-    for m in spec.mounts:
-        if m.target() != "/":
-            continue
-        if isinstance(m, S.Overlay):
-            return True
-        if isinstance(m, S.Bind) and os.path.realpath(m.src) != "/":
-            return True
-    return False
 
 
 def python_name() -> str:

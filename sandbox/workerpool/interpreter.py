@@ -22,7 +22,6 @@ import cloudpickle
 
 from .. import spec as S
 from ..errors import SpecError
-from ..images.python import own_root
 from ..paths import executable_chain, is_under
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the `sandbox` package
@@ -108,6 +107,18 @@ def check_spec(spec: S.Spec) -> None:
     if not any(isinstance(m, S.Dev) and m.dest == "/dev" for m in spec.mounts):
         raise SpecError("mounts", "no Dev at /dev", "WorkerPool needs a Dev at /dev (a task's /proc covers mask "
                         "files with the /dev/null of the zygote's tree)")
+
+
+def own_root(spec: S.Spec) -> bool:
+    """Whether `spec`'s root is not the host's: an Overlay at /, or a bind at
+    / of anything but the host's / (an image: sandbox.presets.image). Its
+    tasks cannot run the caller's interpreter there (its libraries would be
+    the root's), only the root's own."""
+    for m in spec.mounts:
+        if m.target() == "/" and (isinstance(m, S.Overlay) or
+                                  (isinstance(m, S.Bind) and os.path.realpath(m.src) != "/")):
+            return True
+    return False
 
 
 def zygote_spec(spec: S.Spec) -> S.Spec:

@@ -54,14 +54,16 @@ def test_each_tenant_gets_its_own_writable_layer(image: Image) -> None:
     its directories, the root); request N+1 sees none of it, and the layers
     on the host are untouched."""
     write = ("echo mine > /etc/image-file && echo new > /data/new && rm /data/keep && mkdir /planted && "
-             "echo root > /planted/f && cat /etc/image-file && ls /data")
-    look = "cat /etc/image-file; ls /data; test -e /planted && echo planted || echo none"
+             "echo root > /planted/f && echo t > /tmp/t && echo s > /dev/shm/s && cat /etc/image-file && ls /data")
+    look = ("cat /etc/image-file; ls /data; ls -A /tmp /dev/shm; test -e /planted && echo planted || echo none;"
+            " touch /dev/planted 2>/dev/null || echo dev-read-only")
     with sandbox.Template(presets.image(image, root="overlay", store=store_of(image))) as t:
         for _ in range(3):
             first = sh(t, write)
             assert (first.returncode, first.stdout) == (0, "mine\nnew\n"), first.stderr
             second = sh(t, look)
-            assert (second.returncode, second.stdout) == (0, "top\nkeep\nnone\n"), second.stderr
+            assert (second.returncode, second.stdout) == (0, "top\nkeep\n/dev/shm:\n\n/tmp:\nnone\ndev-read-only\n"), \
+                second.stderr
     for lay in image.layers:  # nothing reached a layer's tree
         assert not os.path.exists(os.path.join(lay.path, "data", "new"))
         assert not os.path.exists(os.path.join(lay.path, "planted"))

@@ -42,10 +42,15 @@ struct clone3_args {
 
 /* A note to the server on `notify` (its notify socket: the server's number
  * for it until the request's fds are placed, c->keep_fd after that). */
-static void note(struct tpl_sandbox *t, int notify, int kind, int fd)
+static void note_fds(struct tpl_sandbox *t, int notify, int kind, const int *fds, int n_fds)
 {
     struct standby_note n = {kind, t->slot};
-    sbx_send_fds(notify, &n, sizeof n, &fd, 1);
+    sbx_send_fds(notify, &n, sizeof n, fds, n_fds);
+}
+
+static void note(struct tpl_sandbox *t, int notify, int kind, int fd)
+{
+    note_fds(t, notify, kind, &fd, 1);
 }
 
 /* The request must be one of this Template's: its blob differs from the
@@ -100,6 +105,15 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
         close(q.netns);
         q.netns = -1;
     }
+    if ((q.r->flags & SBX_REQ_CGROUP_NEXT) && q.n_cgroup > 0) {
+        /* In its own cgroup already (cgroup mode): the request's are for the standby that replaces this one. */
+        note_fds(t, t->srv->notify_wr, NOTE_CGROUP, q.cgroup, q.n_cgroup);
+        for (int i = 0, at = (int)(q.cgroup - q.fds); i < q.n_cgroup; i++) {
+            close(q.fds[at + i]);
+            q.fds[at + i] = -1;
+        }
+        q.n_cgroup = 0;
+    }
     const struct sbx_header *h = (const void *)q.blob;
     if (!compatible(c->h, h))
         refuse(c, &q, EINVAL);
@@ -135,17 +149,21 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
 static void await_request(struct sbx_ctx *c)
 {
     tpl_take_request(c, 0);
-    /* Into the request's cgroups before anything else of it: the command
-     * and whatever it forks are born there. A process moving itself is the
-     * cheap case (on cgroup v1 another's move takes a global lock). */
-    sbx_enter_cgroups(c);
+    /* Into the request's cgroups (a Template not in cgroup mode) before
+     * anything else of it: the command and whatever it forks are born
+     * there. A process moving itself is the cheap case (on cgroup v1
+     * another's move takes a global lock). */
+    tpl_enter_cgroups(c);
 }
 
-/* The standby's first moments: its lease first, so that its proc (mounted
+/* The standby's first moments: its cgroups, then its lease, so that its proc (mounted
  * next) shows that namespace's sys/net; then it drops what is the server's
  * alone (it keeps the standbys' request socket and the notify socket). */
 void tpl_standby_start(struct sbx_ctx *c)
 {
+    /* Its cgroups (cgroup mode) before anything else: every process of the
+     * sandbox, this one included, lives there from its first step on. */
+    tpl_enter_cgroups(c);
     if (c->in.lease_fd >= 0 && setns(c->in.lease_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
     tpl_close_server_fds(TPL_SANDBOX(c)->srv, 1);
@@ -167,7 +185,7 @@ const struct sbx_mode SBX_MODE_STANDBY = {
     .run = sbx_exec_command,
 };
 
-pid_t make_standby(struct tpl_server *s, int slot, int lease)
+pid_t make_standby(struct tpl_server *s, int slot, int lease, const int *cgroup)
 {
     const struct sbx_header *h = (const void *)s->stored_blob;
     int *src_fds = malloc((h->n_ops + 1) * sizeof *src_fds);
@@ -183,6 +201,8 @@ pid_t make_standby(struct tpl_server *s, int slot, int lease)
     in.n_null_trees = n_nulls;
     in.proc_dir = s->proc_dir;
     in.lease_fd = lease;
+    in.cgroup_fds = cgroup;
+    in.n_cgroup = cgroup ? s->cgroup_k : 0;
     struct tpl_sandbox t = {.srv = s, .slot = slot};
     sbx_ctx_init(&t.c, s->reset_blob ? &SBX_MODE_RECYCLE : &SBX_MODE_STANDBY, &in, &t.res);
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};

@@ -19,6 +19,11 @@ def walls_for(plan: Plan, backend: str) -> cgroups.Walls:
     return cgroups.Walls(new_cgroup(plan.cgroup, backend), plan.limits_mechanism, cpu_s)
 
 
+def walls_in(cgroup: cgroups.SandboxCgroup, plan: Plan) -> cgroups.Walls:
+    """The walls of a sandbox of `plan` in `cgroup`, made ahead (a Template's placed standbys)."""
+    return cgroups.Walls(cgroup, plan.limits_mechanism, dict(plan.rlimits).get(resource.RLIMIT_CPU))
+
+
 def new_cgroup(limits: cgroups.CgroupLimits, backend: str,
                info: cgroups.CgroupInfo | None = None) -> cgroups.SandboxCgroup:
     """A sandbox's cgroup with `limits`, where `info` (default: this host's

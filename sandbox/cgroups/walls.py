@@ -121,11 +121,12 @@ class SandboxCgroup:
             os.close(fd)
         self.procs_fds = []
 
-    def usage(self) -> Usage:
-        """What the cgroups counted (read before `remove`)."""
+    def usage(self, events: bool = True) -> Usage:
+        """What the cgroups counted (read before `remove`); without `events`,
+        not the limit hits (a command that exited 0 was ended by none)."""
         cpu_s = mem = None
         pids = None
-        events: dict[str, int] = {}
+        hits: dict[str, int] = {}
         for h, path in self.dirs:
             j = os.path.join
             if h.version == 2:
@@ -134,25 +135,29 @@ class SandboxCgroup:
                     cpu_s = stat["usage_usec"] / 1e6
                 if "memory" in h.controllers:
                     mem = _number(read_file(j(path, "memory.peak")), mem)
-                    ev = _keyed(read_file(j(path, "memory.events")))
-                    events["oom_kill"] = ev.get("oom_kill", 0) + ev.get("oom_group_kill", 0)
-                    events["memory_max"] = ev.get("max", 0)
+                    if events:
+                        ev = _keyed(read_file(j(path, "memory.events")))
+                        hits["oom_kill"] = ev.get("oom_kill", 0) + ev.get("oom_group_kill", 0)
+                        hits["memory_max"] = ev.get("max", 0)
                 if "pids" in h.controllers:
                     pids = _int(read_file(j(path, "pids.peak")), pids)
-                    events["pids_max"] = _keyed(read_file(j(path, "pids.events"))).get("max", 0)
+                    if events:
+                        hits["pids_max"] = _keyed(read_file(j(path, "pids.events"))).get("max", 0)
             else:
                 if "memory" in h.controllers:
                     mem = _number(read_file(j(path, "memory.max_usage_in_bytes")), mem)
-                    events["oom_kill"] = _keyed(read_file(j(path, "memory.oom_control"))).get("oom_kill", 0)
-                    events["memory_max"] = _int(read_file(j(path, "memory.failcnt")), 0) or 0
+                    if events:
+                        hits["oom_kill"] = _keyed(read_file(j(path, "memory.oom_control"))).get("oom_kill", 0)
+                        hits["memory_max"] = _int(read_file(j(path, "memory.failcnt")), 0) or 0
                 if "pids" in h.controllers:
                     pids = _int(read_file(j(path, "pids.peak")), pids)
-                    events["pids_max"] = _keyed(read_file(j(path, "pids.events"))).get("max", 0)
+                    if events:
+                        hits["pids_max"] = _keyed(read_file(j(path, "pids.events"))).get("max", 0)
                 if cpu_s is None and "cpuacct" in h.controllers:
                     ns = _int(read_file(j(path, "cpuacct.usage")), None)
                     cpu_s = None if ns is None else ns / 1e9
         return Usage(mechanism=self.info.mechanism, cpu_s=cpu_s,
-                     memory_peak_mb=None if mem is None else mem / (1 << 20), pids_peak=pids, events=events)
+                     memory_peak_mb=None if mem is None else mem / (1 << 20), pids_peak=pids, events=hits)
 
     def kill(self) -> None:
         """SIGKILL every process in the sandbox's cgroups (cgroup.kill where there is one)."""
@@ -247,7 +252,8 @@ class Walls:
     def finish(self, returncode: int, by_caller: str | None = None) -> tuple[Usage, str | None]:
         """(usage, killed_by) once the command's status is in; `by_caller`:
         "timeout" or "kill" when the caller ended it."""
-        usage = self.cgroup.usage() if self.cgroup is not None else Usage(mechanism=self.mechanism)
+        usage = self.cgroup.usage(events=returncode != 0) if self.cgroup is not None \
+            else Usage(mechanism=self.mechanism)
         return usage, killed_by(returncode, usage, self.cpu_s, by_caller)
 
     def remove(self) -> None:

@@ -260,3 +260,77 @@ def test_every_process_of_a_template_sandbox_is_in_its_cgroup_and_holds_no_fd_of
             p.kill()
         assert p.returncode == -signal.SIGKILL and p.killed_by is None
     assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+
+
+def _populated(path: str) -> list[int]:
+    return [int(pid) for pid in open(os.path.join(path, "cgroup.procs")).read().split()]
+
+
+@needs
+def test_a_template_with_spec_limits_keeps_its_standbys_in_cgroups_made_ahead() -> None:
+    """Cgroup mode: each standby lives in a cgroup of its own, with the Spec's limits written, before any
+    request; a call takes one like any other, with no cgroup made or entered on its path."""
+    with sandbox.Template(python_interpreter(limits=Limits(memory_mb=100, nproc=16))) as t:
+        placed = t._server.placed  # type: ignore[attr-defined]
+        assert placed is not None and t._server.standby  # type: ignore[attr-defined]
+        assert wait_for(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
+        waiting = {c.dirs[0][1] for c in placed._sent.values() if _populated(c.dirs[0][1])}
+        for cgroup in placed._sent.values():
+            h, path = next((h, p) for h, p in cgroup.dirs if "pids" in h.controllers)
+            assert open(os.path.join(path, "pids.max")).read().strip() == "16"  # written ahead
+        with t.spawn([PY, "-c", "import time; time.sleep(30)"]) as p:
+            walls = p._handle.walls  # type: ignore[attr-defined]
+            assert walls.cgroup.dirs[0][1] in waiting  # a standby's, made and entered before the call
+            assert p.pid in {pid for _, path in walls.cgroup.dirs for pid in _populated(path)}
+            p.kill()
+        r = t.run([PY, "-c", TOUCH, "300"], capture_output=True)
+        assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
+        r = t.run([PY, "-c", FORK_BOMB], capture_output=True, timeout=60)
+        assert 0 < int(r.stdout) <= 15 and r.usage is not None and r.usage.pids_peak == 16
+        # a call with other limits gets a sandbox (and a cgroup) of its own, made for it
+        r = t.run([PY, "-c", TOUCH, "60"], limits=Limits(memory_mb=40), capture_output=True)
+        assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
+        r = t.run([PY, "-c", TOUCH, "150"], limits=Limits(memory_mb=300), capture_output=True)
+        assert r.returncode == 0 and r.usage is not None and r.usage.memory_peak_mb is not None
+        assert r.usage.memory_peak_mb >= 150
+
+
+@needs
+def test_a_failed_call_does_not_leave_its_standbys_cgroup_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby whose request fails reports no cgroup: its empty, used set is found and removed."""
+    from sandbox.backends.template import placed as placed_module
+    monkeypatch.setattr(placed_module, "SCAN_EVERY_S", 0.05)
+    with sandbox.Template(python_interpreter(limits=Limits(nproc=16))) as t:
+        placed = t._server.placed  # type: ignore[attr-defined]
+        for _ in range(3):
+            with pytest.raises(sandbox.SandboxError):
+                t.run(["/nonexistent/command"])
+        assert t.run([PY, "-c", "pass"]).returncode == 0
+        assert wait_for(lambda: len(placed._sent) == 2, 10.0), len(placed._sent)  # the standbys' alone
+
+
+@needs
+def test_no_template_cgroup_is_left_after_the_caller_is_sigkilled() -> None:
+    caller = textwrap.dedent(f"""
+        import sys, sandbox
+        from sandbox import Limits
+        from sandbox.presets import python_interpreter
+        t = sandbox.Template(python_interpreter(limits=Limits(memory_mb=64, nproc=8)))
+        p = t.spawn([{PY!r}, "-c", "import time; time.sleep(60)"])
+        print(p.pid, flush=True)
+        sys.stdin.read()
+    """)
+    before = set(leftovers())
+    child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip().isdigit()
+    made = set(leftovers()) - before
+    assert len(made) >= 3 * len(INFO.hierarchies)  # the sandbox's, the standbys', those made ahead
+    child.kill()
+    child.wait()
+    later = subprocess.run([PY, "-c", "import sandbox, sys\nfrom sandbox import Limits\n"
+                            "from sandbox.presets import python_interpreter\n"
+                            f"sandbox.run([{PY!r}, '-c', 'pass'], python_interpreter(limits=Limits(nproc=8)))"],
+                           timeout=60)
+    assert later.returncode == 0
+    assert wait_for(lambda: not (made & set(leftovers())), 10.0), made & set(leftovers())

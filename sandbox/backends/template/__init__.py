@@ -11,6 +11,8 @@ sandbox.spawn(..., backend="template"), keeps one per plan it has seen.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 
@@ -23,7 +25,8 @@ from ...warm_plan import TemplatePlans, template_plans
 from ..handle import ProcessHandle
 from ..native import ReaperStatus, SandboxStatus
 from ..native import available as native_available
-from ..walls import walls_for
+from ..walls import walls_for, walls_in
+from .placed import PlacedCgroups
 from .server import TEMPLATE_PATH, Server, Started, launched
 
 __all__ = ["BACKEND", "KEPT_MARKER", "TRAITS", "Server", "available", "launch_in"]
@@ -42,13 +45,22 @@ def available() -> tuple[bool, str]:
 def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
               pass_fds: tuple[int, ...]) -> ProcessHandle:
     """Start `argv` in a sandbox cloned by `server`, under its sandbox plan
-    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call), in
-    a cgroup of its own when the plan has cgroup limits: made here, its
-    entry files sent with the request, entered by the sandbox's first
-    process before anything of the request runs."""
+    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call).
+
+    Its cgroup: with the server in cgroup mode and the plan's cgroup limits
+    those of its standbys, the one a standby entered ahead (placed.py); else,
+    when the plan has cgroup limits, one made here with them, its entry
+    files sent with the request and entered by the sandbox's first process
+    before anything of the request runs (in cgroup mode, a sandbox the
+    server clones: its standbys live in cgroups with other limits)."""
+    placed = server.placed
+    if placed is not None and plan.cgroup == server.default.cgroup:
+        return _launch_placed(server, placed, plan, argv, stdio, pass_fds)
     walls = walls_for(plan, "template")
     try:
-        return _launch(server, plan, argv, stdio, pass_fds, walls)
+        fds = walls.cgroup.procs_fds if walls.cgroup is not None else []
+        started = _start(server, plan, argv, stdio, pass_fds, fds, own=placed is not None)
+        return _handle(plan, started, walls)
     except BaseException:
         walls.remove()  # whatever entered it has been killed or never ran
         raise
@@ -57,8 +69,30 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
             walls.cgroup.close_fds()
 
 
-def _launch(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-            pass_fds: tuple[int, ...], walls: Walls) -> ProcessHandle:
+def _launch_placed(server: Server, placed: PlacedCgroups, plan: Plan, argv: list[str],
+                   stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> ProcessHandle:
+    """A sandbox in a cgroup made ahead: the request carries one more set,
+    and the sandbox's report names the one it lives in."""
+    tag, cgroup = placed.take()
+    try:
+        placed.sending(tag, cgroup)
+        started = _start(server, plan, argv, stdio, pass_fds, cgroup.procs_fds, placed=True)
+    finally:
+        cgroup.close_fds()
+    mine = placed.claim(started.cgroup_tag)
+    if mine is None:  # every sandbox of a server in cgroup mode enters a set of ours: a bug
+        signal.pidfd_send_signal(started.pidfd, signal.SIGKILL)
+        os.close(started.pidfd)
+        os.close(started.status_fd)
+        if started.lease is not None:
+            started.lease.release(wait=False, unprivileged_tenant=True)
+        raise SandboxError(f"the template's sandbox reported a cgroup it was not given (tag {started.cgroup_tag})")
+    return _handle(plan, started, walls_in(mine, plan))
+
+
+def _start(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...],
+           cgroup_fds: list[int], placed: bool = False, own: bool = False) -> Started:
+    """The request, with a leased network namespace for a pooled plan."""
     lease = None
     if plan.network == "pool":
         pool = server.pool
@@ -67,8 +101,10 @@ def _launch(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, 
                                "(netpool.disable()): make a new Template")
         lease = pool.lease()
     # the lease goes to the server, which answers with the one the sandbox lives in (server.Server.spawn)
-    cgroup_fds = walls.cgroup.procs_fds if walls.cgroup is not None else []
-    started: Started = server.spawn(plan, argv, stdio, pass_fds, lease, cgroup_fds)
+    return server.spawn(plan, argv, stdio, pass_fds, lease, cgroup_fds, placed=placed, own=own)
+
+
+def _handle(plan: Plan, started: Started, walls: Walls) -> ProcessHandle:
     findings = isolation.findings(plan, None)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi

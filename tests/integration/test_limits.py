@@ -21,13 +21,14 @@ import pytest
 import sandbox
 from sandbox import Limits, UnavailableError
 from sandbox.backends.template import BACKEND as template_backend
-from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
+from sandbox.cgroups import PARENT_ENV, PREFIX, CgroupLimits, hierarchies_for, host_cgroups
 from sandbox.presets import python_interpreter
 
 INFO = host_cgroups()
 needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
                            reason=f"no cgroup limits for this caller: {INFO.reason}")
 PY = sys.executable
+NO_CPU_LIMIT = hierarchies_for(INFO, CgroupLimits(memory_bytes=64 << 20, pids=8))  # where such a sandbox's cgroups go
 
 
 @pytest.fixture(params=["native", "bwrap", "template"])
@@ -182,7 +183,7 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> No
     assert child.stdout is not None
     assert child.stdout.readline().strip().isdigit()
     made = set(leftovers()) - before
-    assert len(made) == len(INFO.hierarchies)
+    assert len(made) == len(NO_CPU_LIMIT)
     child.kill()
     child.wait()
     # the next start (another process's first cgroup) sweeps what a dead owner left
@@ -325,7 +326,7 @@ def test_no_template_cgroup_is_left_after_the_caller_is_sigkilled() -> None:
     assert child.stdout is not None
     assert child.stdout.readline().strip().isdigit()
     made = set(leftovers()) - before
-    assert len(made) >= 3 * len(INFO.hierarchies)  # the sandbox's, the standbys', those made ahead
+    assert len(made) >= 3 * len(NO_CPU_LIMIT)  # the sandbox's, the standbys', those made ahead
     child.kill()
     child.wait()
     later = subprocess.run([PY, "-c", "import sandbox, sys\nfrom sandbox import Limits\n"
@@ -334,3 +335,19 @@ def test_no_template_cgroup_is_left_after_the_caller_is_sigkilled() -> None:
                            timeout=60)
     assert later.returncode == 0
     assert wait_for(lambda: not (made & set(leftovers())), 10.0), made & set(leftovers())
+
+
+@needs
+def test_a_sandbox_without_a_cpu_limit_skips_a_cpu_only_hierarchy() -> None:
+    """On v1 with cpu and cpuacct apart (this VM), the cpu hierarchy serves only cpu_cores: a sandbox
+    without one is not placed there (its entry is the costliest), and its CPU time still comes from cpuacct."""
+    cpu_only = [h for h in INFO.hierarchies if h.version == 1 and h.controllers == {"cpu"}]
+    if not cpu_only:
+        pytest.skip("no v1 hierarchy of the cpu controller alone here")
+    show = "print(open('/proc/self/cgroup').read())"
+    r = sandbox.run([PY, "-c", show], spec(nproc=8), capture_output=True)
+    line = next(x for x in r.stdout.decode().splitlines() if x.split(":")[1] == "cpu")
+    assert PREFIX not in line and r.usage is not None and r.usage.cpu_s  # counted all the same
+    r = sandbox.run([PY, "-c", show], spec(nproc=8, cpu_cores=0.5), capture_output=True)
+    line = next(x for x in r.stdout.decode().splitlines() if x.split(":")[1] == "cpu")
+    assert PREFIX in line

@@ -50,7 +50,7 @@ class PlacedCgroups:
     def __init__(self, limits: cgroups.CgroupLimits) -> None:
         self.info = cgroups.host_cgroups()
         self.limits = limits
-        self.count = len(self.info.hierarchies)  # entry fds per set
+        self.count = len(cgroups.hierarchies_for(self.info, limits))  # entry fds per set
         self._ready: list[tuple[int, cgroups.SandboxCgroup]] = []  # (tag, set), made ahead
         self._sent: dict[int, cgroups.SandboxCgroup] = {}
         self._cond = threading.Condition(threading.Lock())

@@ -351,3 +351,21 @@ def test_a_sandbox_without_a_cpu_limit_skips_a_cpu_only_hierarchy() -> None:
     r = sandbox.run([PY, "-c", show], spec(nproc=8, cpu_cores=0.5), capture_output=True)
     line = next(x for x in r.stdout.decode().splitlines() if x.split(":")[1] == "cpu")
     assert PREFIX in line
+
+
+def test_sandbox_init_enters_cgroups_or_exits_124(tmp_path: object) -> None:
+    """The bwrap backend starts bwrap through `sandbox-init --enter-cgroups FDS`: it writes "0" to each
+    entry file and closes it before the exec; an fd it cannot write stops it with 124 (nothing runs)."""
+    from sandbox.backends.bwrap.driver import ENTER_FAILED, SIGNAL_RESETTER
+    r, w = os.pipe()
+    try:
+        out = subprocess.run([str(SIGNAL_RESETTER), "--enter-cgroups", str(w), "/bin/sh", "-c",
+                              f"ls /proc/self/fd/{w} 2>/dev/null; echo ran"], pass_fds=(w,), capture_output=True)
+        assert (out.returncode, out.stdout) == (0, b"ran\n")  # wrote "0" to the pipe, closed it, ran
+        assert os.read(r, 8) == b"0"
+        out = subprocess.run([str(SIGNAL_RESETTER), "--enter-cgroups", "99", "/bin/sh", "-c", "echo ran"],
+                             capture_output=True)
+        assert (out.returncode, out.stdout) == (ENTER_FAILED, b"")
+    finally:
+        os.close(r)
+        os.close(w)

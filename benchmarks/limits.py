@@ -8,10 +8,12 @@ Rows, interleaved round-robin in one process (as benchmarks/latency.py):
   and removed after the end;
 - the same limits with no cgroup for the caller ($SANDBOX_CGROUP_PARENT pointing nowhere: rlimits);
 - posix_spawn /bin/true, the floor;
-- the bwrap backend without limits and with the cgroup limits (bwrap's sandbox child moved into them);
-- a sandbox.Template without limits and with the cgroup limits (a cgroup made per request in the
-  caller, its entry fds sent with the request, entered by the standby that takes it), and with those
-  limits and no cgroup (rlimits).
+- the bwrap backend without limits and with the cgroup limits (bwrap started inside them, through
+  sandbox-init --enter-cgroups);
+- a sandbox.Template without limits and with the cgroup limits in its Spec (cgroup mode: its standbys
+  wait in cgroups made ahead, so a call makes and enters none), with those limits and no cgroup
+  (rlimits), and a Template without limits in its Spec called with them (a cgroup made per call, sent
+  with the request, entered by the standby that takes it).
 Besides, the cgroup's own steps timed alone in the caller (make with limits, read usage, remove).
 
 With --workerpool, a WorkerPool task (submit, result) instead, each pool
@@ -61,8 +63,8 @@ def run_true(s: sandbox.Spec, backend: str = "native") -> None:
         raise RuntimeError(f"/bin/true exited {p.returncode}")
 
 
-def template_true(t: sandbox.Template) -> None:
-    with t.spawn(["/bin/true"]) as p:
+def template_true(t: sandbox.Template, limits: sandbox.Limits | None = None) -> None:
+    with t.spawn(["/bin/true"], **({"limits": limits} if limits is not None else {})) as p:
         pass
     if p.returncode != 0:
         raise RuntimeError(f"/bin/true exited {p.returncode}")
@@ -105,6 +107,37 @@ def cgroup_steps(n: int) -> dict[str, float]:
         remove.append((t3 - t2) * 1e6)
     return {"make (mkdir, limits, open)": statistics.median(make), "read usage": statistics.median(read),
             "remove (rmdir)": statistics.median(remove)}
+
+
+def entry_steps(n: int) -> dict[str, tuple[float, float]]:
+    """(median, 90th percentile) µs of a fresh process writing itself into each hierarchy's cgroup (its
+    entry as a sandbox's first process makes it), by the hierarchy's controllers."""
+    info = cgroups.host_cgroups()
+    plan = compiled_plan(spec(LIMITS), sandbox.host.HostInfo.current(NATIVE))
+    assert plan.cgroup is not None
+    names = [",".join(sorted(h.controllers)) or "none" for h in cgroups.hierarchies_for(info, plan.cgroup)]
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(n):
+        cg = cgroups.SandboxCgroup(info, plan.cgroup)
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            took = []
+            for fd in cg.procs_fds:
+                t0 = time.perf_counter_ns()
+                os.write(fd, b"0")
+                took.append(time.perf_counter_ns() - t0)
+            os.write(w, json.dumps(took).encode())
+            os._exit(0)
+        os.close(w)
+        took = json.loads(os.read(r, 4096))
+        os.close(r)
+        os.waitpid(pid, 0)
+        cg.close_fds()
+        cg.remove(attempts=20)
+        for name, ns in zip(names, took, strict=True):
+            times[name].append(ns / 1000)
+    return {name: (statistics.median(xs), sorted(xs)[int(len(xs) * 0.9)]) for name, xs in times.items()}
 
 
 def small_task() -> int:
@@ -187,6 +220,7 @@ def main() -> int:
         "Template, no limits": lambda: template_true(templates["plain"]),
         "Template, cgroup limits": lambda: template_true(templates["limits"]),
         "Template, same limits, no cgroup (rlimits)": lambda: template_true(templates["rlimits"]),
+        "Template, no limits, the limits per call": lambda: template_true(templates["plain"], LIMITS),
     }
     try:
         times = measure(fns, args.n, on_round=(lambda: time.sleep(args.gap_ms / 1000)) if args.gap_ms else None)
@@ -197,20 +231,26 @@ def main() -> int:
             "bwrap": statistics.median(times["bwrap backend, no limits"]),
             "Template": statistics.median(times["Template, no limits"])}
     print(f"\nspawn+wait of /bin/true, n={args.n} each, interleaved, {args.gap_ms} ms between rounds")
-    print(f"{'variant':42} {'median ms':>10} {'p99 ms':>8} {'vs no limits':>13}")
+    print(f"{'variant':42} {'median ms':>10} {'mean ms':>8} {'p99 ms':>8} {'vs no limits':>13}")
     for name, xs in times.items():
         med = statistics.median(xs)
         ref = base["bwrap"] if name.startswith("bwrap") else base["Template"] if name.startswith("Template") \
             else base["spawn"]
-        print(f"{name:42} {med:10.3f} {p99(xs):8.3f} {med - ref:+12.3f}")
+        print(f"{name:42} {med:10.3f} {statistics.mean(xs):8.3f} {p99(xs):8.3f} {med - ref:+12.3f}")
     steps = cgroup_steps(args.n) if info.hierarchies else {}
     if steps:
         print(f"\nthe cgroup's steps in the caller ({len(info.hierarchies)} hierarchies), median µs")
         for name, us in steps.items():
             print(f"  {name:30} {us:8.1f}")
+    entries = entry_steps(min(args.n, 100)) if info.hierarchies else {}
+    if entries:
+        print("\na fresh process writing itself into each cgroup (its entry), µs: median, 90th percentile")
+        for name, (med, p90) in entries.items():
+            print(f"  {name:30} {med:8.1f} {p90:8.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"mechanism": info.mechanism, "times_ms": times, "steps_us": steps}, f)
+            json.dump({"mechanism": info.mechanism, "times_ms": times, "steps_us": steps,
+                       "entry_us": entries}, f)
     return 0
 
 

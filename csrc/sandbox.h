@@ -386,7 +386,9 @@ extern const int sbx_n_op_kinds;
 #define SBX_REQ_CGROUP_NEXT 32      /* a request's n_cgroup entry fds are a fresh cgroup for the standby that
                                        replaces the one taking it (which is in a cgroup of its own already);
                                        with a store and SBX_REQ_STANDBY, n_cgroup k: SBX_N_STANDBY sets of k
-                                       entry fds follow the leases, one set per standby (cgroup mode) */
+                                       entry fds follow the leases, one set per standby (cgroup mode). A
+                                       request may carry more than k: the first n_cgroup - k are its own
+                                       cgroups (other limits), which the sandbox enters, leaving its own */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
 #define SBX_REQ_VERSION 2           /* struct sbx_request.version: what follows the header, and how */
 #define SBX_REQ_MAX_CGROUP 8        /* cgroup entry files with one request (one per hierarchy) */
@@ -458,7 +460,8 @@ struct sbx_report {
 struct sbx_stamps_report {
     int32_t step, op, err, detail;  /* step 0: stamps, not a failure; op: the Landlock ABI applied; err: the
                                        low 32 bits of the inode of the first cgroup entry file the sandbox
-                                       entered (0: none), which names its cgroup to the caller */
+                                       entered last (0: none), which names its cgroup to the caller; detail:
+                                       the same of the cgroups it left for those (0: none) */
     uint64_t t_ns[8];               /* enum sbx_stamp, as the child saw them */
 };
 

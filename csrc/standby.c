@@ -105,14 +105,13 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
         close(q.netns);
         q.netns = -1;
     }
-    if ((q.r->flags & SBX_REQ_CGROUP_NEXT) && q.n_cgroup > 0) {
-        /* In its own cgroup already (cgroup mode): the request's are for the standby that replaces this one. */
-        note_fds(t, t->srv->notify_wr, NOTE_CGROUP, q.cgroup, q.n_cgroup);
-        for (int i = 0, at = (int)(q.cgroup - q.fds); i < q.n_cgroup; i++) {
-            close(q.fds[at + i]);
-            q.fds[at + i] = -1;
-        }
-        q.n_cgroup = 0;
+    int next[SBX_REQ_MAX_CGROUP];
+    if (tpl_next_cgroup_set(s, &q, next) == 0) {
+        /* In a cgroup of its own already (cgroup mode): the request's last set is for the standby
+         * that replaces this one; what comes before it, the request's own (other limits), which
+         * await_request enters. */
+        note_fds(t, t->srv->notify_wr, NOTE_CGROUP, next, s->cgroup_k);
+        close_all(next, s->cgroup_k);
     }
     const struct sbx_header *h = (const void *)q.blob;
     if (!compatible(c->h, h))

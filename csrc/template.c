@@ -224,6 +224,11 @@ static void serve_one(struct tpl_server *s, int fd)
         store(s, (size_t)n, fds, nfds);
         err = 0;
     } else if (n > 0 && parse_request(s, &q, (size_t)n) == 0) {
+        int next[SBX_REQ_MAX_CGROUP];
+        /* Cgroup mode, a request with its own cgroups and one more set: that set, for a standby to
+         * come (one with only the set enters it: a sandbox of the Spec's limits). */
+        if (q.n_cgroup > s->cgroup_k && tpl_next_cgroup_set(s, &q, next) == 0)
+            add_cgroup_set(s, next, s->cgroup_k);
         err = clone_sandbox(s, &q, (size_t)n, &step, &op) < 0 ? errno : 0;
     }
     if (err && q.report >= 0) {

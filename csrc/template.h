@@ -129,12 +129,18 @@ int parse_request(struct tpl_server *s, struct request *q, size_t len);
  * socket. */
 void request_input(struct sbx_input *in, const struct request *q, const int *pass);
 /* A Template's sandbox enters its cgroups (c->in.cgroup_fds, each an fd of
- * its own copy of the fd table) as its first step, notes their tag for its
- * report (sbx_send_started) and closes them: nothing inside keeps an fd of
- * a cgroup. */
+ * its own copy of the fd table) as its first step (a standby placed ahead:
+ * again, into a request's own), notes their tag (and that of the cgroups it
+ * leaves) for its report (sbx_send_started) and closes them: nothing inside
+ * keeps an fd of a cgroup. */
 void tpl_enter_cgroups(struct sbx_ctx *c);
 /* Close the cgroup sets kept for standbys to come (in a sandbox: none is its own). */
 void tpl_close_cgroup_sets(struct tpl_server *s);
+/* Of a request with SBX_REQ_CGROUP_NEXT in cgroup mode, the set for a
+ * standby to come: its last cgroup_k entry fds, taken out of the request
+ * (q->n_cgroup is then that of the request's own) into `out`; 0, or -1 if
+ * it has none. */
+int tpl_next_cgroup_set(const struct tpl_server *s, struct request *q, int *out);
 
 /* template_trees.c */
 /* As many detached clones of the host's /dev/null (from the host tree) as

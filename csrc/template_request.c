@@ -107,10 +107,24 @@ void tpl_enter_cgroups(struct sbx_ctx *c)
     sbx_enter_cgroups(c);
     if (fstat(c->in.cgroup_fds[0], &st) < 0)
         sbx_fail(c, SBX_STEP_CGROUP, 0, errno, SBX_D_NONE);
+    c->cgroup_left = c->cgroup_tag; /* a standby placed ahead, moving to a request's own */
     c->cgroup_tag = (uint32_t)st.st_ino;
     for (int i = 0; i < c->in.n_cgroup; i++)
         close(c->in.cgroup_fds[i]);
     c->in.n_cgroup = 0;
+}
+
+int tpl_next_cgroup_set(const struct tpl_server *s, struct request *q, int *out)
+{
+    if (!(q->r->flags & SBX_REQ_CGROUP_NEXT) || s->cgroup_k <= 0 || q->n_cgroup < s->cgroup_k)
+        return -1;
+    q->n_cgroup -= s->cgroup_k;
+    int at = (int)(q->cgroup - q->fds) + q->n_cgroup;
+    for (int i = 0; i < s->cgroup_k; i++) {
+        out[i] = q->fds[at + i];
+        q->fds[at + i] = -1; /* the caller of this owns it now */
+    }
+    return 0;
 }
 
 void tpl_close_cgroup_sets(struct tpl_server *s)

@@ -288,7 +288,17 @@ def test_a_template_with_spec_limits_keeps_its_standbys_in_cgroups_made_ahead() 
         assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
         r = t.run([PY, "-c", FORK_BOMB], capture_output=True, timeout=60)
         assert 0 < int(r.stdout) <= 15 and r.usage is not None and r.usage.pids_peak == 16
-        # a call with other limits gets a sandbox (and a cgroup) of its own, made for it
+        # a call with other limits: a standby moves into a cgroup made for them, and its own goes
+        assert wait_for(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
+        standbys = {pid for c in placed._sent.values() for pid in _populated(c.dirs[0][1])}
+        with t.spawn([PY, "-c", "import time; time.sleep(30)"], limits=Limits(memory_mb=50, nproc=8)) as p:
+            walls = p._handle.walls  # type: ignore[attr-defined]
+            assert p.pid in standbys and walls.cgroup.dirs[0][1] not in waiting
+            h, path = next((h, p_) for h, p_ in walls.cgroup.dirs if "pids" in h.controllers)
+            assert open(os.path.join(path, "pids.max")).read().strip() == "8"
+            assert p.pid in _populated(path)
+            p.kill()
+        assert wait_for(lambda: len(placed._sent) == 2, 5.0), len(placed._sent)  # the one it left, removed
         r = t.run([PY, "-c", TOUCH, "60"], limits=Limits(memory_mb=40), capture_output=True)
         assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
         r = t.run([PY, "-c", TOUCH, "150"], limits=Limits(memory_mb=300), capture_output=True)

@@ -195,10 +195,10 @@ def test_reports_are_read_by_name() -> None:
     stamps = ffi.new("struct sbx_stamps_report *", {"step": lib.SBX_STEP_NONE, "op": 3,
                                                      "t_ns": list(range(10, 10 + lib.SBX_N_STAMPS))})
     started, failure = wire.parse_report(bytes(ffi.buffer(stamps)))
-    assert failure is None and started == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)), 0)
-    stamps.err = -2  # its cgroup's tag: the low 32 bits of an inode, unsigned
+    assert failure is None and started == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)), 0, 0)
+    stamps.err, stamps.detail = -2, 7  # its cgroup's tag (the low 32 bits of an inode, unsigned), the one it left
     assert wire.parse_report(bytes(ffi.buffer(stamps)))[0] == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)),
-                                                               0xFFFFFFFE)
+                                                               0xFFFFFFFE, 7)
     record = ffi.new("struct sbx_report *", {"step": lib.SBX_STEP_EXEC, "op": -1, "err": 2, "detail": 0})
     data = bytes(ffi.buffer(record))
     assert wire.parse_report(data) == (None, (lib.SBX_STEP_EXEC, -1, 2, 0))

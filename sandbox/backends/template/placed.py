@@ -58,6 +58,7 @@ class PlacedCgroups:
         self._thread: threading.Thread | None = None
         self._abandoned: set[int] = set()  # tags seen used and empty at the last scan
         self._last_take = 0.0
+        self._removing: list[cgroups.SandboxCgroup] = []  # sets left, to remove
 
     def make(self) -> tuple[int, cgroups.SandboxCgroup]:
         """A new set with the limits, and its tag (SetupError when it cannot be made)."""
@@ -81,6 +82,28 @@ class PlacedCgroups:
         (its entry fds are the caller's to close once sent)."""
         with self._cond:
             self._sent[tag] = cgroup
+
+    def give_back(self, tag: int) -> bool:
+        """The set sent as `tag` never reached the server (its entry fds
+        still open): made ahead again; whether it was ours."""
+        with self._cond:
+            cgroup = self._sent.pop(tag, None)
+            if cgroup is not None and cgroup.procs_fds and not self._closed:
+                self._ready.append((tag, cgroup))
+                return True
+            if cgroup is not None:
+                self._removing.append(cgroup)
+                self._cond.notify()
+        return False
+
+    def discard(self, tag: int) -> None:
+        """The set `tag` is left (its standby moved into a request's own
+        cgroups): removed by the background thread."""
+        with self._cond:
+            cgroup = self._sent.pop(tag & 0xFFFFFFFF, None)
+            if cgroup is not None:
+                self._removing.append(cgroup)
+                self._cond.notify()
 
     def claim(self, tag: int) -> cgroups.SandboxCgroup | None:
         """The set a sandbox reported it lives in (None: not one of ours)."""
@@ -114,12 +137,17 @@ class PlacedCgroups:
         last = time.monotonic()
         while True:
             with self._cond:
-                while (not self._closed and len(self._ready) >= AHEAD
+                while (not self._closed and len(self._ready) >= AHEAD and not self._removing
                        and time.monotonic() - last < SCAN_EVERY_S):
                     self._cond.wait(SCAN_EVERY_S)
                 if self._closed:
                     return
                 need = len(self._ready) < AHEAD
+                removing, self._removing = self._removing, []
+            for cgroup in removing:
+                cgroup.close_fds()
+                if not cgroup.remove(attempts=1):
+                    cgroups.leftover(cgroup)
             if time.monotonic() - last >= SCAN_EVERY_S:
                 last = time.monotonic()
                 self._scan()
@@ -148,8 +176,8 @@ class PlacedCgroups:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            left = [c for _, c in self._ready] + list(self._sent.values())
-            self._ready, self._sent = [], {}
+            left = [c for _, c in self._ready] + list(self._sent.values()) + self._removing
+            self._ready, self._sent, self._removing = [], {}, []
         for cgroup in left:
             cgroup.close_fds()
             if not cgroup.remove(attempts=40):

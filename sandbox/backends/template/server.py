@@ -41,7 +41,9 @@ class Started:
     timings: dict[str, float]
     landlock_abi: int
     lease: Lease | None = None  # the leased network namespace it lives in, the caller's to release
-    cgroup_tag: int = 0  # the cgroup it entered (placed.tag_of; 0: none)
+    cgroup_tag: int = 0  # the cgroup it entered last (placed.tag_of; 0: none)
+    cgroup_left: int = 0  # the cgroup made ahead it left for the request's own (0: none)
+    next_used: bool = False  # the request took the set made ahead it carried (spawn's next_fds)
 
 
 class Server:
@@ -180,8 +182,8 @@ class Server:
         return leases
 
     def spawn(self, plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
-              lease: Lease | None = None, cgroup_fds: Sequence[int] = (), placed: bool = False,
-              own: bool = False) -> Started:
+              lease: Lease | None = None, cgroup_fds: Sequence[int] = (), next_fds: Sequence[int] = (),
+              own: bool = False, unsent: Callable[[], None] | None = None) -> Started:
         """Clone one sandbox for `plan` (a sandbox plan of this template's);
         return once its command has been exec'd. Raises what spawn raises.
 
@@ -190,12 +192,15 @@ class Server:
         replacement does. Started.lease is the sandbox's; a failure releases
         the one that came back. `cgroup_fds`: the entry files of the
         sandbox's cgroups (the caller's to close), which its first process
-        enters before anything of the request runs; with `placed` (cgroup
-        mode), a set made ahead, which a standby taking the request passes
-        on to its replacement, and which the server, if it serves the
-        request itself, has the sandbox enter; Started.cgroup_tag names the
-        set the sandbox lives in. `own`: a sandbox the server clones, not a
-        standby (limits other than those its standbys are placed with)."""
+        enters before anything of the request runs. `next_fds` (cgroup mode):
+        a set made ahead, which a standby taking the request passes on to its
+        replacement (a standby is in such a set already: with `cgroup_fds`
+        too, it moves into those), and which a sandbox the server clones
+        enters when the request has no `cgroup_fds`; Started.next_used says
+        whether the request took it, Started.cgroup_tag names the set the
+        sandbox lives in, Started.cgroup_left the one it left. `own`: a
+        sandbox the server clones, not a standby. `unsent` is called when
+        the request fails before it reaches the server."""
         statr = statw = netns_fd = -1
         mine = theirs = None
         try:
@@ -205,9 +210,12 @@ class Server:
                 blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
             if (self.recycle and cgroup_fds) or own:
                 fast = False  # a recycled pid 1 would stay in the cgroup: a sandbox of its own
+            next_used = bool(next_fds) and (fast or not cgroup_fds)
+            if next_used:  # for the replacement of the standby taking it, or the cgroup of the one cloned
+                cgroup_fds = [*cgroup_fds, *next_fds]
             child_stdio, mask = _stdio(stdio)
             msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
-                          n_cgroup=len(cgroup_fds), cgroup_next=placed and fast)
+                          n_cgroup=len(cgroup_fds), cgroup_next=bool(next_fds) and fast)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
             statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
@@ -226,6 +234,8 @@ class Server:
             if lease is not None:  # it never reached the server
                 self._take_lease(lease.netns_inode)
                 lease.release(wait=False, unprivileged_tenant=True)
+            if unsent is not None:
+                unsent()
             raise
         finally:
             if theirs is not None:
@@ -233,7 +243,7 @@ class Server:
             _close(statw)
             _close(netns_fd)
         try:
-            (landlock_abi, stamps, tag), pid, pidfd, used = self._started(mine, plan, argv)
+            (landlock_abi, stamps, tag, left), pid, pidfd, used = self._started(mine, plan, argv)
         except BaseException:
             mine.close()
             _close(statr)
@@ -246,7 +256,7 @@ class Server:
         if not plan.reaper:
             mine.close()
         return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi,
-                       lease=used, cgroup_tag=tag)
+                       lease=used, cgroup_tag=tag, cgroup_left=left, next_used=next_used)
 
     def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> None:
         with self._lock:
@@ -260,9 +270,9 @@ class Server:
                 raise SandboxError(f"the template process has gone ({exc.strerror})") from None
 
     def _started(self, sock: socket.socket, plan: Plan,
-                 argv: Sequence[str]) -> tuple[tuple[int, tuple[int, ...], int], int, int, Lease | None]:
+                 argv: Sequence[str]) -> tuple[tuple[int, tuple[int, ...], int, int], int, int, Lease | None]:
         """Wait for the sandbox's word on `sock`: ((Landlock ABI, stamps,
-        cgroup tag), pid, pidfd, its lease) once its command runs; raise why it did not
+        cgroup tag, tag of the cgroup left), pid, pidfd, its lease) once its command runs; raise why it did not
         (having released the lease that came back with the failure)."""
         data, anc, _, _ = sock.recvmsg(STAMPS_SIZE, ANCILLARY)
         fds, pid = _ancillary(anc)

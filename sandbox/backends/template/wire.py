@@ -24,7 +24,8 @@ FAILURE_SIZE = ffi.sizeof("struct sbx_report")
 STAMPS_SIZE = ffi.sizeof("struct sbx_stamps_report")
 
 Failure = tuple[int, int, int, int]  # step, op, err, detail
-Started = tuple[int, tuple[int, ...], int]  # the Landlock ABI applied, the stamps (enum sbx_stamp), its cgroup's tag
+# the Landlock ABI applied, the stamps (enum sbx_stamp), its cgroup's tag, the tag of the cgroup it left
+Started = tuple[int, tuple[int, ...], int, int]
 
 
 @functools.lru_cache(maxsize=512)
@@ -88,7 +89,7 @@ def parse_report(data: bytes) -> tuple[Started | None, Failure | None]:
     if len(data) == STAMPS_SIZE:
         r = _read("struct sbx_stamps_report *", data)
         if r.step == lib.SBX_STEP_NONE:
-            return (r.op, tuple(r.t_ns), r.err & 0xFFFFFFFF), None
+            return (r.op, tuple(r.t_ns), r.err & 0xFFFFFFFF, r.detail & 0xFFFFFFFF), None
     failure = parse_failure(data)
     if failure is not None:
         return None, failure

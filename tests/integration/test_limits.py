@@ -379,3 +379,15 @@ def test_sandbox_init_enters_cgroups_or_exits_124(tmp_path: object) -> None:
     finally:
         os.close(r)
         os.close(w)
+
+
+@needs
+def test_a_call_on_a_closed_template_with_spec_limits_leaves_no_cgroup() -> None:
+    t = sandbox.Template(python_interpreter(limits=Limits(nproc=16)))
+    assert t.run([PY, "-c", "pass"]).returncode == 0
+    t.close()
+    with pytest.raises(sandbox.SandboxError):
+        t.run([PY, "-c", "pass"])
+    with pytest.raises(sandbox.SandboxError):
+        t.run([PY, "-c", "pass"], limits=Limits(nproc=8))
+    # no_cgroup_left: neither the sets made ahead nor those made for the calls are left

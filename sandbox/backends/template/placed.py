@@ -91,9 +91,7 @@ class PlacedCgroups:
             if cgroup is not None and cgroup.procs_fds and not self._closed:
                 self._ready.append((tag, cgroup))
                 return True
-            if cgroup is not None:
-                self._removing.append(cgroup)
-                self._cond.notify()
+        self._remove(cgroup)
         return False
 
     def discard(self, tag: int) -> None:
@@ -101,9 +99,20 @@ class PlacedCgroups:
         cgroups): removed by the background thread."""
         with self._cond:
             cgroup = self._sent.pop(tag & 0xFFFFFFFF, None)
-            if cgroup is not None:
+        self._remove(cgroup)
+
+    def _remove(self, cgroup: cgroups.SandboxCgroup | None) -> None:
+        """Have the background thread remove `cgroup` (or remove it now, once closed)."""
+        if cgroup is None:
+            return
+        with self._cond:
+            if not self._closed:
                 self._removing.append(cgroup)
                 self._cond.notify()
+                return
+        cgroup.close_fds()
+        if not cgroup.remove(attempts=1):
+            cgroups.leftover(cgroup)
 
     def claim(self, tag: int) -> cgroups.SandboxCgroup | None:
         """The set a sandbox reported it lives in (None: not one of ours)."""

@@ -1,6 +1,7 @@
 """What a sandbox's own cgroup (sandbox.cgroups) costs: spawn+wait of /bin/true with limits off and on.
 
-Rows, interleaved round-robin in one process (as benchmarks/latency.py):
+Rows, interleaved round-robin in one process (as benchmarks/latency.py), each round starting one row
+later than the one before:
 - sandbox.spawn, no limits;
 - sandbox.spawn, rlimits only (nofile: nothing to make);
 - sandbox.spawn, cgroup limits (memory_mb, nproc, cpu_cores): a cgroup made per sandbox in every
@@ -23,7 +24,12 @@ pools with spares=2 and spares=0, without limits, with the same cgroup limits
 read and the cgroup removed when the task ends, which the future then
 waits for), and with those limits and no cgroup (rlimits).
 
-    python benchmarks/limits.py [-n 300] [--gap-ms MS] [--workerpool] [--json out.json]
+With --template, Templates alone (no other executor's background work between
+their calls): without limits, with the cgroup limits in the Spec (placed), with
+memory and nproc only (placed), with the same limits as rlimits, and a placed
+Template called with other limits (a standby moves into the call's cgroup).
+
+    python benchmarks/limits.py [-n 300] [--gap-ms MS] [--workerpool | --template] [--json out.json]
 """
 
 from __future__ import annotations
@@ -140,6 +146,30 @@ def entry_steps(n: int) -> dict[str, tuple[float, float]]:
     return {name: (statistics.median(xs), sorted(xs)[int(len(xs) * 0.9)]) for name, xs in times.items()}
 
 
+def template_rows(n: int, gap_ms: float) -> dict[str, list[float]]:
+    """ms per spawn+wait of /bin/true on Templates alone (no other executor's background work between
+    them), interleaved, each round starting one row later."""
+    other = sandbox.Limits(memory_mb=128, nproc=32, cpu_cores=1.0)
+    templates = {"Template, no limits": sandbox.Template(spec(sandbox.Limits())),
+                 "Template, cgroup limits (placed)": sandbox.Template(spec(LIMITS)),
+                 "Template, memory+nproc (placed)": sandbox.Template(spec(sandbox.Limits(memory_mb=256, nproc=64))),
+                 "Template, same limits, no cgroup (rlimits)": without_cgroups(lambda: sandbox.Template(spec(LIMITS)))}
+    fns: dict[str, Callable[[], None]] = {name: (lambda t=t: template_true(t)) for name, t in templates.items()}
+    fns["Template (placed), other limits per call"] = lambda: template_true(
+        templates["Template, cgroup limits (placed)"], other)
+
+    def next_round() -> None:
+        first = next(iter(fns))
+        fns[first] = fns.pop(first)
+        if gap_ms:
+            time.sleep(gap_ms / 1000)
+    try:
+        return measure(fns, n, on_round=next_round)
+    finally:
+        for t in templates.values():
+            t.close()
+
+
 def small_task() -> int:
     return 42
 
@@ -188,11 +218,25 @@ def main() -> int:
     ap.add_argument("--gap-ms", type=float, default=0.0,
                     help="sleep between rounds: spaced-out spawns pay the kernel's RCU grace period on migration")
     ap.add_argument("--workerpool", action="store_true", help="WorkerPool tasks instead of spawns")
+    ap.add_argument("--template", action="store_true",
+                    help="Templates alone: placed cgroups, rlimits, other limits per call")
     ap.add_argument("--json")
     args = ap.parse_args()
     info = cgroups.host_cgroups()
     print(f"cgroups here: {info.mechanism} ({', '.join(sorted(info.controllers)) or 'none'}); {info.reason}")
     print(f"hierarchies: {', '.join(f'v{h.version} {h.parent}' for h in info.hierarchies) or 'none'}")
+    if args.template:
+        times = template_rows(args.n, args.gap_ms)
+        ref = statistics.median(times["Template, no limits"])
+        print(f"\nTemplate spawn+wait of /bin/true, n={args.n} each, rotated, {args.gap_ms} ms between rounds")
+        print(f"{'variant':44} {'median ms':>10} {'mean ms':>8} {'vs no limits':>13}")
+        for name, xs in times.items():
+            med = statistics.median(xs)
+            print(f"{name:44} {med:10.3f} {statistics.mean(xs):8.3f} {med - ref:+12.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"mechanism": info.mechanism, "template_times_ms": times}, f)
+        return 0
     if args.workerpool:
         times = workerpool_rows(args.n, args.gap_ms)
         base = {k: statistics.median(v) for k, v in times.items() if k.endswith("no limits")}
@@ -223,7 +267,14 @@ def main() -> int:
         "Template, no limits, the limits per call": lambda: template_true(templates["plain"], LIMITS),
     }
     try:
-        times = measure(fns, args.n, on_round=(lambda: time.sleep(args.gap_ms / 1000)) if args.gap_ms else None)
+        def next_round() -> None:
+            # the next round starts one variant later: none always follows the same one (a Template's
+            # standby replacement, a removal in the background, lands on whichever call comes next)
+            first = next(iter(fns))
+            fns[first] = fns.pop(first)
+            if args.gap_ms:
+                time.sleep(args.gap_ms / 1000)
+        times = measure(fns, args.n, on_round=next_round)
     finally:
         for t in templates.values():
             t.close()

@@ -2,9 +2,11 @@
  *
  * The server keeps N_STANDBY of them. Each is cloned with the default
  * sandbox plan's namespaces but no user namespace; a Template whose
- * sandboxes lease their network namespace hands the server one lease per
- * standby (leases mode), which the standby joins first. Still holding the
- * server's capabilities over its namespaces, it mounts its fresh proc,
+ * sandboxes have cgroup limits hands the server a set of cgroups per
+ * standby (cgroup mode), which the standby enters as its very first step;
+ * one whose sandboxes lease their network namespace hands the server one
+ * lease per standby (leases mode), which the standby joins next. Still
+ * holding the server's capabilities over its namespaces, it mounts its fresh proc,
  * tmpfs, shm and devpts, brings up its loopback and sets its hostname
  * (child.c, sbx_child_steps in SBX_MODE_STANDBY). Then, prepared, it joins its user namespace
  * (a child of the server's, made ahead) and takes the command's identity:
@@ -12,10 +14,13 @@
  * server it is ready and blocks on the request socket the server does not
  * read itself. The kernel hands each request to one waiting standby, which
  * passes the lease that came with the request on to the server (for its
- * replacement) and does only what the request decides: cwd, limits, fds,
- * the command. Its report carries its own lease's fd, so the caller knows
- * which lease to release when the sandbox ends (a failure report carries it
- * too, and the caller releases it at once). Requests with per-call binds go
+ * replacement), as it does the request's cgroup set (a request with other
+ * limits brings cgroups of its own too, which it moves into), and does
+ * only what the request decides: cwd, limits, fds, the command. Its
+ * report carries its own lease's fd, so the caller knows which lease to
+ * release when the sandbox ends (a failure report carries it too, and the
+ * caller releases it at once), and its cgroup's tag, so it knows which
+ * cgroup is the sandbox's. Requests with per-call binds go
  * to the server instead (it clones their sources from the host tree in its
  * own mount namespace, which the standby has left), as do the fast ones
  * while no standby exists.

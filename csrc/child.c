@@ -121,7 +121,8 @@ void sbx_setup_filesystem(struct sbx_ctx *c)
 
 int sbx_send_started(struct sbx_ctx *c)
 {
-    struct sbx_stamps_report r = {SBX_STEP_NONE, c->res->landlock_abi, 0, SBX_D_NONE, {0}};
+    struct sbx_stamps_report r = {SBX_STEP_NONE, c->res->landlock_abi, (int32_t)c->cgroup_tag,
+                                  (int32_t)c->cgroup_left, {0}};
     for (int k = 0; k < SBX_N_STAMPS; k++)
         r.t_ns[k] = c->res->t_ns[k];
     /* pid 1 of its own pid namespace: getpid() names it there */

@@ -20,6 +20,14 @@
  * blocked: the bwrap backend starts bwrap through it, since bwrap passes on
  * what it inherits and subprocess cannot reset ignored signals.
  *
+ *     sandbox-init --enter-cgroups FD[,FD...] [--exec-default-signals] PROGRAM [ARGS...]
+ * first writes "0" to each FD (a cgroup's v1 `tasks` or v2 cgroup.procs)
+ * and closes it, so that PROGRAM and all it forks are born in those
+ * cgroups: the bwrap backend starts bwrap so. A process that moves itself
+ * takes no global lock on v1, where the caller moving bwrap's child by its
+ * pid waits for an RCU grace period (ms). Exit status 124 if one cannot be
+ * entered.
+ *
  * It is built freestanding on x86_64 (no libc: raw syscalls, its own entry
  * point), because static glibc's start-up alone costs ~250 µs per exec in a
  * VM (CPUID exits while it sizes caches and resolves ifuncs); elsewhere it
@@ -136,6 +144,24 @@ static _Noreturn void exec_default_signals(char **argv, char **envp)
     die(127);
 }
 
+/* Write "0" to each fd of the comma-separated list `fds`, and close it. */
+static void enter_cgroups(const char *fds)
+{
+    char one[8];
+    while (*fds) {
+        int n = 0;
+        while (*fds && *fds != ',' && n < (int)sizeof one - 1)
+            one[n++] = *fds++;
+        one[n] = 0;
+        if (*fds == ',')
+            fds++;
+        int fd = parse_fd(one);
+        if (fd < 0 || SYS(write, fd, "0", 1) != 1)
+            die(124);
+        SYS(close, fd, 0, 0);
+    }
+}
+
 static long raw_execve(const char *path, char *const argv[], char *const envp[])
 {
     return SYS(execve, path, argv, envp);
@@ -244,6 +270,15 @@ int sbx_init_main(long argc, char **argv, char **envp);
 
 int sbx_init_main(long argc, char **argv, char **envp)
 {
+    if (argc >= 4 && streq(argv[1], "--enter-cgroups")) {
+        enter_cgroups(argv[2]);
+        argc -= 2;
+        argv += 2;
+        if (argc < 3 || !streq(argv[1], "--exec-default-signals")) {
+            SYS(execve, argv[1], argv + 1, envp);
+            die(127);
+        }
+    }
     if (argc >= 3 && streq(argv[1], "--exec-default-signals"))
         exec_default_signals(argv + 2, envp);
     if (argc < 6 || argv[4][0] != '-' || argv[4][1] != '-')

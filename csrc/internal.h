@@ -144,6 +144,8 @@ struct sbx_ctx {
     unsigned long inner_flags; /* namespaces the setup child creates after joining */
     volatile pid_t inner_pid;  /* the setup child, cloned by the joiner */
     sigset_t caller_mask;      /* the spawning thread's signal mask before clone */
+    uint32_t cgroup_tag;       /* a Template's sandbox: its cgroup's name to the caller (tpl_enter_cgroups) */
+    uint32_t cgroup_left;      /* ... and that of the cgroup it left for the request's own (0: none) */
 };
 
 /* The context of a sandbox about to be cloned, in mode `mode`: every state

@@ -383,6 +383,12 @@ extern const int sbx_n_op_kinds;
                                        the fresh mounts a recycled standby makes again after each request */
 #define SBX_REQ_RECYCLE_NET_KEPT 16 /* with SBX_REQ_RECYCLE: the reset blob for a reset that keeps the network
                                        namespace (no socket left in it): without the proc, which stays */
+#define SBX_REQ_CGROUP_NEXT 32      /* a request's n_cgroup entry fds are a fresh cgroup for the standby that
+                                       replaces the one taking it (which is in a cgroup of its own already);
+                                       with a store and SBX_REQ_STANDBY, n_cgroup k: SBX_N_STANDBY sets of k
+                                       entry fds follow the leases, one set per standby (cgroup mode). A
+                                       request may carry more than k: the first n_cgroup - k are its own
+                                       cgroups (other limits), which the sandbox enters, leaving its own */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
 #define SBX_REQ_VERSION 2           /* struct sbx_request.version: what follows the header, and how */
 #define SBX_REQ_MAX_CGROUP 8        /* cgroup entry files with one request (one per hierarchy) */
@@ -420,7 +426,9 @@ struct sbx_request_view {
 int sbx_parse_request(const void *msg, size_t len, const void *stored, int nfds, struct sbx_request_view *view);
 /* Check a store request (SBX_REQ_STORE_BLOB, argc 0): its header, its blob
  * (which ends the message), and its fds (the report socket, and
- * SBX_N_STANDBY leases with SBX_REQ_STANDBY|SBX_REQ_JOIN_NETNS). 0, or -1. */
+ * SBX_N_STANDBY leases with SBX_REQ_STANDBY|SBX_REQ_JOIN_NETNS, then, with
+ * SBX_REQ_STANDBY and n_cgroup k, SBX_N_STANDBY sets of k cgroup entry
+ * files). 0, or -1. */
 int sbx_check_store(const void *msg, size_t len, int nfds);
 
 /* The failure record a setup process writes to its close-on-exec error
@@ -450,7 +458,10 @@ struct sbx_report {
  * - later, with a reaper, the command's raw wait status (int32_t), written
  *   once every other process of the sandbox has gone. */
 struct sbx_stamps_report {
-    int32_t step, op, err, detail;  /* step 0: stamps, not a failure; op: the Landlock ABI applied */
+    int32_t step, op, err, detail;  /* step 0: stamps, not a failure; op: the Landlock ABI applied; err: the
+                                       low 32 bits of the inode of the first cgroup entry file the sandbox
+                                       entered last (0: none), which names its cgroup to the caller; detail:
+                                       the same of the cgroups it left for those (0: none) */
     uint64_t t_ns[8];               /* enum sbx_stamp, as the child saw them */
 };
 

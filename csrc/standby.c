@@ -2,9 +2,11 @@
  *
  * The server keeps N_STANDBY of them. Each is cloned with the default
  * sandbox plan's namespaces but no user namespace; a Template whose
- * sandboxes lease their network namespace hands the server one lease per
- * standby (leases mode), which the standby joins first. Still holding the
- * server's capabilities over its namespaces, it mounts its fresh proc,
+ * sandboxes have cgroup limits hands the server a set of cgroups per
+ * standby (cgroup mode), which the standby enters as its very first step;
+ * one whose sandboxes lease their network namespace hands the server one
+ * lease per standby (leases mode), which the standby joins next. Still
+ * holding the server's capabilities over its namespaces, it mounts its fresh proc,
  * tmpfs, shm and devpts, brings up its loopback and sets its hostname
  * (child.c, sbx_child_steps in SBX_MODE_STANDBY). Then, prepared, it joins its user namespace
  * (a child of the server's, made ahead) and takes the command's identity:
@@ -12,10 +14,13 @@
  * server it is ready and blocks on the request socket the server does not
  * read itself. The kernel hands each request to one waiting standby, which
  * passes the lease that came with the request on to the server (for its
- * replacement) and does only what the request decides: cwd, limits, fds,
- * the command. Its report carries its own lease's fd, so the caller knows
- * which lease to release when the sandbox ends (a failure report carries it
- * too, and the caller releases it at once). Requests with per-call binds go
+ * replacement), as it does the request's cgroup set (a request with other
+ * limits brings cgroups of its own too, which it moves into), and does
+ * only what the request decides: cwd, limits, fds, the command. Its
+ * report carries its own lease's fd, so the caller knows which lease to
+ * release when the sandbox ends (a failure report carries it too, and the
+ * caller releases it at once), and its cgroup's tag, so it knows which
+ * cgroup is the sandbox's. Requests with per-call binds go
  * to the server instead (it clones their sources from the host tree in its
  * own mount namespace, which the standby has left), as do the fast ones
  * while no standby exists.
@@ -42,10 +47,15 @@ struct clone3_args {
 
 /* A note to the server on `notify` (its notify socket: the server's number
  * for it until the request's fds are placed, c->keep_fd after that). */
-static void note(struct tpl_sandbox *t, int notify, int kind, int fd)
+static void note_fds(struct tpl_sandbox *t, int notify, int kind, const int *fds, int n_fds)
 {
     struct standby_note n = {kind, t->slot};
-    sbx_send_fds(notify, &n, sizeof n, &fd, 1);
+    sbx_send_fds(notify, &n, sizeof n, fds, n_fds);
+}
+
+static void note(struct tpl_sandbox *t, int notify, int kind, int fd)
+{
+    note_fds(t, notify, kind, &fd, 1);
 }
 
 /* The request must be one of this Template's: its blob differs from the
@@ -100,6 +110,14 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
         close(q.netns);
         q.netns = -1;
     }
+    int next[SBX_REQ_MAX_CGROUP];
+    if (tpl_next_cgroup_set(s, &q, next) == 0) {
+        /* In a cgroup of its own already (cgroup mode): the request's last set is for the standby
+         * that replaces this one; what comes before it, the request's own (other limits), which
+         * await_request enters. */
+        note_fds(t, t->srv->notify_wr, NOTE_CGROUP, next, s->cgroup_k);
+        close_all(next, s->cgroup_k);
+    }
     const struct sbx_header *h = (const void *)q.blob;
     if (!compatible(c->h, h))
         refuse(c, &q, EINVAL);
@@ -135,17 +153,21 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
 static void await_request(struct sbx_ctx *c)
 {
     tpl_take_request(c, 0);
-    /* Into the request's cgroups before anything else of it: the command
-     * and whatever it forks are born there. A process moving itself is the
-     * cheap case (on cgroup v1 another's move takes a global lock). */
-    sbx_enter_cgroups(c);
+    /* Into the request's cgroups (a Template not in cgroup mode) before
+     * anything else of it: the command and whatever it forks are born
+     * there. A process moving itself is the cheap case (on cgroup v1
+     * another's move takes a global lock). */
+    tpl_enter_cgroups(c);
 }
 
-/* The standby's first moments: its lease first, so that its proc (mounted
+/* The standby's first moments: its cgroups, then its lease, so that its proc (mounted
  * next) shows that namespace's sys/net; then it drops what is the server's
  * alone (it keeps the standbys' request socket and the notify socket). */
 void tpl_standby_start(struct sbx_ctx *c)
 {
+    /* Its cgroups (cgroup mode) before anything else: every process of the
+     * sandbox, this one included, lives there from its first step on. */
+    tpl_enter_cgroups(c);
     if (c->in.lease_fd >= 0 && setns(c->in.lease_fd, CLONE_NEWNET) < 0)
         sbx_fail(c, SBX_STEP_JOIN_NETNS, -1, errno, SBX_D_NONE);
     tpl_close_server_fds(TPL_SANDBOX(c)->srv, 1);
@@ -167,7 +189,7 @@ const struct sbx_mode SBX_MODE_STANDBY = {
     .run = sbx_exec_command,
 };
 
-pid_t make_standby(struct tpl_server *s, int slot, int lease)
+pid_t make_standby(struct tpl_server *s, int slot, int lease, const int *cgroup)
 {
     const struct sbx_header *h = (const void *)s->stored_blob;
     int *src_fds = malloc((h->n_ops + 1) * sizeof *src_fds);
@@ -183,6 +205,8 @@ pid_t make_standby(struct tpl_server *s, int slot, int lease)
     in.n_null_trees = n_nulls;
     in.proc_dir = s->proc_dir;
     in.lease_fd = lease;
+    in.cgroup_fds = cgroup;
+    in.n_cgroup = cgroup ? s->cgroup_k : 0;
     struct tpl_sandbox t = {.srv = s, .slot = slot};
     sbx_ctx_init(&t.c, s->reset_blob ? &SBX_MODE_RECYCLE : &SBX_MODE_STANDBY, &in, &t.res);
     struct clone3_args args = {.flags = sbx_clone_flags(h->ns) & ~(uint64_t)CLONE_NEWUSER, .exit_signal = SIGCHLD};

@@ -72,6 +72,7 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
         close(s->fast_fd);
         close(s->notify_wr);
     }
+    tpl_close_cgroup_sets(s);
 }
 
 /* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob
@@ -79,7 +80,8 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
  * recycled, csrc/template_recycle.c);
  * with SBX_REQ_STANDBY, start the standbys and answer once one is ready;
  * with SBX_REQ_JOIN_NETNS as well, N_STANDBY leases follow the report
- * socket, one for each standby (leases mode). */
+ * socket, one for each standby (leases mode); with n_cgroup k, N_STANDBY
+ * sets of k cgroup entry fds after them, one for each standby (cgroup mode). */
 static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
 {
     const struct sbx_request *r = (const void *)s->msg;
@@ -97,7 +99,8 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
         }
     }
     if (!err && (r->flags & SBX_REQ_STANDBY) && s->store_report < 0) {
-        start_standbys(s, fds[0], (r->flags & SBX_REQ_JOIN_NETNS) != 0, fds + 1, nfds - 1);
+        int leases = (r->flags & SBX_REQ_JOIN_NETNS) ? N_STANDBY : 0;
+        start_standbys(s, fds[0], leases != 0, fds + 1, leases, fds + 1 + leases, (int)r->n_cgroup);
         return;
     }
     if (nfds > 0)
@@ -105,14 +108,14 @@ static void store(struct tpl_server *s, size_t len, const int *fds, int nfds)
 }
 
 /* The child, in its new namespaces: its cgroups first (every process it
- * makes is born inside), then drop what is the server's alone. Its
+ * makes is born inside; their fds closed), then drop what is the server's alone. Its
  * signal dispositions are the server's, all default (main), and every
  * signal is blocked; a sandbox plan never asks for a parent-death signal
  * (the server's death ends it): nothing of sbx_child_start is left to do. */
 static void template_start(struct sbx_ctx *c)
 {
     sbx_stamp(c, SBX_T_CHILD);
-    sbx_enter_cgroups(c);
+    tpl_enter_cgroups(c);
     tpl_close_server_fds(TPL_SANDBOX(c)->srv, 0);
 }
 
@@ -221,6 +224,11 @@ static void serve_one(struct tpl_server *s, int fd)
         store(s, (size_t)n, fds, nfds);
         err = 0;
     } else if (n > 0 && parse_request(s, &q, (size_t)n) == 0) {
+        int next[SBX_REQ_MAX_CGROUP];
+        /* Cgroup mode, a request with its own cgroups and one more set: that set, for a standby to
+         * come (one with only the set enters it: a sandbox of the Spec's limits). */
+        if (q.n_cgroup > s->cgroup_k && tpl_next_cgroup_set(s, &q, next) == 0)
+            add_cgroup_set(s, next, s->cgroup_k);
         err = clone_sandbox(s, &q, (size_t)n, &step, &op) < 0 ? errno : 0;
     }
     if (err && q.report >= 0) {

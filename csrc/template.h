@@ -72,6 +72,16 @@ struct tpl_server {
     int leases_mode;
     int leases[2 * N_STANDBY]; /* ... those not in a standby yet */
     int n_leases;
+    /* Cgroup mode (the stored plan has cgroup limits): each standby enters a
+     * cgroup of its own as its first step, made ahead by the caller (a set of
+     * cgroup_k entry fds, one per hierarchy: SBX_N_STANDBY with the store
+     * request, then one with every request, SBX_REQ_CGROUP_NEXT), so no
+     * request waits for a cgroup to be made or entered. A standby is made
+     * only with a set; a request the server serves itself enters the one
+     * it brings. */
+    int cgroup_k;
+    int cgroups[2 * N_STANDBY][SBX_REQ_MAX_CGROUP]; /* ... those not in a standby yet */
+    int n_cgroups;
     int store_report; /* the store request's report socket, until the first standby is ready */
     struct waiter *waiters;
     size_t n_waiters, cap_waiters;
@@ -118,6 +128,19 @@ int parse_request(struct tpl_server *s, struct request *q, size_t len);
  * fds (`pass`: its pass fds, in memory the child may rewrite) and report
  * socket. */
 void request_input(struct sbx_input *in, const struct request *q, const int *pass);
+/* A Template's sandbox enters its cgroups (c->in.cgroup_fds, each an fd of
+ * its own copy of the fd table) as its first step (a standby placed ahead:
+ * again, into a request's own), notes their tag (and that of the cgroups it
+ * leaves) for its report (sbx_send_started) and closes them: nothing inside
+ * keeps an fd of a cgroup. */
+void tpl_enter_cgroups(struct sbx_ctx *c);
+/* Close the cgroup sets kept for standbys to come (in a sandbox: none is its own). */
+void tpl_close_cgroup_sets(struct tpl_server *s);
+/* Of a request with SBX_REQ_CGROUP_NEXT in cgroup mode, the set for a
+ * standby to come: its last cgroup_k entry fds, taken out of the request
+ * (q->n_cgroup is then that of the request's own) into `out`; 0, or -1 if
+ * it has none. */
+int tpl_next_cgroup_set(const struct tpl_server *s, struct request *q, int *out);
 
 /* template_trees.c */
 /* As many detached clones of the host's /dev/null (from the host tree) as
@@ -135,10 +158,13 @@ void close_all(int *fds, int n);
 /* template_schedule.c */
 int add_waiter(struct tpl_server *s, pid_t pid, int status_fd);
 void add_lease(struct tpl_server *s, int fd);
+/* Keep a set of cgroup_k entry fds for a standby to come (closed if there is no room). */
+void add_cgroup_set(struct tpl_server *s, const int *fds, int n);
 /* Start the standbys of the stored blob (SBX_REQ_STANDBY): the store
  * request's report socket is answered once one is ready; `leases` its
  * N_STANDBY leases in leases mode (n 0 otherwise). */
-void start_standbys(struct tpl_server *s, int report, int leases_mode, const int *leases, int n);
+void start_standbys(struct tpl_server *s, int report, int leases_mode, const int *leases, int n, const int *cgroups,
+                    int cgroup_k);
 void read_notes(struct tpl_server *s);
 void reap(struct tpl_server *s);
 void make_standbys(struct tpl_server *s);
@@ -158,9 +184,12 @@ struct standby_note {
 #define NOTE_TAKEN 2
 #define NOTE_RUNNING 3
 #define NOTE_LEASE 4 /* with SCM_RIGHTS: a request's lease, for the standby that replaces the sender */
+#define NOTE_CGROUP 5 /* with SCM_RIGHTS: a request's cgroup set (SBX_REQ_CGROUP_NEXT), for the same */
 /* Clone a standby sandbox of the stored blob into `slot`, in the network
- * namespace `lease` (-1: none; the standby owns its copy): its pid, or -1. */
-pid_t make_standby(struct tpl_server *s, int slot, int lease);
+ * namespace `lease` (-1: none; the standby owns its copy) and the cgroups
+ * of `cgroup` (cgroup_k entry fds, NULL: none; the standby closes its
+ * copies): its pid, or -1. */
+pid_t make_standby(struct tpl_server *s, int slot, int lease, const int *cgroup);
 
 /* A standby's first moments (its lease, the server's fds dropped). */
 void tpl_standby_start(struct sbx_ctx *c);

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* n NUL-terminated strings starting at *p (bounded by end) into a NULL-terminated array. */
 static char **strings(const char **p, const char *end, uint32_t n)
@@ -89,4 +91,45 @@ ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds)
     if (n > 0 && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
         return -2; /* too large: refused */
     return n;
+}
+
+/* The cgroups of a Template's sandbox, entered first: v1's `tasks` or v2's
+ * cgroup.procs, written "0" by the process that moves (the kernel takes no
+ * global lock for a thread that moves itself). Their tag is the low 32 bits
+ * of the first file's inode (kernfs: unique among the live nodes of a
+ * hierarchy), by which the caller knows which of the cgroups it made holds
+ * this sandbox; then the fds go, so that nothing inside can reach them. */
+void tpl_enter_cgroups(struct sbx_ctx *c)
+{
+    struct stat st;
+    if (c->in.n_cgroup <= 0)
+        return;
+    sbx_enter_cgroups(c);
+    if (fstat(c->in.cgroup_fds[0], &st) < 0)
+        sbx_fail(c, SBX_STEP_CGROUP, 0, errno, SBX_D_NONE);
+    c->cgroup_left = c->cgroup_tag; /* a standby placed ahead, moving to a request's own */
+    c->cgroup_tag = (uint32_t)st.st_ino;
+    for (int i = 0; i < c->in.n_cgroup; i++)
+        close(c->in.cgroup_fds[i]);
+    c->in.n_cgroup = 0;
+}
+
+int tpl_next_cgroup_set(const struct tpl_server *s, struct request *q, int *out)
+{
+    if (!(q->r->flags & SBX_REQ_CGROUP_NEXT) || s->cgroup_k <= 0 || q->n_cgroup < s->cgroup_k)
+        return -1;
+    q->n_cgroup -= s->cgroup_k;
+    int at = (int)(q->cgroup - q->fds) + q->n_cgroup;
+    for (int i = 0; i < s->cgroup_k; i++) {
+        out[i] = q->fds[at + i];
+        q->fds[at + i] = -1; /* the caller of this owns it now */
+    }
+    return 0;
+}
+
+void tpl_close_cgroup_sets(struct tpl_server *s)
+{
+    for (int k = 0; k < s->n_cgroups; k++)
+        close_all(s->cgroups[k], s->cgroup_k);
+    s->n_cgroups = 0;
 }

@@ -50,12 +50,43 @@ void add_lease(struct tpl_server *s, int fd)
         close(fd);
 }
 
-void start_standbys(struct tpl_server *s, int report, int leases_mode, const int *leases, int n)
+void add_cgroup_set(struct tpl_server *s, const int *fds, int n)
+{
+    int room = s->cgroup_k > 0 && n == s->cgroup_k && s->n_cgroups < (int)(sizeof s->cgroups / sizeof *s->cgroups);
+    for (int i = 0; i < n; i++) {
+        if (room)
+            s->cgroups[s->n_cgroups][i] = fds[i];
+        else if (fds[i] >= 0)
+            close(fds[i]);
+    }
+    s->n_cgroups += room;
+}
+
+/* Dups of n fds (the request's are closed after it), or -1 if one fails (none kept). */
+static int dup_all(const int *fds, int n, int *out)
+{
+    for (int i = 0; i < n; i++) {
+        if ((out[i] = fcntl(fds[i], F_DUPFD_CLOEXEC, 3)) < 0) {
+            close_all(out, i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+void start_standbys(struct tpl_server *s, int report, int leases_mode, const int *leases, int n, const int *cgroups,
+                    int cgroup_k)
 {
     s->standby_on = 1;
     s->leases_mode = leases_mode;
     for (int k = 0; leases_mode && k < n; k++)
         add_lease(s, fcntl(leases[k], F_DUPFD_CLOEXEC, 3));
+    s->cgroup_k = cgroup_k;
+    for (int k = 0; cgroup_k > 0 && k < N_STANDBY; k++) {
+        int set[SBX_REQ_MAX_CGROUP];
+        if (dup_all(cgroups + k * cgroup_k, cgroup_k, set) == 0)
+            add_cgroup_set(s, set, cgroup_k);
+    }
     s->store_report = fcntl(report, F_DUPFD_CLOEXEC, 3);
 }
 
@@ -80,6 +111,8 @@ static void standby_failed(struct tpl_server *s, int step, int op, int err)
  * (-1: none); the fd, unless it was kept (then -1). */
 static int take_note(struct tpl_server *s, const struct standby_note *note, int fd)
 {
+    if (note->kind == NOTE_CGROUP)
+        return fd; /* read_notes has kept the set */
     if (note->kind == NOTE_LEASE) {
         if (s->leases_mode)
             add_lease(s, fd);
@@ -111,7 +144,7 @@ void read_notes(struct tpl_server *s)
             struct standby_note note;
             struct sbx_report failure;
         } m;
-        char control[CMSG_SPACE(sizeof(int))];
+        char control[CMSG_SPACE(SBX_REQ_MAX_CGROUP * sizeof(int))];
         struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
         struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
         ssize_t n = recvmsg(s->notify_rd, &h, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
@@ -119,10 +152,20 @@ void read_notes(struct tpl_server *s)
             continue;
         if (n <= 0)
             return;
-        int fd = -1;
+        int fds[SBX_REQ_MAX_CGROUP], nfds = 0, fd = -1;
         struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
-        if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-            memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+        if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
+            fd = fds[0];
+        }
+        if (n == sizeof m.note && m.note.kind == NOTE_CGROUP) {
+            add_cgroup_set(s, fds, nfds); /* a replacement's cgroups (kept or closed) */
+            nfds = 0;
+            fd = -1;
+        }
+        for (int k = 1; k < nfds; k++)
+            close(fds[k]); /* only a cgroup set comes with more than one */
         if (n == sizeof m.failure) {
             standby_failed(s, m.failure.step, m.failure.op, m.failure.err);
             if (s->leases_mode)
@@ -221,17 +264,21 @@ void make_standbys(struct tpl_server *s)
     for (int k = 0; s->standby_on && k < N_STANDBY; k++) {
         if (!to_replace(s, k, now))
             continue;
-        if (s->leases_mode && s->n_leases == 0)
-            continue; /* none to join: requests meanwhile are the server's */
+        if ((s->leases_mode && s->n_leases == 0) || (s->cgroup_k && s->n_cgroups == 0))
+            continue; /* none to join, or no cgroup to enter: requests meanwhile are the server's */
         int lease = s->leases_mode ? s->leases[--s->n_leases] : -1;
+        int *cgroup = s->cgroup_k ? s->cgroups[--s->n_cgroups] : NULL;
         s->standby[k].taken = 0;
         s->standby[k].replace_at = 0;
         s->standby_taken[k] = 0;
-        s->standby[k].pid = make_standby(s, k, lease);
+        s->standby[k].pid = make_standby(s, k, lease, cgroup);
+        int err = errno;
+        if (cgroup)
+            close_all(cgroup, s->cgroup_k); /* the standby has its own copies (or there is none) */
         if (s->standby[k].pid < 0) {
             s->standby[k].pid = 0;
             add_lease(s, lease);
-            standby_failed(s, SBX_STEP_CLONE, -1, errno);
+            standby_failed(s, SBX_STEP_CLONE, -1, err);
         } else if (lease >= 0) {
             close(lease); /* the standby has its own copy */
         }

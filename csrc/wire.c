@@ -185,10 +185,11 @@ int sbx_check_store(const void *msg, size_t len, int nfds)
 {
     const struct sbx_request *r = msg;
     if (!msg || ((uintptr_t)msg & 7) || !request_head_ok(r, len) || r->argc || !(r->flags & SBX_REQ_STORE_BLOB) ||
-        r->n_cgroup || r->reserved)
+        r->n_cgroup > SBX_REQ_MAX_CGROUP || (r->n_cgroup && !(r->flags & SBX_REQ_STANDBY)) || r->reserved)
         return -1;
     int leases = (r->flags & SBX_REQ_STANDBY) && (r->flags & SBX_REQ_JOIN_NETNS);
-    if (nfds != 1 + (leases ? SBX_N_STANDBY : 0) || r->blob_len == 0 || r->blob_len != len - sizeof *r)
+    int cgroups = SBX_N_STANDBY * (int)r->n_cgroup; /* cgroup mode: a set per standby */
+    if (nfds != 1 + (leases ? SBX_N_STANDBY : 0) + cgroups || r->blob_len == 0 || r->blob_len != len - sizeof *r)
         return -1;
     return sbx_check_blob((const char *)msg + sizeof *r, r->blob_len);
 }

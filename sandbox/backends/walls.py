@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 
 from .. import cgroups
@@ -9,14 +10,24 @@ from ..errors import SetupError
 from ..plan import Plan
 
 
-def walls_for(plan: Plan, backend: str) -> cgroups.Walls:
+def walls_for(plan: Plan, backend: str, outside_tasks: int = 0) -> cgroups.Walls:
     """The sandbox's cgroup, made with its limits before anything of the
     sandbox runs (None in the Walls when the plan has none: rlimits only).
-    SetupError, naming `backend`, when it cannot be made."""
+    `outside_tasks`: processes of the executor's own that live in the cgroup
+    too (bwrap's monitor), allowed beyond the process limit and not counted
+    in the usage. SetupError, naming `backend`, when it cannot be made."""
     cpu_s = dict(plan.rlimits).get(resource.RLIMIT_CPU)
     if plan.cgroup is None:
         return cgroups.Walls(None, "rlimit", cpu_s)
-    return cgroups.Walls(new_cgroup(plan.cgroup, backend), plan.limits_mechanism, cpu_s)
+    limits = plan.cgroup
+    if outside_tasks and limits.pids is not None:
+        limits = dataclasses.replace(limits, pids=limits.pids + outside_tasks)
+    return cgroups.Walls(new_cgroup(limits, backend), plan.limits_mechanism, cpu_s, outside_tasks)
+
+
+def walls_in(cgroup: cgroups.SandboxCgroup, plan: Plan) -> cgroups.Walls:
+    """The walls of a sandbox of `plan` in `cgroup`, made ahead (a Template's placed standbys)."""
+    return cgroups.Walls(cgroup, plan.limits_mechanism, dict(plan.rlimits).get(resource.RLIMIT_CPU))
 
 
 def new_cgroup(limits: cgroups.CgroupLimits, backend: str,

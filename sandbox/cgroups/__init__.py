@@ -48,7 +48,8 @@ from .hierarchies import (
     detect,
     host_cgroups,
 )
-from .walls import SandboxCgroup, Walls, killed_by, leftover, sweep
+from .walls import SandboxCgroup, Walls, hierarchies_for, killed_by, leftover, sweep
 
 __all__ = ["CONTROLLERS", "CPU_PERIOD_US", "PARENT_ENV", "PREFIX", "CgroupInfo", "CgroupLimits", "Hierarchy",
-           "SandboxCgroup", "Usage", "Walls", "detect", "host_cgroups", "killed_by", "leftover", "sweep"]
+           "SandboxCgroup", "Usage", "Walls", "detect", "hierarchies_for", "host_cgroups", "killed_by",
+           "leftover", "sweep"]

@@ -21,13 +21,14 @@ import pytest
 import sandbox
 from sandbox import Limits, UnavailableError
 from sandbox.backends.template import BACKEND as template_backend
-from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
+from sandbox.cgroups import PARENT_ENV, PREFIX, CgroupLimits, hierarchies_for, host_cgroups
 from sandbox.presets import python_interpreter
 
 INFO = host_cgroups()
 needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
                            reason=f"no cgroup limits for this caller: {INFO.reason}")
 PY = sys.executable
+NO_CPU_LIMIT = hierarchies_for(INFO, CgroupLimits(memory_bytes=64 << 20, pids=8))  # where such a sandbox's cgroups go
 
 
 @pytest.fixture(params=["native", "bwrap", "template"])
@@ -182,7 +183,7 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> No
     assert child.stdout is not None
     assert child.stdout.readline().strip().isdigit()
     made = set(leftovers()) - before
-    assert len(made) == len(INFO.hierarchies)
+    assert len(made) == len(NO_CPU_LIMIT)
     child.kill()
     child.wait()
     # the next start (another process's first cgroup) sweeps what a dead owner left
@@ -260,3 +261,133 @@ def test_every_process_of_a_template_sandbox_is_in_its_cgroup_and_holds_no_fd_of
             p.kill()
         assert p.returncode == -signal.SIGKILL and p.killed_by is None
     assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+
+
+def _populated(path: str) -> list[int]:
+    return [int(pid) for pid in open(os.path.join(path, "cgroup.procs")).read().split()]
+
+
+@needs
+def test_a_template_with_spec_limits_keeps_its_standbys_in_cgroups_made_ahead() -> None:
+    """Cgroup mode: each standby lives in a cgroup of its own, with the Spec's limits written, before any
+    request; a call takes one like any other, with no cgroup made or entered on its path."""
+    with sandbox.Template(python_interpreter(limits=Limits(memory_mb=100, nproc=16))) as t:
+        placed = t._server.placed  # type: ignore[attr-defined]
+        assert placed is not None and t._server.standby  # type: ignore[attr-defined]
+        assert wait_for(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
+        waiting = {c.dirs[0][1] for c in placed._sent.values() if _populated(c.dirs[0][1])}
+        for cgroup in placed._sent.values():
+            h, path = next((h, p) for h, p in cgroup.dirs if "pids" in h.controllers)
+            assert open(os.path.join(path, "pids.max")).read().strip() == "16"  # written ahead
+        with t.spawn([PY, "-c", "import time; time.sleep(30)"]) as p:
+            walls = p._handle.walls  # type: ignore[attr-defined]
+            assert walls.cgroup.dirs[0][1] in waiting  # a standby's, made and entered before the call
+            assert p.pid in {pid for _, path in walls.cgroup.dirs for pid in _populated(path)}
+            p.kill()
+        r = t.run([PY, "-c", TOUCH, "300"], capture_output=True)
+        assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
+        r = t.run([PY, "-c", FORK_BOMB], capture_output=True, timeout=60)
+        assert 0 < int(r.stdout) <= 15 and r.usage is not None and r.usage.pids_peak == 16
+        # a call with other limits: a standby moves into a cgroup made for them, and its own goes
+        assert wait_for(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
+        standbys = {pid for c in placed._sent.values() for pid in _populated(c.dirs[0][1])}
+        with t.spawn([PY, "-c", "import time; time.sleep(30)"], limits=Limits(memory_mb=50, nproc=8)) as p:
+            walls = p._handle.walls  # type: ignore[attr-defined]
+            assert p.pid in standbys and walls.cgroup.dirs[0][1] not in waiting
+            h, path = next((h, p_) for h, p_ in walls.cgroup.dirs if "pids" in h.controllers)
+            assert open(os.path.join(path, "pids.max")).read().strip() == "8"
+            assert p.pid in _populated(path)
+            p.kill()
+        assert wait_for(lambda: len(placed._sent) == 2, 5.0), len(placed._sent)  # the one it left, removed
+        r = t.run([PY, "-c", TOUCH, "60"], limits=Limits(memory_mb=40), capture_output=True)
+        assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
+        r = t.run([PY, "-c", TOUCH, "150"], limits=Limits(memory_mb=300), capture_output=True)
+        assert r.returncode == 0 and r.usage is not None and r.usage.memory_peak_mb is not None
+        assert r.usage.memory_peak_mb >= 150
+
+
+@needs
+def test_a_failed_call_does_not_leave_its_standbys_cgroup_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A standby whose request fails reports no cgroup: its empty, used set is found and removed."""
+    from sandbox.backends.template import placed as placed_module
+    monkeypatch.setattr(placed_module, "SCAN_EVERY_S", 0.05)
+    with sandbox.Template(python_interpreter(limits=Limits(nproc=16))) as t:
+        placed = t._server.placed  # type: ignore[attr-defined]
+        for _ in range(3):
+            with pytest.raises(sandbox.SandboxError):
+                t.run(["/nonexistent/command"])
+        assert t.run([PY, "-c", "pass"]).returncode == 0
+        assert wait_for(lambda: len(placed._sent) == 2, 10.0), len(placed._sent)  # the standbys' alone
+
+
+@needs
+def test_no_template_cgroup_is_left_after_the_caller_is_sigkilled() -> None:
+    caller = textwrap.dedent(f"""
+        import sys, sandbox
+        from sandbox import Limits
+        from sandbox.presets import python_interpreter
+        t = sandbox.Template(python_interpreter(limits=Limits(memory_mb=64, nproc=8)))
+        p = t.spawn([{PY!r}, "-c", "import time; time.sleep(60)"])
+        print(p.pid, flush=True)
+        sys.stdin.read()
+    """)
+    before = set(leftovers())
+    child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip().isdigit()
+    made = set(leftovers()) - before
+    assert len(made) >= 3 * len(NO_CPU_LIMIT)  # the sandbox's, the standbys', those made ahead
+    child.kill()
+    child.wait()
+    later = subprocess.run([PY, "-c", "import sandbox, sys\nfrom sandbox import Limits\n"
+                            "from sandbox.presets import python_interpreter\n"
+                            f"sandbox.run([{PY!r}, '-c', 'pass'], python_interpreter(limits=Limits(nproc=8)))"],
+                           timeout=60)
+    assert later.returncode == 0
+    assert wait_for(lambda: not (made & set(leftovers())), 10.0), made & set(leftovers())
+
+
+@needs
+def test_a_sandbox_without_a_cpu_limit_skips_a_cpu_only_hierarchy() -> None:
+    """On v1 with cpu and cpuacct apart (this VM), the cpu hierarchy serves only cpu_cores: a sandbox
+    without one is not placed there (its entry is the costliest), and its CPU time still comes from cpuacct."""
+    cpu_only = [h for h in INFO.hierarchies if h.version == 1 and h.controllers == {"cpu"}]
+    if not cpu_only:
+        pytest.skip("no v1 hierarchy of the cpu controller alone here")
+    show = "print(open('/proc/self/cgroup').read())"
+    r = sandbox.run([PY, "-c", show], spec(nproc=8), capture_output=True)
+    line = next(x for x in r.stdout.decode().splitlines() if x.split(":")[1] == "cpu")
+    assert PREFIX not in line and r.usage is not None and r.usage.cpu_s  # counted all the same
+    r = sandbox.run([PY, "-c", show], spec(nproc=8, cpu_cores=0.5), capture_output=True)
+    line = next(x for x in r.stdout.decode().splitlines() if x.split(":")[1] == "cpu")
+    assert PREFIX in line
+
+
+def test_sandbox_init_enters_cgroups_or_exits_124(tmp_path: object) -> None:
+    """The bwrap backend starts bwrap through `sandbox-init --enter-cgroups FDS`: it writes "0" to each
+    entry file and closes it before the exec; an fd it cannot write stops it with 124 (nothing runs)."""
+    from sandbox.backends.bwrap.driver import ENTER_FAILED, SIGNAL_RESETTER
+    r, w = os.pipe()
+    try:
+        out = subprocess.run([str(SIGNAL_RESETTER), "--enter-cgroups", str(w), "/bin/sh", "-c",
+                              f"ls /proc/self/fd/{w} 2>/dev/null; echo ran"], pass_fds=(w,), capture_output=True)
+        assert (out.returncode, out.stdout) == (0, b"ran\n")  # wrote "0" to the pipe, closed it, ran
+        assert os.read(r, 8) == b"0"
+        out = subprocess.run([str(SIGNAL_RESETTER), "--enter-cgroups", "99", "/bin/sh", "-c", "echo ran"],
+                             capture_output=True)
+        assert (out.returncode, out.stdout) == (ENTER_FAILED, b"")
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+@needs
+def test_a_call_on_a_closed_template_with_spec_limits_leaves_no_cgroup() -> None:
+    t = sandbox.Template(python_interpreter(limits=Limits(nproc=16)))
+    assert t.run([PY, "-c", "pass"]).returncode == 0
+    t.close()
+    with pytest.raises(sandbox.SandboxError):
+        t.run([PY, "-c", "pass"])
+    with pytest.raises(sandbox.SandboxError):
+        t.run([PY, "-c", "pass"], limits=Limits(nproc=8))
+    # no_cgroup_left: neither the sets made ahead nor those made for the calls are left

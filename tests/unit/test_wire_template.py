@@ -177,6 +177,15 @@ def test_a_store_request_is_checked_whole() -> None:
     head.version, head.n_cgroup = lib.SBX_REQ_VERSION, 1  # a store enters no cgroup
     assert not store_ok(bytes(ffi.buffer(head)) + blob, 1)
     assert not store_ok(bytes(ffi.buffer(head)) + blob, 2)
+    # ... but hands its standbys theirs (cgroup mode): a set of n_cgroup per standby, after the leases
+    placed = wire.store_request(blob, lib.SBX_REQ_STANDBY, 3)
+    assert store_ok(placed, 1 + 3 * lib.SBX_N_STANDBY)
+    assert not store_ok(placed, 1 + 3)
+    assert not store_ok(placed, 1)
+    both = wire.store_request(blob, lib.SBX_REQ_STANDBY | lib.SBX_REQ_JOIN_NETNS, 2)
+    assert store_ok(both, 1 + lib.SBX_N_STANDBY + 2 * lib.SBX_N_STANDBY)
+    assert not store_ok(wire.store_request(blob, lib.SBX_REQ_STANDBY, lib.SBX_REQ_MAX_CGROUP + 1),
+                        1 + (lib.SBX_REQ_MAX_CGROUP + 1) * lib.SBX_N_STANDBY)
     # a store request is not a sandbox request, nor the other way round
     assert parse(plain, 1) is None
     assert not store_ok(wire.request(blob, ARGV, ENV, (), join_netns=False, stdio_mask=0), 1)
@@ -186,7 +195,10 @@ def test_reports_are_read_by_name() -> None:
     stamps = ffi.new("struct sbx_stamps_report *", {"step": lib.SBX_STEP_NONE, "op": 3,
                                                      "t_ns": list(range(10, 10 + lib.SBX_N_STAMPS))})
     started, failure = wire.parse_report(bytes(ffi.buffer(stamps)))
-    assert failure is None and started == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)))
+    assert failure is None and started == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)), 0, 0)
+    stamps.err, stamps.detail = -2, 7  # its cgroup's tag (the low 32 bits of an inode, unsigned), the one it left
+    assert wire.parse_report(bytes(ffi.buffer(stamps)))[0] == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)),
+                                                               0xFFFFFFFE, 7)
     record = ffi.new("struct sbx_report *", {"step": lib.SBX_STEP_EXEC, "op": -1, "err": 2, "detail": 0})
     data = bytes(ffi.buffer(record))
     assert wire.parse_report(data) == (None, (lib.SBX_STEP_EXEC, -1, 2, 0))

@@ -64,7 +64,7 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
 # bubblewrap makes its own network namespace, has no Landlock, binds
 # read-only only with nodev, and what it lacks (limits, probes, port
 # forwarding, checks) is done from outside with the compiled core's helpers;
-# its sandbox child is moved into the sandbox's cgroup before its setup.
+# bwrap is started inside the sandbox's cgroup (its monitor with it).
 # bubblewrap 0.8.0 has no --overlay.
 TRAITS = Traits("bwrap", "the bwrap backend", ALL - {
     Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND,

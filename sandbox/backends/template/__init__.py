@@ -11,19 +11,22 @@ sandbox.spawn(..., backend="template"), keeps one per plan it has seen.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from collections.abc import Callable
 
 from ... import isolation, netpool
 from ...capabilities import Capability, Traits
-from ...cgroups import Walls
+from ...cgroups import Walls, hierarchies_for
 from ...errors import SandboxError
 from ...plan import Plan
 from ...warm_plan import TemplatePlans, template_plans
 from ..handle import ProcessHandle
 from ..native import ReaperStatus, SandboxStatus
 from ..native import available as native_available
-from ..walls import walls_for
+from ..walls import walls_for, walls_in
+from .placed import PlacedCgroups
 from .server import TEMPLATE_PATH, Server, Started, launched
 
 __all__ = ["BACKEND", "KEPT_MARKER", "TRAITS", "Server", "available", "launch_in"]
@@ -42,13 +45,24 @@ def available() -> tuple[bool, str]:
 def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
               pass_fds: tuple[int, ...]) -> ProcessHandle:
     """Start `argv` in a sandbox cloned by `server`, under its sandbox plan
-    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call), in
-    a cgroup of its own when the plan has cgroup limits: made here, its
-    entry files sent with the request, entered by the sandbox's first
-    process before anything of the request runs."""
+    `plan` (with one call's overrides, sandbox.warm_plan.plan_for_call).
+
+    Its cgroup: with the server in cgroup mode, the one a standby entered
+    ahead (placed.py) when the plan's cgroup limits are its Spec's, else
+    one made here with the call's, which the standby moves into; without
+    cgroup mode, when the plan has cgroup limits, one made here, its entry
+    files sent with the request and entered by the sandbox's first process
+    before anything of the request runs (in cgroup mode, a call whose
+    cgroups would leave one of the standby's hierarchies gets a sandbox the
+    server clones)."""
+    placed = server.placed
+    if placed is not None and (plan.cgroup == server.default.cgroup or _moves_to(placed, plan)):
+        return _launch_placed(server, placed, plan, argv, stdio, pass_fds)
     walls = walls_for(plan, "template")
     try:
-        return _launch(server, plan, argv, stdio, pass_fds, walls)
+        fds = walls.cgroup.procs_fds if walls.cgroup is not None else []
+        started = _start(server, plan, argv, stdio, pass_fds, fds, own=placed is not None)
+        return _handle(plan, started, walls)
     except BaseException:
         walls.remove()  # whatever entered it has been killed or never ran
         raise
@@ -57,18 +71,77 @@ def launch_in(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int
             walls.cgroup.close_fds()
 
 
-def _launch(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
-            pass_fds: tuple[int, ...], walls: Walls) -> ProcessHandle:
+def _moves_to(placed: PlacedCgroups, plan: Plan) -> bool:
+    """Whether a standby placed ahead can move into cgroups of the plan's
+    limits: they are in every hierarchy its own are in (it leaves them all)."""
+    if plan.cgroup is None:
+        return False
+    theirs = {h.parent for h in hierarchies_for(placed.info, plan.cgroup)}
+    return {h.parent for h in hierarchies_for(placed.info, placed.limits)} <= theirs
+
+
+def _launch_placed(server: Server, placed: PlacedCgroups, plan: Plan, argv: list[str],
+                   stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> ProcessHandle:
+    """A sandbox in a cgroup made ahead, or (other limits than the Spec's)
+    in one made now that the standby moves into: the request carries one
+    more set made ahead, for the next standby, and the sandbox's report
+    names the cgroup it lives in and the one made ahead it left."""
+    own = walls_for(plan, "template") if plan.cgroup != server.default.cgroup else None
+    tag, ahead = placed.take()
+    placed.sending(tag, ahead)
+    keep = [False]  # the set goes back to those made ahead, its fds open
+
+    def unsent() -> None:
+        keep[0] = placed.give_back(tag)
+    try:
+        own_fds = own.cgroup.procs_fds if own is not None and own.cgroup is not None else []
+        started = _start(server, plan, argv, stdio, pass_fds, own_fds, next_fds=ahead.procs_fds,
+                         unsent=unsent)
+        if not started.next_used:
+            unsent()  # still ours: for the next call
+    except BaseException:
+        if own is not None:
+            own.remove()  # whatever entered it has been killed or never ran
+        raise
+    finally:
+        if own is not None and own.cgroup is not None:
+            own.cgroup.close_fds()
+        if not keep[0]:
+            ahead.close_fds()
+    if own is not None:
+        if started.cgroup_left:
+            placed.discard(started.cgroup_left)  # the standby's, empty since it moved
+        return _handle(plan, started, own)
+    mine = placed.claim(started.cgroup_tag)
+    if mine is None:  # every sandbox of a server in cgroup mode enters a set of ours: a bug
+        signal.pidfd_send_signal(started.pidfd, signal.SIGKILL)
+        os.close(started.pidfd)
+        os.close(started.status_fd)
+        if started.lease is not None:
+            started.lease.release(wait=False, unprivileged_tenant=True)
+        raise SandboxError(f"the template's sandbox reported a cgroup it was not given (tag {started.cgroup_tag})")
+    return _handle(plan, started, walls_in(mine, plan))
+
+
+def _start(server: Server, plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...],
+           cgroup_fds: list[int], next_fds: list[int] | None = None, own: bool = False,
+           unsent: Callable[[], None] | None = None) -> Started:
+    """The request, with a leased network namespace for a pooled plan."""
     lease = None
     if plan.network == "pool":
         pool = server.pool
         if pool is None or pool.closed:
+            if unsent is not None:
+                unsent()
             raise SandboxError("the network namespace pool this Template leases from was closed "
                                "(netpool.disable()): make a new Template")
         lease = pool.lease()
     # the lease goes to the server, which answers with the one the sandbox lives in (server.Server.spawn)
-    cgroup_fds = walls.cgroup.procs_fds if walls.cgroup is not None else []
-    started: Started = server.spawn(plan, argv, stdio, pass_fds, lease, cgroup_fds)
+    return server.spawn(plan, argv, stdio, pass_fds, lease, cgroup_fds, next_fds=next_fds or (), own=own,
+                        unsent=unsent)
+
+
+def _handle(plan: Plan, started: Started, walls: Walls) -> ProcessHandle:
     findings = isolation.findings(plan, None)
     if plan.landlock:
         findings["landlock_abi"] = started.landlock_abi

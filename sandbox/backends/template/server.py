@@ -24,6 +24,7 @@ from .. import ExitSource
 from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
+from .placed import PlacedCgroups
 from .wire import FAILURE_SIZE, STAMPS_SIZE, parse_failure, parse_report, request, sandbox_blob, store_request
 
 TEMPLATE_PATH = BIN_DIR / "sandbox-template"
@@ -40,6 +41,9 @@ class Started:
     timings: dict[str, float]
     landlock_abi: int
     lease: Lease | None = None  # the leased network namespace it lives in, the caller's to release
+    cgroup_tag: int = 0  # the cgroup it entered last (placed.tag_of; 0: none)
+    cgroup_left: int = 0  # the cgroup made ahead it left for the request's own (0: none)
+    next_used: bool = False  # the request took the set made ahead it carried (spawn's next_fds)
 
 
 class Server:
@@ -65,6 +69,10 @@ class Server:
     With `recycle` (the plan whose mounts a reset makes again), its standbys
     are recycled: each serves request after request, reset in between
     (csrc/template_recycle.c).
+
+    When the default plan has cgroup limits and its standbys are not
+    recycled, they are placed in cgroups made ahead (`placed`, cgroup mode:
+    see placed.py).
     """
 
     def __init__(self, shared: Plan, default: Plan, name: str = "sandbox-template",
@@ -110,6 +118,8 @@ class Server:
             # rather than for as long as the template lives.
             self._launched.on_exit()
         self.recycle = recycle is not None
+        self.placed = (PlacedCgroups(default.cgroup) if default.cgroup is not None and recycle is None
+                       and default.keep_caps == 0 else None)
         try:
             if recycle is not None:  # its standbys serve request after request (csrc/template_recycle.c)
                 self._store(recycle, standby=False, flags=lib.SBX_REQ_RECYCLE)
@@ -130,15 +140,22 @@ class Server:
             leases = self._lease_for_standbys() if standby and self.pool is not None else []
             if leases:
                 flags |= lib.SBX_REQ_JOIN_NETNS
+            placed = self.placed if standby else None
+            sets = [placed.make() for _ in range(lib.SBX_N_STANDBY)] if placed is not None else []
             blob = sandbox_blob(plan)
-            msg = store_request(blob, flags)
+            msg = store_request(blob, flags, placed.count if placed is not None else 0)
             dups = [lease.dup_netns_fd() for lease in leases]
             try:
-                self._send(self._sock, msg, [theirs.fileno(), *dups])
+                for tag, cgroup in sets:
+                    assert placed is not None
+                    placed.sending(tag, cgroup)
+                self._send(self._sock, msg, [theirs.fileno(), *dups, *(fd for _, c in sets for fd in c.procs_fds)])
             finally:
                 theirs.close()
                 for fd in dups:
                     os.close(fd)
+                for _, cgroup in sets:
+                    cgroup.close_fds()
             data = mine.recv(FAILURE_SIZE)
         answer = parse_failure(data)
         if answer is None:
@@ -165,7 +182,8 @@ class Server:
         return leases
 
     def spawn(self, plan: Plan, argv: Sequence[str], stdio: tuple[int, int, int], pass_fds: Sequence[int],
-              lease: Lease | None = None, cgroup_fds: Sequence[int] = ()) -> Started:
+              lease: Lease | None = None, cgroup_fds: Sequence[int] = (), next_fds: Sequence[int] = (),
+              own: bool = False, unsent: Callable[[], None] | None = None) -> Started:
         """Clone one sandbox for `plan` (a sandbox plan of this template's);
         return once its command has been exec'd. Raises what spawn raises.
 
@@ -174,7 +192,15 @@ class Server:
         replacement does. Started.lease is the sandbox's; a failure releases
         the one that came back. `cgroup_fds`: the entry files of the
         sandbox's cgroups (the caller's to close), which its first process
-        enters before anything of the request runs."""
+        enters before anything of the request runs. `next_fds` (cgroup mode):
+        a set made ahead, which a standby taking the request passes on to its
+        replacement (a standby is in such a set already: with `cgroup_fds`
+        too, it moves into those), and which a sandbox the server clones
+        enters when the request has no `cgroup_fds`; Started.next_used says
+        whether the request took it, Started.cgroup_tag names the set the
+        sandbox lives in, Started.cgroup_left the one it left. `own`: a
+        sandbox the server clones, not a standby. `unsent` is called when
+        the request fails before it reaches the server."""
         statr = statw = netns_fd = -1
         mine = theirs = None
         try:
@@ -182,11 +208,14 @@ class Server:
                 blob, fast = b"", self.standby
             else:  # per-call binds are cloned by the server, in its mount namespace
                 blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
-            if self.recycle and cgroup_fds:
+            if (self.recycle and cgroup_fds) or own:
                 fast = False  # a recycled pid 1 would stay in the cgroup: a sandbox of its own
+            next_used = bool(next_fds) and (fast or not cgroup_fds)
+            if next_used:  # for the replacement of the standby taking it, or the cgroup of the one cloned
+                cgroup_fds = [*cgroup_fds, *next_fds]
             child_stdio, mask = _stdio(stdio)
             msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
-                          n_cgroup=len(cgroup_fds))
+                          n_cgroup=len(cgroup_fds), cgroup_next=bool(next_fds) and fast)
             mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
             statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
@@ -205,6 +234,8 @@ class Server:
             if lease is not None:  # it never reached the server
                 self._take_lease(lease.netns_inode)
                 lease.release(wait=False, unprivileged_tenant=True)
+            if unsent is not None:
+                unsent()
             raise
         finally:
             if theirs is not None:
@@ -212,7 +243,7 @@ class Server:
             _close(statw)
             _close(netns_fd)
         try:
-            landlock_abi, stamps, pid, pidfd, used = self._started(mine, plan, argv)
+            (landlock_abi, stamps, tag, left), pid, pidfd, used = self._started(mine, plan, argv)
         except BaseException:
             mine.close()
             _close(statr)
@@ -225,7 +256,7 @@ class Server:
         if not plan.reaper:
             mine.close()
         return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi,
-                       lease=used)
+                       lease=used, cgroup_tag=tag, cgroup_left=left, next_used=next_used)
 
     def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> None:
         with self._lock:
@@ -239,9 +270,9 @@ class Server:
                 raise SandboxError(f"the template process has gone ({exc.strerror})") from None
 
     def _started(self, sock: socket.socket, plan: Plan,
-                 argv: Sequence[str]) -> tuple[int, tuple[int, ...], int, int, Lease | None]:
-        """Wait for the sandbox's word on `sock`: (Landlock ABI, stamps, pid,
-        pidfd, its lease) once its command runs; raise why it did not
+                 argv: Sequence[str]) -> tuple[tuple[int, tuple[int, ...], int, int], int, int, Lease | None]:
+        """Wait for the sandbox's word on `sock`: ((Landlock ABI, stamps,
+        cgroup tag, tag of the cgroup left), pid, pidfd, its lease) once its command runs; raise why it did not
         (having released the lease that came back with the failure)."""
         data, anc, _, _ = sock.recvmsg(STAMPS_SIZE, ANCILLARY)
         fds, pid = _ancillary(anc)
@@ -273,7 +304,7 @@ class Server:
             if used is not None:
                 used.release(wait=False, unprivileged_tenant=True)
             raise
-        return started[0], started[1], pid, pidfd, used
+        return started, pid, pidfd, used
 
     def _lease_of(self, fds: list[int]) -> Lease | None:
         """The lease a report's namespace fd names (closing the fds), taken from those sent."""
@@ -316,6 +347,8 @@ class Server:
         if self._reserved and self.pool is not None:
             self.pool.reserve(-self._reserved)
             self._reserved = 0
+        if self.placed is not None:
+            self.placed.close()
 
 
 ANCILLARY = socket.CMSG_SPACE(8) + socket.CMSG_SPACE(CREDENTIALS.size)

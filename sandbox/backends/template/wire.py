@@ -25,7 +25,8 @@ FAILURE_SIZE = ffi.sizeof("struct sbx_report")
 STAMPS_SIZE = ffi.sizeof("struct sbx_stamps_report")
 
 Failure = tuple[int, int, int, int]  # step, op, err, detail
-Started = tuple[int, tuple[int, ...]]  # the Landlock ABI applied, the stamps (enum sbx_stamp)
+# the Landlock ABI applied, the stamps (enum sbx_stamp), its cgroup's tag, the tag of the cgroup it left
+Started = tuple[int, tuple[int, ...], int, int]
 
 
 @functools.lru_cache(maxsize=512)
@@ -45,21 +46,24 @@ def header(*, blob_len: int, argc: int = 0, envc: int = 0, n_pass: int = 0, flag
 
 
 def request(blob: bytes, argv: Sequence[str], env: tuple[str, ...], targets: Sequence[int], *,
-            join_netns: bool, stdio_mask: int, n_cgroup: int = 0) -> bytes:
+            join_netns: bool, stdio_mask: int, n_cgroup: int = 0, cgroup_next: bool = False) -> bytes:
     """One request message (the fds travel beside it, see csrc/sandbox.h).
     An empty `blob` names the one the server stored; `n_cgroup` entry fds of
-    the sandbox's cgroups come after the network namespace's."""
+    the sandbox's cgroups come after the network namespace's (`cgroup_next`:
+    of the standby that replaces the one taking it, SBX_REQ_CGROUP_NEXT)."""
     strings = b"".join([*(os.fsencode(s) + b"\0" for s in argv), _environment(env)])
     head = header(blob_len=len(blob), argc=len(argv), envc=len(env), n_pass=len(targets),
-                  flags=lib.SBX_REQ_JOIN_NETNS if join_netns else 0, stdio_mask=stdio_mask, n_cgroup=n_cgroup)
+                  flags=(lib.SBX_REQ_JOIN_NETNS if join_netns else 0) | (lib.SBX_REQ_CGROUP_NEXT if cgroup_next else 0),
+                  stdio_mask=stdio_mask, n_cgroup=n_cgroup)
     c_targets = ffi.new("uint32_t[]", list(targets)) if targets else None
     return b"".join((head, blob, b"\0" * (-len(blob) % 8),
                      bytes(ffi.buffer(c_targets)) if c_targets is not None else b"", strings))
 
 
-def store_request(blob: bytes, flags: int) -> bytes:
-    """The message that stores `blob` in the server (SBX_REQ_STORE_BLOB and `flags`)."""
-    return header(blob_len=len(blob), flags=lib.SBX_REQ_STORE_BLOB | flags) + blob
+def store_request(blob: bytes, flags: int, n_cgroup: int = 0) -> bytes:
+    """The message that stores `blob` in the server (SBX_REQ_STORE_BLOB and
+    `flags`; with SBX_REQ_STANDBY, `n_cgroup` entry fds per standby follow)."""
+    return header(blob_len=len(blob), flags=lib.SBX_REQ_STORE_BLOB | flags, n_cgroup=n_cgroup) + blob
 
 
 @functools.lru_cache(maxsize=64)
@@ -87,7 +91,7 @@ def parse_report(data: bytes) -> tuple[Started | None, Failure | None]:
     if len(data) == STAMPS_SIZE:
         r = _read("struct sbx_stamps_report *", data)
         if r.step == lib.SBX_STEP_NONE:
-            return (r.op, tuple(r.t_ns)), None
+            return (r.op, tuple(r.t_ns), r.err & 0xFFFFFFFF, r.detail & 0xFFFFFFFF), None
     failure = parse_failure(data)
     if failure is not None:
         return None, failure

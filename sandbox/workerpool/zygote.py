@@ -44,7 +44,6 @@ The messages and the task's side are channel.py's (loaded here by path).
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import socket
 import sys
@@ -77,31 +76,22 @@ def _sibling(name: str) -> ModuleType:
 C = _sibling("channel")
 INIT, SPAWN, KILL, TAKEN, CGROUP = C.INIT, C.SPAWN, C.KILL, C.TAKEN, C.CGROUP
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = C.READY, C.ERROR, C.SPARE, C.STARTED, C.FAILED, C.EXITED
-send, recv, read_fd, map_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.map_fd, C.run_task, C.spare_main
+read_fd, map_fd, run_task, spare_main = C.read_fd, C.map_fd, C.run_task, C.spare_main
 
 
-# ctypes' counterparts of the cdef's scalar types (every pointer is a c_void_p)
-CTYPES_SCALARS = {"int": "c_int", "unsigned int": "c_uint", "size_t": "c_size_t", "uint32_t": "c_uint32",
-                  "int32_t": "c_int32", "uint64_t": "c_uint64", "int64_t": "c_int64"}
+def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    """A message to the caller (JSON)."""
+    C.send(sock, kind, body, fds, to_caller=True)
 
 
-def ctypes_prototype(ffi: Any, func: Any) -> tuple[Any, list[Any]]:
-    """The ctypes restype and argtypes of `func`, a function of the C core,
-    derived from its cffi type: the cdef (csrc/sandbox.h) is its one
-    definition. (The fork is called through ctypes.PyDLL, which keeps the
-    GIL across the call as os.fork() does; cffi releases it around every
-    call.)"""
-    import ctypes
+def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
+    """A message from the caller (marshal)."""
+    result: tuple[bytes, dict[str, Any], list[int]] | None = C.recv(sock, from_caller=True)
+    return result
 
-    def one(ctype: Any) -> Any:
-        if ctype.kind == "pointer":
-            return ctypes.c_void_p
-        if ctype.cname not in CTYPES_SCALARS:
-            raise TypeError(f"{ffi.typeof(func).cname}: no ctypes counterpart for {ctype.cname}")
-        return getattr(ctypes, CTYPES_SCALARS[ctype.cname])
 
-    kind = ffi.typeof(func)
-    return one(kind.result), [one(arg) for arg in kind.args]
+F = _sibling("forkcall")
+ctypes_prototype = F.ctypes_prototype
 
 
 # ---------------------------------------------------------------- the zygote
@@ -144,7 +134,6 @@ class Zygote:
     def init(self, body: dict[str, Any], fds: list[int]) -> None:
         """Start the namespace factory, load the C core, import `preload`,
         check that no thread was started."""
-        import ctypes
         import gc
         import importlib
         import importlib.util
@@ -162,11 +151,6 @@ class Zygote:
         native = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(native)
         self.ffi, self.lib = native.ffi, native.lib
-        # sbx_fork_sandbox is called with the GIL held, as os.fork() calls
-        # fork(): cffi would release it across the clone. PyDLL keeps it.
-        self.fork_c = ctypes.PyDLL(body["native"]).sbx_fork_sandbox_ns
-        self.fork_c.restype, self.fork_c.argtypes = ctypes_prototype(self.ffi, self.lib.sbx_fork_sandbox_ns)
-        self.api = ctypes.pythonapi
         self.blob = read_fd(fds[0])
         self.per_slot = int(body.get("cgroups", 0))
         self.slotted = bool(self.per_slot or body.get("netns"))
@@ -174,6 +158,7 @@ class Zygote:
             self.add_slot(slot, fds[1:1 + self.per_slot])
             del fds[1:1 + self.per_slot]
         self.spare_target = int(body.get("spares", 0))
+        self.fork = F.ForkCall(self.ffi, self.lib, body["native"], self.blob, self.per_slot)
         import pickle  # noqa: F401
         import traceback  # noqa: F401
 
@@ -196,9 +181,6 @@ class Zygote:
         """In a task: say on `fd` which signal ends it (see sbx_task_death_notes)."""
         self.lib.sbx_task_death_notes(fd, C.DIED)
 
-    def addr(self, cdata: Any) -> int:
-        return int(self.ffi.cast("uintptr_t", cdata))
-
     def add_slot(self, slot: int, fds: list[int], ns_fds: list[int] | None = None) -> None:
         """A slot the caller made for a later fork (INIT, CGROUP, or a SPAWN
         that took a spare): its cgroup.procs fds, and a leased namespace's."""
@@ -208,29 +190,6 @@ class Zygote:
         """A free slot for the next fork ((None, [], []) without one, unless
         the forks need cgroups: then there always is one)."""
         return self.free.pop(0) if self.free or self.per_slot else (None, [], [])
-
-    def fork(self, blob: bytes | mmap.mmap, stdio: list[int], keep: list[int], trees: list[int],
-             cgroup_fds: list[int], ns_fds: list[int]) -> tuple[int, Any]:
-        """sbx_fork_sandbox_ns, between CPython's before- and after-fork hooks
-        (the task's random is reseeded there, as after os.fork())."""
-        ffi = self.ffi
-        res = ffi.new("struct sbx_result *")
-        c_blob = ffi.from_buffer(blob)
-        c_stdio = ffi.new("int[3]", stdio)
-        c_keep = ffi.new("int[]", keep or [0])
-        c_trees = ffi.new("int[]", trees or [0])
-        c_cg = ffi.new("int[]", cgroup_fds or [0])
-        c_ns = ffi.new("int[2]", ns_fds or [-1, -1])
-        self.api.PyOS_BeforeFork()
-        pid = self.fork_c(self.addr(c_blob), len(blob), self.addr(c_stdio), self.addr(c_keep), len(keep),
-                          self.addr(c_trees), len(trees), self.addr(c_cg), len(cgroup_fds), self.addr(c_ns),
-                          self.addr(res))
-        if pid == 0:
-            self.api.PyOS_AfterFork_Child()
-        else:
-            self.api.PyOS_AfterFork_Parent()
-            ffi.release(c_blob)  # a mapped plan can be unmapped now
-        return pid, res
 
     def spawn(self, body: dict[str, Any], fds: list[int]) -> None:
         """Fork the task of a SPAWN message (in the task, run it: never
@@ -253,7 +212,7 @@ class Zygote:
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
         rest += slot_fds
         try:
-            pid, res = self.fork(self.blob if own_plan is None else own_plan, [-1, out_fd, err_fd], [result_fd],
+            pid, res = self.fork(self.blob if own_plan is None else own_plan, [-1, out_fd, err_fd], result_fd,
                                  trees, cg_fds, ns_fds)
             if pid == 0:
                 self.ctl.detach()  # its fd is closed in the task; the object must not close another
@@ -286,7 +245,7 @@ class Zygote:
         slot, cg_fds, ns_fds = self.take_slot()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid, res = self.fork(self.blob, [-1, -1, -1], [theirs.fileno()], [], cg_fds, ns_fds)
+            pid, res = self.fork(self.blob, [-1, -1, -1], theirs.fileno(), [], cg_fds, ns_fds)
             if pid == 0:
                 self.ctl.detach()
                 mine.detach()
@@ -348,7 +307,7 @@ class Zygote:
         child.task_id = body["id"]
         self.tasks[child.task_id] = child
         try:
-            send(child.sock, SPAWN, {}, fds)
+            C.send(child.sock, SPAWN, {}, fds)  # to the spare: marshal, as from the caller
         except OSError:
             pass  # it died meanwhile: its end is the task's
         finally:
@@ -425,13 +384,27 @@ class Zygote:
         self.watch(child)
         return child, res
 
+    def fill_spares(self) -> None:
+        """Fork every spare wanted (and with a slot), back to back: the pages
+        the loop writes between two forks are copied (a fault each) once per
+        interval, so two forks in one interval cost half as many."""
+        while self.missing()[0] and self.make_spare()[0] is not None:
+            pass
+
+    def missing(self) -> tuple[int, int]:
+        """(how many spares are wanted and can be forked now, how many are being set up)."""
+        pending = sum(1 for c in self.setting_up.values() if c.task_id is None and c.claim is None)
+        if self.spares_failed or (self.slotted and not self.free):
+            return 0, pending
+        return max(0, self.spare_target - len(self.spares) - pending), pending
+
     def want_spare(self) -> float | None:
         """0 if a spare should be forked now; else how long to wait before one
         may be (the last was taken less than QUIET ago); None if none is wanted."""
         import time
 
-        pending = sum(1 for c in self.setting_up.values() if c.task_id is None and c.claim is None)
-        if self.spares_failed or len(self.spares) + pending >= self.spare_target or (self.slotted and not self.free):
+        wanted, pending = self.missing()
+        if not wanted:
             return None
         if not self.spares and not pending:
             return 0.0
@@ -448,7 +421,7 @@ class Zygote:
             wait = self.want_spare()
             events = self.poll.poll(None if wait is None else math.ceil(wait * 1000))  # ceil: never spin
             if not events and self.want_spare() == 0.0:
-                self.make_spare()
+                self.fill_spares()
             for fd, _ in events:
                 if fd in self.setting_up:
                     self.ready(fd)

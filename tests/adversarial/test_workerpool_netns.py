@@ -15,6 +15,7 @@ it is destroyed).
 
 from __future__ import annotations
 
+import os
 import secrets
 from typing import Any
 
@@ -230,3 +231,29 @@ def test_a_task_cannot_change_or_rejoin_its_leased_namespace(spares: int) -> Non
     assert all(state[1:] == (flags, routes, ttl) for state in after), (first, after)
     cookies = [state[0] for state in [first, *after]]
     assert len(set(cookies)) < len(cookies), f"no namespace was reused: {cookies}"
+
+
+def bind_low_port() -> tuple[int, int, int, str]:
+    """where(), and what binding port 80 on lo got (it needs CAP_NET_BIND_SERVICE over the namespace's owner)."""
+    import socket
+
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 80))
+        outcome = "bound"
+    except OSError as e:
+        outcome = str(e)
+    finally:
+        s.close()
+    return (*where(), outcome)
+
+
+def test_a_network_capability_gets_a_namespace_of_the_tasks_own() -> None:
+    spec = make_base_spec().replace(cap_add=["CAP_NET_BIND_SERVICE"])
+    with sandbox.WorkerPool(spec, 1, spares=0) as pool:
+        assert pool._engine.slots.netns is None, "a pool whose tasks keep a network capability leases namespaces"
+        seen = [pool.submit(bind_low_port).result(timeout=60) for _ in range(4)]
+    assert len({netns for netns, *_ in seen}) == len(seen), "a namespace a capable task owned was reused"
+    if os.geteuid() == 0:  # (unprivileged, the task's user namespace is nested inside the one owning it)
+        for _, owner, own, outcome in seen:
+            assert owner == own and outcome == "bound", seen

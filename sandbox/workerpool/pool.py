@@ -59,10 +59,12 @@ class WorkerPool(Executor):
     caller: no memory, secret or thread of the caller reaches it) starts once
     in a sandbox of `spec`'s root with the interpreter's standard library and
     site directories bound read-only, imports `preload`, and forks one
-    sandbox per task: new user, mount, pid, ipc, uts and loopback-only network
-    namespaces, fresh tmpfs for every Tmpfs of the Spec and for /dev/shm, its
-    own /proc, the root read-only, capabilities dropped, NO_NEW_PRIVS, and
-    the Spec's seccomp, Landlock and limits. Nothing one task writes is seen
+    sandbox per task: new user, mount, pid, ipc and uts namespaces, a
+    loopback-only network namespace leased from the pool's own supply (used
+    again only if the last task left nothing in it; a fresh one when the
+    Spec keeps a network capability), fresh tmpfs for every Tmpfs of the
+    Spec and for /dev/shm, its own /proc, the root read-only, capabilities
+    dropped, NO_NEW_PRIVS, and the Spec's seccomp, Landlock and limits. Nothing one task writes is seen
     by another, except through a writable bind of the Spec.
 
     `submit(fn, *args, **kwargs)` returns a TaskFuture (its `stdout` and

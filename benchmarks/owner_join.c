@@ -1,5 +1,5 @@
-/* owner_join.c: a proof, and the cost, of a WorkerPool lease design that
- * needs no capability in the zygote (issue 26 item 2; not used by the package).
+/* owner_join.c: a proof, and the cost, of the WorkerPool's lease design,
+ * which needs no capability in the zygote (issue 26 item 2; standalone).
  *
  *     gcc -O2 -D_FORTIFY_SOURCE=2 -o /tmp/owner_join benchmarks/owner_join.c
  *     /tmp/owner_join          # three tasks, each checking what it can and cannot do
@@ -27,10 +27,9 @@
  * task longjmps back into the zygote's frame, as if fork() had returned 0
  * (to a higher stack address: _FORTIFY_SOURCE's longjmp check passes). T
  * is a child of Q: the task has no capability over N (it cannot set lo's
- * flags, nor join N or Q again). What the package would still need: that
- * factory in the zygote's sandbox, the caller's NetnsPool adopting it (its
- * checks on release unchanged), the lease fds per task in SPAWN and per
- * spare in its slot, and sbx_fork_sandbox taking them. */
+ * flags, nor join N or Q again). The package does this now: the factory
+ * is sandbox/workerpool/nsfactory.py, the caller's NetnsPool adopts it
+ * (slots.py), and sbx_fork_sandbox_ns (csrc/forksandbox.c) joins a lease. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -5,7 +5,9 @@ imported returns a small value. The WorkerPool imports them once in its zygote
 (preload) and forks a sandbox per task; the others start `python -I -c 'import
 json,asyncio,subprocess'` each time, under bwrap with the same mounts (the
 Spec's plus the interpreter's, read-only), under sandbox.run (native), and
-bare. Variants run interleaved in one process (round-robin), so machine noise
+bare; and the WorkerPool once more with every task in a fresh network
+namespace (SANDBOX_WORKERPOOL_NETNS_POOL=0) rather than one leased from the
+pool's own supply. Variants run interleaved in one process (round-robin), so machine noise
 hits them alike; the table reports median and p99 in ms and each median as a
 ratio to bwrap's. Then tasks per second with 2 callers (threads submitting
 and waiting back to back), and for pool.map over many tasks; and where a
@@ -36,6 +38,7 @@ from collections.abc import Callable
 
 import sandbox
 from sandbox.workerpool.interpreter import zygote_spec
+from sandbox.workerpool.pool import LEASE_ENV
 
 if __package__:
     from .timing import calls_per_second, measure, p99
@@ -75,7 +78,7 @@ def bwrap_args(spec: sandbox.Spec) -> list[str]:
     return [*args, "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--chdir", "/"]
 
 
-def variants(pool: sandbox.WorkerPool, no_spares: sandbox.WorkerPool,
+def variants(pool: sandbox.WorkerPool, no_spares: sandbox.WorkerPool, fresh: sandbox.WorkerPool,
              spec: sandbox.Spec) -> dict[str, Callable[[], object]]:
     """name -> one run of the work."""
     argv = [sys.executable, "-I", "-c", CODE]
@@ -83,6 +86,7 @@ def variants(pool: sandbox.WorkerPool, no_spares: sandbox.WorkerPool,
     out: dict[str, Callable[[], object]] = {
         "WorkerPool task (preloaded, spares=2)": lambda: pool.submit(small_task).result(),
         "WorkerPool task (preloaded, spares=0)": lambda: no_spares.submit(small_task).result(),
+        "WorkerPool task (spares=2, a fresh netns per task)": lambda: fresh.submit(small_task).result(),
         "sandbox.run python -c (native)": lambda: sandbox.run(argv, full, backend="native", check=True),
         "bare python -c": lambda: subprocess.run(argv, check=True),
     }
@@ -91,6 +95,15 @@ def variants(pool: sandbox.WorkerPool, no_spares: sandbox.WorkerPool,
         args = [bwrap, *bwrap_args(full), *argv]
         out["bwrap + python -c (same mounts)"] = lambda: subprocess.run(args, check=True)
     return out
+
+
+def fresh_netns_pool(spec: sandbox.Spec) -> sandbox.WorkerPool:
+    """A WorkerPool like the default one whose tasks each make a fresh network namespace (as before leases)."""
+    os.environ[LEASE_ENV] = "0"
+    try:
+        return sandbox.WorkerPool(spec, preload=PRELOAD, max_workers=4)
+    finally:
+        del os.environ[LEASE_ENV]
 
 
 def sustained(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> float:
@@ -203,11 +216,12 @@ def main() -> int:
           f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
     spec = sandbox.Spec(mounts=MOUNTS)
     with sandbox.WorkerPool(spec, preload=PRELOAD, max_workers=4) as pool, \
-            sandbox.WorkerPool(spec, preload=PRELOAD, max_workers=4, spares=0) as no_spares:
-        times = measure(variants(pool, no_spares, spec), args.n, warmup=5)
+            sandbox.WorkerPool(spec, preload=PRELOAD, max_workers=4, spares=0) as no_spares, \
+            fresh_netns_pool(spec) as fresh:
+        times = measure(variants(pool, no_spares, fresh, spec), args.n, warmup=5)
         print(table(times))
         print()
-        for name, p in (("spares=2", pool), ("spares=0", no_spares)):
+        for name, p in (("spares=2", pool), ("spares=0", no_spares), ("spares=2, fresh netns", fresh)):
             cpu = cpu_per_task(p, args.seconds)
             print(f"{name}: sustained, 2 callers: {cpu['tasks/s']:.0f} tasks/s; "
                   f"pool.map of 1000 tasks (max_workers=4): {mapped(p, 1000):.0f} tasks/s")

@@ -277,7 +277,8 @@ static void setup_world(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
     sbx_setup_filesystem(c);
-    if (h->ns & SBX_NS_NET)
+    /* a forked task's leased netns is up already, and not the task's to change */
+    if ((h->ns & SBX_NS_NET) && !(c->mode == &SBX_MODE_FORK && c->in.join_netns_fd >= 0))
         sbx_loopback_up(c);
     if (h->n_listen)
         sbx_make_listeners(c);

@@ -39,6 +39,7 @@
 #include <fcntl.h>
 #include <linux/sched.h>
 #include <sched.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,8 @@ static void fork_start(struct sbx_ctx *c)
     if (c->in.spawner_fd >= 0)
         close(c->in.spawner_fd);
     unsigned long others = sbx_clone_flags(h->ns) & ~(unsigned long)CLONED_NS;
+    if (c->in.join_netns_fd >= 0) /* joined at the clone (clone_joined): lo is up, and not ours to touch */
+        others &= ~(unsigned long)CLONE_NEWNET;
     if (others && unshare((int)others) < 0)
         sbx_fail(c, SBX_STEP_CLONE, -1, errno, SBX_D_NONE);
 }
@@ -151,10 +154,16 @@ static int count_detached(const struct sbx_header *h, const struct sbx_op *ops)
     return n;
 }
 
-static pid_t clone_task(unsigned long flags)
+static unsigned long tid_address(void)
 {
     unsigned long tid_addr = 0;
-    if (prctl(PR_GET_TID_ADDRESS, &tid_addr, 0, 0, 0) < 0)
+    return prctl(PR_GET_TID_ADDRESS, &tid_addr, 0, 0, 0) < 0 ? 0 : tid_addr;
+}
+
+static pid_t clone_task(unsigned long flags)
+{
+    unsigned long tid_addr = tid_address();
+    if (!tid_addr)
         return -1;
     struct clone_args args;
     memset(&args, 0, sizeof args);
@@ -162,6 +171,70 @@ static pid_t clone_task(unsigned long flags)
     args.child_tid = tid_addr;
     args.exit_signal = SIGCHLD;
     return (pid_t)syscall(SYS_clone3, &args, sizeof args);
+}
+
+/* A task in a leased network namespace N (a WorkerPool's own supply,
+ * sandbox/netpool with an adopted factory): N is owned by a user namespace
+ * Q that a process of the zygote's sandbox made with the zygote's euid, so
+ * the zygote, capability-free in its own user namespace Z (Q's parent), has
+ * every capability in Q (the kernel's owner rule) and may setns() into Q
+ * and N; a multithreaded or shared-fs process may not enter a user
+ * namespace, and the zygote must stay where it is, so a CLONE_VM|CLONE_VFORK
+ * joiner does it and clones the task from there, with CLONE_PARENT (the
+ * zygote's child, SIGCHLD as the joiner's) and a new user namespace T, a
+ * child of Q: the task holds no capability over N (lo, routes, sysctls stay
+ * as the pool made them) and cannot setns() into it, nor into Q, again.
+ * The task is a copy of the zygote's memory as the joiner shares it: it
+ * longjmps back into sbx_fork_sandbox_ns's frame (on the zygote's stack,
+ * above the joiner's mmapped one, as _FORTIFY_SOURCE's longjmp check wants)
+ * and returns 0 from there, as a fork would. benchmarks/owner_join.c is the
+ * standalone proof and its cost (~0.2 ms of CPU against ~0.6 fresh). */
+struct fork_joiner {
+    int userns_fd, netns_fd;
+    unsigned long flags, tid_addr;
+    pid_t pid;
+    int err, step;
+    jmp_buf back;
+};
+
+static int joiner_main(void *arg)
+{
+    struct fork_joiner *j = arg;
+    j->step = SBX_STEP_JOIN_NETNS;
+    if (setns(j->userns_fd, CLONE_NEWUSER) < 0 || setns(j->netns_fd, CLONE_NEWNET) < 0) {
+        j->err = errno;
+        _exit(0);
+    }
+    struct clone_args args;
+    memset(&args, 0, sizeof args); /* exit_signal 0: CLONE_PARENT takes the joiner's (SIGCHLD) */
+    args.flags = j->flags | CLONE_PARENT | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID;
+    args.child_tid = j->tid_addr;
+    long pid = syscall(SYS_clone3, &args, sizeof args);
+    if (pid == 0)
+        longjmp(j->back, 1);
+    j->step = SBX_STEP_CLONE;
+    j->err = pid < 0 ? errno : 0;
+    j->pid = (pid_t)pid;
+    _exit(0);
+}
+
+/* The joiner's part, in the zygote: (the task's pid, or -1 with j->step and
+ * errno set). */
+static pid_t clone_joined(struct fork_joiner *j)
+{
+    j->pid = -1;
+    j->err = 0;
+    j->step = SBX_STEP_CLONE;
+    j->tid_addr = tid_address();
+    if (!j->tid_addr)
+        return -1;
+    pid_t joiner = sbx_clone_vm(joiner_main, j, 0, SBX_CHILD_STACK);
+    if (joiner < 0)
+        return -1;
+    while (waitpid(joiner, NULL, 0) < 0 && errno == EINTR)
+        ;
+    errno = j->err;
+    return j->pid;
 }
 
 static int fail_early(struct sbx_result *res, int step, int err)
@@ -181,6 +254,13 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
                         const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup,
                         struct sbx_result *res)
 {
+    return sbx_fork_sandbox_ns(blob, len, stdio, pass_fds, n_pass, trees, n_trees, cgroup_fds, n_cgroup, NULL, res);
+}
+
+int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                        const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
+                        struct sbx_result *res)
+{
     memset(res, 0, sizeof *res);
     res->pid = -1;
     res->status_fd = -1;
@@ -191,8 +271,9 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
     const struct sbx_header *h = blob;
     const struct sbx_op *ops = (const void *)((const char *)blob + h->ops_off);
     const char *newroot = (const char *)blob + h->newroot;
+    int joined = join_ns && join_ns[1] >= 0;
     if ((h->opts & SBX_OPT_REAPER) || h->n_listen || count_detached(h, ops) != n_trees ||
-        newroot[0] != '/' || newroot[1] != 0)
+        newroot[0] != '/' || newroot[1] != 0 || (joined && (join_ns[0] < 0 || !(h->ns & SBX_NS_NET))))
         return fail_early(res, SBX_STEP_CONFIG, EINVAL);
     int errp[2];
     if (sbx_high_pipe(errp) < 0)
@@ -207,6 +288,8 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
     in.cgroup_fds = cgroup_fds;
     in.n_cgroup = n_cgroup > 0 && cgroup_fds ? n_cgroup : 0;
     in.err_fd = errp[1];
+    in.join_userns_fd = joined ? join_ns[0] : -1;
+    in.join_netns_fd = joined ? join_ns[1] : -1;
     in.src_fds = malloc((h->n_ops + 1) * sizeof *in.src_fds);
     if (!in.src_fds) {
         close(errp[0]);
@@ -221,7 +304,15 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
-    pid_t pid = clone_task(sbx_clone_flags(h->ns) & CLONED_NS);
+    unsigned long flags = sbx_clone_flags(h->ns) & CLONED_NS;
+    struct fork_joiner j = {.userns_fd = in.join_userns_fd, .netns_fd = in.join_netns_fd, .flags = flags};
+    pid_t pid;
+    if (!joined)
+        pid = clone_task(flags);
+    else if (setjmp(j.back) == 0)
+        pid = clone_joined(&j);
+    else
+        pid = 0; /* the task, back from joiner_main */
     if (pid == 0) {
         close(errp[0]);
         sbx_child_steps(&c);
@@ -238,7 +329,7 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
     close(errp[1]);
     if (pid < 0) {
         close(errp[0]);
-        return fail_early(res, SBX_STEP_CLONE, clone_err);
+        return fail_early(res, joined ? j.step : SBX_STEP_CLONE, clone_err);
     }
     res->pid = pid;
     res->status_fd = errp[0];

@@ -284,6 +284,19 @@ int sbx_fork_sandbox_cg(const void *blob, size_t len, const int stdio[3], const 
                         const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup,
                         struct sbx_result *res);
 
+/* sbx_fork_sandbox_cg() in a leased network namespace: join_ns = {userns
+ * fd, netns fd}, the namespace and the user namespace that owns it, which
+ * must be a child of the caller's own made by its euid (a WorkerPool's
+ * supply: the caller holds every capability there without holding any
+ * itself). The task's user namespace is made inside that owner, so it holds
+ * no capability over the namespace: lo is not brought up (it must be up).
+ * join_ns NULL or {-1, -1}: a fresh one, as sbx_fork_sandbox_cg. A failure
+ * to join is SBX_STEP_JOIN_NETNS. The fds stay the caller's (the task does
+ * not keep them). */
+int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                        const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
+                        struct sbx_result *res);
+
 /* The end of a forked child's setup: reads its report from report_fd (from
  * sbx_fork_sandbox's res->status_fd; blocks until the child is ready or dead)
  * and closes it. 0 if the child is ready (res->landlock_abi and its timing

@@ -19,6 +19,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import NetnsPoolError
@@ -146,3 +147,57 @@ class _Factory:
             self.userns_fd = None
         if self.proc.stderr is not None:
             self.proc.stderr.close()
+
+
+class _AdoptedFactory(_Factory):
+    """A factory another process started, handed over as its channel: a
+    WorkerPool's zygote forks one inside its sandbox (workerpool/zygote.py),
+    so that the user namespace owning the namespaces is a child of the
+    zygote's, which may then join them without a capability. It speaks the
+    same protocol, in "userns" mode; it is not ours to wait for (its parent
+    reaps it): EOF on the channel ends it."""
+
+    def __init__(self, chan: socket.socket) -> None:  # noqa: super().__init__ would start a process
+        self.mode = "userns"
+        self.userns_fd = None
+        self.chan = chan
+        self.gone = False
+        chan.settimeout(_FACTORY_TIMEOUT)
+        try:
+            self._handshake()
+        except BaseException:
+            self.close()
+            raise
+
+    def _why(self, msg: bytes) -> str:
+        return msg.decode(errors="replace") if msg else "it exited"
+
+    def alive(self) -> bool:
+        return not self.gone
+
+    def close(self) -> None:
+        self.gone = True
+        self.forget()
+
+    def forget(self) -> None:
+        self.chan.close()
+        if self.userns_fd is not None:
+            os.close(self.userns_fd)
+            self.userns_fd = None
+
+
+def adopted(chan: socket.socket) -> Callable[[], _Factory]:
+    """A NetnsPool's `factory` for the factory at the other end of `chan`:
+    it starts once (its handshake, on first use); once it is gone no other
+    is started (a factory of our own would make namespaces the adopter's
+    tenants cannot join)."""
+    taken = False
+
+    def start() -> _Factory:
+        nonlocal taken
+        if taken:
+            raise NetnsPoolError("the adopted namespace factory is gone")
+        taken = True
+        return _AdoptedFactory(chan)
+
+    return start

@@ -19,6 +19,7 @@ import struct
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,17 +86,23 @@ class NetnsPool:
     (needs root), "userns" makes them inside a user namespace the caller
     owns (works unprivileged; also as root), "auto" picks "init" for root.
 
+    `factory`: what starts the factory (factory.adopted: one another process
+    started and handed over, in "userns" mode, whose user namespace then
+    owns every namespace; `owner` is ignored); default: a process of ours.
+
     With `refill`, a low-priority background thread makes the namespaces
     (the first ones too: see `wait_filled`) and replaces destroyed ones;
     without it the constructor fills the pool in the calling thread and
     only `fill()` replaces destroyed ones.
     """
 
-    def __init__(self, size: int = 8, *, refill: bool = True, owner: str = "auto") -> None:
+    def __init__(self, size: int = 8, *, refill: bool = True, owner: str = "auto",
+                 factory: Callable[[], _Factory] | None = None) -> None:
         if size < 0:
             raise ValueError("size must be >= 0")
         self.size = size
-        self.owner = _resolve_owner(owner)
+        self.owner = "userns" if factory is not None else _resolve_owner(owner)
+        self._start_factory = factory or (lambda: _Factory(self.owner))
         self._pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
         self._idle: collections.deque[_Netns] = collections.deque()
@@ -129,7 +136,7 @@ class NetnsPool:
             self._factory.close()
             self._factory = None
         if self._factory is None:
-            self._factory = _Factory(self.owner)
+            self._factory = self._start_factory()
             with self._cond:
                 self._stats.factory_starts += 1
         return self._factory

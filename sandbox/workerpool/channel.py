@@ -5,7 +5,13 @@ zygote (loaded by path: it imports no part of the `sandbox` package), whose
 forked tasks run run_task() or spare_main().
 
 Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
-a u32 length, a JSON body of that length; fds travel with SCM_RIGHTS.
+a format byte, a u32 length, a body of that length; fds travel with
+SCM_RIGHTS. The caller sends marshal (its receivers, the zygote and its
+spares, trust it), and the zygote JSON, which the caller loads (it trusts
+nothing a sandbox says more than JSON can): both because the zygote's own
+work between two forks must touch few pages (each page it writes after a
+fork is a copy-on-write fault), and marshal.loads and the small encoder
+here touch a few where json.loads and json.dumps touch dozens.
     caller -> zygote  INIT  {native, preload, path, spares, cgroups: k, slots}
                                                           fds: [task blob memfd, k cgroup.procs per slot]
                       SPAWN {id, blob?, trees: n, slot?}  fds: [result, stdout, stderr, (blob memfd), n trees,
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import array
 import json
+import marshal
 import mmap
 import os
 import socket
@@ -43,7 +50,8 @@ from typing import Any, NoReturn
 
 INIT, SPAWN, KILL, TAKEN, CGROUP = b"I", b"S", b"K", b"T", b"C"
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
-_HEADER = struct.Struct("<cI")
+_HEADER = struct.Struct("<ccI")
+MARSHAL, JSON = b"m", b"j"  # the body's format
 LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
 DIED = 0xFFFF_FFFF_FFFF_FF00  # a "length" of DIED + N: the task died of signal N
 MAX_MESSAGE = 60 * 1024
@@ -51,18 +59,43 @@ MAX_FDS = 64
 STAMPS = ("start", "child", "idmap", "mounts", "pivot", "ready", "return", "done")  # enum sbx_stamp
 
 
-def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
-    """Send one control message (its fds with SCM_RIGHTS)."""
-    data = json.dumps(body, separators=(",", ":")).encode()
-    packet = _HEADER.pack(kind, len(data)) + data
+def _json(value: Any) -> str:
+    """The JSON of a control message's value (None, bool, int, float, str,
+    list, dict with keys that need no escaping: the names in this module),
+    without the json module but for a str (an error message: rare)."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    kind = type(value)
+    if kind is int or kind is float:
+        return repr(value)
+    if kind is dict:
+        return "{" + ",".join([f'"{k}":{_json(v)}' for k, v in value.items()]) + "}"
+    if kind is list or kind is tuple:
+        return "[" + ",".join([_json(v) for v in value]) + "]"
+    return json.dumps(value)
+
+
+def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = (), *,
+         to_caller: bool = False) -> None:
+    """Send one control message (its fds with SCM_RIGHTS): marshal, or JSON
+    `to_caller` (the zygote's messages)."""
+    fmt = JSON if to_caller else MARSHAL
+    data = _json(body).encode() if to_caller else marshal.dumps(body)
+    packet = _HEADER.pack(kind, fmt, len(data)) + data
     if len(packet) > MAX_MESSAGE:
         raise ValueError(f"control message of {len(packet)} bytes is too large (at most {MAX_MESSAGE})")
     ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     sock.sendmsg([packet], ancillary)
 
 
-def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
-    """Receive one control message: (kind, body, fds), or None at EOF."""
+def recv(sock: socket.socket, *, from_caller: bool = False) -> tuple[bytes, dict[str, Any], list[int]] | None:
+    """Receive one control message: (kind, body, fds), or None at EOF. Its
+    body must be marshal `from_caller` (in the zygote and a spare), else
+    JSON (in the caller: a body in another format is refused)."""
     data, ancillary, flags, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
     fds = array.array("i")
     for level, type_, payload in ancillary:
@@ -74,8 +107,12 @@ def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
         return None
     if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(data) < _HEADER.size:
         raise ValueError("truncated control message")
-    kind, size = _HEADER.unpack_from(data)
-    return kind, json.loads(data[_HEADER.size:_HEADER.size + size]), list(fds)
+    kind, fmt, size = _HEADER.unpack_from(data)
+    expected = MARSHAL if from_caller else JSON
+    if fmt != expected:
+        raise ValueError(f"control message in format {fmt!r}, expected {expected!r}")
+    body = data[_HEADER.size:_HEADER.size + size]
+    return kind, marshal.loads(body) if from_caller else json.loads(body), list(fds)
 
 
 def read_fd(fd: int) -> bytes:
@@ -213,7 +250,7 @@ def spare_main(sock_fd: int, death_notes: Callable[[int], object]) -> NoReturn:
     zygote is left), put its stdout and stderr on 1 and 2, and run it."""
     try:
         with socket.socket(fileno=sock_fd) as sock:
-            message = recv(sock)
+            message = recv(sock, from_caller=True)
         if message is None:
             os._exit(0)  # the zygote dropped us
         _, _, (result_fd, out_fd, err_fd) = message

@@ -14,6 +14,11 @@ EOF (the kernel closes them when its pid 1 exits), or, without a reply, when
 the zygote reports how it ended. Its slot (max_workers) is freed when the
 zygote reports its end.
 
+Network namespaces (`netns`: the zygote's factory, handed over with READY):
+this side's NetnsPool adopts it and leases one namespace per slot, as for a
+cgroup below; the namespace goes back to it (checked) when the sandbox has
+ended.
+
 Cgroups (`make_cgroup`: the pool's Limits where the host gives cgroups): every
 sandbox the zygote forks enters a cgroup of its own that this side made (a
 slot: the zygote gets only its cgroup.procs fds). A SPAWN brings one; spares
@@ -79,9 +84,11 @@ class Engine:
     def __init__(self, ctl: socket.socket, zygote_stderr: int, max_workers: int, loader: ReplyLoader,
                  on_closed: Callable[[], None], make_cgroup: Callable[[], cgroups.SandboxCgroup] | None = None,
                  slots: dict[int, cgroups.SandboxCgroup] | None = None, mechanism: str = "rlimit",
-                 cpu_s: int | None = None) -> None:
+                 cpu_s: int | None = None, netns: socket.socket | None = None, spares: int = 0) -> None:
         self.ctl = ctl
         self.slots = CgroupSlots(make_cgroup, slots, mechanism, cpu_s)
+        if netns is not None:  # the namespaces in use at once: tasks, spares, the slots offered for the next
+            self.slots.adopt(netns, max_workers + 2 * spares + 2)
         self.max_workers = max_workers
         self.loader = loader
         self.on_closed = on_closed  # reaps the zygote once the thread ends
@@ -107,6 +114,9 @@ class Engine:
         self.thread = threading.Thread(target=self._run, name="WorkerPool-io", daemon=True)
         self.thread.start()
         _live.add(self)
+        if netns is not None and not slots:  # the slots of the first spares (with cgroups, INIT's)
+            for _ in range(spares):
+                self.slots.offer(ctl)
 
     # ------------------------------------------------------------ any thread
 
@@ -175,8 +185,8 @@ class Engine:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
             if task.blob is not None or body["trees"] or not self._to_spare(task, body, theirs):
-                if self.slots.make is not None:
-                    body["slot"] = task.slot = self.slots.new(theirs)
+                if self.slots.on:
+                    task.slot = self.slots.new(theirs, body)
                 ch.send(self.ctl, ch.SPAWN, body, theirs)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
             task.end.set(None, None)  # it never ran

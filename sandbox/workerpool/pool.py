@@ -20,7 +20,8 @@ from ..backends.walls import new_cgroup
 from ..capabilities import ALL, Capability, Traits
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
-from ..plan import compile_mount, compile_plan
+from ..netpool.factory import FACTORY_PATH
+from ..plan import NETWORK_CAPS, compile_mount, compile_plan
 from ..process import SandboxProcess
 from ..refusal import refusal
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
@@ -38,11 +39,14 @@ DEFAULT_MAX_REPLY = 64 * MiB
 DEFAULT_MAX_OUTPUT = 16 * MiB
 
 # A task is forked by the zygote, which the native backend starts: the native
-# backend's capabilities but the pool's network namespaces (the zygote never
-# uses its own, and each task makes a fresh one: it never leases from the pool).
+# backend's capabilities but the process-wide pool's network namespaces (the
+# zygote never uses its own, and holds no capability over that pool's owner:
+# its tasks lease from the WorkerPool's own supply, slots.py, or make a fresh one).
 TRAITS = Traits("workerpool", "a WorkerPool", ALL - {Capability.HANDED_NAMESPACES, Capability.JOIN_POOLED_NETNS},
-                because={Capability.JOIN_POOLED_NETNS: "each task makes a fresh network namespace"})
+                because={Capability.JOIN_POOLED_NETNS: "its tasks lease network namespaces from a supply of its own"})
 _POOLS = object()  # a per-task cap left to the pool's
+# Set to 0 to give every task a fresh network namespace (benchmarks/workerpool.py's "before").
+LEASE_ENV = "SANDBOX_WORKERPOOL_NETNS_POOL"
 
 
 class WorkerPool(Executor):
@@ -55,10 +59,12 @@ class WorkerPool(Executor):
     caller: no memory, secret or thread of the caller reaches it) starts once
     in a sandbox of `spec`'s root with the interpreter's standard library and
     site directories bound read-only, imports `preload`, and forks one
-    sandbox per task: new user, mount, pid, ipc, uts and loopback-only network
-    namespaces, fresh tmpfs for every Tmpfs of the Spec and for /dev/shm, its
-    own /proc, the root read-only, capabilities dropped, NO_NEW_PRIVS, and
-    the Spec's seccomp, Landlock and limits. Nothing one task writes is seen
+    sandbox per task: new user, mount, pid, ipc and uts namespaces, a
+    loopback-only network namespace leased from the pool's own supply (used
+    again only if the last task left nothing in it; a fresh one when the
+    Spec keeps a network capability), fresh tmpfs for every Tmpfs of the
+    Spec and for /dev/shm, its own /proc, the root read-only, capabilities
+    dropped, NO_NEW_PRIVS, and the Spec's seccomp, Landlock and limits. Nothing one task writes is seen
     by another, except through a writable bind of the Spec.
 
     `submit(fn, *args, **kwargs)` returns a TaskFuture (its `stdout` and
@@ -127,8 +133,9 @@ class WorkerPool(Executor):
         # the first fork (the check) and each spare wanted take a cgroup made ahead
         slots = {n: make_cgroup() for n in range(1, max(1, spares) + 1)} if make_cgroup is not None else {}
         try:
-            ctl, zstderr, self._zygote = _start_zygote(zygote, self._task_blob, list(preload), spares,
-                                                       startup_timeout, slots, python)
+            ctl, zstderr, self._zygote, netns = _start_zygote(zygote, self._task_blob, list(preload), spares,
+                                                              startup_timeout, slots, _leases(self._task_plan, spec),
+                                                              python)
         except BaseException:
             for cgroup in slots.values():
                 cgroup.close_fds()
@@ -137,7 +144,8 @@ class WorkerPool(Executor):
         self._engine = Engine(ctl, zstderr, max_workers, ReplyLoader(trust_results, result_types),
                               on_closed=_reaper(self._zygote), make_cgroup=make_cgroup, slots=slots,
                               mechanism=self._task_plan.limits_mechanism,
-                              cpu_s=dict(self._task_plan.rlimits).get(resource.RLIMIT_CPU))
+                              cpu_s=dict(self._task_plan.rlimits).get(resource.RLIMIT_CPU), netns=netns,
+                              spares=spares)
         self._engine.task_blob = self._task_blob
         self._finalizer = weakref.finalize(self, self._engine.shutdown, False)
 
@@ -211,6 +219,13 @@ class WorkerPool(Executor):
         task.blob = serialize(with_task_binds(self._task_plan, kept), "/")
 
 
+def _leases(task_plan: Any, spec: S.Spec) -> bool:
+    """Whether the tasks run in namespaces leased from the pool's own supply:
+    when they get a loopback-only one, and keep no network capability (which
+    works only in a namespace of their own: its owner is theirs)."""
+    return bool(task_plan.net_ns) and not NETWORK_CAPS & set(spec.cap_add) and os.environ.get(LEASE_ENV) != "0"
+
+
 def _check_cap(name: str, value: object) -> int | None:
     """A cap in bytes: a positive int, or None for none."""
     if value is None:
@@ -229,10 +244,11 @@ def _cgroup_maker(limits: cgroups.CgroupLimits | None) -> Callable[[], cgroups.S
 
 
 def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: int, startup_timeout: float,
-                  slots: Mapping[int, cgroups.SandboxCgroup], python: str = sys.executable,
-                  ) -> tuple[socket.socket, int, SandboxProcess]:
+                  slots: Mapping[int, cgroups.SandboxCgroup], net_ns: bool, python: str = sys.executable,
+                  ) -> tuple[socket.socket, int, SandboxProcess, socket.socket | None]:
     """Start the zygote through the native backend, send INIT (with the cgroups
-    of `slots`: their cgroup.procs fds, closed here once sent), wait for READY."""
+    of `slots`: their cgroup.procs fds, closed here once sent), wait for READY;
+    with `net_ns`, READY brings the channel of its namespace factory."""
     ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -255,7 +271,8 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
             os.write(blob_fd, task_blob)
             per_slot = [len(c.procs_fds) for c in slots.values()]
             ch.send(ctl, ch.INIT, {"native": _native_path(), "preload": preload, "path": [CLOUDPICKLE_ROOT],
-                                 "spares": spares, "cgroups": per_slot[0] if per_slot else 0, "slots": list(slots)},
+                                 "spares": spares, "cgroups": per_slot[0] if per_slot else 0, "slots": list(slots),
+                                 "netns": str(FACTORY_PATH) if net_ns else None},
                     [blob_fd, *(fd for c in slots.values() for fd in c.procs_fds)])
         finally:
             os.close(blob_fd)
@@ -272,6 +289,13 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
         if message is None or message[0] != ch.READY:
             detail = message[1].get("message", "") if message is not None else _drain(err_r)
             raise SandboxError(f"the WorkerPool's zygote failed to start:\n{detail.strip()}")
+        factory = None
+        for fd in message[2]:  # received without close-on-exec: set it before anything is spawned
+            os.set_inheritable(fd, False)
+        if message[1].get("netns") and message[2]:
+            factory = socket.socket(fileno=message[2].pop(0))
+        for fd in message[2]:
+            os.close(fd)
     except BaseException as exc:
         ctl.close()
         proc.kill()
@@ -280,7 +304,7 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
         if isinstance(exc, (TimeoutError, OSError)) and not isinstance(exc, SandboxError):
             raise BrokenWorkerPool(f"the WorkerPool's zygote did not start: {exc}") from exc
         raise
-    return ctl, err_r, proc
+    return ctl, err_r, proc, factory
 
 
 def _native_path() -> str:

@@ -27,13 +27,23 @@ topped up), and the child writes "0" into those fds as its first step
 that the caller reads the usage of the right cgroup and removes it. Without
 a free slot no spare is forked.
 
+Network namespaces (the task plan's own, loopback only): with `netns` in
+INIT the zygote first forks a namespace factory (sandbox/netpool's
+_factory_main, run in a child of its own: it makes a user namespace Q, a
+child of the zygote's, and loopback-only namespaces owned by Q) and hands
+its channel to the caller with READY; the caller's NetnsPool adopts it,
+checks every namespace it makes and every one a task gave back, and leases
+one per slot: a slot then carries a namespace and Q's fd (`ns`: 2 fds after
+its cgroup.procs), which the fork joins (sbx_fork_sandbox_ns) instead of
+making a fresh one. A slot without them (INIT's, or when the supply failed)
+gets a fresh namespace as before.
+
 The messages and the task's side are channel.py's (loaded here by path).
 """
 
 from __future__ import annotations
 
 import math
-import mmap
 import os
 import socket
 import sys
@@ -43,50 +53,45 @@ from typing import Any
 QUIET = 0.005  # seconds without a spare taken before the zygote forks the next (it competes for the CPU)
 
 
-def _channel() -> ModuleType:
-    """channel.py: a sibling module, or, when this runs as the zygote's script, loaded by path."""
-    if __package__:
-        from . import channel
-
-        return channel
+def load(path: str, name: str) -> ModuleType:
+    """The module in the file `path` (stdlib only), loaded by path as `name`."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_sandbox_workerpool_channel",
-                                                  os.path.join(os.path.dirname(__file__), "channel.py"))
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-C = _channel()
+def _sibling(name: str) -> ModuleType:
+    """A sibling module (channel, nsfactory), or, when this runs as the zygote's script, loaded by path."""
+    if __package__:
+        import importlib
+
+        return importlib.import_module(f"{__package__}.{name}")
+    return load(os.path.join(os.path.dirname(__file__), f"{name}.py"), f"_sandbox_workerpool_{name}")
+
+
+C = _sibling("channel")
 INIT, SPAWN, KILL, TAKEN, CGROUP = C.INIT, C.SPAWN, C.KILL, C.TAKEN, C.CGROUP
 READY, ERROR, SPARE, STARTED, FAILED, EXITED = C.READY, C.ERROR, C.SPARE, C.STARTED, C.FAILED, C.EXITED
-send, recv, read_fd, map_fd, run_task, spare_main = C.send, C.recv, C.read_fd, C.map_fd, C.run_task, C.spare_main
+read_fd, map_fd, run_task, spare_main = C.read_fd, C.map_fd, C.run_task, C.spare_main
 
 
-# ctypes' counterparts of the cdef's scalar types (every pointer is a c_void_p)
-CTYPES_SCALARS = {"int": "c_int", "unsigned int": "c_uint", "size_t": "c_size_t", "uint32_t": "c_uint32",
-                  "int32_t": "c_int32", "uint64_t": "c_uint64", "int64_t": "c_int64"}
+def send(sock: socket.socket, kind: bytes, body: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+    """A message to the caller (JSON)."""
+    C.send(sock, kind, body, fds, to_caller=True)
 
 
-def ctypes_prototype(ffi: Any, func: Any) -> tuple[Any, list[Any]]:
-    """The ctypes restype and argtypes of `func`, a function of the C core,
-    derived from its cffi type: the cdef (csrc/sandbox.h) is its one
-    definition. (The fork is called through ctypes.PyDLL, which keeps the
-    GIL across the call as os.fork() does; cffi releases it around every
-    call.)"""
-    import ctypes
+def recv(sock: socket.socket) -> tuple[bytes, dict[str, Any], list[int]] | None:
+    """A message from the caller (marshal)."""
+    result: tuple[bytes, dict[str, Any], list[int]] | None = C.recv(sock, from_caller=True)
+    return result
 
-    def one(ctype: Any) -> Any:
-        if ctype.kind == "pointer":
-            return ctypes.c_void_p
-        if ctype.cname not in CTYPES_SCALARS:
-            raise TypeError(f"{ffi.typeof(func).cname}: no ctypes counterpart for {ctype.cname}")
-        return getattr(ctypes, CTYPES_SCALARS[ctype.cname])
 
-    kind = ffi.typeof(func)
-    return one(kind.result), [one(arg) for arg in kind.args]
+F = _sibling("forkcall")
+ctypes_prototype = F.ctypes_prototype
 
 
 # ---------------------------------------------------------------- the zygote
@@ -116,18 +121,27 @@ class Zygote:
         self.spares_failed = False  # a spare's setup failed: fork per task from now on
         self.last_taken = 0.0  # monotonic time of the last TAKEN
         self.per_slot = 0  # cgroup.procs fds per slot (0: no cgroups)
-        self.free: list[tuple[int, list[int]]] = []  # slots for the next forks: (id, cgroup.procs fds)
+        self.slotted = False  # every fork takes a slot (cgroups, or leased network namespaces)
+        self.free: list[tuple[int, list[int], list[int]]] = []  # slots for the next forks: (id, cgroup.procs
+        # fds, [userns, netns] fds of a leased network namespace or [])
+        self.factory_pid = 0  # the network namespace factory's pid (0: none)
+        self.factory_pidfd = -1
         import select
 
         self.POLLIN = select.POLLIN
         self.poll = select.poll()  # no fd of its own, unlike epoll: nothing for a task to inherit
 
     def init(self, body: dict[str, Any], fds: list[int]) -> None:
-        """Load the C core, import `preload`, check that no thread was started."""
-        import ctypes
+        """Start the namespace factory, load the C core, import `preload`,
+        check that no thread was started."""
         import gc
         import importlib
         import importlib.util
+
+        if body.get("netns"):  # first: a small process, none of the preload
+            program = load(body["netns"], "_sandbox_netns_factory")
+            self.factory, self.factory_pid = _sibling("nsfactory").start(program)
+            self.factory_pidfd = os.pidfd_open(self.factory_pid)
 
         for entry in body.get("path", []):
             if entry not in sys.path:
@@ -137,17 +151,14 @@ class Zygote:
         native = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(native)
         self.ffi, self.lib = native.ffi, native.lib
-        # sbx_fork_sandbox is called with the GIL held, as os.fork() calls
-        # fork(): cffi would release it across the clone. PyDLL keeps it.
-        self.fork_c = ctypes.PyDLL(body["native"]).sbx_fork_sandbox_cg
-        self.fork_c.restype, self.fork_c.argtypes = ctypes_prototype(self.ffi, self.lib.sbx_fork_sandbox_cg)
-        self.api = ctypes.pythonapi
         self.blob = read_fd(fds[0])
         self.per_slot = int(body.get("cgroups", 0))
+        self.slotted = bool(self.per_slot or body.get("netns"))
         for slot in body.get("slots", []):
             self.add_slot(slot, fds[1:1 + self.per_slot])
             del fds[1:1 + self.per_slot]
         self.spare_target = int(body.get("spares", 0))
+        self.fork = F.ForkCall(self.ffi, self.lib, body["native"], self.blob, self.per_slot)
         import pickle  # noqa: F401
         import traceback  # noqa: F401
 
@@ -170,59 +181,39 @@ class Zygote:
         """In a task: say on `fd` which signal ends it (see sbx_task_death_notes)."""
         self.lib.sbx_task_death_notes(fd, C.DIED)
 
-    def addr(self, cdata: Any) -> int:
-        return int(self.ffi.cast("uintptr_t", cdata))
+    def add_slot(self, slot: int, fds: list[int], ns_fds: list[int] | None = None) -> None:
+        """A slot the caller made for a later fork (INIT, CGROUP, or a SPAWN
+        that took a spare): its cgroup.procs fds, and a leased namespace's."""
+        self.free.append((slot, list(fds), list(ns_fds or [])))
 
-    def add_slot(self, slot: int, fds: list[int]) -> None:
-        """A cgroup the caller made for a later fork (INIT, CGROUP, or a SPAWN that took a spare)."""
-        self.free.append((slot, list(fds)))
-
-    def take_slot(self) -> tuple[int | None, list[int]]:
-        """A free slot for the next fork ((None, []) when cgroups are off)."""
-        return self.free.pop(0) if self.per_slot else (None, [])
-
-    def fork(self, blob: bytes | mmap.mmap, stdio: list[int], keep: list[int], trees: list[int],
-             cgroup_fds: list[int]) -> tuple[int, Any]:
-        """sbx_fork_sandbox_cg, between CPython's before- and after-fork hooks
-        (the task's random is reseeded there, as after os.fork())."""
-        ffi = self.ffi
-        res = ffi.new("struct sbx_result *")
-        c_blob = ffi.from_buffer(blob)
-        c_stdio = ffi.new("int[3]", stdio)
-        c_keep = ffi.new("int[]", keep or [0])
-        c_trees = ffi.new("int[]", trees or [0])
-        c_cg = ffi.new("int[]", cgroup_fds or [0])
-        self.api.PyOS_BeforeFork()
-        pid = self.fork_c(self.addr(c_blob), len(blob), self.addr(c_stdio), self.addr(c_keep), len(keep),
-                          self.addr(c_trees), len(trees), self.addr(c_cg), len(cgroup_fds), self.addr(res))
-        if pid == 0:
-            self.api.PyOS_AfterFork_Child()
-        else:
-            self.api.PyOS_AfterFork_Parent()
-            ffi.release(c_blob)  # a mapped plan can be unmapped now
-        return pid, res
+    def take_slot(self) -> tuple[int | None, list[int], list[int]]:
+        """A free slot for the next fork ((None, [], []) without one, unless
+        the forks need cgroups: then there always is one)."""
+        return self.free.pop(0) if self.free or self.per_slot else (None, [], [])
 
     def spawn(self, body: dict[str, Any], fds: list[int]) -> None:
         """Fork the task of a SPAWN message (in the task, run it: never
         returns). Its setup goes on while the zygote serves: its report fd is
         watched."""
         slot = body.get("slot")
-        cg_fds = fds[len(fds) - self.per_slot:] if slot is not None else []
-        fds = fds[:len(fds) - len(cg_fds)]
+        n_slot = self.per_slot + int(body.get("ns", 0)) if slot is not None else 0
+        slot_fds = fds[len(fds) - n_slot:]
+        cg_fds, ns_fds = slot_fds[:self.per_slot], slot_fds[self.per_slot:]
+        fds = fds[:len(fds) - n_slot]
         result_fd, out_fd, err_fd, *rest = fds
         if not body.get("blob") and not body.get("trees"):
             pending = next((c for c in self.setting_up.values() if c.task_id is None and c.claim is None), None)
             if pending is not None:  # a spare is being set up: take it rather than fork twice
                 pending.claim = (body, fds)
-                if slot is not None:  # the task runs in the spare's cgroup: this one waits for a later fork
-                    self.add_slot(slot, cg_fds)
+                if slot is not None:  # the task runs in the spare's slot: this one waits for a later fork
+                    self.add_slot(slot, cg_fds, ns_fds)
                 return
         own_plan = map_fd(rest.pop(0)) if body.get("blob") else None
         trees, rest = rest[:body.get("trees", 0)], rest[body.get("trees", 0):]
-        rest += cg_fds
+        rest += slot_fds
         try:
-            pid, res = self.fork(self.blob if own_plan is None else own_plan, [-1, out_fd, err_fd], [result_fd],
-                                 trees, cg_fds)
+            pid, res = self.fork(self.blob if own_plan is None else own_plan, [-1, out_fd, err_fd], result_fd,
+                                 trees, cg_fds, ns_fds)
             if pid == 0:
                 self.ctl.detach()  # its fd is closed in the task; the object must not close another
                 run_task(result_fd, self.death_notes)
@@ -251,17 +242,17 @@ class Zygote:
     def make_spare(self) -> tuple[Child | None, Any]:
         """Fork a sandbox ahead of its task (the pool's plan), waiting on a
         socket: (its Child, setting up; or None if the clone failed, res)."""
-        slot, cg_fds = self.take_slot()
+        slot, cg_fds, ns_fds = self.take_slot()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            pid, res = self.fork(self.blob, [-1, -1, -1], [theirs.fileno()], [], cg_fds)
+            pid, res = self.fork(self.blob, [-1, -1, -1], theirs.fileno(), [], cg_fds, ns_fds)
             if pid == 0:
                 self.ctl.detach()
                 mine.detach()
                 spare_main(theirs.detach(), self.death_notes)
         finally:
             theirs.close()
-            for fd in cg_fds:
+            for fd in cg_fds + ns_fds:
                 os.close(fd)
         if pid < 0:
             mine.close()
@@ -316,7 +307,7 @@ class Zygote:
         child.task_id = body["id"]
         self.tasks[child.task_id] = child
         try:
-            send(child.sock, SPAWN, {}, fds)
+            C.send(child.sock, SPAWN, {}, fds)  # to the spare: marshal, as from the caller
         except OSError:
             pass  # it died meanwhile: its end is the task's
         finally:
@@ -393,13 +384,27 @@ class Zygote:
         self.watch(child)
         return child, res
 
+    def fill_spares(self) -> None:
+        """Fork every spare wanted (and with a slot), back to back: the pages
+        the loop writes between two forks are copied (a fault each) once per
+        interval, so two forks in one interval cost half as many."""
+        while self.missing()[0] and self.make_spare()[0] is not None:
+            pass
+
+    def missing(self) -> tuple[int, int]:
+        """(how many spares are wanted and can be forked now, how many are being set up)."""
+        pending = sum(1 for c in self.setting_up.values() if c.task_id is None and c.claim is None)
+        if self.spares_failed or (self.slotted and not self.free):
+            return 0, pending
+        return max(0, self.spare_target - len(self.spares) - pending), pending
+
     def want_spare(self) -> float | None:
         """0 if a spare should be forked now; else how long to wait before one
         may be (the last was taken less than QUIET ago); None if none is wanted."""
         import time
 
-        pending = sum(1 for c in self.setting_up.values() if c.task_id is None and c.claim is None)
-        if self.spares_failed or len(self.spares) + pending >= self.spare_target or (self.per_slot and not self.free):
+        wanted, pending = self.missing()
+        if not wanted:
             return None
         if not self.spares and not pending:
             return 0.0
@@ -410,14 +415,19 @@ class Zygote:
         nothing else is waiting."""
         ctl_fd = self.ctl.fileno()
         self.poll.register(ctl_fd, self.POLLIN)
+        if self.factory_pid:
+            self.poll.register(self.factory_pidfd, self.POLLIN)
         while True:
             wait = self.want_spare()
             events = self.poll.poll(None if wait is None else math.ceil(wait * 1000))  # ceil: never spin
             if not events and self.want_spare() == 0.0:
-                self.make_spare()
+                self.fill_spares()
             for fd, _ in events:
                 if fd in self.setting_up:
                     self.ready(fd)
+                elif fd == self.factory_pidfd:
+                    self.poll.unregister(fd)
+                    os.waitpid(self.factory_pid, 0)  # the caller closed its pool (or it failed)
                 elif fd != ctl_fd:
                     self.reap(fd)
                 else:
@@ -432,7 +442,7 @@ class Zygote:
                     elif kind == TAKEN:
                         self.taken(body)
                     elif kind == CGROUP:
-                        self.add_slot(body["slot"], fds)
+                        self.add_slot(body["slot"], fds[:self.per_slot], fds[self.per_slot:])
 
 
 def main(argv: list[str]) -> int:
@@ -454,7 +464,10 @@ def main(argv: list[str]) -> int:
         send(ctl, ERROR, {"message": "a task's sandbox could not be set up", "failure": {
             name: getattr(res, name) for name in ("step", "op", "err", "detail", "wait_status")}})
         return 1
-    send(ctl, READY, {"pid": os.getpid()})
+    factory = getattr(zygote, "factory", None)
+    send(ctl, READY, {"pid": os.getpid(), "netns": factory is not None}, [factory.fileno()] if factory else [])
+    if factory is not None:
+        factory.close()
     if zygote.spare_target:
         zygote.offer(first)
     else:

@@ -188,8 +188,8 @@ def test_tasks_leave_nothing_behind() -> None:
             return (len(os.listdir("/proc/self/fd")), len(os.listdir(f"/proc/{zygote}/fd")),
                     len(Path(f"/proc/{zygote}/mountinfo").read_text().splitlines()), len(descendants(p.pid)))
 
-        # the zygote and its two spares, each set up and waiting for a task
-        assert wait_until(lambda: len(descendants(p.pid)) == 3, timeout=10)
+        # the zygote, its network namespace factory and its two spares, each set up and waiting for a task
+        assert wait_until(lambda: len(descendants(p.pid)) == 4, timeout=10)
         before = settled(footprint)
         results = list(p.map(abs, range(-1000, 0)))
         assert results == list(range(1000, 0, -1))

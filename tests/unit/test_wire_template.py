@@ -3,7 +3,7 @@ requests Python builds, read back by the C core's own reader
 (sbx_parse_request, sbx_check_store, which the server uses), field by field
 and fd by fd; every truncation, trailing byte, wrong magic, version or fd
 count refused; the report records read by name; and the WorkerPool zygote's
-ctypes prototype of sbx_fork_sandbox_cg, derived from the cdef and called
+ctypes prototype of sbx_fork_sandbox_ns, derived from the cdef and called
 for real. Nothing runs in a sandbox and nothing needs privileges."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.backends.template import wire
 from sandbox.host import HostInfo
 from sandbox.plan import compile_plan
-from sandbox.workerpool import zygote
+from sandbox.workerpool import forkcall
 
 HOST = HostInfo(executor=TEMPLATE, uid=1000, gid=1001, cwd="/home/u", environ={"HOME": "/home/u", "PATH": "/usr/bin"})
 ARGV = ("/bin/echo", "hello", "wörld", "")
@@ -208,18 +208,19 @@ def test_reports_are_read_by_name() -> None:
 
 
 def test_the_zygote_prototype_is_the_cdef() -> None:
-    restype, argtypes = zygote.ctypes_prototype(ffi, lib.sbx_fork_sandbox_cg)
-    kind = ffi.typeof(lib.sbx_fork_sandbox_cg)
+    restype, argtypes = forkcall.ctypes_prototype(ffi, lib.sbx_fork_sandbox_ns)
+    kind = ffi.typeof(lib.sbx_fork_sandbox_ns)
     assert restype is ctypes.c_int
-    assert len(argtypes) == len(kind.args) == 10
+    assert len(argtypes) == len(kind.args) == 11
     for arg, got in zip(kind.args, argtypes, strict=True):
-        assert got is (ctypes.c_void_p if arg.kind == "pointer" else getattr(ctypes, zygote.CTYPES_SCALARS[arg.cname]))
+        scalar = None if arg.kind == "pointer" else forkcall.CTYPES_SCALARS[arg.cname]
+        assert got is (ctypes.c_void_p if scalar is None else getattr(ctypes, scalar))
 
 
 def test_a_type_without_a_ctypes_counterpart_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(zygote.CTYPES_SCALARS, "size_t")
+    monkeypatch.delitem(forkcall.CTYPES_SCALARS, "size_t")
     with pytest.raises(TypeError, match="size_t"):
-        zygote.ctypes_prototype(ffi, lib.sbx_fork_sandbox_cg)
+        forkcall.ctypes_prototype(ffi, lib.sbx_fork_sandbox_ns)
 
 
 def test_the_zygote_prototype_calls_the_real_function() -> None:
@@ -228,17 +229,17 @@ def test_the_zygote_prototype_calls_the_real_function() -> None:
     cffi allocated, where Python reads it by name."""
     import sandbox._native as native
 
-    fork = ctypes.PyDLL(native.__file__).sbx_fork_sandbox_cg
-    fork.restype, fork.argtypes = zygote.ctypes_prototype(ffi, lib.sbx_fork_sandbox_cg)
+    fork = ctypes.PyDLL(native.__file__).sbx_fork_sandbox_ns
+    fork.restype, fork.argtypes = forkcall.ctypes_prototype(ffi, lib.sbx_fork_sandbox_ns)
     res = ffi.new("struct sbx_result *")
     blob, stdio, fds = ffi.new("char[]", 64), ffi.new("int[3]", [0, 1, 2]), ffi.new("int[]", [0])
 
     def addr(cdata: Any) -> int:
         return int(ffi.cast("uintptr_t", cdata))
 
-    assert fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), 0, addr(res)) == -1
+    assert fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), 0, 0, addr(res)) == -1
     assert (res.step, res.err, res.pid) == (lib.SBX_STEP_CONFIG, 22, -1)
     with pytest.raises(ctypes.ArgumentError):
-        fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), "zero", addr(res))
+        fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), "zero", 0, addr(res))
     with pytest.raises(TypeError):
-        fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), addr(res))
+        fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), 0, addr(res))

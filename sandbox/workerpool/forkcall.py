@@ -1,0 +1,81 @@
+"""The zygote's call of sbx_fork_sandbox_ns (csrc/forksandbox.c): loaded by path in the zygote (stdlib only).
+
+The fork is called through ctypes.PyDLL, which keeps the GIL across the call
+as os.fork() does (cffi releases it around every call), between CPython's
+before- and after-fork hooks. Its argument arrays are made once: cdata made
+per fork would be objects made, pages written, after every fork, each page a
+copy-on-write fault in the zygote while the child lives.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+# ctypes' counterparts of the cdef's scalar types (every pointer is a c_void_p)
+CTYPES_SCALARS = {"int": "c_int", "unsigned int": "c_uint", "size_t": "c_size_t", "uint32_t": "c_uint32",
+                  "int32_t": "c_int32", "uint64_t": "c_uint64", "int64_t": "c_int64"}
+
+
+def ctypes_prototype(ffi: Any, func: Any) -> tuple[Any, list[Any]]:
+    """The ctypes restype and argtypes of `func`, a function of the C core,
+    derived from its cffi type: the cdef (csrc/sandbox.h) is its one
+    definition."""
+    import ctypes
+
+    def one(ctype: Any) -> Any:
+        if ctype.kind == "pointer":
+            return ctypes.c_void_p
+        if ctype.cname not in CTYPES_SCALARS:
+            raise TypeError(f"{ffi.typeof(func).cname}: no ctypes counterpart for {ctype.cname}")
+        return getattr(ctypes, CTYPES_SCALARS[ctype.cname])
+
+    kind = ffi.typeof(func)
+    return one(kind.result), [one(arg) for arg in kind.args]
+
+
+class ForkCall:
+    """sbx_fork_sandbox_ns of the core at `native` (its cffi `ffi` and `lib`),
+    for the pool's `plan` blob and `per_slot` cgroup.procs fds per fork."""
+
+    def __init__(self, ffi: Any, lib: Any, native: str, plan: bytes, per_slot: int) -> None:
+        import ctypes
+
+        self.ffi, self.plan = ffi, plan
+        self.call = ctypes.PyDLL(native).sbx_fork_sandbox_ns
+        self.call.restype, self.call.argtypes = ctypes_prototype(ffi, lib.sbx_fork_sandbox_ns)
+        self.api = ctypes.pythonapi
+        self.c_plan = ffi.from_buffer(plan)
+        self.c_int = {name: ffi.new("int[]", n) for name, n in
+                      (("stdio", 3), ("keep", 1), ("cg", max(1, per_slot)), ("ns", 2))}
+        self.a_int = {name: self.addr(array) for name, array in self.c_int.items()}
+
+    def addr(self, cdata: Any) -> int:
+        return int(self.ffi.cast("uintptr_t", cdata))
+
+    def __call__(self, blob: bytes | mmap.mmap, stdio: list[int], keep: int, trees: list[int],
+                 cgroup_fds: list[int], ns_fds: list[int]) -> tuple[int, Any]:
+        """Fork a sandbox of `blob` (the plan's, or a task's own): stdio[i]
+        becomes its fd i, it keeps `keep` too; `trees` for its binds, its
+        cgroups' cgroup.procs fds, [userns, netns] fds of a leased namespace
+        or []. (pid: 0 in the child, the child's in the parent, -1; its
+        struct sbx_result); the task's random is reseeded, as after os.fork()."""
+        ffi, c, a = self.ffi, self.c_int, self.a_int
+        res = ffi.new("struct sbx_result *")
+        c_blob = self.c_plan if blob is self.plan else ffi.from_buffer(blob)
+        c_trees = ffi.new("int[]", trees) if trees else None
+        c["stdio"][0:3] = stdio
+        c["keep"][0] = keep
+        c["cg"][0:len(cgroup_fds)] = cgroup_fds
+        c["ns"][0:2] = ns_fds or (-1, -1)
+        self.api.PyOS_BeforeFork()
+        pid: int = self.call(self.addr(c_blob), len(blob), a["stdio"], a["keep"], 1,
+                             self.addr(c_trees) if c_trees is not None else 0, len(trees), a["cg"],
+                             len(cgroup_fds), a["ns"], self.addr(res))
+        if pid == 0:
+            self.api.PyOS_AfterFork_Child()
+        else:
+            self.api.PyOS_AfterFork_Parent()
+            if c_blob is not self.c_plan:
+                ffi.release(c_blob)  # a mapped plan can be unmapped now
+        return pid, res

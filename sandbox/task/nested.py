@@ -158,6 +158,11 @@ class NestedProcess:
         """Always: a nested sandbox is never started unconfined."""
         return bool(self.record.get("confined", True))
 
+    # The broker starts the nested sandbox outside and replies only its exit:
+    # its cgroup's counts do not come back through the channel.
+    usage = None
+    killed_by = None
+
     def poll(self) -> int | None:
         """The return code if it has ended, else None."""
         return self.returncode

@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import IO, Any, cast
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import api, backends
 from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
@@ -32,6 +32,9 @@ from .facts import Facts
 from .proxy import AllowlistProxy
 from .records import scrub, secrets_of, write_record
 from .wire import BROKER_ENV
+
+if TYPE_CHECKING:
+    from ..cgroups import Usage
 
 StdioArg = int | IO[Any] | None
 
@@ -62,6 +65,19 @@ class TaskProcess:
     def confined(self) -> bool:
         """Whether the command runs in a sandbox."""
         return bool(self.record["confined"])
+
+    @property
+    def usage(self) -> Usage | None:
+        """Once ended, what the sandbox's cgroup counted (cpu_s, memory_peak_mb,
+        pids_peak; sandbox.cgroups.Usage), or None where nothing counted it (no
+        cgroup, an unconfined run)."""
+        return getattr(self._proc, "usage", None)
+
+    @property
+    def killed_by(self) -> str | None:
+        """Once ended, the limit that ended it ("memory", "pids", "cpu",
+        "timeout"), or None: a plain exit or signal, or an unconfined run."""
+        return getattr(self._proc, "killed_by", None)
 
     def _finish(self) -> None:
         if self._finished or self._proc.returncode is None:
@@ -260,7 +276,8 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
         timeout: float | None = None, text: bool = False, backend: str = "auto",
         environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries
-    `.record` (and `.record_path` when `sb.records` is set)."""
+    `.record` (and `.record_path` when `sb.records` is set), `.confined`, and
+    the sandbox's `.usage` and `.killed_by` (TaskProcess's)."""
     if capture_output:
         stdio["stdout"] = stdio["stderr"] = subprocess.PIPE
     if input is not None:
@@ -284,4 +301,5 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
     result.record = proc.record  # type: ignore[attr-defined]
     result.record_path = proc.record_path  # type: ignore[attr-defined]
     result.confined = proc.confined  # type: ignore[attr-defined]
+    result.usage, result.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
     return result

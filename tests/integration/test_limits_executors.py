@@ -4,8 +4,9 @@ CLI server.
 
 What each can express, and so what is tested here:
 - the task layer: `task.Limits` has `memory_mb` (the sandbox's cgroup, as Spec's) but neither `nproc`
-  nor `cpu_cores`, and `task.run` returns a plain CompletedProcess (no usage, no killed_by): its memory
-  cases are tested; a fork bomb and a CPU cap have no field to ask for them;
+  nor `cpu_cores` (the task-sandbox format names exactly memory_mb, file_mb and cpu_s), and its results
+  carry the sandbox's `usage` and `killed_by`: its memory cases are tested; a fork bomb and a CPU cap
+  have no field to ask for them;
 - the CLI: `--limit-memory` and `--limit-nproc` are the sandbox's cgroup; `--limit-cpu` is RLIMIT_CPU
   seconds and there is no option for `cpu_cores`, so its memory and fork-bomb cases are tested, both
   run directly and handed off to the CLI server. A served run takes the client's environment, and a
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
@@ -57,6 +59,18 @@ def test_a_task_touching_300_mb_under_memory_100_is_killed(backend: str) -> None
     r = task.run([PY, "-c", TOUCH, "300"], task_box(memory_mb=100), backend=backend, capture_output=True,
                  timeout=60)
     assert r.returncode == -signal.SIGKILL and b"touched" not in r.stdout, r.stderr
+    assert r.killed_by == "memory", (r.killed_by, r.usage)
+    assert r.usage is not None and r.usage.memory_peak_mb is not None and 90 <= r.usage.memory_peak_mb <= 110
+
+
+@needs
+def test_a_task_that_ends_by_itself_reports_its_usage_and_no_limit(backend: str) -> None:
+    with task.spawn([PY, "-c", TOUCH, "10"], task_box(memory_mb=100), backend=backend,
+                    stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stdout.read() == b"touched 10\n"
+        assert proc.wait(timeout=60) == 0
+    assert proc.killed_by is None
+    assert proc.usage is not None and proc.usage.cpu_s is not None and proc.usage.cpu_s > 0
 
 
 @needs

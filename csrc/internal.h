@@ -144,6 +144,8 @@ struct sbx_ctx {
     unsigned long inner_flags; /* namespaces the setup child creates after joining */
     volatile pid_t inner_pid;  /* the setup child, cloned by the joiner */
     sigset_t caller_mask;      /* the spawning thread's signal mask before clone */
+    const unsigned char *skip_ops; /* ops sbx_apply_ops leaves out (NULL: none; a recycled
+                                      sandbox's Tmpfs still as its reset made it) */
 };
 
 /* The context of a sandbox about to be cloned, in mode `mode`: every state

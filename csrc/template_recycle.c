@@ -52,6 +52,8 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -107,17 +109,132 @@ static int beneath_another(const struct sbx_ctx *c, uint32_t i)
 
 /* Detach every fresh mount of the reset blob that lies on the template's
  * read-only root (those beneath go with it), last first. */
-static int detach_fresh(const struct sbx_ctx *c)
+static int detach_fresh(const struct sbx_ctx *c, const unsigned char *skip)
 {
     for (uint32_t k = c->h->n_ops; k-- > 0;) {
         uint32_t kind = c->ops[k].kind;
         if (kind == SBX_OP_DIR || kind == SBX_OP_SYMLINK || kind == SBX_OP_REMOUNT_RO || kind == SBX_OP_CHMOD ||
-            beneath_another(c, k))
+            beneath_another(c, k) || skip[k])
             continue;
         if (umount2(sbx_str(c, c->ops[k].dest), MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL)
             return -1;
     }
     return 0;
+}
+
+/* An empty Tmpfs the command left as the reset made it is kept rather than
+ * made again: its root's inode, pinned by an O_PATH fd of pid 1's, was the
+ * only inode of the filesystem (nothing of the plan lies beneath it) and
+ * still is, and its stat is unchanged. A directory's ctime is set by the
+ * kernel on every entry made, removed or renamed in it and on every change
+ * of its own mode, owner, times or xattrs, and no process can set it back
+ * (utimensat sets only atime and mtime, and moves ctime to now); so an
+ * unchanged ctime, atime and mtime, with one inode in use, means the
+ * filesystem is as it was, down to its root's metadata. (The command's uid
+ * may own that root: mapped to the server's, it can chmod it or set a
+ * user xattr on it, which moves its ctime.) A command that read the
+ * directory moved its atime: made again. */
+#define MAX_KEPT 16
+static struct kept_tmpfs {
+    const char *dest; /* in the reset blob (NULL: free) */
+    int fd;
+    struct stat st;
+    uint64_t used_blocks;
+} kept[MAX_KEPT];
+
+/* Whether op k of the blob is an Tmpfs that nothing of the plan lies in,
+ * on the template's root (detached on its own). */
+static int keepable(const struct sbx_ctx *c, uint32_t k)
+{
+    if (c->ops[k].kind != SBX_OP_TMPFS || beneath_another(c, k))
+        return 0;
+    const char *top = sbx_str(c, c->ops[k].dest);
+    size_t n = sbx_strlen(top);
+    for (uint32_t j = 0; j < c->h->n_ops; j++) {
+        const char *dest = sbx_str(c, c->ops[j].dest);
+        if (j != k && dest && strncmp(dest, top, n) == 0 && (dest[n] == '/' || dest[n] == 0 || top[n - 1] == '/'))
+            return 0;
+    }
+    return 1;
+}
+
+static int same_time(const struct timespec *a, const struct timespec *b)
+{
+    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+/* One inode in use, and its blocks as they were (-1: unknown). */
+static int one_inode(int fd, uint64_t *used_blocks)
+{
+    struct statfs sf;
+    if (fstatfs(fd, &sf) < 0 || sf.f_files == 0 || sf.f_files - sf.f_ffree != 1)
+        return 0;
+    *used_blocks = sf.f_blocks - sf.f_bfree;
+    return 1;
+}
+
+static int untouched(const struct kept_tmpfs *k)
+{
+    struct stat st;
+    uint64_t blocks;
+    if (fstat(k->fd, &st) < 0 || !one_inode(k->fd, &blocks) || blocks != k->used_blocks)
+        return 0;
+    return st.st_dev == k->st.st_dev && st.st_ino == k->st.st_ino && st.st_mode == k->st.st_mode &&
+           st.st_uid == k->st.st_uid && st.st_gid == k->st.st_gid && st.st_nlink == k->st.st_nlink &&
+           st.st_size == k->st.st_size && same_time(&st.st_ctim, &k->st.st_ctim) &&
+           same_time(&st.st_mtim, &k->st.st_mtim) && same_time(&st.st_atim, &k->st.st_atim);
+}
+
+static struct kept_tmpfs *kept_at(const char *dest)
+{
+    for (int k = 0; k < MAX_KEPT; k++)
+        if (kept[k].dest && strcmp(kept[k].dest, dest) == 0)
+            return &kept[k];
+    return NULL;
+}
+
+static void forget(struct kept_tmpfs *k)
+{
+    close(k->fd);
+    k->dest = NULL;
+}
+
+/* Before the reset: skip[k] for each op of the blob kept as it is; every
+ * other record goes (its mount is detached and made again). */
+static void choose_kept(const struct sbx_ctx *c, unsigned char *skip)
+{
+    for (uint32_t k = 0; k < c->h->n_ops; k++) {
+        struct kept_tmpfs *rec = keepable(c, k) ? kept_at(sbx_str(c, c->ops[k].dest)) : NULL;
+        skip[k] = rec && untouched(rec);
+        if (rec && !skip[k])
+            forget(rec);
+    }
+}
+
+/* After the reset: a record of each keepable Tmpfs it made. Opened by path
+ * in pid 1's own mount namespace while no process of a command exists. */
+static void record_kept(const struct sbx_ctx *c, const unsigned char *skip)
+{
+    for (uint32_t k = 0; k < c->h->n_ops; k++) {
+        if (skip[k] || !keepable(c, k))
+            continue;
+        struct kept_tmpfs *rec = kept_at(sbx_str(c, c->ops[k].dest));
+        for (int j = 0; !rec && j < MAX_KEPT; j++)
+            rec = kept[j].dest ? NULL : &kept[j];
+        if (!rec)
+            return;
+        if (rec->dest)
+            forget(rec);
+        int fd = open(sbx_str(c, c->ops[k].dest), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        if (fstat(fd, &rec->st) < 0 || !one_inode(fd, &rec->used_blocks)) {
+            close(fd);
+            continue;
+        }
+        rec->fd = fd;
+        rec->dest = sbx_str(c, c->ops[k].dest);
+    }
 }
 
 /* A detached clone of one of its proc's masks (a read-only, nodev bind of
@@ -202,7 +319,10 @@ static int reset(struct sbx_ctx *c)
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     struct tpl_server *s = t->srv;
     const struct sbx_header *h = (const void *)s->stored_blob, *rh = (const void *)s->reset_blob;
+    static unsigned char *skip;
     if (!t->src_fds && !(t->src_fds = malloc((rh->n_ops + 1) * sizeof *t->src_fds)))
+        return -1;
+    if (!skip && !(skip = calloc(rh->n_ops + 1, 1)))
         return -1;
     /* A network namespace left empty is kept, and the proc with it (its
      * sys/net covers are that namespace's); else both are made again. */
@@ -219,7 +339,8 @@ static int reset(struct sbx_ctx *c)
         s->null_master = own_null_master(c);
         t->own_null = 1;
     }
-    if (detach_fresh(c) < 0)
+    choose_kept(c, skip);
+    if (detach_fresh(c, skip) < 0)
         return -1;
     if ((h->ns & SBX_NS_IPC) && unshare(CLONE_NEWIPC) < 0)
         return -1;
@@ -233,7 +354,10 @@ static int reset(struct sbx_ctx *c)
     in.n_null_trees = make_null_trees(s, in.blob, nulls);
     sbx_ctx_take_input(c, &in);
     /* From here a failing step reports nowhere (err_fd -1) and exits. */
+    c->skip_ops = skip;
     sbx_setup_filesystem(c);
+    c->skip_ops = NULL;
+    record_kept(c, skip);
     close_all(c->in.null_trees, c->in.n_null_trees); /* those its proc did not use */
     if ((h->ns & SBX_NS_NET) && !keep_net)
         sbx_loopback_up(c);

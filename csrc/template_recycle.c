@@ -365,6 +365,15 @@ static int reset(struct sbx_ctx *c)
     sbx_ctx_take_input(c, &in);
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
         return -1;
+    /* The commands' user namespace holds their user keyrings (the session
+     * keyring is each command's own). When the filter refuses every keyring
+     * syscall whatever its arguments (SBX_OPT_KEYS_REFUSED), no command can
+     * reach one, and nothing else of a user namespace is a command's to
+     * change: its id maps are written once, and a command holds no
+     * capability in it (dropped before the exec; one gained in a nested user
+     * namespace of its own is that namespace's, which dies with it). */
+    if (c->userns_fd >= 0 && (h->opts & SBX_OPT_KEYS_REFUSED))
+        return 0;
     if (c->userns_fd >= 0)
         close(c->userns_fd);
     c->userns_fd = -1;

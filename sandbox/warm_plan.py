@@ -31,7 +31,7 @@ from .plan import (
     plan_rlimits,
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
-from .seccomp.resident import allows_resident
+from .seccomp.resident import allows_resident, refuses_keyrings
 
 
 def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
@@ -190,7 +190,8 @@ def template_plans(plan: Plan) -> TemplatePlans:
     # The template's death ends every sandbox (they live in its pid namespace).
     early = plan.reaper and allows_resident(plan.seccomp)
     return TemplatePlans(shared=shared, sandbox=replace(plan, ops=sandbox_ops(plan.ops), die_with_parent=False,
-                                                        seccomp_early=early))
+                                                        seccomp_early=early,
+                                                        keys_refused=refuses_keyrings(plan.seccomp)))
 
 
 def recycle_refusal(plan: Plan) -> str | None:

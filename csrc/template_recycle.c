@@ -5,26 +5,31 @@
  * user-owned and network namespaces, instead of exiting after one. For that
  * its pid 1 never takes the command's identity: it stays in the server's
  * user namespace with the server's capabilities over the sandbox's
- * namespaces, non-dumpable, and its command child (sharing its memory until
- * exec, CLONE_VM|CLONE_VFORK) runs the steps that belong to the command
- * (sbx_command_steps: its own fresh user namespace, made ahead, a child of
- * the server's; cwd, rlimits, fds, session, no capability, no new privileges,
- * Landlock, seccomp). The command therefore holds no capability over pid 1
- * or any of its namespaces, cannot ptrace it (non-dumpable, another user
- * namespace's), nor signal it (the kernel drops a pid namespace's init's
- * default-handled signals sent from inside), and gets none of its fds.
+ * namespaces, non-dumpable. Its command child, made ahead of each request
+ * (sharing its memory until exec, CLONE_VM, while pid 1 waits on a socket
+ * pair), takes what belongs to the command as a standby does, before the
+ * request (sbx_command_identity: a session keyring of its own, the
+ * command's user namespace, made ahead, a child of the server's; session,
+ * no capability, no new privileges, Landlock, the filter where it allows
+ * what follows), then the request itself and what it decides (cwd, rlimits,
+ * fds; pid 1 checks the probe paths for it), and execs. The command
+ * therefore holds no capability over pid 1 or any of its namespaces, cannot
+ * ptrace it (non-dumpable, another user namespace's), nor signal it (the
+ * kernel drops a pid namespace's init's default-handled signals sent from
+ * inside), and gets none of its fds.
  *
  * When the command ends, pid 1 kills and reaps whatever is left, writes the
  * status, and resets what a task could have changed before it takes the
  * next request:
  * - every mount the sandbox made (each Tmpfs, /dev/shm, devpts, an mqueue,
  *   a writable File's private copy, and whatever lies beneath them) is
- *   detached and made again, from the reset blob the caller stored; only
- *   mounts on the template's read-only root are detached by path, so no
- *   path a task planted is followed; its proc (nothing of it is the
- *   command's to write) only with a new network namespace, once that is
- *   entered (/proc/sys/net shows the reader's: covers made on the last
- *   one's entries would not apply to the next);
+ *   detached and made again, from the reset blob the caller stored, but an
+ *   empty Tmpfs the command left as it was (kept_tmpfs); only mounts on the
+ *   template's read-only root are detached by path, so no path a task
+ *   planted is followed; its proc (nothing of it is the command's to write)
+ *   only with a new network namespace, once that is entered (/proc/sys/net
+ *   shows the reader's: covers made on the last one's entries would not
+ *   apply to the next);
  * - a fresh IPC namespace (SysV objects, POSIX queues), then the mqueue;
  * - the network namespace is kept if no socket is left in it (all died
  *   with their processes: the command holds no capability over the
@@ -34,13 +39,15 @@
  *   than leasing from the pool (warm_plan.recycle_plan);
  * - the hostname, written again;
  * - a fresh user namespace for the next command (user keyrings live
- *   there), and each command joins a session keyring of its own;
+ *   there), unless the filter refuses every keyring syscall
+ *   (SBX_OPT_KEYS_REFUSED); each command joins a session keyring of its own;
  * - its own cwd, umask and rlimits were never the command's (CLONE_VM
  *   without CLONE_FS: the command's chdir and umask are its own).
  * Any failure ends pid 1, and the server makes a fresh standby instead.
  * What it shares with its predecessor: the pid namespace (pid numbers keep
- * counting), the mount namespace's read-only template root, and whatever the Spec lets a task write outside the sandbox (a writable
- * Bind of a host directory).
+ * counting), the mount namespace's read-only template root, and whatever
+ * the Spec lets a task write outside the sandbox (a writable Bind of a host
+ * directory).
  */
 #include "template.h"
 
@@ -52,6 +59,7 @@
 #include <string.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/syscall.h>
@@ -71,26 +79,100 @@
 static struct {
     volatile int execing; /* set just before the exec: a child gone without it has failed and reported */
     int step, err;
+    int probe_op, probe_err, probe_detail; /* pid 1's probe check for it: a failure to report (err 0: none) */
 } command;
 
+/* The command child, made ahead of its request (CLONE_VM, on a stack of
+ * pid 1's; pid 1 waits on `c->keep_fd`'s peer meanwhile and touches none of
+ * this memory): a session keyring of its own, the command's user namespace
+ * and identity (the filter too, where it allows what follows), then, as a
+ * standby, the request, and what the request decides. Just before its exec
+ * it hands pid 1 the request's report socket (pid 1 holds none of the
+ * request's fds: they came to this child's fd table). */
 static int command_main(void *arg)
 {
     struct sbx_ctx *c = arg;
-    /* A session keyring of its own: pid 1's (the caller's) would carry a key
-     * one tenant adds to the next. */
+    /* pid 1's (the caller's) would carry a key one tenant adds to the next */
     if (syscall(SYS_keyctl, KEYCTL_JOIN_SESSION_KEYRING, NULL) < 0 && errno != ENOSYS)
         sbx_fail(c, SBX_STEP_SESSION, -1, errno, SBX_D_NONE);
-    sbx_command_steps(c); /* a failing step reports on the report socket and exits */
+    sbx_command_identity(c);
+    tpl_take_request(c, 1);
+    sbx_enter_cgroups(c);
+    if (c->h->n_probe) { /* pid 1 checks them, from the request's cwd (check_probes) */
+        char b = 'p';
+        if (write(c->keep_fd, &b, 1) != 1 || read(c->keep_fd, &b, 1) != 1)
+            _exit(125);
+        if (command.probe_err)
+            sbx_fail(c, SBX_STEP_ISOLATION, command.probe_op, command.probe_err, command.probe_detail);
+    }
+    sbx_command_request(c); /* a failing step reports on the report socket and exits */
+    sbx_stamp(c, SBX_T_READY);
+    if (sbx_send_fds(c->keep_fd, "r", 1, &c->in.err_fd, 1) < 0)
+        _exit(125);
     if (!(c->h->opts & SBX_OPT_SECCOMP_EARLY))
         sbx_install_seccomp(c); /* else taken with the identity */
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    c->reached_exec = 1;
     command.execing = 1;
     sbx_exec_search(c->in.argv[0], c->in.argv, c->in.envp, sbx_str(c, c->h->path), c->in.sh_argv);
     command.step = SBX_STEP_EXEC;
     command.err = errno;
     _exit(errno == ENOENT ? 127 : 126);
+}
+
+/* The isolation check of the request the command child took (c->in, its
+ * memory and ours), as sbx_check_probe_paths makes it, but by pid 1: every
+ * probe path proven absent from the request's cwd, with pid 1's view (it
+ * can see more than the command, never less: /proc/1 is itself). A failure
+ * is left in `command` for the child to report; a cwd that does not exist
+ * is the child's to report too. */
+static void check_probes(struct sbx_ctx *c)
+{
+    const uint32_t *cands = (const void *)(c->in.blob + c->h->cwd_off), *paths = (const void *)(c->in.blob + c->h->probe_off);
+    command.probe_err = 0;
+    uint32_t i = 0;
+    while (i < c->h->n_cwd && chdir(sbx_str(c, cands[i])) < 0)
+        i++;
+    for (uint32_t k = 0; i < c->h->n_cwd && k < c->h->n_probe && !command.probe_err; k++) {
+        int rc = sbx_path_exists(AT_FDCWD, sbx_str(c, paths[k]), 0);
+        command.probe_op = (int)k;
+        command.probe_err = rc == 0 ? EEXIST : (rc != -ENOENT && rc != -ENOTDIR) ? -rc : 0;
+        command.probe_detail = rc == 0 ? SBX_D_EXISTS : SBX_D_NONE;
+    }
+    if (chdir("/") < 0 && !command.probe_err) {
+        command.probe_op = -1;
+        command.probe_err = errno;
+        command.probe_detail = SBX_D_NONE;
+    }
+}
+
+/* The command child's word on `sock`: a probe check to make (one byte, no
+ * fd: answered), the request's report socket, just before its exec; then
+ * EOF, once it has exec'd (its end is close-on-exec) or died. The report
+ * socket, or -1 if none came (it ended before). */
+static int await_command(struct sbx_ctx *c, int sock)
+{
+    int fd = -1;
+    for (;;) {
+        char b, control[CMSG_SPACE(sizeof(int))];
+        struct iovec iov = {.iov_base = &b, .iov_len = 1};
+        struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return fd;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
+        if (fd < 0 && cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
+            memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+        else if (b == 'p' && fd < 0) {
+            check_probes(c);
+            if (write(sock, &b, 1) != 1)
+                return -1;
+        }
+    }
 }
 
 /* Whether op i's destination lies beneath an earlier op's (a mount made
@@ -398,15 +480,9 @@ static void finish(int report, int status)
     sbx_write_all(report, &status, sizeof status);
 }
 
-/* Close every fd of the request (it stays in t->fds) but the report socket. */
-static void close_request(struct tpl_sandbox *t, int nfds, int report)
-{
-    for (int k = 0; k < nfds; k++)
-        if (t->fds[k] >= 0 && t->fds[k] != report)
-            close(t->fds[k]);
-}
-
-/* One request after another (SBX_MODE_RECYCLE's stay_resident). */
+/* One request after another (SBX_MODE_RECYCLE's stay_resident): a command
+ * child made ahead takes it and execs, pid 1 serves and reaps it, then
+ * resets the sandbox. */
 static _Noreturn void recycle_reaper(struct sbx_ctx *c)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
@@ -414,56 +490,50 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
         sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
     for (;;) {
-        if (c->h->n_probe) { /* from the command's cwd, as it would look */
-            sbx_enter_cwd(c);
-            sbx_check_probe_paths(c);
-            if (chdir("/") < 0)
-                sbx_fail(c, SBX_STEP_CWD, -1, errno, SBX_D_NONE);
-        }
-        sbx_stamp(c, SBX_T_READY);
-        c->reached_exec = 1;
+        int sp[2];
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+            _exit(125);
         struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
+        c->keep_fd = sp[1];        /* kept off the request's fd numbers (sbx_place_fds) */
         command.execing = 0;
         command.step = 0;
-        pid_t pid = clone(command_main, stack + sizeof stack, CLONE_VM | CLONE_VFORK | SIGCHLD, c);
+        pid_t pid = clone(command_main, stack + sizeof stack, CLONE_VM | SIGCHLD, c);
+        close(sp[1]);
+        int report = pid < 0 ? -1 : await_command(c, sp[0]);
+        close(sp[0]);
+        struct sbx_input got = c->in; /* the request, as the child took it */
         *c = saved;
         sbx_stamp(c, SBX_T_RETURN);
-        if (pid < 0)
-            sbx_fail(c, SBX_STEP_FORK, -1, errno, SBX_D_NONE);
-        if (!command.execing || command.step) { /* it failed: reported by now, or here */
-            int status;
-            waitpid(pid, &status, 0);
-            if (command.step)
+        if (report < 0 || !command.execing || command.step) {
+            /* it failed (and reported, to the request's caller or, before
+             * any request, to the server) or found the caller gone */
+            int status = 0;
+            if (pid > 0)
+                waitpid(pid, &status, 0);
+            if (report >= 0 && command.step) { /* its exec failed: reported here */
+                c->in.err_fd = report;
                 sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
-            _exit(125);
+            }
+            _exit(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && report < 0 ? 0 : 125);
         }
-        int report = c->in.err_fd;
-        close_request(t, t->nfds, report);
+        c->in.err_fd = report;
         if (sbx_send_started(c) < 0) {
             kill(pid, SIGKILL);
             _exit(125);
         }
-        if (c->in.scrub)
-            memset(c->in.scrub, 0, c->in.scrub_len);
+        if (got.scrub)
+            memset(got.scrub, 0, got.scrub_len);
         finish(report, sbx_serve_command(pid));
         close(report);
+        c->in.err_fd = -1;
         t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
-        free(c->in.sh_argv);
-        free((void *)c->in.argv);
-        free((void *)c->in.envp);
+        free(got.sh_argv);
+        free((void *)got.argv);
+        free((void *)got.envp);
         if (reset(c) < 0)
             _exit(125);
         t->srv->standby_taken[t->slot] = 0;
-        c->mode->take_request(c);
     }
-}
-
-/* Wait for a request and take it, as a standby does, keeping the request
- * socket and the notify socket for the next one. */
-static void recycle_await(struct sbx_ctx *c)
-{
-    tpl_take_request(c, 1);
-    sbx_enter_cgroups(c);
 }
 
 static void recycle_start(struct sbx_ctx *c)
@@ -476,7 +546,7 @@ const struct sbx_mode SBX_MODE_RECYCLE = {
     .start = recycle_start,
     .userns_ahead = 1,
     .resident_before_identity = 1,
-    .take_request = recycle_await,
+    .take_request = sbx_no_step, /* its command child takes each request (command_main) */
     .fd_table = sbx_command_fds,
     .stay_resident = recycle_reaper,
     .on_running = sbx_no_step,

@@ -158,6 +158,7 @@ struct standby_note {
 #define NOTE_TAKEN 2
 #define NOTE_RUNNING 3
 #define NOTE_LEASE 4 /* with SCM_RIGHTS: a request's lease, for the standby that replaces the sender */
+#define NOTE_BUSY 5  /* a recycled standby took a request: the server, woken, may have to serve the next */
 /* Clone a standby sandbox of the stored blob into `slot`, in the network
  * namespace `lease` (-1: none; the standby owns its copy): its pid, or -1. */
 pid_t make_standby(struct tpl_server *s, int slot, int lease);

@@ -132,10 +132,10 @@ static void check_probes(struct sbx_ctx *c)
 {
     const uint32_t *cands = (const void *)(c->in.blob + c->h->cwd_off), *paths = (const void *)(c->in.blob + c->h->probe_off);
     command.probe_err = 0;
-    uint32_t i = 0;
-    while (i < c->h->n_cwd && chdir(sbx_str(c, cands[i])) < 0)
+    uint32_t i = 0, n_cwd = (c->h->opts & SBX_OPT_CWD_STRICT) && c->h->n_cwd ? 1 : c->h->n_cwd;
+    while (i < n_cwd && chdir(sbx_str(c, cands[i])) < 0)
         i++;
-    for (uint32_t k = 0; i < c->h->n_cwd && k < c->h->n_probe && !command.probe_err; k++) {
+    for (uint32_t k = 0; i < n_cwd && k < c->h->n_probe && !command.probe_err; k++) {
         int rc = sbx_path_exists(AT_FDCWD, sbx_str(c, paths[k]), 0);
         command.probe_op = (int)k;
         command.probe_err = rc == 0 ? EEXIST : (rc != -ENOENT && rc != -ENOTDIR) ? -rc : 0;

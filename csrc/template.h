@@ -151,7 +151,7 @@ int serving_fast(struct tpl_server *s);
 /* A message on the notify socket: a 16-byte struct sbx_report instead says
  * why a standby failed before any request. */
 struct standby_note {
-    int32_t kind; /* NOTE_READY, NOTE_TAKEN (with SCM_RIGHTS: an as_pid_1 sandbox's status fd), NOTE_RUNNING */
+    int32_t kind; /* NOTE_READY, NOTE_TAKEN (with SCM_RIGHTS: an as_pid_1 sandbox's status fd), NOTE_RUNNING, NOTE_LEASE, NOTE_BUSY */
     int32_t slot;
 };
 #define NOTE_READY 1

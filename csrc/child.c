@@ -395,7 +395,7 @@ void sbx_child_steps(struct sbx_ctx *c)
     setup_world(c);
     if (m->resident_before_identity) {
         m->take_request(c);
-        m->stay_resident(c); /* its command child runs sbx_command_steps */
+        m->stay_resident(c); /* its command children take the requests (sbx_command_identity) */
     }
     join_prepared_userns(c);
     if (m->identity_before_request)
@@ -414,14 +414,18 @@ void sbx_child_steps(struct sbx_ctx *c)
     m->run(c);
 }
 
-void sbx_command_steps(struct sbx_ctx *c)
+void sbx_command_identity(struct sbx_ctx *c)
 {
     join_prepared_userns(c);
+    take_identity(c, 0);
+}
+
+void sbx_command_request(struct sbx_ctx *c)
+{
     last_privileged_steps(c);
     sbx_enter_cwd(c);
     sbx_apply_rlimits(c);
     c->mode->fd_table(c);
-    take_identity(c, 0);
 }
 
 /* In a child that shares our memory and fds, cloned into a new user

@@ -100,11 +100,11 @@ struct sbx_mode {
     /* The command's identity (session, capabilities, no-new-privs,
      * Landlock) is taken before the request rather than after the fds. */
     int identity_before_request;
-    /* Stay resident (stay_resident) right after the request, before the
-     * user namespace and the command's identity: the command child runs the
-     * steps from there on (sbx_command_steps), and pid 1 keeps what it needs
-     * to reset the sandbox for another request (a recycled Template sandbox,
-     * csrc/template_recycle.c). */
+    /* Stay resident (stay_resident) once the world is built, before the
+     * user namespace and the command's identity: a command child made ahead
+     * takes them, then the request (sbx_command_identity, _request), and
+     * pid 1 keeps what it needs to reset the sandbox for another request (a
+     * recycled Template sandbox, csrc/template_recycle.c). */
     int resident_before_identity;
     /* Fill in the command's side of the context: nothing when it came with
      * the clone; a standby waits for a request (sbx_ctx_take_input). */
@@ -146,6 +146,8 @@ struct sbx_ctx {
     sigset_t caller_mask;      /* the spawning thread's signal mask before clone */
     uint32_t cgroup_tag;       /* a Template's sandbox: its cgroup's name to the caller (tpl_enter_cgroups) */
     uint32_t cgroup_left;      /* ... and that of the cgroup it left for the request's own (0: none) */
+    const unsigned char *skip_ops; /* ops sbx_apply_ops leaves out (NULL: none; a recycled
+                                      sandbox's Tmpfs still as its reset made it) */
 };
 
 /* The context of a sandbox about to be cloned, in mode `mode`: every state
@@ -270,10 +272,14 @@ int sbx_send_started(struct sbx_ctx *c);
  * return into the caller's code), in order, for every executor: the
  * differences are the mode's (c->mode). A failing step reports and exits. */
 void sbx_child_steps(struct sbx_ctx *c);
-/* The steps from the request's user namespace to the seccomp filter, in the
- * command child of a resident_before_identity mode's pid 1 (which checks
- * the probe paths itself: it can see more than the command, never less). */
-void sbx_command_steps(struct sbx_ctx *c);
+/* The command child of a resident_before_identity mode's pid 1, made ahead
+ * of its request: its user namespace and the command's identity (session,
+ * capabilities, no-new-privs, Landlock, the filter where it allows what
+ * follows), as a standby takes them before its request; then, once it has
+ * taken the request, what the request decides (cwd, rlimits, fds; pid 1
+ * checks the probe paths: it can see more than the command, never less). */
+void sbx_command_identity(struct sbx_ctx *c);
+void sbx_command_request(struct sbx_ctx *c);
 /* The root in place as the blob says (a warm sandbox's): the ops on its copy. */
 void sbx_setup_filesystem(struct sbx_ctx *c);
 /* Steps of the native spawn's child, for modes that share them. */

@@ -573,6 +573,8 @@ void sbx_apply_ops(struct sbx_ctx *c)
 {
     for (uint32_t i = 0; i < c->h->n_ops; i++) {
         const struct sbx_op *op = &c->ops[i];
+        if (c->skip_ops && c->skip_ops[i])
+            continue;
         switch (op->kind) {
         case SBX_OP_BIND: op_bind(c, (int)i, op); break;
         case SBX_OP_TMPFS: op_tmpfs(c, (int)i, op); break;

@@ -50,6 +50,9 @@
 #define SBX_OPT_CAPS_AS_CALLER 4096 /* keep_caps is the root caller's own set: change no cap set but the bounding */
 #define SBX_OPT_SYNC 8192         /* the header's sync fds are set (sandbox.sync; else they are ignored) */
 #define SBX_OPT_SECCOMP_EARLY 16384 /* a Template's pid 1 installs the filter on itself, before its request */
+#define SBX_OPT_KEYS_REFUSED 32768 /* the filter refuses keyctl, add_key and request_key whatever their
+                                      arguments: a recycled Template sandbox keeps its commands' user
+                                      namespace (the user keyrings live there) */
 
 /* Landlock rule flags (struct sbx_landlock.flags) */
 #define SBX_LL_WRITE 1              /* full rights beneath the path (else read + execute) */

@@ -97,6 +97,10 @@ void tpl_take_request(struct sbx_ctx *c, int recycled)
     if (n == 0)
         _exit(0); /* the caller has gone */
     s->standby_taken[t->slot] = 1;
+    /* A recycled standby is not replaced: without this word, a server that
+     * saw it ready would not read the requests while it serves this one. */
+    if (recycled)
+        note(t, t->srv->notify_wr, NOTE_BUSY, -1);
     t->nfds = nfds;
     if (!recycled)
         close(s->fast_fd);

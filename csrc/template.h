@@ -177,7 +177,7 @@ int serving_fast(struct tpl_server *s);
 /* A message on the notify socket: a 16-byte struct sbx_report instead says
  * why a standby failed before any request. */
 struct standby_note {
-    int32_t kind; /* NOTE_READY, NOTE_TAKEN (with SCM_RIGHTS: an as_pid_1 sandbox's status fd), NOTE_RUNNING */
+    int32_t kind; /* NOTE_READY, NOTE_TAKEN (with SCM_RIGHTS: an as_pid_1 sandbox's status fd), NOTE_RUNNING, NOTE_LEASE, NOTE_BUSY */
     int32_t slot;
 };
 #define NOTE_READY 1
@@ -185,6 +185,7 @@ struct standby_note {
 #define NOTE_RUNNING 3
 #define NOTE_LEASE 4 /* with SCM_RIGHTS: a request's lease, for the standby that replaces the sender */
 #define NOTE_CGROUP 5 /* with SCM_RIGHTS: a request's cgroup set (SBX_REQ_CGROUP_NEXT), for the same */
+#define NOTE_BUSY 6  /* a recycled standby took a request: the server, woken, may have to serve the next */
 /* Clone a standby sandbox of the stored blob into `slot`, in the network
  * namespace `lease` (-1: none; the standby owns its copy) and the cgroups
  * of `cgroup` (cgroup_k entry fds, NULL: none; the standby closes its

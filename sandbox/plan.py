@@ -168,6 +168,9 @@ class Plan:
     # A Template's resident pid 1 installs it on itself, before its request,
     # and the command inherits it (seccomp.resident: only when it allows what pid 1 does after)
     seccomp_early: bool = False
+    # It refuses the keyring syscalls whatever their arguments (seccomp.resident.refuses_keyrings):
+    # a recycled Template sandbox may keep its commands' user namespace, where user keyrings live
+    keys_refused: bool = False
     landlock: bool = False
     landlock_best_effort: bool = False
     landlock_rules: tuple[tuple[str, bool], ...] = ()  # (path inside, writable)

@@ -31,7 +31,7 @@ from .plan import (
     plan_rlimits,
 )
 from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
-from .seccomp.resident import allows_resident
+from .seccomp.resident import allows_resident, refuses_keyrings
 from .warm_overlay import OVERLAY_MOUNTER_CAPS, mounts_overlay, overlay_split
 
 
@@ -194,7 +194,8 @@ def template_plans(plan: Plan) -> TemplatePlans:
     # The template's death ends every sandbox (they live in its pid namespace).
     early = plan.reaper and allows_resident(plan.seccomp)
     ops = split.sandbox if split else sandbox_ops(plan.ops)
-    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=ops, die_with_parent=False, seccomp_early=early))
+    return TemplatePlans(shared=shared, sandbox=replace(plan, ops=ops, die_with_parent=False, seccomp_early=early,
+                                                        keys_refused=refuses_keyrings(plan.seccomp)))
 
 
 def recycle_refusal(plan: Plan) -> str | None:

@@ -20,8 +20,8 @@ import functools
 import signal
 
 from .. import syscalls
-from .bpf import SECCOMP_RET_ACTION_FULL, SECCOMP_RET_ALLOW
-from .debug import evaluate
+from .bpf import SECCOMP_RET_ACTION_FULL, SECCOMP_RET_ALLOW, _insns
+from .debug import _run, evaluate, seccomp_data
 
 CLONE_VM, CLONE_VFORK = 0x100, 0x4000
 PR_SET_DUMPABLE = 4
@@ -56,5 +56,43 @@ def allows_resident(prog: bytes) -> bool:
         if nr is None:
             continue  # not on this architecture (e.g. dup2 elsewhere): pid 1 does not call it here
         if evaluate(prog, nr, args) & SECCOMP_RET_ACTION_FULL != SECCOMP_RET_ALLOW:
+            return False
+    return True
+
+
+# The keyring syscalls, as every ABI of an x86_64 kernel numbers them: native, x32 (the same numbers with
+# bit 30, the native arch) and i386 (int 0x80, its own arch and numbers).
+_X32 = 0x40000000
+KEYRING_CALLS: tuple[tuple[int, int], ...] = (
+    *((syscalls.AUDIT_ARCH_X86_64, nr) for nr in (248, 249, 250)),
+    *((syscalls.AUDIT_ARCH_X86_64, _X32 | nr) for nr in (248, 249, 250)),
+    *((syscalls.AUDIT_ARCH_I386, nr) for nr in (286, 287, 288)),
+)
+
+
+class _Watched(bytes):
+    """A seccomp_data that remembers the lowest offset read beyond nr and arch (64: none)."""
+
+    lowest = 64
+
+    def __getitem__(self, key):  # type: ignore[no-untyped-def]
+        if isinstance(key, slice) and (key.start or 0) >= 8:
+            self.lowest = min(self.lowest, key.start)
+        return super().__getitem__(key)
+
+
+def refuses_keyrings(prog: bytes) -> bool:
+    """Whether `prog` (a compiled filter) refuses add_key, request_key and keyctl whatever their
+    arguments, on every ABI: its verdict for each is not SECCOMP_RET_ALLOW, and reaching it read
+    nothing of seccomp_data but the syscall number and arch (not the instruction pointer or an
+    argument), so no argument can change it. Then no command can reach a user keyring, and a
+    recycled Template sandbox may keep its commands' user namespace (csrc/template_recycle.c)."""
+    if not prog or syscalls.arch() != syscalls.AUDIT_ARCH_X86_64:
+        return False
+    insns = _insns(prog)
+    for arch, nr in KEYRING_CALLS:
+        data = _Watched(seccomp_data(nr, (0,) * 6, arch))
+        action = _run(insns, data)[0]
+        if action & SECCOMP_RET_ACTION_FULL == SECCOMP_RET_ALLOW or data.lowest < 64:
             return False
     return True

@@ -108,6 +108,10 @@ CHECK = textwrap.dedent("""
     for ring in (-3, -4):  # KEYCTL_SEARCH (10) the session and user keyrings, as a planter's key would be
         if libc.syscall(250, 10, ring, b"user", secret.encode(), 0) >= 0:
             found.append(f"key in {ring}")
+        # KEYCTL_READ (11): the ids of every key in it, whether this process may search them or not
+        held = libc.syscall(250, 11, ring, None, 0)
+        if held > 0:
+            found.append(f"{held // 4} keys in {ring}")
     try:
         fcntl.flock(open("/usr/bin/env", "rb"), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
@@ -202,3 +206,63 @@ def test_a_finished_sandboxs_handle_never_signals_the_next_tenant() -> None:
         assert first.wait() == 0
         nxt.kill()
         assert nxt.wait() == -9
+
+
+# The roots of the empty Tmpfs mounts only: no file (a file would make its Tmpfs be made again anyway),
+# but what its owner may change on the root itself (the command's uid may be mapped to the owner's).
+PLANT_ROOTS = textwrap.dedent("""
+    import os, sys
+    value, what = sys.argv[1].encode(), sys.argv[2]
+    done = []
+    for top in ("/tmp", "/dev/shm", "/var/scratch"):
+        change = {"mode": lambda: os.chmod(top, 0o701), "xattr": lambda: os.setxattr(top, "user.sbx", value),
+                  "times": lambda: os.utime(top, (1, 1))}[what]
+        try:
+            change()
+            done.append(f"{top}:{what}")
+        except OSError:
+            pass
+    print(" ".join(done), flush=True)
+""")
+
+CHECK_ROOTS = textwrap.dedent("""
+    import json, os
+    seen = {}
+    for top in ("/tmp", "/dev/shm", "/var/scratch"):
+        st = os.stat(top)
+        seen[top] = [oct(st.st_mode), st.st_mtime_ns, sorted(os.listxattr(top)), sorted(os.listdir(top))]
+    print(json.dumps({"roots": seen, "pid": os.getpid()}))
+""")
+
+
+def test_a_kept_tmpfs_root_carries_nothing_to_the_next_tenant() -> None:
+    """A Tmpfs the command left empty and unchanged is kept (not made again); one whose root it
+    changed (mode, an xattr or its times, one at a time: nothing written inside) is made again."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+
+    def roots() -> dict[str, object]:
+        for _ in range(100):
+            r = t.run([PYTHON, "-I", "-S", "-c", CHECK_ROOTS], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            seen = json.loads(r.stdout)
+            if seen["pid"] != 2:  # a recycled sandbox
+                return seen["roots"]  # type: ignore[no-any-return]
+            time.sleep(0.02)
+        raise AssertionError("no request was served by a recycled sandbox")
+
+    with sandbox.Template(spec(), recycle=True) as t:
+        for what in ("mode", "times", "xattr") * 2:  # both standbys planted in and recycled
+            baseline = roots()
+            secret = "SBXROOT" + secrets.token_hex(8)
+            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT_ROOTS, secret, what], capture_output=True, text=True,
+                            timeout=60)
+            assert planted.returncode == 0, planted.stderr
+            if f"/var/scratch:{what}" not in planted.stdout.split():
+                continue  # not this uid's to change (an xattr needs a kernel whose tmpfs has them)
+            seen = roots()
+            for top, (mode, _mtime, xattrs, names) in seen.items():
+                assert xattrs == [] and names == [], (top, seen)
+                assert mode == baseline[top][0], (top, seen, baseline)  # type: ignore[index]
+                assert _mtime != 1_000_000_000, (top, seen)

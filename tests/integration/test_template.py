@@ -305,3 +305,22 @@ def test_tmpfs_size_is_per_sandbox(require_native: None) -> None:
         for _ in range(2):  # each sandbox gets the whole MiB: the first one's data is not there
             done = sh(t, "head -c 900000 /dev/zero > /scratch/f && echo ok")
             assert done.stdout == "ok\n", done.stderr
+
+
+def test_a_recycled_template_serves_while_every_standby_runs(require_native: None) -> None:
+    """Both recycled standbys run a command: the next request is the server's (it must have been told
+    that they took theirs: a recycled standby is never replaced, so nothing else would wake it)."""
+    import threading
+
+    with sandbox.Template(make_base_spec(), recycle=True) as t:
+        running = [t.spawn(["sleep", "1000"]) for _ in range(2)]
+        third: list[sandbox.SandboxProcess] = []
+        starter = threading.Thread(target=lambda: third.append(t.spawn(["sleep", "1000"])), daemon=True)
+        starter.start()
+        starter.join(10)
+        started = not starter.is_alive()
+        for proc in running + third:
+            proc.kill()
+            proc.wait()
+    assert started, "the third request was never served"
+    assert len(third) == 1

@@ -1,10 +1,14 @@
-"""seccomp.resident: when a Template's pid 1 may take its sandbox's filter before its request."""
+"""seccomp.resident: when a Template's pid 1 may take its sandbox's filter before its request, and when
+a recycled one may keep its commands' user namespace (the filter refuses every keyring syscall)."""
 
 from __future__ import annotations
 
+import pytest
+
 import sandbox
+from sandbox import syscalls
 from sandbox.seccomp import DEFAULT_POLICY, compile_policy
-from sandbox.seccomp.resident import allows_resident
+from sandbox.seccomp.resident import allows_resident, refuses_keyrings
 
 
 def test_the_default_policy_lets_pid_1_take_the_filter_early() -> None:
@@ -24,3 +28,22 @@ def test_a_policy_that_denies_what_pid_1_does_keeps_the_filter_on_the_command() 
 def test_no_filter_or_an_allowlist_without_those_syscalls() -> None:
     assert not allows_resident(b"")
     assert not allows_resident(compile_policy(sandbox.Seccomp(allow=("read", "write", "exit_group"), default="errno")))
+
+
+x86_64 = pytest.mark.skipif(syscalls.arch() != syscalls.AUDIT_ARCH_X86_64, reason="the ABIs checked are x86_64's")
+
+
+@x86_64
+def test_the_default_policy_refuses_every_keyring_call_on_every_abi() -> None:
+    assert refuses_keyrings(compile_policy(DEFAULT_POLICY))
+    assert refuses_keyrings(compile_policy(sandbox.Seccomp(deny=("keyctl", "add_key", "request_key"))))
+
+
+@x86_64
+def test_a_filter_that_lets_one_keyring_call_through_keeps_nothing() -> None:
+    assert not refuses_keyrings(b"")
+    assert not refuses_keyrings(compile_policy(sandbox.Seccomp(deny=("bpf",))))
+    assert not refuses_keyrings(compile_policy(sandbox.Seccomp(deny=("keyctl", "add_key"))))  # request_key
+    # denied for some arguments only: the verdict reads an argument, so it proves nothing for the others
+    join = sandbox.ArgRule("keyctl", 0, "ne", 1)  # all but KEYCTL_JOIN_SESSION_KEYRING
+    assert not refuses_keyrings(compile_policy(sandbox.Seccomp(deny=("add_key", "request_key"), rules=(join,))))

@@ -37,6 +37,7 @@ OPT_BITS = (
     ("landlock_best_effort", lib.SBX_OPT_LANDLOCK_BEST_EFFORT), ("reset_signals", lib.SBX_OPT_RESET_SIGNALS),
     ("exec_fd", lib.SBX_OPT_EXEC_FD), ("host_tree", lib.SBX_OPT_HOST_TREE),
     ("caps_as_caller", lib.SBX_OPT_CAPS_AS_CALLER), ("seccomp_early", lib.SBX_OPT_SECCOMP_EARLY),
+    ("keys_refused", lib.SBX_OPT_KEYS_REFUSED),
 )
 # the header's sync fds, as sandbox.sync names them
 SYNC_FDS = ("started_fd", "userns_block_fd", "userns2_fd", "block_fd", "info_fd", "json_status_fd")

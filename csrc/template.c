@@ -73,6 +73,10 @@ void tpl_close_server_fds(struct tpl_server *s, int standby)
         close(s->notify_wr);
     }
     tpl_close_cgroup_sets(s);
+    /* the leases waiting for standbys to come: other sandboxes' network
+     * namespaces (a fork-style clone: this is the child's own copy) */
+    close_all(s->leases, s->n_leases);
+    s->n_leases = 0;
 }
 
 /* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob

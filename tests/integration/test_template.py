@@ -245,6 +245,40 @@ def test_pooled_sandboxes_alive_together_never_share_a_namespace(require_native:
                 p.stdout.close()  # type: ignore[union-attr]
 
 
+def _netns_fds(pid: int) -> set[str]:
+    """The network namespaces process `pid` holds an fd of."""
+    out = set()
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{n}")
+        except FileNotFoundError:
+            continue
+        if target.startswith("net:["):
+            out.add(target)
+    return out
+
+
+def test_a_pooled_sandbox_holds_no_fd_of_another_sandboxs_lease(require_native: None) -> None:
+    """A standby's pid 1 is a fork of the template server, which holds the leases waiting for the
+    standbys to come: each sandbox (standbys, and the one serving a call) drops them, keeping no
+    other sandbox's network namespace."""
+    with sandbox.Template(make_base_spec(network="pool")) as t:
+        with t.spawn(["sh", "-c", "read x"], stdin=subprocess.PIPE) as p:
+            assert wait_until(lambda: len(_children(t.pid)) == 3)  # this call's sandbox and two standbys
+            try:
+                for pid1 in _children(t.pid):
+                    own = os.readlink(f"/proc/{pid1}/ns/net")
+                    assert _netns_fds(pid1) <= {own}, (pid1, own, _netns_fds(pid1))
+                assert _netns_fds(t.pid)  # the server does hold leases: the check sees such fds
+            except PermissionError:
+                pytest.skip("the sandboxes' pid 1 are not readable from here")
+            p.kill()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
 def test_failed_pooled_spawns_give_their_leases_back(require_native: None) -> None:
     """A request that fails (no such command, a bad cwd) returns the lease that
     came back with its report: the pool is not drained by failures."""

@@ -358,3 +358,44 @@ def test_a_recycled_template_serves_while_every_standby_runs(require_native: Non
             proc.wait()
     assert started, "the third request was never served"
     assert len(third) == 1
+
+
+def _template_servers() -> list[int]:
+    """This process's children that are template servers."""
+    out = []
+    for task in os.listdir("/proc/self/task"):
+        for pid in open(f"/proc/self/task/{task}/children").read().split():
+            try:
+                if open(f"/proc/{pid}/comm").read().strip() == "sandbox-templat":  # comm keeps 15 characters
+                    out.append(int(pid))
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def test_spawn_on_the_template_backend_keeps_a_bounded_number_of_servers(require_native: None) -> None:
+    """backend="template" keeps a server per Spec it has seen, but at most MAX_KEPT idle ones: a caller
+    running many Specs does not accumulate processes and fds; a server with a sandbox running is never
+    the one closed."""
+    from sandbox.backends.template import BACKEND, MAX_KEPT
+
+    BACKEND.close()
+    assert wait_until(lambda: not _template_servers())
+    env = dict(make_base_spec().env)
+    long = sandbox.spawn(["sh", "-c", "read x; echo done"], make_base_spec(env={**env, "KEEP": "running"}),
+                         backend="template", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        fds = []
+        for i in range(3 * MAX_KEPT):
+            done = sandbox.run(["true"], make_base_spec(env={**env, "N": str(i)}), backend="template", timeout=60)
+            assert done.returncode == 0
+            assert len(_template_servers()) <= MAX_KEPT + 1  # the running one's server may be kept beyond
+            fds.append(len(os.listdir("/proc/self/fd")))
+        assert max(fds[2 * MAX_KEPT:]) <= max(fds[MAX_KEPT:2 * MAX_KEPT]) + 40, fds  # flat once bounded
+        out, _ = long.communicate(b"\n", timeout=30)
+        assert (long.returncode, out) == (0, b"done\n")  # its server was kept while it ran
+    finally:
+        if long.poll() is None:
+            long.kill()
+            long.wait()
+        BACKEND.close()

@@ -174,8 +174,15 @@ TRAITS = Traits("template", "a Template", frozenset({
 })
 
 
+# How many idle servers sandbox.spawn(..., backend="template") keeps: each is
+# a process with two standby sandboxes and a few dozen fds, so a caller that
+# runs many different Specs this way must not accumulate one per Spec.
+MAX_KEPT = 8
+
+
 class _TemplateBackend:
-    """sandbox.spawn(..., backend="template"): one server per plan, kept for the process's life."""
+    """sandbox.spawn(..., backend="template"): one server per plan, kept while
+    it is among the MAX_KEPT most recently used or still has sandboxes running."""
 
     name = TRAITS.name
     traits = TRAITS
@@ -183,24 +190,65 @@ class _TemplateBackend:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._servers: dict[TemplatePlans, Server] = {}
+        self._servers: dict[TemplatePlans, Server] = {}  # least recently used first
+        self._running: dict[Server, int] = {}  # its sandboxes not reaped yet
 
-    def server_for(self, plans: TemplatePlans) -> Server:
-        """The server of `plans`: its root (the shared plan) and, as its default, the sandbox plan."""
+    def _take(self, plans: TemplatePlans) -> Server:
+        """The server of `plans` (its root the shared plan, its default the
+        sandbox plan), counted as running one more sandbox until _ended."""
+        stale: list[Server] = []
         with self._lock:
-            server = self._servers.get(plans)
+            server = self._servers.pop(plans, None)
             if server is not None and server.pool is not None and server.pool is not netpool.pool_for("pool"):
-                server.close()  # made with a pool that has been replaced since: it cannot join the new one's
+                stale.append(server)  # made with a pool that has been replaced since: it cannot join the new one's
                 server = None
-            if server is None or not server.alive():
-                server = self._servers[plans] = Server(plans.shared, plans.sandbox, name=KEPT_MARKER)
-            return server
+            if server is not None and not server.alive():
+                stale.append(server)  # its fds and standbys' remains go with it
+                server = None
+            if server is None:
+                server = Server(plans.shared, plans.sandbox, name=KEPT_MARKER)
+            self._servers[plans] = server  # now the most recently used
+            self._running[server] = self._running.get(server, 0) + 1  # never evicted while counted
+            stale += self._evict()
+        for old in stale:
+            old.close()
+        return server
+
+    def _evict(self) -> list[Server]:
+        """Past MAX_KEPT, the least recently used servers with no sandbox running (under the lock)."""
+        idle = [k for k, srv in self._servers.items() if not self._running.get(srv)]
+        out = []
+        for key in idle[:max(0, len(self._servers) - MAX_KEPT)]:
+            out.append(self._servers.pop(key))
+        return out
 
     def launch(self, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
                pass_fds: tuple[int, ...]) -> ProcessHandle:
-        plans = template_plans(plan)
-        server = self.server_for(plans)
-        return launch_in(server, server.default, argv, stdio, pass_fds)
+        server = self._take(template_plans(plan))
+        try:
+            handle = launch_in(server, server.default, argv, stdio, pass_fds)
+        except BaseException:
+            self._ended(server)
+            raise
+        hook = handle.on_exit
+
+        def ended() -> None:
+            self._ended(server)
+            if hook is not None:
+                hook()
+        handle.on_exit = ended
+        return handle
+
+    def _ended(self, server: Server) -> None:
+        with self._lock:
+            left = self._running.pop(server, 0) - 1
+            if left > 0:
+                self._running[server] = left
+
+    def kept(self) -> int:
+        """How many servers are kept now."""
+        with self._lock:
+            return len(self._servers)
 
     def close(self) -> None:
         """Stop every server (and so every sandbox they made)."""

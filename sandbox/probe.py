@@ -88,6 +88,9 @@ def limits_report() -> str:
     real = [name for name, ctrl in CGROUP_LIMITS.items() if ctrl in info.controllers]
     fake = [name for name in CGROUP_LIMITS if name not in real]
     text = f"{info.mechanism}: " + (f"{', '.join(real)} by cgroup" if real else "no cgroup")
+    if "memory_mb" in real:  # with swap accounting the limit holds memory and swap together
+        text += (" (memory_mb holds memory and swap together)" if info.swap
+                 else " (memory_mb holds memory only: swap is not accounted here, a sandbox may swap past it)")
     if fake:
         text += "; " + ", ".join(f"{name} by {'RLIMIT_' + ('DATA' if name == 'memory_mb' else 'NPROC')}"
                                  if name in FALLBACK_RLIMITS else f"{name} not enforced" for name in fake)

@@ -391,3 +391,16 @@ def test_a_call_on_a_closed_template_with_spec_limits_leaves_no_cgroup() -> None
     with pytest.raises(sandbox.SandboxError):
         t.run([PY, "-c", "pass"], limits=Limits(nproc=8))
     # no_cgroup_left: neither the sets made ahead nor those made for the calls are left
+
+
+def test_probe_says_whether_memory_mb_holds_swap_too() -> None:
+    """`sandbox probe` names the limits a cgroup enforces here and, for memory_mb, whether swap is
+    accounted with it (this host's memory hierarchy has memsw / memory.swap.max, or not)."""
+    report = sandbox.probe().limits
+    info = host_cgroups()
+    if "memory" not in info.controllers:
+        assert "memory_mb by RLIMIT_DATA" in report
+    elif info.swap:
+        assert "memory_mb holds memory and swap together" in report
+    else:
+        assert "swap is not accounted here" in report

@@ -243,7 +243,14 @@ def runnable_layer(extra: tuple[tuple[tarfile.TarInfo, bytes], ...] = ()) -> byt
             files[("usr" + lib if not lib.startswith("/usr/") else lib).lstrip("/")] = real
     members = [member("usr/", DIRTYPE, mode=0o755), member("bin", SYMTYPE, linkname="usr/bin"),
                member("lib", SYMTYPE, linkname="usr/lib"), member("lib64", SYMTYPE, linkname="usr/lib64")]
-    dirs: set[str] = {"usr"}
+    return layer(*members, *file_members(files, {"usr"}), *extra)
+
+
+def file_members(files: dict[str, str], dirs: set[str] | None = None) -> list[tarfile.TarInfo]:
+    """Layer members for `files` (path in the layer -> host file to copy, mode 0755), each
+    preceded by its parent directories not in `dirs` yet (which it extends)."""
+    dirs = set() if dirs is None else dirs
+    members = []
     for arc in sorted(files):
         parts = arc.split("/")
         for k in range(1, len(parts)):
@@ -253,4 +260,4 @@ def runnable_layer(extra: tuple[tuple[tarfile.TarInfo, bytes], ...] = ()) -> byt
                 members.append(member(d + "/", DIRTYPE, mode=0o755))
         with open(files[arc], "rb") as f:
             members.append(member(arc, data=f.read(), mode=0o755))
-    return layer(*members, *extra)
+    return members

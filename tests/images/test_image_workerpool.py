@@ -24,7 +24,7 @@ from sandbox.images.python import python_name, required_glibc
 from sandbox.spec import Overlay
 from sandbox.workerpool.interpreter import PACKAGE_ROOT
 
-from .image_helpers import DIRTYPE, TestImage, _libraries, layer, member, runnable_layer, write_layout
+from .image_helpers import DIRTYPE, TestImage, _libraries, file_members, layer, member, runnable_layer, write_layout
 
 pytestmark = pytest.mark.skipif(not presets.overlay_works(), reason="no overlayfs in a user namespace here")
 
@@ -58,17 +58,7 @@ def python_layer(without: str = "") -> bytes:
             continue
         files[real.lstrip("/")] = real  # the file, and its name as the loader looks it up (via the lib link)
         files[("usr" + name if not name.startswith("/usr/") else name).lstrip("/")] = real
-    members, dirs = [], set()
-    for arc in sorted(files):
-        parts = arc.split("/")
-        for k in range(1, len(parts)):
-            d = "/".join(parts[:k])
-            if d not in dirs:
-                dirs.add(d)
-                members.append(member(d + "/", DIRTYPE, mode=0o755))
-        with open(files[arc], "rb") as f:
-            members.append(member(arc, data=f.read(), mode=0o755))
-    return layer(*members)
+    return layer(*file_members(files))
 
 
 def stdlib_layer() -> bytes:

@@ -177,6 +177,8 @@ def run(args: Sequence[str]) -> int:
         return _fail(EXIT_SETUP, exc)
     for warning in extras.warnings:
         _say(warning)
+    if PARSED_HOOK is not None and extras.replay is not None:
+        PARSED_HOOK(extras.replay)
     if extras.show_help:
         from .bwrap.grammar import usage
 
@@ -440,6 +442,9 @@ _PARENT = os.getppid()  # the caller, read again as early as main() runs
 # its own are not the command's.
 DIE_WITH_PARENT_HOOK: Callable[[], bool] | None = None
 HIDDEN_FDS: set[int] = set()
+# ... and it tells the server the pure options of a command line parsed (bwrap/memo.py), so that the next
+# worker has their Spec and plan ready.
+PARSED_HOOK: Callable[[tuple[str, ...]], None] | None = None
 
 
 def _die_with_parent() -> bool:

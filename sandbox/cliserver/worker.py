@@ -35,8 +35,10 @@ class Fallback(Exception):
     """The worker cannot be what the client's Python CLI would be: the client runs it itself."""
 
 
-def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], log: str = "") -> NoReturn:
-    """The forked worker's whole life: never returns. `log`: the server's notes file ("": none)."""
+def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], log: str = "",
+        ctrl: socket.socket | None = None) -> NoReturn:
+    """The forked worker's whole life: never returns. `log`: the server's notes file ("": none);
+    `ctrl`: the socket to the server, to tell it the command line parsed (rehearse.py)."""
     code = 1
     try:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the client's own limit is taken on below
@@ -45,9 +47,11 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
         if hard != resource.RLIM_INFINITY and base + len(fds) + 2 > hard:
             conn.send(wire.frame(wire.FALLBACK))
             os._exit(FALLBACK_EXIT)
-        own = _move_high([conn.detach(), peer.pidfd, *fds], base)
-        conn_fd, peer.pidfd, received = own[0], own[1], own[2:]
+        ctrl_fd = ctrl.detach() if ctrl is not None else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        own = _move_high([conn.detach(), peer.pidfd, ctrl_fd, *fds], base)
+        conn_fd, peer.pidfd, received = own[0], own[1], own[3:]
         conn = socket.socket(fileno=conn_fd)
+        ctrl = socket.socket(fileno=own[2]) if ctrl is not None else None
         _close_all_but(own)
         try:
             _take_on(peer.pid)
@@ -60,7 +64,7 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
             os.dup2(fd, number, inheritable=True)
         for fd in received:  # above every number taken
             os.close(fd)
-        code = _run_cli(conn, peer, request)
+        code = _run_cli(conn, peer, request, ctrl)
     except KeyboardInterrupt:  # as it ends the Python CLI: a traceback, then SIGINT itself (the server reports it)
         import traceback
 
@@ -110,7 +114,8 @@ def _close_all_but(keep: list[int]) -> None:
 
 # ---------------------------------------------------------------- the client's process state
 
-def _status_fields(pid: int) -> dict[str, str]:
+def status_fields(pid: int) -> dict[str, str]:
+    """The fields of /proc/PID/status."""
     with open(f"/proc/{pid}/status") as f:
         return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
 
@@ -140,7 +145,7 @@ def client_limits(pid: int) -> dict[int, tuple[int, int]]:
 
 def _take_on(pid: int) -> None:
     """This process takes on the client's process state (Fallback if it cannot)."""
-    fields = _status_fields(pid)
+    fields = status_fields(pid)
     os.umask(int(fields["Umask"].strip(), 8))
     for which, (soft, hard) in client_limits(pid).items():
         _, our_hard = resource.getrlimit(which)
@@ -182,6 +187,8 @@ def _take_signals(blocked: int, ignored: int) -> None:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         handler = signal.SIG_IGN if ignored & (1 << (sig - 1)) else fresh.get(sig, signal.SIG_DFL)
+        if signal.getsignal(sig) is handler:  # as Python set it (None: a handler Python did not set)
+            continue
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, {s for s in signal.valid_signals() if blocked & (1 << (s - 1))})
@@ -189,7 +196,7 @@ def _take_signals(blocked: int, ignored: int) -> None:
 
 # ---------------------------------------------------------------- running the CLI
 
-def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
+def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socket.socket | None) -> int:
     from .. import cli
 
     os.environb.clear()
@@ -210,8 +217,18 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
             conn.send(wire.frame(wire.DIE_WITH_PARENT))
         return frames.ack() == 1
 
-    cli.HIDDEN_FDS.update((conn.fileno(), peer.pidfd))
+    def parsed(replay: tuple[str, ...]) -> None:
+        if ctrl is not None and ctrl.fileno() >= 0:
+            from .rehearse import learned
+
+            with contextlib.suppress(OSError):
+                ctrl.send(b"L" + learned(replay))
+            ctrl.close()
+
+    cli.HIDDEN_FDS.update(fd.fileno() for fd in (conn, ctrl) if fd is not None)
+    cli.HIDDEN_FDS.add(peer.pidfd)
     cli.DIE_WITH_PARENT_HOOK = die_with_client
+    cli.PARSED_HOOK = parsed
     code = cli.run_command_line(argv[1:], argv[0], one_shot=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):

@@ -188,6 +188,35 @@ class TestHandedOff:
         assert result.stdout == f"{tmp_path}\nvalue\n" and result.returncode == 0
         assert served.handed_off() == 1
 
+    def test_a_repeated_command_line_sees_its_own_environment_and_cwd(self, served, tmp_path):
+        # each spare makes the previous command line ready (cliserver/rehearse.py): only the very same
+        # words, environment and cwd may reuse what it made
+        outs = []
+        for value, cwd in (("one", "/"), ("one", "/"), ("two", "/"), ("two", str(tmp_path)), ("two", str(tmp_path))):
+            result = served.run("run", *SYSTEM, "--bind", str(tmp_path), str(tmp_path), "sh", "-c",
+                                'echo "$PROBE $PWD"; pwd', env=clean_env(PROBE=value), cwd=cwd)
+            outs.append(result.stdout)
+        assert outs == [f"{v} {d}\n{d}\n" for v, d in (("one", "/"), ("one", "/"), ("two", "/"), ("two", tmp_path),
+                                                      ("two", tmp_path))]
+        assert served.handed_off() == 5
+
+    def test_a_repeated_args_file_with_other_content_is_read_again(self, served, tmp_path):
+        for name in ("a", "b", "b", "a"):
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / "which").write_text(name)
+        seen = []
+        for name in ("a", "a", "b", "a"):
+            r, w = os.pipe()
+            os.write(w, b"\0".join(a.encode() for a in [*SYSTEM, "--ro-bind", str(tmp_path / name), "/mnt"]))
+            os.close(w)
+            try:
+                result = served.run("--args", str(r), "cat", "/mnt/which", name="bwrap", pass_fds=(r,))
+            finally:
+                os.close(r)
+            seen.append(result.stdout)
+        assert seen == ["a", "a", "b", "a"]
+        assert served.handed_off() == 4
+
     def test_limits_umask_and_ignored_signals_are_the_clients(self, served):
         import resource
 

@@ -481,6 +481,31 @@ class TestConfinedClientsRunDirectly:
 
 
 class TestFirstUse:
+    def test_the_server_warms_up_once_its_starter_is_gone(self, install):
+        # the client that starts a server runs its own command line meanwhile: the server waits for
+        # its end (`--after PIDFD`), at most AFTER_SECONDS, before it warms up and listens
+        from sandbox.cliserver import AFTER_SECONDS
+
+        starter = subprocess.Popen(["sleep", "60"])
+        pidfd = os.pidfd_open(starter.pid)
+        try:
+            install.server = subprocess.Popen(
+                [str(install.root / "sandbox-py"), "serve", "--socket", install.socket, "--client",
+                 install.identity(), "--idle", "60", "--log", str(install.log), "--after", str(pidfd)],
+                env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(pidfd,))
+            started = time.monotonic()
+            time.sleep(AFTER_SECONDS / 2)
+            assert not os.path.exists(install.socket)  # still waiting
+            while not os.path.exists(install.socket):  # and then not longer than AFTER_SECONDS
+                assert install.server.poll() is None and time.monotonic() < started + TIMEOUT
+                time.sleep(0.02)
+            assert starter.poll() is None and time.monotonic() - started >= AFTER_SECONDS
+            assert install.run("run", *SYSTEM, "true").returncode == 0 and install.handed_off() == 1
+        finally:
+            os.close(pidfd)
+            starter.kill()
+            starter.wait()
+
     def test_the_first_run_starts_a_server_and_runs_directly(self, install):
         first = install.run("run", *SYSTEM, "sh", "-c", "echo one")
         assert (first.returncode, first.stdout) == (0, "one\n")

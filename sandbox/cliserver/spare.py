@@ -7,8 +7,8 @@ client meets a process that only has to check it and run its command line.
 
 The spare accepts one connection on the server's listening socket, passes
 a copy of it to the server at once (over its control socket, with "A"), so
-the server forks the next spare and watches the connection. While it
-waits it makes the previous client's command line ready (rehearse.py).
+the server forks the next spare and watches the connection. Until a
+client comes it makes the previous client's command line ready (rehearse.py).
 Then it checks
 the client (peer.py), reads its request (wire.py) and becomes its worker
 (worker.py), or answers FALLBACK. A request from a client of another build
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import socket
 import threading
@@ -39,7 +38,7 @@ def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, in
         os.setpgid(0, 0)  # the server kills this group when the client goes away
         signal.set_wakeup_fd(-1)  # the server's wake-up pipe and handler are the server's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        rehearse.rehearse(learned, lambda: bool(select.select([listener], [], [], 0)[0]))
+        rehearse.until_client(listener, lambda: rehearse.rehearse(learned))
         conn, _ = listener.accept()
         listener.close()
         socket.send_fds(ctrl, [b"A"], [conn.fileno()])

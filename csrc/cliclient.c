@@ -15,6 +15,7 @@
 #include "cliclient.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -221,6 +222,13 @@ static void hand_off(int argc, char **argv, pid_t parent)
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
+    /* the mask the command would inherit is the one from before (the worker may read
+     * /proc/PID/status before the relay is in place and the mask restored) */
+    uint64_t mask = 0;
+    for (int sig = 1; sig <= 64; sig++)
+        if (sigismember(&old, sig) == 1)
+            mask |= 1ULL << (sig - 1);
+    memcpy(msg + offsetof(struct sbx_cli_request, sigmask), &mask, sizeof mask);
     int sent = send_fds(fd, msg, size, fds, nfds);
     free(msg);
     if (sent < 0) {

@@ -394,12 +394,16 @@ class SignalForwarder:
                 sel.register(self._wake_r, selectors.EVENT_READ)
                 if pidfd >= 0:
                     sel.register(pidfd, selectors.EVENT_READ)
+                for fd, read in WAIT_READERS.items():
+                    sel.register(fd, selectors.EVENT_READ, read)
                 while True:
                     self._forward(proc)
                     returncode = proc.poll()
                     if returncode is not None:
                         return int(returncode)
-                    sel.select(None if pidfd >= 0 else self.POLL_INTERVAL)
+                    for key, _ in sel.select(None if pidfd >= 0 else self.POLL_INTERVAL):
+                        if key.data is not None and not key.data():
+                            sel.unregister(key.fd)
                     self._drain()
         finally:
             if pidfd >= 0:
@@ -445,6 +449,9 @@ HIDDEN_FDS: set[int] = set()
 # ... and it tells the server the pure options of a command line parsed (bwrap/memo.py), so that the next
 # worker has their Spec and plan ready.
 PARSED_HOOK: Callable[[tuple[str, ...]], None] | None = None
+# ... and it reads its client's frames (a signal to forward) whenever they come: SIGIO says so, and
+# so does the wait for the sandbox, which watches these fds too (fd -> read(): False once it is done).
+WAIT_READERS: dict[int, Callable[[], bool]] = {}
 
 
 def _die_with_parent() -> bool:

@@ -54,7 +54,7 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
         ctrl = socket.socket(fileno=own[2]) if ctrl is not None else None
         _close_all_but(own)
         try:
-            _take_on(peer.pid)
+            _take_on(peer.pid, request.sigmask)
             peer.confirm()
         except (Fallback, OSError) as exc:
             note(log, f"pid {peer.pid}: runs directly: {exc}")
@@ -143,8 +143,9 @@ def client_limits(pid: int) -> dict[int, tuple[int, int]]:
     return out  # type: ignore[return-value]
 
 
-def _take_on(pid: int) -> None:
-    """This process takes on the client's process state (Fallback if it cannot)."""
+def _take_on(pid: int, sigmask: int) -> None:
+    """This process takes on the client's process state (Fallback if it cannot); its signal
+    mask is `sigmask`, the one the client had before it blocked every signal to send its request."""
     fields = status_fields(pid)
     os.umask(int(fields["Umask"].strip(), 8))
     for which, (soft, hard) in client_limits(pid).items():
@@ -164,7 +165,7 @@ def _take_on(pid: int) -> None:
             f.write(oom)
     except OSError as exc:
         raise Fallback(str(exc)) from None
-    _take_signals(int(fields["SigBlk"], 16), int(fields["SigIgn"], 16))
+    _take_signals(sigmask, int(fields["SigIgn"], 16))
     cwd = os.open(f"/proc/{pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fchdir(cwd)
@@ -229,6 +230,7 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socke
     cli.HIDDEN_FDS.add(peer.pidfd)
     cli.DIE_WITH_PARENT_HOOK = die_with_client
     cli.PARSED_HOOK = parsed
+    cli.WAIT_READERS[conn.fileno()] = frames.read
     code = cli.run_command_line(argv[1:], argv[0], one_shot=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -284,7 +286,10 @@ class _Frames:
     setns(CLONE_NEWUSER) (--userns), which a multi-threaded process cannot.
     SIGIO and the signals raised go to the main thread itself (F_SETOWN_EX,
     pthread_kill): a signal another thread (a sandbox's reaper) took would
-    leave the main thread asleep in its wait, and Python's handler unrun."""
+    leave the main thread asleep in its wait, and Python's handler unrun.
+    SIGIO alone is not enough: now and then a frame stayed queued with no
+    SIGIO seen (1 run in ~20 of a SIGTERM test), so the CLI's wait for the
+    sandbox also watches the connection (cli.WAIT_READERS) and reads it."""
 
     def __init__(self, conn: socket.socket) -> None:
         import fcntl
@@ -305,24 +310,25 @@ class _Frames:
     def _on_sigio(self, signum: int, frame: object) -> None:
         self.read()
 
-    def read(self) -> None:
-        """Act on every frame that has come."""
+    def read(self) -> bool:
+        """Act on every frame that has come; False once the client is gone."""
         while not self.gone:
             try:
                 data = self.conn.recv(wire.FRAME_SIZE + 1)
             except BlockingIOError:
-                return
+                return True
             except OSError:
                 data = b""
             if not data:  # the client is gone: the server ends this process's group
                 self.gone = True
-                return
+                return False
             with contextlib.suppress(wire.WireError):
                 kind, value = wire.parse_frame(data)
                 if kind == wire.SIGNAL and 0 < value < signal.NSIG:
                     signal.pthread_kill(self.main, value)
                 elif kind == wire.ACK:
                     self.acks.append(value)
+        return False
 
     def ack(self) -> int:
         """Wait for the client's ACK; its value (0 if the client is gone)."""

@@ -28,6 +28,7 @@ from .peer import Peer
 
 F_SETOWN_EX, F_OWNER_TID = 15, 0  # <asm-generic/fcntl.h>: SIGIO for one thread
 LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
+ACK_POLL = 0.002  # seconds between looks for the client's ACK (see _Frames.ack)
 FALLBACK_EXIT = 0  # the worker's exit status after a FALLBACK (the server sends nothing more)
 
 
@@ -335,6 +336,8 @@ class _Frames:
         import select
 
         while not self.acks and not self.gone:
-            select.select([self.conn], [], [], 1.0)
+            # briefly: SIGIO's handler may take the ACK while select waits (it is then retried, PEP 475,
+            # with nothing left to read: a 1 s wait for an ACK already there)
+            select.select([self.conn], [], [], ACK_POLL)
             self.read()
         return self.acks.pop(0) if self.acks else 0

@@ -8,8 +8,8 @@ installations, so each has a server of its own:
 
 - warm: its server is started first and serves every call;
 - cold: no server; each call starts one (and runs its command line
-  directly, as a first use does), and that server is stopped again between
-  rounds, outside the timed calls.
+  directly, as a first use does), and that server is stopped again right
+  after the call, outside its timed part.
 
 Two command lines: the flatpak-like options of latency.py (read-only /usr
 with its links, ld.so.cache, proc, dev, a tmpfs /tmp, --unshare-all,
@@ -18,7 +18,8 @@ with its links, ld.so.cache, proc, dev, a tmpfs /tmp, --unshare-all,
 binds of a work tree and caches, tmpfs masks, new pid/ipc/uts namespaces,
 --die-with-parent, --new-session), each under the name bwrap as a drop-in
 is installed. Then `--version` of bwrap and of ours, `python -c 'import
-sandbox'` and the interpreter's floor (`python -I -S -c pass`). All
+sandbox'`, the interpreter's floor (`python -I -S -c pass`) and the
+Python CLI run directly (SANDBOX_CLI_SERVER=0: a cold call's floor). All
 interleaved round-robin, so machine noise hits them alike; medians and
 p99s in ms, and each median as a ratio to bwrap's with the same options.
 
@@ -168,8 +169,9 @@ class Server:
             time.sleep(0.01)
 
 
-def variants(warm: Path, cold: Path, work: Path) -> dict[str, Callable[[], object]]:
-    """name -> one fresh process, waited for."""
+def variants(warm: Path, cold: Path, work: Path, cold_server: Server,
+             cold_times: dict[str, list[float]]) -> dict[str, Callable[[], object]]:
+    """name -> one fresh process, waited for (a cold row's own time goes to `cold_times`)."""
     python = sys.executable
     env = _env()
     agent = agent_args(work)
@@ -188,11 +190,26 @@ def variants(warm: Path, cold: Path, work: Path) -> dict[str, Callable[[], objec
     out["named bwrap: --version"] = _run([str(warm / "bwrap"), "--version"], env)
     out["python -c 'import sandbox'"] = _run([python, "-c", "import sandbox"])
     out[FLOOR] = _run([python, "-I", "-S", "-c", "pass"])
-    # last in each round: the server a cold call starts is stopped before the next round
-    out["cold: sandbox run <flatpak-like> /bin/true"] = _run([str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE],
-                                                             env)
-    out["cold: named bwrap --args FD <agent> /bin/true"] = _run([str(cold / "bwrap"), *TRUE], env, agent)
+    # the Python CLI alone, with no server to start or ask: what a cold call costs at best
+    out["direct: SANDBOX_CLI_SERVER=0 sandbox run <flatpak-like> /bin/true"] = _run(
+        [str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE], {**env, "SANDBOX_CLI_SERVER": "0"})
+    cold_rows = {"cold: sandbox run <flatpak-like> /bin/true": _run([str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE],
+                                                                    env),
+                 "cold: named bwrap --args FD <agent> /bin/true": _run([str(cold / "bwrap"), *TRUE], env, agent)}
+    for name, call in cold_rows.items():
+        out[name] = _cold(call, cold_server, cold_times.setdefault(name, []))
     return out
+
+
+def _cold(call: Callable[[], object], server: Server, times: list[float]) -> Callable[[], object]:
+    """`call`, timed into `times`; then the server it started is stopped (untimed), so the next call is
+    cold too and no server warming up competes with it."""
+    def cold() -> None:
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1000)
+        server.stop_started()
+    return cold
 
 
 def _baseline(name: str) -> str | None:
@@ -232,8 +249,11 @@ def main() -> int:
         warm_server, cold_server = Server(warm), Server(cold)
         warm_server.start()
         try:
-            times = measure(variants(warm, cold, Path(tmp) / "work"), args.n, warmup=min(5, args.n),
-                            on_round=cold_server.stop_started)
+            cold_times: dict[str, list[float]] = {}
+            warmup = min(5, args.n)
+            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times), args.n,
+                            warmup=warmup)
+            times.update({name: xs[warmup:] for name, xs in cold_times.items()})
         finally:
             warm_server.stop()
             cold_server.stop()

@@ -15,6 +15,7 @@
 #include "cliclient.h"
 
 #include <dirent.h>
+#include <stddef.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,6 +26,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,14 +71,23 @@ static _Noreturn void direct(int argc, char **argv)
 /* --------------------------------------------------------------- the server */
 
 /* Start the server for `sock` in the background, in a session of its own,
- * reparented away from us (a double fork), and do not wait for it. */
+ * reparented away from us (a double fork), and do not wait for it. Its
+ * warming up (importing and preparing everything) would compete for the
+ * CPUs with this command line, which we run directly: it is given our
+ * pidfd (`--after 3`), and warms up once we are gone (or after a while). */
 static void start_server(const char *sock, const struct stat *exe)
 {
+    int self = (int)syscall(SYS_pidfd_open, getpid(), 0); /* close-on-exec: the direct run drops it */
+    if (self >= 0 && self < 3) { /* 0-2 become /dev/null below */
+        int high = fcntl(self, F_DUPFD_CLOEXEC, 3);
+        close(self);
+        self = high;
+    }
     pid_t pid = fork();
-    if (pid < 0)
-        return;
-    if (pid > 0) {
-        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+    if (pid != 0) {
+        if (self >= 0)
+            close(self);
+        while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR)
             ;
         return;
     }
@@ -85,14 +96,19 @@ static void start_server(const char *sock, const struct stat *exe)
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
     for (int i = 0; i < 3 && null >= 0; i++)
         dup2(null, i);
-    close_range(3, ~0U, 0);
+    /* at 3, open across the exec (a dup2 onto another number clears close-on-exec) */
+    if (self >= 0 && (self == 3 ? fcntl(3, F_SETFD, 0) : dup2(self, 3)) < 0)
+        self = -1;
+    close_range(self < 0 ? 3 : 4, ~0U, 0);
     char path[PATH_MAX + 16], id[96], log[PATH_MAX];
     snprintf(path, sizeof path, "%s/sandbox-py", exe_dir);
     snprintf(log, sizeof log, "%.*s.log", (int)(strlen(sock) - 5), sock); /* beside the socket: why a client ran directly */
     snprintf(id, sizeof id, "%llu:%llu:%lld", (unsigned long long)exe->st_dev, (unsigned long long)exe->st_ino,
              (long long)exe->st_mtim.tv_sec * 1000000000LL + exe->st_mtim.tv_nsec);
     unsetenv(CLI_SERVER_ENV);
-    char *args[] = {path, "serve", "--socket", (char *)sock, "--client", id, "--log", log, NULL};
+    char *args[] = {path, "serve", "--socket", (char *)sock, "--client", id, "--log", log, "--after", "3", NULL};
+    if (self < 0)
+        args[8] = NULL;
     execv(path, args);
     _exit(127);
 }
@@ -206,6 +222,13 @@ static void hand_off(int argc, char **argv, pid_t parent)
     sigset_t all, old;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
+    /* the mask the command would inherit is the one from before (the worker may read
+     * /proc/PID/status before the relay is in place and the mask restored) */
+    uint64_t mask = 0;
+    for (int sig = 1; sig <= 64; sig++)
+        if (sigismember(&old, sig) == 1)
+            mask |= 1ULL << (sig - 1);
+    memcpy(msg + offsetof(struct sbx_cli_request, sigmask), &mask, sizeof mask);
     int sent = send_fds(fd, msg, size, fds, nfds);
     free(msg);
     if (sent < 0) {

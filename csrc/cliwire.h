@@ -10,7 +10,8 @@
  * all), with the fds themselves in SCM_RIGHTS, in the order of the numbers.
  * `exe_dev`, `exe_ino` and `exe_mtime` identify the client's executable: a
  * server started by another installation (or before it was reinstalled)
- * answers FALLBACK and exits.
+ * answers FALLBACK and exits. `sigmask` is the client's signal mask as its
+ * caller left it: /proc shows all blocked while the client sends.
  *
  * Then frames go both ways (struct sbx_cli_frame): SIGNAL and ACK from the
  * client; STATUS, FALLBACK and DIE_WITH_PARENT from the server. FALLBACK
@@ -24,7 +25,7 @@
 
 /* CDEF BEGIN */
 #define SBX_CLI_MAGIC 0x4c434253 /* "SBCL" */
-#define SBX_CLI_VERSION 1
+#define SBX_CLI_VERSION 2
 #define SBX_CLI_MAX_FDS 253 /* the kernel's SCM_MAX_FD: more open fds, and the client runs directly */
 #define SBX_CLI_MAX_REQUEST 196608 /* bytes; a larger request runs directly */
 
@@ -36,6 +37,7 @@ struct sbx_cli_request {
     uint32_t size;  /* bytes of strings after the fd numbers */
     uint64_t exe_dev, exe_ino;
     int64_t exe_mtime; /* nanoseconds */
+    uint64_t sigmask;  /* the client's signal mask (bit N-1: signal N), before it blocked all to send this */
 };
 
 enum sbx_cli_kind {

@@ -177,6 +177,8 @@ def run(args: Sequence[str]) -> int:
         return _fail(EXIT_SETUP, exc)
     for warning in extras.warnings:
         _say(warning)
+    if PARSED_HOOK is not None and extras.replay is not None:
+        PARSED_HOOK(extras.replay)
     if extras.show_help:
         from .bwrap.grammar import usage
 
@@ -392,12 +394,16 @@ class SignalForwarder:
                 sel.register(self._wake_r, selectors.EVENT_READ)
                 if pidfd >= 0:
                     sel.register(pidfd, selectors.EVENT_READ)
+                for fd, read in WAIT_READERS.items():
+                    sel.register(fd, selectors.EVENT_READ, read)
                 while True:
                     self._forward(proc)
                     returncode = proc.poll()
                     if returncode is not None:
                         return int(returncode)
-                    sel.select(None if pidfd >= 0 else self.POLL_INTERVAL)
+                    for key, _ in sel.select(None if pidfd >= 0 else self.POLL_INTERVAL):
+                        if key.data is not None and not key.data():
+                            sel.unregister(key.fd)
                     self._drain()
         finally:
             if pidfd >= 0:
@@ -440,6 +446,12 @@ _PARENT = os.getppid()  # the caller, read again as early as main() runs
 # its own are not the command's.
 DIE_WITH_PARENT_HOOK: Callable[[], bool] | None = None
 HIDDEN_FDS: set[int] = set()
+# ... and it tells the server the pure options of a command line parsed (bwrap/memo.py), so that the next
+# worker has their Spec and plan ready.
+PARSED_HOOK: Callable[[tuple[str, ...]], None] | None = None
+# ... and it reads its client's frames (a signal to forward) whenever they come: SIGIO says so, and
+# so does the wait for the sandbox, which watches these fds too (fd -> read(): False once it is done).
+WAIT_READERS: dict[int, Callable[[], bool]] = {}
 
 
 def _die_with_parent() -> bool:

@@ -38,6 +38,7 @@ from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
 from ..seccomp.stack import stack
 from ..validate import check_items, check_mapping, check_text
+from . import memo
 from .grammar import BY_NAME, Option
 from .monitor import Monitor
 from .state import MAX_ARGS, BwrapArgsError, ParseState
@@ -59,6 +60,7 @@ class CliExtras:
     show_secrets: `--show-secrets`: the description shows key-like environment values.
     monitor: the status and synchronization options (`--info-fd`, `--lock-file`, ...).
     show_help / show_version: `--help` / `--version` was given; parsing stopped there.
+    replay: the options applied, `--args` files expanded, when all are pure (bwrap/memo.py); else None.
     """
 
     backend: str = "auto"
@@ -71,6 +73,7 @@ class CliExtras:
     show_help: bool = False
     show_version: bool = False
     monitor: Monitor = dataclasses.field(default_factory=Monitor)
+    replay: tuple[str, ...] | None = dataclasses.field(default=None, compare=False)
 
 
 # ---------------------------------------------------------------- public API
@@ -104,7 +107,7 @@ def parse_bwrap_args(
         return S.Spec(), [], _extras(st)
     if not command:
         raise BwrapArgsError("No command given (usage: [OPTIONS...] [--] COMMAND [ARGS...])", "command", [])
-    spec = _build(st, host)
+    spec = memo.built(st, host, _build)
     return spec, command, _extras(st)
 
 
@@ -126,6 +129,7 @@ def _extras(st: ParseState) -> CliExtras:
         backend=st.backend, close_fds=st.close_fds, consumed_fds=tuple(st.consumed + st.held),
         warnings=tuple(st.warnings), verbose=st.verbose, dry_run=st.dry_run, show_secrets=st.show_secrets,
         show_help=st.stop == "help", show_version=st.stop == "version", monitor=st.monitor,
+        replay=None if st.replay is None else tuple(st.replay),
     )
 
 
@@ -172,6 +176,7 @@ def _parse_list(st: ParseState, args: list[str], in_file: bool) -> list[str]:
         _warn_repeated(st, option)
         assert option.handler is not None  # _lookup refused the others
         option.handler(st, name, values)
+        memo.note(st, name, values)
         if st.included is not None:  # --args FD: its arguments apply here
             included, st.included = st.included, None
             _parse_list(st, included, in_file=True)

@@ -93,6 +93,9 @@ class ParseState:
     total: int = 0
     stop: str | None = None  # "help" or "version"
     monitor: Monitor = field(default_factory=Monitor)  # the status and synchronization options
+    # The options applied, in order, --args files expanded: what the Spec was built from (parse.py's cache
+    # key); None once an option whose meaning is not in its words alone (it reads an fd or a file) came.
+    replay: list[str] | None = field(default_factory=list)
 
     def take_perms(self, default: int) -> int:
         """The pending --perms value (consumed), else `default`."""

@@ -25,13 +25,17 @@ from collections.abc import Sequence
 
 SERVE_HELP = """\
 usage: sandbox-py serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE]
+                       [--after PIDFD]
 
 Serve `run` command lines handed over by the installed `sandbox` command
 (csrc/cliclient.c) at the socket PATH (default: this installation's, see
 socket_path), until no client came for SECONDS (default 120). --client is
 the identity of the client executable served; a request from another one is
 handed back and the server exits. --log notes each client's outcome (handed
-off, or run directly and why) in FILE. The client starts this itself.
+off, or run directly and why) in FILE. --after: warm up only once the process
+of this pidfd has ended (or AFTER_SECONDS passed): the client that starts the
+server runs its own command line meanwhile, and needs the CPUs. The client
+starts this itself.
 """
 
 
@@ -50,10 +54,10 @@ def socket_path(client_dir: str) -> str:
 
 
 def serve_command(args: Sequence[str]) -> int:
-    """`serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE]`."""
+    """`serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE] [--after PIDFD]`."""
     from .server import IDLE_SECONDS, run_server
 
-    opts = {"--socket": "", "--client": "", "--idle": str(IDLE_SECONDS), "--log": ""}
+    opts = {"--socket": "", "--client": "", "--idle": str(IDLE_SECONDS), "--log": "", "--after": ""}
     rest = list(args)
     while rest:
         name = rest.pop(0)
@@ -64,6 +68,8 @@ def serve_command(args: Sequence[str]) -> int:
             sys.stderr.write(f"sandbox: serve: bad argument {name!r} (try --help)\n")
             return 125
         opts[name] = rest.pop(0)
+    if opts["--after"]:
+        _await_end(opts["--after"])
     path = opts["--socket"] or socket_path(os.path.dirname(os.path.realpath(sys.argv[0])))
     client = None
     if opts["--client"]:
@@ -75,3 +81,19 @@ def serve_command(args: Sequence[str]) -> int:
     except OSError as exc:
         sys.stderr.write(f"sandbox: serve: {exc}\n")
         return 125
+
+
+AFTER_SECONDS = 2.0
+
+
+def _await_end(text: str) -> None:
+    """Wait until the process of pidfd `text` has ended (a pidfd reads as ready then), at most
+    AFTER_SECONDS; the fd is closed. A bad fd waits for nothing."""
+    import select
+
+    try:
+        fd = int(text)
+        select.select([fd], [], [], AFTER_SECONDS)
+        os.close(fd)
+    except (ValueError, OSError):
+        pass

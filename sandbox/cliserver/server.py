@@ -35,6 +35,7 @@ IDLE_SECONDS = 120.0
 # next one while a worker runs competes with it for the CPUs, and a caller that runs one command
 # after the other only needs the next spare when the command before has ended.
 SPARE_DELAY = 0.05
+LEARNED_MAX = 1 << 18  # a worker's "L" message: its command line, cwd and environment (a request is < 192 KiB)
 
 
 @dataclass(eq=False)
@@ -70,6 +71,7 @@ class Server:
         self.epoll.register(self._wake_r, select.EPOLLIN)
         self.last_client = time.monotonic()
         self._ident: tuple[int, int] | None = None
+        self.learned = b""  # the last command line a worker parsed, for the next spare (rehearse.py)
 
     def listen(self) -> None:
         """Bind the socket (replacing a dead server's; the caller holds the lock)."""
@@ -156,7 +158,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             ours.close()
-            spare.run(self.listener, theirs, self.client, self.log)
+            spare.run(self.listener, theirs, self.client, self.log, self.learned)
         theirs.close()
         w = _Worker(pid=pid, pidfd=os.pidfd_open(pid), ctrl=ours)
         self.workers[w.pidfd] = w
@@ -166,10 +168,11 @@ class Server:
         self.spare = w
 
     def _control(self, w: _Worker) -> None:
-        """A message from a worker: "A" with its connection (it accepted), "S" (a stale client), or its end."""
+        """A message from a worker: "A" with its connection (it accepted), "S" (a stale client),
+    "L" and the command line it parsed (for the next spare), or its end."""
         assert w.ctrl is not None
         try:
-            msg, fds, _, _ = socket.recv_fds(w.ctrl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+            msg, fds, _, _ = socket.recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         except OSError:
@@ -185,6 +188,9 @@ class Server:
             return
         for fd in fds:
             os.close(fd)
+        if msg[:1] == b"L":
+            self.learned = msg[1:]
+            return
         if msg == b"S":
             self.stale = True
         if not msg or msg == b"S":

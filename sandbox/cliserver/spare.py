@@ -7,7 +7,9 @@ client meets a process that only has to check it and run its command line.
 
 The spare accepts one connection on the server's listening socket, passes
 a copy of it to the server at once (over its control socket, with "A"), so
-the server forks the next spare and watches the connection; then it checks
+the server forks the next spare and watches the connection. Until a
+client comes it makes the previous client's command line ready (rehearse.py).
+Then it checks
 the client (peer.py), reads its request (wire.py) and becomes its worker
 (worker.py), or answers FALLBACK. A request from a client of another build
 is also reported to the server ("S"), which then exits.
@@ -22,34 +24,27 @@ import socket
 import threading
 from typing import NoReturn
 
-from . import wire, worker
-from .peer import Peer, Unverified, fingerprint
+from . import rehearse, wire, worker
+from .peer import Peer, Unverified
 
 REQUEST_TIMEOUT = 2.0  # the request follows the connection at once
 
 
-def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, log: str) -> NoReturn:
-    """The spare's whole life: never returns."""
+def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, log: str,
+        learned: bytes = b"") -> NoReturn:
+    """The spare's whole life: never returns. `learned`: the previous client's pure
+    options, cwd and environment (rehearse.py), to make ready before a client comes."""
     try:
         os.setpgid(0, 0)  # the server kills this group when the client goes away
         signal.set_wakeup_fd(-1)  # the server's wake-up pipe and handler are the server's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _rehearse()
+        rehearse.until_client(listener, lambda: rehearse.rehearse(learned))
         conn, _ = listener.accept()
         listener.close()
         socket.send_fds(ctrl, [b"A"], [conn.fileno()])
         _serve(conn, ctrl, client, log)
     finally:
         os._exit(1)
-
-
-def _rehearse() -> None:
-    """Touch what serving a client touches, before one comes (see the module's docstring).
-    The server froze its objects (gc.freeze): no collection here walks them all."""
-    fingerprint("/proc/self")
-    from ..bwrap.parse import parse_bwrap_args
-
-    parse_bwrap_args(["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
 
 
 def _same_interpreter_settings(environ: list[bytes]) -> None:
@@ -85,7 +80,6 @@ def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int
         with contextlib.suppress(OSError):
             conn.send(wire.frame(wire.FALLBACK))
         os._exit(worker.FALLBACK_EXIT)
-    ctrl.close()
     conn.settimeout(None)
     worker.note(log, f"pid {pid}: handed off")
-    worker.run(conn, peer, request, fds, log)
+    worker.run(conn, peer, request, fds, log, ctrl)

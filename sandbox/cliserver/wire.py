@@ -54,13 +54,14 @@ FRAME_SIZE: int = ffi.sizeof("struct sbx_cli_frame")
 class Request:
     """One client's command line: argv (argv[0] as the client was invoked),
     its cwd (as text; the server uses the client's own cwd), environment,
-    fd numbers, and the identity of the client's executable."""
+    fd numbers, the identity of the client's executable and its signal mask."""
 
     argv: list[bytes]
     cwd: bytes
     environ: list[bytes]
     fd_numbers: list[int]
     exe: tuple[int, int, int]  # st_dev, st_ino, st_mtime_ns
+    sigmask: int = 0  # the client's signal mask (bit N-1: signal N) from before it sent this
 
 
 def parse_request(data: bytes) -> Request:
@@ -81,7 +82,7 @@ def parse_request(data: bytes) -> Request:
         raise WireError(f"{len(strings) - 1} strings, the header says {h.argc + 1 + h.envc}")
     argv = [strings[0], *strings[2:h.argc + 1]]
     return Request(argv=argv, cwd=strings[1], environ=strings[h.argc + 1:-1], fd_numbers=numbers,
-                   exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)))
+                   exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)), sigmask=int(h.sigmask))
 
 
 def frame(kind: int, value: int = 0) -> bytes:

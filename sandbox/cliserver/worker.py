@@ -28,6 +28,7 @@ from .peer import Peer
 
 F_SETOWN_EX, F_OWNER_TID = 15, 0  # <asm-generic/fcntl.h>: SIGIO for one thread
 LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
+ACK_POLL = 0.002  # seconds between looks for the client's ACK (see _Frames.ack)
 FALLBACK_EXIT = 0  # the worker's exit status after a FALLBACK (the server sends nothing more)
 
 
@@ -35,8 +36,10 @@ class Fallback(Exception):
     """The worker cannot be what the client's Python CLI would be: the client runs it itself."""
 
 
-def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], log: str = "") -> NoReturn:
-    """The forked worker's whole life: never returns. `log`: the server's notes file ("": none)."""
+def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], log: str = "",
+        ctrl: socket.socket | None = None) -> NoReturn:
+    """The forked worker's whole life: never returns. `log`: the server's notes file ("": none);
+    `ctrl`: the socket to the server, to tell it the command line parsed (rehearse.py)."""
     code = 1
     try:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the client's own limit is taken on below
@@ -45,12 +48,14 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
         if hard != resource.RLIM_INFINITY and base + len(fds) + 2 > hard:
             conn.send(wire.frame(wire.FALLBACK))
             os._exit(FALLBACK_EXIT)
-        own = _move_high([conn.detach(), peer.pidfd, *fds], base)
-        conn_fd, peer.pidfd, received = own[0], own[1], own[2:]
+        ctrl_fd = ctrl.detach() if ctrl is not None else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        own = _move_high([conn.detach(), peer.pidfd, ctrl_fd, *fds], base)
+        conn_fd, peer.pidfd, received = own[0], own[1], own[3:]
         conn = socket.socket(fileno=conn_fd)
+        ctrl = socket.socket(fileno=own[2]) if ctrl is not None else None
         _close_all_but(own)
         try:
-            _take_on(peer.pid)
+            _take_on(peer.pid, request.sigmask)
             peer.confirm()
         except (Fallback, OSError) as exc:
             note(log, f"pid {peer.pid}: runs directly: {exc}")
@@ -60,7 +65,7 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
             os.dup2(fd, number, inheritable=True)
         for fd in received:  # above every number taken
             os.close(fd)
-        code = _run_cli(conn, peer, request)
+        code = _run_cli(conn, peer, request, ctrl)
     except KeyboardInterrupt:  # as it ends the Python CLI: a traceback, then SIGINT itself (the server reports it)
         import traceback
 
@@ -110,7 +115,8 @@ def _close_all_but(keep: list[int]) -> None:
 
 # ---------------------------------------------------------------- the client's process state
 
-def _status_fields(pid: int) -> dict[str, str]:
+def status_fields(pid: int) -> dict[str, str]:
+    """The fields of /proc/PID/status."""
     with open(f"/proc/{pid}/status") as f:
         return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
 
@@ -138,9 +144,10 @@ def client_limits(pid: int) -> dict[int, tuple[int, int]]:
     return out  # type: ignore[return-value]
 
 
-def _take_on(pid: int) -> None:
-    """This process takes on the client's process state (Fallback if it cannot)."""
-    fields = _status_fields(pid)
+def _take_on(pid: int, sigmask: int) -> None:
+    """This process takes on the client's process state (Fallback if it cannot); its signal
+    mask is `sigmask`, the one the client had before it blocked every signal to send its request."""
+    fields = status_fields(pid)
     os.umask(int(fields["Umask"].strip(), 8))
     for which, (soft, hard) in client_limits(pid).items():
         _, our_hard = resource.getrlimit(which)
@@ -159,7 +166,7 @@ def _take_on(pid: int) -> None:
             f.write(oom)
     except OSError as exc:
         raise Fallback(str(exc)) from None
-    _take_signals(int(fields["SigBlk"], 16), int(fields["SigIgn"], 16))
+    _take_signals(sigmask, int(fields["SigIgn"], 16))
     cwd = os.open(f"/proc/{pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fchdir(cwd)
@@ -182,6 +189,8 @@ def _take_signals(blocked: int, ignored: int) -> None:
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
         handler = signal.SIG_IGN if ignored & (1 << (sig - 1)) else fresh.get(sig, signal.SIG_DFL)
+        if signal.getsignal(sig) is handler:  # as Python set it (None: a handler Python did not set)
+            continue
         with contextlib.suppress(OSError, ValueError):
             signal.signal(sig, handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, {s for s in signal.valid_signals() if blocked & (1 << (s - 1))})
@@ -189,7 +198,7 @@ def _take_signals(blocked: int, ignored: int) -> None:
 
 # ---------------------------------------------------------------- running the CLI
 
-def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
+def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socket.socket | None) -> int:
     from .. import cli
 
     os.environb.clear()
@@ -210,8 +219,19 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request) -> int:
             conn.send(wire.frame(wire.DIE_WITH_PARENT))
         return frames.ack() == 1
 
-    cli.HIDDEN_FDS.update((conn.fileno(), peer.pidfd))
+    def parsed(replay: tuple[str, ...]) -> None:
+        if ctrl is not None and ctrl.fileno() >= 0:
+            from .rehearse import learned
+
+            with contextlib.suppress(OSError):
+                ctrl.send(b"L" + learned(replay))
+            ctrl.close()
+
+    cli.HIDDEN_FDS.update(fd.fileno() for fd in (conn, ctrl) if fd is not None)
+    cli.HIDDEN_FDS.add(peer.pidfd)
     cli.DIE_WITH_PARENT_HOOK = die_with_client
+    cli.PARSED_HOOK = parsed
+    cli.WAIT_READERS[conn.fileno()] = frames.read
     code = cli.run_command_line(argv[1:], argv[0], one_shot=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -267,7 +287,10 @@ class _Frames:
     setns(CLONE_NEWUSER) (--userns), which a multi-threaded process cannot.
     SIGIO and the signals raised go to the main thread itself (F_SETOWN_EX,
     pthread_kill): a signal another thread (a sandbox's reaper) took would
-    leave the main thread asleep in its wait, and Python's handler unrun."""
+    leave the main thread asleep in its wait, and Python's handler unrun.
+    SIGIO alone is not enough: now and then a frame stayed queued with no
+    SIGIO seen (1 run in ~20 of a SIGTERM test), so the CLI's wait for the
+    sandbox also watches the connection (cli.WAIT_READERS) and reads it."""
 
     def __init__(self, conn: socket.socket) -> None:
         import fcntl
@@ -288,30 +311,33 @@ class _Frames:
     def _on_sigio(self, signum: int, frame: object) -> None:
         self.read()
 
-    def read(self) -> None:
-        """Act on every frame that has come."""
+    def read(self) -> bool:
+        """Act on every frame that has come; False once the client is gone."""
         while not self.gone:
             try:
                 data = self.conn.recv(wire.FRAME_SIZE + 1)
             except BlockingIOError:
-                return
+                return True
             except OSError:
                 data = b""
             if not data:  # the client is gone: the server ends this process's group
                 self.gone = True
-                return
+                return False
             with contextlib.suppress(wire.WireError):
                 kind, value = wire.parse_frame(data)
                 if kind == wire.SIGNAL and 0 < value < signal.NSIG:
                     signal.pthread_kill(self.main, value)
                 elif kind == wire.ACK:
                     self.acks.append(value)
+        return False
 
     def ack(self) -> int:
         """Wait for the client's ACK; its value (0 if the client is gone)."""
         import select
 
         while not self.acks and not self.gone:
-            select.select([self.conn], [], [], 1.0)
+            # briefly: SIGIO's handler may take the ACK while select waits (it is then retried, PEP 475,
+            # with nothing left to read: a 1 s wait for an ACK already there)
+            select.select([self.conn], [], [], ACK_POLL)
             self.read()
         return self.acks.pop(0) if self.acks else 0

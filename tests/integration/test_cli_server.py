@@ -188,6 +188,35 @@ class TestHandedOff:
         assert result.stdout == f"{tmp_path}\nvalue\n" and result.returncode == 0
         assert served.handed_off() == 1
 
+    def test_a_repeated_command_line_sees_its_own_environment_and_cwd(self, served, tmp_path):
+        # each spare makes the previous command line ready (cliserver/rehearse.py): only the very same
+        # words, environment and cwd may reuse what it made
+        outs = []
+        for value, cwd in (("one", "/"), ("one", "/"), ("two", "/"), ("two", str(tmp_path)), ("two", str(tmp_path))):
+            result = served.run("run", *SYSTEM, "--bind", str(tmp_path), str(tmp_path), "sh", "-c",
+                                'echo "$PROBE $PWD"; pwd', env=clean_env(PROBE=value), cwd=cwd)
+            outs.append(result.stdout)
+        assert outs == [f"{v} {d}\n{d}\n" for v, d in (("one", "/"), ("one", "/"), ("two", "/"), ("two", tmp_path),
+                                                      ("two", tmp_path))]
+        assert served.handed_off() == 5
+
+    def test_a_repeated_args_file_with_other_content_is_read_again(self, served, tmp_path):
+        for name in ("a", "b", "b", "a"):
+            (tmp_path / name).mkdir(exist_ok=True)
+            (tmp_path / name / "which").write_text(name)
+        seen = []
+        for name in ("a", "a", "b", "a"):
+            r, w = os.pipe()
+            os.write(w, b"\0".join(a.encode() for a in [*SYSTEM, "--ro-bind", str(tmp_path / name), "/mnt"]))
+            os.close(w)
+            try:
+                result = served.run("--args", str(r), "cat", "/mnt/which", name="bwrap", pass_fds=(r,))
+            finally:
+                os.close(r)
+            seen.append(result.stdout)
+        assert seen == ["a", "a", "b", "a"]
+        assert served.handed_off() == 4
+
     def test_limits_umask_and_ignored_signals_are_the_clients(self, served):
         import resource
 
@@ -261,6 +290,21 @@ class TestSignalsAndDeath:
             kill_trees({proc.pid, *descendants(proc.pid)})
         assert (proc.returncode, out) == (9, "got-term\n")
         assert served.handed_off() == 1
+
+    def test_sigterm_reaches_the_command_every_time(self, served):
+        # the client blocks every signal while it sends its request: the worker takes on the mask
+        # its caller gave it (sent in the request), not what /proc showed then, which once lost a
+        # SIGTERM in about 1 run of 20 (the worker ran with every signal blocked)
+        for _ in range(8):
+            proc = self._start(served, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
+                               'while :; do sleep 0.05; done')
+            try:
+                proc.send_signal(signal.SIGTERM)
+                out, _ = proc.communicate(timeout=TIMEOUT)
+            finally:
+                kill_trees({proc.pid, *descendants(proc.pid)})
+            assert (proc.returncode, out) == (9, "got-term\n")
+        assert served.handed_off() == 8
 
     def test_the_clients_death_ends_the_sandbox(self, served, tmp_path):
         marker = tmp_path / "alive"
@@ -452,6 +496,31 @@ class TestConfinedClientsRunDirectly:
 
 
 class TestFirstUse:
+    def test_the_server_warms_up_once_its_starter_is_gone(self, install):
+        # the client that starts a server runs its own command line meanwhile: the server waits for
+        # its end (`--after PIDFD`), at most AFTER_SECONDS, before it warms up and listens
+        from sandbox.cliserver import AFTER_SECONDS
+
+        starter = subprocess.Popen(["sleep", "60"])
+        pidfd = os.pidfd_open(starter.pid)
+        try:
+            install.server = subprocess.Popen(
+                [str(install.root / "sandbox-py"), "serve", "--socket", install.socket, "--client",
+                 install.identity(), "--idle", "60", "--log", str(install.log), "--after", str(pidfd)],
+                env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, pass_fds=(pidfd,))
+            started = time.monotonic()
+            time.sleep(AFTER_SECONDS / 2)
+            assert not os.path.exists(install.socket)  # still waiting
+            while not os.path.exists(install.socket):  # and then not longer than AFTER_SECONDS
+                assert install.server.poll() is None and time.monotonic() < started + TIMEOUT
+                time.sleep(0.02)
+            assert starter.poll() is None and time.monotonic() - started >= AFTER_SECONDS
+            assert install.run("run", *SYSTEM, "true").returncode == 0 and install.handed_off() == 1
+        finally:
+            os.close(pidfd)
+            starter.kill()
+            starter.wait()
+
     def test_the_first_run_starts_a_server_and_runs_directly(self, install):
         first = install.run("run", *SYSTEM, "sh", "-c", "echo one")
         assert (first.returncode, first.stdout) == (0, "one\n")

@@ -19,6 +19,11 @@ teardown of their namespaces), with the minor faults of each. The kernel's
 asynchronous work (a network namespace's cleanup, in kworkers) is not in
 those figures: the machine's busy time per task (/proc/stat, every process,
 so only meaningful on an otherwise idle machine) is printed beside them.
+Then, one task at a time, how much CPU a task's sandbox has used when its
+function starts (setup, CPython's after-fork work, its channel, unpickling)
+against all it uses (reaped); and the floor: a bare fork and exit of an
+interpreter with the same imports, as os.fork() does it and without
+CPython's after-fork work in the child.
 
     python benchmarks/workerpool.py [-n 100] [--seconds 5] [--json out.json]
 """
@@ -84,9 +89,9 @@ def variants(pool: sandbox.WorkerPool, no_spares: sandbox.WorkerPool, fresh: san
     argv = [sys.executable, "-I", "-c", CODE]
     full = zygote_spec(spec).replace(cwd="/")
     out: dict[str, Callable[[], object]] = {
-        "WorkerPool task (preloaded, spares=2)": lambda: pool.submit(small_task).result(),
+        "WorkerPool task (preloaded, default spares)": lambda: pool.submit(small_task).result(),
         "WorkerPool task (preloaded, spares=0)": lambda: no_spares.submit(small_task).result(),
-        "WorkerPool task (spares=2, a fresh netns per task)": lambda: fresh.submit(small_task).result(),
+        "WorkerPool task (default spares, a fresh netns per task)": lambda: fresh.submit(small_task).result(),
         "sandbox.run python -c (native)": lambda: sandbox.run(argv, full, backend="native", check=True),
         "bare python -c": lambda: subprocess.run(argv, check=True),
     }
@@ -159,33 +164,71 @@ def cpu_per_task(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> 
 
 
 FORK_FLOOR = """
-import gc, os, resource, sys
+import ctypes, gc, os, resource, sys
 import cloudpickle
 for name in sys.argv[2:]:
     __import__(name)
 gc.collect(); gc.freeze()
 n = int(sys.argv[1])
-me0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-me1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+fork, api = ctypes.PyDLL(None).fork, ctypes.pythonapi  # PyDLL: the GIL is kept across the call, as os.fork keeps it
+def loop(after_fork):
+    for _ in range(n):
+        api.PyOS_BeforeFork()
+        pid = fork()
+        if pid == 0:
+            if after_fork:
+                api.PyOS_AfterFork_Child()
+            os._exit(0)
+        api.PyOS_AfterFork_Parent()
+        os.waitpid(pid, 0)
 cpu = lambda a, b: (b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime) / n * 1e3
-print(cpu(me0, me1), cpu(kids0, kids1), (kids1.ru_minflt - kids0.ru_minflt) / n)
+for after_fork in (1, 0):
+    me0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    loop(after_fork)
+    me1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(cpu(me0, me1), cpu(kids0, kids1), (kids1.ru_minflt - kids0.ru_minflt) / n)
 """
 
 
-def fork_floor(n: int = 300) -> tuple[float, float, float]:
-    """What a bare os.fork() and os._exit(0) of an interpreter with the zygote's
+def fork_floor(n: int = 300) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """What a bare fork and os._exit(0) of an interpreter with the zygote's
     imports (cloudpickle and PRELOAD) costs, outside any sandbox: (ms of CPU
-    in the parent, in the child, the child's minor faults): the floor of a
-    forked task."""
+    in the parent, in the child, the child's minor faults), as os.fork() does
+    it (the child runs CPython's after-fork work: PyOS_AfterFork_Child and the
+    at-fork hooks modules registered, threading's and random's among them),
+    then without that work (the kernel's fork and exit alone): the floor of a
+    forked task, and how much of it the interpreter's own after-fork is."""
     out = subprocess.run([sys.executable, "-I", "-c", FORK_FLOOR, str(n), *PRELOAD], check=True,
                          capture_output=True, text=True).stdout.split()
-    parent, child, faults = (float(x) for x in out)
-    return parent, child, faults
+    with_hooks, bare = [float(x) for x in out[:3]], [float(x) for x in out[3:6]]
+    return (with_hooks[0], with_hooks[1], with_hooks[2]), (bare[0], bare[1], bare[2])
+
+
+def own_cpu() -> tuple[float, int]:
+    """What a task's function finds when it starts: (ms of CPU its sandbox
+    has used since its fork, its minor faults)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return (usage.ru_utime + usage.ru_stime) * 1e3, usage.ru_minflt
+
+
+def task_split(pool: sandbox.WorkerPool, n: int) -> tuple[float, float, float]:
+    """n tasks one after another: (median ms of CPU a task's sandbox has used
+    when its function starts: its setup, CPython's after-fork, its channel and
+    the unpickling of its call; its minor faults then; ms of CPU per sandbox
+    in all, reaped: the rest is its reply, its exit and the teardown of its
+    namespaces)."""
+    zygote = _zygote_pid(pool)
+    before = _proc_cpu(zygote)
+    futures = [pool.submit(own_cpu) for _ in range(1)]
+    for _ in range(n - 1):
+        futures[-1].result()
+        futures.append(pool.submit(own_cpu))
+    starts = [f.result() for f in futures]
+    for f in futures:
+        f.usage  # noqa: B018 - waits for the sandbox's end: its CPU is then its parent's, the zygote's
+    after = _proc_cpu(zygote)
+    return (statistics.median(s[0] for s in starts), statistics.median(s[1] for s in starts),
+            (after[1] - before[1]) / n * 1e3)
 
 
 def mapped(pool: sandbox.WorkerPool, n: int) -> float:
@@ -221,7 +264,7 @@ def main() -> int:
         times = measure(variants(pool, no_spares, fresh, spec), args.n, warmup=5)
         print(table(times))
         print()
-        for name, p in (("spares=2", pool), ("spares=0", no_spares), ("spares=2, fresh netns", fresh)):
+        for name, p in (("default spares", pool), ("spares=0", no_spares), ("default spares, fresh netns", fresh)):
             cpu = cpu_per_task(p, args.seconds)
             print(f"{name}: sustained, 2 callers: {cpu['tasks/s']:.0f} tasks/s; "
                   f"pool.map of 1000 tasks (max_workers=4): {mapped(p, 1000):.0f} tasks/s")
@@ -229,9 +272,13 @@ def main() -> int:
                   f"{cpu['zygote ms']:.2f}, its sandboxes {cpu['sandboxes ms']:.2f}; sum {cpu['total ms']:.2f} "
                   f"(machine busy {cpu['busy ms']:.2f}); minor faults per task: zygote "
                   f"{cpu['zygote faults']:.0f}, sandbox {cpu['sandbox faults']:.0f}")
-    parent, child, faults = fork_floor()
-    print(f"bare os.fork() + os._exit(0) of an interpreter with cloudpickle and the preload imported: "
-          f"{parent:.2f} ms of CPU in the parent, {child:.2f} in the child ({faults:.0f} minor faults)")
+        at_start, faults_then, in_all = task_split(pool, args.n)
+        print(f"default spares, one task at a time: a sandbox's CPU when its function starts {at_start:.2f} ms "
+              f"({faults_then:.0f} minor faults), in all (reaped) {in_all:.2f} ms")
+    hooks, bare = fork_floor()
+    print(f"fork + os._exit(0) of an interpreter with cloudpickle and the preload imported, as os.fork() does it: "
+          f"{hooks[0]:.2f} ms of CPU in the parent, {hooks[1]:.2f} in the child ({hooks[2]:.0f} minor faults); "
+          f"without CPython's after-fork in the child: {bare[0]:.2f}, {bare[1]:.2f} ({bare[2]:.0f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(times, f)

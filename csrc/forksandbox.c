@@ -237,6 +237,30 @@ static pid_t clone_joined(struct fork_joiner *j)
     return j->pid;
 }
 
+/* CPython's fork hooks (PyOS_BeforeFork, PyOS_AfterFork_Parent and
+ * _Child), set once by a zygote that calls the fork holding the GIL
+ * (ctypes.PyDLL): called here around the clone rather than from Python
+ * before and after the call. Every page written after a fork is a
+ * copy-on-write fault, and each call made from Python writes pages of its
+ * own (the call's objects, ctypes' machinery): ~35 more in every task. */
+static void (*py_before_fork)(void), (*py_after_parent)(void), (*py_after_child)(void);
+
+int sbx_fork_python_hooks(void (*before)(void), void (*after_parent)(void), void (*after_child)(void))
+{
+    if (!before != !after_parent || !before != !after_child)
+        return -1; /* all three or none */
+    py_before_fork = before;
+    py_after_parent = after_parent;
+    py_after_child = after_child;
+    return 0;
+}
+
+static void call_hook(void (*hook)(void))
+{
+    if (hook)
+        hook();
+}
+
 static int fail_early(struct sbx_result *res, int step, int err)
 {
     res->step = step;
@@ -307,6 +331,7 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     unsigned long flags = sbx_clone_flags(h->ns) & CLONED_NS;
     struct fork_joiner j = {.userns_fd = in.join_userns_fd, .netns_fd = in.join_netns_fd, .flags = flags};
     pid_t pid;
+    call_hook(py_before_fork);
     if (!joined)
         pid = clone_task(flags);
     else if (setjmp(j.back) == 0)
@@ -318,10 +343,12 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
         sbx_child_steps(&c);
         free(in.src_fds);
         pthread_sigmask(SIG_SETMASK, &old, NULL);
+        call_hook(py_after_child);
         return 0;
     }
     int clone_err = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    call_hook(py_after_parent);
     res->t_ns[SBX_T_RETURN] = now_ns();
     free(in.src_fds);
     if (in.spawner_fd >= 0)

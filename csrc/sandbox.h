@@ -300,6 +300,17 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
                         const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
                         struct sbx_result *res);
 
+/* For a process that forks from CPython holding the GIL (a WorkerPool's
+ * zygote, through ctypes.PyDLL): every later sbx_fork_sandbox*() call of
+ * the process calls `before` (PyOS_BeforeFork) just before its clone,
+ * `after_parent` (PyOS_AfterFork_Parent) in the caller once it has cloned
+ * or failed to, and `after_child` (PyOS_AfterFork_Child) in the child once
+ * it is set up, as os.fork() does: the caller must not call them itself,
+ * and must hold the GIL in every such call (never through cffi, which
+ * releases it). All three or none (NULL: no calls, the default). Returns
+ * 0, or -1 if only some are given (nothing changes). */
+int sbx_fork_python_hooks(void (*before)(void), void (*after_parent)(void), void (*after_child)(void));
+
 /* The end of a forked child's setup: reads its report from report_fd (from
  * sbx_fork_sandbox's res->status_fd; blocks until the child is ready or dead)
  * and closes it. 0 if the child is ready (res->landlock_abi and its timing

@@ -1,8 +1,9 @@
 """The zygote's call of sbx_fork_sandbox_ns (csrc/forksandbox.c): loaded by path in the zygote (stdlib only).
 
 The fork is called through ctypes.PyDLL, which keeps the GIL across the call
-as os.fork() does (cffi releases it around every call), between CPython's
-before- and after-fork hooks. Its argument arrays are made once: cdata made
+as os.fork() does (cffi releases it around every call); the C fork calls
+CPython's before- and after-fork hooks itself (sbx_fork_python_hooks), as
+os.fork() does, rather than Python calling them around it. Its argument arrays are made once: cdata made
 per fork would be objects made, pages written, after every fork, each page a
 copy-on-write fault in the zygote while the child lives.
 """
@@ -44,7 +45,11 @@ class ForkCall:
         self.ffi, self.plan = ffi, plan
         self.call = ctypes.PyDLL(native).sbx_fork_sandbox_ns
         self.call.restype, self.call.argtypes = ctypes_prototype(ffi, lib.sbx_fork_sandbox_ns)
-        self.api = ctypes.pythonapi
+        api = ctypes.pythonapi  # CPython's fork hooks, called by the C fork itself: no call of ours after it
+        hooks = [ffi.cast("void (*)(void)", ctypes.cast(getattr(api, name), ctypes.c_void_p).value or 0)
+                 for name in ("PyOS_BeforeFork", "PyOS_AfterFork_Parent", "PyOS_AfterFork_Child")]
+        if lib.sbx_fork_python_hooks(*hooks) < 0:
+            raise RuntimeError("CPython's fork hooks were not found")
         self.c_plan = ffi.from_buffer(plan)
         self.c_int = {name: ffi.new("int[]", n) for name, n in
                       (("stdio", 3), ("keep", 1), ("cg", max(1, per_slot)), ("ns", 2))}
@@ -68,14 +73,9 @@ class ForkCall:
         c["keep"][0] = keep
         c["cg"][0:len(cgroup_fds)] = cgroup_fds
         c["ns"][0:2] = ns_fds or (-1, -1)
-        self.api.PyOS_BeforeFork()
         pid: int = self.call(self.addr(c_blob), len(blob), a["stdio"], a["keep"], 1,
                              self.addr(c_trees) if c_trees is not None else 0, len(trees), a["cg"],
                              len(cgroup_fds), a["ns"], self.addr(res))
-        if pid == 0:
-            self.api.PyOS_AfterFork_Child()
-        else:
-            self.api.PyOS_AfterFork_Parent()
-            if c_blob is not self.c_plan:
-                ffi.release(c_blob)  # a mapped plan can be unmapped now
+        if pid != 0 and c_blob is not self.c_plan:
+            ffi.release(c_blob)  # a mapped plan can be unmapped now
         return pid, res

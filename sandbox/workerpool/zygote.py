@@ -9,11 +9,15 @@ in the zygote with the task's pid, and in the task, which is then set up (its
 own namespaces, fresh filesystems, capabilities dropped, seccomp) and runs the
 function. The zygote never unpickles anything and never runs task code.
 
-Spares: when idle (nothing to do, and no spare taken for QUIET seconds, or
-none left), the zygote forks up to `spares` sandboxes of the pool's plan ahead
+Spares: the zygote forks up to `spares` sandboxes of the pool's plan ahead
 of their tasks and hands each to the caller (SPARE: a socket to it and a
-pidfd). The caller sends a task's channels straight to a spare, which closes
-that socket and runs the task. A fork's cost (page tables, namespaces,
+pidfd): as soon as half of them or more are gone (taken by tasks; those
+being set up count as there), all that are missing, back to back; and when
+idle (nothing to do for QUIET seconds), whatever is missing. Back to back, because every page the
+zygote's loop writes between two forks is a copy-on-write fault (a copy,
+while a child shares it): forks in one interval share those faults. The
+caller sends a task's channels straight to a spare, which closes that socket
+and runs the task. A fork's cost (page tables, namespaces,
 setup, the copy-on-write faults of its first steps) is then paid before the
 task is submitted, and the zygote is not on the task's path. A task with a
 plan of its own (per-task binds) is forked for itself (SPAWN).
@@ -50,7 +54,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-QUIET = 0.005  # seconds without a spare taken before the zygote forks the next (it competes for the CPU)
+QUIET = 0.005  # seconds of nothing to do before the zygote tops the spares up (it competes for the CPU)
 
 
 def load(path: str, name: str) -> ModuleType:
@@ -119,7 +123,6 @@ class Zygote:
         self.spares: dict[int, Child] = {}  # pid -> a spare handed to the caller, not yet taken
         self.spare_target = 0
         self.spares_failed = False  # a spare's setup failed: fork per task from now on
-        self.last_taken = 0.0  # monotonic time of the last TAKEN
         self.per_slot = 0  # cgroup.procs fds per slot (0: no cgroups)
         self.slotted = False  # every fork takes a slot (cgroups, or leased network namespaces)
         self.free: list[tuple[int, list[int], list[int]]] = []  # slots for the next forks: (id, cgroup.procs
@@ -231,9 +234,6 @@ class Zygote:
 
     def taken(self, body: dict[str, Any]) -> None:
         """The caller gave a spare a task: its end is that task's."""
-        import time
-
-        self.last_taken = time.monotonic()
         child = self.spares.pop(body["pid"], None)
         if child is not None:
             child.task_id = body["id"]
@@ -399,16 +399,13 @@ class Zygote:
         return max(0, self.spare_target - len(self.spares) - pending), pending
 
     def want_spare(self) -> float | None:
-        """0 if a spare should be forked now; else how long to wait before one
-        may be (the last was taken less than QUIET ago); None if none is wanted."""
-        import time
-
+        """0 if the missing spares should be forked now (half of them or more
+        are gone); else QUIET (top them up if nothing happens meanwhile), or
+        None if none is wanted."""
         wanted, pending = self.missing()
         if not wanted:
             return None
-        if not self.spares and not pending:
-            return 0.0
-        return max(0.0, self.last_taken + QUIET - time.monotonic())
+        return 0.0 if len(self.spares) + pending <= self.spare_target // 2 else QUIET
 
     def serve(self) -> None:
         """Until the caller closes the control socket. Spares are forked when
@@ -419,8 +416,11 @@ class Zygote:
             self.poll.register(self.factory_pidfd, self.POLLIN)
         while True:
             wait = self.want_spare()
+            if wait == 0.0:
+                self.fill_spares()  # until none is missing, or a fork failed, or no slot is left: no spin
+                continue
             events = self.poll.poll(None if wait is None else math.ceil(wait * 1000))  # ceil: never spin
-            if not events and self.want_spare() == 0.0:
+            if not events and wait is not None:
                 self.fill_spares()
             for fd, _ in events:
                 if fd in self.setting_up:

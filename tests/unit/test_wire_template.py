@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -243,3 +246,39 @@ def test_the_zygote_prototype_calls_the_real_function() -> None:
         fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), "zero", 0, addr(res))
     with pytest.raises(TypeError):
         fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), 0, addr(res))
+
+
+def test_cpythons_fork_hooks_are_all_three_or_none() -> None:
+    """sbx_fork_python_hooks: some of the three is refused and changes
+    nothing; none (the default) is accepted. (The zygote's forks call them:
+    test_workerpool's reseeded random is the after-fork hook at work.)"""
+    hook = ffi.cast("void (*)(void)", ctypes.cast(ctypes.pythonapi.PyOS_BeforeFork, ctypes.c_void_p).value)
+    assert lib.sbx_fork_python_hooks(hook, ffi.NULL, ffi.NULL) == -1
+    assert lib.sbx_fork_python_hooks(ffi.NULL, hook, hook) == -1
+    assert lib.sbx_fork_python_hooks(ffi.NULL, ffi.NULL, ffi.NULL) == 0
+
+
+def test_a_refused_plan_calls_no_fork_hook() -> None:
+    """A blob the C check refuses returns before the clone: no hook runs
+    (PyOS_BeforeFork without its after-fork would leave the import lock
+    held). Counting hooks, in a child interpreter: they stay its own."""
+    code = textwrap.dedent("""
+        import ctypes, sys
+        import sandbox._native as native
+        from sandbox.backends.native import ffi, lib
+        from sandbox.workerpool import forkcall
+        calls = []
+        kinds = [ctypes.CFUNCTYPE(None)(lambda name=name: calls.append(name)) for name in ("b", "p", "c")]
+        hooks = [ffi.cast("void (*)(void)", ctypes.cast(k, ctypes.c_void_p).value) for k in kinds]
+        assert lib.sbx_fork_python_hooks(*hooks) == 0
+        fork = ctypes.PyDLL(native.__file__).sbx_fork_sandbox_ns
+        fork.restype, fork.argtypes = forkcall.ctypes_prototype(ffi, lib.sbx_fork_sandbox_ns)
+        res = ffi.new("struct sbx_result *")
+        blob, stdio, fds = ffi.new("char[]", 64), ffi.new("int[3]", [0, 1, 2]), ffi.new("int[]", [0])
+        addr = lambda c: int(ffi.cast("uintptr_t", c))
+        assert fork(addr(blob), 64, addr(stdio), addr(fds), 0, addr(fds), 0, addr(fds), 0, 0, addr(res)) == -1
+        print(res.step == lib.SBX_STEP_CONFIG, calls)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "[]"]

@@ -18,6 +18,7 @@ from .state import BACKENDS, LIMIT_FIELD, MAX_ARGS, PROC_COVERS, BwrapArgsError,
 from .values import (
     consume_fd,
     dest_path,
+    parse_cpus,
     parse_int,
     parse_octal,
     parse_positive,
@@ -106,7 +107,8 @@ def opt_netns_pool(st: ParseState, opt: str, values: list[str]) -> None:
 
 
 def opt_limit(st: ParseState, opt: str, values: list[str]) -> None:
-    st.limits[LIMIT_FIELD[opt]] = parse_positive(values[0], opt)
+    field = LIMIT_FIELD[opt]
+    st.limits[field] = parse_cpus(values[0], opt) if field == "cpu_cores" else parse_positive(values[0], opt)
 
 
 # ---------------------------------------------------------------- handlers: namespaces and identity

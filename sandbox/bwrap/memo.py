@@ -42,6 +42,7 @@ PURE = frozenset({
     "--proc", "--dev", "--tmpfs", "--mqueue", "--dir", "--symlink", "--perms", "--size", "--chmod",
     "--cap-add", "--cap-drop", "--backend", "--proc-covers", "--close-fds", "--netns-pool", "--seccomp-default",
     "--verbose", "--limit-cpu", "--limit-memory", "--limit-file", "--limit-nofile", "--limit-nproc",
+    "--limit-cpu-cores",
 })
 
 _enabled = False

@@ -41,6 +41,8 @@ LIMITS = (
     Limit("--limit-file", "file_mb", "MB", "Limit the size of files written (RLIMIT_FSIZE)"),
     Limit("--limit-nofile", "nofile", "N", "Limit open files (RLIMIT_NOFILE)"),
     Limit("--limit-nproc", "nproc", "N", "Limit the sandbox's processes (a cgroup; see `sandbox probe`)"),
+    Limit("--limit-cpu-cores", "cpu_cores", "CPUS", "Cap the sandbox's CPU bandwidth, e.g. 0.5 (a cgroup; see "
+          "`sandbox probe`)"),
 )
 LIMIT_FIELD = {limit.option: limit.field for limit in LIMITS}  # parsing: option -> Limits field
 LIMIT_OPTION = {limit.field: limit.option for limit in LIMITS}  # rendering: Limits field -> option
@@ -72,7 +74,7 @@ class ParseState:
     chdir: str | None = None
     env_ops: list[tuple[str, str, str]] = field(default_factory=list)
     cap_ops: list[tuple[bool, str]] = field(default_factory=list)
-    limits: dict[str, Any] = field(default_factory=dict)  # Limits fields (ints from the options above)
+    limits: dict[str, Any] = field(default_factory=dict)  # Limits fields (numbers from the options above)
     flags: set[str] = field(default_factory=set)
     seccomp_fd: str | None = None  # read when the Spec is built (bwrap reads it late too)
     seccomp_programs: list[bytes] = field(default_factory=list)  # --add-seccomp-fd's, in order

@@ -66,6 +66,13 @@ def parse_positive(text: str, option: str) -> int:
     return int(text)
 
 
+def parse_cpus(text: str, option: str) -> float:
+    """A --limit-cpu-cores value: a positive decimal number of CPUs (0.5, 2)."""
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)?", text) or float(text) == 0:
+        raise BwrapArgsError(f"{option} takes a positive number of CPUs, e.g. 0.5", option, text)
+    return float(text)
+
+
 # ---------------------------------------------------------------- file descriptors
 
 def consume_fd(st: ParseState, option: str, text: str, failure: str) -> bytes:

@@ -7,9 +7,9 @@ What each can express, and so what is tested here:
   nor `cpu_cores` (the task-sandbox format names exactly memory_mb, file_mb and cpu_s), and its results
   carry the sandbox's `usage` and `killed_by`: its memory cases are tested; a fork bomb and a CPU cap
   have no field to ask for them;
-- the CLI: `--limit-memory` and `--limit-nproc` are the sandbox's cgroup; `--limit-cpu` is RLIMIT_CPU
-  seconds and there is no option for `cpu_cores`, so its memory and fork-bomb cases are tested, both
-  run directly and handed off to the CLI server. A served run takes the client's environment, and a
+- the CLI: `--limit-memory`, `--limit-nproc` and `--limit-cpu-cores` are the sandbox's cgroup
+  (`--limit-cpu` is RLIMIT_CPU seconds): its memory, fork-bomb and CPU cases are tested, both run
+  directly and handed off to the CLI server. A served run takes the client's environment, and a
   client with any SANDBOX_ variable runs directly: a served run gets cgroups only where its caller
   has them without $SANDBOX_CGROUP_PARENT (root here; the unprivileged run's come from that variable,
   so its served cases are skipped, saying so).
@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import test_cli_server as cli
@@ -131,9 +132,19 @@ def test_the_cli_memory_limit_is_the_sandboxs_resident_memory(cli_run: object) -
     assert r.returncode == 128 + signal.SIGKILL and "touched" not in r.stdout, r.stderr
 
 
-def test_the_cli_has_no_cpu_cores_option_yet() -> None:
-    """Stated, so that it is noticed when it changes: `--limit-cpu` is RLIMIT_CPU seconds."""
-    from sandbox.bwrap.state import LIMIT_FIELD
-    assert "cpu_cores" not in LIMIT_FIELD.values() and LIMIT_FIELD["--limit-cpu"] == "cpu_s"
-    assert INFO is not None
+@needs
+def test_the_cli_caps_a_busy_loop_near_half_a_cpu(cli_run: object) -> None:
+    spin = "import time\nt = time.monotonic() + 2\nwhile time.monotonic() < t: pass\nprint(time.process_time())"
+    start = time.monotonic()
+    r = cli_run("--limit-cpu-cores", "0.5", "--", SYSTEM_PY, "-c", spin)  # type: ignore[operator]
+    wall = time.monotonic() - start
+    assert r.returncode == 0, r.stderr
+    assert 0.2 <= float(r.stdout) / wall <= 0.7, (r.stdout, wall)  # unbounded, a busy loop takes a whole CPU
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "half", "0.5.1", ""])
+def test_the_cli_refuses_a_bad_cpu_cores_value(value: str, install: Installation) -> None:  # noqa: F811
+    r = install.run("run", *SYSTEM, "--limit-cpu-cores", value, "--", "true",  # type: ignore[attr-defined]
+                    env=cli.clean_env(SANDBOX_CLI_SERVER="0"))
+    assert r.returncode != 0 and "--limit-cpu-cores takes a positive number of CPUs" in r.stderr, r.stderr
 

@@ -231,7 +231,8 @@ def python_tasks(sizes: Sizes, progress: Progress) -> dict[str, list[float]]:
         pool = stack.enter_context(sandbox.WorkerPool(spec, preload=workerpool.PRELOAD, max_workers=4))
         no_spares = stack.enter_context(sandbox.WorkerPool(spec, preload=workerpool.PRELOAD, max_workers=4,
                                                            spares=0))
-        fns = workerpool.variants(pool, no_spares, spec)
+        fresh = stack.enter_context(workerpool.fresh_netns_pool(spec))
+        fns = workerpool.variants(pool, no_spares, fresh, spec)
         if template_available():
             full = workerpool.zygote_spec(spec).replace(cwd="/")
             tmpl = stack.enter_context(sandbox.Template(full))  # type: ignore[attr-defined]

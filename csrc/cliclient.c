@@ -13,6 +13,7 @@
  * the checks are clipeer.c.
  */
 #include "cliclient.h"
+#include "exitlike.h"
 
 #include <dirent.h>
 #include <stddef.h>
@@ -142,20 +143,6 @@ static void set_relay(void (*handler)(int))
     }
 }
 
-static _Noreturn void exit_like(int32_t returncode)
-{
-    if (returncode >= 0)
-        exit(returncode & 0xff);
-    int sig = -returncode;
-    signal(sig, SIG_DFL);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    sigprocmask(SIG_UNBLOCK, &one, NULL);
-    kill(getpid(), sig);
-    exit(128 + sig);
-}
-
 /* The frames of a handed-off command, until its status (or a fallback,
  * which returns). */
 static void converse(int fd, pid_t parent)
@@ -171,7 +158,7 @@ static void converse(int fd, pid_t parent)
             exit(as_bwrap ? 1 : 125);
         }
         if (f.kind == SBX_CLI_STATUS)
-            exit_like(f.value);
+            exit_like_returncode(f.value);
         if (f.kind == SBX_CLI_FALLBACK)
             return;
         if (f.kind == SBX_CLI_DIE_WITH_PARENT) {

@@ -174,7 +174,7 @@ static void await_answer(int fd)
         buf[n] = 0;
         const char *text = buf + sizeof f;
         if (f.kind == HANDOFF_STATUS)
-            exit_like(f.value >= 0 ? (f.value & 0xff) << 8 : (-f.value) & 0x7f);
+            exit_like_returncode(f.value);
         if (f.kind == HANDOFF_ERROR) {
             fprintf(stderr, "sandbox: %s\n", text);
             exit(f.value);

@@ -23,6 +23,7 @@
 #ifndef SANDBOX_HANDOFF_H
 #define SANDBOX_HANDOFF_H
 
+#include "exitlike.h"
 #include "sandbox.h" /* the messages: struct handoff_request, struct handoff_frame (in the cdef) */
 
 #define HANDOFF_ENV "SANDBOX_HANDOFF"
@@ -40,8 +41,7 @@ int take_ticket(int keep);
  * server says so), with the ticket wiped. */
 void try_handoff(char **argv);
 
-/* From launcher.c: one "sandbox: ..." line and exit 125; exit as `status` says. */
+/* From launcher.c: one "sandbox: ..." line and exit 125. */
 void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...);
-_Noreturn void exit_like(int status);
 
 #endif

@@ -103,20 +103,6 @@ static void forward(int sig)
         kill(child_pid, sig);
 }
 
-_Noreturn void exit_like(int status)
-{
-    if (WIFEXITED(status))
-        exit(WEXITSTATUS(status));
-    int sig = WTERMSIG(status);
-    signal(sig, SIG_DFL);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    sigprocmask(SIG_UNBLOCK, &one, NULL);
-    kill(getpid(), sig);
-    exit(128 + sig); /* a signal that does not kill (e.g. SIGCHLD) */
-}
-
 /* The failure in the backend's own words (csrc/messages.c). A command that
  * could not be exec'd exits like a shell's: 127 not found, 126 otherwise. */
 static _Noreturn void report_failure(const struct sbx_result *res, const void *blob, size_t len, const char *cmd)

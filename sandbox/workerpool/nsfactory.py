@@ -30,11 +30,14 @@ def start(program: ModuleType) -> tuple[socket.socket, int]:
     fd but its end (the zygote's control socket, a task's fds: none reach
     it), dies with the zygote, and exits at EOF on its channel."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    zygote = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the factory's own process
         code = 1
         try:
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, 9)  # SIGKILL
+            if os.getppid() != zygote:  # it died before the death signal was asked for
+                os._exit(1)
             keep = theirs.fileno()
             os.closerange(3, keep)
             os.closerange(keep + 1, 1 << 20)

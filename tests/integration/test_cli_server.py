@@ -323,14 +323,7 @@ class TestSignalsAndDeath:
              f'"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"; echo never',
              str(served.client)],
             env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
-        try:
-            assert parent.stdout is not None
-            assert parent.stdout.readline() == "ready\n"
-            parent.kill()
-            parent.wait(timeout=TIMEOUT)
-            assert not outlives(marker), "the sandbox outlived its client's parent"
-        finally:
-            kill_trees({parent.pid, *descendants(parent.pid)})
+        _kill_the_parent_and_check(parent, marker)
         assert served.handed_off() == 1
 
     def test_die_with_parent_in_an_args_file(self, served, tmp_path):
@@ -343,15 +336,20 @@ class TestSignalsAndDeath:
             [sys.executable, "-c", code, str(served.client), "\n".join(options),
              f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"],
             env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
-        try:
-            assert parent.stdout is not None
-            assert parent.stdout.readline() == "ready\n"
-            parent.kill()
-            parent.wait(timeout=TIMEOUT)
-            assert not outlives(marker), "the sandbox outlived its client's parent"
-        finally:
-            kill_trees({parent.pid, *descendants(parent.pid)})
+        _kill_the_parent_and_check(parent, marker)
         assert served.handed_off() == 1
+
+
+def _kill_the_parent_and_check(parent: subprocess.Popen[str], marker: Path) -> None:
+    """Once the sandbox under `parent` says ready, kill `parent`: the sandbox (touching `marker`) must end."""
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == "ready\n"
+        parent.kill()
+        parent.wait(timeout=TIMEOUT)
+        assert not outlives(marker), "the sandbox outlived its client's parent"
+    finally:
+        kill_trees({parent.pid, *descendants(parent.pid)})
 
 
 # ---------------------------------------------------------------- what runs directly

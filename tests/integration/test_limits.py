@@ -178,21 +178,34 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> No
         print(p.pid, flush=True)
         sys.stdin.read()
     """)
+    made = _kill_the_caller_once_started(caller)
+    assert len(made) == len(NO_CPU_LIMIT)
+    _next_start_sweeps(made, 5.0)
+
+
+def _kill_the_caller_once_started(caller: str) -> set[str]:
+    """Run `caller` (a script that starts a sandbox and prints its pid), SIGKILL it once it has: the
+    cgroups it made."""
     before = set(leftovers())
     child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout is not None
     assert child.stdout.readline().strip().isdigit()
     made = set(leftovers()) - before
-    assert len(made) == len(NO_CPU_LIMIT)
     child.kill()
     child.wait()
-    # the next start (another process's first cgroup) sweeps what a dead owner left
+    child.stdout.close()
+    child.stdin.close()  # type: ignore[union-attr]
+    return made
+
+
+def _next_start_sweeps(made: set[str], within: float) -> None:
+    """The next start (another process's first cgroup) sweeps what a dead owner left."""
     later = subprocess.run([PY, "-c", "import sandbox, sys\nfrom sandbox import Limits\n"
                             "from sandbox.presets import python_interpreter\n"
                             f"sandbox.run([{PY!r}, '-c', 'pass'], python_interpreter(limits=Limits(nproc=8)))"],
                            timeout=60)
     assert later.returncode == 0
-    assert wait_for(lambda: not (made & set(leftovers())), 5.0), made & set(leftovers())
+    assert wait_for(lambda: not (made & set(leftovers())), within), made & set(leftovers())
 
 
 def test_require_cgroups_without_them_names_why(executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -331,20 +344,9 @@ def test_no_template_cgroup_is_left_after_the_caller_is_sigkilled() -> None:
         print(p.pid, flush=True)
         sys.stdin.read()
     """)
-    before = set(leftovers())
-    child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    assert child.stdout is not None
-    assert child.stdout.readline().strip().isdigit()
-    made = set(leftovers()) - before
+    made = _kill_the_caller_once_started(caller)
     assert len(made) >= 3 * len(NO_CPU_LIMIT)  # the sandbox's, the standbys', those made ahead
-    child.kill()
-    child.wait()
-    later = subprocess.run([PY, "-c", "import sandbox, sys\nfrom sandbox import Limits\n"
-                            "from sandbox.presets import python_interpreter\n"
-                            f"sandbox.run([{PY!r}, '-c', 'pass'], python_interpreter(limits=Limits(nproc=8)))"],
-                           timeout=60)
-    assert later.returncode == 0
-    assert wait_for(lambda: not (made & set(leftovers())), 10.0), made & set(leftovers())
+    _next_start_sweeps(made, 10.0)
 
 
 @needs

@@ -17,12 +17,28 @@ from ...plan import Plan
 from ..contract import ExitSource, WaitStatus
 from ..handle import ProcessHandle
 from ..walls import walls_for
-from .core import BIN_DIR, INIT_PATH, STAMP_NAMES, STEP_NAMES, ffi, lib
+from .core import INIT_PATH_STR, STAMP_NAMES, STEP_NAMES, ffi, lib
 from .messages import setup_error
 from .wire import blob_for, newroot_dir, serialize
 
 __all__ = ["BIN_DIR", "INIT_PATH", "STAMP_NAMES", "STEP_NAMES", "SandboxStatus", "Started", "blob_for", "ffi", "lib",
            "newroot_dir", "serialize", "setup_error", "spawn_blob", "launch", "available", "BACKEND"]
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the import (type checkers read the name)
+if TYPE_CHECKING:
+    from .core import BIN_DIR, INIT_PATH
+
+
+def __getattr__(name: str) -> object:
+    """BIN_DIR and INIT_PATH (pathlib Paths), from .core on first use: pathlib is not imported before."""
+    if name not in ("BIN_DIR", "INIT_PATH"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import core
+
+    value: object = getattr(core, name)
+    globals()[name] = value
+    return value
+
 
 _init_fd_lock = threading.Lock()
 _init_fd: int | None = None
@@ -35,10 +51,10 @@ def init_fd() -> int:
     with _init_fd_lock:
         if _init_fd is None:
             try:
-                _init_fd = os.open(INIT_PATH, os.O_PATH | os.O_CLOEXEC)
+                _init_fd = os.open(INIT_PATH_STR, os.O_PATH | os.O_CLOEXEC)
             except OSError as exc:
                 raise SandboxError(
-                    f"sandbox-init is missing at {INIT_PATH} ({exc.strerror}); reinstall the package"
+                    f"sandbox-init is missing at {INIT_PATH_STR} ({exc.strerror}); reinstall the package"
                 ) from None
         return _init_fd
 
@@ -243,8 +259,8 @@ def available() -> tuple[bool, str]:
     """Whether this host lets the native core make its namespaces and use the mount API (tried once)."""
     if os.environ.get(DISABLE_NATIVE_ENV, "") not in ("", "0"):
         return False, f"disabled by {DISABLE_NATIVE_ENV}={os.environ[DISABLE_NATIVE_ENV]}"
-    if not INIT_PATH.exists():
-        return False, f"sandbox-init missing at {INIT_PATH}; reinstall the package"
+    if not os.path.exists(INIT_PATH_STR):
+        return False, f"sandbox-init missing at {INIT_PATH_STR}; reinstall the package"
     res = ffi.new("struct sbx_result *")
     ns = lib.SBX_NS_USER | lib.SBX_NS_MOUNT | lib.SBX_NS_PID | lib.SBX_NS_NET | lib.SBX_NS_IPC | lib.SBX_NS_UTS
     if lib.sbx_probe(ns, res) == 0:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the import (type checkers read the name)
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    BIN_DIR: Path  # the package's _bin directory, and sandbox-init in it, as pathlib Paths (made on first use:
+    INIT_PATH: Path  # pathlib costs a run of the command line more than everything this module does)
 
 try:
     from ..._native import ffi, lib
@@ -20,10 +27,23 @@ if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the buil
         "rebuild it with `pip install .` (or `pip install -e .`) from the same source tree"
     )
 
-BIN_DIR = Path(__file__).resolve().parents[2] / "_bin"
-INIT_PATH = BIN_DIR / "sandbox-init"
+BIN_DIR_STR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "_bin")
+INIT_PATH_STR = os.path.join(BIN_DIR_STR, "sandbox-init")
 
-__all__ = ["ABI_VERSION", "BIN_DIR", "INIT_PATH", "OP_KIND_NAMES", "STAMP_NAMES", "STEP_NAMES", "ffi", "lib"]
+
+def __getattr__(name: str) -> object:
+    """BIN_DIR and INIT_PATH, as pathlib Paths of the two strings above, made on first use."""
+    if name not in ("BIN_DIR", "INIT_PATH"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from pathlib import Path
+
+    value = Path(BIN_DIR_STR if name == "BIN_DIR" else INIT_PATH_STR)
+    globals()[name] = value
+    return value
+
+
+__all__ = ["ABI_VERSION", "BIN_DIR", "BIN_DIR_STR", "INIT_PATH", "INIT_PATH_STR", "OP_KIND_NAMES", "STAMP_NAMES",
+           "STEP_NAMES", "ffi", "lib"]
 
 
 def _names(table: Any, count: int) -> dict[int, str]:

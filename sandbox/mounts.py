@@ -6,7 +6,6 @@ order inside an empty root by the backends, as the Plan says.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -375,6 +374,8 @@ def mount_to_dict(m: Mount) -> dict[str, Any]:
     for f in dataclasses.fields(m):
         value = getattr(m, f.name)
         if f.name == "data":
+            import base64  # only for a File, and only here and below
+
             out["data_base64"] = base64.b64encode(value).decode()
         else:
             out[f.name] = value
@@ -394,6 +395,8 @@ def mount_from_dict(where: str, data: object) -> Mount:
     body = {k: v for k, v in data.items() if k != "type"}
     reject_unknown(where, body, fields)
     if "data_base64" in body:
+        import base64
+
         try:
             body["data"] = base64.b64decode(body.pop("data_base64"), validate=True)
         except (ValueError, TypeError):

@@ -9,7 +9,6 @@ root: a path that no mount declares does not exist in the sandbox.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -360,6 +359,8 @@ class Spec:
 
     def to_json(self, indent: int | None = None) -> str:
         """Serialize to JSON text."""
+        import json  # only here: a run of the command line never writes JSON
+
         return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
 
     @classmethod

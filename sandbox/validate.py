@@ -4,7 +4,6 @@ or raises SpecError naming the field."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
@@ -143,6 +142,8 @@ def parse_json(field_name: str, text: object) -> Any:
     """The value of JSON `text` (str or bytes); SpecError if it is not JSON."""
     if not isinstance(text, (str, bytes, bytearray)):
         raise SpecError(field_name, text, "must be JSON text (str or bytes)")
+    import json  # only here: a run of the command line without --spec reads no JSON
+
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes

@@ -9,7 +9,6 @@ than those headers cannot be named.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import errno as _errno
 from collections.abc import Iterable, Mapping, Sequence
@@ -309,6 +308,8 @@ class Seccomp:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict; `Seccomp.from_dict` inverts it."""
+        import base64  # only for the JSON form, here and in from_dict
+
         return {
             "deny": list(self.deny),
             "allow": list(self.allow),
@@ -326,6 +327,8 @@ class Seccomp:
         body = _checked_keys(where, data, known)
         raw = body.pop("raw_base64", None)
         if raw is not None:
+            import base64
+
             try:
                 body["raw"] = base64.b64decode(raw, validate=True)
             except (ValueError, TypeError):

@@ -168,6 +168,10 @@ def run(args: Sequence[str]) -> int:
     if args[:1] == ["--version"]:  # what parsing would stop at, without loading the parser
         return _print_version()
     inherited = inherited_fds()  # before this process opens anything of its own
+    if _ONE_SHOT:  # this process is ours, still without threads: what no run uses is only imported if used
+        from .coldstart import defer_unused_modules
+
+        defer_unused_modules()
     from .bwrap.parse import parse_bwrap_args
     from .errors import SpecError
 

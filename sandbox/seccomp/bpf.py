@@ -50,6 +50,8 @@ class _Label:
 
 @dataclass
 class _Insn:
+    """One instruction, its jumps still labels (`_Asm.assemble` resolves them)."""
+
     code: int
     k: int = 0
     jt: _Label | None = None  # jump targets (conditional jumps) or the JA target (jt)

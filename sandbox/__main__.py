@@ -11,23 +11,25 @@ that runs. A checkout built in place (`pip install -e .`) runs as it is.
 
 from __future__ import annotations
 
-import importlib.machinery
 import importlib.util
 import os
 import sys
-from pathlib import Path
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the import (type checkers read the name)
+if TYPE_CHECKING:
+    import importlib.machinery
 
 
 def _shadowing_an_installed_copy() -> bool:
     """Whether this is an uncompiled checkout, imported from the current directory,
     that hides an installed `sandbox`."""
-    here = Path(__file__).resolve().parent
+    here = os.path.dirname(os.path.realpath(__file__))  # os.path, not pathlib: a run imports no pathlib
     if sys.flags.safe_path or importlib.util.find_spec(f"{__package__}._native") is not None:
         return False
-    if not sys.path or Path(sys.path[0] or ".").resolve() != here.parent:
+    if not sys.path or os.path.realpath(sys.path[0] or ".") != os.path.dirname(here):
         return False
     other = _find_elsewhere("sandbox", sys.path[1:])
-    return other is not None and other.origin is not None and Path(other.origin).resolve().parent != here
+    return other is not None and other.origin is not None and os.path.dirname(os.path.realpath(other.origin)) != here
 
 
 def _find_elsewhere(name: str, path: list[str]) -> importlib.machinery.ModuleSpec | None:
@@ -49,6 +51,6 @@ def _find_elsewhere(name: str, path: list[str]) -> importlib.machinery.ModuleSpe
 if __name__ == "__main__":
     if _shadowing_an_installed_copy():
         os.execv(sys.executable, [sys.executable, "-P", "-m", "sandbox", *sys.argv[1:]])
-    from .cli import main
+    from .cli import program
 
-    raise SystemExit(main())
+    program()

@@ -28,7 +28,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type ch
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from types import FrameType
-    from typing import Any
+    from typing import Any, NoReturn
 
     from .bwrap import monitor
     from .process import SandboxProcess
@@ -76,6 +76,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         return run_command_line(sys.argv[1:], sys.argv[0], one_shot=True)
     return run_command_line(argv, "", one_shot=False)
+
+
+def program() -> NoReturn:
+    """The `sandbox-py` console script and `python -m sandbox`: `main()`, and
+    the process ends without tearing the interpreter down (sandbox.coldstart)."""
+    status = main()
+    from .coldstart import exit_now
+
+    exit_now(status)
 
 
 def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:

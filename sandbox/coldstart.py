@@ -1,4 +1,6 @@
-"""Standard modules that a run of the command line imports but never uses, deferred.
+"""What a one-shot process of the command line does to start and to end sooner.
+
+Starting: standard modules that a run imports but never uses are deferred.
 
 `dataclasses` imports `inspect` (with `ast`, `dis`, `tokenize` and
 `linecache`) only to write a signature into the docstring of a class that
@@ -23,8 +25,13 @@ import modules the normal way.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the import (type checkers read the name)
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 DEFERRED = ("inspect", "locale")  # imported (by dataclasses, subprocess) but not used by a run
 
@@ -66,3 +73,29 @@ def defer_unused_modules() -> None:
 def executed(name: str) -> bool:
     """Whether the module `name` is imported and its code has run (not still deferred)."""
     return name in sys.modules and type(sys.modules[name]) is not _Deferred  # type(): no attribute lookup
+
+
+def exit_now(status: int) -> NoReturn:
+    """End this process with exit status `status` as Python's own exit would,
+    less the interpreter's teardown: the atexit callbacks run, stdout and
+    stderr are flushed, and the process ends there. Tearing down every module
+    and collecting what they hold is ~15 ms of a run here, and nothing in it
+    is seen outside: the fds close with the process (whatever this package
+    writes to a caller's fd is written with os.write, unbuffered).
+
+    Python's exit is taken instead when a thread that is not a daemon still
+    runs (Python waits for it first) or a flush fails (Python reports it and
+    exits 120)."""
+    threading = sys.modules.get("threading")
+    if threading is not None and any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        raise SystemExit(status)
+    import atexit
+
+    atexit._run_exitfuncs()  # what Python's exit runs first; they are not run again
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    except BaseException:
+        raise SystemExit(status) from None
+    os._exit(status)

@@ -26,9 +26,8 @@ import sys
 # so `--version` (and `bwrap --version`) costs little more than the interpreter.
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Sequence
-    from types import FrameType
-    from typing import Any, NoReturn
+    from collections.abc import Callable, Sequence
+    from typing import NoReturn
 
     from .bwrap import monitor
     from .process import SandboxProcess
@@ -37,7 +36,6 @@ if TYPE_CHECKING:
 EXIT_SETUP = 125  # bad option, failed setup, no backend
 EXIT_NOEXEC = 126  # command found but not executable
 EXIT_NOTFOUND = 127  # command not found
-FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")  # by name: the signal module is imported when they are
 
 USAGE = """\
 usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
@@ -291,6 +289,7 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
     `joined`: this process joined --userns and --pidns already."""
     from .bwrap import monitor
     from .errors import ExecError, ExecNotFoundError, SandboxError
+    from .signal_relay import SignalForwarder
 
     mon = mon or monitor.Monitor()
     with SignalForwarder() as forwarder:
@@ -299,7 +298,7 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
             if verbose:
                 _say(f"{proc.backend} backend ({proc.backend_reason}), network {proc.network}")
             locks = _report_start(proc, mon)
-            returncode = forwarder.wait(proc)
+            returncode = forwarder.wait(proc, WAIT_READERS)
         except ExecNotFoundError as exc:
             return _fail(EXIT_NOTFOUND, exc)
         except ExecError as exc:
@@ -357,100 +356,6 @@ def _report_start(proc: SandboxProcess, mon: monitor.Monitor) -> list[int]:
         proc.kill()
         proc.wait()
         raise
-
-
-class SignalForwarder:
-    """Forward SIGINT, SIGTERM and SIGHUP to a sandbox process while waiting for it.
-
-    The handlers only note the signal and wake the waiting loop through a
-    pipe; the loop sends it with `proc.send_signal` outside any handler (a
-    handler may run while the process object holds its lock). Installed
-    before the sandbox starts, so a signal that arrives in between is held
-    and delivered once the process exists. Use as a context manager.
-    """
-
-    POLL_INTERVAL = 0.05  # seconds, only when pidfds are unavailable
-
-    def __init__(self, signals: Iterable[int] | None = None) -> None:
-        import signal
-
-        self.signals = tuple(signals if signals is not None else (getattr(signal, n) for n in FORWARDED_SIGNALS))
-        self.pending: list[int] = []
-        self.previous: dict[int, Any] = {}
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-
-    def __enter__(self) -> SignalForwarder:
-        import signal
-        import threading
-
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.signals:
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        import signal
-
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous.clear()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
-
-    def wait(self, proc: SandboxProcess) -> int:
-        """Wait for `proc` to end, forwarding signals to it; return its returncode."""
-        import selectors
-
-        pidfd = _pidfd(proc.pid)
-        try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(self._wake_r, selectors.EVENT_READ)
-                if pidfd >= 0:
-                    sel.register(pidfd, selectors.EVENT_READ)
-                for fd, read in WAIT_READERS.items():
-                    sel.register(fd, selectors.EVENT_READ, read)
-                while True:
-                    self._forward(proc)
-                    returncode = proc.poll()
-                    if returncode is not None:
-                        return int(returncode)
-                    for key, _ in sel.select(None if pidfd >= 0 else self.POLL_INTERVAL):
-                        if key.data is not None and not key.data():
-                            sel.unregister(key.fd)
-                    self._drain()
-        finally:
-            if pidfd >= 0:
-                os.close(pidfd)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.pending.append(signum)
-        try:
-            os.write(self._wake_w, b"s")
-        except OSError:
-            pass  # the pipe is full: the loop is awake anyway
-
-    def _forward(self, proc: SandboxProcess) -> None:
-        while self.pending:
-            sig = self.pending.pop(0)
-            try:
-                proc.send_signal(sig)
-            except OSError:
-                pass  # already gone: its exit status is on its way
-
-    def _drain(self) -> None:
-        try:
-            while os.read(self._wake_r, 512):
-                pass
-        except BlockingIOError:
-            pass
-
-
-def _pidfd(pid: int) -> int:
-    """A pidfd for `pid` (readable once it has exited), or -1 if unavailable."""
-    try:
-        return os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        return -1
 
 
 _PARENT = os.getppid()  # the caller, read again as early as main() runs

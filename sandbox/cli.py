@@ -175,10 +175,34 @@ def run(args: Sequence[str]) -> int:
     if args[:1] == ["--version"]:  # what parsing would stop at, without loading the parser
         return _print_version()
     inherited = inherited_fds()  # before this process opens anything of its own
-    if _ONE_SHOT:  # this process is ours, still without threads: what no run uses is only imported if used
-        from .coldstart import defer_unused_modules
+    if not _ONE_SHOT:
+        return _run(args, inherited)
+    # This process is ours, still without threads: what no run uses is only imported if used, and
+    # the garbage collector waits until the sandbox runs (_execute turns it on again).
+    from .coldstart import defer_unused_modules, pause_gc
 
-        defer_unused_modules()
+    global _GC_PAUSED
+    _GC_PAUSED = pause_gc()
+    defer_unused_modules()
+    try:
+        return _run(args, inherited)
+    finally:
+        _resume_gc()
+
+
+_GC_PAUSED = False  # run() turned the garbage collector off
+
+
+def _resume_gc() -> None:
+    global _GC_PAUSED
+    if _GC_PAUSED:
+        import gc
+
+        _GC_PAUSED = False
+        gc.enable()
+
+
+def _run(args: Sequence[str], inherited: list[int]) -> int:
     from .bwrap.parse import parse_bwrap_args
     from .errors import SpecError
 
@@ -298,6 +322,7 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
             if verbose:
                 _say(f"{proc.backend} backend ({proc.backend_reason}), network {proc.network}")
             locks = _report_start(proc, mon)
+            _resume_gc()  # the sandbox runs: this process may wait for it for long
             returncode = forwarder.wait(proc, WAIT_READERS)
         except ExecNotFoundError as exc:
             return _fail(EXIT_NOTFOUND, exc)

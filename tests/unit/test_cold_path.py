@@ -164,3 +164,27 @@ def test_only_a_one_shot_run_defers() -> None:
             "import sandbox\nsandbox.run(['true'], sandbox.presets.minimal_system())")
     executed = executed_after(code)
     assert "inspect" in executed and "locale" in executed
+
+
+def test_the_collector_waits_for_the_start_only() -> None:
+    """A one-shot run starts with the garbage collector off and turns it on for
+    the wait, which may be long; a run that fails before the sandbox starts turns
+    it on again too, and main(argv) leaves it alone."""
+    found = sandbox.probe()
+    if not found.native:
+        pytest.skip(f"native backend unavailable: {found.native_reason}")
+    code = ("import gc, sys\nfrom sandbox import cli, signal_relay\n"
+            "seen = []\nwait = signal_relay.SignalForwarder.wait\n"
+            "def watched(self, proc, readers=None):\n"
+            "    seen.append(gc.isenabled())\n    return wait(self, proc, readers)\n"
+            "signal_relay.SignalForwarder.wait = watched\n"
+            "parse = cli._run\n"
+            "def parsing(*args):\n    seen.append(gc.isenabled())\n    return parse(*args)\n"
+            "cli._run = parsing\n"
+            f"sys.argv = ['sandbox-py', 'run', {', '.join(map(repr, FLATPAK_LIKE))}, 'true']\n"
+            "assert cli.main() == 0 and seen == [False, True] and gc.isenabled(), seen\n"
+            "sys.argv = ['sandbox-py', 'run', '--no-such-option']\n"
+            "assert cli.main() == 125 and gc.isenabled()\n"
+            "gc.disable()\n"
+            f"assert cli.main(['run', {', '.join(map(repr, FLATPAK_LIKE))}, 'true']) == 0 and not gc.isenabled()\n")
+    executed_after(code)

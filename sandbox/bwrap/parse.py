@@ -36,7 +36,6 @@ from ..capabilities import Traits
 from ..errors import SpecError
 from ..host import HostInfo, effective_caps, userns_available
 from ..seccomp import DEFAULT_POLICY, Seccomp
-from ..seccomp.stack import stack
 from ..validate import check_items, check_mapping, check_text
 from . import memo
 from .grammar import BY_NAME, Option
@@ -297,6 +296,8 @@ def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
         programs = [p for p in st.seccomp_programs if p]
         if len(programs) < len(st.seccomp_programs) or any(len(p) // 8 > BPF_MAXINSNS for p in programs):
             raise BwrapArgsError(SECCOMP_EINVAL, "--add-seccomp-fd", 0)
+        from ..seccomp.stack import stack  # only for --add-seccomp-fd
+
         return Seccomp(raw=stack(programs))
     if st.seccomp_fd is None:
         if "seccomp_default" in st.flags:

@@ -27,7 +27,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "sandbox.seccomp.compile", "sandbox.seccomp.debug", "sandbox.netpool.pool", "sandbox.netpool.lease",
     "sandbox.netpool.factory", "sandbox.netpool.baseline", "sandbox.netpool.rtnetlink", "sandbox.backends.bwrap",
     "sandbox.backends.bwrap.driver", "sandbox.probe", "sandbox.explain", "sandbox.bwrap.unparse", "sandbox.forward",
-    "sandbox.template", "sandbox.workerpool", "platform", "pyroute2", "cloudpickle",
+    "sandbox.template", "sandbox.workerpool", "sandbox.seccomp.stack", "platform", "pyroute2", "cloudpickle",
 )
 # ... nor standard modules only some paths use: pathlib (with urllib.parse and ipaddress), json (--spec),
 # base64 (a File's or a raw seccomp program's JSON form)

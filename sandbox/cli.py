@@ -177,13 +177,11 @@ def run(args: Sequence[str]) -> int:
     inherited = inherited_fds()  # before this process opens anything of its own
     if not _ONE_SHOT:
         return _run(args, inherited)
-    # This process is ours, still without threads: what no run uses is only imported if used, and
-    # the garbage collector waits until the sandbox runs (_execute turns it on again).
-    from .coldstart import defer_unused_modules, pause_gc
+    # This process is ours: the garbage collector waits until the sandbox runs (_execute turns it on again).
+    from .coldstart import pause_gc
 
     global _GC_PAUSED
     _GC_PAUSED = pause_gc()
-    defer_unused_modules()
     try:
         return _run(args, inherited)
     finally:

@@ -63,6 +63,8 @@ struct tpl_server {
     /* the standby schedule (template_schedule.c) */
     volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request
                                     (TAKEN_RESETTING: a recycled one's command has ended) */
+    volatile int *serving;       /* MAP_SHARED, after standby_taken: the server reads the standbys'
+                                    socket itself (a recycled standby ready again then says so) */
     struct standby_slot standby[N_STANDBY];
     int standby_on;   /* making standbys: asked for, and none has failed */
     /* Leases mode (the stored plan's sandboxes lease their network namespace):
@@ -100,6 +102,7 @@ struct tpl_sandbox {
     int nfds;
     int *src_fds;       /* a recycled standby's scratch for its reset blob's ops */
     int own_null;       /* a recycled standby's srv->null_master is its own (template_recycle.c) */
+    int said_ready;     /* it has told the server it is ready once */
 };
 #define TPL_SANDBOX(ctx) ((struct tpl_sandbox *)((char *)(ctx) - offsetof(struct tpl_sandbox, c)))
 
@@ -170,7 +173,8 @@ void reap(struct tpl_server *s);
 void make_standbys(struct tpl_server *s);
 /* Milliseconds until the next deferred replacement is due (-1: none). */
 int next_replacement(struct tpl_server *s);
-/* Whether the server takes the standbys' requests itself. */
+/* Whether the server takes the standbys' requests itself; published in
+ * s->serving for the recycled standbys (tpl_recycled_note). */
 int serving_fast(struct tpl_server *s);
 
 /* standby.c */

@@ -532,7 +532,8 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
         free((void *)got.envp);
         if (reset(c) < 0)
             _exit(125);
-        t->srv->standby_taken[t->slot] = 0;
+        __atomic_store_n(&t->srv->standby_taken[t->slot], 0, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* before its command child reads srv->serving */
     }
 }
 

@@ -202,6 +202,26 @@ void tpl_standby_start(struct sbx_ctx *c);
  * `recycled` standby keeps its sockets for the next one. */
 void tpl_take_request(struct sbx_ctx *c, int recycled);
 
+/* template_inherited.c */
+/* What a recycled standby's commands inherit from their maker that another
+ * process of their uid may change there: its resource limits, scheduling
+ * attributes, CPU affinity, I/O priority, OOM score adjustment and core
+ * dump filter (the last two read through fds of its /proc files). */
+struct tpl_inherited {
+    uint64_t rl[16][2];
+    uint32_t sched[14]; /* struct sched_attr, version 1 */
+    unsigned long affinity[16];
+    int ioprio;
+    char oom[16], dump[16];
+    int oom_fd, dump_fd;
+};
+/* The reference, taken before any request: 0, or -1. */
+int tpl_inherited_take(const struct sbx_ctx *c, struct tpl_inherited *ref);
+/* Whether every attribute is still the reference's. */
+int tpl_inherited_same(const struct tpl_inherited *ref);
+/* Drop every signal pending for this process (all are blocked). */
+void tpl_drop_pending_signals(void);
+
 extern const struct sbx_mode SBX_MODE_TEMPLATE, SBX_MODE_STANDBY, SBX_MODE_RECYCLE;
 
 #endif

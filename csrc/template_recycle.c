@@ -487,7 +487,8 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    static struct tpl_inherited inherited; /* what its commands inherit, before any request */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || tpl_inherited_take(c, &inherited) < 0)
         sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
     for (;;) {
         int sp[2];
@@ -530,8 +531,10 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
         free(got.sh_argv);
         free((void *)got.argv);
         free((void *)got.envp);
-        if (reset(c) < 0)
+        /* a command may have changed what the next would inherit from us */
+        if (reset(c) < 0 || !tpl_inherited_same(&inherited))
             _exit(125);
+        tpl_drop_pending_signals(); /* none is for the next command */
         __atomic_store_n(&t->srv->standby_taken[t->slot], 0, __ATOMIC_SEQ_CST);
         __atomic_thread_fence(__ATOMIC_SEQ_CST); /* before its command child reads srv->serving */
     }

@@ -202,6 +202,26 @@ void tpl_standby_start(struct sbx_ctx *c);
  * `recycled` standby keeps its sockets for the next one. */
 void tpl_take_request(struct sbx_ctx *c, int recycled);
 
+/* template_kept.c */
+/* Whether op i's destination lies beneath an earlier op's (a mount made
+ * on a fresh one, detached with it). */
+int tpl_beneath_another(const struct sbx_ctx *c, uint32_t i);
+/* Before a recycled sandbox's reset: skip[k] for each op of the (reset)
+ * blob whose mount is kept as it is (an empty Tmpfs, a devpts the command
+ * left unchanged); every other record goes. */
+void tpl_choose_kept(const struct sbx_ctx *c, unsigned char *skip);
+/* After it: a record of each keepable mount it made. */
+void tpl_record_kept(const struct sbx_ctx *c, const unsigned char *skip);
+/* Whether the network namespace holds no socket any more, by its counters. */
+int tpl_net_empty(const struct sbx_ctx *c);
+/* A new network namespace was entered: its counters are opened anew. */
+void tpl_net_renewed(void);
+/* Whether the IPC namespace holds no object (SysV or POSIX queue), and its
+ * mqueue root is as when it was made. */
+int tpl_ipc_empty(void);
+/* A new IPC namespace was entered: its mqueue root is recorded. */
+void tpl_ipc_renewed(void);
+
 /* template_inherited.c */
 /* What a recycled standby's commands inherit from their maker that another
  * process of their uid may change there: its resource limits, scheduling

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 
 # One change to pid 1 per run; prints whether it was allowed and which pid 1 it was (its start time).
 # One change to every other process it sees (pid 1, and whatever else outlives the command); prints
-# whether one was allowed and which pid 1 it was (its start time).
+# whether one was allowed and which sandbox it was.
 CHANGE = textwrap.dedent("""
     import ctypes, json, os, resource, sys
     what = sys.argv[1]
@@ -66,8 +66,7 @@ CHANGE = textwrap.dedent("""
             done.append(pid)
         except OSError:
             pass
-    with open("/proc/1/stat") as f:
-        init = f.read().rsplit(")", 1)[1].split()[19]
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
     print(json.dumps({"done": done, "init": init, "pid": os.getpid()}))
 """)
 

@@ -24,7 +24,7 @@ import time
 import pytest
 
 import sandbox
-from sandbox import Dev, Mqueue, Tmpfs, UnavailableError
+from sandbox import Mqueue, Tmpfs, UnavailableError
 
 from .attack import PYTHON, make_base_spec, require
 
@@ -85,7 +85,8 @@ PLANT = textwrap.dedent("""
     os.umask(0o077)
     lock = open("/usr/bin/env", "rb")
     fcntl.flock(lock, fcntl.LOCK_EX)
-    print(" ".join(done), flush=True)
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, " ".join(done), flush=True)
 """)
 
 CHECK = textwrap.dedent("""
@@ -123,7 +124,8 @@ CHECK = textwrap.dedent("""
 
 
 def spec(**fields: object) -> sandbox.Spec:
-    return make_base_spec(Tmpfs("/var/scratch"), Dev("/dev"), Mqueue("/dev/mqueue"), hostname="tenant",
+    # the base world's /dev (its /dev/shm and devpts are kept by a reset when unchanged), a Tmpfs, an mqueue
+    return make_base_spec(Tmpfs("/var/scratch"), Mqueue("/dev/mqueue"), hostname="tenant",
                           **fields)  # type: ignore[arg-type]
 
 
@@ -131,6 +133,22 @@ def check(t: sandbox.Template, secret: str) -> dict[str, object]:
     r = t.run([PYTHON, "-I", "-S", "-c", CHECK, secret], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)  # type: ignore[no-any-return]
+
+
+def plant_in_both(t: sandbox.Template, script: str, *args: str) -> list[set[str]]:
+    """Run `script` (which prints its mount namespace, then what it did) until it has run in both
+    standbys' sandboxes (requests need not alternate between them); what each run did."""
+    inits: set[str] = set()
+    done = []
+    for _ in range(20):
+        r = t.run([PYTHON, "-I", "-S", "-c", script, *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        init, *did = r.stdout.split()
+        done.append(set(did))
+        inits.add(init)
+        if len(inits) == 2:
+            break
+    return done
 
 
 def recycled_check(t: sandbox.Template, secret: str) -> dict[str, object]:
@@ -155,13 +173,10 @@ def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str, net: 
         assert baseline["found"] == [] and baseline["host"] == "tenant"
         for _ in range(4):  # enough rounds that both standbys are planted in and recycled
             secret = "SBXRECYCLE" + secrets.token_hex(8)
-            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT, secret, net], capture_output=True, text=True,
-                            timeout=60)
-            assert planted.returncode == 0, planted.stderr
-            done = set(planted.stdout.split())
-            assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= done
-            if seccomp == "none":
-                assert {"key-3", "key-4"} <= done  # the keyrings were open to it
+            for done in plant_in_both(t, PLANT, secret, net):
+                assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= done
+                if seccomp == "none":
+                    assert {"key-3", "key-4"} <= done  # the keyrings were open to it
             seen = recycled_check(t, secret)
             assert seen["found"] == [], seen
             for key in ("cwd", "umask", "nofile", "host"):
@@ -222,7 +237,8 @@ PLANT_ROOTS = textwrap.dedent("""
             done.append(f"{top}:{what}")
         except OSError:
             pass
-    print(" ".join(done), flush=True)
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, " ".join(done), flush=True)
 """)
 
 CHECK_ROOTS = textwrap.dedent("""
@@ -253,16 +269,134 @@ def test_a_kept_tmpfs_root_carries_nothing_to_the_next_tenant() -> None:
         raise AssertionError("no request was served by a recycled sandbox")
 
     with sandbox.Template(spec(), recycle=True) as t:
-        for what in ("mode", "times", "xattr") * 2:  # both standbys planted in and recycled
+        for what in ("mode", "times", "xattr"):
             baseline = roots()
             secret = "SBXROOT" + secrets.token_hex(8)
-            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT_ROOTS, secret, what], capture_output=True, text=True,
-                            timeout=60)
-            assert planted.returncode == 0, planted.stderr
-            if f"/var/scratch:{what}" not in planted.stdout.split():
+            if not any(f"/var/scratch:{what}" in done for done in plant_in_both(t, PLANT_ROOTS, secret, what)):
                 continue  # not this uid's to change (an xattr needs a kernel whose tmpfs has them)
             seen = roots()
             for top, (mode, _mtime, xattrs, names) in seen.items():
                 assert xattrs == [] and names == [], (top, seen)
                 assert mode == baseline[top][0], (top, seen, baseline)  # type: ignore[index]
                 assert _mtime != 1_000_000_000, (top, seen)
+
+
+# One IPC object at a time (the reset keeps an IPC namespace that holds none: each kind is counted on its own).
+PLANT_IPC = textwrap.dedent("""
+    import ctypes, os, sys
+    kind, value = sys.argv[1], sys.argv[2].encode()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if kind == "shm":
+        made = libc.shmget(0x5B7F, 4096, 0o1000 | 0o666)
+    elif kind == "msg":
+        made = libc.msgget(0x5B7F, 0o1000 | 0o666)
+    elif kind == "sem":
+        made = libc.semget(0x5B7F, 1, 0o1000 | 0o666)
+    else:
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        made = rt.mq_open(b"/" + value, os.O_CREAT | os.O_RDWR, 0o666, None)
+        if kind == "mqueue-unlinked" and made >= 0:  # made and removed: the namespace's queues changed
+            rt.mq_unlink(b"/" + value)
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, "made" if made >= 0 else f"errno {ctypes.get_errno()}", flush=True)
+""")
+
+CHECK_IPC = textwrap.dedent("""
+    import ctypes, json, os, sys
+    value = sys.argv[1].encode()
+    found = []
+    for name in ("shm", "msg", "sem"):
+        found += [f"sysv {name}: {line}" for line in open(f"/proc/sysvipc/{name}").readlines()[1:]]
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    if rt.mq_open(b"/" + value, os.O_RDWR, 0, None) >= 0:
+        found.append("mqueue")
+    print(json.dumps({"found": found, "pid": os.getpid()}))
+""")
+
+
+@pytest.mark.parametrize("mqueue_mounted", [True, False])
+def test_a_kept_ipc_namespace_holds_nothing_of_the_last_tenant(mqueue_mounted: bool) -> None:
+    """An IPC namespace the command left without an object is kept; one SysV segment, queue or
+    semaphore set, or POSIX queue (made, or made and removed again) has it made again."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    extra = (Mqueue("/dev/mqueue"),) if mqueue_mounted else ()
+    with sandbox.Template(make_base_spec(*extra), recycle=True) as t:
+        for kind in ("shm", "msg", "sem", "mqueue", "mqueue-unlinked"):
+            secret = "SBXIPC" + secrets.token_hex(8)
+            for done in plant_in_both(t, PLANT_IPC, kind, secret):
+                assert done == {"made"}, (kind, done)
+            for _ in range(100):
+                r = t.run([PYTHON, "-I", "-S", "-c", CHECK_IPC, secret], capture_output=True, text=True, timeout=60)
+                assert r.returncode == 0, r.stderr
+                seen = json.loads(r.stdout)
+                if seen["pid"] != 2:  # a recycled sandbox
+                    break
+                time.sleep(0.02)
+            else:
+                raise AssertionError("no request was served by a recycled sandbox")
+            assert seen["found"] == [], (kind, seen)
+            if kind == "mqueue-unlinked":
+                continue
+            # the check itself left nothing: its sandbox's IPC namespace may be kept for the next
+            clean = t.run([PYTHON, "-I", "-S", "-c", CHECK_IPC, secret], capture_output=True, text=True, timeout=60)
+            assert json.loads(clean.stdout)["found"] == [], (kind, clean.stdout)
+
+
+# A devpts the command left unchanged is kept: what it could change there.
+PLANT_PTS = textwrap.dedent("""
+    import array, os, socket, sys
+    what = sys.argv[1]
+    done = []
+    if what in ("/dev/pts/ptmx", "/dev/pts"):  # one at a time: the root's stat does not show its ptmx's
+        try:
+            os.chmod(what, 0o600 if what.endswith("ptmx") else 0o711)
+            done.append(what)
+        except OSError:
+            pass
+    else:  # a pty whose master outlives every process, in flight in a socket that holds itself, until the
+        # kernel collects that socket: the reset counts the ptys left (whether or not one is by then)
+        master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY)
+        os.write(master, b"left for the next tenant\\n")
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        b.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [master, a.fileno()]))])
+        done.append("pty")
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, " ".join(done), flush=True)
+""")
+
+CHECK_PTS = textwrap.dedent("""
+    import json, os, stat
+    print(json.dumps({"pid": os.getpid(), "entries": sorted(os.listdir("/dev/pts")),
+                      "modes": [oct(stat.S_IMODE(os.stat(p).st_mode)) for p in ("/dev/pts", "/dev/pts/ptmx")]}))
+""")
+
+
+def test_a_kept_devpts_carries_nothing_to_the_next_tenant() -> None:
+    """A devpts the command left as it was is kept; one whose root or ptmx it changed, or where a pty
+    outlives the command (its master in flight in a socket), is made again."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+
+    def look() -> dict[str, object]:
+        for _ in range(100):
+            r = t.run([PYTHON, "-I", "-S", "-c", CHECK_PTS], capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            seen: dict[str, object] = json.loads(r.stdout)
+            if seen["pid"] != 2:  # a recycled sandbox
+                return seen
+            time.sleep(0.02)
+        raise AssertionError("no request was served by a recycled sandbox")
+
+    with sandbox.Template(make_base_spec(), recycle=True) as t:
+        baseline = look()
+        assert baseline["entries"] == ["ptmx"], baseline
+        for what in ("/dev/pts/ptmx", "/dev/pts", "pty"):
+            if not any(plant_in_both(t, PLANT_PTS, what)):
+                continue  # not this uid's to change
+            seen = look()
+            assert seen["entries"] == baseline["entries"] and seen["modes"] == baseline["modes"], (what, seen)

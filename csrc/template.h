@@ -212,8 +212,9 @@ int tpl_beneath_another(const struct sbx_ctx *c, uint32_t i);
 void tpl_choose_kept(const struct sbx_ctx *c, unsigned char *skip);
 /* After it: a record of each keepable mount it made. */
 void tpl_record_kept(const struct sbx_ctx *c, const unsigned char *skip);
-/* Whether the network namespace holds no socket any more, by its counters. */
-int tpl_net_empty(const struct sbx_ctx *c);
+/* Whether the network namespace holds no socket any more but the `own`
+ * that pid 1 and its maker keep there, by its counters. */
+int tpl_net_empty(const struct sbx_ctx *c, long own);
 /* A new network namespace was entered: its counters are opened anew. */
 void tpl_net_renewed(void);
 /* Whether the IPC namespace holds no object (SysV or POSIX queue), and its
@@ -221,6 +222,25 @@ void tpl_net_renewed(void);
 int tpl_ipc_empty(void);
 /* A new IPC namespace was entered: its mqueue root is recorded. */
 void tpl_ipc_renewed(void);
+
+/* template_maker.c */
+#define TPL_MAKER_SOCKETS 2 /* the socket pair of pid 1 and its maker, made in the sandbox's network namespace */
+/* In a recycled standby's pid 1, before any request: start the maker of its
+ * command children, if they can be made that way: 0, or -1 (each is then
+ * pid 1's own clone, template_recycle.c). */
+int tpl_maker_start(struct sbx_ctx *c);
+/* Have the maker make the next command child, which takes a request and
+ * execs: its report socket, with the started report sent, and its pid in
+ * *pid; -1 when it ended before (it reported why on the request's socket,
+ * or found the caller gone); -2 when its exec failed (reported, reaped). */
+int tpl_maker_next(struct sbx_ctx *c, pid_t *pid);
+/* Whether the maker is alive and pid 1's only child (no process of the last
+ * request is left). */
+int tpl_maker_alone(void);
+/* A new maker in place of the old, which lives in the namespaces pid 1 has
+ * just left (its IPC or network namespace, made again by a reset); pid 1
+ * ends if it cannot make one. */
+void tpl_maker_renew(struct sbx_ctx *c);
 
 /* template_inherited.c */
 /* What a recycled standby's commands inherit from their maker that another

@@ -5,20 +5,24 @@
  * user-owned and network namespaces, instead of exiting after one. For that
  * its pid 1 never takes the command's identity: it stays in the server's
  * user namespace with the server's capabilities over the sandbox's
- * namespaces, non-dumpable. Its command child, made ahead of each request
- * (sharing its memory until exec, CLONE_VM, while pid 1 waits on a socket
- * pair), takes what belongs to the command as a standby does, before the
- * request (sbx_command_identity: a session keyring of its own, the
- * command's user namespace, made ahead, a child of the server's; session,
- * no capability, no new privileges, Landlock, the filter where it allows
- * what follows), then the request itself and what it decides (cwd, rlimits,
- * fds; pid 1 checks the probe paths for it), and execs. The command
+ * namespaces, non-dumpable. Its command children are made ahead of each
+ * request by its maker where the commands' identity is the same for all
+ * (csrc/template_maker.c: it takes that identity once); else each is pid
+ * 1's own clone (sharing its memory until exec, CLONE_VM, while pid 1
+ * waits on a socket pair), which takes what belongs to the command as a
+ * standby does, before the request (sbx_command_identity: a session keyring
+ * of its own, the command's user namespace, made ahead, a child of the
+ * server's; session, no capability, no new privileges, Landlock, the filter
+ * where it allows what follows), then the request itself and what it
+ * decides (cwd, rlimits, fds; pid 1 checks the probe paths for it), and
+ * execs. The command
  * therefore holds no capability over pid 1 or any of its namespaces, cannot
  * ptrace it (non-dumpable, another user namespace's), nor signal it (the
  * kernel drops a pid namespace's init's default-handled signals sent from
  * inside), and gets none of its fds.
  *
- * When the command ends, pid 1 kills and reaps whatever is left, writes the
+ * When the command ends, pid 1 kills and reaps whatever is left (a process
+ * left beside a maker ends pid 1 too, once the status is out), writes the
  * status, and resets what a task could have changed before it takes the
  * next request:
  * - every mount the sandbox made (each Tmpfs, /dev/shm, devpts, an mqueue,
@@ -50,9 +54,10 @@
  *   request (template_inherited.c), and signals left pending are dropped.
  * Any failure ends pid 1, and the server makes a fresh standby instead.
  * What it shares with its predecessor: the pid namespace (pid numbers keep
- * counting), the mount namespace's read-only template root, and whatever
- * the Spec lets a task write outside the sandbox (a writable Bind of a host
- * directory).
+ * counting), the mount namespace's read-only template root, what the reset
+ * kept because it was left as it was, the maker (its session keyring, which
+ * no command can reach), and whatever the Spec lets a task write outside
+ * the sandbox (a writable Bind of a host directory).
  */
 #include "template.h"
 
@@ -220,8 +225,9 @@ static int own_null_master(const struct sbx_ctx *c)
 }
 
 /* Everything of the last request gone, make the sandbox as its standby
- * was: 0, or -1 (pid 1 then ends, and the server replaces it). */
-static int reset(struct sbx_ctx *c)
+ * was: 0, or -1 (pid 1 then ends, and the server replaces it); *renewed:
+ * whether it entered a new IPC or network namespace. */
+static int reset(struct sbx_ctx *c, int made, int *renewed)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     struct tpl_server *s = t->srv;
@@ -233,9 +239,10 @@ static int reset(struct sbx_ctx *c)
         return -1;
     /* A network namespace left empty is kept, and the proc with it (its
      * sys/net covers are that namespace's); else both are made again. */
-    int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && tpl_net_empty(c);
+    int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && tpl_net_empty(c, made ? TPL_MAKER_SOCKETS : 0);
     /* An IPC namespace left without an object is kept, and its mqueue mount with it. */
     int keep_ipc = (h->ns & SBX_NS_IPC) && tpl_ipc_empty();
+    *renewed = ((h->ns & SBX_NS_NET) && !keep_net) || ((h->ns & SBX_NS_IPC) && !keep_ipc);
     /* the reset blob's ops, in place, as this sandbox's own setup did them */
     struct sbx_input in = SBX_INPUT_NONE;
     in.blob = keep_net ? s->reset_kept_blob : s->reset_blob;
@@ -305,72 +312,112 @@ static int reset(struct sbx_ctx *c)
     return rc;
 }
 
-/* The command has ended: whatever is left of it goes, then its status. */
-static void finish(int report, int status)
+/* The command has ended: whatever is left of it goes (a process left
+ * beside a maker ends pid 1 too, once the status is out), then its status. */
+static void finish(int report, int status, int made)
 {
-    int other;
-    kill(-1, SIGKILL);
-    while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
-        ;
+    int other, left = made ? !tpl_maker_alone() : waitpid(-1, &other, WNOHANG) >= 0 || errno != ECHILD;
+    if (left) {
+        kill(-1, SIGKILL);
+        while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+            ;
+    }
     sbx_write_all(report, &status, sizeof status);
+    if (made && left)
+        _exit(125); /* its maker went with them: the server makes a fresh standby */
+}
+
+/* The next command, a clone of pid 1's own (sharing its memory until its
+ * exec) that takes the command's identity, then a request: its report
+ * socket once it has exec'd (the started report sent) and its pid in *pid;
+ * pid 1 ends if it did not get that far. */
+static int own_command(struct sbx_ctx *c, pid_t *pid)
+{
+    static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+        _exit(125);
+    struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
+    c->keep_fd = sp[1];        /* kept off the request's fd numbers (sbx_place_fds) */
+    command.execing = 0;
+    command.step = 0;
+    *pid = clone(command_main, stack + sizeof stack, CLONE_VM | SIGCHLD, c);
+    close(sp[1]);
+    int report = *pid < 0 ? -1 : await_command(c, sp[0]);
+    close(sp[0]);
+    struct sbx_input got = c->in; /* the request, as the child took it */
+    *c = saved;
+    sbx_stamp(c, SBX_T_RETURN);
+    if (report < 0 || !command.execing || command.step) {
+        /* it failed (and reported, to the request's caller or, before
+         * any request, to the server) or found the caller gone */
+        int status = 0;
+        if (*pid > 0)
+            waitpid(*pid, &status, 0);
+        if (report >= 0 && command.step) { /* its exec failed: reported here */
+            c->in.err_fd = report;
+            sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
+        }
+        _exit(*pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && report < 0 ? 0 : 125);
+    }
+    c->in.err_fd = report;
+    if (sbx_send_started(c) < 0) {
+        kill(*pid, SIGKILL);
+        _exit(125);
+    }
+    c->in.err_fd = -1;
+    if (got.scrub)
+        memset(got.scrub, 0, got.scrub_len);
+    free(got.sh_argv);
+    free((void *)got.argv);
+    free((void *)got.envp);
+    return report;
+}
+
+/* The next command, made by the maker (template_maker.c): as own_command;
+ * -1 when none ran (its child failed and reported, or its exec did), and
+ * pid 1 ends when the caller has gone or the maker has. */
+static int made_command(struct sbx_ctx *c, pid_t *pid)
+{
+    int report = tpl_maker_next(c, pid), status;
+    if (report != -1)
+        return report < 0 ? -1 : report;
+    pid_t gone = waitpid(-1, &status, 0); /* the command child, which said nothing */
+    if (!tpl_maker_alone())
+        _exit(125);
+    if (gone > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        _exit(0); /* the caller has gone: so have the standbys' requests */
+    return -1;
 }
 
 /* One request after another (SBX_MODE_RECYCLE's stay_resident): a command
- * child made ahead takes it and execs, pid 1 serves and reaps it, then
- * resets the sandbox. */
+ * child made ahead (by the maker, or as pid 1's own clone) takes it and
+ * execs, pid 1 serves and reaps it, then resets the sandbox. */
 static _Noreturn void recycle_reaper(struct sbx_ctx *c)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
-    static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
-    static struct tpl_inherited inherited; /* what its commands inherit, before any request */
+    static struct tpl_inherited inherited; /* what its own command children inherit, before any request */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || tpl_inherited_take(c, &inherited) < 0)
         sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
     if (c->h->ns & SBX_NS_IPC)
         tpl_ipc_renewed(); /* what its first reset may keep */
+    int made = tpl_maker_start(c) == 0;
     for (;;) {
-        int sp[2];
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
-            _exit(125);
-        struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
-        c->keep_fd = sp[1];        /* kept off the request's fd numbers (sbx_place_fds) */
-        command.execing = 0;
-        command.step = 0;
-        pid_t pid = clone(command_main, stack + sizeof stack, CLONE_VM | SIGCHLD, c);
-        close(sp[1]);
-        int report = pid < 0 ? -1 : await_command(c, sp[0]);
-        close(sp[0]);
-        struct sbx_input got = c->in; /* the request, as the child took it */
-        *c = saved;
-        sbx_stamp(c, SBX_T_RETURN);
-        if (report < 0 || !command.execing || command.step) {
-            /* it failed (and reported, to the request's caller or, before
-             * any request, to the server) or found the caller gone */
-            int status = 0;
-            if (pid > 0)
-                waitpid(pid, &status, 0);
-            if (report >= 0 && command.step) { /* its exec failed: reported here */
-                c->in.err_fd = report;
-                sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
-            }
-            _exit(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && report < 0 ? 0 : 125);
+        pid_t pid = -1;
+        int report = made ? made_command(c, &pid) : own_command(c, &pid);
+        if (report >= 0) {
+            finish(report, sbx_serve_command(pid), made);
+            close(report);
         }
-        c->in.err_fd = report;
-        if (sbx_send_started(c) < 0) {
-            kill(pid, SIGKILL);
-            _exit(125);
-        }
-        if (got.scrub)
-            memset(got.scrub, 0, got.scrub_len);
-        finish(report, sbx_serve_command(pid));
-        close(report);
-        c->in.err_fd = -1;
         t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
-        free(got.sh_argv);
-        free((void *)got.argv);
-        free((void *)got.envp);
-        /* a command may have changed what the next would inherit from us */
-        if (reset(c) < 0 || !tpl_inherited_same(&inherited))
+        /* A command may have changed what the next would inherit from us
+         * (a maker checks its own: the commands are its children; a new one
+         * would be ours), and a maker stays in the namespaces we leave. */
+        int renewed = 0;
+        if (reset(c, made, &renewed) < 0 || ((!made || renewed) && !tpl_inherited_same(&inherited)))
             _exit(125);
+        if (made && renewed)
+            tpl_maker_renew(c);
         tpl_drop_pending_signals(); /* none is for the next command */
         __atomic_store_n(&t->srv->standby_taken[t->slot], 0, __ATOMIC_SEQ_CST);
         __atomic_thread_fence(__ATOMIC_SEQ_CST); /* before its command child reads srv->serving */

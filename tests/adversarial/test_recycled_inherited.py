@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-import time
+import threading
 
 import pytest
 
@@ -28,6 +28,7 @@ import sandbox
 from sandbox import Dev, Tmpfs
 
 from .attack import PYTHON, make_base_spec, require
+from .recycled import Tenants
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +68,7 @@ CHANGE = textwrap.dedent("""
         except OSError:
             pass
     init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
-    print(json.dumps({"done": done, "init": init, "pid": os.getpid()}))
+    print(init, json.dumps(done))
 """)
 
 LOOK = textwrap.dedent("""
@@ -75,7 +76,7 @@ LOOK = textwrap.dedent("""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     limits = {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith("RLIMIT_")}
-    print(json.dumps({"pid": os.getpid(), "limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"limits": limits, "nice": os.getpriority(os.PRIO_PROCESS, 0),
                       "policy": os.sched_getscheduler(0), "affinity": sorted(os.sched_getaffinity(0)),
                       "ioprio": libc.syscall(252, 1, 0),
                       "oom": open("/proc/self/oom_score_adj").read().strip(),
@@ -89,18 +90,6 @@ def spec(**fields: object) -> sandbox.Spec:
     return make_base_spec(Tmpfs("/var/scratch"), Dev("/dev"), **fields)  # type: ignore[arg-type]
 
 
-def look(t: sandbox.Template, recycled: bool) -> dict[str, object]:
-    """What a command starts with; `recycled`: in a recycled sandbox (its command is not pid 2)."""
-    for _ in range(100):
-        r = t.run([PYTHON, "-I", "-S", "-c", LOOK], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        seen: dict[str, object] = json.loads(r.stdout)
-        if not recycled or seen["pid"] != 2:
-            return seen
-        time.sleep(0.02)
-    raise AssertionError("no request was served by a recycled sandbox")
-
-
 @pytest.mark.parametrize("seccomp", ["default", "none"])
 def test_a_tenant_cannot_change_what_the_next_command_inherits(seccomp: str) -> None:
     require("template")
@@ -109,23 +98,64 @@ def test_a_tenant_cannot_change_what_the_next_command_inherits(seccomp: str) -> 
     fields = {"seccomp": None} if seccomp == "none" else {}
     changed = []
     with sandbox.Template(spec(**fields), recycle=True) as t:
-        baseline = look(t, recycled=False)
+        tenants = Tenants(t)
+        baseline = json.loads(tenants.run(LOOK)[1])
         for what in CHANGES:
-            attacked: set[str] = set()
-            for _ in range(10):  # until both standbys' pid 1 have been changed
-                r = t.run([PYTHON, "-I", "-S", "-c", CHANGE, what], capture_output=True, text=True, timeout=60)
-                assert r.returncode == 0, r.stderr
-                out = json.loads(r.stdout)
-                if not out["done"]:
-                    break  # not this uid's to change here (or the filter refuses it)
-                attacked.add(out["init"])
-                if len(attacked) == 2:
-                    break
-            if not attacked:
-                continue
+            if not any(json.loads(done) for done in tenants.in_both(CHANGE, what)):
+                continue  # not this uid's to change here (or the filter refuses it)
             changed.append(what)
-            seen = look(t, recycled=True)
+            seen = json.loads(tenants.recycled(LOOK))
             for key, value in baseline.items():
-                if key != "pid":
-                    assert seen[key] == value, (what, key, seen[key], value)
+                assert seen[key] == value, (what, key, seen[key], value)
     assert "rlimit" in changed, changed  # prlimit on a process of one's own uid needs no capability
+
+
+# Signals to every other process it sees: queued real-time ones (each counts against the uid's pending
+# signals, the next tenant's too), a stop, or a kill; prints what it reached.
+SIGNAL = textwrap.dedent("""
+    import json, os, signal, sys
+    what = sys.argv[1]
+    done = []
+    for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()):
+        try:
+            if what == "queued":
+                for _ in range(64):
+                    os.kill(pid, signal.SIGRTMIN)
+            else:
+                os.kill(pid, signal.SIGSTOP if what == "stop" else signal.SIGKILL)
+            done.append(pid)
+        except OSError:
+            pass
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps(done))
+""")
+
+PENDING = textwrap.dedent("""
+    import json, os
+    sigq = [line.split()[1] for line in open("/proc/self/status") if line.startswith("SigQ:")][0]
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"queued": int(sigq.split("/")[0])}))
+""")
+
+
+@pytest.mark.parametrize("what", ["queued", "stop", "kill"])
+def test_signals_to_what_outlives_a_command_reach_no_later_tenant(what: str) -> None:
+    """Whatever a command signals that outlives it (a recycled sandbox's pid 1, its command maker),
+    the next tenants' commands start and run: no signal queued for their uid, nothing stopped."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    seen: list[object] = []
+
+    def later_tenants() -> None:
+        for _ in range(4):  # both standbys serve again
+            seen.append(json.loads(tenants.recycled(PENDING)))
+
+    with sandbox.Template(spec(), recycle=True) as t:
+        tenants = Tenants(t)
+        for done in tenants.in_both(SIGNAL, what):
+            assert json.loads(done), done  # it reached at least one (the maker, where there is one)
+        # a stopped process that makes the commands would leave their requests waiting: not forever here
+        waiting = threading.Thread(target=later_tenants, daemon=True)
+        waiting.start()
+        waiting.join(30)
+        assert not waiting.is_alive(), f"the next tenants' requests are still waiting ({len(seen)} served)"
+    assert seen == [{"queued": 0}] * 4, seen

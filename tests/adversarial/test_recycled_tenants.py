@@ -27,6 +27,7 @@ import sandbox
 from sandbox import Mqueue, Tmpfs, UnavailableError
 
 from .attack import PYTHON, make_base_spec, require
+from .recycled import IS_MAKER, Tenants
 
 pytestmark = pytest.mark.integration
 
@@ -89,37 +90,39 @@ PLANT = textwrap.dedent("""
     print(init, " ".join(done), flush=True)
 """)
 
-CHECK = textwrap.dedent("""
+CHECK = textwrap.dedent(f"""
     import ctypes, fcntl, glob, json, os, resource, socket, sys
     secret = sys.argv[1]
     found = []
     for top in ("/tmp", "/dev/shm", "/var/scratch"):
-        found += [p for p in glob.glob(f"{top}/*") if secret in p]
+        found += [p for p in glob.glob(f"{{top}}/*") if secret in p]
     for name in ("shm", "msg", "sem"):
-        found += [f"sysv {name}: {line}" for line in open(f"/proc/sysvipc/{name}").readlines()[1:]]
-    found += [f"mqueue {n}" for n in os.listdir("/dev/mqueue")]
-    found += [f"unix {line}" for line in open("/proc/net/unix") if secret in line]
+        found += [f"sysv {{name}}: {{line}}" for line in open(f"/proc/sysvipc/{{name}}").readlines()[1:]]
+    found += [f"mqueue {{n}}" for n in os.listdir("/dev/mqueue")]
+    found += [f"unix {{line}}" for line in open("/proc/net/unix") if secret in line]
     for line in open("/proc/net/tcp").readlines()[1:]:
-        found.append(f"tcp {line.split()[1]} state {line.split()[3]}")
-    found += [f"process {p}" for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        found.append(f"tcp {{line.split()[1]}} state {{line.split()[3]}}")
+    is_maker = {IS_MAKER}
+    found += [f"process {{p}}" for p in os.listdir("/proc")
+              if p.isdigit() and int(p) not in (1, os.getpid()) and not is_maker(p)]
     if secret[:60] in socket.gethostname():
         found.append("hostname")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     for ring in (-3, -4):  # KEYCTL_SEARCH (10) the session and user keyrings, as a planter's key would be
         if libc.syscall(250, 10, ring, b"user", secret.encode(), 0) >= 0:
-            found.append(f"key in {ring}")
+            found.append(f"key in {{ring}}")
         # KEYCTL_READ (11): the ids of every key in it, whether this process may search them or not
         held = libc.syscall(250, 11, ring, None, 0)
         if held > 0:
-            found.append(f"{held // 4} keys in {ring}")
+            found.append(f"{{held // 4}} keys in {{ring}}")
     try:
         fcntl.flock(open("/usr/bin/env", "rb"), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        found.append(f"lock {e}")
+        found.append(f"lock {{e}}")
     umask = os.umask(0o022)
-    print(json.dumps({"found": found, "pid": os.getpid(), "cwd": os.getcwd(), "umask": umask,
-                      "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "host": socket.gethostname()}))
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({{"found": found, "pid": os.getpid(), "cwd": os.getcwd(),
+          "umask": umask, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "host": socket.gethostname()}}))
 """)
 
 
@@ -129,36 +132,10 @@ def spec(**fields: object) -> sandbox.Spec:
                           **fields)  # type: ignore[arg-type]
 
 
-def check(t: sandbox.Template, secret: str) -> dict[str, object]:
-    r = t.run([PYTHON, "-I", "-S", "-c", CHECK, secret], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
-
-
-def plant_in_both(t: sandbox.Template, script: str, *args: str) -> list[set[str]]:
-    """Run `script` (which prints its mount namespace, then what it did) until it has run in both
-    standbys' sandboxes (requests need not alternate between them); what each run did."""
-    inits: set[str] = set()
-    done = []
-    for _ in range(20):
-        r = t.run([PYTHON, "-I", "-S", "-c", script, *args], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        init, *did = r.stdout.split()
-        done.append(set(did))
-        inits.add(init)
-        if len(inits) == 2:
-            break
-    return done
-
-
-def recycled_check(t: sandbox.Template, secret: str) -> dict[str, object]:
-    """A check in a recycled sandbox: a fresh one's command is pid 2, a recycled one's counts on."""
-    for _ in range(100):
-        seen = check(t, secret)
-        if seen["pid"] != 2:
-            return seen
-        time.sleep(0.02)  # both standbys were still being reset: the server made a fresh sandbox
-    raise AssertionError("no request was served by a recycled sandbox")
+def check(tenants: Tenants, secret: str, recycled: bool = True) -> dict[str, object]:
+    """What CHECK finds: in a recycled sandbox (one that served a request before), or in whichever serves it."""
+    found = tenants.recycled(CHECK, secret) if recycled else tenants.run(CHECK, secret)[1]
+    return json.loads(found)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("net", ["time-wait", "listener-only"])
@@ -169,15 +146,16 @@ def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str, net: 
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
     fields = {"seccomp": None} if seccomp == "none" else {}
     with sandbox.Template(spec(**fields), recycle=True) as t:
-        baseline = check(t, "nothing")  # a fresh sandbox's view
+        tenants = Tenants(t)
+        baseline = check(tenants, "nothing", recycled=False)  # a fresh sandbox's view
         assert baseline["found"] == [] and baseline["host"] == "tenant"
-        for _ in range(4):  # enough rounds that both standbys are planted in and recycled
+        for _ in range(2):  # both standbys planted in, recycled, planted in again
             secret = "SBXRECYCLE" + secrets.token_hex(8)
-            for done in plant_in_both(t, PLANT, secret, net):
-                assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= done
+            for done in map(str.split, tenants.in_both(PLANT, secret, net)):
+                assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= set(done)
                 if seccomp == "none":
-                    assert {"key-3", "key-4"} <= done  # the keyrings were open to it
-            seen = recycled_check(t, secret)
+                    assert {"key-3", "key-4"} <= set(done)  # the keyrings were open to it
+            seen = check(tenants, secret)
             assert seen["found"] == [], seen
             for key in ("cwd", "umask", "nofile", "host"):
                 assert seen[key] == baseline[key], (key, seen, baseline)
@@ -247,7 +225,7 @@ CHECK_ROOTS = textwrap.dedent("""
     for top in ("/tmp", "/dev/shm", "/var/scratch"):
         st = os.stat(top)
         seen[top] = [oct(st.st_mode), st.st_mtime_ns, sorted(os.listxattr(top)), sorted(os.listdir(top))]
-    print(json.dumps({"roots": seen, "pid": os.getpid()}))
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"roots": seen}))
 """)
 
 
@@ -259,20 +237,15 @@ def test_a_kept_tmpfs_root_carries_nothing_to_the_next_tenant() -> None:
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
 
     def roots() -> dict[str, object]:
-        for _ in range(100):
-            r = t.run([PYTHON, "-I", "-S", "-c", CHECK_ROOTS], capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, r.stderr
-            seen = json.loads(r.stdout)
-            if seen["pid"] != 2:  # a recycled sandbox
-                return seen["roots"]  # type: ignore[no-any-return]
-            time.sleep(0.02)
-        raise AssertionError("no request was served by a recycled sandbox")
+        return json.loads(tenants.recycled(CHECK_ROOTS))["roots"]  # type: ignore[no-any-return]
 
     with sandbox.Template(spec(), recycle=True) as t:
+        tenants = Tenants(t)
+        tenants.run(CHECK_ROOTS)
         for what in ("mode", "times", "xattr"):
             baseline = roots()
             secret = "SBXROOT" + secrets.token_hex(8)
-            if not any(f"/var/scratch:{what}" in done for done in plant_in_both(t, PLANT_ROOTS, secret, what)):
+            if not any(f"/var/scratch:{what}" in done.split() for done in tenants.in_both(PLANT_ROOTS, secret, what)):
                 continue  # not this uid's to change (an xattr needs a kernel whose tmpfs has them)
             seen = roots()
             for top, (mode, _mtime, xattrs, names) in seen.items():
@@ -312,7 +285,7 @@ CHECK_IPC = textwrap.dedent("""
     rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
     if rt.mq_open(b"/" + value, os.O_RDWR, 0, None) >= 0:
         found.append("mqueue")
-    print(json.dumps({"found": found, "pid": os.getpid()}))
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"found": found}))
 """)
 
 
@@ -325,25 +298,14 @@ def test_a_kept_ipc_namespace_holds_nothing_of_the_last_tenant(mqueue_mounted: b
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
     extra = (Mqueue("/dev/mqueue"),) if mqueue_mounted else ()
     with sandbox.Template(make_base_spec(*extra), recycle=True) as t:
+        tenants = Tenants(t)
         for kind in ("shm", "msg", "sem", "mqueue", "mqueue-unlinked"):
             secret = "SBXIPC" + secrets.token_hex(8)
-            for done in plant_in_both(t, PLANT_IPC, kind, secret):
-                assert done == {"made"}, (kind, done)
-            for _ in range(100):
-                r = t.run([PYTHON, "-I", "-S", "-c", CHECK_IPC, secret], capture_output=True, text=True, timeout=60)
-                assert r.returncode == 0, r.stderr
-                seen = json.loads(r.stdout)
-                if seen["pid"] != 2:  # a recycled sandbox
-                    break
-                time.sleep(0.02)
-            else:
-                raise AssertionError("no request was served by a recycled sandbox")
-            assert seen["found"] == [], (kind, seen)
-            if kind == "mqueue-unlinked":
-                continue
-            # the check itself left nothing: its sandbox's IPC namespace may be kept for the next
-            clean = t.run([PYTHON, "-I", "-S", "-c", CHECK_IPC, secret], capture_output=True, text=True, timeout=60)
-            assert json.loads(clean.stdout)["found"] == [], (kind, clean.stdout)
+            for done in tenants.in_both(PLANT_IPC, kind, secret):
+                assert done == "made", (kind, done)
+            for _ in range(2):  # the first check left nothing: its sandbox's IPC namespace may be kept
+                seen = json.loads(tenants.recycled(CHECK_IPC, secret))
+                assert seen["found"] == [], (kind, seen)
 
 
 # A devpts the command left unchanged is kept: what it could change there.
@@ -370,7 +332,7 @@ PLANT_PTS = textwrap.dedent("""
 
 CHECK_PTS = textwrap.dedent("""
     import json, os, stat
-    print(json.dumps({"pid": os.getpid(), "entries": sorted(os.listdir("/dev/pts")),
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"entries": sorted(os.listdir("/dev/pts")),
                       "modes": [oct(stat.S_IMODE(os.stat(p).st_mode)) for p in ("/dev/pts", "/dev/pts/ptmx")]}))
 """)
 
@@ -383,20 +345,15 @@ def test_a_kept_devpts_carries_nothing_to_the_next_tenant() -> None:
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
 
     def look() -> dict[str, object]:
-        for _ in range(100):
-            r = t.run([PYTHON, "-I", "-S", "-c", CHECK_PTS], capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, r.stderr
-            seen: dict[str, object] = json.loads(r.stdout)
-            if seen["pid"] != 2:  # a recycled sandbox
-                return seen
-            time.sleep(0.02)
-        raise AssertionError("no request was served by a recycled sandbox")
+        return json.loads(tenants.recycled(CHECK_PTS))  # type: ignore[no-any-return]
 
     with sandbox.Template(make_base_spec(), recycle=True) as t:
+        tenants = Tenants(t)
+        tenants.run(CHECK_PTS)
         baseline = look()
         assert baseline["entries"] == ["ptmx"], baseline
         for what in ("/dev/pts/ptmx", "/dev/pts", "pty"):
-            if not any(plant_in_both(t, PLANT_PTS, what)):
+            if not any(tenants.in_both(PLANT_PTS, what)):
                 continue  # not this uid's to change
             seen = look()
             assert seen["entries"] == baseline["entries"] and seen["modes"] == baseline["modes"], (what, seen)

@@ -185,6 +185,20 @@ static int await_command(struct sbx_ctx *c, int sock)
     }
 }
 
+/* Whether every mount of the reset blob is kept as it is (those detach_fresh
+ * leaves alone lie on the template's read-only root, or in a mount made
+ * again: none is then kept). */
+static int all_kept(const struct sbx_ctx *c, const unsigned char *skip)
+{
+    for (uint32_t k = 0; k < c->h->n_ops; k++) {
+        uint32_t kind = c->ops[k].kind;
+        if (!skip[k] && kind != SBX_OP_DIR && kind != SBX_OP_SYMLINK && kind != SBX_OP_REMOUNT_RO &&
+            kind != SBX_OP_CHMOD)
+            return 0;
+    }
+    return 1;
+}
+
 /* Detach every fresh mount of the reset blob that lies on the template's
  * read-only root (those beneath go with it), last first. */
 static int detach_fresh(const struct sbx_ctx *c, const unsigned char *skip)
@@ -258,6 +272,8 @@ static int reset(struct sbx_ctx *c, int made, int *renewed)
     tpl_choose_kept(c, skip);
     for (uint32_t k = 0; keep_ipc && k < c->h->n_ops; k++)
         skip[k] |= c->ops[k].kind == SBX_OP_MQUEUE;
+    if (!*renewed && all_kept(c, skip))
+        goto mounts_done; /* nothing to detach or make again */
     if (detach_fresh(c, skip) < 0)
         return -1;
     if ((h->ns & SBX_NS_IPC) && !keep_ipc) {
@@ -285,6 +301,7 @@ static int reset(struct sbx_ctx *c, int made, int *renewed)
     close_all(c->in.null_trees, c->in.n_null_trees); /* those its proc did not use */
     if ((h->ns & SBX_NS_NET) && !keep_net)
         sbx_loopback_up(c);
+mounts_done:
     in.blob = s->stored_blob;
     sbx_ctx_take_input(c, &in);
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
@@ -405,11 +422,15 @@ static _Noreturn void recycle_reaper(struct sbx_ctx *c)
     for (;;) {
         pid_t pid = -1;
         int report = made ? made_command(c, &pid) : own_command(c, &pid);
+        int status = report >= 0 ? sbx_serve_command(pid) : 0;
+        /* The next request waits for us (serving_fast); marked before the
+         * status goes out, which lets the caller send the next: the other
+         * standby taking it must not find us still running (NOTE_BUSY). */
+        __atomic_store_n(&t->srv->standby_taken[t->slot], TAKEN_RESETTING, __ATOMIC_SEQ_CST);
         if (report >= 0) {
-            finish(report, sbx_serve_command(pid), made);
+            finish(report, status, made);
             close(report);
         }
-        t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
         /* A command may have changed what the next would inherit from us
          * (a maker checks its own: the commands are its children; a new one
          * would be ours), and a maker stays in the namespaces we leave. */

@@ -57,7 +57,8 @@ EXECUTABLES = {
     "sandbox-launch": (["launcher.c", "handoff.c", "exitlike.c", *LIB_SOURCES], []),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
-                          "template_recycle.c", "resident.c", *LIB_SOURCES], ["-static"]),
+                          "template_recycle.c", "template_maker.c", "template_kept.c", "template_inherited.c",
+                          "resident.c", *LIB_SOURCES], ["-static"]),
     # the installed `sandbox` command (CLIENT_SCRIPT): static, it execs in a fraction of a dynamic one's time
     "sandbox-cli": (["cliclient.c", "clipeer.c", "exitlike.c"], ["-static", *_client_defines()]),
 }

@@ -87,19 +87,35 @@ static void standby_running(struct sbx_ctx *c)
     c->keep_fd = -1;
 }
 
+/* Whether every standby but `slot`'s has taken a request (as far as their marks say). */
+static int others_busy(struct tpl_server *s, int slot)
+{
+    for (int k = 0; k < N_STANDBY; k++)
+        if (k != slot && __atomic_load_n(&s->standby_taken[k], __ATOMIC_SEQ_CST) != 1)
+            return 0;
+    return 1;
+}
+
 void tpl_take_request(struct sbx_ctx *c, int recycled)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     struct tpl_server *s = t->srv;
     int nfds;
-    note(t, t->srv->notify_wr, NOTE_READY, -1);
+    /* The first word answers the store request. A recycled standby ready
+     * again (its mark cleared after its reset) wakes the server only if
+     * it reads the standbys' socket meanwhile (serving_fast). */
+    if (!t->said_ready || __atomic_load_n(s->serving, __ATOMIC_SEQ_CST))
+        note(t, t->srv->notify_wr, NOTE_READY, -1);
+    t->said_ready = 1;
     ssize_t n = receive_request(s, s->fast_fd, t->fds, &nfds);
     if (n == 0)
         _exit(0); /* the caller has gone */
-    s->standby_taken[t->slot] = 1;
-    /* A recycled standby is not replaced: without this word, a server that
-     * saw it ready would not read the requests while it serves this one. */
-    if (recycled)
+    __atomic_store_n(&s->standby_taken[t->slot], 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    /* A recycled standby is not replaced: a server that saw it ready would
+     * not read the requests while it serves this one. It needs the word
+     * only when no other standby is ready or being reset. */
+    if (recycled && others_busy(s, t->slot))
         note(t, t->srv->notify_wr, NOTE_BUSY, -1);
     t->nfds = nfds;
     if (!recycled)

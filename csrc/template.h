@@ -63,6 +63,8 @@ struct tpl_server {
     /* the standby schedule (template_schedule.c) */
     volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request
                                     (TAKEN_RESETTING: a recycled one's command has ended) */
+    volatile int *serving;       /* MAP_SHARED, after standby_taken: the server reads the standbys'
+                                    socket itself (a recycled standby ready again then says so) */
     struct standby_slot standby[N_STANDBY];
     int standby_on;   /* making standbys: asked for, and none has failed */
     /* Leases mode (the stored plan's sandboxes lease their network namespace):
@@ -100,6 +102,7 @@ struct tpl_sandbox {
     int nfds;
     int *src_fds;       /* a recycled standby's scratch for its reset blob's ops */
     int own_null;       /* a recycled standby's srv->null_master is its own (template_recycle.c) */
+    int said_ready;     /* it has told the server it is ready once */
 };
 #define TPL_SANDBOX(ctx) ((struct tpl_sandbox *)((char *)(ctx) - offsetof(struct tpl_sandbox, c)))
 
@@ -170,7 +173,8 @@ void reap(struct tpl_server *s);
 void make_standbys(struct tpl_server *s);
 /* Milliseconds until the next deferred replacement is due (-1: none). */
 int next_replacement(struct tpl_server *s);
-/* Whether the server takes the standbys' requests itself. */
+/* Whether the server takes the standbys' requests itself; published in
+ * s->serving for the recycled standbys (tpl_recycled_note). */
 int serving_fast(struct tpl_server *s);
 
 /* standby.c */
@@ -197,6 +201,66 @@ void tpl_standby_start(struct sbx_ctx *c);
 /* Wait for a request on the standbys' socket and take it into c; a
  * `recycled` standby keeps its sockets for the next one. */
 void tpl_take_request(struct sbx_ctx *c, int recycled);
+
+/* template_kept.c */
+/* Whether op i's destination lies beneath an earlier op's (a mount made
+ * on a fresh one, detached with it). */
+int tpl_beneath_another(const struct sbx_ctx *c, uint32_t i);
+/* Before a recycled sandbox's reset: skip[k] for each op of the (reset)
+ * blob whose mount is kept as it is (an empty Tmpfs, a devpts the command
+ * left unchanged); every other record goes. */
+void tpl_choose_kept(const struct sbx_ctx *c, unsigned char *skip);
+/* After it: a record of each keepable mount it made. */
+void tpl_record_kept(const struct sbx_ctx *c, const unsigned char *skip);
+/* Whether the network namespace holds no socket any more but the `own`
+ * that pid 1 and its maker keep there, by its counters. */
+int tpl_net_empty(const struct sbx_ctx *c, long own);
+/* A new network namespace was entered: its counters are opened anew. */
+void tpl_net_renewed(void);
+/* Whether the IPC namespace holds no object (SysV or POSIX queue), and its
+ * mqueue root is as when it was made. */
+int tpl_ipc_empty(void);
+/* A new IPC namespace was entered: its mqueue root is recorded. */
+void tpl_ipc_renewed(void);
+
+/* template_maker.c */
+#define TPL_MAKER_SOCKETS 2 /* the socket pair of pid 1 and its maker, made in the sandbox's network namespace */
+/* In a recycled standby's pid 1, before any request: start the maker of its
+ * command children, if they can be made that way: 0, or -1 (each is then
+ * pid 1's own clone, template_recycle.c). */
+int tpl_maker_start(struct sbx_ctx *c);
+/* Have the maker make the next command child, which takes a request and
+ * execs: its report socket, with the started report sent, and its pid in
+ * *pid; -1 when it ended before (it reported why on the request's socket,
+ * or found the caller gone); -2 when its exec failed (reported, reaped). */
+int tpl_maker_next(struct sbx_ctx *c, pid_t *pid);
+/* Whether the maker is alive and pid 1's only child (no process of the last
+ * request is left). */
+int tpl_maker_alone(void);
+/* A new maker in place of the old, which lives in the namespaces pid 1 has
+ * just left (its IPC or network namespace, made again by a reset); pid 1
+ * ends if it cannot make one. */
+void tpl_maker_renew(struct sbx_ctx *c);
+
+/* template_inherited.c */
+/* What a recycled standby's commands inherit from their maker that another
+ * process of their uid may change there: its resource limits, scheduling
+ * attributes, CPU affinity, I/O priority, OOM score adjustment and core
+ * dump filter (the last two read through fds of its /proc files). */
+struct tpl_inherited {
+    uint64_t rl[16][2];
+    uint32_t sched[14]; /* struct sched_attr, version 1 */
+    unsigned long affinity[16];
+    int ioprio;
+    char oom[16], dump[16];
+    int oom_fd, dump_fd;
+};
+/* The reference, taken before any request: 0, or -1. */
+int tpl_inherited_take(const struct sbx_ctx *c, struct tpl_inherited *ref);
+/* Whether every attribute is still the reference's. */
+int tpl_inherited_same(const struct tpl_inherited *ref);
+/* Drop every signal pending for this process (all are blocked). */
+void tpl_drop_pending_signals(void);
 
 extern const struct sbx_mode SBX_MODE_TEMPLATE, SBX_MODE_STANDBY, SBX_MODE_RECYCLE;
 

@@ -5,32 +5,38 @@
  * user-owned and network namespaces, instead of exiting after one. For that
  * its pid 1 never takes the command's identity: it stays in the server's
  * user namespace with the server's capabilities over the sandbox's
- * namespaces, non-dumpable. Its command child, made ahead of each request
- * (sharing its memory until exec, CLONE_VM, while pid 1 waits on a socket
- * pair), takes what belongs to the command as a standby does, before the
- * request (sbx_command_identity: a session keyring of its own, the
- * command's user namespace, made ahead, a child of the server's; session,
- * no capability, no new privileges, Landlock, the filter where it allows
- * what follows), then the request itself and what it decides (cwd, rlimits,
- * fds; pid 1 checks the probe paths for it), and execs. The command
+ * namespaces, non-dumpable. Its command children are made ahead of each
+ * request by its maker where the commands' identity is the same for all
+ * (csrc/template_maker.c: it takes that identity once); else each is pid
+ * 1's own clone (sharing its memory until exec, CLONE_VM, while pid 1
+ * waits on a socket pair), which takes what belongs to the command as a
+ * standby does, before the request (sbx_command_identity: a session keyring
+ * of its own, the command's user namespace, made ahead, a child of the
+ * server's; session, no capability, no new privileges, Landlock, the filter
+ * where it allows what follows), then the request itself and what it
+ * decides (cwd, rlimits, fds; pid 1 checks the probe paths for it), and
+ * execs. The command
  * therefore holds no capability over pid 1 or any of its namespaces, cannot
  * ptrace it (non-dumpable, another user namespace's), nor signal it (the
  * kernel drops a pid namespace's init's default-handled signals sent from
  * inside), and gets none of its fds.
  *
- * When the command ends, pid 1 kills and reaps whatever is left, writes the
+ * When the command ends, pid 1 kills and reaps whatever is left (a process
+ * left beside a maker ends pid 1 too, once the status is out), writes the
  * status, and resets what a task could have changed before it takes the
  * next request:
  * - every mount the sandbox made (each Tmpfs, /dev/shm, devpts, an mqueue,
  *   a writable File's private copy, and whatever lies beneath them) is
  *   detached and made again, from the reset blob the caller stored, but an
- *   empty Tmpfs the command left as it was (kept_tmpfs); only mounts on the
+ *   empty Tmpfs or a devpts the command left as it was (template_kept.c);
+ *   only mounts on the
  *   template's read-only root are detached by path, so no path a task
  *   planted is followed; its proc (nothing of it is the command's to write)
  *   only with a new network namespace, once that is entered (/proc/sys/net
  *   shows the reader's: covers made on the last one's entries would not
  *   apply to the next);
- * - a fresh IPC namespace (SysV objects, POSIX queues), then the mqueue;
+ * - a fresh IPC namespace, then the mqueue, unless the namespace holds no
+ *   SysV object and its POSIX queues' root is unchanged (template_kept.c);
  * - the network namespace is kept if no socket is left in it (all died
  *   with their processes: the command holds no capability over the
  *   namespace, so links, addresses, routes and sysctls are as they were);
@@ -41,13 +47,17 @@
  * - a fresh user namespace for the next command (user keyrings live
  *   there), unless the filter refuses every keyring syscall
  *   (SBX_OPT_KEYS_REFUSED); each command joins a session keyring of its own;
- * - its own cwd, umask and rlimits were never the command's (CLONE_VM
- *   without CLONE_FS: the command's chdir and umask are its own).
+ * - its own cwd and umask were never the command's (CLONE_VM without
+ *   CLONE_FS: the command's chdir and umask are its own); what a command
+ *   could change of it from outside and the next would inherit (rlimits,
+ *   scheduling, OOM score...) is compared with what it was before any
+ *   request (template_inherited.c), and signals left pending are dropped.
  * Any failure ends pid 1, and the server makes a fresh standby instead.
  * What it shares with its predecessor: the pid namespace (pid numbers keep
- * counting), the mount namespace's read-only template root, and whatever
- * the Spec lets a task write outside the sandbox (a writable Bind of a host
- * directory).
+ * counting), the mount namespace's read-only template root, what the reset
+ * kept because it was left as it was, the maker (its session keyring, which
+ * no command can reach), and whatever the Spec lets a task write outside
+ * the sandbox (a writable Bind of a host directory).
  */
 #include "template.h"
 
@@ -175,18 +185,18 @@ static int await_command(struct sbx_ctx *c, int sock)
     }
 }
 
-/* Whether op i's destination lies beneath an earlier op's (a mount made
- * on a fresh one, detached with it). */
-static int beneath_another(const struct sbx_ctx *c, uint32_t i)
+/* Whether every mount of the reset blob is kept as it is (those detach_fresh
+ * leaves alone lie on the template's read-only root, or in a mount made
+ * again: none is then kept). */
+static int all_kept(const struct sbx_ctx *c, const unsigned char *skip)
 {
-    const char *dest = sbx_str(c, c->ops[i].dest);
-    for (uint32_t j = 0; j < i; j++) {
-        const char *top = sbx_str(c, c->ops[j].dest);
-        size_t n = sbx_strlen(top);
-        if (n && strncmp(dest, top, n) == 0 && (dest[n] == '/' || top[n - 1] == '/'))
-            return 1;
+    for (uint32_t k = 0; k < c->h->n_ops; k++) {
+        uint32_t kind = c->ops[k].kind;
+        if (!skip[k] && kind != SBX_OP_DIR && kind != SBX_OP_SYMLINK && kind != SBX_OP_REMOUNT_RO &&
+            kind != SBX_OP_CHMOD)
+            return 0;
     }
-    return 0;
+    return 1;
 }
 
 /* Detach every fresh mount of the reset blob that lies on the template's
@@ -196,127 +206,12 @@ static int detach_fresh(const struct sbx_ctx *c, const unsigned char *skip)
     for (uint32_t k = c->h->n_ops; k-- > 0;) {
         uint32_t kind = c->ops[k].kind;
         if (kind == SBX_OP_DIR || kind == SBX_OP_SYMLINK || kind == SBX_OP_REMOUNT_RO || kind == SBX_OP_CHMOD ||
-            beneath_another(c, k) || skip[k])
+            tpl_beneath_another(c, k) || skip[k])
             continue;
         if (umount2(sbx_str(c, c->ops[k].dest), MNT_DETACH | UMOUNT_NOFOLLOW) < 0 && errno != EINVAL)
             return -1;
     }
     return 0;
-}
-
-/* An empty Tmpfs the command left as the reset made it is kept rather than
- * made again: its root's inode, pinned by an O_PATH fd of pid 1's, was the
- * only inode of the filesystem (nothing of the plan lies beneath it) and
- * still is, and its stat is unchanged. A directory's ctime is set by the
- * kernel on every entry made, removed or renamed in it and on every change
- * of its own mode, owner, times or xattrs, and no process can set it back
- * (utimensat sets only atime and mtime, and moves ctime to now); so an
- * unchanged ctime, atime and mtime, with one inode in use, means the
- * filesystem is as it was, down to its root's metadata. (The command's uid
- * may own that root: mapped to the server's, it can chmod it or set a
- * user xattr on it, which moves its ctime.) A command that read the
- * directory moved its atime: made again. */
-#define MAX_KEPT 16
-static struct kept_tmpfs {
-    const char *dest; /* in the reset blob (NULL: free) */
-    int fd;
-    struct stat st;
-    uint64_t used_blocks;
-} kept[MAX_KEPT];
-
-/* Whether op k of the blob is an Tmpfs that nothing of the plan lies in,
- * on the template's root (detached on its own). */
-static int keepable(const struct sbx_ctx *c, uint32_t k)
-{
-    if (c->ops[k].kind != SBX_OP_TMPFS || beneath_another(c, k))
-        return 0;
-    const char *top = sbx_str(c, c->ops[k].dest);
-    size_t n = sbx_strlen(top);
-    for (uint32_t j = 0; j < c->h->n_ops; j++) {
-        const char *dest = sbx_str(c, c->ops[j].dest);
-        if (j != k && dest && strncmp(dest, top, n) == 0 && (dest[n] == '/' || dest[n] == 0 || top[n - 1] == '/'))
-            return 0;
-    }
-    return 1;
-}
-
-static int same_time(const struct timespec *a, const struct timespec *b)
-{
-    return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
-}
-
-/* One inode in use, and its blocks as they were (-1: unknown). */
-static int one_inode(int fd, uint64_t *used_blocks)
-{
-    struct statfs sf;
-    if (fstatfs(fd, &sf) < 0 || sf.f_files == 0 || sf.f_files - sf.f_ffree != 1)
-        return 0;
-    *used_blocks = sf.f_blocks - sf.f_bfree;
-    return 1;
-}
-
-static int untouched(const struct kept_tmpfs *k)
-{
-    struct stat st;
-    uint64_t blocks;
-    if (fstat(k->fd, &st) < 0 || !one_inode(k->fd, &blocks) || blocks != k->used_blocks)
-        return 0;
-    return st.st_dev == k->st.st_dev && st.st_ino == k->st.st_ino && st.st_mode == k->st.st_mode &&
-           st.st_uid == k->st.st_uid && st.st_gid == k->st.st_gid && st.st_nlink == k->st.st_nlink &&
-           st.st_size == k->st.st_size && same_time(&st.st_ctim, &k->st.st_ctim) &&
-           same_time(&st.st_mtim, &k->st.st_mtim) && same_time(&st.st_atim, &k->st.st_atim);
-}
-
-static struct kept_tmpfs *kept_at(const char *dest)
-{
-    for (int k = 0; k < MAX_KEPT; k++)
-        if (kept[k].dest && strcmp(kept[k].dest, dest) == 0)
-            return &kept[k];
-    return NULL;
-}
-
-static void forget(struct kept_tmpfs *k)
-{
-    close(k->fd);
-    k->dest = NULL;
-}
-
-/* Before the reset: skip[k] for each op of the blob kept as it is; every
- * other record goes (its mount is detached and made again). */
-static void choose_kept(const struct sbx_ctx *c, unsigned char *skip)
-{
-    for (uint32_t k = 0; k < c->h->n_ops; k++) {
-        struct kept_tmpfs *rec = keepable(c, k) ? kept_at(sbx_str(c, c->ops[k].dest)) : NULL;
-        skip[k] = rec && untouched(rec);
-        if (rec && !skip[k])
-            forget(rec);
-    }
-}
-
-/* After the reset: a record of each keepable Tmpfs it made. Opened by path
- * in pid 1's own mount namespace while no process of a command exists. */
-static void record_kept(const struct sbx_ctx *c, const unsigned char *skip)
-{
-    for (uint32_t k = 0; k < c->h->n_ops; k++) {
-        if (skip[k] || !keepable(c, k))
-            continue;
-        struct kept_tmpfs *rec = kept_at(sbx_str(c, c->ops[k].dest));
-        for (int j = 0; !rec && j < MAX_KEPT; j++)
-            rec = kept[j].dest ? NULL : &kept[j];
-        if (!rec)
-            return;
-        if (rec->dest)
-            forget(rec);
-        int fd = open(sbx_str(c, c->ops[k].dest), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        if (fstat(fd, &rec->st) < 0 || !one_inode(fd, &rec->used_blocks)) {
-            close(fd);
-            continue;
-        }
-        rec->fd = fd;
-        rec->dest = sbx_str(c, c->ops[k].dest);
-    }
 }
 
 /* A detached clone of one of its proc's masks (a read-only, nodev bind of
@@ -343,60 +238,10 @@ static int own_null_master(const struct sbx_ctx *c)
     return -1;
 }
 
-/* The number after `label` in `buf` (a /proc/net/sockstat), or -1. */
-static long stat_after(const char *buf, const char *label)
-{
-    const char *at = strstr(buf, label);
-    if (!at)
-        return -1;
-    at += strlen(label);
-    long v = 0;
-    if (*at < '0' || *at > '9')
-        return -1;
-    for (; *at >= '0' && *at <= '9'; at++)
-        v = v * 10 + (*at - '0');
-    return v;
-}
-
-/* Whether the network namespace holds no socket any more: every process
- * of the last request is gone, and with them every socket but TCP's that
- * outlive their owners (TIME_WAIT, FIN_WAIT, orphans). Links, addresses,
- * routes and sysctls were never the command's to change (it holds no
- * capability over the namespace). The namespace's own counters say it:
- * /proc/net/sockstat's "sockets: used" counts every socket of the
- * namespace, of any family, that a process made, still allocated (an
- * orphan or a FIN_WAIT one too), "tw" its TCP TIME_WAIT entries (IPv4 and
- * IPv6: one death row per namespace), FRAG its queued fragments. Reading
- * /proc/net/tcp and the like instead walks the kernel's global hash tables,
- * every namespace's buckets: about 2 ms of CPU. Read through the caller's
- * procfs, as this process's own (thread-self). */
-static int net_empty(const struct sbx_ctx *c)
-{
-    char buf[1024];
-    int fd = sbx_proc_open(c, "thread-self/net/sockstat", O_RDONLY);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0 || n == sizeof buf - 1)
-        return 0;
-    buf[n] = 0;
-    if (stat_after(buf, "sockets: used ") != 0 || stat_after(buf, " tw ") != 0 || stat_after(buf, "FRAG: inuse ") != 0)
-        return 0;
-    fd = sbx_proc_open(c, "thread-self/net/sockstat6", O_RDONLY);
-    if (fd < 0)
-        return errno == ENOENT; /* no IPv6 here */
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0 || n == sizeof buf - 1)
-        return 0;
-    buf[n] = 0;
-    return stat_after(buf, "FRAG6: inuse ") == 0;
-}
-
 /* Everything of the last request gone, make the sandbox as its standby
- * was: 0, or -1 (pid 1 then ends, and the server replaces it). */
-static int reset(struct sbx_ctx *c)
+ * was: 0, or -1 (pid 1 then ends, and the server replaces it); *renewed:
+ * whether it entered a new IPC or network namespace. */
+static int reset(struct sbx_ctx *c, int made, int *renewed)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
     struct tpl_server *s = t->srv;
@@ -408,7 +253,10 @@ static int reset(struct sbx_ctx *c)
         return -1;
     /* A network namespace left empty is kept, and the proc with it (its
      * sys/net covers are that namespace's); else both are made again. */
-    int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && net_empty(c);
+    int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && tpl_net_empty(c, made ? TPL_MAKER_SOCKETS : 0);
+    /* An IPC namespace left without an object is kept, and its mqueue mount with it. */
+    int keep_ipc = (h->ns & SBX_NS_IPC) && tpl_ipc_empty();
+    *renewed = ((h->ns & SBX_NS_NET) && !keep_net) || ((h->ns & SBX_NS_IPC) && !keep_ipc);
     /* the reset blob's ops, in place, as this sandbox's own setup did them */
     struct sbx_input in = SBX_INPUT_NONE;
     in.blob = keep_net ? s->reset_kept_blob : s->reset_blob;
@@ -421,13 +269,23 @@ static int reset(struct sbx_ctx *c)
         s->null_master = own_null_master(c);
         t->own_null = 1;
     }
-    choose_kept(c, skip);
+    tpl_choose_kept(c, skip);
+    for (uint32_t k = 0; keep_ipc && k < c->h->n_ops; k++)
+        skip[k] |= c->ops[k].kind == SBX_OP_MQUEUE;
+    if (!*renewed && all_kept(c, skip))
+        goto mounts_done; /* nothing to detach or make again */
     if (detach_fresh(c, skip) < 0)
         return -1;
-    if ((h->ns & SBX_NS_IPC) && unshare(CLONE_NEWIPC) < 0)
-        return -1;
-    if ((h->ns & SBX_NS_NET) && !keep_net && unshare(CLONE_NEWNET) < 0)
-        return -1;
+    if ((h->ns & SBX_NS_IPC) && !keep_ipc) {
+        if (unshare(CLONE_NEWIPC) < 0)
+            return -1;
+        tpl_ipc_renewed();
+    }
+    if ((h->ns & SBX_NS_NET) && !keep_net) {
+        if (unshare(CLONE_NEWNET) < 0)
+            return -1;
+        tpl_net_renewed();
+    }
     /* its proc again, after the network namespace: /proc/sys/net shows the
      * reader's, and the covers made on the last one's entries would not
      * apply; its masks are cloned from the server's /dev/null, kept */
@@ -439,10 +297,11 @@ static int reset(struct sbx_ctx *c)
     c->skip_ops = skip;
     sbx_setup_filesystem(c);
     c->skip_ops = NULL;
-    record_kept(c, skip);
+    tpl_record_kept(c, skip);
     close_all(c->in.null_trees, c->in.n_null_trees); /* those its proc did not use */
     if ((h->ns & SBX_NS_NET) && !keep_net)
         sbx_loopback_up(c);
+mounts_done:
     in.blob = s->stored_blob;
     sbx_ctx_take_input(c, &in);
     if (h->hostname && sethostname(sbx_str(c, h->hostname), sbx_strlen(sbx_str(c, h->hostname))) < 0)
@@ -470,69 +329,119 @@ static int reset(struct sbx_ctx *c)
     return rc;
 }
 
-/* The command has ended: whatever is left of it goes, then its status. */
-static void finish(int report, int status)
+/* The command has ended: whatever is left of it goes (a process left
+ * beside a maker ends pid 1 too, once the status is out), then its status. */
+static void finish(int report, int status, int made)
 {
-    int other;
-    kill(-1, SIGKILL);
-    while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
-        ;
+    int other, left = made ? !tpl_maker_alone() : waitpid(-1, &other, WNOHANG) >= 0 || errno != ECHILD;
+    if (left) {
+        kill(-1, SIGKILL);
+        while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
+            ;
+    }
     sbx_write_all(report, &status, sizeof status);
+    if (made && left)
+        _exit(125); /* its maker went with them: the server makes a fresh standby */
+}
+
+/* The next command, a clone of pid 1's own (sharing its memory until its
+ * exec) that takes the command's identity, then a request: its report
+ * socket once it has exec'd (the started report sent) and its pid in *pid;
+ * pid 1 ends if it did not get that far. */
+static int own_command(struct sbx_ctx *c, pid_t *pid)
+{
+    static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
+        _exit(125);
+    struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
+    c->keep_fd = sp[1];        /* kept off the request's fd numbers (sbx_place_fds) */
+    command.execing = 0;
+    command.step = 0;
+    *pid = clone(command_main, stack + sizeof stack, CLONE_VM | SIGCHLD, c);
+    close(sp[1]);
+    int report = *pid < 0 ? -1 : await_command(c, sp[0]);
+    close(sp[0]);
+    struct sbx_input got = c->in; /* the request, as the child took it */
+    *c = saved;
+    sbx_stamp(c, SBX_T_RETURN);
+    if (report < 0 || !command.execing || command.step) {
+        /* it failed (and reported, to the request's caller or, before
+         * any request, to the server) or found the caller gone */
+        int status = 0;
+        if (*pid > 0)
+            waitpid(*pid, &status, 0);
+        if (report >= 0 && command.step) { /* its exec failed: reported here */
+            c->in.err_fd = report;
+            sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
+        }
+        _exit(*pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && report < 0 ? 0 : 125);
+    }
+    c->in.err_fd = report;
+    if (sbx_send_started(c) < 0) {
+        kill(*pid, SIGKILL);
+        _exit(125);
+    }
+    c->in.err_fd = -1;
+    if (got.scrub)
+        memset(got.scrub, 0, got.scrub_len);
+    free(got.sh_argv);
+    free((void *)got.argv);
+    free((void *)got.envp);
+    return report;
+}
+
+/* The next command, made by the maker (template_maker.c): as own_command;
+ * -1 when none ran (its child failed and reported, or its exec did), and
+ * pid 1 ends when the caller has gone or the maker has. */
+static int made_command(struct sbx_ctx *c, pid_t *pid)
+{
+    int report = tpl_maker_next(c, pid), status;
+    if (report != -1)
+        return report < 0 ? -1 : report;
+    pid_t gone = waitpid(-1, &status, 0); /* the command child, which said nothing */
+    if (!tpl_maker_alone())
+        _exit(125);
+    if (gone > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        _exit(0); /* the caller has gone: so have the standbys' requests */
+    return -1;
 }
 
 /* One request after another (SBX_MODE_RECYCLE's stay_resident): a command
- * child made ahead takes it and execs, pid 1 serves and reaps it, then
- * resets the sandbox. */
+ * child made ahead (by the maker, or as pid 1's own clone) takes it and
+ * execs, pid 1 serves and reaps it, then resets the sandbox. */
 static _Noreturn void recycle_reaper(struct sbx_ctx *c)
 {
     struct tpl_sandbox *t = TPL_SANDBOX(c);
-    static char stack[SBX_CHILD_STACK] __attribute__((aligned(16)));
-    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+    static struct tpl_inherited inherited; /* what its own command children inherit, before any request */
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 || tpl_inherited_take(c, &inherited) < 0)
         sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
+    if (c->h->ns & SBX_NS_IPC)
+        tpl_ipc_renewed(); /* what its first reset may keep */
+    int made = tpl_maker_start(c) == 0;
     for (;;) {
-        int sp[2];
-        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp) < 0)
-            _exit(125);
-        struct sbx_ctx saved = *c; /* the command child's steps move fds in this memory */
-        c->keep_fd = sp[1];        /* kept off the request's fd numbers (sbx_place_fds) */
-        command.execing = 0;
-        command.step = 0;
-        pid_t pid = clone(command_main, stack + sizeof stack, CLONE_VM | SIGCHLD, c);
-        close(sp[1]);
-        int report = pid < 0 ? -1 : await_command(c, sp[0]);
-        close(sp[0]);
-        struct sbx_input got = c->in; /* the request, as the child took it */
-        *c = saved;
-        sbx_stamp(c, SBX_T_RETURN);
-        if (report < 0 || !command.execing || command.step) {
-            /* it failed (and reported, to the request's caller or, before
-             * any request, to the server) or found the caller gone */
-            int status = 0;
-            if (pid > 0)
-                waitpid(pid, &status, 0);
-            if (report >= 0 && command.step) { /* its exec failed: reported here */
-                c->in.err_fd = report;
-                sbx_fail(c, command.step, -1, command.err, SBX_D_NONE);
-            }
-            _exit(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && report < 0 ? 0 : 125);
+        pid_t pid = -1;
+        int report = made ? made_command(c, &pid) : own_command(c, &pid);
+        int status = report >= 0 ? sbx_serve_command(pid) : 0;
+        /* The next request waits for us (serving_fast); marked before the
+         * status goes out, which lets the caller send the next: the other
+         * standby taking it must not find us still running (NOTE_BUSY). */
+        __atomic_store_n(&t->srv->standby_taken[t->slot], TAKEN_RESETTING, __ATOMIC_SEQ_CST);
+        if (report >= 0) {
+            finish(report, status, made);
+            close(report);
         }
-        c->in.err_fd = report;
-        if (sbx_send_started(c) < 0) {
-            kill(pid, SIGKILL);
+        /* A command may have changed what the next would inherit from us
+         * (a maker checks its own: the commands are its children; a new one
+         * would be ours), and a maker stays in the namespaces we leave. */
+        int renewed = 0;
+        if (reset(c, made, &renewed) < 0 || ((!made || renewed) && !tpl_inherited_same(&inherited)))
             _exit(125);
-        }
-        if (got.scrub)
-            memset(got.scrub, 0, got.scrub_len);
-        finish(report, sbx_serve_command(pid));
-        close(report);
-        c->in.err_fd = -1;
-        t->srv->standby_taken[t->slot] = TAKEN_RESETTING; /* the next request waits for us (serving_fast) */
-        free(got.sh_argv);
-        free((void *)got.argv);
-        free((void *)got.envp);
-        if (reset(c) < 0)
-            _exit(125);
-        t->srv->standby_taken[t->slot] = 0;
+        if (made && renewed)
+            tpl_maker_renew(c);
+        tpl_drop_pending_signals(); /* none is for the next command */
+        __atomic_store_n(&t->srv->standby_taken[t->slot], 0, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST); /* before its command child reads srv->serving */
     }
 }
 

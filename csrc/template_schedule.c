@@ -243,7 +243,7 @@ int next_replacement(struct tpl_server *s)
 
 /* None is made or being made (none can be, or none has a lease), so none
  * would read the standbys' requests. */
-int serving_fast(struct tpl_server *s)
+static int none_ready(struct tpl_server *s)
 {
     if (!s->standby_on)
         return 1;
@@ -256,6 +256,21 @@ int serving_fast(struct tpl_server *s)
         if (s->standby[k].pid && s->standby_taken[k] == TAKEN_RESETTING)
             return 0;
     return 1;
+}
+
+/* Recycled standbys wake the server only when that changes (standby.c,
+ * tpl_take_request): one that takes a request while every other is busy,
+ * one ready again while the server reads their socket. So the server says
+ * it does before it reads their marks, as each of them marks itself before
+ * it reads this: of two such writes, one is seen by the other's reader. */
+int serving_fast(struct tpl_server *s)
+{
+    __atomic_store_n(s->serving, 1, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    int fast = none_ready(s);
+    if (!fast)
+        __atomic_store_n(s->serving, 0, __ATOMIC_SEQ_CST);
+    return fast;
 }
 
 void make_standbys(struct tpl_server *s)

@@ -96,7 +96,7 @@ class Template:
         Takes what sandbox.spawn takes, plus the per-call overrides (see the
         module docstring); raises what it raises.
         """
-        args = check_argv(argv)
+        args = _argv(argv)
         fds = check_pass_fds(pass_fds) if pass_fds else ()
         plan = self._plans.sandbox
         if env is not None or cwd is not None or limits is not None or binds:
@@ -142,6 +142,13 @@ class Template:
     def __repr__(self) -> str:
         state = "closed" if self._server.closed else f"pid={self._server.pid}"
         return f"<Template {state} network={self._plans.sandbox.network}>"
+
+
+def _argv(argv: Sequence[str]) -> list[str]:
+    """check_argv's list, at once for the usual list of non-empty plain strings (a call's whole cost counts)."""
+    if type(argv) is list and argv and all(type(a) is str and a and "\0" not in a for a in argv):
+        return list(argv)
+    return check_argv(argv)
 
 
 def _check_env(env: Mapping[str, str] | None) -> Mapping[str, str] | None:

@@ -7,6 +7,10 @@ fds, vfork the command, report, reap), the standby installs the filter on
 itself then, and the command inherits it: the same filter, off the
 request's path (loading one costs ~50-90 µs here, mostly its JIT). Else the
 command installs it alone, just before its exec, as on every other path.
+A recycled sandbox's command maker (csrc/template_maker.c) takes it once
+for all its commands: the filter must then also allow what the maker does
+(compare what its commands would inherit, clone each as its parent's
+child) and what each command child does before its exec (its session).
 
 The check runs the compiled program (`debug.evaluate`) on each of those
 syscalls: with the exact arguments where pid 1's are fixed (clone's flags,
@@ -23,12 +27,13 @@ from .. import syscalls
 from .bpf import SECCOMP_RET_ACTION_FULL, SECCOMP_RET_ALLOW, _insns
 from .debug import _run, evaluate, seccomp_data
 
-CLONE_VM, CLONE_VFORK = 0x100, 0x4000
+CLONE_VM, CLONE_VFORK, CLONE_PARENT = 0x100, 0x4000, 0x8000
 PR_SET_DUMPABLE = 4
 
 # (syscall, its arguments) where pid 1 always passes the same ones.
 FIXED: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("clone", (CLONE_VM | CLONE_VFORK | signal.SIGCHLD,)),  # the command, sharing memory until its exec
+    ("clone", (CLONE_VM | CLONE_PARENT | signal.SIGCHLD,)),  # a recycled sandbox's, by its maker
     ("prctl", (PR_SET_DUMPABLE, 0)),
 )
 # Those whose arguments vary (fds, paths, limits, pids).
@@ -38,6 +43,8 @@ VARYING: tuple[str, ...] = (
     "prlimit64", "setrlimit", "getrlimit",
     "fcntl", "dup2", "dup3", "rt_sigprocmask", "rt_sigtimedwait", "execve", "wait4", "getpid", "gettid",
     "pidfd_open", "kill", "exit", "exit_group", "clock_gettime",
+    # a recycled sandbox's maker and its command children (template_maker.c, template_inherited.c)
+    "setsid", "pread64", "sched_getattr", "sched_getaffinity", "ioprio_get",
 )
 ARG_PATTERNS: tuple[tuple[int, ...], ...] = (
     (0,) * 6, (1,) * 6, (2, 3, 4, 5, 6, 7), (0xFFFFFFFF,) * 6, (0xFFFFFFFFFFFFFFFF,) * 6, (0x7FFFF000, 8, 1, 0, 0, 0),

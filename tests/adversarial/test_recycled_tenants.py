@@ -24,9 +24,10 @@ import time
 import pytest
 
 import sandbox
-from sandbox import Dev, Mqueue, Tmpfs, UnavailableError
+from sandbox import Mqueue, Tmpfs, UnavailableError
 
 from .attack import PYTHON, make_base_spec, require
+from .recycled import IS_MAKER, Tenants
 
 pytestmark = pytest.mark.integration
 
@@ -85,62 +86,56 @@ PLANT = textwrap.dedent("""
     os.umask(0o077)
     lock = open("/usr/bin/env", "rb")
     fcntl.flock(lock, fcntl.LOCK_EX)
-    print(" ".join(done), flush=True)
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, " ".join(done), flush=True)
 """)
 
-CHECK = textwrap.dedent("""
+CHECK = textwrap.dedent(f"""
     import ctypes, fcntl, glob, json, os, resource, socket, sys
     secret = sys.argv[1]
     found = []
     for top in ("/tmp", "/dev/shm", "/var/scratch"):
-        found += [p for p in glob.glob(f"{top}/*") if secret in p]
+        found += [p for p in glob.glob(f"{{top}}/*") if secret in p]
     for name in ("shm", "msg", "sem"):
-        found += [f"sysv {name}: {line}" for line in open(f"/proc/sysvipc/{name}").readlines()[1:]]
-    found += [f"mqueue {n}" for n in os.listdir("/dev/mqueue")]
-    found += [f"unix {line}" for line in open("/proc/net/unix") if secret in line]
+        found += [f"sysv {{name}}: {{line}}" for line in open(f"/proc/sysvipc/{{name}}").readlines()[1:]]
+    found += [f"mqueue {{n}}" for n in os.listdir("/dev/mqueue")]
+    found += [f"unix {{line}}" for line in open("/proc/net/unix") if secret in line]
     for line in open("/proc/net/tcp").readlines()[1:]:
-        found.append(f"tcp {line.split()[1]} state {line.split()[3]}")
-    found += [f"process {p}" for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, os.getpid())]
+        found.append(f"tcp {{line.split()[1]}} state {{line.split()[3]}}")
+    is_maker = {IS_MAKER}
+    found += [f"process {{p}}" for p in os.listdir("/proc")
+              if p.isdigit() and int(p) not in (1, os.getpid()) and not is_maker(p)]
     if secret[:60] in socket.gethostname():
         found.append("hostname")
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     for ring in (-3, -4):  # KEYCTL_SEARCH (10) the session and user keyrings, as a planter's key would be
         if libc.syscall(250, 10, ring, b"user", secret.encode(), 0) >= 0:
-            found.append(f"key in {ring}")
+            found.append(f"key in {{ring}}")
         # KEYCTL_READ (11): the ids of every key in it, whether this process may search them or not
         held = libc.syscall(250, 11, ring, None, 0)
         if held > 0:
-            found.append(f"{held // 4} keys in {ring}")
+            found.append(f"{{held // 4}} keys in {{ring}}")
     try:
         fcntl.flock(open("/usr/bin/env", "rb"), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:
-        found.append(f"lock {e}")
+        found.append(f"lock {{e}}")
     umask = os.umask(0o022)
-    print(json.dumps({"found": found, "pid": os.getpid(), "cwd": os.getcwd(), "umask": umask,
-                      "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "host": socket.gethostname()}))
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({{"found": found, "pid": os.getpid(), "cwd": os.getcwd(),
+          "umask": umask, "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "host": socket.gethostname()}}))
 """)
 
 
 def spec(**fields: object) -> sandbox.Spec:
-    return make_base_spec(Tmpfs("/var/scratch"), Dev("/dev"), Mqueue("/dev/mqueue"), hostname="tenant",
+    # the base world's /dev (its /dev/shm and devpts are kept by a reset when unchanged), a Tmpfs, an mqueue
+    return make_base_spec(Tmpfs("/var/scratch"), Mqueue("/dev/mqueue"), hostname="tenant",
                           **fields)  # type: ignore[arg-type]
 
 
-def check(t: sandbox.Template, secret: str) -> dict[str, object]:
-    r = t.run([PYTHON, "-I", "-S", "-c", CHECK, secret], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)  # type: ignore[no-any-return]
-
-
-def recycled_check(t: sandbox.Template, secret: str) -> dict[str, object]:
-    """A check in a recycled sandbox: a fresh one's command is pid 2, a recycled one's counts on."""
-    for _ in range(100):
-        seen = check(t, secret)
-        if seen["pid"] != 2:
-            return seen
-        time.sleep(0.02)  # both standbys were still being reset: the server made a fresh sandbox
-    raise AssertionError("no request was served by a recycled sandbox")
+def check(tenants: Tenants, secret: str, recycled: bool = True) -> dict[str, object]:
+    """What CHECK finds: in a recycled sandbox (one that served a request before), or in whichever serves it."""
+    found = tenants.recycled(CHECK, secret) if recycled else tenants.run(CHECK, secret)[1]
+    return json.loads(found)  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("net", ["time-wait", "listener-only"])
@@ -151,18 +146,16 @@ def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str, net: 
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
     fields = {"seccomp": None} if seccomp == "none" else {}
     with sandbox.Template(spec(**fields), recycle=True) as t:
-        baseline = check(t, "nothing")  # a fresh sandbox's view
+        tenants = Tenants(t)
+        baseline = check(tenants, "nothing", recycled=False)  # a fresh sandbox's view
         assert baseline["found"] == [] and baseline["host"] == "tenant"
-        for _ in range(4):  # enough rounds that both standbys are planted in and recycled
+        for _ in range(2):  # both standbys planted in, recycled, planted in again
             secret = "SBXRECYCLE" + secrets.token_hex(8)
-            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT, secret, net], capture_output=True, text=True,
-                            timeout=60)
-            assert planted.returncode == 0, planted.stderr
-            done = set(planted.stdout.split())
-            assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= done
-            if seccomp == "none":
-                assert {"key-3", "key-4"} <= done  # the keyrings were open to it
-            seen = recycled_check(t, secret)
+            for done in map(str.split, tenants.in_both(PLANT, secret, net)):
+                assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= set(done)
+                if seccomp == "none":
+                    assert {"key-3", "key-4"} <= set(done)  # the keyrings were open to it
+            seen = check(tenants, secret)
             assert seen["found"] == [], seen
             for key in ("cwd", "umask", "nofile", "host"):
                 assert seen[key] == baseline[key], (key, seen, baseline)
@@ -222,7 +215,8 @@ PLANT_ROOTS = textwrap.dedent("""
             done.append(f"{top}:{what}")
         except OSError:
             pass
-    print(" ".join(done), flush=True)
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, " ".join(done), flush=True)
 """)
 
 CHECK_ROOTS = textwrap.dedent("""
@@ -231,7 +225,7 @@ CHECK_ROOTS = textwrap.dedent("""
     for top in ("/tmp", "/dev/shm", "/var/scratch"):
         st = os.stat(top)
         seen[top] = [oct(st.st_mode), st.st_mtime_ns, sorted(os.listxattr(top)), sorted(os.listdir(top))]
-    print(json.dumps({"roots": seen, "pid": os.getpid()}))
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"roots": seen}))
 """)
 
 
@@ -243,26 +237,123 @@ def test_a_kept_tmpfs_root_carries_nothing_to_the_next_tenant() -> None:
         pytest.skip(f"{PYTHON} is needed inside the sandbox")
 
     def roots() -> dict[str, object]:
-        for _ in range(100):
-            r = t.run([PYTHON, "-I", "-S", "-c", CHECK_ROOTS], capture_output=True, text=True, timeout=60)
-            assert r.returncode == 0, r.stderr
-            seen = json.loads(r.stdout)
-            if seen["pid"] != 2:  # a recycled sandbox
-                return seen["roots"]  # type: ignore[no-any-return]
-            time.sleep(0.02)
-        raise AssertionError("no request was served by a recycled sandbox")
+        return json.loads(tenants.recycled(CHECK_ROOTS))["roots"]  # type: ignore[no-any-return]
 
     with sandbox.Template(spec(), recycle=True) as t:
-        for what in ("mode", "times", "xattr") * 2:  # both standbys planted in and recycled
+        tenants = Tenants(t)
+        tenants.run(CHECK_ROOTS)
+        for what in ("mode", "times", "xattr"):
             baseline = roots()
             secret = "SBXROOT" + secrets.token_hex(8)
-            planted = t.run([PYTHON, "-I", "-S", "-c", PLANT_ROOTS, secret, what], capture_output=True, text=True,
-                            timeout=60)
-            assert planted.returncode == 0, planted.stderr
-            if f"/var/scratch:{what}" not in planted.stdout.split():
+            if not any(f"/var/scratch:{what}" in done.split() for done in tenants.in_both(PLANT_ROOTS, secret, what)):
                 continue  # not this uid's to change (an xattr needs a kernel whose tmpfs has them)
             seen = roots()
             for top, (mode, _mtime, xattrs, names) in seen.items():
                 assert xattrs == [] and names == [], (top, seen)
                 assert mode == baseline[top][0], (top, seen, baseline)  # type: ignore[index]
                 assert _mtime != 1_000_000_000, (top, seen)
+
+
+# One IPC object at a time (the reset keeps an IPC namespace that holds none: each kind is counted on its own).
+PLANT_IPC = textwrap.dedent("""
+    import ctypes, os, sys
+    kind, value = sys.argv[1], sys.argv[2].encode()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if kind == "shm":
+        made = libc.shmget(0x5B7F, 4096, 0o1000 | 0o666)
+    elif kind == "msg":
+        made = libc.msgget(0x5B7F, 0o1000 | 0o666)
+    elif kind == "sem":
+        made = libc.semget(0x5B7F, 1, 0o1000 | 0o666)
+    else:
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        made = rt.mq_open(b"/" + value, os.O_CREAT | os.O_RDWR, 0o666, None)
+        if kind == "mqueue-unlinked" and made >= 0:  # made and removed: the namespace's queues changed
+            rt.mq_unlink(b"/" + value)
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, "made" if made >= 0 else f"errno {ctypes.get_errno()}", flush=True)
+""")
+
+CHECK_IPC = textwrap.dedent("""
+    import ctypes, json, os, sys
+    value = sys.argv[1].encode()
+    found = []
+    for name in ("shm", "msg", "sem"):
+        found += [f"sysv {name}: {line}" for line in open(f"/proc/sysvipc/{name}").readlines()[1:]]
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+    rt.mq_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    if rt.mq_open(b"/" + value, os.O_RDWR, 0, None) >= 0:
+        found.append("mqueue")
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"found": found}))
+""")
+
+
+@pytest.mark.parametrize("mqueue_mounted", [True, False])
+def test_a_kept_ipc_namespace_holds_nothing_of_the_last_tenant(mqueue_mounted: bool) -> None:
+    """An IPC namespace the command left without an object is kept; one SysV segment, queue or
+    semaphore set, or POSIX queue (made, or made and removed again) has it made again."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    extra = (Mqueue("/dev/mqueue"),) if mqueue_mounted else ()
+    with sandbox.Template(make_base_spec(*extra), recycle=True) as t:
+        tenants = Tenants(t)
+        for kind in ("shm", "msg", "sem", "mqueue", "mqueue-unlinked"):
+            secret = "SBXIPC" + secrets.token_hex(8)
+            for done in tenants.in_both(PLANT_IPC, kind, secret):
+                assert done == "made", (kind, done)
+            for _ in range(2):  # the first check left nothing: its sandbox's IPC namespace may be kept
+                seen = json.loads(tenants.recycled(CHECK_IPC, secret))
+                assert seen["found"] == [], (kind, seen)
+
+
+# A devpts the command left unchanged is kept: what it could change there.
+PLANT_PTS = textwrap.dedent("""
+    import array, os, socket, sys
+    what = sys.argv[1]
+    done = []
+    if what in ("/dev/pts/ptmx", "/dev/pts"):  # one at a time: the root's stat does not show its ptmx's
+        try:
+            os.chmod(what, 0o600 if what.endswith("ptmx") else 0o711)
+            done.append(what)
+        except OSError:
+            pass
+    else:  # a pty whose master outlives every process, in flight in a socket that holds itself, until the
+        # kernel collects that socket: the reset counts the ptys left (whether or not one is by then)
+        master = os.open("/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY)
+        os.write(master, b"left for the next tenant\\n")
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        b.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [master, a.fileno()]))])
+        done.append("pty")
+    init = os.readlink("/proc/self/ns/mnt")  # which sandbox: a recycled one keeps its mount namespace
+    print(init, " ".join(done), flush=True)
+""")
+
+CHECK_PTS = textwrap.dedent("""
+    import json, os, stat
+    print(os.readlink("/proc/self/ns/mnt"), json.dumps({"entries": sorted(os.listdir("/dev/pts")),
+                      "modes": [oct(stat.S_IMODE(os.stat(p).st_mode)) for p in ("/dev/pts", "/dev/pts/ptmx")]}))
+""")
+
+
+def test_a_kept_devpts_carries_nothing_to_the_next_tenant() -> None:
+    """A devpts the command left as it was is kept; one whose root or ptmx it changed, or where a pty
+    outlives the command (its master in flight in a socket), is made again."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+
+    def look() -> dict[str, object]:
+        return json.loads(tenants.recycled(CHECK_PTS))  # type: ignore[no-any-return]
+
+    with sandbox.Template(make_base_spec(), recycle=True) as t:
+        tenants = Tenants(t)
+        tenants.run(CHECK_PTS)
+        baseline = look()
+        assert baseline["entries"] == ["ptmx"], baseline
+        for what in ("/dev/pts/ptmx", "/dev/pts", "pty"):
+            if not any(tenants.in_both(PLANT_PTS, what)):
+                continue  # not this uid's to change
+            seen = look()
+            assert seen["entries"] == baseline["entries"] and seen["modes"] == baseline["modes"], (what, seen)

@@ -87,7 +87,8 @@ BLOB_SHA256 = hashlib.sha256(BLOB).hexdigest()
 # Why a case's expectations differ on WorkerPool (its `why`), and what it has no meaning for.
 WP = "workerpool"
 TR = "template-recycle"
-TR_PIDS = ("a recycled Template sandbox keeps its pid namespace across requests: its pid numbers keep counting "
+TR_PIDS = ("a recycled Template sandbox keeps its pid namespace across requests: its pid numbers keep counting, "
+           "and where one process makes its commands (the filter refuses keyrings) that one is seen too "
            "(docs/template.md)")
 WP_PID_1 = ("a WorkerPool task is pid 1 of its own pid namespace (no reaper); it is a fork of the zygote, "
             "whose command line it keeps")

@@ -3,8 +3,10 @@ prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket."""
 
 from __future__ import annotations
 
+import _socket
 import array
 import errno as E
+import fcntl
 import os
 import socket
 import struct
@@ -216,7 +218,8 @@ class Server:
             child_stdio, mask = _stdio(stdio)
             msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
                           n_cgroup=len(cgroup_fds), cgroup_next=bool(next_fds) and fast)
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # close-on-exec, as socket.socketpair makes them (without its wrapper objects)
+            mine, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
             mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
             statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
             if lease is not None:
@@ -258,7 +261,7 @@ class Server:
         return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi,
                        lease=used, cgroup_tag=tag, cgroup_left=left, next_used=next_used)
 
-    def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> None:
+    def _send(self, sock: _socket.socket, msg: bytes, fds: list[int]) -> None:
         with self._lock:
             if self.closed:
                 raise SandboxError("the Template is closed")
@@ -269,7 +272,7 @@ class Server:
                     raise SandboxError("the request is too large for the template (argv, env or fds)") from None
                 raise SandboxError(f"the template process has gone ({exc.strerror})") from None
 
-    def _started(self, sock: socket.socket, plan: Plan,
+    def _started(self, sock: _socket.socket, plan: Plan,
                  argv: Sequence[str]) -> tuple[tuple[int, tuple[int, ...], int, int], int, int, Lease | None]:
         """Wait for the sandbox's word on `sock`: ((Landlock ABI, stamps,
         cgroup tag, tag of the cgroup left), pid, pidfd, its lease) once its command runs; raise why it did not
@@ -380,13 +383,28 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
+class SandboxHandle(ProcessHandle):
+    """A Template sandbox's handle. Its status socket alone says when it has
+    ended: its pid 1 writes the status there, or, gone, leaves it at EOF (no
+    other process holds the sandbox's end: it came close-on-exec, and each
+    request's own), so a wait polls that alone, not its pidfd as well."""
+
+    def wait_fds(self) -> list[int]:
+        if self.ended_fd < 0:
+            return super().wait_fds()
+        try:
+            return [os.dup(self.ended_fd)]
+        except OSError:
+            return []
+
+
 def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any],
              on_exit: Callable[[], None] | None, walls: Walls | None = None) -> ProcessHandle:
     """The handle of a started sandbox: the server's child, reached through
     its pidfd (its status fd tells when it has ended, if its exit source can
     say so early); `walls`: its cgroup, if it has one."""
     ended = started.status_fd if hasattr(exit_source, "arrived") else -1
-    return ProcessHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
+    return SandboxHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
                          pidfd=started.pidfd, ended_fd=ended, walls=walls)
 
 
@@ -403,7 +421,7 @@ def _stdio(stdio: tuple[int, int, int]) -> tuple[list[int], int]:
     for i, fd in enumerate(stdio):
         if fd < 0:
             try:
-                os.fstat(i)
+                fcntl.fcntl(i, fcntl.F_GETFD)  # open? (an os.fstat, without its result object)
             except OSError:
                 continue
             fd = i

@@ -21,6 +21,7 @@ from ...warm_overlay import sandbox_newroot
 from ..native import ffi, lib, serialize
 
 REQUEST_SIZE = ffi.sizeof("struct sbx_request")
+_STEP_NONE = lib.SBX_STEP_NONE
 FAILURE_SIZE = ffi.sizeof("struct sbx_report")
 STAMPS_SIZE = ffi.sizeof("struct sbx_stamps_report")
 
@@ -51,6 +52,19 @@ def request(blob: bytes, argv: Sequence[str], env: tuple[str, ...], targets: Seq
     An empty `blob` names the one the server stored; `n_cgroup` entry fds of
     the sandbox's cgroups come after the network namespace's (`cgroup_next`:
     of the standby that replaces the one taking it, SBX_REQ_CGROUP_NEXT)."""
+    if not blob:  # the stored plan's: the same few commands, again and again
+        return _stored_request(tuple(argv), env, tuple(targets), join_netns, stdio_mask, n_cgroup, cgroup_next)
+    return _request(blob, argv, env, targets, join_netns, stdio_mask, n_cgroup, cgroup_next)
+
+
+@functools.lru_cache(maxsize=256)
+def _stored_request(argv: tuple[str, ...], env: tuple[str, ...], targets: tuple[int, ...], join_netns: bool,
+                    stdio_mask: int, n_cgroup: int, cgroup_next: bool) -> bytes:
+    return _request(b"", argv, env, targets, join_netns, stdio_mask, n_cgroup, cgroup_next)
+
+
+def _request(blob: bytes, argv: Sequence[str], env: tuple[str, ...], targets: Sequence[int], join_netns: bool,
+             stdio_mask: int, n_cgroup: int, cgroup_next: bool) -> bytes:
     strings = b"".join([*(os.fsencode(s) + b"\0" for s in argv), _environment(env)])
     head = header(blob_len=len(blob), argc=len(argv), envc=len(env), n_pass=len(targets),
                   flags=(lib.SBX_REQ_JOIN_NETNS if join_netns else 0) | (lib.SBX_REQ_CGROUP_NEXT if cgroup_next else 0),
@@ -72,9 +86,7 @@ def _environment(env: tuple[str, ...]) -> bytes:
 
 
 def _read(ctype: str, data: bytes) -> Any:
-    record = ffi.new(ctype)
-    ffi.memmove(record, data, len(data))
-    return record
+    return ffi.from_buffer(ctype, data)  # read in place: `data` is exactly one record
 
 
 def parse_failure(data: bytes) -> Failure | None:
@@ -90,7 +102,7 @@ def parse_report(data: bytes) -> tuple[Started | None, Failure | None]:
     the sandbox is running, (None, (step, op, err, detail)) when it failed."""
     if len(data) == STAMPS_SIZE:
         r = _read("struct sbx_stamps_report *", data)
-        if r.step == lib.SBX_STEP_NONE:
+        if r.step == _STEP_NONE:
             return (r.op, tuple(r.t_ns), r.err & 0xFFFFFFFF, r.detail & 0xFFFFFFFF), None
     failure = parse_failure(data)
     if failure is not None:

@@ -285,6 +285,23 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
                         const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
                         struct sbx_result *res)
 {
+    return sbx_fork_task(blob, len, stdio, pass_fds, n_pass, trees, n_trees, cgroup_fds, n_cgroup, join_ns, 1, res);
+}
+
+void sbx_python_before_fork(void)
+{
+    call_hook(py_before_fork);
+}
+
+void sbx_python_after_parent(void)
+{
+    call_hook(py_after_parent);
+}
+
+int sbx_fork_task(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                  const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
+                  int hooks, struct sbx_result *res)
+{
     memset(res, 0, sizeof *res);
     res->pid = -1;
     res->status_fd = -1;
@@ -331,7 +348,8 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     unsigned long flags = sbx_clone_flags(h->ns) & CLONED_NS;
     struct fork_joiner j = {.userns_fd = in.join_userns_fd, .netns_fd = in.join_netns_fd, .flags = flags};
     pid_t pid;
-    call_hook(py_before_fork);
+    if (hooks)
+        call_hook(py_before_fork);
     if (!joined)
         pid = clone_task(flags);
     else if (setjmp(j.back) == 0)
@@ -348,7 +366,8 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     }
     int clone_err = errno;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    call_hook(py_after_parent);
+    if (hooks)
+        call_hook(py_after_parent);
     res->t_ns[SBX_T_RETURN] = now_ns();
     free(in.src_fds);
     if (in.spawner_fd >= 0)

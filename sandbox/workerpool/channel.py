@@ -114,14 +114,41 @@ def read_fd(fd: int) -> bytes:
 
 # ---------------------------------------------------------------- the task
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(min(size - len(buf), 1 << 20))
+# The task's side works on its channel's fd with os.read and os.write, not
+# through a socket object: each Python function it runs on the way writes
+# pages a copy-on-write fault each (socket.socket's machinery: ~20).
+
+def _read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
         if not chunk:
             raise EOFError("the caller closed the task's channel")
-        buf += chunk
-    return bytes(buf)
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _dumps(obj: Any) -> bytes:
+    """`obj` pickled: by the C pickler when it can (everything it pickles by
+    reference, cloudpickle would too: nothing is registered by value in a
+    task), else by cloudpickle (code, dynamic classes, what pickle refuses),
+    whose Python pickler writes ~30 pages more per reply."""
+    import pickle
+
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - whatever pickle refuses, cloudpickle tries (a BaseException is the task's)
+        import cloudpickle
+
+        data: bytes = cloudpickle.dumps(obj)
+        return data
 
 
 def _dumps_or_none(obj: Any) -> bytes | None:
@@ -168,8 +195,7 @@ def _execute(payload: bytes) -> bytes:
     except BaseException as exc:  # noqa: BLE001 - everything the task raises goes back to the caller
         reply = (False, _error_record(exc))
     try:
-        data: bytes = cloudpickle.dumps(reply)
-        return data
+        return _dumps(reply)
     except BaseException as exc:  # noqa: BLE001 - an unpicklable result is the task's error
         failure = exc
     try:
@@ -180,11 +206,11 @@ def _execute(payload: bytes) -> bytes:
                                      "the task's result and its error could not be pickled", "traceback": ""}))
 
 
-def _read_environment(sock: socket.socket) -> None:
+def _read_environment(fd: int) -> None:
     """The task's own environment, from its channel, into os.environ."""
-    (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+    (size,) = LENGTH.unpack(_read_exact(fd, LENGTH.size))
     if size:
-        env = json.loads(_recv_exact(sock, size))
+        env = json.loads(_read_exact(fd, size))
         os.environ.update(env)
 
 
@@ -196,20 +222,20 @@ def run_task(result_fd: int) -> NoReturn:
     finalizers)."""
     code = 0
     try:
-        with socket.socket(fileno=result_fd) as sock:
-            _read_environment(sock)
-            (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
-            reply = _execute(_recv_exact(sock, size))
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except BaseException:  # noqa: BLE001, S110 - a closed stream must not lose the reply
-                    pass
-            # EOF on every channel now, not after the exit has torn down our
-            # memory; the output first, so the caller finds all at once
-            for fd in (1, 2):
-                os.close(fd)
-            sock.sendall(LENGTH.pack(len(reply)) + reply)
+        _read_environment(result_fd)
+        (size,) = LENGTH.unpack(_read_exact(result_fd, LENGTH.size))
+        reply = _execute(_read_exact(result_fd, size))
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001, S110 - a closed stream must not lose the reply
+                pass
+        # EOF on every channel now, not after the exit has torn down our
+        # memory; the output first, so the caller finds all at once
+        for fd in (1, 2):
+            os.close(fd)
+        _write_all(result_fd, LENGTH.pack(len(reply)) + reply)
+        os.close(result_fd)
     except BaseException:  # noqa: BLE001 - the channel itself failed: say so on the task's stderr
         code = 70
         try:

@@ -258,12 +258,16 @@ pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t sta
 
 /* forksandbox.c: sbx_fork_sandbox_ns, whose CPython before- and
  * after-parent hooks (sbx_fork_python_hooks) are called around the clone
- * only with `hooks`: a caller forking several sandboxes in a row calls
- * them once around them all (sbx_python_before_fork, _after_parent). The
- * child always calls the after-child hook once it is set up. */
+ * only with SBX_FORK_HOOKS: a caller forking several sandboxes in a row
+ * calls them once around them all (sbx_python_before_fork, _after_parent);
+ * the child always calls the after-child hook once it is set up. With
+ * SBX_FORK_STAY, a lease (join_ns) is joined by the caller itself, which
+ * stays in its owner (see forksandbox.c), instead of by a joiner. */
+#define SBX_FORK_HOOKS 1u
+#define SBX_FORK_STAY 2u
 int sbx_fork_task(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
                   const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
-                  int hooks, struct sbx_result *res);
+                  unsigned opts, struct sbx_result *res);
 void sbx_python_before_fork(void);
 void sbx_python_after_parent(void);
 

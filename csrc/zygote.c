@@ -152,7 +152,7 @@ static pid_t fork_in_slot(const void *blob, size_t len, const int stdio[3], int 
     if (slot->id >= 0 && slot->n_ns == 2)
         memcpy(ns, slot->fds + slot->n_cg, sizeof ns);
     pid_t pid = sbx_fork_task(blob, len, stdio, &keep, 1, trees, n_trees, slot->id >= 0 ? slot->fds : NULL,
-                              slot->id >= 0 ? slot->n_cg : 0, ns, hooks, res);
+                              slot->id >= 0 ? slot->n_cg : 0, ns, (hooks ? SBX_FORK_HOOKS : 0) | SBX_FORK_STAY, res);
     if (pid != 0 && slot->id >= 0)
         sbx_close_fds(slot->fds, slot->n_cg + slot->n_ns);
     return pid;

@@ -199,7 +199,7 @@ def _execute(payload: bytes) -> bytes:
     except BaseException as exc:  # noqa: BLE001 - an unpicklable result is the task's error
         failure = exc
     try:
-        data = cloudpickle.dumps((False, _error_record(failure)))
+        data: bytes = cloudpickle.dumps((False, _error_record(failure)))
         return data
     except BaseException:  # noqa: BLE001 - the record holds only str and bytes: this cannot fail
         return pickle.dumps((False, {"module": "builtins", "qualname": "RuntimeError", "message":

@@ -16,6 +16,7 @@ tasks go on.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
@@ -90,3 +91,28 @@ def test_a_task_holds_nothing_of_the_zygote_or_another_sandbox(spares: int) -> N
         assert [pool.submit(pow, 2, n).result(timeout=60) for n in range(4)] == [1, 2, 4, 8]
         assert pool.submit(os.getpid).result(timeout=60) == before
 
+
+
+
+def test_the_zygote_lives_in_no_sandboxs_network_namespace() -> None:
+    """The zygote joins its leases' owner once and clones each sandbox from
+    the lease's namespace, then goes back to a namespace of its own: it never
+    stays in one a sandbox runs in (what it makes there, the next spare's
+    socket, would count as that tenant's when the pool checks it)."""
+    with sandbox.WorkerPool(make_base_spec(), 2, spares=2) as pool:
+        for _ in range(8):
+            pool.submit(os.getpid).result(timeout=60)
+        time.sleep(0.5)  # the spares set up: a sandbox just cloned is in the zygote's namespace until it leaves
+        (zygote,) = open(f"/proc/{pool.pid}/task/{pool.pid}/children").read().split()
+        try:
+            home = os.readlink(f"/proc/{zygote}/ns/net")
+        except PermissionError as exc:
+            pytest.skip(f"this user cannot see the zygote's namespaces: {exc}")
+        sandboxes = set()
+        for pid in open(f"/proc/{zygote}/task/{zygote}/children").read().split():
+            try:
+                sandboxes.add(os.readlink(f"/proc/{pid}/ns/net"))
+            except FileNotFoundError:
+                pass  # a task that has just ended
+    assert sandboxes, "the spares are its children"
+    assert home not in sandboxes, f"the zygote stays in a sandbox's network namespace {home}"

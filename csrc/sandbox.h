@@ -389,6 +389,13 @@ struct sbx_zygote {
     int32_t task_fd;        /* set in a task's sandbox: its channel */
     int32_t pad;
     uint64_t died_base;     /* sbx_task_death_notes' */
+    /* In a task's sandbox, the loop calls task_main(task_fd) (a Python
+     * callable, through CPython's PyObject_CallOneArg and PyLong_FromLong,
+     * the GIL held) instead of returning into the zygote's Python frames;
+     * it does not return (if it does, the task exits 70). NULL: return. */
+    void *task_main;
+    void *call_one;
+    void *long_from;
     const void *blob;       /* the pool's task plan */
     size_t blob_len;
     struct sbx_result res;  /* sbx_zygote_check's failure */
@@ -403,7 +410,8 @@ int sbx_zygote_add_slot(struct sbx_zygote *z, int slot, const int *fds, int n_cg
  * the first spare, offered by sbx_zygote_serve), -1 (z->res says why), or
  * 1 in that sandbox once it has its task (z->task_fd). Called, as
  * sbx_zygote_serve, through ctypes.PyDLL: the GIL held (CPython's fork
- * hooks, sbx_fork_python_hooks, are called around the forks). */
+ * hooks, sbx_fork_python_hooks, are called around the forks, and a task's
+ * sandbox runs z->task_main from there). */
 int sbx_zygote_check(struct sbx_zygote *z);
 /* Serve the caller until it closes the control socket (0), or -1 with
  * errno; returns 1 in a task's sandbox (forked for a SPAWN, or a spare

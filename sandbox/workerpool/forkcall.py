@@ -13,6 +13,7 @@ fault while the child lives.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from typing import Any
 
 # ctypes' counterparts of the cdef's scalar types (every pointer is a c_void_p)
@@ -65,12 +66,20 @@ class ZygoteLoop:
     `ffi` and `lib`), for the pool's task `plan` blob, on control socket fd
     `ctl`; the rest of struct sbx_zygote's settings by name."""
 
-    def __init__(self, ffi: Any, lib: Any, native: str, plan: bytes, **settings: int) -> None:
-        self.ffi, self.lib, self.plan = ffi, lib, plan
+    def __init__(self, ffi: Any, lib: Any, native: str, plan: bytes, task_main: Callable[[int], object],
+                 **settings: int) -> None:
+        import ctypes
+
+        self.ffi, self.lib, self.plan, self.task_main = ffi, lib, plan, task_main
         python_hooks(ffi, lib)
         self.z = ffi.new("struct sbx_zygote *")
         for name, value in settings.items():
             setattr(self.z, name, value)
+        # a task's sandbox runs task_main(its channel) from the C loop (held here: its address is id())
+        api = ctypes.pythonapi
+        self.z.task_main = ffi.cast("void *", id(task_main))
+        self.z.call_one, self.z.long_from = (ffi.cast("void *", ctypes.cast(getattr(api, name), ctypes.c_void_p).value)
+                                             for name in ("PyObject_CallOneArg", "PyLong_FromLong"))
         self.c_plan = ffi.from_buffer(plan)
         self.z.blob, self.z.blob_len = self.c_plan, len(plan)
         self.z.task_fd = -1

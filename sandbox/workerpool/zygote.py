@@ -115,7 +115,7 @@ class Zygote:
         spec.loader.exec_module(native)
         ffi, lib = native.ffi, native.lib
         per_slot = int(body.get("cgroups", 0))
-        self.loop = F.ZygoteLoop(ffi, lib, body["native"], read_fd(fds[0]), ctl=self.ctl.fileno(),
+        self.loop = F.ZygoteLoop(ffi, lib, body["native"], read_fd(fds[0]), run_task, ctl=self.ctl.fileno(),
                                  spares=int(body.get("spares", 0)), per_slot=per_slot,
                                  slotted=bool(per_slot or body.get("netns")), factory_pidfd=factory_pidfd,
                                  quiet_ms=QUIET_MS, died_base=C.DIED)

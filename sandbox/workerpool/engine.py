@@ -184,6 +184,7 @@ class Engine:
             if task.timeout is not None:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
+            task.future.timings["queued"] = (task.t0 - task.submitted) * 1e6
             if task.blob is not None or body["n_trees"] or not self._to_spare(task, theirs):
                 if self.slots.on:
                     task.slot = self.slots.new(theirs, body)

@@ -366,7 +366,9 @@ class Engine:
         slot = m.slot if m.slot >= 0 else None
         if m.kind == zc.SPARE and len(fds) == 2:
             with self.lock:
-                self.spares.append((m.pid, socket.socket(fileno=fds[0]), fds[1], slot))
+                # its kind given, not asked of the kernel (three syscalls per spare)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fds[0])
+                self.spares.append((m.pid, sock, fds[1], slot))
             if slot is not None:
                 self.slots.offer(self.ctl)
             return

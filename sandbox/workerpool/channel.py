@@ -215,8 +215,8 @@ def _read_environment(fd: int) -> None:
 
 
 def run_task(result_fd: int) -> NoReturn:
-    """The task's sandbox, once the zygote's C loop has returned in it (its
-    death notes on `result_fd`, its output on 1 and 2): read its environment
+    """The task's sandbox, called by the zygote's C loop in it (its death
+    notes on `result_fd`, its output on 1 and 2): read its environment
     and its call from `result_fd`, run the call, write the reply there, and
     exit without unwinding into the zygote's code (os._exit: no atexit, no
     finalizers)."""

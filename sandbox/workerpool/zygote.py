@@ -12,16 +12,17 @@ forks: every page an interpreter writes while a child shares it is a
 copy-on-write fault, and its smallest loop writes dozens. The C loop forks
 spares ahead of their tasks (a socket to each and a pidfd go to the
 caller, which sends a task's channels straight to it), a sandbox per SPAWN
-(a task with a plan of its own, or none spare at hand), reports their
+(a task with a plan of its own, or no spare at hand), reports their
 setup and their end, and reaps them; csrc/sandbox.h (struct sbx_zmsg) has
 its messages, csrc/zygote.c its policy (spares, slots).
 
 Each sandbox is a fork of this process (sbx_fork_task), which returns
 twice: in the zygote, and in the sandbox, set up (its own namespaces, fresh
-filesystems, capabilities dropped, seccomp), which returns from the C call
-with its task's channel (a spare first waits there for its task); Python
-then runs the task (channel.run_task). The zygote never unpickles anything
-and never runs task code.
+filesystems, capabilities dropped, seccomp), where the C loop, once the
+sandbox has its task's channel (a spare waits there for it), calls
+channel.run_task with it: Python runs the task and exits, never returning
+into the zygote's frames. The zygote never unpickles anything and never
+runs task code.
 
 Cgroups (the pool's Limits, where the host gives the caller cgroups) and
 leased network namespaces come as slots: the caller makes them and sends
@@ -30,8 +31,11 @@ INIT, SLOT and SPAWN; each fork takes one. With `netns` in INIT, the zygote
 first forks the namespace factory (sandbox/netpool's _factory_main, in a
 child of its own: it makes a user namespace Q, a child of the zygote's, and
 loopback-only namespaces owned by Q) and hands its channel to the caller
-with READY; the caller's NetnsPool adopts it and leases one per slot, which
-the fork joins (sbx_fork_sandbox_ns's joiner).
+with READY; the caller's NetnsPool adopts it and leases one per slot. At
+its first leased fork the zygote joins Q for good (it holds every capability
+there already, by the owner rule) and makes a namespace of its own there;
+each leased fork enters the lease's namespace, clones, and goes back
+(SBX_FORK_STAY, csrc/forksandbox.c).
 """
 
 from __future__ import annotations
@@ -143,7 +147,8 @@ class Zygote:
 
 def main(argv: list[str]) -> int:
     """The zygote's entry point: INIT, the check, READY, then serve (in C).
-    In a task's sandbox, the C calls return into the task."""
+    In a task's sandbox the C loop calls run_task itself (were it to return
+    there instead, the task would run from here)."""
     ctl = socket.socket(fileno=int(argv[1]))
     zygote = Zygote(ctl)
     try:

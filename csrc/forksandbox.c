@@ -270,8 +270,10 @@ static int stay_in_owner(int userns_fd)
         errno = EXDEV;
         return st.st_dev == owner.dev && st.st_ino == owner.ino ? 0 : -1;
     }
-    owner.joined = -1; /* once in Q, there is no way back: a failure here is for good */
-    if (setns(userns_fd, CLONE_NEWUSER) < 0 || unshare(CLONE_NEWNET) < 0)
+    if (setns(userns_fd, CLONE_NEWUSER) < 0) /* still where it was: the next lease may try again */
+        return -1;
+    owner.joined = -1; /* in Q there is no way back: without a home there, no lease is entered again */
+    if (unshare(CLONE_NEWNET) < 0)
         return -1;
     owner.home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
     if (owner.home < 0)

@@ -21,7 +21,8 @@ HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
 LIB_SOURCES = [
     "util.c", "wire.c", "idmap.c", "net.c", "sources.c", "mounts.c", "limits.c", "landlock.c", "child.c",
-    "vmclone.c", "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "detach.c",
+    "vmclone.c", "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "zygote.c", "zygote_wire.c",
+    "detach.c",
 ]
 # bubblewrap's compiler discipline (its meson.build): these warnings fail the
 # build, of the module and of the executables alike. bubblewrap spells one

@@ -21,9 +21,12 @@ those figures: the machine's busy time per task (/proc/stat, every process,
 so only meaningful on an otherwise idle machine) is printed beside them.
 Then, one task at a time, how much CPU a task's sandbox has used when its
 function starts (setup, CPython's after-fork work, its channel, unpickling)
-against all it uses (reaped); and the floor: a bare fork and exit of an
-interpreter with the same imports, as os.fork() does it and without
-CPython's after-fork work in the child.
+against all it uses (reaped), and where its latency goes (critical_path:
+the caller until the task's channels are sent, until its function starts,
+until its reply is in and loaded, until result() returns); and the floor: a
+bare fork and exit of an interpreter with the same imports, as os.fork()
+does it, with its at-fork hooks' list emptied, and without CPython's
+after-fork work in the child.
 
     python benchmarks/workerpool.py [-n 100] [--seconds 5] [--json out.json]
 """
@@ -164,44 +167,86 @@ def cpu_per_task(pool: sandbox.WorkerPool, seconds: float, callers: int = 2) -> 
 
 
 FORK_FLOOR = """
-import ctypes, gc, os, resource, sys
+import ctypes, gc, os, resource, sys, threading
 import cloudpickle
 for name in sys.argv[2:]:
     __import__(name)
+# the interpreter's at-fork hooks (os.register_at_fork's after_in_child list): emptied for one
+# variant, to tell PyOS_AfterFork_Child's own work from theirs (a measurement only; found before
+# gc.freeze(), as get_referrers does not search the permanent generation)
+hooks = next(r for r in gc.get_referrers(threading._after_fork) if type(r) is list)
+saved = list(hooks)
 gc.collect(); gc.freeze()
 n = int(sys.argv[1])
-fork, api = ctypes.PyDLL(None).fork, ctypes.pythonapi  # PyDLL: the GIL is kept across the call, as os.fork keeps it
-def loop(after_fork):
+print(",".join(f"{h.__module__}.{h.__qualname__}" for h in saved))
+fork = ctypes.PyDLL(None).fork  # PyDLL: the GIL is kept across the call, as os.fork keeps it
+def loop(how):
     for _ in range(n):
-        api.PyOS_BeforeFork()
-        pid = fork()
+        pid = os.fork() if how != "bare" else fork()
         if pid == 0:
-            if after_fork:
-                api.PyOS_AfterFork_Child()
             os._exit(0)
-        api.PyOS_AfterFork_Parent()
         os.waitpid(pid, 0)
 cpu = lambda a, b: (b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime) / n * 1e3
-for after_fork in (1, 0):
+for how in ("os.fork", "no hooks", "bare"):
+    hooks[:] = [] if how == "no hooks" else saved
     me0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    loop(after_fork)
+    loop(how)
     me1, kids1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     print(cpu(me0, me1), cpu(kids0, kids1), (kids1.ru_minflt - kids0.ru_minflt) / n)
+hooks[:] = saved
 """
 
+Floor = tuple[float, float, float]  # ms of CPU in the parent, in the child, the child's minor faults
 
-def fork_floor(n: int = 300) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+
+def fork_floor(n: int = 300) -> tuple[str, Floor, Floor, Floor]:
     """What a bare fork and os._exit(0) of an interpreter with the zygote's
-    imports (cloudpickle and PRELOAD) costs, outside any sandbox: (ms of CPU
-    in the parent, in the child, the child's minor faults), as os.fork() does
-    it (the child runs CPython's after-fork work: PyOS_AfterFork_Child and the
-    at-fork hooks modules registered, threading's and random's among them),
-    then without that work (the kernel's fork and exit alone): the floor of a
-    forked task, and how much of it the interpreter's own after-fork is."""
+    imports (cloudpickle and PRELOAD) costs, outside any sandbox: the names
+    of its at-fork hooks, then (ms of CPU in the parent, in the child, the
+    child's minor faults) as os.fork() does it (the child runs CPython's
+    after-fork work: PyOS_AfterFork_Child and those hooks, threading's and
+    the preload's), with the hooks' list emptied (PyOS_AfterFork_Child's own
+    work), and without any of it (the kernel's fork and exit alone): the
+    floor of a forked task, and what the interpreter's after-fork adds."""
     out = subprocess.run([sys.executable, "-I", "-c", FORK_FLOOR, str(n), *PRELOAD], check=True,
-                         capture_output=True, text=True).stdout.split()
-    with_hooks, bare = [float(x) for x in out[:3]], [float(x) for x in out[3:6]]
-    return (with_hooks[0], with_hooks[1], with_hooks[2]), (bare[0], bare[1], bare[2])
+                         capture_output=True, text=True).stdout.split("\n")
+    rows = [tuple(float(x) for x in line.split()) for line in out[1:4]]
+    return out[0], (rows[0][0], rows[0][1], rows[0][2]), (rows[1][0], rows[1][1], rows[1][2]), \
+        (rows[2][0], rows[2][1], rows[2][2])
+
+
+def started_at() -> int:
+    """What each task of the critical-path run returns: when its function
+    started (CLOCK_MONOTONIC, which a task and its caller share)."""
+    import time
+
+    return time.monotonic_ns()
+
+
+PATH = ("caller: submit -> its channels sent", "sent -> its function starts", "function -> reply in and loaded",
+        "-> result() returns")
+
+
+def critical_path(pool: sandbox.WorkerPool, n: int) -> dict[str, float]:
+    """n tasks one after another (2 ms apart, the spares set up): the median
+    µs of each part of a task's path (PATH), and of all of it: what the
+    caller does before the task's channels go to its sandbox (pickling the
+    call, the channels; TaskFuture.timings' queued), until its function runs
+    (the sandbox's wake-up, reading the call, unpickling it), until its
+    reply is in the caller and loaded (timings' done), until result() returns."""
+    parts: list[list[float]] = [[] for _ in range(len(PATH) + 1)]
+    for _ in range(n):
+        time.sleep(0.002)
+        t_submit = time.monotonic_ns()
+        future = pool.submit(started_at)
+        t_fn = future.result()
+        t_result = time.monotonic_ns()
+        t_sent = t_submit + future.timings["queued"] * 1e3
+        t_done = t_sent + future.timings["done"] * 1e3
+        for k, span in enumerate((t_sent - t_submit, t_fn - t_sent, t_done - t_fn, t_result - t_done,
+                                  t_result - t_submit)):
+            parts[k].append(span / 1e3)
+    return {name: statistics.median(xs) for name, xs in zip((*PATH, "in all"), parts, strict=True)}
 
 
 def own_cpu() -> tuple[float, int]:
@@ -275,10 +320,15 @@ def main() -> int:
         at_start, faults_then, in_all = task_split(pool, args.n)
         print(f"default spares, one task at a time: a sandbox's CPU when its function starts {at_start:.2f} ms "
               f"({faults_then:.0f} minor faults), in all (reaped) {in_all:.2f} ms")
-    hooks, bare = fork_floor()
-    print(f"fork + os._exit(0) of an interpreter with cloudpickle and the preload imported, as os.fork() does it: "
-          f"{hooks[0]:.2f} ms of CPU in the parent, {hooks[1]:.2f} in the child ({hooks[2]:.0f} minor faults); "
-          f"without CPython's after-fork in the child: {bare[0]:.2f}, {bare[1]:.2f} ({bare[2]:.0f})")
+        path = critical_path(pool, args.n)
+        print("default spares, one task at a time, its path (median µs): "
+              + "; ".join(f"{name} {us:.0f}" for name, us in path.items()))
+    names, full, own, bare = fork_floor()
+    print(f"fork + os._exit(0) of an interpreter with cloudpickle and the preload imported (its at-fork hooks: "
+          f"{names}), ms of CPU in the parent, in the child (minor faults): as os.fork() does it "
+          f"{full[0]:.2f}, {full[1]:.2f} ({full[2]:.0f}); without the hooks, PyOS_AfterFork_Child's own work only "
+          f"{own[0]:.2f}, {own[1]:.2f} ({own[2]:.0f}); without CPython's after-fork {bare[0]:.2f}, {bare[1]:.2f} "
+          f"({bare[2]:.0f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(times, f)

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -178,17 +179,18 @@ static pid_t clone_task(unsigned long flags)
  * Q that a process of the zygote's sandbox made with the zygote's euid, so
  * the zygote, capability-free in its own user namespace Z (Q's parent), has
  * every capability in Q (the kernel's owner rule) and may setns() into Q
- * and N; a multithreaded or shared-fs process may not enter a user
- * namespace, and the zygote must stay where it is, so a CLONE_VM|CLONE_VFORK
- * joiner does it and clones the task from there, with CLONE_PARENT (the
- * zygote's child, SIGCHLD as the joiner's) and a new user namespace T, a
- * child of Q: the task holds no capability over N (lo, routes, sysctls stay
- * as the pool made them) and cannot setns() into it, nor into Q, again.
- * The task is a copy of the zygote's memory as the joiner shares it: it
- * longjmps back into sbx_fork_sandbox_ns's frame (on the zygote's stack,
- * above the joiner's mmapped one, as _FORTIFY_SOURCE's longjmp check wants)
- * and returns 0 from there, as a fork would. benchmarks/owner_join.c is the
- * standalone proof and its cost (~0.2 ms of CPU against ~0.6 fresh). */
+ * and N. sbx_fork_sandbox_ns's caller stays where it is: a
+ * CLONE_VM|CLONE_VFORK joiner enters Q and N and clones the task from
+ * there, with CLONE_PARENT (the caller's child, SIGCHLD as the joiner's)
+ * and a new user namespace T, a child of Q: the task holds no capability
+ * over N (lo, routes, sysctls stay as the pool made them) and cannot
+ * setns() into it, nor into Q, again. The task is a copy of the caller's
+ * memory as the joiner shares it: it longjmps back into sbx_fork_task's
+ * frame (on the caller's stack, above the joiner's mmapped one, as
+ * _FORTIFY_SOURCE's longjmp check wants) and returns 0 from there, as a
+ * fork would. benchmarks/owner_join.c is the standalone proof and its cost
+ * (~0.2 ms of CPU against ~0.6 fresh). The zygote itself joins Q once and
+ * clones from there (SBX_FORK_STAY, below): the same T, without a joiner. */
 struct fork_joiner {
     int userns_fd, netns_fd;
     unsigned long flags, tid_addr;
@@ -235,6 +237,51 @@ static pid_t clone_joined(struct fork_joiner *j)
         ;
     errno = j->err;
     return j->pid;
+}
+
+/* A caller that forks task after task into leases of one supply (a
+ * WorkerPool's zygote: SBX_FORK_STAY) joins their owner Q itself, once, and
+ * stays there, rather than through a joiner per fork (its clone, stack and
+ * exit, and the caller's wait for it: the joiner, preempted by the task it
+ * just cloned, kept the zygote waiting ~1 ms per fork). The caller must be
+ * single-threaded and share no fs (setns(CLONE_NEWUSER)'s rule). In Q it
+ * makes a network namespace of its own to live in, `home`: for each fork
+ * it enters the lease's namespace, clones the task (into a user namespace T,
+ * a child of Q, as the joiner's), and goes home, so that a socket it makes
+ * later (a spare's) is never counted as the lease's. What it holds in Q it
+ * held already (the owner rule); it runs no task code, and its tasks, in T,
+ * hold nothing of it. A lease of another owner fails (EXDEV): Q cannot be
+ * left for a sibling. */
+static struct {
+    int joined; /* 1: in Q; -1: joining failed */
+    dev_t dev;  /* Q's nsfs identity */
+    ino_t ino;
+    int home;
+} owner = {0, 0, 0, -1};
+
+static int stay_in_owner(int userns_fd)
+{
+    struct stat st;
+    if (owner.joined < 0 || fstat(userns_fd, &st) < 0) {
+        errno = owner.joined < 0 ? EPERM : errno;
+        return -1;
+    }
+    if (owner.joined) {
+        errno = EXDEV;
+        return st.st_dev == owner.dev && st.st_ino == owner.ino ? 0 : -1;
+    }
+    if (setns(userns_fd, CLONE_NEWUSER) < 0) /* still where it was: the next lease may try again */
+        return -1;
+    owner.joined = -1; /* in Q there is no way back: without a home there, no lease is entered again */
+    if (unshare(CLONE_NEWNET) < 0)
+        return -1;
+    owner.home = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (owner.home < 0)
+        return -1;
+    owner.joined = 1;
+    owner.dev = st.st_dev;
+    owner.ino = st.st_ino;
+    return 0;
 }
 
 /* CPython's fork hooks (PyOS_BeforeFork, PyOS_AfterFork_Parent and
@@ -285,6 +332,24 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
                         const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
                         struct sbx_result *res)
 {
+    return sbx_fork_task(blob, len, stdio, pass_fds, n_pass, trees, n_trees, cgroup_fds, n_cgroup, join_ns,
+                         SBX_FORK_HOOKS, res);
+}
+
+void sbx_python_before_fork(void)
+{
+    call_hook(py_before_fork);
+}
+
+void sbx_python_after_parent(void)
+{
+    call_hook(py_after_parent);
+}
+
+int sbx_fork_task(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                  const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
+                  unsigned opts, struct sbx_result *res)
+{
     memset(res, 0, sizeof *res);
     res->pid = -1;
     res->status_fd = -1;
@@ -299,9 +364,16 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     if ((h->opts & SBX_OPT_REAPER) || h->n_listen || count_detached(h, ops) != n_trees ||
         newroot[0] != '/' || newroot[1] != 0 || (joined && (join_ns[0] < 0 || !(h->ns & SBX_NS_NET))))
         return fail_early(res, SBX_STEP_CONFIG, EINVAL);
+    int stay = joined && (opts & SBX_FORK_STAY);
+    if (stay && (stay_in_owner(join_ns[0]) < 0 || setns(join_ns[1], CLONE_NEWNET) < 0))
+        return fail_early(res, SBX_STEP_JOIN_NETNS, errno);
     int errp[2];
-    if (sbx_high_pipe(errp) < 0)
-        return fail_early(res, SBX_STEP_PIPE, errno);
+    if (sbx_high_pipe(errp) < 0) {
+        int err = errno;
+        if (stay)
+            (void)setns(owner.home, CLONE_NEWNET);
+        return fail_early(res, SBX_STEP_PIPE, err);
+    }
     struct sbx_input in = SBX_INPUT_NONE;
     in.blob = blob;
     for (int i = 0; i < 3; i++)
@@ -318,6 +390,8 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     if (!in.src_fds) {
         close(errp[0]);
         close(errp[1]);
+        if (stay)
+            (void)setns(owner.home, CLONE_NEWNET);
         return fail_early(res, SBX_STEP_PIPE, ENOMEM);
     }
     in.spawner_fd = sbx_open_spawner();
@@ -331,8 +405,9 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     unsigned long flags = sbx_clone_flags(h->ns) & CLONED_NS;
     struct fork_joiner j = {.userns_fd = in.join_userns_fd, .netns_fd = in.join_netns_fd, .flags = flags};
     pid_t pid;
-    call_hook(py_before_fork);
-    if (!joined)
+    if (opts & SBX_FORK_HOOKS)
+        call_hook(py_before_fork);
+    if (!joined || stay)
         pid = clone_task(flags);
     else if (setjmp(j.back) == 0)
         pid = clone_joined(&j);
@@ -347,8 +422,11 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
         return 0;
     }
     int clone_err = errno;
+    if (stay) /* a later socket of ours is not the lease's */
+        (void)setns(owner.home, CLONE_NEWNET);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    call_hook(py_after_parent);
+    if (opts & SBX_FORK_HOOKS)
+        call_hook(py_after_parent);
     res->t_ns[SBX_T_RETURN] = now_ns();
     free(in.src_fds);
     if (in.spawner_fd >= 0)
@@ -356,7 +434,7 @@ int sbx_fork_sandbox_ns(const void *blob, size_t len, const int stdio[3], const 
     close(errp[1]);
     if (pid < 0) {
         close(errp[0]);
-        return fail_early(res, joined ? j.step : SBX_STEP_CLONE, clone_err);
+        return fail_early(res, joined && !stay ? j.step : SBX_STEP_CLONE, clone_err);
     }
     res->pid = pid;
     res->status_fd = errp[0];

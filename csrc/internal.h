@@ -256,6 +256,39 @@ int sbx_high_pipe(int fds[2]);
  * CLONE_VM|CLONE_VFORK|SIGCHLD (namespaces, CLONE_FILES, CLONE_PARENT). */
 pid_t sbx_clone_vm(int (*fn)(void *), void *arg, unsigned long flags, size_t stack);
 
+/* forksandbox.c: sbx_fork_sandbox_ns, whose CPython before- and
+ * after-parent hooks (sbx_fork_python_hooks) are called around the clone
+ * only with SBX_FORK_HOOKS: a caller forking several sandboxes in a row
+ * calls them once around them all (sbx_python_before_fork, _after_parent);
+ * the child always calls the after-child hook once it is set up. With
+ * SBX_FORK_STAY, a lease (join_ns) is joined by the caller itself, which
+ * stays in its owner (see forksandbox.c), instead of by a joiner. */
+#define SBX_FORK_HOOKS 1u
+#define SBX_FORK_STAY 2u
+int sbx_fork_task(const void *blob, size_t len, const int stdio[3], const int *pass_fds, int n_pass,
+                  const int *trees, int n_trees, const int *cgroup_fds, int n_cgroup, const int join_ns[2],
+                  unsigned opts, struct sbx_result *res);
+void sbx_python_before_fork(void);
+void sbx_python_after_parent(void);
+
+/* zygote_wire.c: a serving zygote's messages (csrc/zygote.c's loop). */
+void sbx_close_fds(const int *fds, int n); /* those >= 0 */
+void sbx_zmsg_init(struct sbx_zmsg *m, uint32_t kind, int64_t id, pid_t pid, int slot);
+/* To the caller; a failure to send means it is gone, which EOF on the
+ * control socket will say. */
+void sbx_zreport(struct sbx_zygote *z, const struct sbx_zmsg *m, const int *fds, int n);
+void sbx_zreport_failed(struct sbx_zygote *z, int64_t id, const struct sbx_result *res, int slot);
+void sbx_zreport_exited(struct sbx_zygote *z, int64_t id, pid_t pid, int status, int slot);
+/* One message and its fds (at most `max`, close-on-exec): 1, 0 at EOF, -1
+ * with errno. One of the wrong size, or whose fds did not all arrive, is
+ * EPROTO (its fds closed). */
+int sbx_zreceive(int sock, struct sbx_zmsg *m, int *fds, int max, int *n_fds);
+/* In a spare, set up and waiting: its task's channels (result on
+ * z->task_fd, stdout and stderr on 1 and 2); exits at EOF. */
+void sbx_zspare_wait(struct sbx_zygote *z, int sock);
+/* A task's sandbox leaving the loop: its channel, and its death notes there. */
+void sbx_zygote_become_task(struct sbx_zygote *z, int channel);
+
 /* resident.c (sandbox-template only): the stay_resident of a Template's modes */
 _Noreturn void sbx_resident_reaper(struct sbx_ctx *c);
 /* A resident pid 1's wait for its command `pid` (every signal blocked):

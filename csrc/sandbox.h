@@ -332,6 +332,93 @@ int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res);
  * errno. */
 int sbx_task_death_notes(int note_fd, uint64_t died_base);
 
+/* A WorkerPool zygote's serve loop (csrc/zygote.c): once its Python side
+ * has started (INIT, its imports, READY), the zygote forks, reports and
+ * reaps in C, never returning to Python between two forks (every page its
+ * interpreter writes while a child shares it is a copy-on-write fault).
+ * Control messages, both ways on the SOCK_SEQPACKET control socket, are
+ * one struct sbx_zmsg each, with fds (SCM_RIGHTS):
+ *   caller -> zygote  SPAWN  id, flags (PLAN), n_trees, slot, n_ns
+ *                            fds: result, stdout, stderr, [plan memfd], trees,
+ *                            [per_slot cgroup.procs + n_ns namespace fds]
+ *                     KILL   id
+ *                     TAKEN  pid, id (the caller gave spare pid task id)
+ *                     SLOT   slot, n_ns  fds: per_slot cgroup.procs + n_ns
+ *   zygote -> caller  SPARE  pid, slot   fds: socket to the spare, pidfd
+ *                     STARTED id, pid, slot, flags (SPARE: a claimed spare), t_ns
+ *                     FAILED id, slot, step, op, err, detail, status (wait status)
+ *                     EXITED id (-1: an unused spare), pid, slot, status
+ *   caller -> spare   SPAWN  fds: result, stdout, stderr
+ * (slot -1: none; n_ns 0 or 2: a leased network namespace's owner and itself) */
+#define SBX_Z_SPAWN 1
+#define SBX_Z_KILL 2
+#define SBX_Z_TAKEN 3
+#define SBX_Z_SLOT 4
+#define SBX_Z_SPARE 16
+#define SBX_Z_STARTED 17
+#define SBX_Z_FAILED 18
+#define SBX_Z_EXITED 19
+#define SBX_ZF_PLAN 1      /* SPAWN: a per-task plan (memfd) follows stderr */
+#define SBX_ZF_SPARE 2     /* STARTED: a spare the task claimed while it was set up */
+#define SBX_Z_MAX_FDS 64   /* fds in one message */
+
+struct sbx_zmsg {
+    uint32_t kind;
+    uint32_t flags;
+    int64_t id;             /* a task's id, -1: none */
+    int32_t pid;            /* the sandbox's pid in the zygote's pid namespace */
+    int32_t slot;           /* the caller's slot, -1: none */
+    uint32_t n_trees;
+    uint32_t n_ns;
+    int32_t status;         /* EXITED: wait status; FAILED: how its setup child ended */
+    int32_t step;           /* FAILED: struct sbx_result's */
+    int32_t op;
+    int32_t err;
+    int32_t detail;
+    int32_t pad;
+    uint64_t t_ns[8];       /* STARTED: enum sbx_stamp */
+};
+
+struct sbx_zygote {
+    int32_t ctl;            /* the control socket */
+    int32_t spares;         /* sandboxes to keep forked ahead of their tasks */
+    int32_t per_slot;       /* cgroup.procs fds per slot (0: no cgroups) */
+    int32_t slotted;        /* every fork takes a slot (cgroups, or leased network namespaces) */
+    int32_t factory_pidfd;  /* the network namespace factory, reaped when it ends (-1: none) */
+    int32_t quiet_ms;       /* idle this long, the zygote tops up its spares */
+    int32_t task_fd;        /* set in a task's sandbox: its channel */
+    int32_t pad;
+    uint64_t died_base;     /* sbx_task_death_notes' */
+    /* In a task's sandbox, the loop calls task_main(task_fd) (a Python
+     * callable, through CPython's PyObject_CallOneArg and PyLong_FromLong,
+     * the GIL held) instead of returning into the zygote's Python frames;
+     * it does not return (if it does, the task exits 70). NULL: return. */
+    void *task_main;
+    void *call_one;
+    void *long_from;
+    const void *blob;       /* the pool's task plan */
+    size_t blob_len;
+    struct sbx_result res;  /* sbx_zygote_check's failure */
+    void *state;            /* the loop's own (children, slots), zygote.c's */
+};
+
+/* A slot the caller sent with INIT: fds[0..n_cg) cgroup.procs, then n_ns
+ * namespace fds (taken over). 0, or -1 (ENOMEM). */
+int sbx_zygote_add_slot(struct sbx_zygote *z, int slot, const int *fds, int n_cg, int n_ns);
+/* Fork one sandbox of the pool's plan and wait for its setup, so that a
+ * plan its tasks cannot be set up with fails the pool's start: 0 (it is
+ * the first spare, offered by sbx_zygote_serve), -1 (z->res says why), or
+ * 1 in that sandbox once it has its task (z->task_fd). Called, as
+ * sbx_zygote_serve, through ctypes.PyDLL: the GIL held (CPython's fork
+ * hooks, sbx_fork_python_hooks, are called around the forks, and a task's
+ * sandbox runs z->task_main from there). */
+int sbx_zygote_check(struct sbx_zygote *z);
+/* Serve the caller until it closes the control socket (0), or -1 with
+ * errno; returns 1 in a task's sandbox (forked for a SPAWN, or a spare
+ * that received its task), whose channel is z->task_fd, its stdout and
+ * stderr on 1 and 2, its death notes on the channel. */
+int sbx_zygote_serve(struct sbx_zygote *z);
+
 /* Clone the mount tree at host path `path`, recursively, as a detached mount
  * with the SBX_F_RDONLY/NODEV/NOSUID of `flags` set, for a per-sandbox
  * bind (SBX_F_FROM_FD) of a sandbox that cannot see the host. Needs no privilege (a

@@ -1,38 +1,29 @@
-"""The WorkerPool's channels: the control messages, and the task's side of them.
+"""The WorkerPool's channels: the zygote's start, and the task's side of a task's channel.
 
 Both ends import this: the caller (as sandbox.workerpool.channel) and the
 zygote (loaded by path: it imports no part of the `sandbox` package), whose
-forked tasks run run_task() or spare_main().
+forked tasks run run_task().
 
-Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet): a kind byte,
-a format byte, a u32 length, a body of that length; fds travel with
-SCM_RIGHTS. The caller sends marshal (its receivers, the zygote and its
-spares, trust it), and the zygote JSON, which the caller loads (it trusts
-nothing a sandbox says more than JSON can): both because the zygote's own
-work between two forks must touch few pages (each page it writes after a
-fork is a copy-on-write fault), and marshal.loads and the small encoder
-here touch a few where json.loads and json.dumps touch dozens.
-    caller -> zygote  INIT  {native, preload, path, spares, cgroups: k, slots}
+Control socket (AF_UNIX, SOCK_SEQPACKET: one message per packet), while the
+zygote starts in Python: a kind byte, a format byte, a u32 length, a body of
+that length; fds travel with SCM_RIGHTS. The caller sends marshal (the
+zygote trusts it), the zygote JSON, which the caller loads (it trusts
+nothing a sandbox says more than JSON can).
+    caller -> zygote  INIT  {native, preload, path, spares, cgroups: k, slots, netns}
                                                           fds: [task blob memfd, k cgroup.procs per slot]
-                      SPAWN {id, blob?, trees: n, slot?}  fds: [result, stdout, stderr, (blob memfd), n trees,
-                                                                (k cgroup.procs)]
-                      KILL  {id}
-                      TAKEN {pid, id}                     (the caller gave spare pid task id)
-                      CGROUP {slot}                       fds: [k cgroup.procs] (a cgroup for a later spare)
-    zygote -> caller  READY {pid} | ERROR {message}
-                      SPARE {pid, slot}                   fds: [socket to the spare, pidfd]
-                      STARTED {id, pid, slot} | FAILED {id, step, op, err, detail, wait_status, slot}
-                      EXITED {id, pid, status, slot}      (a raw wait status; id null: an unused spare)
-    (slot: the caller's id of the cgroup the sandbox entered at its fork, null without cgroups)
-    caller -> spare   SPAWN {}                            fds: [result, stdout, stderr]
+    zygote -> caller  READY {pid, netns}                  fds: [the namespace factory's channel]
+                      | ERROR {message, failure?}
+Once READY, the zygote serves in C, and every message is a struct sbx_zmsg
+(csrc/sandbox.h has them all; control.py is the caller's end).
+
 Nothing of a task's own passes through the zygote, whose memory every later
 task inherits: it sees a task id, fds, and a per-task plan only as a memfd it
-maps for the fork and unmaps. The task reads everything else from its result
-socket, straight from the caller: a u64 length and its environment (JSON, a
-map of strings; empty: none), then a u64 length and the pickled
-(fn, args, kwargs). It writes its reply there (a u64 length, then the
-pickled (ok, value or exception record)), or, if a signal ends it, the u64
-DIED + the signal's number (sbx_task_death_notes).
+maps for the fork and unmaps. The task reads everything else from its
+channel (a socket), straight from the caller: a u64 length and its
+environment (JSON, a map of strings; empty: none), then a u64 length and
+the pickled (fn, args, kwargs). It writes its reply there (a u64 length,
+then the pickled (ok, value or exception record)), or, if a signal ends it,
+the u64 DIED + the signal's number (sbx_task_death_notes).
 """
 
 from __future__ import annotations
@@ -40,16 +31,13 @@ from __future__ import annotations
 import array
 import json
 import marshal
-import mmap
 import os
 import socket
 import struct
 import sys
-from collections.abc import Callable
 from typing import Any, NoReturn
 
-INIT, SPAWN, KILL, TAKEN, CGROUP = b"I", b"S", b"K", b"T", b"C"
-READY, ERROR, SPARE, STARTED, FAILED, EXITED = b"R", b"E", b"p", b"s", b"f", b"x"
+INIT, READY, ERROR = b"I", b"R", b"E"
 _HEADER = struct.Struct("<ccI")
 MARSHAL, JSON = b"m", b"j"  # the body's format
 LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
@@ -124,25 +112,43 @@ def read_fd(fd: int) -> bytes:
         os.close(fd)
 
 
-def map_fd(fd: int) -> mmap.mmap:
-    """A memfd mapped read-only (then closed): its content is used in place
-    and gone from this process's memory once the map is closed."""
-    try:
-        return mmap.mmap(fd, os.fstat(fd).st_size, mmap.MAP_SHARED, mmap.PROT_READ)
-    finally:
-        os.close(fd)
-
-
 # ---------------------------------------------------------------- the task
 
-def _recv_exact(sock: socket.socket, size: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = sock.recv(min(size - len(buf), 1 << 20))
+# The task's side works on its channel's fd with os.read and os.write, not
+# through a socket object: each Python function it runs on the way writes
+# pages a copy-on-write fault each (socket.socket's machinery: ~20).
+
+def _read_exact(fd: int, size: int) -> bytes:
+    chunks = []
+    while size:
+        chunk = os.read(fd, min(size, 1 << 20))
         if not chunk:
             raise EOFError("the caller closed the task's channel")
-        buf += chunk
-    return bytes(buf)
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _dumps(obj: Any) -> bytes:
+    """`obj` pickled: by the C pickler when it can (everything it pickles by
+    reference, cloudpickle would too: nothing is registered by value in a
+    task), else by cloudpickle (code, dynamic classes, what pickle refuses),
+    whose Python pickler writes ~30 pages more per reply."""
+    import pickle
+
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:  # noqa: BLE001 - whatever pickle refuses, cloudpickle tries (a BaseException is the task's)
+        import cloudpickle
+
+        data: bytes = cloudpickle.dumps(obj)
+        return data
 
 
 def _dumps_or_none(obj: Any) -> bytes | None:
@@ -189,49 +195,47 @@ def _execute(payload: bytes) -> bytes:
     except BaseException as exc:  # noqa: BLE001 - everything the task raises goes back to the caller
         reply = (False, _error_record(exc))
     try:
-        data: bytes = cloudpickle.dumps(reply)
-        return data
+        return _dumps(reply)
     except BaseException as exc:  # noqa: BLE001 - an unpicklable result is the task's error
         failure = exc
     try:
-        data = cloudpickle.dumps((False, _error_record(failure)))
+        data: bytes = cloudpickle.dumps((False, _error_record(failure)))
         return data
     except BaseException:  # noqa: BLE001 - the record holds only str and bytes: this cannot fail
         return pickle.dumps((False, {"module": "builtins", "qualname": "RuntimeError", "message":
                                      "the task's result and its error could not be pickled", "traceback": ""}))
 
 
-def _read_environment(sock: socket.socket) -> None:
+def _read_environment(fd: int) -> None:
     """The task's own environment, from its channel, into os.environ."""
-    (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
+    (size,) = LENGTH.unpack(_read_exact(fd, LENGTH.size))
     if size:
-        env = json.loads(_recv_exact(sock, size))
+        env = json.loads(_read_exact(fd, size))
         os.environ.update(env)
 
 
-def run_task(result_fd: int, death_notes: Callable[[int], object]) -> NoReturn:
-    """The task's sandbox, after sbx_fork_sandbox returned 0 in it: read its
-    environment and its call from `result_fd`, run the call, write the reply
-    there, and exit without unwinding into the zygote's code (os._exit: no
-    atexit, no finalizers). `death_notes(result_fd)` first, so that the
-    caller learns the signal a crash ends it with."""
+def run_task(result_fd: int) -> NoReturn:
+    """The task's sandbox, called by the zygote's C loop in it (its death
+    notes on `result_fd`, its output on 1 and 2): read its environment
+    and its call from `result_fd`, run the call, write the reply there, and
+    exit without unwinding into the zygote's code (os._exit: no atexit, no
+    finalizers)."""
     code = 0
     try:
-        death_notes(result_fd)
-        with socket.socket(fileno=result_fd) as sock:
-            _read_environment(sock)
-            (size,) = LENGTH.unpack(_recv_exact(sock, LENGTH.size))
-            reply = _execute(_recv_exact(sock, size))
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except BaseException:  # noqa: BLE001, S110 - a closed stream must not lose the reply
-                    pass
-            # EOF on every channel now, not after the exit has torn down our
-            # memory; the output first, so the caller finds all at once
-            for fd in (1, 2):
-                os.close(fd)
-            sock.sendall(LENGTH.pack(len(reply)) + reply)
+        _read_environment(result_fd)
+        (size,) = LENGTH.unpack(_read_exact(result_fd, LENGTH.size))
+        reply = _execute(_read_exact(result_fd, size))
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001, S110 - a closed stream must not lose the reply
+                pass
+        # EOF on every channel now, not after the exit has torn down our
+        # memory; the output first, so the caller finds all at once
+        for fd in (1, 2):
+            os.close(fd)
+        _write_all(result_fd, LENGTH.pack(len(reply)) + reply)
+        os.close(result_fd)
     except BaseException:  # noqa: BLE001 - the channel itself failed: say so on the task's stderr
         code = 70
         try:
@@ -242,21 +246,3 @@ def run_task(result_fd: int, death_notes: Callable[[int], object]) -> NoReturn:
         except BaseException:  # noqa: BLE001, S110
             pass
     os._exit(code)
-
-
-def spare_main(sock_fd: int, death_notes: Callable[[int], object]) -> NoReturn:
-    """A spare sandbox, forked before its task is known: wait for the task's
-    channels from the zygote (then close that socket: no way back to the
-    zygote is left), put its stdout and stderr on 1 and 2, and run it."""
-    try:
-        with socket.socket(fileno=sock_fd) as sock:
-            message = recv(sock, from_caller=True)
-        if message is None:
-            os._exit(0)  # the zygote dropped us
-        _, _, (result_fd, out_fd, err_fd) = message
-        for fd, target in ((out_fd, 1), (err_fd, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-    except BaseException:  # noqa: BLE001 - nothing to report to: the task's channels are not ours
-        os._exit(70)
-    run_task(result_fd, death_notes)

@@ -22,7 +22,7 @@ ended.
 Cgroups (`make_cgroup`: the pool's Limits where the host gives cgroups): every
 sandbox the zygote forks enters a cgroup of its own that this side made (a
 slot: the zygote gets only its cgroup.procs fds). A SPAWN brings one; spares
-take the free ones this side sends ahead (INIT, then one CGROUP per SPARE
+take the free ones this side sends ahead (INIT, then one SLOT per SPARE
 received), so that making and entering a cgroup is off a spared task's
 path. When a task's sandbox has ended (EXITED), its cgroup's usage and the
 limit that ended it go to its future's SandboxEnd (TaskFuture.usage waits
@@ -48,6 +48,7 @@ from typing import Any
 from .. import cgroups
 from ..backends.native import ffi, setup_error
 from . import channel as ch
+from . import control as zc
 from .results import BrokenWorkerPool, ReplyLoader, TaskError, TaskFuture, TaskLimitError
 from .slots import CgroupSlots
 from .task import Task
@@ -177,17 +178,17 @@ class Engine:
         thread touches the task's channels."""
         theirs: list[int] = []
         try:
-            body: dict[str, Any] = {"id": task.id, "trees": len(task.trees)}
-            if task.blob is not None:
-                body["blob"] = True
+            body: dict[str, int] = {"id": task.id, "n_trees": len(task.trees),
+                                    "flags": zc.PLAN if task.blob is not None else 0}
             task.make_channels(theirs)
             if task.timeout is not None:
                 task.deadline = time.monotonic() + task.timeout
             task.t0 = time.monotonic()
-            if task.blob is not None or body["trees"] or not self._to_spare(task, body, theirs):
+            task.future.timings["queued"] = (task.t0 - task.submitted) * 1e6
+            if task.blob is not None or body["n_trees"] or not self._to_spare(task, theirs):
                 if self.slots.on:
                     task.slot = self.slots.new(theirs, body)
-                ch.send(self.ctl, ch.SPAWN, body, theirs)
+                zc.send(self.ctl, zc.SPAWN, theirs, **body)
         except Exception as exc:  # noqa: BLE001 - the task fails, the pool goes on
             task.end.set(None, None)  # it never ran
             self._drop_channels(task)
@@ -204,7 +205,7 @@ class Engine:
         self._wake()
         return True
 
-    def _to_spare(self, task: Task, body: dict[str, Any], fds: list[int]) -> bool:
+    def _to_spare(self, task: Task, fds: list[int]) -> bool:
         """Hand the task's channels to a ready spare (then it is the task's
         sandbox), and tell the zygote; False if no spare took it."""
         while True:
@@ -216,14 +217,14 @@ class Engine:
                 task.pid, task.pidfd, task.slot = pid, pidfd, slot
             try:
                 with sock:
-                    ch.send(sock, ch.SPAWN, {}, fds[:3])
+                    zc.send(sock, zc.SPAWN, fds[:3])
             except OSError:  # it died meanwhile: the zygote reports its end
                 with self.lock:
                     self.by_pid.pop(pid, None)
                 task.pid, task.pidfd, task.slot = 0, -1, None
                 os.close(pidfd)
                 continue
-            ch.send(self.ctl, ch.TAKEN, {"pid": pid, "id": task.id})
+            zc.send(self.ctl, zc.TAKEN, pid=pid, id=task.id)
             return True
 
     def _free(self, task: Task) -> None:
@@ -356,45 +357,50 @@ class Engine:
         self.zygote_stderr = (self.zygote_stderr + chunk)[-8192:]
 
     def _control(self) -> None:
-        message = ch.recv(self.ctl)
+        message = zc.recv(self.ctl)
         if message is None:
             tail = self.zygote_stderr.decode(errors="replace").strip()
             self._break("the WorkerPool's zygote exited" + (f": {tail}" if tail else ""))
             return
-        kind, body, fds = message
-        if kind == ch.SPARE:
+        m, fds = message
+        slot = m.slot if m.slot >= 0 else None
+        if m.kind == zc.SPARE and len(fds) == 2:
             with self.lock:
-                self.spares.append((body["pid"], socket.socket(fileno=fds[0]), fds[1], body.get("slot")))
-            if body.get("slot") is not None:
+                # its kind given, not asked of the kernel (three syscalls per spare)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fds[0])
+                self.spares.append((m.pid, sock, fds[1], slot))
+            if slot is not None:
                 self.slots.offer(self.ctl)
             return
         for fd in fds:
             os.close(fd)
-        if kind == ch.EXITED and body.get("id") is None:
-            self._spare_exited(body["pid"], body["status"], body.get("slot"))
+        if m.kind == zc.EXITED and m.id < 0:
+            self._spare_exited(m.pid, m.status, slot)
             return
-        task = self.tasks.get(body.get("id", -1))
+        task = self.tasks.get(m.id)
         if task is None:
-            if kind in (ch.FAILED, ch.EXITED):
-                self.slots.end(None, body.get("slot"))
+            if m.kind in (zc.FAILED, zc.EXITED):
+                self.slots.end(None, slot)
             return
-        if kind == ch.STARTED:
-            if body.get("slot") is not None:
-                task.slot = body["slot"]  # a spare's, which the task claimed while it was set up
-            task.future.timings.update({f"fork.{k}": v for k, v in body.get("t", {}).items()})
+        if m.kind == zc.STARTED:
+            if slot is not None:
+                task.slot = slot  # a spare's, which the task claimed while it was set up
+            if not m.flags & zc.CLAIMED:
+                task.future.timings.update({f"fork.{k}": v for k, v in zc.stamps(m, ch.STAMPS).items()})
             task.future.timings["started"] = (time.monotonic() - task.t0) * 1e6
-        elif kind == ch.FAILED:
+        elif m.kind == zc.FAILED:
             res = ffi.new("struct sbx_result *")
-            for name in ("step", "op", "err", "detail", "wait_status"):
-                setattr(res, name, body[name])
+            for name in ("step", "op", "err", "detail"):
+                setattr(res, name, getattr(m, name))
+            res.wait_status = m.status
             task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
-            self.slots.end(None, body.get("slot"))
+            self.slots.end(None, slot)
             task.end.set(None, None)
             self._release(task)
             self._maybe_finish(task)
-        elif kind == ch.EXITED:
-            task.status = body["status"]
-            self.slots.end(task, body.get("slot"))
+        elif m.kind == zc.EXITED:
+            task.status = m.status
+            self.slots.end(task, slot)
             self._release(task)
             self._maybe_finish(task)
 
@@ -436,7 +442,7 @@ class Engine:
             except ProcessLookupError:
                 pass
         elif not task.ended:
-            ch.send(self.ctl, ch.KILL, {"id": task.id})
+            zc.send(self.ctl, zc.KILL, id=task.id)
 
     def _over_cap(self, task: Task, limit: str, cap: int, what: str) -> None:
         """The task sent more than `limit` allows: kill it, drop what it sent, fail its future."""

@@ -8,6 +8,7 @@ import os
 import resource
 import socket
 import sys
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -168,6 +169,7 @@ class WorkerPool(Executor):
         (default: the pool's), extra `binds` on top of the Spec's mounts, `env`
         added to its os.environ, and caps in bytes on its reply and output
         (default: the pool's; None: no cap)."""
+        submitted = time.monotonic()
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("env", env, "must map strings to strings")
         reply_cap = self._caps[0] if max_reply is _POOLS else _check_cap("max_reply", max_reply)
@@ -176,7 +178,7 @@ class WorkerPool(Executor):
         future: TaskFuture[T] = TaskFuture()
         task = Task(id=next(self._ids), future=future, payload=payload,
                     timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None,
-                    max_reply=reply_cap, max_output=output_cap, sources=sources)
+                    max_reply=reply_cap, max_output=output_cap, sources=sources, submitted=submitted)
         if binds:
             self._add_binds(task, binds)
         try:

@@ -60,7 +60,8 @@ class TaskFuture(Future[T], Generic[T]):
         super().__init__()
         self.stdout = b""
         self.stderr = b""
-        self.timings: dict[str, float] = {}  # µs: clone and setup (in the zygote), started and done (since SPAWN)
+        self.timings: dict[str, float] = {}  # µs: queued (from submit to its channels sent), then since
+        # then: the fork's stamps (fork.*, in the zygote: a task forked for itself), started and done
         self.end = SandboxEnd()  # the engine fills it when the task's sandbox has ended
 
     @property

@@ -4,7 +4,7 @@ Every sandbox the zygote forks enters a cgroup this side made and runs in a
 network namespace leased from the pool's own supply: a slot, known to the
 zygote by its number and the fds it was sent (cgroup.procs files; the
 namespace's and its owner's). A SPAWN brings one; spares take those offered
-ahead (CGROUP). When a sandbox has ended its cgroup's usage and the limit
+ahead (SLOT). When a sandbox has ended its cgroup's usage and the limit
 that ended it are read, the cgroup is removed, and the namespace goes back
 to the supply, which checks it (a task holds no capability over it, so
 sockets and counters are what it could have left) and leases it again only
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from .. import cgroups
 from ..errors import NetnsPoolError, SetupError
-from . import channel as ch
+from . import control
 from .task import Task
 
 if TYPE_CHECKING:
@@ -57,10 +57,10 @@ class CgroupSlots:
         """Whether every fork takes a slot."""
         return self.make is not None or self.netns is not None
 
-    def new(self, fds: list[int], body: dict[str, object]) -> int:
+    def new(self, fds: list[int], body: dict[str, int]) -> int:
         """Make a cgroup and lease a namespace; append the cgroup.procs fds,
         then the namespace's owner's and its own, to `fds` (which the caller
-        closes once sent), and set `body`'s slot and ns (how many namespace
+        closes once sent), and set `body`'s slot and n_ns (how many namespace
         fds: 0 when the supply has none to give, then the task makes one);
         the slot number."""
         cgroup = self.make() if self.make is not None else None
@@ -74,7 +74,7 @@ class CgroupSlots:
                 self.held[slot] = cgroup
             if lease is not None:
                 self.leases[slot] = lease
-        body["slot"], body["ns"] = slot, 2 if lease is not None else 0
+        body["slot"], body["n_ns"] = slot, 2 if lease is not None else 0
         return slot
 
     def _lease(self, fds: list[int]) -> Lease | None:
@@ -94,12 +94,12 @@ class CgroupSlots:
         return lease
 
     def offer(self, ctl: socket.socket) -> None:
-        """A slot for the zygote's next spare (CGROUP on `ctl`); none if it cannot be made."""
+        """A slot for the zygote's next spare (SLOT on `ctl`); none if it cannot be made."""
         fds: list[int] = []
-        body: dict[str, object] = {}
+        body: dict[str, int] = {}
         try:
             self.new(fds, body)
-            ch.send(ctl, ch.CGROUP, body, fds)
+            control.send(ctl, control.SLOT, fds, **body)
         except (OSError, SetupError):
             pass  # no more spares meanwhile: tasks are forked with a slot of their own
         finally:

@@ -40,7 +40,8 @@ class Task:
     failure: BaseException | None = None
     ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
     done: bool = False
-    t0: float = 0.0  # when SPAWN was sent (monotonic)
+    submitted: float = 0.0  # when submit_task was called (monotonic)
+    t0: float = 0.0  # when its channels went to a spare or SPAWN was sent (monotonic)
     pid: int = 0  # a spare's pid (in the zygote's pid namespace), once it runs this task
     pidfd: int = -1  # ... and a pidfd of it, to kill it
     slot: int | None = None  # the engine's id of the cgroup its sandbox entered (None: none)

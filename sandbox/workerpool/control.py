@@ -1,0 +1,57 @@
+"""The caller's end of a serving zygote's control socket: one struct sbx_zmsg per message.
+
+Once READY, the zygote serves in C (csrc/zygote.c) and every message, both
+ways, is a struct sbx_zmsg of csrc/sandbox.h's cdef, with fds (SCM_RIGHTS);
+its fields are read and written here by name through cffi, never by offset.
+A message from the zygote that is not one of its kinds, or not whole, is
+refused (ValueError): the caller trusts a sandbox no further than that.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+from typing import Any
+
+from ..backends.native import ffi, lib
+
+SPAWN, KILL, TAKEN, SLOT = lib.SBX_Z_SPAWN, lib.SBX_Z_KILL, lib.SBX_Z_TAKEN, lib.SBX_Z_SLOT
+SPARE, STARTED, FAILED, EXITED = lib.SBX_Z_SPARE, lib.SBX_Z_STARTED, lib.SBX_Z_FAILED, lib.SBX_Z_EXITED
+PLAN, CLAIMED = lib.SBX_ZF_PLAN, lib.SBX_ZF_SPARE  # SPAWN: a plan of its own; STARTED: a spare it claimed
+MAX_FDS = lib.SBX_Z_MAX_FDS
+SIZE = ffi.sizeof("struct sbx_zmsg")
+FROM_ZYGOTE = frozenset({SPARE, STARTED, FAILED, EXITED})
+
+
+def send(sock: socket.socket, kind: int, fds: list[int] | tuple[int, ...] = (), **fields: int) -> None:
+    """One message of `kind` with `fields` set by name (id and slot default to -1: none) and `fds`."""
+    message = ffi.new("struct sbx_zmsg *", {"id": -1, "slot": -1, **fields, "kind": kind})
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sock.sendmsg([ffi.buffer(message)], ancillary)
+
+
+def recv(sock: socket.socket) -> tuple[Any, list[int]] | None:
+    """One message from the zygote (a struct sbx_zmsg, by name) and its fds;
+    None at EOF. ValueError for anything else (its fds closed)."""
+    data, ancillary, flags, _ = sock.recvmsg(SIZE, socket.CMSG_SPACE(MAX_FDS * 4))
+    fds = array.array("i")
+    for level, type_, payload in ancillary:
+        if level == socket.SOL_SOCKET and type_ == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    message = ffi.new("struct sbx_zmsg *")
+    if data and len(data) == SIZE and not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        ffi.memmove(message, data, SIZE)
+    if not data or message.kind not in FROM_ZYGOTE:
+        for fd in fds:
+            os.close(fd)
+        if not data:
+            return None
+        raise ValueError(f"a control message from the zygote that is not one ({len(data)} bytes, flags {flags})")
+    return message, list(fds)
+
+
+def stamps(message: Any, names: tuple[str, ...]) -> dict[str, float]:
+    """A STARTED message's timing stamps, µs after the fork began, by name."""
+    t = message.t_ns
+    return {name: (t[k] - t[0]) / 1000 for k, name in enumerate(names) if t[k] >= t[0] and t[k]}

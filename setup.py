@@ -54,7 +54,7 @@ def _client_defines() -> list[str]:
 
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
-    "sandbox-launch": (["launcher.c", "handoff.c", "exitlike.c", *LIB_SOURCES], []),
+    "sandbox-launch": (["launcher.c", "handoff.c", "runplan.c", "exitlike.c", *LIB_SOURCES], []),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "template_recycle.c", "resident.c", *LIB_SOURCES], ["-static"]),

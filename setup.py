@@ -59,7 +59,8 @@ EXECUTABLES = {
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "template_recycle.c", "resident.c", *LIB_SOURCES], ["-static"]),
     # the installed `sandbox` command (CLIENT_SCRIPT): static, it execs in a fraction of a dynamic one's time
-    "sandbox-cli": (["cliclient.c", "clipeer.c", "exitlike.c"], ["-static", *_client_defines()]),
+    "sandbox-cli": (["cliclient.c", "clipeer.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
+                    ["-static", *_client_defines()]),
 }
 # The console command `sandbox` is the client executable itself, installed as a script (setup() below);
 # pyproject.toml's `sandbox-py` is the Python CLI it runs when it does not hand a command line off.

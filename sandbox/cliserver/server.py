@@ -222,7 +222,8 @@ class Server:
                 tty = controlling_tty(peer.pid) != 0
             except (Unverified, OSError) as exc:
                 refused = exc
-            conn.setblocking(False)
+            # its blocking mode stays as accept() left it: a worker shares the open file (the server's
+            # own reads and writes say MSG_DONTWAIT)
             self.waiting[conn.fileno()] = _Client(conn, peer, self.last_client + REQUEST_TIMEOUT, refused, tty)
             self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
 
@@ -348,7 +349,6 @@ class Server:
             self._answer_fallback(conn)
             return
         w.conn = conn
-        conn.setblocking(True)
         self.by_fd[conn.fileno()] = w
         self.epoll.register(conn.fileno(), select.EPOLLRDHUP)
         self.spare = None  # the loop forks the next one (see SPARE_DELAY)

@@ -68,30 +68,63 @@ class Worker(Exception):
 
 # ---------------------------------------------------------------- the decision
 
-_answers: collections.OrderedDict[tuple[Any, ...], Answer] = collections.OrderedDict()
+@dataclass
+class _Known:
+    """A request answered before: where its --args fds are (index in its fd list, and their
+    numbers), and its answer for each content of theirs seen."""
+
+    args: list[tuple[int, int]]
+    answers: dict[tuple[bytes, ...], Answer]
 
 
-def decide(request: wire.Request, fds: dict[int, int]) -> tuple[Answer, list[ArgsFile]]:
-    """The PLAN answer for `request` (`fds`: the server's copies of its fds, by the client's
-    numbers), and its --args files, read but not taken: take() them once the answer is sent.
-    Raises Worker, saying why, when a worker must run it (nothing is taken then)."""
+_known: collections.OrderedDict[bytes, _Known] = collections.OrderedDict()
+_SIGMASK = slice(wire.ffi.offsetof("struct sbx_cli_request", "sigmask"),
+                 wire.ffi.offsetof("struct sbx_cli_request", "sigmask") + 8)
+
+
+def _key(data: bytes) -> bytes:
+    """A request's bytes but its signal mask (the plan does not depend on it)."""
+    return data[:_SIGMASK.start] + bytes(8) + data[_SIGMASK.stop:]
+
+
+def lookup(data: bytes, fds: list[int]) -> tuple[Answer, list[ArgsFile]] | None:
+    """The answer decide() gave a request of the very same bytes (`data`: its words, cwd,
+    environment, fd numbers, limits, client build; `fds`: the server's copies of its fds) whose
+    --args files hold the same content: no parsing, no planning. None if there is none."""
+    known = _known.get(_key(data))
+    if known is None:
+        return None
+    try:
+        files = [_peek(number, fds[index]) for index, number in known.args]
+    except Worker:
+        return None
+    answer = known.answers.get(tuple(f.data for f in files))
+    if answer is None:
+        return None
+    _known.move_to_end(_key(data))
+    return answer, files
+
+
+def decide(data: bytes, request: wire.Request, fds: list[int]) -> tuple[Answer, list[ArgsFile]]:
+    """The PLAN answer for the request `data` (parsed: `request`; `fds`: the server's copies of
+    its fds, in its order) and its --args files, read but not taken: take() them once the answer
+    is sent. Raises Worker, saying why, when a worker must run it (nothing is taken then). The
+    answer is remembered for lookup()."""
     args, as_bwrap = command_args(request.argv)
     if any(e.startswith(b"SANDBOX_") for e in request.environ):
         raise Worker("the package's own settings are in its environment")
     at = _top_level_args(args, request.fd_numbers)
-    files = [_peek(int(args[i]), fds) for i in at]
+    where = [(request.fd_numbers.index(int(args[i])), int(args[i])) for i in at]
+    files = [_peek(number, fds[index]) for index, number in where]
     if len({_identity(f.fd) for f in files}) != len(files):
         raise Worker("two --args fds share one file")
-    key = (tuple(request.argv), request.cwd, tuple(request.environ), tuple(request.fd_numbers), request.rlim_max,
-           tuple(f.data for f in files))
-    answer = _answers.get(key)
-    if answer is None:
-        answer = _compile(request, args, as_bwrap, dict(zip(at, files, strict=True)))
-        _answers[key] = answer
-        if len(_answers) > MAX_ANSWERS:
-            _answers.popitem(last=False)
-    else:
-        _answers.move_to_end(key)
+    answer = _compile(request, args, as_bwrap, dict(zip(at, files, strict=True)))
+    known = _known.setdefault(_key(data), _Known(where, {}))
+    known.answers[tuple(f.data for f in files)] = answer
+    while len(known.answers) > MAX_ANSWERS:
+        del known.answers[next(iter(known.answers))]
+    while len(_known) > MAX_ANSWERS:
+        _known.popitem(last=False)
     return answer, files
 
 
@@ -222,10 +255,9 @@ def _text(text: str) -> bytes:
 
 # ---------------------------------------------------------------- --args files, read without taking them
 
-def _peek(number: int, fds: dict[int, int]) -> ArgsFile:
-    """The content of the client's fd `number` from where the Python CLI would start reading,
-    read without taking it; Worker if that cannot be done now without waiting."""
-    fd = fds[number]
+def _peek(number: int, fd: int) -> ArgsFile:
+    """The content of the client's fd `number` (our copy: `fd`) from where the Python CLI would
+    start reading, read without taking it; Worker if that cannot be done now without waiting."""
     st = os.fstat(fd)
     if stat.S_ISREG(st.st_mode):
         offset = os.lseek(fd, 0, os.SEEK_CUR)

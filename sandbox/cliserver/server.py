@@ -267,8 +267,15 @@ class Server:
             return
         tty = client.tty
         try:
-            request = self._check(client, data, fds, flags)
-            answer, files = fastpath.decide(request, dict(zip(request.fd_numbers, fds, strict=True)))
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise wire.WireError("a request larger than SBX_CLI_MAX_REQUEST, or with too many fds")
+            if client.refused is not None:
+                raise client.refused
+            found = fastpath.lookup(data, fds)  # a request seen before (checked then, and as for its bytes, now)
+            if found is None:
+                found = fastpath.decide(data, self._check(data, fds), fds)
+            client.peer.confirm()  # alive still: the pid checked at the connection is still its
+            answer, files = found
             self._send_plan(client.conn, answer)
             fastpath.take(files)
             self.note(f"pid {pid}: runs the plan itself")
@@ -308,17 +315,14 @@ class Server:
             if not data:
                 return
 
-    def _check(self, client: _Client, data: bytes, fds: list[int], flags: int) -> wire.Request:
-        """The request, if it may be served here; else Unverified, WireError or _Stale. (A
-        client with a controlling terminal may be: only a plan it runs itself is in its session.)"""
+    def _check(self, data: bytes, fds: list[int]) -> wire.Request:
+        """The request, if what its bytes say may be served here; else Unverified, WireError or
+        _Stale. (The peer was checked as it connected.)"""
         request = wire.parse_request(data)
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != len(request.fd_numbers):
+        if len(fds) != len(request.fd_numbers):
             raise wire.WireError(f"{len(fds)} fds came, {len(request.fd_numbers)} were announced")
         if self.client is not None and request.exe != self.client:
             raise _Stale("the client is not this server's build")
-        if client.refused is not None:
-            raise client.refused
-        client.peer.confirm()  # alive still: the pid checked at the connection is still its
         spare.same_interpreter_settings(request.environ)
         return request
 

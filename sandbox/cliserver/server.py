@@ -99,6 +99,7 @@ class Server:
         self._ident: tuple[int, int] | None = None
         self.learned = b""  # the last command line a worker parsed, for the next spare (rehearse.py)
         self._notes = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600) if log else -1
+        self._init = -1  # sandbox-init, for plans with a reaper (_init_fd)
 
     def listen(self) -> None:
         """Bind the socket (replacing a dead server's; the caller holds the lock)."""
@@ -184,9 +185,10 @@ class Server:
         for client in list(self.waiting.values()):
             self._forget(client)
             client.peer.close()
-        if self._notes >= 0:
-            os.close(self._notes)
-            self._notes = -1
+        for fd in (self._notes, self._init):
+            if fd >= 0:
+                os.close(fd)
+        self._notes = self._init = -1
         self.epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -328,15 +330,22 @@ class Server:
 
     def _send_plan(self, conn: socket.socket, answer: fastpath.Answer) -> None:
         """Send the answer (with sandbox-init's fd when the plan has a reaper); Worker if it cannot go."""
-        from ..backends.native import init_fd
-
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", init_fd()))] if answer.reaper else []
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", self._init_fd()))] if answer.reaper else []
         try:
             conn.sendmsg([answer.data], ancillary, socket.MSG_DONTWAIT)
         except OSError as exc:
             if exc.errno != errno.EMSGSIZE:
                 raise
             raise fastpath.Worker(f"its plan of {len(answer.data)} bytes does not fit the socket") from None
+
+    def _init_fd(self) -> int:
+        """sandbox-init (O_PATH), opened once: the server's own, not the native backend's cached
+        one (a worker, forked from the server, closes every fd it did not get from its client)."""
+        if self._init < 0:
+            from ..backends.native import INIT_PATH
+
+            self._init = os.open(INIT_PATH, os.O_PATH | os.O_CLOEXEC)
+        return self._init
 
     def _to_worker(self, conn: socket.socket, peeked: list[int]) -> None:
         """Hand the connection to the spare, which becomes the client's worker."""

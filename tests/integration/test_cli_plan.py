@@ -47,6 +47,15 @@ class TestWhichPath:
         assert notes[1].endswith(": needs a worker: --sync-fd is not carried by a plan"), notes
         assert notes[2].endswith(": handed off")  # the worker's own note
 
+    def test_a_worker_after_a_plan_with_a_reaper(self, served):
+        """The server opened sandbox-init for the plan's reaper; a worker forked after that (the
+        spare that replaces the first worker) closes every fd but its client's, and opens its own
+        (it once ran with the server's number, closed: "Can't set up the sandbox (exec init)")."""
+        for extra in ([], ["--sync-fd", "2"], [], ["--sync-fd", "2"]):
+            result = served.run("run", *SYSTEM, "--unshare-pid", *extra, "sh", "-c", "echo $$")
+            assert (result.returncode, result.stdout) == (0, "2\n"), result.stderr
+        assert (served.plans(), served.workers()) == (2, 2)
+
     def test_an_args_pipe_is_taken_as_the_python_cli_takes_it(self, served):
         r = _args_pipe(SYSTEM)
         try:

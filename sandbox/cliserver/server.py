@@ -275,7 +275,13 @@ class Server:
                 raise client.refused
             found = fastpath.lookup(data, fds)  # a request seen before (checked then, and as for its bytes, now)
             if found is None:
-                found = fastpath.decide(data, self._check(data, fds), fds)
+                request = self._check(data, fds)
+                try:
+                    found = fastpath.decide(data, request, fds)
+                except (fastpath.Worker, OSError):
+                    raise
+                except Exception as exc:  # a bug of the planning's: the Python CLI still says what it means
+                    raise fastpath.Worker(f"the server could not plan it ({exc!r})") from None
             client.peer.confirm()  # alive still: the pid checked at the connection is still its
             answer, files = found
             self._send_plan(client.conn, answer)

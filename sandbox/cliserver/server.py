@@ -226,8 +226,12 @@ class Server:
                 refused = exc
             # its blocking mode stays as accept() left it: a worker shares the open file (the server's
             # own reads and writes say MSG_DONTWAIT)
-            self.waiting[conn.fileno()] = _Client(conn, peer, self.last_client + REQUEST_TIMEOUT, refused, tty)
+            client = _Client(conn, peer, self.last_client + REQUEST_TIMEOUT, refused, tty)
+            self.waiting[conn.fileno()] = client
             self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+            # the client checked the server while the server checked it: its request may be here
+            # already (else it stays waiting, and the loop serves it when it comes)
+            self._request(client)
 
     def _forget(self, client: _Client) -> None:
         """The client is no longer waiting (its connection stays open, and its pidfd)."""

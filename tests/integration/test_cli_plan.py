@@ -144,6 +144,35 @@ def test_a_plan_runs_as_the_python_cli_would(served, case):
     assert served.plans() == 1
 
 
+# What a command sees of its sandbox, without what differs between two runs (pids, namespace ids).
+PROBE = ("id; grep -E '^(Cap|NoNewPrivs|Seccomp:)' /proc/self/status; ulimit -n -u -f -t; umask; hostname; pwd; "
+         "env | grep -v -e '^_=' -e '^SANDBOX_CLI_SERVER=' | sort; ls -ln / | awk '{print $1, $3, $4, $9, $10, $11}'; "
+         "cut -d' ' -f5,6 /proc/self/mountinfo | sort; ls /proc | grep -v '^[0-9]' | sort | tr '\\n' ' '")
+OPTIONS = {
+    "flatpak-like": ["--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--tmpfs", "/tmp"],
+    "ids and hostname": ["--unshare-user", "--unshare-uts", "--uid", "5", "--gid", "6", "--hostname", "box"],
+    "capabilities": ["--unshare-user", "--cap-add", "CAP_NET_RAW", "--cap-drop", "CAP_CHOWN"],
+    "filesystem": ["--size", "65536", "--perms", "0750", "--tmpfs", "/tmp", "--dir", "/tmp/d", "--chmod", "0700",
+                   "/tmp/d", "--symlink", "d", "/tmp/l", "--remount-ro", "/tmp", "--chdir", "/tmp/d"],
+    "environment": ["--setenv", "A", "1", "--unsetenv", "HOME", "--chdir", "/usr"],
+    "limits": ["--limit-nofile", "77", "--limit-file", "3", "--limit-cpu", "30"],
+    "pid 1 and seccomp": ["--unshare-pid", "--as-pid-1", "--seccomp-default"],
+    "strict proc": ["--unshare-pid", "--proc-covers", "strict", "--close-fds", "--disable-userns", "--unshare-user"],
+}
+
+
+@pytest.mark.parametrize("options", list(OPTIONS))
+def test_a_plan_gives_what_the_python_cli_gives(served, options):
+    """Every option of the pure set keeps its meaning in a plan: what the command sees is what it
+    sees run by the Python CLI directly (ids, capabilities, limits, environment, mounts, /proc)."""
+    args = ["run", *SYSTEM, *OPTIONS[options], "sh", "-c", PROBE]
+    direct = served.run(*args, env=clean_env(SANDBOX_CLI_SERVER="0", HOME="/root"))
+    planned = served.run(*args, env=clean_env(HOME="/root"))
+    assert direct.returncode == 0, direct.stderr
+    assert (planned.returncode, planned.stdout, planned.stderr) == (direct.returncode, direct.stdout, direct.stderr)
+    assert served.plans() == 1
+
+
 def test_a_client_with_a_terminal_runs_the_plan_in_its_session(served):
     """A worker's sandbox would not be in the client's session (such a client runs directly);
     the plan's is the client's own child: it has the client's terminal, as bwrap's would."""

@@ -303,7 +303,9 @@ def take(files: list[ArgsFile]) -> None:
             os.lseek(f.fd, f.offset + len(f.data), os.SEEK_SET)
             continue
         left = len(f.data)
-        while left > 0:
+        poll = select.poll()
+        poll.register(f.fd, select.POLLIN)
+        while left > 0 and poll.poll(0):  # there, its writers gone: never a wait (nor for a FIFO's new one)
             chunk = os.read(f.fd, min(left, PIPE_PAGE))
             if not chunk:
                 break

@@ -288,7 +288,8 @@ class Server:
             client.peer.confirm()  # alive still: the pid checked at the connection is still its
             answer, files = found
             self._send_plan(client.conn, answer)
-            fastpath.take(files)
+            with contextlib.suppress(OSError):  # the plan is on its way: what is left is bookkeeping
+                fastpath.take(files)
             self.note(f"pid {pid}: runs the plan itself")
             self._close(client.conn)
         except fastpath.Worker as why:
@@ -314,15 +315,14 @@ class Server:
     @staticmethod
     def _drain(conn: socket.socket) -> None:
         """Take what the client sent (its request, a signal frame) before closing: a unix socket
-        closed with data unread makes the peer's next read fail (ECONNRESET), its answer unread."""
+        closed with data unread makes the peer's next read fail (ECONNRESET), its answer unread.
+        A message is taken whole by a read of one byte, and its fds, with no room made for them,
+        are dropped by the kernel, never installed here."""
         while True:
             try:
-                data, fds, _ = wire.recv_fds(conn, wire.MAX_REQUEST + 1, wire.MAX_FDS,
-                                             socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+                data, _, _, _ = conn.recvmsg(1, 0, socket.MSG_DONTWAIT)
             except OSError:
                 return
-            for fd in fds:
-                os.close(fd)
             if not data:
                 return
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import SYSTEM, TIMEOUT, Installation, clean_env, cli_install, cli_served  # noqa: F401
+from leakcheck import descendants, kill_trees
 
 from sandbox.cliserver import wire
 
@@ -324,3 +326,51 @@ def test_a_request_from_inside_a_sandbox_gets_no_plan(served):
     assert result.returncode == 0, result.stderr
     assert wire.parse_frame(result.stdout) == (wire.FALLBACK, 0)
     assert served.served() == 0 and "confined otherwise" in served.ran_directly()[0]
+
+
+SLOW_SERVER = """
+import socket, sys
+from sandbox.cliserver import wire
+path, answer = sys.argv[1], open(sys.argv[2], 'rb').read()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(path)
+s.listen()
+print('ready', flush=True)
+c, _ = s.accept()
+wire.recv_fds(c, wire.MAX_REQUEST + 1, wire.MAX_FDS)
+print('request', flush=True)
+print(wire.parse_frame(c.recv(64))[1], flush=True)  # the client's SIGNAL frame, relayed
+c.send(answer)
+c.recv(1)
+"""
+
+
+def test_a_signal_that_came_while_the_server_answered_reaches_the_sandbox(install, tmp_path):
+    """A SIGTERM to the client after it sent its request and before the plan came: the client
+    relayed it (a worker would have got it); with a plan it runs itself, it holds it and passes
+    it to the sandbox once that exists, as the Python CLI's forwarder does. Here the server
+    answers only once the signal's frame came: the command, a long sleep, ends of it."""
+    blob = _plan(tmp_path, tmp_path / "unused")
+    answer = wire.plan_answer(blob, [b"sleep", b"60"], [b"PATH=/usr/bin"], [], die_with_parent=False)
+    os.makedirs(os.path.dirname(install.socket), mode=0o700, exist_ok=True)
+    (tmp_path / "answer").write_bytes(answer)
+    fake = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, install.socket, str(tmp_path / "answer")],
+                            stdout=subprocess.PIPE, text=True, env=clean_env(), cwd="/")
+    client = None
+    try:
+        assert fake.stdout is not None
+        assert fake.stdout.readline() == "ready\n"
+        client = subprocess.Popen([str(install.client), "run", *SYSTEM, "sleep", "60"],
+                                  env=clean_env(SANDBOX_CLI_SERVER="1"), cwd="/", stderr=subprocess.PIPE, text=True)
+        assert fake.stdout.readline() == "request\n"
+        client.send_signal(signal.SIGTERM)
+        assert fake.stdout.readline() == f"{int(signal.SIGTERM)}\n"
+        started = time.monotonic()
+        _, err = client.communicate(timeout=TIMEOUT)
+        assert client.returncode == 128 + signal.SIGTERM, err  # the sandbox's command ended of it
+        assert time.monotonic() - started < 30  # not the sleep's 60 s
+    finally:
+        if client is not None:
+            kill_trees({client.pid, *descendants(client.pid)})
+        fake.kill()
+        fake.wait()

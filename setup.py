@@ -54,13 +54,14 @@ def _client_defines() -> list[str]:
 
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
-    "sandbox-launch": (["launcher.c", "handoff.c", "exitlike.c", *LIB_SOURCES], []),
+    "sandbox-launch": (["launcher.c", "handoff.c", "runplan.c", "exitlike.c", *LIB_SOURCES], []),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "template_recycle.c", "template_maker.c", "template_kept.c", "template_inherited.c",
                           "resident.c", *LIB_SOURCES], ["-static"]),
     # the installed `sandbox` command (CLIENT_SCRIPT): static, it execs in a fraction of a dynamic one's time
-    "sandbox-cli": (["cliclient.c", "clipeer.c", "exitlike.c"], ["-static", *_client_defines()]),
+    "sandbox-cli": (["cliclient.c", "clipeer.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
+                    ["-static", *_client_defines()]),
 }
 # The console command `sandbox` is the client executable itself, installed as a script (setup() below);
 # pyproject.toml's `sandbox-py` is the Python CLI it runs when it does not hand a command line off.

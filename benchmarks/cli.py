@@ -22,8 +22,11 @@ sandbox'`, the interpreter's floor (`python -I -S -c pass`) and the
 Python CLI run directly (SANDBOX_CLI_SERVER=0: a cold call's floor). All
 interleaved round-robin, so machine noise hits them alike; medians and
 p99s in ms, and each median as a ratio to bwrap's with the same options.
+`--compare BINDIR` adds the warm rows of another installation (its
+`sandbox` and `sandbox-py` in BINDIR, e.g. a venv of another commit), with
+a server of its own, called in turn with ours: a before/after in one run.
 
-    python benchmarks/cli.py [-n 100] [--json out.json]
+    python benchmarks/cli.py [-n 100] [--json out.json] [--compare BINDIR]
 """
 
 from __future__ import annotations
@@ -98,9 +101,10 @@ def _run(argv: list[str], env: dict[str, str] | None = None, args_file: list[str
     return call
 
 
-def installation(root: Path) -> Path:
-    """A private copy of the installed client (and its sandbox-py, and a `bwrap` link to it) in `root`."""
-    here = Path(sys.executable).parent
+def installation(root: Path, here: Path | None = None) -> Path:
+    """A private copy of the installed client (and its sandbox-py, and a `bwrap` link to it) in `root`;
+    `here`: the bin directory to copy them from (default: this interpreter's)."""
+    here = here or Path(sys.executable).parent
     root.mkdir()
     for name in ("sandbox", "sandbox-py"):
         if not (here / name).exists():
@@ -169,9 +173,10 @@ class Server:
             time.sleep(0.01)
 
 
-def variants(warm: Path, cold: Path, work: Path, cold_server: Server,
-             cold_times: dict[str, list[float]]) -> dict[str, Callable[[], object]]:
-    """name -> one fresh process, waited for (a cold row's own time goes to `cold_times`)."""
+def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times: dict[str, list[float]],
+             other: Path | None = None) -> dict[str, Callable[[], object]]:
+    """name -> one fresh process, waited for (a cold row's own time goes to `cold_times`); `other`:
+    another installation's warm copy, whose rows follow ours."""
     python = sys.executable
     env = _env()
     agent = agent_args(work)
@@ -184,6 +189,13 @@ def variants(warm: Path, cold: Path, work: Path, cold_server: Server,
     if bwrap:
         out[AGENT_BWRAP] = _run([bwrap, *TRUE], args_file=agent)
     out["warm: named bwrap --args FD <agent> /bin/true"] = _run([str(warm / "bwrap"), *TRUE], env, agent)
+    if other is not None:
+        out["compared warm: sandbox run <flatpak-like> /bin/true"] = _run(
+            [str(other / "sandbox"), "run", *BWRAP_ARGS, *TRUE], env)
+        out["compared warm: named bwrap <flatpak-like> /bin/true"] = _run([str(other / "bwrap"), *BWRAP_ARGS, *TRUE],
+                                                                         env)
+        out["compared warm: named bwrap --args FD <agent> /bin/true"] = _run([str(other / "bwrap"), *TRUE], env,
+                                                                            agent)
     if bwrap:
         out["bwrap --version"] = _run([bwrap, "--version"])
     out["sandbox --version"] = _run([str(warm / "sandbox"), "--version"], env)
@@ -239,6 +251,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=100, help="runs per row (default 100)")
     ap.add_argument("--json", help="also write the raw per-run times here")
+    ap.add_argument("--compare", type=Path, help="also the warm rows of the installation in this bin directory")
     args = ap.parse_args()
     print(f"# fresh processes, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}, kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
@@ -246,17 +259,23 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sandbox-cli-bench-") as tmp:
         Path(tmp).chmod(0o755)
         warm, cold = installation(Path(tmp) / "warm"), installation(Path(tmp) / "cold")
+        other = installation(Path(tmp) / "compared", args.compare) if args.compare else None
         warm_server, cold_server = Server(warm), Server(cold)
+        other_server = Server(other) if other else None
         warm_server.start()
+        if other_server:
+            other_server.start()
         try:
             cold_times: dict[str, list[float]] = {}
             warmup = min(5, args.n)
-            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times), args.n,
+            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times, other), args.n,
                             warmup=warmup)
             times.update({name: xs[warmup:] for name, xs in cold_times.items()})
         finally:
             warm_server.stop()
             cold_server.stop()
+            if other_server:
+                other_server.stop()
     print(table(times))
     if args.json:
         with open(args.json, "w") as f:

@@ -4,6 +4,11 @@
  * side warm, and otherwise runs the Python CLI directly (it execs the
  * `sandbox-py` script installed beside it). docs/cli.md describes it.
  *
+ * For most command lines the server answers with the compiled plan, and
+ * this process starts the sandbox itself, as its own child (cliplan.c);
+ * for the others (status and sync fds, ...) a worker of the server runs
+ * the Python CLI for it, and this process relays signals and the status.
+ *
  * It hands off only what the server can run exactly as the Python CLI
  * would here: the server checks this process (ids, capabilities,
  * namespaces, seccomp, no_new_privs, LSM label, cgroup, root) against its
@@ -42,6 +47,7 @@
 extern char **environ;
 
 static volatile int conn_fd = -1;
+static volatile sig_atomic_t came[NSIG]; /* signals relayed to the server (a plan's run acts on them itself) */
 static int as_bwrap;     /* invoked under the name bwrap */
 static char exe_dir[PATH_MAX];
 
@@ -120,6 +126,8 @@ static void relay(int sig)
 {
     int saved = errno;
     struct sbx_cli_frame f = {SBX_CLI_SIGNAL, sig};
+    if (sig > 0 && sig < NSIG)
+        came[sig] = 1;
     if (conn_fd >= 0)
         send(conn_fd, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
     errno = saved;
@@ -143,18 +151,83 @@ static void set_relay(void (*handler)(int))
     }
 }
 
-/* The frames of a handed-off command, until its status (or a fallback,
- * which returns). */
-static void converse(int fd, pid_t parent)
+/* An fd of ours at 3 or above (close-on-exec), so that it never stands in for
+ * a closed stdio fd of the command's. */
+static int above_stdio(int fd)
 {
-    for (;;) {
-        struct sbx_cli_frame f;
-        ssize_t n = recv(fd, &f, sizeof f, 0);
-        if (n < 0 && errno == EINTR)
+    if (fd < 0 || fd > 2)
+        return fd;
+    int high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    close(fd);
+    return high;
+}
+
+/* One message from the server into `buf`, with the one fd it may carry in
+ * `*fd` (else -1); its length, -2 if it was longer than `size`. */
+static ssize_t receive(int sock, char *buf, size_t size, int *fd)
+{
+    union {
+        char buf[CMSG_SPACE(2 * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = buf, .iov_len = size};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    ssize_t n;
+    /* ECONNRESET: the server closed with something of ours unread; what it sent comes still */
+    for (int reset = 0; (n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC)) < 0;)
+        if (errno != EINTR && (errno != ECONNRESET || reset++))
+            break;
+    *fd = -1;
+    int total = 0;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
             continue;
+        size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof got);
+            if (total++ == 0)
+                *fd = got;
+            else
+                close(got);
+        }
+    }
+    *fd = above_stdio(*fd);
+    if (n >= 0 && ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || total > 1)) {
+        if (*fd >= 0)
+            close(*fd);
+        *fd = -1;
+        return -2;
+    }
+    return n;
+}
+
+/* The server's answer: a plan to run here (which never returns), or a
+ * worker's frames until its status, or FALLBACK (which returns: nothing of
+ * the request was used). `fds`: the fd numbers the request listed. */
+static void converse(int sock, pid_t parent, const int *fds, int nfds)
+{
+    static char msg[SBX_CLI_MAX_ANSWER + 1];
+    const char *who = as_bwrap ? "bwrap" : "sandbox";
+    for (int first = 1;; first = 0) {
+        int fd;
+        ssize_t n = receive(sock, msg, sizeof msg, &fd);
+        if (n == -2) { /* never run: the request may have been used, so no direct run either */
+            fprintf(stderr, "%s: the sandbox CLI server's answer is too large or carries too many fds\n", who);
+            exit(as_bwrap ? 1 : 125);
+        }
+        struct sbx_cli_frame f = {0, 0};
+        if (n >= (ssize_t)sizeof f)
+            memcpy(&f, msg, sizeof f);
+        if (first && f.kind == SBX_CLI_PLAN) {
+            conn_fd = -1;
+            close(sock);
+            run_answer(msg, (size_t)n, fd, fds, nfds, parent, as_bwrap, came);
+        }
+        if (fd >= 0)
+            close(fd);
         if (n != (ssize_t)sizeof f) {
-            fprintf(stderr, "%s: the sandbox CLI server ended before the command did\n",
-                    as_bwrap ? "bwrap" : "sandbox");
+            fprintf(stderr, "%s: the sandbox CLI server ended before the command did\n", who);
             exit(as_bwrap ? 1 : 125);
         }
         if (f.kind == SBX_CLI_STATUS)
@@ -166,7 +239,7 @@ static void converse(int fd, pid_t parent)
              * dies after it; a parent gone already means we were reparented */
             int ok = prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) == 0 && getppid() == parent;
             struct sbx_cli_frame ack = {SBX_CLI_ACK, ok};
-            send(fd, &ack, sizeof ack, MSG_NOSIGNAL);
+            send(sock, &ack, sizeof ack, MSG_NOSIGNAL);
         }
     }
 }
@@ -189,7 +262,7 @@ static void hand_off(int argc, char **argv, pid_t parent)
         start_server(sock, &exe);
         return;
     }
-    if (fd < 0)
+    if ((fd = above_stdio(fd)) < 0)
         return;
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd)) {
@@ -226,7 +299,7 @@ static void hand_off(int argc, char **argv, pid_t parent)
     conn_fd = fd;
     set_relay(relay);
     sigprocmask(SIG_SETMASK, &old, NULL);
-    converse(fd, parent);
+    converse(fd, parent, fds, nfds);
     conn_fd = -1; /* FALLBACK: nothing of ours was used */
     close(fd);
     set_relay(SIG_DFL);

@@ -4,8 +4,10 @@
 #define SANDBOX_CLICLIENT_H
 
 #define _GNU_SOURCE
+#include <signal.h>
 #include <stddef.h>
 #include <sys/stat.h>
+#include <sys/types.h>
 
 #include "cliwire.h"
 
@@ -27,5 +29,13 @@ char *build_request(int argc, char **argv, const char *cwd, const struct stat *e
 
 /* sendmsg of `msg` with `fds` in SCM_RIGHTS (up to SBX_CLI_MAX_FDS); 0 or -1. */
 int send_fds(int sock, const void *msg, size_t len, const int *fds, int nfds);
+
+/* Run the server's PLAN answer `msg` (`len` bytes; `init_fd` the fd that
+ * came with it, or -1) for a request that listed `fds`, as the Python CLI
+ * would run that command line; `parent` is our caller, `as_bwrap` whether
+ * we speak as bwrap, `came` the signals (by number) that came while the
+ * server answered. Never returns (cliplan.c). */
+_Noreturn void run_answer(char *msg, size_t len, int init_fd, const int *fds, int nfds, pid_t parent, int as_bwrap,
+                          const volatile sig_atomic_t *came);
 
 #endif

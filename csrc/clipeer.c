@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -202,6 +203,10 @@ char *build_request(int argc, char **argv, const char *cwd, const struct stat *e
     struct sbx_cli_request h = {.magic = SBX_CLI_MAGIC, .version = SBX_CLI_VERSION, .argc = (uint32_t)argc,
                                 .nfds = (uint32_t)*nfds, .exe_dev = exe->st_dev, .exe_ino = exe->st_ino,
                                 .exe_mtime = (int64_t)exe->st_mtim.tv_sec * 1000000000LL + exe->st_mtim.tv_nsec};
+    for (int r = 0; r < SBX_CLI_N_RLIMITS; r++) { /* the plan's limits are clamped to them */
+        struct rlimit lim;
+        h.rlim_max[r] = getrlimit(r, &lim) == 0 ? (uint64_t)lim.rlim_max : (uint64_t)RLIM_INFINITY;
+    }
     size_t at = add(NULL, add(NULL, 0, argv[0]), cwd);
     for (int i = 1; i < argc; i++)
         at = add(NULL, at, argv[i]);

@@ -13,10 +13,19 @@
  * answers FALLBACK and exits. `sigmask` is the client's signal mask as its
  * caller left it: /proc shows all blocked while the client sends.
  *
- * Then frames go both ways (struct sbx_cli_frame): SIGNAL and ACK from the
- * client; STATUS, FALLBACK and DIE_WITH_PARENT from the server. FALLBACK
- * comes only before the server has read or used anything of the request's:
- * the client then runs the command line itself (the Python CLI, directly).
+ * `rlim_max` are the client's hard limits, by RLIMIT_* number (the plan
+ * clamps the limits it sets to them).
+ *
+ * The server's first answer is one of:
+ * - PLAN (struct sbx_cli_plan, below): the client runs the sandbox itself,
+ *   from the plan the server compiled (csrc/cliplan.c), and the
+ *   conversation is over;
+ * - FALLBACK, sent only before the server has read or used anything of the
+ *   request's: the client runs the command line itself (the Python CLI,
+ *   directly);
+ * - or the frames of a worker that runs the command line as the Python CLI
+ *   (struct sbx_cli_frame, both ways): SIGNAL and ACK from the client;
+ *   STATUS and DIE_WITH_PARENT from the server.
  */
 #ifndef SANDBOX_CLIWIRE_H
 #define SANDBOX_CLIWIRE_H
@@ -25,9 +34,11 @@
 
 /* CDEF BEGIN */
 #define SBX_CLI_MAGIC 0x4c434253 /* "SBCL" */
-#define SBX_CLI_VERSION 2
+#define SBX_CLI_VERSION 3
 #define SBX_CLI_MAX_FDS 253 /* the kernel's SCM_MAX_FD: more open fds, and the client runs directly */
 #define SBX_CLI_MAX_REQUEST 196608 /* bytes; a larger request runs directly */
+#define SBX_CLI_MAX_ANSWER 262144  /* bytes; a larger plan is run by a worker (a larger answer is refused) */
+#define SBX_CLI_N_RLIMITS 16       /* RLIM_NLIMITS */
 
 struct sbx_cli_request {
     uint32_t magic, version;
@@ -38,6 +49,7 @@ struct sbx_cli_request {
     uint64_t exe_dev, exe_ino;
     int64_t exe_mtime; /* nanoseconds */
     uint64_t sigmask;  /* the client's signal mask (bit N-1: signal N), before it blocked all to send this */
+    uint64_t rlim_max[16]; /* SBX_CLI_N_RLIMITS: the client's hard limits (RLIM_INFINITY: none) */
 };
 
 enum sbx_cli_kind {
@@ -46,10 +58,29 @@ enum sbx_cli_kind {
     SBX_CLI_SIGNAL = 3,          /* client: value is a signal the client received, for the command */
     SBX_CLI_DIE_WITH_PARENT = 4, /* server: --die-with-parent: the client dies with its own parent */
     SBX_CLI_ACK = 5,             /* client: value 1 if DIE_WITH_PARENT holds, 0 if its parent is gone */
+    SBX_CLI_PLAN = 6,            /* server: run this plan yourself (struct sbx_cli_plan) */
 };
 
 struct sbx_cli_frame {
     int32_t kind, value;
+};
+
+/* PLAN: this header, then `npass` int32 fd numbers of the client's to pass
+ * to the command (each one the request listed), then `blob_size` bytes of
+ * the native plan (csrc/sandbox.h's blob, checked by sbx_check_blob), then
+ * `argc` and `envc` NUL-terminated strings (the command and its whole
+ * environment), then `before_size` bytes to write on stderr before the
+ * sandbox starts (the CLI's warnings) and `after_size` bytes once it has
+ * (--verbose's line). With sandbox-init's O_PATH fd in SCM_RIGHTS when the
+ * plan has a reaper. `flags`: SBX_CLI_PLAN_*. */
+struct sbx_cli_plan {
+    int32_t kind; /* SBX_CLI_PLAN */
+    uint32_t flags;
+    uint32_t npass, blob_size, argc, envc, strings_size, before_size, after_size;
+};
+
+enum sbx_cli_plan_flags {
+    SBX_CLI_PLAN_DIE_WITH_PARENT = 1, /* the client dies with its parent, or fails if it is gone already */
 };
 /* CDEF END */
 

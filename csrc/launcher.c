@@ -20,6 +20,7 @@
  */
 #include "internal.h"
 #include "handoff.h"
+#include "runplan.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,8 +33,6 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static volatile sig_atomic_t child_pid;
 
 static int b64_value(int ch)
 {
@@ -97,12 +96,6 @@ static int open_init(void)
     return open(self, O_PATH | O_CLOEXEC);
 }
 
-static void forward(int sig)
-{
-    if (child_pid > 0)
-        kill(child_pid, sig);
-}
-
 /* The failure in the backend's own words (csrc/messages.c). A command that
  * could not be exec'd exits like a shell's: 127 not found, 126 otherwise. */
 static _Noreturn void report_failure(const struct sbx_result *res, const void *blob, size_t len, const char *cmd)
@@ -158,30 +151,13 @@ int main(int argc, char **argv)
         die("can't open sandbox-init next to %s: %s", argv[0], strerror(errno));
 
     static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
-    struct sigaction sa = {0};
-    sa.sa_handler = forward;
-    sa.sa_flags = SA_RESTART;
-    for (size_t i = 0; i < sizeof forwarded / sizeof *forwarded; i++)
-        sigaction(forwarded[i], &sa, NULL);
-
-    const int stdio[3] = {-1, -1, -1};
+    sbx_forward_signals(forwarded, sizeof forwarded / sizeof *forwarded);
+    struct sbx_plan_run run = {.blob = blob, .len = len, .argv = argv + 4, .envp = environ, .init_fd = init_fd};
     struct sbx_result res;
-    if (sbx_spawn(blob, len, argv + 4, environ, stdio, NULL, 0, init_fd, NULL, -1, &res) < 0)
+    if (sbx_run_plan(&run, &res) < 0)
         report_failure(&res, blob, len, argv[4]);
-    child_pid = res.pid;
-
-    /* The reaper reports the command's own status once every other process
-     * of the sandbox has gone: that is the end, and its own exit (where the
-     * kernel tears the namespaces down) is left to whoever inherits it. */
-    int32_t inner;
-    ssize_t n = -1;
-    while (res.status_fd >= 0 && (n = read(res.status_fd, &inner, sizeof inner)) < 0 && errno == EINTR)
-        ;
-    if (n == (ssize_t)sizeof inner)
-        exit_like(inner);
-    int status; /* no reaper, or it died without a word */
-    while (waitpid(res.pid, &status, 0) < 0)
-        if (errno != EINTR)
-            die("waitpid: %s", strerror(errno));
+    int status = sbx_wait_plan(&res);
+    if (status == -1)
+        die("waitpid: %s", strerror(errno));
     exit_like(status);
 }

@@ -3,18 +3,22 @@
 The installed `sandbox` command (and `bwrap`, when installed under that
 name) is a small static client (csrc/cliclient.c). For a `run` it connects
 to this server, which has the Python side imported and warm, and hands it
-the command line with its fds, working directory and environment; the
-server forks a worker that runs `sandbox.cli` as the client's own Python
-CLI would have, and sends back its exit status. Without a server (first
-use) the client starts one and runs the command line directly; the server
-exits when idle. docs/cli.md has the whole story: where the socket lives,
+the command line with its fds, working directory and environment. The
+server answers most command lines with the plan it compiled, which the
+client runs itself (csrc/cliplan.c); for the others it forks a worker that
+runs `sandbox.cli` as the client's own Python CLI would have, and sends
+back its exit status. Without a server (first use) the client starts one
+and runs the command line directly; the server exits when idle. docs/cli.md has the whole story: where the socket lives,
 what is handed off and what runs directly, and SANDBOX_CLI_SERVER=0 to
 turn it off.
 
-- `server.py`: the accept loop (single-threaded; one fork per command);
+- `start.py`: the server's lock, warm-up and life; `server.py`: its loop (single-threaded): it
+  checks each client, answers it with a plan, or hands it to a worker;
+- `fastpath.py`: the one decision (a plan, or a worker, and why), and the plan answer;
 - `peer.py`: what must be equal between a client and the server;
-- `worker.py`: the forked worker that becomes the client's Python CLI;
-- `wire.py`: the request and frames, read from csrc/cliwire.h through cffi.
+- `spare.py`, `worker.py`: the worker forked ahead that becomes a client's Python CLI;
+  `rehearse.py`: what it makes ready while it waits;
+- `wire.py`: the request, the plan and the frames, read from csrc/cliwire.h through cffi.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def socket_path(client_dir: str) -> str:
     `client_dir` (as the client computes it: csrc/clipeer.c)."""
     uid = os.getuid()
     base = f"/run/user/{uid}"
-    from .server import own_dir
+    from .start import own_dir
 
     directory = f"{base}/sandbox-cli" if own_dir(base) else f"/tmp/sandbox-cli-{uid}"
     h = 0xCBF29CE484222325
@@ -55,7 +59,8 @@ def socket_path(client_dir: str) -> str:
 
 def serve_command(args: Sequence[str]) -> int:
     """`serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE] [--after PIDFD]`."""
-    from .server import IDLE_SECONDS, run_server
+    from .server import IDLE_SECONDS
+    from .start import run_server
 
     opts = {"--socket": "", "--client": "", "--idle": str(IDLE_SECONDS), "--log": "", "--after": ""}
     rest = list(args)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
@@ -37,28 +38,55 @@ class Unverified(Exception):
 
 
 def fingerprint(proc: str) -> tuple[str, ...]:
-    """What must be equal between client and server, read from `proc` (/proc/self or /proc/PID)."""
-    with open(f"{proc}/status") as f:
-        status = tuple(line for line in f.read().splitlines() if line.startswith(STATUS_KEYS))
-    ns = tuple(os.readlink(f"{proc}/ns/{name}") for name in NAMESPACES)
+    """What must be equal between client and server, read from `proc` (/proc/self or /proc/PID)
+    through one fd of that directory (a pid reused meanwhile is another directory: its reads fail)."""
+    d = os.open(proc, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with open(f"{proc}/attr/current") as f:
-            label = f.read()
-    except OSError as exc:  # no LSM: the same error for both sides
-        label = f"-{exc.errno}"
-    with open(f"{proc}/cgroup") as f:
-        cgroup = f.read()
-    root = os.stat(f"{proc}/root")
+        status = tuple(line for line in _read(d, "status").splitlines() if line.startswith(STATUS_KEYS))
+        ns = tuple(os.readlink(f"ns/{name}", dir_fd=d) for name in NAMESPACES)
+        try:
+            label = _read(d, "attr/current")
+        except OSError as exc:  # no LSM: the same error for both sides
+            label = f"-{exc.errno}"
+        cgroup = _read(d, "cgroup")
+        root = os.stat("root", dir_fd=d)
+    finally:
+        os.close(d)
     return (*status, *ns, label, cgroup, f"root {root.st_dev}:{root.st_ino}")
 
 
+def _read(d: int, name: str) -> str:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=d)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="surrogateescape")
+
+
 _own: tuple[str, ...] | None = None
+OWN_FOR = 1.0  # seconds a long-lived process's own fingerprint is trusted before it is read again
+_own_read: tuple[float, tuple[str, ...]] | None = None
 
 
 def remember_own() -> None:
     """Read this process's fingerprint now (a spare, before its client comes: nothing of it changes)."""
     global _own
     _own = fingerprint("/proc/self")
+
+
+def own() -> tuple[str, ...]:
+    """This process's fingerprint: as remembered, else read at most OWN_FOR seconds ago (the
+    server: something may move it to another cgroup, say, while it serves)."""
+    global _own_read
+    if _own is not None:
+        return _own
+    now = time.monotonic()
+    if _own_read is None or now - _own_read[0] > OWN_FOR:
+        _own_read = (now, fingerprint("/proc/self"))
+    return _own_read[1]
 
 
 def controlling_tty(pid: int) -> int:
@@ -86,13 +114,14 @@ class Peer:
             raise Unverified(f"no pidfd for the client ({exc.strerror})") from None
         return cls(pid=pid, uid=uid, pidfd=pidfd)
 
-    def check(self) -> None:
-        """Unverified unless the peer is our uid and confined exactly as this process is."""
+    def check(self, allow_tty: bool = False) -> None:
+        """Unverified unless the peer is our uid and confined exactly as this process is, and
+        (unless `allow_tty`) has no controlling terminal."""
         if self.uid != os.getuid() or self.pid <= 0:
             raise Unverified(f"the client is uid {self.uid}, pid {self.pid}")
         try:
             theirs = fingerprint(f"/proc/{self.pid}")
-            ours = _own or fingerprint("/proc/self")
+            ours = own()
             tty = controlling_tty(self.pid)
             self.confirm()
         except OSError as exc:
@@ -100,8 +129,8 @@ class Peer:
         if theirs != ours:
             diff = next(f"{a!r} (server: {b!r})" for a, b in zip(theirs, ours, strict=True) if a != b)
             raise Unverified(f"the client is confined otherwise: {diff}")
-        if tty:  # the command would be in the client's session, with its terminal: only a direct run can be
-            raise Unverified("the client has a controlling terminal")
+        if tty and not allow_tty:  # the command would be in the client's session, with its terminal: only a
+            raise Unverified("the client has a controlling terminal")  # run of the client's own can be
 
     def confirm(self) -> None:
         """OSError unless the peer is still alive (so /proc/PID read so far was its)."""

@@ -12,9 +12,10 @@ memo, the plan in sandbox.plan_cache (keyed by the Spec's identity and the
 caller's state) and the native blob in its cache; any other client parses
 as before. Nothing here runs a sandbox or opens an fd that outlives it.
 
-A client that connects meanwhile does not wait for the rehearsal: the
-listening socket is O_ASYNC while it runs, and the SIGIO of a connection
-ends it at once (`until_client`): what was not stored yet is simply missed.
+A client handed over meanwhile does not wait for the rehearsal: the
+spare's control socket is O_ASYNC while it runs, and the SIGIO of the
+server's message ends it at once (`until_client`): what was not stored yet
+is simply missed.
 It starts only after REHEARSE_AFTER without a client: a caller that runs
 commands back to back comes sooner, and is served without it.
 """
@@ -55,7 +56,8 @@ def learned(replay: tuple[str, ...]) -> bytes:
 
 
 def until_client(listener: socket.socket, work: Callable[[], None]) -> None:
-    """Run work() until it ends or a client connects to `listener`, whichever comes first."""
+    """Run work() until it ends or `listener` is readable (a client connects to a listening
+    socket, or the server hands one over on a control socket), whichever comes first."""
     armed = True
 
     def came(signum: int, frame: FrameType | None) -> None:

@@ -1,4 +1,4 @@
-"""The CLI server's loop: keep a spare worker waiting, watch the clients, report deaths.
+"""The CLI server's loop: answer clients with plans, keep a spare worker waiting for the others.
 
 One process per user and installation, started by the first `sandbox run`
 (or `bwrap`) that finds no server, holding the lock beside its socket; it
@@ -6,29 +6,36 @@ exits after `idle` seconds with no client. It stays single-threaded, so
 that each worker is a plain fork of a process that has imported and warmed
 everything a `run` needs (sandbox.cli's whole path, the host probe).
 
-The server itself never accepts: a spare (spare.py), forked ahead, does,
-and passes the server a copy of the connection, upon which the server forks
-the next spare. The spare checks the client and becomes its worker
-(worker.py), which sends the client its exit status itself. The server
-keeps its copy of the connection to see the client go away (EPOLLRDHUP):
-it then kills the worker's process group, as a caller killing the client's
-group would have ended the Python CLI and every process of the sandbox
-still in that group; and to send the status of a worker killed by a signal.
+The server accepts each client, checks it (peer.py) and reads its request
+without taking it (MSG_PEEK: the fds come as copies, and the request stays
+queued). Then the one decision (fastpath.py): a command line a plan carries
+is answered with that plan, which the client runs itself, and the server is
+done with it; any other goes to the spare (spare.py), forked ahead, which
+takes the connection, reads the request for real and becomes the client's
+worker (worker.py), running the Python CLI for it and sending its exit
+status; the server forks the next spare. The server keeps its copy of a
+worker's connection to see the client go away (EPOLLRDHUP): it then kills
+the worker's process group, as a caller killing the client's group would
+have ended the Python CLI and every process of the sandbox still in that
+group; and to send the status of a worker killed by a signal. Each client's
+outcome, and why, is a line of the notes (`log`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import os
 import select
 import signal
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
 
-from . import spare, wire
+from . import fastpath, spare, wire
+from .peer import Peer, Unverified, controlling_tty
 
 IDLE_SECONDS = 120.0
 # A spare taken by a client is replaced once its worker ends, or this long after: forking the
@@ -36,6 +43,7 @@ IDLE_SECONDS = 120.0
 # after the other only needs the next spare when the command before has ended.
 SPARE_DELAY = 0.05
 LEARNED_MAX = 1 << 18  # a worker's "L" message: its command line, cwd and environment (a request is < 192 KiB)
+REQUEST_TIMEOUT = 2.0  # the request follows the connection at once: a client silent longer is dropped
 
 
 @dataclass(eq=False)
@@ -43,7 +51,23 @@ class _Worker:
     pid: int
     pidfd: int
     ctrl: socket.socket | None  # the server's end of its control socket, until it has said all
-    conn: socket.socket | None = None  # the server's copy of its client's connection, once accepted
+    conn: socket.socket | None = None  # the server's copy of its client's connection, once it has one
+
+
+@dataclass(eq=False)
+class _Client:
+    """A connection whose request has not come yet, and what its peer's check found: checked as
+    soon as it connects, while the client checks the server in turn before it sends."""
+
+    conn: socket.socket
+    peer: Peer
+    deadline: float
+    refused: Exception | None  # why the peer may not be served (Unverified, OSError), or None
+    tty: bool  # the peer has a controlling terminal
+
+
+class _Stale(Exception):
+    """A client of another build: it runs directly, and this server makes way."""
 
 
 class Server:
@@ -60,6 +84,7 @@ class Server:
         self.stale = False  # a client of another build came: stop serving
         self.workers: dict[int, _Worker] = {}  # by pidfd
         self.by_fd: dict[int, _Worker] = {}  # by ctrl or conn fd
+        self.waiting: dict[int, _Client] = {}  # by conn fd
         self.spare: _Worker | None = None
         self.spare_due = 0.0  # when to fork the next spare while workers run
         self.closed: set[int] = set()  # fds closed while handling the current batch of events
@@ -72,18 +97,21 @@ class Server:
         self.last_client = time.monotonic()
         self._ident: tuple[int, int] | None = None
         self.learned = b""  # the last command line a worker parsed, for the next spare (rehearse.py)
+        self._notes = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600) if log else -1
+        self._init = -1  # sandbox-init, for plans with a reaper (_init_fd)
 
     def listen(self) -> None:
         """Bind the socket (replacing a dead server's; the caller holds the lock)."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         listener.bind(self.path)
         os.chmod(self.path, 0o600)
         listener.listen(128)
         st = os.stat(self.path)
         self._ident = (st.st_dev, st.st_ino)
         self.listener = listener
+        self.epoll.register(listener.fileno(), select.EPOLLIN)
 
     def serve_forever(self) -> None:
         """Serve until idle (or stale) with no worker but the spare left."""
@@ -99,16 +127,19 @@ class Server:
         self.terminating = True
 
     def _loop(self) -> None:
+        assert self.listener is not None
         while not self.stale and not self.terminating:
             now = time.monotonic()
             if self.spare is None and (not self.workers or now >= self.spare_due):
                 self._fork_spare()
-            busy = len(self.workers) > (self.spare is not None)
+            self._drop_late(now)
+            busy = len(self.workers) > (self.spare is not None) or bool(self.waiting)
+            timeouts = [c.deadline - now for c in self.waiting.values()]
             if self.spare is None:
-                timeout: float | None = max(0.0, self.spare_due - now)
-            else:
-                timeout = None if busy else max(0.0, self.last_client + self.idle - now)
-            events = self.epoll.poll(timeout)
+                timeouts.append(self.spare_due - now)
+            if not busy:
+                timeouts.append(self.last_client + self.idle - now)
+            events = self.epoll.poll(max(0.0, min(timeouts)) if timeouts else None)
             if not events and not busy and time.monotonic() >= self.last_client + self.idle:
                 return
             self.closed.clear()
@@ -119,6 +150,13 @@ class Server:
                             pass
                     continue
                 if fd in self.closed:  # closed by an earlier event of this batch: its number may be reused
+                    continue
+                if fd == self.listener.fileno():
+                    self._accept()
+                    continue
+                client = self.waiting.get(fd)
+                if client is not None:
+                    self._request(client)
                     continue
                 w = self.workers.get(fd)
                 if w is not None:
@@ -143,9 +181,200 @@ class Server:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.spare.pid, signal.SIGKILL)
             os.waitpid(self.spare.pid, 0)
+        for client in list(self.waiting.values()):
+            self._forget(client)
+            client.peer.close()
+        for fd in (self._notes, self._init):
+            if fd >= 0:
+                os.close(fd)
+        self._notes = self._init = -1
         self.epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    # ------------------------------------------------------------ clients
+
+    def note(self, text: str) -> None:
+        """A line of the notes: each client's outcome, and why."""
+        if self._notes >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._notes, text.encode(errors="backslashreplace") + b"\n")
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. EMFILE: the client waits in the backlog, or runs directly
+                return
+            self.last_client = time.monotonic()
+            try:
+                peer = Peer.of(conn)
+            except (Unverified, OSError) as exc:
+                self.note(f"a client: runs directly: {exc}")
+                self._answer_fallback(conn)
+                continue
+            refused: Exception | None = None
+            tty = False
+            try:
+                peer.check(allow_tty=True)
+                tty = controlling_tty(peer.pid) != 0
+            except (Unverified, OSError) as exc:
+                refused = exc
+            # its blocking mode stays as accept() left it: a worker shares the open file (the server's
+            # own reads and writes say MSG_DONTWAIT)
+            client = _Client(conn, peer, self.last_client + REQUEST_TIMEOUT, refused, tty)
+            self.waiting[conn.fileno()] = client
+            self.epoll.register(conn.fileno(), select.EPOLLIN | select.EPOLLRDHUP)
+            # the client checked the server while the server checked it: its request may be here
+            # already (else it stays waiting, and the loop serves it when it comes)
+            self._request(client)
+
+    def _forget(self, client: _Client) -> None:
+        """The client is no longer waiting (its connection stays open, and its pidfd)."""
+        fd = client.conn.fileno()
+        self.epoll.unregister(fd)
+        del self.waiting[fd]
+
+    def _drop_late(self, now: float) -> None:
+        for client in [c for c in self.waiting.values() if c.deadline <= now]:
+            self._forget(client)
+            client.peer.close()
+            self.note(f"pid {client.peer.pid}: no request came")
+            self._close(client.conn)
+
+    def _close(self, conn: socket.socket) -> None:
+        self._drain(conn)
+        self.closed.add(conn.fileno())
+        conn.close()
+
+    def _answer_fallback(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(wire.frame(wire.FALLBACK), socket.MSG_DONTWAIT)
+        self._close(conn)
+
+    def _request(self, client: _Client) -> None:
+        """The client's request came (or the client went): answer it, or hand it to a worker."""
+        try:  # a look only: the request stays queued for a worker, its fds come as copies
+            data, fds, flags = wire.recv_fds(client.conn, wire.MAX_REQUEST + 1, wire.MAX_FDS,
+                                             socket.MSG_PEEK | socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds, flags = b"", [], 0
+        self._forget(client)
+        pid = client.peer.pid
+        if not data:
+            client.peer.close()
+            self._close(client.conn)
+            return
+        tty = client.tty
+        try:
+            if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+                raise wire.WireError("a request larger than SBX_CLI_MAX_REQUEST, or with too many fds")
+            if client.refused is not None:
+                raise client.refused
+            found = fastpath.lookup(data, fds)  # a request seen before (checked then, and as for its bytes, now)
+            if found is None:
+                request = self._check(data, fds)
+                try:
+                    found = fastpath.decide(data, request, fds)
+                except (fastpath.Worker, OSError):
+                    raise
+                except Exception as exc:  # a bug of the planning's: the Python CLI still says what it means
+                    raise fastpath.Worker(f"the server could not plan it ({exc!r})") from None
+            client.peer.confirm()  # alive still: the pid checked at the connection is still its
+            answer, files = found
+            self._send_plan(client.conn, answer)
+            with contextlib.suppress(OSError):  # the plan is on its way: what is left is bookkeeping
+                fastpath.take(files)
+            self.note(f"pid {pid}: runs the plan itself")
+            self._close(client.conn)
+        except fastpath.Worker as why:
+            if tty:  # a worker's sandbox would not be in the client's session
+                self.note(f"pid {pid}: runs directly: the client has a controlling terminal ({why})")
+                self._answer_fallback(client.conn)
+            else:
+                self.note(f"pid {pid}: needs a worker: {why}")
+                self._to_worker(client.conn, fds)
+                fds = []
+        except _Stale as exc:
+            self.note(f"pid {pid}: runs directly: {exc}")
+            self._answer_fallback(client.conn)
+            self.stale = True
+        except (Unverified, wire.WireError, OSError) as exc:
+            self.note(f"pid {pid}: runs directly: {exc}")
+            self._answer_fallback(client.conn)
+        finally:
+            client.peer.close()
+            for fd in fds:
+                os.close(fd)
+
+    @staticmethod
+    def _drain(conn: socket.socket) -> None:
+        """Take what the client sent (its request, a signal frame) before closing: a unix socket
+        closed with data unread makes the peer's next read fail (ECONNRESET), its answer unread.
+        A message is taken whole by a read of one byte, and its fds, with no room made for them,
+        are dropped by the kernel, never installed here."""
+        while True:
+            try:
+                data, _, _, _ = conn.recvmsg(1, 0, socket.MSG_DONTWAIT)
+            except OSError:
+                return
+            if not data:
+                return
+
+    def _check(self, data: bytes, fds: list[int]) -> wire.Request:
+        """The request, if what its bytes say may be served here; else Unverified, WireError or
+        _Stale. (The peer was checked as it connected.)"""
+        request = wire.parse_request(data)
+        if len(fds) != len(request.fd_numbers):
+            raise wire.WireError(f"{len(fds)} fds came, {len(request.fd_numbers)} were announced")
+        if self.client is not None and request.exe != self.client:
+            raise _Stale("the client is not this server's build")
+        spare.same_interpreter_settings(request.environ)
+        return request
+
+    def _send_plan(self, conn: socket.socket, answer: fastpath.Answer) -> None:
+        """Send the answer (with sandbox-init's fd when the plan has a reaper); Worker if it cannot go."""
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", self._init_fd()))] if answer.reaper else []
+        try:
+            conn.sendmsg([answer.data], ancillary, socket.MSG_DONTWAIT)
+        except OSError as exc:
+            if exc.errno != errno.EMSGSIZE:
+                raise
+            raise fastpath.Worker(f"its plan of {len(answer.data)} bytes does not fit the socket") from None
+
+    def _init_fd(self) -> int:
+        """sandbox-init (O_PATH), opened once: the server's own, not the native backend's cached
+        one (a worker, forked from the server, closes every fd it did not get from its client)."""
+        if self._init < 0:
+            from ..backends.native import INIT_PATH
+
+            self._init = os.open(INIT_PATH, os.O_PATH | os.O_CLOEXEC)
+        return self._init
+
+    def _to_worker(self, conn: socket.socket, peeked: list[int]) -> None:
+        """Hand the connection to the spare, which becomes the client's worker."""
+        for fd in peeked:  # the spare takes the request itself: these copies must not outlive this
+            os.close(fd)
+        peeked.clear()
+        if self.spare is None:
+            self._fork_spare()
+        w = self.spare
+        assert w is not None and w.ctrl is not None
+        try:
+            socket.send_fds(w.ctrl, [b"C"], [conn.fileno()])
+        except OSError:
+            self._answer_fallback(conn)
+            return
+        w.conn = conn
+        self.by_fd[conn.fileno()] = w
+        self.epoll.register(conn.fileno(), select.EPOLLRDHUP)
+        self.spare = None  # the loop forks the next one (see SPARE_DELAY)
+        self.spare_due = time.monotonic() + SPARE_DELAY
 
     # ------------------------------------------------------------ workers
 
@@ -158,7 +387,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             ours.close()
-            spare.run(self.listener, theirs, self.client, self.log, self.learned)
+            spare.run(self.listener, theirs, self.client, self.log, self.learned)  # never returns
         theirs.close()
         w = _Worker(pid=pid, pidfd=os.pidfd_open(pid), ctrl=ours)
         self.workers[w.pidfd] = w
@@ -168,24 +397,15 @@ class Server:
         self.spare = w
 
     def _control(self, w: _Worker) -> None:
-        """A message from a worker: "A" with its connection (it accepted), "S" (a stale client),
-    "L" and the command line it parsed (for the next spare), or its end."""
+        """A message from a worker: "S" (a stale client), "L" and the command line it parsed
+        (for the next spare), or its end."""
         assert w.ctrl is not None
         try:
-            msg, fds, _, _ = socket.recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
+            msg, fds, _ = wire.recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         except OSError:
             msg, fds = b"", []
-        if msg == b"A" and fds and w.conn is None:
-            self.last_client = time.monotonic()
-            w.conn = socket.socket(fileno=fds[0])
-            self.by_fd[w.conn.fileno()] = w
-            self.epoll.register(w.conn.fileno(), select.EPOLLRDHUP)
-            if self.spare is w:
-                self.spare = None  # the loop forks the next one (see SPARE_DELAY)
-                self.spare_due = time.monotonic() + SPARE_DELAY
-            return
         for fd in fds:
             os.close(fd)
         if msg[:1] == b"L":
@@ -231,76 +451,3 @@ class Server:
         os.close(w.pidfd)
         if self.spare is w:
             self.spare = None
-
-
-def _warm_wire() -> None:
-    """cffi parses a C type on its first use: each of the wire's, once, here."""
-    head = wire.ffi.new("struct sbx_cli_request *", {"magic": wire.MAGIC, "version": wire.VERSION, "argc": 1,
-                                                     "nfds": 1, "size": 4})
-    wire.parse_request(bytes(wire.ffi.buffer(head)) + b"\0\0\0\0" + b"a\0/\0")
-    wire.parse_frame(wire.frame(wire.STATUS))
-    from .peer import controlling_tty, fingerprint
-
-    fingerprint("/proc/self")
-    controlling_tty(os.getpid())
-
-
-def own_dir(path: str) -> bool:
-    """Whether `path` is a directory (not a link) of ours, mode 0700."""
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
-
-
-def run_server(path: str, client: tuple[int, int, int] | None, idle: float = IDLE_SECONDS, log: str = "") -> int:
-    """Serve at `path` until idle; 0 also when another server holds the lock already."""
-    if not own_dir(os.path.dirname(path)):
-        raise OSError(f"{os.path.dirname(path)} is not a directory of ours with mode 0700")
-    lock = os.open(path.removesuffix(".sock") + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return 0
-        for sig in (signal.SIGHUP, signal.SIGPIPE):
-            signal.signal(sig, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, _terminate)  # until the loop takes over: the socket goes with the server
-        if log:
-            os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))  # its notes only
-        warm()
-        server = Server(path, client, idle, log)
-        server.listen()
-        try:
-            server.serve_forever()
-        finally:
-            server.close()
-        return 0
-    finally:
-        os.close(lock)
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise SystemExit(0)
-
-
-def warm() -> None:
-    """Import and compute once what each `run` needs, so that a worker only forks."""
-    from .. import api, cli, netpool, process  # noqa: F401
-    from ..backends import choose, host_for
-    from ..bwrap import monitor, parse  # noqa: F401
-    from ..probe import probe
-
-    netpool.disable()  # its refill thread would make the server multi-threaded; a one-shot CLI has no pool
-    probe()
-    name, _ = choose("auto")
-    parse.parse_bwrap_args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
-    host_for(name)  # the pool is disabled above: this only reads
-    _warm_wire()
-    import gc
-
-    gc.collect()
-    gc.freeze()  # a worker's collections never walk (and so copy) the server's objects

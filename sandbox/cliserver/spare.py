@@ -1,18 +1,18 @@
-"""The spare: a worker forked ahead of its client, waiting in accept().
+"""The spare: a worker forked ahead of its client, waiting for the server to hand it one.
 
 Forking the warm server costs milliseconds here, and so does a fresh fork's
 first touch of the server's memory (copy-on-write faults). The server keeps
 one spare forked ahead, which touches its memory while it waits, so a
-client meets a process that only has to check it and run its command line.
+client that needs a worker (fastpath.py says which) meets a process that
+only has to check it and run its command line.
 
-The spare accepts one connection on the server's listening socket, passes
-a copy of it to the server at once (over its control socket, with "A"), so
-the server forks the next spare and watches the connection. Until a
-client comes it makes the previous client's command line ready (rehearse.py).
-Then it checks
-the client (peer.py), reads its request (wire.py) and becomes its worker
-(worker.py), or answers FALLBACK. A request from a client of another build
-is also reported to the server ("S"), which then exits.
+The server passes the spare a client's connection over its control socket
+("C", the connection in SCM_RIGHTS), its request still queued there, and
+forks the next spare. Until then the spare makes the previous worker's
+command line ready (rehearse.py). Then it checks the client again
+(peer.py), reads its request (wire.py) and becomes its worker (worker.py),
+or answers FALLBACK. A request from a client of another build is also
+reported to the server ("S"), which then exits.
 """
 
 from __future__ import annotations
@@ -32,22 +32,25 @@ REQUEST_TIMEOUT = 2.0  # the request follows the connection at once
 
 def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, log: str,
         learned: bytes = b"") -> NoReturn:
-    """The spare's whole life: never returns. `learned`: the previous client's pure
-    options, cwd and environment (rehearse.py), to make ready before a client comes."""
+    """The spare's whole life: never returns. `listener`: the server's (a worker never accepts);
+    `learned`: the previous worker's pure options, cwd and environment (rehearse.py), to make
+    ready before a client comes."""
     try:
+        listener.close()
         os.setpgid(0, 0)  # the server kills this group when the client goes away
         signal.set_wakeup_fd(-1)  # the server's wake-up pipe and handler are the server's
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        rehearse.until_client(listener, lambda: rehearse.rehearse(learned))
-        conn, _ = listener.accept()
-        listener.close()
-        socket.send_fds(ctrl, [b"A"], [conn.fileno()])
-        _serve(conn, ctrl, client, log)
+        ctrl.setblocking(True)
+        rehearse.until_client(ctrl, lambda: rehearse.rehearse(learned))
+        msg, fds, _ = wire.recv_fds(ctrl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+        if msg != b"C" or len(fds) != 1:  # the server is gone (or says something else): so is the spare
+            os._exit(1)
+        _serve(socket.socket(fileno=fds[0]), ctrl, client, log)
     finally:
         os._exit(1)
 
 
-def _same_interpreter_settings(environ: list[bytes]) -> None:
+def same_interpreter_settings(environ: list[bytes]) -> None:
     """Unverified unless the client's PYTHON* variables are the server's: they decide what the
     interpreter of a direct run would import (PYTHONPATH, PYTHONHOME...) and how it behaves."""
     theirs = sorted(e for e in environ if e.startswith(b"PYTHON"))
@@ -63,7 +66,7 @@ def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int
     try:
         peer = Peer.of(conn)
         pid = peer.pid
-        data, fds, flags, _ = socket.recv_fds(conn, wire.MAX_REQUEST + 1, wire.MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+        data, fds, flags = wire.recv_fds(conn, wire.MAX_REQUEST + 1, wire.MAX_FDS, socket.MSG_CMSG_CLOEXEC)
         request = wire.parse_request(data)
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != len(request.fd_numbers):
             raise wire.WireError(f"{len(fds)} fds came, {len(request.fd_numbers)} were announced")
@@ -72,7 +75,7 @@ def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int
                 ctrl.send(b"S")  # another installation, or this one rebuilt: the server makes way
             raise Unverified("the client is not this server's build")
         peer.check()
-        _same_interpreter_settings(request.environ)
+        same_interpreter_settings(request.environ)
         if threading.active_count() != 1:
             raise Unverified("the worker is not single-threaded")
     except (Unverified, wire.WireError, OSError) as exc:

@@ -9,8 +9,10 @@ header and checks every size, offset and constant against this reading.
 
 from __future__ import annotations
 
+import array
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,20 +43,27 @@ MAGIC: int = lib.SBX_CLI_MAGIC
 VERSION: int = lib.SBX_CLI_VERSION
 MAX_FDS: int = lib.SBX_CLI_MAX_FDS
 MAX_REQUEST: int = lib.SBX_CLI_MAX_REQUEST
+MAX_ANSWER: int = lib.SBX_CLI_MAX_ANSWER
+N_RLIMITS: int = lib.SBX_CLI_N_RLIMITS
 STATUS: int = lib.SBX_CLI_STATUS
 FALLBACK: int = lib.SBX_CLI_FALLBACK
 SIGNAL: int = lib.SBX_CLI_SIGNAL
 DIE_WITH_PARENT: int = lib.SBX_CLI_DIE_WITH_PARENT
 ACK: int = lib.SBX_CLI_ACK
+PLAN: int = lib.SBX_CLI_PLAN
+PLAN_DIE_WITH_PARENT: int = lib.SBX_CLI_PLAN_DIE_WITH_PARENT
 REQUEST_SIZE: int = ffi.sizeof("struct sbx_cli_request")
 FRAME_SIZE: int = ffi.sizeof("struct sbx_cli_frame")
+PLAN_SIZE: int = ffi.sizeof("struct sbx_cli_plan")
+RLIM_INFINITY = (1 << 64) - 1  # as the wire carries it
 
 
 @dataclass(frozen=True)
 class Request:
     """One client's command line: argv (argv[0] as the client was invoked),
     its cwd (as text; the server uses the client's own cwd), environment,
-    fd numbers, the identity of the client's executable and its signal mask."""
+    fd numbers, the identity of the client's executable, its signal mask and
+    its hard limits (by RLIMIT_* number; RLIM_INFINITY: none)."""
 
     argv: list[bytes]
     cwd: bytes
@@ -62,6 +71,7 @@ class Request:
     fd_numbers: list[int]
     exe: tuple[int, int, int]  # st_dev, st_ino, st_mtime_ns
     sigmask: int = 0  # the client's signal mask (bit N-1: signal N) from before it sent this
+    rlim_max: tuple[int, ...] = (RLIM_INFINITY,) * N_RLIMITS
 
 
 def parse_request(data: bytes) -> Request:
@@ -82,7 +92,8 @@ def parse_request(data: bytes) -> Request:
         raise WireError(f"{len(strings) - 1} strings, the header says {h.argc + 1 + h.envc}")
     argv = [strings[0], *strings[2:h.argc + 1]]
     return Request(argv=argv, cwd=strings[1], environ=strings[h.argc + 1:-1], fd_numbers=numbers,
-                   exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)), sigmask=int(h.sigmask))
+                   exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)), sigmask=int(h.sigmask),
+                   rlim_max=tuple(int(v) for v in h.rlim_max))
 
 
 def frame(kind: int, value: int = 0) -> bytes:
@@ -97,3 +108,29 @@ def parse_frame(data: bytes) -> tuple[int, int]:
         raise WireError(f"a frame of {len(data)} bytes (expected {FRAME_SIZE})")
     f = ffi.cast("struct sbx_cli_frame *", ffi.from_buffer(data))
     return int(f.kind), int(f.value)
+
+
+def plan_answer(blob: bytes, argv: list[bytes], env: list[bytes], pass_fds: list[int], *, die_with_parent: bool,
+                before: bytes = b"", after: bytes = b"") -> bytes:
+    """A PLAN answer (struct sbx_cli_plan and what follows it): the client runs `blob` itself,
+    `argv` with the environment `env`, its fds `pass_fds` open in the command; `before` and
+    `after` are written on its stderr before and once the sandbox has started."""
+    strings = b"".join(s + b"\0" for s in (*argv, *env))
+    head = ffi.new("struct sbx_cli_plan *", {
+        "kind": PLAN, "flags": PLAN_DIE_WITH_PARENT if die_with_parent else 0, "npass": len(pass_fds),
+        "blob_size": len(blob), "argc": len(argv), "envc": len(env), "strings_size": len(strings),
+        "before_size": len(before), "after_size": len(after)})
+    fds = ffi.new("int32_t[]", pass_fds) if pass_fds else b""
+    return b"".join((bytes(ffi.buffer(head)), bytes(ffi.buffer(fds)) if pass_fds else b"", blob, strings, before,
+                     after))
+
+
+def recv_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0) -> tuple[bytes, list[int], int]:
+    """socket.recv_fds with its `flags` applied (MSG_PEEK, MSG_CMSG_CLOEXEC...: Python 3.11's
+    ignores them): (data, fds, msg_flags)."""
+    fds = array.array("i")
+    data, ancdata, msg_flags, _ = sock.recvmsg(bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), flags)
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), msg_flags

@@ -54,6 +54,7 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
         conn = socket.socket(fileno=conn_fd)
         ctrl = socket.socket(fileno=own[2]) if ctrl is not None else None
         _close_all_but(own)
+        _forget_closed_fds()
         try:
             _take_on(peer.pid, request.sigmask)
             peer.confirm()
@@ -102,6 +103,14 @@ def _move_high(fds: list[int], base: int) -> list[int]:
         with contextlib.suppress(OSError):
             os.close(fd)
     return moved
+
+
+def _forget_closed_fds() -> None:
+    """What the server's process kept open for later is closed now: forget it (the native
+    backend's sandbox-init fd, opened again when this process needs it)."""
+    from ..backends import native
+
+    native._init_fd = None
 
 
 def _close_all_but(keep: list[int]) -> None:

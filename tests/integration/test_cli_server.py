@@ -4,19 +4,21 @@ Each test gets an installation of its own: a copy of the client executable
 and of the `sandbox-py` script beside it in a temporary directory, so its
 socket (named after that directory) is its own, and a server started for
 it (`sandbox-py serve`, stopped afterwards). The server's notes (`--log`)
-say, per client, whether it was handed off or run directly, and why.
+say, per client, whether it ran the plan itself, needed a worker (and
+why), or ran directly (and why).
 
-What is checked: a handed-off command line behaves as the Python CLI run
-directly (status, output, fds at their numbers, --args, --info-fd,
+What is checked: a served command line behaves as the Python CLI run
+directly, whether the client runs the plan itself or a worker runs it
+(status, output, fds at their numbers, --args, --info-fd,
 --json-status-fd, signals, --die-with-parent, the client's death); and the
 handoff is attacked: a client under a seccomp filter, under no_new_privs,
 inside a sandbox, of another user, and a process posing as the server, all
 end up run directly (or refused), never served by the less-confined server.
+tests/integration/test_cli_plan.py attacks what is new with plans.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
@@ -25,124 +27,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_helpers import SYSTEM, TIMEOUT, Installation, clean_env, cli_install, cli_served, servers_of  # noqa: F401
 from leakcheck import descendants, kill_trees
 
 import sandbox
-from sandbox.cliserver import socket_path
 
 pytestmark = pytest.mark.integration
-
-TIMEOUT = 60
-BIN = Path(sys.executable).parent
-SYSTEM = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-          "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev"]
-
+# (cli_install and cli_served are the fixtures `install` and `served`)
 
 SHOW_STATE = "ulimit -Sn; ulimit -Hn; umask; grep SigIgn /proc/self/status | cut -f2 >&2"
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without the package's own settings (a client with any runs directly)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
-    return {**env, **extra}
-
-
-@dataclass
-class Installation:
-    """A private copy of the client and its `sandbox-py`, with its server's socket and notes."""
-
-    root: Path
-    client: Path
-    socket: str
-    log: Path
-    server: subprocess.Popen[bytes] | None = None
-
-    def identity(self) -> str:
-        st = os.stat(self.client)
-        return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}"
-
-    def start_server(self, identity: str | None = None) -> None:
-        self.server = subprocess.Popen(
-            [str(self.root / "sandbox-py"), "serve", "--socket", self.socket, "--client",
-             identity or self.identity(), "--log", str(self.log), "--idle", "60"],
-            env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + TIMEOUT
-        while not os.path.exists(self.socket):
-            assert self.server.poll() is None, self.server.communicate()[1]
-            assert time.monotonic() < deadline, "the server did not listen"
-            time.sleep(0.02)
-
-    def run(self, *args: str, name: str = "sandbox", **kw) -> subprocess.CompletedProcess[str]:
-        kw.setdefault("env", clean_env())
-        kw.setdefault("cwd", "/")
-        argv0 = self.client if name == "sandbox" else self.root / name
-        return subprocess.run([str(argv0), *args], capture_output=True, text=True, timeout=TIMEOUT, **kw)
-
-    def notes(self) -> list[str]:
-        return self.log.read_text().splitlines() if self.log.exists() else []
-
-    def handed_off(self) -> int:
-        return sum(1 for line in self.notes() if line.endswith("handed off"))
-
-    def ran_directly(self) -> list[str]:
-        return [line for line in self.notes() if ": runs directly: " in line]
-
-
-def servers_of(socket: str) -> set[int]:
-    """Every process serving `socket` (by its command line), this user's own."""
-    found = set()
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if socket.encode() in f.read().split(b"\0") and os.stat(f"/proc/{pid}").st_uid == os.getuid():
-                    found.add(pid)
-    return found
-
-
-@pytest.fixture
-def install(tmp_path: Path) -> Iterator[Installation]:
-    """A private installation (no server yet); whatever server serves it is gone afterwards."""
-    root = tmp_path / "bin"
-    root.mkdir()
-    for name in ("sandbox", "sandbox-py"):
-        shutil.copy2(BIN / name, root / name)
-    (root / "bwrap").symlink_to("sandbox")
-    tmp_path.chmod(0o755)
-    path = socket_path(str(root))
-    inst = Installation(root=root, client=root / "sandbox", socket=path, log=tmp_path / "notes.log")
-    try:
-        yield inst
-    finally:
-        if inst.server is not None:
-            inst.server.terminate()
-            try:
-                inst.server.wait(timeout=TIMEOUT)
-            finally:  # the test has failed already then: nothing is left behind anyway
-                if inst.server.poll() is None:
-                    inst.server.kill()
-                    inst.server.wait()
-        for pid in servers_of(path):  # one the client started itself
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + TIMEOUT
-        while servers_of(path) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for leftover in (path, path.removesuffix(".sock") + ".lock", path.removesuffix(".sock") + ".log"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(leftover)
-        with contextlib.suppress(OSError):  # the socket directory, if nothing else is in it
-            os.rmdir(os.path.dirname(path))
-
-
-@pytest.fixture
-def served(install: Installation) -> Installation:
-    install.start_server()
-    return install
 
 
 # ---------------------------------------------------------------- the same as the Python CLI
@@ -151,20 +47,20 @@ class TestHandedOff:
     def test_status_and_output(self, served):
         result = served.run("run", *SYSTEM, "sh", "-c", "echo out; echo err >&2; exit 7")
         assert (result.returncode, result.stdout, result.stderr) == (7, "out\n", "err\n")
-        assert served.handed_off() == 1
+        assert served.plans() == 1
 
     def test_a_failure_speaks_as_the_python_cli(self, served):
         result = served.run("run", *SYSTEM, "/nonexistent")
         assert result.returncode == 127 and result.stderr.startswith("sandbox: execvp /nonexistent")
         bad = served.run("run", "--no-such-option", "true")
         assert bad.returncode == 125 and bad.stderr.startswith("sandbox: ")
-        assert served.handed_off() == 2
+        assert (served.plans(), served.workers()) == (1, 1)  # the Python CLI says what is wrong
 
     def test_named_bwrap(self, served):
         result = served.run("--no-such-option", "true", name="bwrap")
         assert result.returncode == 1 and result.stderr.startswith("bwrap: ")
         assert served.run("--version", name="bwrap").stdout == "bubblewrap 0.8.0\n"
-        assert served.handed_off() == 1  # --version is answered by the client itself
+        assert served.served() == 1  # --version is answered by the client itself
 
     def test_version_is_the_packages(self, served):
         for args in (["--version"], ["-V"], ["run", "--version"]):
@@ -186,7 +82,7 @@ class TestHandedOff:
         with os.fdopen(r) as f:
             assert f.read() == f"to-{high}\n"
         assert result.stdout == f"{tmp_path}\nvalue\n" and result.returncode == 0
-        assert served.handed_off() == 1
+        assert served.plans() == 1
 
     def test_a_repeated_command_line_sees_its_own_environment_and_cwd(self, served, tmp_path):
         # each spare makes the previous command line ready (cliserver/rehearse.py): only the very same
@@ -198,7 +94,7 @@ class TestHandedOff:
             outs.append(result.stdout)
         assert outs == [f"{v} {d}\n{d}\n" for v, d in (("one", "/"), ("one", "/"), ("two", "/"), ("two", tmp_path),
                                                       ("two", tmp_path))]
-        assert served.handed_off() == 5
+        assert served.plans() == 5
 
     def test_a_repeated_args_file_with_other_content_is_read_again(self, served, tmp_path):
         for name in ("a", "b", "b", "a"):
@@ -215,7 +111,7 @@ class TestHandedOff:
                 os.close(r)
             seen.append(result.stdout)
         assert seen == ["a", "a", "b", "a"]
-        assert served.handed_off() == 4
+        assert served.plans() == 4
 
     def test_limits_umask_and_ignored_signals_are_the_clients(self, served):
         import resource
@@ -231,7 +127,7 @@ class TestHandedOff:
         assert handed.stdout.split() == ["77", "99", "0027"] and direct.returncode == 0
         # the ignored signals (SigIgn, on stderr) the command inherits too
         assert (handed.stdout, handed.stderr) == (direct.stdout, direct.stderr)
-        assert served.handed_off() == 1
+        assert served.plans() == 1
 
     def test_args_info_and_json_status_fds(self, served):
         args_r, args_w = os.pipe()
@@ -252,7 +148,7 @@ class TestHandedOff:
         assert result.returncode == 3, result.stderr
         assert info["child-pid"] > 0 and "pid-namespace" in info
         assert lines[0]["child-pid"] == info["child-pid"] and lines[-1] == {"exit-code": 3}
-        assert served.handed_off() == 1
+        assert served.workers() == 1  # a worker serves the status fds (the Python CLI's)
 
     def test_nested_mount_proc_unprivileged_as_with_bwrap(self, served):
         if os.getuid() == 0:
@@ -261,7 +157,7 @@ class TestHandedOff:
                             "--cap-drop", "ALL", "--proc", "/proc", "--", "unshare", "--user", "--map-root-user",
                             "--pid", "--fork", "--mount-proc", "true")
         assert result.returncode == 0, result.stderr
-        assert served.handed_off() == 1
+        assert served.plans() == 1
 
 
 def outlives(marker: Path) -> bool:
@@ -272,6 +168,19 @@ def outlives(marker: Path) -> bool:
     return marker.exists()
 
 
+@pytest.fixture(params=["plan", "worker"])
+def path(request: pytest.FixtureRequest) -> list[str]:
+    """Options that send the command line down one path: none (the client runs the plan
+    itself), or a --sync-fd (an fd the Python CLI holds while its sandbox runs: a worker's
+    to hold; stderr here, which stays the command's too)."""
+    return [] if request.param == "plan" else ["--sync-fd", "2"]
+
+
+def _took(inst: Installation, path: list[str], count: int = 1) -> bool:
+    """Whether `count` clients took `path` (and none another)."""
+    return (inst.plans(), inst.workers()) == ((count, 0) if not path else (0, count))
+
+
 class TestSignalsAndDeath:
     def _start(self, inst: Installation, *args: str, **kw) -> subprocess.Popen[str]:
         proc = subprocess.Popen([str(inst.client), "run", *SYSTEM, *args], env=clean_env(), cwd="/",
@@ -280,8 +189,8 @@ class TestSignalsAndDeath:
         assert proc.stdout.readline() == "ready\n"
         return proc
 
-    def test_sigterm_reaches_the_command(self, served):
-        proc = self._start(served, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
+    def test_sigterm_reaches_the_command(self, served, path):
+        proc = self._start(served, *path, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
                            'while :; do sleep 0.05; done')
         try:
             proc.send_signal(signal.SIGTERM)
@@ -289,14 +198,14 @@ class TestSignalsAndDeath:
         finally:
             kill_trees({proc.pid, *descendants(proc.pid)})
         assert (proc.returncode, out) == (9, "got-term\n")
-        assert served.handed_off() == 1
+        assert _took(served, path)
 
-    def test_sigterm_reaches_the_command_every_time(self, served):
+    def test_sigterm_reaches_the_command_every_time(self, served, path):
         # the client blocks every signal while it sends its request: the worker takes on the mask
         # its caller gave it (sent in the request), not what /proc showed then, which once lost a
         # SIGTERM in about 1 run of 20 (the worker ran with every signal blocked)
         for _ in range(8):
-            proc = self._start(served, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
+            proc = self._start(served, *path, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
                                'while :; do sleep 0.05; done')
             try:
                 proc.send_signal(signal.SIGTERM)
@@ -304,31 +213,59 @@ class TestSignalsAndDeath:
             finally:
                 kill_trees({proc.pid, *descendants(proc.pid)})
             assert (proc.returncode, out) == (9, "got-term\n")
-        assert served.handed_off() == 8
+        assert _took(served, path, 8)
 
-    def test_the_clients_death_ends_the_sandbox(self, served, tmp_path):
+    def test_a_signal_that_ends_the_command(self, served, path):
+        """Killed by signal N: the status is 128+N, as the Python CLI's (and bwrap's)."""
+        result = served.run("run", *SYSTEM, *path, "sh", "-c", "kill -USR1 $$")
+        assert result.returncode == 128 + signal.SIGUSR1, result.stderr
+        assert _took(served, path)
+
+    def test_killing_the_clients_group_ends_the_sandbox(self, served, path, tmp_path):
+        """What a caller's group kill (a shell's job control, a supervisor) does to the Python CLI
+        and its sandbox: the plan's sandbox is in the client's group; a worker's, the server ends."""
+        marker = tmp_path / "alive"
+        proc = self._start(served, *path, "--bind", str(tmp_path), str(tmp_path), "sh", "-c",
+                           f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done",
+                           process_group=0)
+        inside = descendants(proc.pid)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=TIMEOUT)
+            assert not outlives(marker), "the sandbox outlived its client's group"
+        finally:
+            kill_trees({proc.pid, *inside})
+        assert _took(served, path)
+
+    def test_a_client_killed_alone_leaves_its_sandbox_as_bwrap_does(self, served, tmp_path):
+        """Without --die-with-parent, bwrap's sandbox (and the Python CLI's) outlives a SIGKILL of
+        bwrap alone: so does the sandbox of a plan the client ran."""
         marker = tmp_path / "alive"
         proc = self._start(served, "--bind", str(tmp_path), str(tmp_path), "sh", "-c",
                            f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done")
-        proc.kill()
-        proc.wait(timeout=TIMEOUT)
-        assert not outlives(marker), "the sandbox outlived its client"
-        assert served.handed_off() == 1
+        inside = descendants(proc.pid)
+        try:
+            proc.kill()
+            proc.wait(timeout=TIMEOUT)
+            assert outlives(marker), "the sandbox died with its client"
+        finally:
+            kill_trees({proc.pid, *inside})
+        assert served.plans() == 1
 
-    def test_die_with_parent_is_the_clients(self, served, tmp_path):
+    def test_die_with_parent_is_the_clients(self, served, path, tmp_path):
         marker = tmp_path / "alive"
         # a shell is the client's parent; killing it ends the client (PDEATHSIG) and so the sandbox
         parent = subprocess.Popen(
-            ["sh", "-c", f'"$0" run {" ".join(SYSTEM)} --bind {tmp_path} {tmp_path} --die-with-parent sh -c '
-             f'"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"; echo never',
+            ["sh", "-c", f'"$0" run {" ".join([*SYSTEM, *path])} --bind {tmp_path} {tmp_path} --die-with-parent '
+             f'sh -c "touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"; echo never',
              str(served.client)],
             env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
         _kill_the_parent_and_check(parent, marker)
-        assert served.handed_off() == 1
+        assert _took(served, path)
 
-    def test_die_with_parent_in_an_args_file(self, served, tmp_path):
+    def test_die_with_parent_in_an_args_file(self, served, path, tmp_path):
         marker = tmp_path / "alive"
-        options = [*SYSTEM, "--bind", str(tmp_path), str(tmp_path), "--die-with-parent"]
+        options = [*SYSTEM, *path, "--bind", str(tmp_path), str(tmp_path), "--die-with-parent"]
         code = ("import os,subprocess,sys\nr,w=os.pipe()\n"
                 "os.write(w,b''.join(a.encode()+b'\\0' for a in sys.argv[2].split('\\n')))\nos.close(w)\n"
                 "subprocess.run([sys.argv[1],'run','--args',str(r),'sh','-c',sys.argv[3]],pass_fds=(r,))\n")
@@ -337,7 +274,7 @@ class TestSignalsAndDeath:
              f"touch {marker}; echo ready; while :; do touch {marker}; sleep 0.05; done"],
             env=clean_env(), cwd="/", stdout=subprocess.PIPE, text=True)
         _kill_the_parent_and_check(parent, marker)
-        assert served.handed_off() == 1
+        assert _took(served, path)
 
 
 def _kill_the_parent_and_check(parent: subprocess.Popen[str], marker: Path) -> None:
@@ -393,7 +330,7 @@ class TestConfinedClientsRunDirectly:
         assert result.returncode == 0, result.stderr
         status = dict(line.split(":\t") for line in result.stdout.splitlines())
         assert status["NoNewPrivs"] == "1"  # the command is as confined as its caller: run directly
-        assert served.handed_off() == 0  # the client saw the server differ and sent it nothing
+        assert served.served() == 0  # the client saw the server differ and sent it nothing
 
     @pytest.mark.parametrize("confine", [_allow_all_filter, _no_new_privs], ids=["seccomp", "no_new_privs"])
     def test_the_server_refuses_a_confined_peer(self, served, confine):
@@ -417,7 +354,7 @@ class TestConfinedClientsRunDirectly:
                                 preexec_fn=confine, env=clean_env(PYTHONPATH=unit))
         assert result.returncode == 0, result.stderr
         assert wire.parse_frame(result.stdout) == (wire.FALLBACK, 0)
-        assert served.handed_off() == 0
+        assert served.served() == 0
         assert "confined otherwise" in served.ran_directly()[0]
         del sk
 
@@ -427,7 +364,7 @@ class TestConfinedClientsRunDirectly:
         result = subprocess.run(["strace", "-f", "-o", "/dev/null", str(served.client), "run", *SYSTEM, "sh", "-c",
                                  "echo traced"], env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
         assert (result.returncode, result.stdout) == (0, "traced\n"), result.stderr
-        assert served.handed_off() == 0
+        assert served.served() == 0
 
     def test_inside_a_sandbox(self, served, tmp_path):
         """A process in a sandbox that sees the socket (a bind of /) gets nothing from the server."""
@@ -436,7 +373,7 @@ class TestConfinedClientsRunDirectly:
              str(served.client), "run", *SYSTEM, "sh", "-c", "echo inner"],
             env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
         assert (result.returncode, result.stdout) == (0, "inner\n"), result.stderr
-        assert served.handed_off() == 0
+        assert served.served() == 0
 
     def test_disabled_by_the_environment(self, served):
         result = served.run("run", *SYSTEM, "true", env=clean_env(SANDBOX_CLI_SERVER="0"))
@@ -452,14 +389,14 @@ class TestConfinedClientsRunDirectly:
         """PYTHONPATH and its kin decide what a direct run would import: a client whose differ runs directly."""
         result = served.run("run", *SYSTEM, "true", env=clean_env(PYTHONPATH="/nonexistent"))
         assert result.returncode == 0
-        assert served.handed_off() == 0
+        assert served.served() == 0
         assert "PYTHON* variables" in served.ran_directly()[0]
 
     def test_a_client_of_another_build(self, install):
         install.start_server(identity="1:2:3")
         result = install.run("run", *SYSTEM, "sh", "-c", "echo direct")
         assert (result.returncode, result.stdout) == (0, "direct\n")
-        assert install.handed_off() == 0
+        assert install.served() == 0
         assert install.server is not None
         assert install.server.wait(timeout=TIMEOUT) == 0  # it made way for the client's own build
 
@@ -513,7 +450,7 @@ class TestFirstUse:
                 assert install.server.poll() is None and time.monotonic() < started + TIMEOUT
                 time.sleep(0.02)
             assert starter.poll() is None and time.monotonic() - started >= AFTER_SECONDS
-            assert install.run("run", *SYSTEM, "true").returncode == 0 and install.handed_off() == 1
+            assert install.run("run", *SYSTEM, "true").returncode == 0 and install.served() == 1
         finally:
             os.close(pidfd)
             starter.kill()
@@ -527,7 +464,8 @@ class TestFirstUse:
         while True:
             second = install.run("run", *SYSTEM, "sh", "-c", "echo two")
             assert (second.returncode, second.stdout) == (0, "two\n")
-            if os.path.exists(log) and any(line.endswith("handed off") for line in Path(log).read_text().splitlines()):
+            if os.path.exists(log) and any(line.endswith("runs the plan itself")
+                                           for line in Path(log).read_text().splitlines()):
                 break
             assert time.monotonic() < deadline, "no server took over"
             time.sleep(0.2)

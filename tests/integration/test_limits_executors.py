@@ -23,9 +23,9 @@ import subprocess
 import sys
 import time
 
+import cli_helpers as cli
 import pytest
-import test_cli_server as cli
-from test_cli_server import SYSTEM, Installation, install  # noqa: F401  (install: a fixture)
+from cli_helpers import SYSTEM, Installation, cli_install  # noqa: F401  (cli_install: the fixture `install`)
 from test_limits import FORK_BOMB, INFO, TOUCH, leftovers, mine, needs, wait_for
 
 from sandbox import task
@@ -112,7 +112,7 @@ def cli_run(request: pytest.FixtureRequest, install: Installation,  # noqa: F811
 
     yield run
     if served:
-        assert install.handed_off() >= 1, install.notes()
+        assert install.served() >= 1, install.notes()
 
 
 @needs

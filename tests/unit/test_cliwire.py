@@ -18,10 +18,14 @@ import pytest
 from sandbox.cliserver import wire
 
 HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cliwire.h"
-STRUCTS = {"sbx_cli_request": ["magic", "version", "argc", "envc", "nfds", "size", "exe_dev", "exe_ino", "exe_mtime"],
-           "sbx_cli_frame": ["kind", "value"]}
-CONSTANTS = ["SBX_CLI_MAGIC", "SBX_CLI_VERSION", "SBX_CLI_MAX_FDS", "SBX_CLI_MAX_REQUEST", "SBX_CLI_STATUS",
-             "SBX_CLI_FALLBACK", "SBX_CLI_SIGNAL", "SBX_CLI_DIE_WITH_PARENT", "SBX_CLI_ACK"]
+STRUCTS = {"sbx_cli_request": ["magic", "version", "argc", "envc", "nfds", "size", "exe_dev", "exe_ino", "exe_mtime",
+                               "sigmask", "rlim_max"],
+           "sbx_cli_frame": ["kind", "value"],
+           "sbx_cli_plan": ["kind", "flags", "npass", "blob_size", "argc", "envc", "strings_size", "before_size",
+                            "after_size"]}
+CONSTANTS = ["SBX_CLI_MAGIC", "SBX_CLI_VERSION", "SBX_CLI_MAX_FDS", "SBX_CLI_MAX_REQUEST", "SBX_CLI_MAX_ANSWER",
+             "SBX_CLI_N_RLIMITS", "SBX_CLI_STATUS", "SBX_CLI_FALLBACK", "SBX_CLI_SIGNAL", "SBX_CLI_DIE_WITH_PARENT",
+             "SBX_CLI_ACK", "SBX_CLI_PLAN", "SBX_CLI_PLAN_DIE_WITH_PARENT"]
 
 
 def test_the_installed_header_is_the_sources():
@@ -58,7 +62,8 @@ def request(argv=(b"sandbox", b"run", b"true"), cwd=b"/tmp", environ=(b"A=1",), 
     strings = b"".join(s + b"\0" for s in (argv[0], cwd, *argv[1:], *environ))
     head = wire.ffi.new("struct sbx_cli_request *", {
         "magic": wire.MAGIC, "version": wire.VERSION, "argc": len(argv), "envc": len(environ), "nfds": len(fds),
-        "size": len(strings), "exe_dev": exe[0], "exe_ino": exe[1], "exe_mtime": exe[2]})
+        "size": len(strings), "exe_dev": exe[0], "exe_ino": exe[1], "exe_mtime": exe[2],
+        "rlim_max": [wire.RLIM_INFINITY] * wire.N_RLIMITS})
     return bytes(wire.ffi.buffer(head)) + struct.pack(f"{len(fds)}i", *fds) + strings
 
 
@@ -67,6 +72,32 @@ def test_a_request_is_read_whole():
     assert got == wire.Request(argv=[b"sandbox", b"run", b"true"], cwd=b"/tmp", environ=[b"A=1"],
                                fd_numbers=[0, 1, 2, 9], exe=(1, 2, 3))
     assert wire.parse_request(request(fds=())).fd_numbers == []
+
+
+def test_the_request_carries_the_clients_hard_limits():
+    import resource
+
+    data = bytearray(request())
+    at = wire.ffi.offsetof("struct sbx_cli_request", "rlim_max") + 8 * resource.RLIMIT_NOFILE
+    data[at:at + 8] = struct.pack("Q", 99)
+    got = wire.parse_request(bytes(data)).rlim_max
+    assert got[resource.RLIMIT_NOFILE] == 99 and got[resource.RLIMIT_CPU] == wire.RLIM_INFINITY
+    assert len(got) == wire.N_RLIMITS
+
+
+def test_a_plan_answer_is_laid_out_as_its_header_says():
+    """csrc/cliplan.c reads it back: the header, the fd numbers, the blob, the strings, the two texts."""
+    blob = bytes(range(16))
+    data = wire.plan_answer(blob, [b"sh", b"-c", b"x"], [b"A=1"], [5, 9], die_with_parent=True, before=b"w\n",
+                            after=b"v\n")
+    head = wire.ffi.cast("struct sbx_cli_plan *", wire.ffi.from_buffer(data))
+    assert (head.kind, head.flags, head.npass, head.blob_size, head.argc, head.envc) == (
+        wire.PLAN, wire.PLAN_DIE_WITH_PARENT, 2, 16, 3, 1)
+    rest = data[wire.PLAN_SIZE:]
+    assert struct.unpack("2i", rest[:8]) == (5, 9)
+    assert rest[8:24] == blob
+    assert rest[24:24 + head.strings_size] == b"sh\0-c\0x\0A=1\0"
+    assert rest[24 + head.strings_size:] == b"w\nv\n" and head.before_size == head.after_size == 2
 
 
 @pytest.mark.parametrize("damage", ["short", "magic", "version", "size", "strings", "fds"])
@@ -89,7 +120,7 @@ def test_a_malformed_request_is_refused(damage):
 
 
 def test_frames_round_trip():
-    for kind in (wire.STATUS, wire.FALLBACK, wire.SIGNAL, wire.DIE_WITH_PARENT, wire.ACK):
+    for kind in (wire.STATUS, wire.FALLBACK, wire.SIGNAL, wire.DIE_WITH_PARENT, wire.ACK, wire.PLAN):
         assert wire.parse_frame(wire.frame(kind, -9)) == (kind, -9)
     with pytest.raises(wire.WireError):
         wire.parse_frame(b"\0" * (wire.FRAME_SIZE + 1))

@@ -44,6 +44,7 @@ IDLE_SECONDS = 120.0
 SPARE_DELAY = 0.05
 LEARNED_MAX = 1 << 18  # a worker's "L" message: its command line, cwd and environment (a request is < 192 KiB)
 REQUEST_TIMEOUT = 2.0  # the request follows the connection at once: a client silent longer is dropped
+NOTES_MAX = 4 << 20  # bytes of notes kept: a server that serves for days starts them afresh past this
 
 
 @dataclass(eq=False)
@@ -198,7 +199,9 @@ class Server:
         """A line of the notes: each client's outcome, and why."""
         if self._notes >= 0:
             with contextlib.suppress(OSError):
-                os.write(self._notes, text.encode(errors="backslashreplace") + b"\n")
+                if os.write(self._notes, text.encode(errors="backslashreplace") + b"\n") and \
+                        os.lseek(self._notes, 0, os.SEEK_CUR) > NOTES_MAX:
+                    os.ftruncate(self._notes, 0)  # appends (the server's and its workers') go on from 0
 
     def _accept(self) -> None:
         assert self.listener is not None

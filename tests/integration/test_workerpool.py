@@ -413,6 +413,28 @@ def test_max_workers_is_the_first_argument() -> None:
     assert info.value.field == "max_workers"
 
 
+def test_an_unpicklable_call_raises_from_submit_and_the_pool_goes_on() -> None:
+    """What pickling a call raises is submit()'s, whether the task would
+    start at once (a spare ready) or wait behind a busy worker; nothing of it
+    reaches a sandbox, and the pool goes on."""
+    if not sandbox.probe().native:
+        pytest.skip("native backend unavailable")
+    import threading
+
+    with sandbox.WorkerPool(make_base_spec(), 1, spares=2) as p:
+        first = p.submit(double, 1)
+        assert first.result(timeout=60) == 2
+        first.usage  # noqa: B018 - its sandbox has ended: the worker is free
+        for _ in range(3):  # a spare ready, the worker free
+            with pytest.raises(TypeError, match="pickle"):
+                p.submit(double, threading.Lock())
+        busy = p.submit(time.sleep, 0.5)
+        with pytest.raises(TypeError, match="pickle"):  # the worker busy
+            p.submit(double, threading.Lock())
+        busy.result(timeout=60)
+        assert [p.submit(double, x).result(timeout=60) for x in range(3)] == [0, 2, 4]
+
+
 def open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 

@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import cgroups
-from ..backends.native import ffi, setup_error
 from . import channel as ch
 from . import control as zc
 from .results import BrokenWorkerPool, ReplyLoader, TaskError, TaskFuture, TaskLimitError
@@ -108,6 +107,9 @@ class Engine:
         self.sel = selectors.DefaultSelector()
         self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.wake_lock = threading.Lock()
+        # held while what select() returned is handled: a thread that takes it
+        # may register a task's channels itself instead of waking the I/O thread
+        self.io_lock = threading.RLock()
         self.sel.register(self.wake_r, selectors.EVENT_READ, ("wake", None))
         self.sel.register(ctl, selectors.EVENT_READ, ("ctl", None))
         os.set_blocking(zygote_stderr, False)
@@ -201,6 +203,17 @@ class Engine:
         finally:
             for fd in theirs:
                 os.close(fd)
+        # Its channels watched: by this thread when the I/O thread is not
+        # handling events (epoll takes an fd from any thread, and the selector
+        # maps it first), else by the I/O thread, woken for it, as it is for a
+        # deadline (its wait must end in time). A wake-up is a process to run,
+        # on this VM ~0.1 ms, at the moment the task's sandbox needs the CPU.
+        if task.deadline is None and self.io_lock.acquire(blocking=False):
+            try:
+                self._register(task)
+            finally:
+                self.io_lock.release()
+            return True
         self.inbox.append(task)
         self._wake()
         return True
@@ -248,8 +261,10 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self._finished():
-                self._dispatch(self.sel.select(self._next_deadline()))
-                self._expire()
+                ready = self.sel.select(self._next_deadline())
+                with self.io_lock:
+                    self._dispatch(ready)
+                    self._expire()
         except BaseException as exc:  # noqa: BLE001 - any failure here breaks the pool, never hangs it
             self._break(f"the WorkerPool's I/O thread failed: {exc!r}")
         finally:
@@ -362,64 +377,7 @@ class Engine:
             tail = self.zygote_stderr.decode(errors="replace").strip()
             self._break("the WorkerPool's zygote exited" + (f": {tail}" if tail else ""))
             return
-        m, fds = message
-        slot = m.slot if m.slot >= 0 else None
-        if m.kind == zc.SPARE and len(fds) == 2:
-            with self.lock:
-                # its kind given, not asked of the kernel (three syscalls per spare)
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fds[0])
-                self.spares.append((m.pid, sock, fds[1], slot))
-            if slot is not None:
-                self.slots.offer(self.ctl)
-            return
-        for fd in fds:
-            os.close(fd)
-        if m.kind == zc.EXITED and m.id < 0:
-            self._spare_exited(m.pid, m.status, slot)
-            return
-        task = self.tasks.get(m.id)
-        if task is None:
-            if m.kind in (zc.FAILED, zc.EXITED):
-                self.slots.end(None, slot)
-            return
-        if m.kind == zc.STARTED:
-            if slot is not None:
-                task.slot = slot  # a spare's, which the task claimed while it was set up
-            if not m.flags & zc.CLAIMED:
-                task.future.timings.update({f"fork.{k}": v for k, v in zc.stamps(m, ch.STAMPS).items()})
-            task.future.timings["started"] = (time.monotonic() - task.t0) * 1e6
-        elif m.kind == zc.FAILED:
-            res = ffi.new("struct sbx_result *")
-            for name in ("step", "op", "err", "detail"):
-                setattr(res, name, getattr(m, name))
-            res.wait_status = m.status
-            task.failure = setup_error(res, task.blob or self.task_blob, ["<task>"])
-            self.slots.end(None, slot)
-            task.end.set(None, None)
-            self._release(task)
-            self._maybe_finish(task)
-        elif m.kind == zc.EXITED:
-            task.status = m.status
-            self.slots.end(task, slot)
-            self._release(task)
-            self._maybe_finish(task)
-
-    def _spare_exited(self, pid: int, status: int, slot: int | None) -> None:
-        """A spare ended: a task's (its end raced the TAKEN), or an unused one."""
-        with self.lock:
-            task = self.by_pid.get(pid) if pid else None
-            unused = [s for s in self.spares if s[0] == pid]
-            for spare in unused:
-                self.spares.remove(spare)
-        for _, sock, pidfd, _slot in unused:
-            sock.close()
-            os.close(pidfd)
-        if task is not None:
-            task.status = status
-        self.slots.end(task, slot)
-        if task is not None:
-            self._release(task)
-            self._maybe_finish(task)
+        zc.handle(self, *message)
 
     task_blob = b""  # set by the pool: the task plan's blob, for setup error messages
 

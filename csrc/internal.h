@@ -167,6 +167,12 @@ void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
 /* A message on a socket with fds (SCM_RIGHTS; those < 0 are left out): 0, or -1 with errno. */
 int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fds);
+/* One message on `sock` (at most `len` bytes into `buf`) and the fds it
+ * carries (SCM_RIGHTS, received close-on-exec): up to `max` of them into
+ * `fds` (*n_fds), any more closed. recvmsg's result, retried on EINTR (-1
+ * with errno: no fd); *truncated, if not NULL: the message or its fds did
+ * not fit (MSG_TRUNC, MSG_CTRUNC). */
+ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated);
 int sbx_read_report(int fd, struct sbx_report *r);
 void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_result *res);
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);

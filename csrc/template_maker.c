@@ -149,20 +149,9 @@ static void forget_request(struct sbx_ctx *c, const struct sbx_ctx *saved)
  * with pid 1, or -1 when pid 1 has gone. */
 static int await_word(int sock)
 {
-    for (;;) {
-        char b, control[CMSG_SPACE(sizeof(int))];
-        struct iovec iov = {.iov_base = &b, .iov_len = 1};
-        struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-        ssize_t n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
-        struct cmsghdr *cm = n > 0 ? CMSG_FIRSTHDR(&h) : NULL;
-        if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            return -1;
-        int fd;
-        memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-        return fd;
-    }
+    char b;
+    int fd, n_fds;
+    return sbx_recv_fds(sock, &b, 1, &fd, 1, &n_fds, NULL) > 0 && n_fds == 1 ? fd : -1;
 }
 
 static _Noreturn void maker_main(struct sbx_ctx *c, int sock)
@@ -266,17 +255,11 @@ int tpl_maker_next(struct sbx_ctx *c, pid_t *pid)
         _exit(125);
     close(sp[1]);
     struct made_word w;
-    char control[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {.iov_base = &w, .iov_len = sizeof w};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    ssize_t n;
-    while ((n = recvmsg(sp[0], &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
-        ;
-    struct cmsghdr *cm = n == sizeof w ? CMSG_FIRSTHDR(&m) : NULL;
-    int report = -1;
-    if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-        memcpy(&report, CMSG_DATA(cm), sizeof report);
-    if (report < 0) { /* it failed (and reported on the request's socket), or found the caller gone */
+    int report = -1, n_fds;
+    ssize_t n = sbx_recv_fds(sp[0], &w, sizeof w, &report, 1, &n_fds, NULL);
+    if (n != sizeof w && n_fds)
+        close(report);
+    if (n != sizeof w || !n_fds) { /* it failed (and reported on the request's socket), or found the caller gone */
         close(sp[0]);
         return -1;
     }

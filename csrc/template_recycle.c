@@ -166,17 +166,15 @@ static int await_command(struct sbx_ctx *c, int sock)
 {
     int fd = -1;
     for (;;) {
-        char b, control[CMSG_SPACE(sizeof(int))];
-        struct iovec iov = {.iov_base = &b, .iov_len = 1};
-        struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-        ssize_t n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
+        char b;
+        int got, n_fds;
+        ssize_t n = sbx_recv_fds(sock, &b, 1, &got, 1, &n_fds, NULL);
         if (n <= 0)
             return fd;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
-        if (fd < 0 && cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS)
-            memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+        if (n_fds && fd < 0)
+            fd = got;
+        else if (n_fds)
+            close(got);
         else if (b == 'p' && fd < 0) {
             check_probes(c);
             if (write(sock, &b, 1) != 1)

@@ -74,23 +74,9 @@ void request_input(struct sbx_input *in, const struct request *q, const int *pas
 
 ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds)
 {
-    static char control[CMSG_SPACE(MAX_FDS * sizeof(int))];
-    struct iovec iov = {.iov_base = s->msg, .iov_len = sizeof s->msg};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-    ssize_t n;
-    while ((n = recvmsg(fd, &m, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
-        ;
-    *nfds = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        int k = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        memcpy(fds + *nfds, CMSG_DATA(cm), (size_t)k * sizeof(int));
-        *nfds += k;
-    }
-    if (n > 0 && (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
-        return -2; /* too large: refused */
-    return n;
+    int truncated;
+    ssize_t n = sbx_recv_fds(fd, s->msg, sizeof s->msg, fds, MAX_FDS, nfds, &truncated);
+    return n > 0 && truncated ? -2 : n; /* too large: refused */
 }
 
 /* The cgroups of a Template's sandbox, entered first: v1's `tasks` or v2's

@@ -123,6 +123,38 @@ int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fd
     return sent == (ssize_t)len ? 0 : -1;
 }
 
+ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated)
+{
+    union {
+        char buf[CMSG_SPACE(SBX_REQ_MAX_FDS * sizeof(int))]; /* SCM_MAX_FD: all one message can carry */
+        struct cmsghdr align;
+    } u;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    ssize_t n;
+    while ((n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    *n_fds = 0;
+    if (truncated)
+        *truncated = n >= 0 && (h.msg_flags & (MSG_TRUNC | MSG_CTRUNC));
+    if (n < 0)
+        return -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof fd, sizeof fd);
+            if (*n_fds < max)
+                fds[(*n_fds)++] = fd;
+            else
+                close(fd);
+        }
+    }
+    return n;
+}
+
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)
 {
     if (c->in.lease_fd >= 0) {

@@ -58,34 +58,13 @@ void sbx_zreport_exited(struct sbx_zygote *z, int64_t id, pid_t pid, int status,
 
 int sbx_zreceive(int sock, struct sbx_zmsg *m, int *fds, int max, int *n_fds)
 {
-    union {
-        char buf[CMSG_SPACE(SBX_Z_MAX_FDS * sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {.iov_base = m, .iov_len = sizeof *m};
-    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    ssize_t n;
-    while ((n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
-        ;
+    int truncated;
+    ssize_t n = sbx_recv_fds(sock, m, sizeof *m, fds, max, n_fds, &truncated);
     if (n < 0)
         return -1;
-    *n_fds = 0;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&h); c; c = CMSG_NXTHDR(&h, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(c) + (size_t)i * sizeof fd, sizeof fd);
-            if (*n_fds < max)
-                fds[(*n_fds)++] = fd;
-            else
-                close(fd);
-        }
-    }
     if (n == 0 && *n_fds == 0)
         return 0;
-    if (n != (ssize_t)sizeof *m || (h.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    if (n != (ssize_t)sizeof *m || truncated) {
         sbx_close_fds(fds, *n_fds);
         errno = EPROTO;
         return -1;

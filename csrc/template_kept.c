@@ -162,8 +162,15 @@ void tpl_choose_kept(const struct sbx_ctx *c, unsigned char *skip)
 /* A record of the mount at `dest` as the reset made it: 0, or -1. */
 static int record(struct kept_mount *rec, const char *dest, uint32_t kind)
 {
-    int flags = kind == SBX_OP_TMPFS ? O_PATH : O_RDONLY;
+    /* A devpts root's entries are read through this fd before each request:
+     * without O_NOATIME that read would move the atime the next check
+     * compares (relatime updates it while it is not later than the mtime),
+     * and the devpts would be made again every other request. O_NOATIME
+     * needs the inode's owner or CAP_FOWNER over it: without it, as before. */
+    int flags = kind == SBX_OP_TMPFS ? O_PATH : O_RDONLY | O_NOATIME;
     int fd = open(dest, flags | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == EPERM && (flags & O_NOATIME))
+        fd = open(dest, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
         return -1;
     if (fstat(fd, &rec->st) < 0 || (kind == SBX_OP_TMPFS && !one_inode(fd, &rec->used_blocks)) ||

@@ -357,3 +357,32 @@ def test_a_kept_devpts_carries_nothing_to_the_next_tenant() -> None:
                 continue  # not this uid's to change
             seen = look()
             assert seen["entries"] == baseline["entries"] and seen["modes"] == baseline["modes"], (what, seen)
+
+
+
+# When /dev/pts was mounted: its root's ctime, set when the devpts is made. A stat moves no time (mount
+# ids, from the kernel's lowest free, would come back the same for one made again).
+PTS_MADE = textwrap.dedent("""
+    import os
+    print(os.readlink("/proc/self/ns/mnt"), os.stat("/dev/pts").st_ctime_ns)
+""")
+
+
+def test_an_untouched_devpts_is_kept_from_one_request_to_the_next() -> None:
+    """Commands that never look at /dev/pts find the same devpts request after request: the reset's own
+    check (it lists the root's entries) must not move what its next check compares (the root's atime),
+    or the devpts is unmounted and mounted again every other request. A sandbox's first reset makes it
+    again (nothing was recorded before it): the devpts from its second request on are compared."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    with sandbox.Template(make_base_spec(), recycle=True) as t:
+        tenants = Tenants(t)
+        seen: dict[str, list[str]] = {}
+        for _ in range(16):
+            where, made, _ = tenants.run(PTS_MADE)
+            seen.setdefault(where, []).append(made)
+            time.sleep(0.01)  # the kernel's coarse clock moves on: a devpts made again has another ctime
+    assert max(len(made) for made in seen.values()) >= 4, seen
+    for where, made in seen.items():
+        assert len(set(made[1:])) <= 1, (where, made)

@@ -48,6 +48,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -254,6 +255,13 @@ int tpl_maker_next(struct sbx_ctx *c, pid_t *pid)
     if (sbx_send_fds(maker.sock, "g", 1, &sp[1], 1) < 0)
         _exit(125);
     close(sp[1]);
+    /* Woken once, not twice: the child's word comes just before its exec,
+     * and its end of the pair closes at the exec (close-on-exec) or at its
+     * death; a poll for the hang-up alone sleeps through the word (the
+     * kernel's wake-up for data is keyed EPOLLIN, which it filters out). */
+    struct pollfd hup = {.fd = sp[0], .events = POLLRDHUP};
+    while (poll(&hup, 1, -1) < 0 && errno == EINTR)
+        ;
     struct made_word w;
     int report = -1, n_fds;
     ssize_t n = sbx_recv_fds(sp[0], &w, sizeof w, &report, 1, &n_fds, NULL);

@@ -90,7 +90,7 @@ static void standby_running(struct sbx_ctx *c)
 /* Whether every standby but `slot`'s has taken a request (as far as their marks say). */
 static int others_busy(struct tpl_server *s, int slot)
 {
-    for (int k = 0; k < N_STANDBY; k++)
+    for (int k = 0; k < s->n_standby; k++)
         if (k != slot && __atomic_load_n(&s->standby_taken[k], __ATOMIC_SEQ_CST) != 1)
             return 0;
     return 1;

@@ -282,11 +282,11 @@ static int open_server(struct tpl_server *s, char **argv)
      * each marks its slot there the moment it takes a request, without a
      * message, so that one killed before it could say so is not taken for
      * a standby that crashed. */
-    s->standby_taken = mmap(NULL, (N_STANDBY + 1) * sizeof *s->standby_taken, PROT_READ | PROT_WRITE,
+    s->standby_taken = mmap(NULL, (N_SLOTS + 1) * sizeof *s->standby_taken, PROT_READ | PROT_WRITE,
                             MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (s->standby_taken == MAP_FAILED)
         return -1;
-    s->serving = s->standby_taken + N_STANDBY;
+    s->serving = s->standby_taken + N_SLOTS;
     s->notify_rd = notes[0];
     s->notify_wr = notes[1];
     return 0;

@@ -21,7 +21,12 @@
 
 #define MAX_MSG (256 * 1024)
 #define MAX_FDS SBX_REQ_MAX_FDS /* SCM_MAX_FD */
-#define N_STANDBY SBX_N_STANDBY
+#define N_STANDBY SBX_N_STANDBY /* a Template's standbys (the leases and cgroup sets of the wire count them) */
+/* A recycled Template's: with two, a caller whose next request comes while
+ * its last sandbox resets (its status goes out first) waits for that reset
+ * when the other one serves a second caller; a third is ready instead. */
+#define N_RECYCLED 3
+#define N_SLOTS N_RECYCLED /* the most of either */
 #define MAX_NULL_TREES 64
 #define TAKEN_RESETTING 2
 
@@ -61,11 +66,12 @@ struct tpl_server {
     char *reset_blob;  /* SBX_REQ_STORE_BLOB|SBX_REQ_RECYCLE: the standbys are recycled (template_recycle.c) */
     char *reset_kept_blob; /* ... |SBX_REQ_RECYCLE_NET_KEPT: their reset when the netns is kept */
     /* the standby schedule (template_schedule.c) */
-    volatile int *standby_taken; /* [N_STANDBY], MAP_SHARED: set by a standby that took a request
+    volatile int *standby_taken; /* [N_SLOTS], MAP_SHARED: set by a standby that took a request
                                     (TAKEN_RESETTING: a recycled one's command has ended) */
     volatile int *serving;       /* MAP_SHARED, after standby_taken: the server reads the standbys'
                                     socket itself (a recycled standby ready again then says so) */
-    struct standby_slot standby[N_STANDBY];
+    struct standby_slot standby[N_SLOTS];
+    int n_standby;    /* how many it keeps: N_STANDBY, or N_RECYCLED once a reset blob is stored */
     int standby_on;   /* making standbys: asked for, and none has failed */
     /* Leases mode (the stored plan's sandboxes lease their network namespace):
      * each standby joins one ahead, handed in by the caller (N_STANDBY with the

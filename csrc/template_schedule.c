@@ -1,7 +1,7 @@
 /* template_schedule.c: the server's standby schedule and its children.
  *
- * The server keeps N_STANDBY standby sandboxes (csrc/standby.c) of the
- * stored blob ready on the standbys' request socket, and replaces each one
+ * The server keeps N_STANDBY standby sandboxes (csrc/standby.c; N_RECYCLED
+ * recycled ones) of the stored blob ready on the standbys' request socket, and replaces each one
  * that takes a request once its command runs (or, while another standby is
  * ready, up to REPLACE_DELAY_NS later). Standbys talk to the server on the
  * notify socket (struct standby_note): ready, taken, running, a lease for
@@ -79,6 +79,8 @@ void start_standbys(struct tpl_server *s, int report, int leases_mode, const int
 {
     s->standby_on = 1;
     s->leases_mode = leases_mode;
+    /* recycled ones never lease (their pid 1 makes their network namespace) nor live in cgroups made ahead */
+    s->n_standby = s->reset_blob && !leases_mode && cgroup_k <= 0 ? N_RECYCLED : N_STANDBY;
     for (int k = 0; leases_mode && k < n; k++)
         add_lease(s, fcntl(leases[k], F_DUPFD_CLOEXEC, 3));
     s->cgroup_k = cgroup_k;
@@ -118,7 +120,7 @@ static int take_note(struct tpl_server *s, const struct standby_note *note, int 
             add_lease(s, fd);
         return s->leases_mode ? -1 : fd;
     }
-    if (note->slot < 0 || note->slot >= N_STANDBY)
+    if (note->slot < 0 || note->slot >= s->n_standby)
         return fd;
     struct standby_slot *slot = &s->standby[note->slot];
     if (note->kind == NOTE_READY) {
@@ -187,7 +189,7 @@ void reap(struct tpl_server *s)
     pid_t pid;
     read_notes(s); /* a taken standby said so before it could end */
     while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-        for (int k = 0; k < N_STANDBY; k++) {
+        for (int k = 0; k < s->n_standby; k++) {
             if (s->standby[k].pid != pid)
                 continue;
             /* A standby that fails to set up says why (a note) before it
@@ -224,7 +226,7 @@ static int to_replace(const struct tpl_server *s, int k, int64_t now)
         return 1;
     if (!s->standby[k].replace_at)
         return 0;
-    for (int j = 0; j < N_STANDBY; j++)
+    for (int j = 0; j < s->n_standby; j++)
         if (j != k && ready(s, j))
             return now >= s->standby[k].replace_at;
     return 1;
@@ -233,7 +235,7 @@ static int to_replace(const struct tpl_server *s, int k, int64_t now)
 int next_replacement(struct tpl_server *s)
 {
     int64_t first = 0, now = sbx_now_ns();
-    for (int k = 0; k < N_STANDBY; k++)
+    for (int k = 0; k < s->n_standby; k++)
         if (s->standby[k].pid && s->standby[k].replace_at && (!first || s->standby[k].replace_at < first))
             first = s->standby[k].replace_at;
     if (!s->standby_on || !first)
@@ -247,12 +249,12 @@ static int none_ready(struct tpl_server *s)
 {
     if (!s->standby_on)
         return 1;
-    for (int k = 0; k < N_STANDBY; k++)
+    for (int k = 0; k < s->n_standby; k++)
         if (ready(s, k))
             return 0;
     /* A recycled standby being reset is ready within a moment: the request
      * waits for it rather than for a sandbox the server would clone. */
-    for (int k = 0; s->reset_blob && k < N_STANDBY; k++)
+    for (int k = 0; s->reset_blob && k < s->n_standby; k++)
         if (s->standby[k].pid && s->standby_taken[k] == TAKEN_RESETTING)
             return 0;
     return 1;
@@ -276,7 +278,7 @@ int serving_fast(struct tpl_server *s)
 void make_standbys(struct tpl_server *s)
 {
     int64_t now = sbx_now_ns();
-    for (int k = 0; s->standby_on && k < N_STANDBY; k++) {
+    for (int k = 0; s->standby_on && k < s->n_standby; k++) {
         if (!to_replace(s, k, now))
             continue;
         if ((s->leases_mode && s->n_leases == 0) || (s->cgroup_k && s->n_cgroups == 0))

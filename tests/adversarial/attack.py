@@ -13,11 +13,10 @@ import time
 from typing import Any
 
 import pytest
-from conftest import BASE_MOUNTS, make_base_spec
+from conftest import BASE_MOUNTS, child_pids, make_base_spec
 
 import sandbox
 from sandbox import backends
-from sandbox.backends.native import lib
 
 # template: sandbox.spawn through a Template kept for the Spec; template-recycle: a Template(recycle=True) per
 # run, its standbys each recycled first (run() alone knows it: tests that spawn otherwise skip it)
@@ -61,7 +60,7 @@ def run(argv: list[str], spec: sandbox.Spec, backend: str, **kwargs: Any) -> san
 def run_recycled(argv: list[str], spec: sandbox.Spec, **kwargs: Any) -> sandbox.CompletedProcess:
     """`argv` in a recycled sandbox of a Template(spec, recycle=True): each standby has served and been reset first."""
     with sandbox.Template(spec, recycle=True) as t:
-        for _ in range(2 * lib.SBX_N_STANDBY):
+        for _ in range(2 * len(child_pids(t.pid))):  # its standbys: the template process's children
             with contextlib.suppress(sandbox.SandboxError):
                 t.run(["/bin/true"], timeout=60)
             time.sleep(0.02)  # its reset, before the next request

@@ -8,7 +8,7 @@ nice value, scheduling policy, CPU affinity and I/O priority (where the
 target holds no capability the caller lacks), and (where the command's uid
 owns the target's /proc files: a root caller's) its OOM score adjustment
 and core dump filter. Request N changes one of them on every other process
-it sees (pid 1 is the sandbox's), both standbys in turn; request N+1, served
+it sees (pid 1 is the sandbox's), each standby in turn; request N+1, served
 by a recycled sandbox, must still start with a fresh sandbox's values (a
 changed maker ends, and a fresh standby replaces it:
 csrc/template_inherited.c). As root and unprivileged, with the default
@@ -101,7 +101,7 @@ def test_a_tenant_cannot_change_what_the_next_command_inherits(seccomp: str) -> 
         tenants = Tenants(t)
         baseline = json.loads(tenants.run(LOOK)[1])
         for what in CHANGES:
-            if not any(json.loads(done) for done in tenants.in_both(CHANGE, what)):
+            if not any(json.loads(done) for done in tenants.in_each(CHANGE, what)):
                 continue  # not this uid's to change here (or the filter refuses it)
             changed.append(what)
             seen = json.loads(tenants.recycled(LOOK))
@@ -146,12 +146,12 @@ def test_signals_to_what_outlives_a_command_reach_no_later_tenant(what: str) -> 
     seen: list[object] = []
 
     def later_tenants() -> None:
-        for _ in range(4):  # both standbys serve again
+        for _ in range(4):  # the standbys serve again
             seen.append(json.loads(tenants.recycled(PENDING)))
 
     with sandbox.Template(spec(), recycle=True) as t:
         tenants = Tenants(t)
-        for done in tenants.in_both(SIGNAL, what):
+        for done in tenants.in_each(SIGNAL, what):
             assert json.loads(done), done  # it reached at least one (the maker, where there is one)
         # a stopped process that makes the commands would leave their requests waiting: not forever here
         waiting = threading.Thread(target=later_tenants, daemon=True)

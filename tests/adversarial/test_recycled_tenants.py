@@ -149,9 +149,9 @@ def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str, net: 
         tenants = Tenants(t)
         baseline = check(tenants, "nothing", recycled=False)  # a fresh sandbox's view
         assert baseline["found"] == [] and baseline["host"] == "tenant"
-        for _ in range(2):  # both standbys planted in, recycled, planted in again
+        for _ in range(2):  # each standby planted in, recycled, planted in again
             secret = "SBXRECYCLE" + secrets.token_hex(8)
-            for done in map(str.split, tenants.in_both(PLANT, secret, net)):
+            for done in map(str.split, tenants.in_each(PLANT, secret, net)):
                 assert {"/tmp", "/dev/shm", "/var/scratch", "shm", "msg", "sem", "mqueue", "sockets"} <= set(done)
                 if seccomp == "none":
                     assert {"key-3", "key-4"} <= set(done)  # the keyrings were open to it
@@ -245,7 +245,7 @@ def test_a_kept_tmpfs_root_carries_nothing_to_the_next_tenant() -> None:
         for what in ("mode", "times", "xattr"):
             baseline = roots()
             secret = "SBXROOT" + secrets.token_hex(8)
-            if not any(f"/var/scratch:{what}" in done.split() for done in tenants.in_both(PLANT_ROOTS, secret, what)):
+            if not any(f"/var/scratch:{what}" in done.split() for done in tenants.in_each(PLANT_ROOTS, secret, what)):
                 continue  # not this uid's to change (an xattr needs a kernel whose tmpfs has them)
             seen = roots()
             for top, (mode, _mtime, xattrs, names) in seen.items():
@@ -301,7 +301,7 @@ def test_a_kept_ipc_namespace_holds_nothing_of_the_last_tenant(mqueue_mounted: b
         tenants = Tenants(t)
         for kind in ("shm", "msg", "sem", "mqueue", "mqueue-unlinked"):
             secret = "SBXIPC" + secrets.token_hex(8)
-            for done in tenants.in_both(PLANT_IPC, kind, secret):
+            for done in tenants.in_each(PLANT_IPC, kind, secret):
                 assert done == "made", (kind, done)
             for _ in range(2):  # the first check left nothing: its sandbox's IPC namespace may be kept
                 seen = json.loads(tenants.recycled(CHECK_IPC, secret))
@@ -353,7 +353,7 @@ def test_a_kept_devpts_carries_nothing_to_the_next_tenant() -> None:
         baseline = look()
         assert baseline["entries"] == ["ptmx"], baseline
         for what in ("/dev/pts/ptmx", "/dev/pts", "pty"):
-            if not any(tenants.in_both(PLANT_PTS, what)):
+            if not any(tenants.in_each(PLANT_PTS, what)):
                 continue  # not this uid's to change
             seen = look()
             assert seen["entries"] == baseline["entries"] and seen["modes"] == baseline["modes"], (what, seen)

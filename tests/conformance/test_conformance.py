@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SYSTEM_MOUNTS
+from conftest import SYSTEM_MOUNTS, child_pids
 
 import sandbox
 from sandbox import backends, errors
 from sandbox import spec as S
-from sandbox.backends.native import lib
 from sandbox.warm_plan import ZYGOTE_ROOT_STAND_IN
 from sandbox.workerpool import TaskError
 from sandbox.workerpool.interpreter import interpreter_paths
@@ -237,7 +236,7 @@ def run_in_template(spec: S.Spec, argv: list[str], fds: list[int], recycle: bool
             pytest.skip(str(exc))
         raise
     with template:
-        for _ in range(2 * lib.SBX_N_STANDBY if recycle else 0):
+        for _ in range(2 * len(child_pids(template.pid)) if recycle else 0):  # its standbys: the template's children
             with contextlib.suppress(sandbox.SandboxError):
                 template.run(["/bin/true"], timeout=60)
             time.sleep(0.02)  # its reset, before the next request

@@ -35,13 +35,16 @@ from .. import spec as S
 from ..capabilities import Traits
 from ..errors import SpecError
 from ..host import HostInfo, effective_caps, userns_available
-from ..seccomp import DEFAULT_POLICY, Seccomp
 from ..validate import check_items, check_mapping, check_text
 from . import memo
 from .grammar import BY_NAME, Option
 from .monitor import Monitor
 from .state import MAX_ARGS, BwrapArgsError, ParseState
 from .values import consume_fd
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
+if TYPE_CHECKING:
+    from ..seccomp import Seccomp
 
 
 @dataclass(frozen=True)
@@ -291,16 +294,20 @@ def _namespaces(st: ParseState, base: S.Spec | None, uid: int) -> S.Namespaces:
 
 def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
     """`--seccomp FD`'s raw program, else the default policy with
-    `--seccomp-default`, else the starting Spec's, else none (as bwrap)."""
+    `--seccomp-default`, else the starting Spec's, else none (as bwrap).
+    The seccomp package is imported only here, for a command line that asks for a filter."""
     if st.seccomp_programs:
         programs = [p for p in st.seccomp_programs if p]
         if len(programs) < len(st.seccomp_programs) or any(len(p) // 8 > BPF_MAXINSNS for p in programs):
             raise BwrapArgsError(SECCOMP_EINVAL, "--add-seccomp-fd", 0)
+        from ..seccomp import Seccomp
         from ..seccomp.stack import stack  # only for --add-seccomp-fd
 
         return Seccomp(raw=stack(programs))
     if st.seccomp_fd is None:
         if "seccomp_default" in st.flags:
+            from ..seccomp import DEFAULT_POLICY
+
             return DEFAULT_POLICY
         return base.seccomp if base else None
     data = consume_fd(st, "--seccomp", st.seccomp_fd, "Can't read seccomp data")
@@ -308,6 +315,8 @@ def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
         raise BwrapArgsError("Invalid seccomp data, must be multiple of 8", "--seccomp", len(data))
     if not 0 < len(data) // 8 <= BPF_MAXINSNS:  # what the kernel refuses, in bwrap's words
         raise BwrapArgsError(SECCOMP_EINVAL, "--seccomp", len(data))
+    from ..seccomp import Seccomp
+
     return Seccomp(raw=data)
 
 

@@ -27,6 +27,9 @@ NOT_FOR_A_PLAIN_RUN = (
     "sandbox.netpool.factory", "sandbox.netpool.baseline", "sandbox.netpool.rtnetlink", "sandbox.backends.bwrap",
     "sandbox.backends.bwrap.driver", "sandbox.probe", "sandbox.explain", "sandbox.bwrap.unparse", "sandbox.forward",
     "sandbox.template", "sandbox.workerpool", "sandbox.seccomp.stack", "platform", "pyroute2", "cloudpickle",
+    # no filter, as bwrap's: no policy, no assembler, no syscall table
+    "sandbox.seccomp", "sandbox.seccomp.policy", "sandbox.seccomp.bpf", "sandbox.seccomp.default", "sandbox.syscalls",
+    "termios",
 )
 # ... nor standard modules only some paths use: pathlib (with urllib.parse and ipaddress), json (--spec),
 # base64 (a File's or a raw seccomp program's JSON form)
@@ -109,6 +112,21 @@ def test_a_policy_brings_its_compiler() -> None:
                            "compile_plan(Spec(seccomp=None), HostInfo(uid=1000, gid=1000, cwd='/', environ={}, "
                            "pool=None, executor=Traits('test', 'a test', ALL)))")
     assert "sandbox.seccomp.compile" not in loaded
+
+
+def test_the_default_policy_is_loaded_by_the_spec_that_takes_it() -> None:
+    """Spec's seccomp default is the default policy, imported only by a Spec that keeps it."""
+    loaded = modules_after("from sandbox.spec import Spec\nassert Spec(seccomp=None).seccomp is None\n"
+                           "Spec().replace(seccomp=None)")
+    assert "sandbox.seccomp.default" in loaded  # Spec() took it
+    loaded = modules_after("from sandbox.spec import Spec, RoBind\n"
+                           "spec = Spec([RoBind('/usr')], seccomp=None).replace(network='host')\n"
+                           "assert spec.seccomp is None and Spec.from_json(spec.to_json()).seccomp is None")
+    assert not {"sandbox.seccomp", "sandbox.seccomp.policy", "sandbox.seccomp.default"} & loaded
+    modules_after("from sandbox.spec import Spec\nfrom sandbox.seccomp import DEFAULT_POLICY\n"
+                  "assert Spec().seccomp is DEFAULT_POLICY and Spec(seccomp=DEFAULT_POLICY) == Spec()\n"
+                  "assert Spec().replace(hostname='x').seccomp is DEFAULT_POLICY\n"
+                  "assert Spec.from_json(Spec().to_json()) == Spec()")
 
 
 def test_a_first_run_of_a_bwrap_command_line_runs_only_what_it_uses() -> None:

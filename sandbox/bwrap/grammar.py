@@ -15,8 +15,6 @@ are re-exported here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .. import spec as S
 from . import handlers as h
 from .state import (
@@ -55,7 +53,6 @@ GROUPS = {  # usage() prints the groups in this order, under these titles
 }
 
 
-@dataclass(frozen=True)
 class Option:
     """One command-line option.
 
@@ -64,17 +61,35 @@ class Option:
     supported; the parser refuses it by name) is set. `last_wins`: a single
     value that bwrap warns about when repeated. `modifier`: it applies to the
     next option (--perms, --size), which must be one that takes it.
+
+    Read-only. A plain class: a frozen dataclass costs a direct run its
+    methods' compilation at import, and options are never compared.
     """
 
+    __slots__ = ("group", "handler", "help", "last_wins", "metavar", "modifier", "name", "nargs", "refused")
     name: str
     nargs: int
     metavar: tuple[str, ...]
     help: str
     group: str
-    handler: Handler | None = None
-    refused: str | None = None
-    last_wins: bool = False
-    modifier: bool = False
+    handler: Handler | None
+    refused: str | None
+    last_wins: bool
+    modifier: bool
+
+    def __init__(self, name: str, nargs: int, metavar: tuple[str, ...], help: str, group: str,
+                 handler: Handler | None = None, refused: str | None = None, last_wins: bool = False,
+                 modifier: bool = False) -> None:
+        for key, value in (("name", name), ("nargs", nargs), ("metavar", metavar), ("help", help), ("group", group),
+                           ("handler", handler), ("refused", refused), ("last_wins", last_wins),
+                           ("modifier", modifier)):
+            object.__setattr__(self, key, value)
+
+    def __setattr__(self, key: str, value: object) -> None:
+        raise AttributeError(f"an Option is read-only (cannot set {key!r})")
+
+    def __repr__(self) -> str:
+        return f"Option({self.name!r})"
 
 
 def _refuse(name: str, metavar: tuple[str, ...], help: str, reason: str) -> Option:

@@ -129,6 +129,21 @@ def test_the_default_policy_is_loaded_by_the_spec_that_takes_it() -> None:
                   "assert Spec.from_json(Spec().to_json()) == Spec()")
 
 
+def test_a_command_line_loads_seccomp_only_when_it_asks_for_a_filter() -> None:
+    """The parser imports the seccomp package where a filter is asked for (each way), and only there."""
+    parse = "from sandbox.bwrap.parse import parse_bwrap_args\n"
+    loaded = modules_after(f"{parse}spec, _, _ = parse_bwrap_args(['--unshare-all', 'true'])\n"
+                           "assert spec.seccomp is None")
+    assert "sandbox.seccomp" not in loaded
+    modules_after(f"{parse}spec, _, _ = parse_bwrap_args(['--seccomp-default', 'true'])\n"
+                  "from sandbox.seccomp import DEFAULT_POLICY\nassert spec.seccomp is DEFAULT_POLICY")
+    allow = "struct.pack('HBBI', 0x06, 0, 0, 0x7fff0000)"  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
+    for option in ("--seccomp", "--add-seccomp-fd"):
+        modules_after(f"import os, struct\n{parse}r, w = os.pipe()\nos.write(w, {allow})\nos.close(w)\n"
+                      f"spec, _, _ = parse_bwrap_args(['{option}', str(r), 'true'])\n"
+                      f"assert spec.seccomp is not None and spec.seccomp.raw == {allow}, spec.seccomp")
+
+
 def test_a_first_run_of_a_bwrap_command_line_runs_only_what_it_uses() -> None:
     """The benchmark's command line, as the console script runs it: no module only some paths use is imported."""
     found = sandbox.probe()

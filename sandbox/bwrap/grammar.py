@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .. import spec as S
 from . import handlers as h
+from .record import FrozenRecord
 from .state import (
     BACKENDS,
     LIMIT_FIELD,
@@ -53,7 +54,7 @@ GROUPS = {  # usage() prints the groups in this order, under these titles
 }
 
 
-class Option:
+class Option(FrozenRecord):
     """One command-line option.
 
     `nargs` values follow it, named by `metavar` (one per value). Exactly one of
@@ -61,12 +62,11 @@ class Option:
     supported; the parser refuses it by name) is set. `last_wins`: a single
     value that bwrap warns about when repeated. `modifier`: it applies to the
     next option (--perms, --size), which must be one that takes it.
-
-    Read-only. A plain class: a frozen dataclass costs a direct run its
-    methods' compilation at import, and options are never compared.
+    Read-only (a FrozenRecord: see record.py).
     """
 
-    __slots__ = ("group", "handler", "help", "last_wins", "metavar", "modifier", "name", "nargs", "refused")
+    __slots__ = ("name", "nargs", "metavar", "help", "group", "handler", "refused", "last_wins", "modifier")
+    _COMPARED = __slots__
     name: str
     nargs: int
     metavar: tuple[str, ...]
@@ -80,16 +80,8 @@ class Option:
     def __init__(self, name: str, nargs: int, metavar: tuple[str, ...], help: str, group: str,
                  handler: Handler | None = None, refused: str | None = None, last_wins: bool = False,
                  modifier: bool = False) -> None:
-        for key, value in (("name", name), ("nargs", nargs), ("metavar", metavar), ("help", help), ("group", group),
-                           ("handler", handler), ("refused", refused), ("last_wins", last_wins),
-                           ("modifier", modifier)):
-            object.__setattr__(self, key, value)
-
-    def __setattr__(self, key: str, value: object) -> None:
-        raise AttributeError(f"an Option is read-only (cannot set {key!r})")
-
-    def __repr__(self) -> str:
-        return f"Option({self.name!r})"
+        self._init(name=name, nargs=nargs, metavar=metavar, help=help, group=group, handler=handler,
+                   refused=refused, last_wins=last_wins, modifier=modifier)
 
 
 def _refuse(name: str, metavar: tuple[str, ...], help: str, reason: str) -> Option:

@@ -29,7 +29,6 @@ import dataclasses
 import fnmatch
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from .. import spec as S
 from ..capabilities import Traits
@@ -39,6 +38,7 @@ from ..validate import check_items, check_mapping, check_text
 from . import memo
 from .grammar import BY_NAME, Option
 from .monitor import Monitor
+from .record import FrozenRecord
 from .state import MAX_ARGS, BwrapArgsError, ParseState
 from .values import consume_fd
 
@@ -47,8 +47,7 @@ if TYPE_CHECKING:
     from ..seccomp import Seccomp
 
 
-@dataclass(frozen=True)
-class CliExtras:
+class CliExtras(FrozenRecord):
     """What the CLI needs that is not part of a Spec.
 
     backend: "auto", "native" or "bwrap" (`--backend`).
@@ -63,19 +62,32 @@ class CliExtras:
     monitor: the status and synchronization options (`--info-fd`, `--lock-file`, ...).
     show_help / show_version: `--help` / `--version` was given; parsing stopped there.
     replay: the options applied, `--args` files expanded, when all are pure (bwrap/memo.py); else None.
+
+    Read-only; equal when every field but `replay` is (a FrozenRecord: see record.py).
     """
 
-    backend: str = "auto"
-    close_fds: bool = False
-    consumed_fds: tuple[int, ...] = ()
-    warnings: tuple[str, ...] = ()
-    verbose: bool = False
-    dry_run: bool = False
-    show_secrets: bool = False
-    show_help: bool = False
-    show_version: bool = False
-    monitor: Monitor = dataclasses.field(default_factory=Monitor)
-    replay: tuple[str, ...] | None = dataclasses.field(default=None, compare=False)
+    __slots__ = ("backend", "close_fds", "consumed_fds", "warnings", "verbose", "dry_run", "show_secrets",
+                 "show_help", "show_version", "monitor", "replay")
+    _COMPARED = __slots__[:-1]
+    backend: str
+    close_fds: bool
+    consumed_fds: tuple[int, ...]
+    warnings: tuple[str, ...]
+    verbose: bool
+    dry_run: bool
+    show_secrets: bool
+    show_help: bool
+    show_version: bool
+    monitor: Monitor
+    replay: tuple[str, ...] | None
+
+    def __init__(self, backend: str = "auto", close_fds: bool = False, consumed_fds: tuple[int, ...] = (),
+                 warnings: tuple[str, ...] = (), verbose: bool = False, dry_run: bool = False,
+                 show_secrets: bool = False, show_help: bool = False, show_version: bool = False,
+                 monitor: Monitor | None = None, replay: tuple[str, ...] | None = None) -> None:
+        self._init(backend=backend, close_fds=close_fds, consumed_fds=consumed_fds, warnings=warnings,
+                   verbose=verbose, dry_run=dry_run, show_secrets=show_secrets, show_help=show_help,
+                   show_version=show_version, monitor=Monitor() if monitor is None else monitor, replay=replay)
 
 
 # ---------------------------------------------------------------- public API

@@ -156,6 +156,37 @@ def test_a_first_run_of_a_bwrap_command_line_runs_only_what_it_uses() -> None:
     assert not unused & loaded, sorted(unused & loaded)
 
 
+def test_the_parser_compiles_no_dataclass() -> None:
+    """The command line's own classes are plain (bwrap/record.py): on Python 3.11 a dataclass
+    compiles its methods when its module is imported, which a direct run pays for."""
+    code = ("import dataclasses, sys\nfrom sandbox.bwrap import parse\n"
+            "made = [f'{m}.{n}' for m, mod in list(sys.modules.items()) if m.startswith('sandbox.bwrap')\n"
+            "        for n, v in vars(mod).items() if isinstance(v, type) and v.__module__ == m\n"
+            "        and dataclasses.is_dataclass(v)]\n"
+            "assert not made, made")
+    modules_after(code)
+
+
+def test_the_parser_records_behave_as_their_dataclasses_did() -> None:
+    from sandbox.bwrap.grammar import BY_NAME
+    from sandbox.bwrap.monitor import Monitor
+    from sandbox.bwrap.parse import CliExtras
+
+    assert CliExtras() == CliExtras(replay=("--unshare-all",)) != CliExtras(verbose=True)  # replay not compared
+    assert CliExtras(monitor=Monitor()) == CliExtras()
+    changed = Monitor()
+    changed.info_fd = 3
+    assert Monitor() == Monitor() != changed and CliExtras(monitor=changed) != CliExtras()
+    assert repr(CliExtras()).startswith("CliExtras(backend='auto', close_fds=False,")
+    with pytest.raises(AttributeError, match="read-only"):
+        CliExtras().backend = "native"  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="read-only"):
+        BY_NAME["--bind"].nargs = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        hash(Monitor())  # mutable: unhashable
+    assert len({BY_NAME["--bind"], BY_NAME["--bind"], BY_NAME["--ro-bind"]}) == 2
+
+
 def test_the_collector_waits_for_the_start_only() -> None:
     """A one-shot run starts with the garbage collector off and turns it on for
     the wait, which may be long; a run that fails before the sandbox starts turns

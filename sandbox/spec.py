@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+    from .seccomp import Seccomp
+
 from .errors import SpecError, shown
 from .mounts import (
     MOUNT_TYPES,
@@ -36,7 +38,6 @@ from .mounts import (
     mount_from_dict,
     mount_to_dict,
 )
-from .seccomp import DEFAULT_POLICY, Seccomp
 from .validate import (
     StrPath,
     as_text,
@@ -186,6 +187,20 @@ _NAMESPACES = Namespaces()
 _LIMITS = Limits()
 
 
+class _DefaultPolicy:
+    """What Spec's `seccomp` defaults to: sandbox.seccomp.DEFAULT_POLICY, which
+    a Spec takes on construction. Only a Spec that keeps the default imports
+    the seccomp package (a policy, its assembler and the syscall table): the
+    command line's Specs, without a filter as bwrap's, never load it."""
+
+    def __repr__(self) -> str:
+        return "sandbox.seccomp.DEFAULT_POLICY"
+
+
+# Typed as what a Spec holds once constructed: the default policy.
+_DEFAULT_POLICY: Seccomp = _DefaultPolicy()  # type: ignore[assignment]
+
+
 @dataclass(frozen=True, init=False)
 class Spec:
     """What a sandboxed command sees. Pure data; validated on construction.
@@ -213,7 +228,7 @@ class Spec:
     new_session: bool = True
     as_pid_1: bool = False
     cap_add: tuple[str, ...] = ()
-    seccomp: Seccomp | None = DEFAULT_POLICY
+    seccomp: Seccomp | None = _DEFAULT_POLICY
     disable_userns: bool = False
     landlock: bool | str = False
     probe_paths: tuple[str, ...] = ()
@@ -236,7 +251,7 @@ class Spec:
         new_session: bool = True,
         as_pid_1: bool = False,
         cap_add: Iterable[str] = (),
-        seccomp: Seccomp | None = DEFAULT_POLICY,
+        seccomp: Seccomp | None = _DEFAULT_POLICY,
         disable_userns: bool = False,
         landlock: bool | str = False,
         probe_paths: Iterable[StrPath] = (),
@@ -274,8 +289,7 @@ class Spec:
         self.limits.validate("limits")
         for name in ("die_with_parent", "new_session", "as_pid_1", "disable_userns"):
             check_bool(name, getattr(self, name))
-        if self.seccomp is not None and not isinstance(self.seccomp, Seccomp):
-            raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
+        self._check_seccomp()
         set_(self, "probe_paths", tuple(normalize_path(check_path(f"probe_paths[{i}]", p))
                                   for i, p in enumerate(check_items("probe_paths", self.probe_paths, "paths"))))
         set_(self, "forward", _forwards(self.forward, self.network))
@@ -289,6 +303,19 @@ class Spec:
         set_(self, "cap_add", tuple(_cap_name(c) for c in _strings(self.cap_add, "cap_add")))
         if self.mounts and not self.namespaces.mount:
             raise SpecError("namespaces.mount", False, "mounts need a mount namespace")
+
+    def _check_seccomp(self) -> None:
+        """The default's placeholder replaced by the default policy; any other value a Seccomp or None."""
+        if self.seccomp is None:
+            return
+        if isinstance(self.seccomp, _DefaultPolicy):
+            from .seccomp import DEFAULT_POLICY
+
+            object.__setattr__(self, "seccomp", DEFAULT_POLICY)
+        from .seccomp import Seccomp
+
+        if not isinstance(self.seccomp, Seccomp):
+            raise SpecError("seccomp", self.seccomp, "must be a sandbox.seccomp.Seccomp or None")
 
     def _check_destinations(self) -> None:
         """Reject two operations that create the same path, or one under a file or link."""
@@ -380,6 +407,8 @@ class Spec:
         if "limits" in kwargs:
             kwargs["limits"] = _sub_from_dict("limits", Limits, kwargs["limits"])
         if kwargs.get("seccomp") is not None:
+            from .seccomp import Seccomp
+
             kwargs["seccomp"] = Seccomp.from_dict(kwargs["seccomp"], where="seccomp")
         return cls(**kwargs)
 

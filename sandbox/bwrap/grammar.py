@@ -15,10 +15,9 @@ are re-exported here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .. import spec as S
 from . import handlers as h
+from .record import FrozenRecord
 from .state import (
     BACKENDS,
     LIMIT_FIELD,
@@ -55,8 +54,7 @@ GROUPS = {  # usage() prints the groups in this order, under these titles
 }
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(FrozenRecord):
     """One command-line option.
 
     `nargs` values follow it, named by `metavar` (one per value). Exactly one of
@@ -64,17 +62,26 @@ class Option:
     supported; the parser refuses it by name) is set. `last_wins`: a single
     value that bwrap warns about when repeated. `modifier`: it applies to the
     next option (--perms, --size), which must be one that takes it.
+    Read-only (a FrozenRecord: see record.py).
     """
 
+    __slots__ = ("name", "nargs", "metavar", "help", "group", "handler", "refused", "last_wins", "modifier")
+    _COMPARED = __slots__
     name: str
     nargs: int
     metavar: tuple[str, ...]
     help: str
     group: str
-    handler: Handler | None = None
-    refused: str | None = None
-    last_wins: bool = False
-    modifier: bool = False
+    handler: Handler | None
+    refused: str | None
+    last_wins: bool
+    modifier: bool
+
+    def __init__(self, name: str, nargs: int, metavar: tuple[str, ...], help: str, group: str,
+                 handler: Handler | None = None, refused: str | None = None, last_wins: bool = False,
+                 modifier: bool = False) -> None:
+        self._init(name=name, nargs=nargs, metavar=metavar, help=help, group=group, handler=handler,
+                   refused=refused, last_wins=last_wins, modifier=modifier)
 
 
 def _refuse(name: str, metavar: tuple[str, ...], help: str, reason: str) -> Option:

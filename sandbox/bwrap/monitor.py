@@ -38,30 +38,35 @@ import fcntl
 import os
 import struct
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..sync import Sync
+from .record import Record
 
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "uts")  # bwrap's order; never "user"
 CLONE_NEWUSER = 0x10000000
 
 
-@dataclass
-class Monitor:
-    """What the status and synchronization options asked for."""
+class Monitor(Record):
+    """What the status and synchronization options asked for (the option
+    handlers set each field; a Record: see record.py)."""
 
-    info_fd: int | None = None
-    json_status_fd: int | None = None
-    sync_fd: int | None = None
-    lock_files: list[str] = field(default_factory=list)
-    assert_userns_disabled: bool = False
-    userns_fd: int | None = None  # --userns: a user namespace to start in
-    pidns_fd: int | None = None  # --pidns: a pid namespace for the sandbox's processes
-    block_fd: int | None = None  # --block-fd: read before the exec
-    userns_block_fd: int | None = None  # --userns-block-fd: read before the id maps (the caller writes them)
-    userns2_fd: int | None = None  # --userns2: joined after setup
-    reported: bool = False  # --info-fd and --json-status-fd's first record are written
+    __slots__ = ("info_fd", "json_status_fd", "sync_fd", "lock_files", "assert_userns_disabled", "userns_fd",
+                 "pidns_fd", "block_fd", "userns_block_fd", "userns2_fd", "reported")
+    _COMPARED = __slots__
+
+    def __init__(self) -> None:
+        self.info_fd: int | None = None
+        self.json_status_fd: int | None = None
+        self.sync_fd: int | None = None
+        self.lock_files: list[str] = []
+        self.assert_userns_disabled = False
+        self.userns_fd: int | None = None  # --userns: a user namespace to start in
+        self.pidns_fd: int | None = None  # --pidns: a pid namespace for the sandbox's processes
+        self.block_fd: int | None = None  # --block-fd: read before the exec
+        self.userns_block_fd: int | None = None  # --userns-block-fd: read before the id maps (the caller writes them)
+        self.userns2_fd: int | None = None  # --userns2: joined after setup
+        self.reported = False  # --info-fd and --json-status-fd's first record are written
 
     def fds(self) -> tuple[int, ...]:
         """The fds these options hold, never passed to the command as such."""

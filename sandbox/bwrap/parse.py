@@ -29,23 +29,25 @@ import dataclasses
 import fnmatch
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from .. import spec as S
 from ..capabilities import Traits
 from ..errors import SpecError
 from ..host import HostInfo, effective_caps, userns_available
-from ..seccomp import DEFAULT_POLICY, Seccomp
 from ..validate import check_items, check_mapping, check_text
 from . import memo
 from .grammar import BY_NAME, Option
 from .monitor import Monitor
+from .record import FrozenRecord
 from .state import MAX_ARGS, BwrapArgsError, ParseState
 from .values import consume_fd
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
+if TYPE_CHECKING:
+    from ..seccomp import Seccomp
 
-@dataclass(frozen=True)
-class CliExtras:
+
+class CliExtras(FrozenRecord):
     """What the CLI needs that is not part of a Spec.
 
     backend: "auto", "native" or "bwrap" (`--backend`).
@@ -60,19 +62,32 @@ class CliExtras:
     monitor: the status and synchronization options (`--info-fd`, `--lock-file`, ...).
     show_help / show_version: `--help` / `--version` was given; parsing stopped there.
     replay: the options applied, `--args` files expanded, when all are pure (bwrap/memo.py); else None.
+
+    Read-only; equal when every field but `replay` is (a FrozenRecord: see record.py).
     """
 
-    backend: str = "auto"
-    close_fds: bool = False
-    consumed_fds: tuple[int, ...] = ()
-    warnings: tuple[str, ...] = ()
-    verbose: bool = False
-    dry_run: bool = False
-    show_secrets: bool = False
-    show_help: bool = False
-    show_version: bool = False
-    monitor: Monitor = dataclasses.field(default_factory=Monitor)
-    replay: tuple[str, ...] | None = dataclasses.field(default=None, compare=False)
+    __slots__ = ("backend", "close_fds", "consumed_fds", "warnings", "verbose", "dry_run", "show_secrets",
+                 "show_help", "show_version", "monitor", "replay")
+    _COMPARED = __slots__[:-1]
+    backend: str
+    close_fds: bool
+    consumed_fds: tuple[int, ...]
+    warnings: tuple[str, ...]
+    verbose: bool
+    dry_run: bool
+    show_secrets: bool
+    show_help: bool
+    show_version: bool
+    monitor: Monitor
+    replay: tuple[str, ...] | None
+
+    def __init__(self, backend: str = "auto", close_fds: bool = False, consumed_fds: tuple[int, ...] = (),
+                 warnings: tuple[str, ...] = (), verbose: bool = False, dry_run: bool = False,
+                 show_secrets: bool = False, show_help: bool = False, show_version: bool = False,
+                 monitor: Monitor | None = None, replay: tuple[str, ...] | None = None) -> None:
+        self._init(backend=backend, close_fds=close_fds, consumed_fds=consumed_fds, warnings=warnings,
+                   verbose=verbose, dry_run=dry_run, show_secrets=show_secrets, show_help=show_help,
+                   show_version=show_version, monitor=Monitor() if monitor is None else monitor, replay=replay)
 
 
 # ---------------------------------------------------------------- public API
@@ -291,16 +306,20 @@ def _namespaces(st: ParseState, base: S.Spec | None, uid: int) -> S.Namespaces:
 
 def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
     """`--seccomp FD`'s raw program, else the default policy with
-    `--seccomp-default`, else the starting Spec's, else none (as bwrap)."""
+    `--seccomp-default`, else the starting Spec's, else none (as bwrap).
+    The seccomp package is imported only here, for a command line that asks for a filter."""
     if st.seccomp_programs:
         programs = [p for p in st.seccomp_programs if p]
         if len(programs) < len(st.seccomp_programs) or any(len(p) // 8 > BPF_MAXINSNS for p in programs):
             raise BwrapArgsError(SECCOMP_EINVAL, "--add-seccomp-fd", 0)
+        from ..seccomp import Seccomp
         from ..seccomp.stack import stack  # only for --add-seccomp-fd
 
         return Seccomp(raw=stack(programs))
     if st.seccomp_fd is None:
         if "seccomp_default" in st.flags:
+            from ..seccomp import DEFAULT_POLICY
+
             return DEFAULT_POLICY
         return base.seccomp if base else None
     data = consume_fd(st, "--seccomp", st.seccomp_fd, "Can't read seccomp data")
@@ -308,6 +327,8 @@ def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
         raise BwrapArgsError("Invalid seccomp data, must be multiple of 8", "--seccomp", len(data))
     if not 0 < len(data) // 8 <= BPF_MAXINSNS:  # what the kernel refuses, in bwrap's words
         raise BwrapArgsError(SECCOMP_EINVAL, "--seccomp", len(data))
+    from ..seccomp import Seccomp
+
     return Seccomp(raw=data)
 
 

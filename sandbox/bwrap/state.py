@@ -9,8 +9,7 @@ raises `BwrapArgsError` with bwrap's wording.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from .. import spec as S
 from ..errors import SpecError
@@ -26,13 +25,13 @@ BACKENDS = ("auto", "native", "bwrap")
 PROC_COVERS = ("bwrap", "strict")  # --proc-covers: the choices (S.Proc.covers), the CLI's default first
 
 
-class Limit(NamedTuple):
+class Limit:
     """One `--limit-*` option of this package and the `Limits` field it sets."""
 
-    option: str
-    field: str
-    metavar: str
-    help: str
+    __slots__ = ("field", "help", "metavar", "option")
+
+    def __init__(self, option: str, field: str, metavar: str, help: str) -> None:
+        self.option, self.field, self.metavar, self.help = option, field, metavar, help
 
 
 LIMITS = (
@@ -59,45 +58,50 @@ class BwrapArgsError(SpecError):
 
 # ---------------------------------------------------------------- parse state
 
-@dataclass
 class ParseState:
-    """Everything gathered from the options, before the Spec is built."""
+    """Everything gathered from the options, before the Spec is built.
 
-    cwd: str
-    mounts: list[S.Mount] = field(default_factory=list)
-    unshare: set[str] = field(default_factory=set)
-    net: bool | None = None  # True: --unshare-net, False: --share-net
-    net_pool: bool = False  # --netns-pool: lease the private netns from a pool
-    uid: int | None = None
-    gid: int | None = None
-    hostname: str | None = None
-    chdir: str | None = None
-    env_ops: list[tuple[str, str, str]] = field(default_factory=list)
-    cap_ops: list[tuple[bool, str]] = field(default_factory=list)
-    limits: dict[str, Any] = field(default_factory=dict)  # Limits fields (numbers from the options above)
-    flags: set[str] = field(default_factory=set)
-    seccomp_fd: str | None = None  # read when the Spec is built (bwrap reads it late too)
-    seccomp_programs: list[bytes] = field(default_factory=list)  # --add-seccomp-fd's, in order
-    base: S.Spec | None = None
-    backend: str = "auto"
-    proc_covers: str = PROC_COVERS[0]  # --proc-covers: what every --proc of the command line covers
-    close_fds: bool = False
-    verbose: bool = False  # --verbose: say which backend runs and why
-    dry_run: bool = False  # --dry-run: describe the sandbox, run nothing
-    show_secrets: bool = False  # --show-secrets: --dry-run prints key-like values as they are
-    consumed: list[int] = field(default_factory=list)
-    held: list[int] = field(default_factory=list)  # fds used (--bind-fd), not passed to the command
-    warnings: list[str] = field(default_factory=list)
-    seen: set[str] = field(default_factory=set)
-    next_perms: int | None = None
-    next_size: int | None = None
-    included: list[str] | None = None  # arguments read by --args, parsed next
-    total: int = 0
-    stop: str | None = None  # "help" or "version"
-    monitor: Monitor = field(default_factory=Monitor)  # the status and synchronization options
-    # The options applied, in order, --args files expanded: what the Spec was built from (parse.py's cache
-    # key); None once an option whose meaning is not in its words alone (it reads an fd or a file) came.
-    replay: list[str] | None = field(default_factory=list)
+    A plain class, not a dataclass: one is made per command line and never
+    compared or printed, and a dataclass of this many fields costs a direct
+    run ~0.5 ms to create at import (its methods are compiled then)."""
+
+    def __init__(self, cwd: str, total: int = 0) -> None:
+        self.cwd = cwd
+        self.mounts: list[S.Mount] = []
+        self.unshare: set[str] = set()
+        self.net: bool | None = None  # True: --unshare-net, False: --share-net
+        self.net_pool = False  # --netns-pool: lease the private netns from a pool
+        self.uid: int | None = None
+        self.gid: int | None = None
+        self.hostname: str | None = None
+        self.chdir: str | None = None
+        self.env_ops: list[tuple[str, str, str]] = []
+        self.cap_ops: list[tuple[bool, str]] = []
+        self.limits: dict[str, Any] = {}  # Limits fields (numbers from the options above)
+        self.flags: set[str] = set()
+        self.seccomp_fd: str | None = None  # read when the Spec is built (bwrap reads it late too)
+        self.seccomp_programs: list[bytes] = []  # --add-seccomp-fd's, in order
+        self.base: S.Spec | None = None
+        self.backend = "auto"
+        self.proc_covers = PROC_COVERS[0]  # --proc-covers: what every --proc of the command line covers
+        self.close_fds = False
+        self.verbose = False  # --verbose: say which backend runs and why
+        self.dry_run = False  # --dry-run: describe the sandbox, run nothing
+        self.show_secrets = False  # --show-secrets: --dry-run prints key-like values as they are
+        self.consumed: list[int] = []
+        self.held: list[int] = []  # fds used (--bind-fd), not passed to the command
+        self.warnings: list[str] = []
+        self.seen: set[str] = set()
+        self.next_perms: int | None = None
+        self.next_size: int | None = None
+        self.included: list[str] | None = None  # arguments read by --args, parsed next
+        self.total = total
+        self.stop: str | None = None  # "help" or "version"
+        self.monitor = Monitor()  # the status and synchronization options
+        # The options applied, in order, --args files expanded: what the Spec was built from (parse.py's
+        # cache key); None once an option whose meaning is not in its words alone (it reads an fd or a
+        # file) came.
+        self.replay: list[str] | None = []
 
     def take_perms(self, default: int) -> int:
         """The pending --perms value (consumed), else `default`."""

@@ -27,6 +27,9 @@ NOT_FOR_A_PLAIN_RUN = (
     "sandbox.netpool.factory", "sandbox.netpool.baseline", "sandbox.netpool.rtnetlink", "sandbox.backends.bwrap",
     "sandbox.backends.bwrap.driver", "sandbox.probe", "sandbox.explain", "sandbox.bwrap.unparse", "sandbox.forward",
     "sandbox.template", "sandbox.workerpool", "sandbox.seccomp.stack", "platform", "pyroute2", "cloudpickle",
+    # no filter, as bwrap's: no policy, no assembler, no syscall table
+    "sandbox.seccomp", "sandbox.seccomp.policy", "sandbox.seccomp.bpf", "sandbox.seccomp.default", "sandbox.syscalls",
+    "termios",
 )
 # ... nor standard modules only some paths use: pathlib (with urllib.parse and ipaddress), json (--spec),
 # base64 (a File's or a raw seccomp program's JSON form)
@@ -111,6 +114,36 @@ def test_a_policy_brings_its_compiler() -> None:
     assert "sandbox.seccomp.compile" not in loaded
 
 
+def test_the_default_policy_is_loaded_by_the_spec_that_takes_it() -> None:
+    """Spec's seccomp default is the default policy, imported only by a Spec that keeps it."""
+    loaded = modules_after("from sandbox.spec import Spec\nassert Spec(seccomp=None).seccomp is None\n"
+                           "Spec().replace(seccomp=None)")
+    assert "sandbox.seccomp.default" in loaded  # Spec() took it
+    loaded = modules_after("from sandbox.spec import Spec, RoBind\n"
+                           "spec = Spec([RoBind('/usr')], seccomp=None).replace(network='host')\n"
+                           "assert spec.seccomp is None and Spec.from_json(spec.to_json()).seccomp is None")
+    assert not {"sandbox.seccomp", "sandbox.seccomp.policy", "sandbox.seccomp.default"} & loaded
+    modules_after("from sandbox.spec import Spec\nfrom sandbox.seccomp import DEFAULT_POLICY\n"
+                  "assert Spec().seccomp is DEFAULT_POLICY and Spec(seccomp=DEFAULT_POLICY) == Spec()\n"
+                  "assert Spec().replace(hostname='x').seccomp is DEFAULT_POLICY\n"
+                  "assert Spec.from_json(Spec().to_json()) == Spec()")
+
+
+def test_a_command_line_loads_seccomp_only_when_it_asks_for_a_filter() -> None:
+    """The parser imports the seccomp package where a filter is asked for (each way), and only there."""
+    parse = "from sandbox.bwrap.parse import parse_bwrap_args\n"
+    loaded = modules_after(f"{parse}spec, _, _ = parse_bwrap_args(['--unshare-all', 'true'])\n"
+                           "assert spec.seccomp is None")
+    assert "sandbox.seccomp" not in loaded
+    modules_after(f"{parse}spec, _, _ = parse_bwrap_args(['--seccomp-default', 'true'])\n"
+                  "from sandbox.seccomp import DEFAULT_POLICY\nassert spec.seccomp is DEFAULT_POLICY")
+    allow = "struct.pack('HBBI', 0x06, 0, 0, 0x7fff0000)"  # BPF_RET|BPF_K SECCOMP_RET_ALLOW
+    for option in ("--seccomp", "--add-seccomp-fd"):
+        modules_after(f"import os, struct\n{parse}r, w = os.pipe()\nos.write(w, {allow})\nos.close(w)\n"
+                      f"spec, _, _ = parse_bwrap_args(['{option}', str(r), 'true'])\n"
+                      f"assert spec.seccomp is not None and spec.seccomp.raw == {allow}, spec.seccomp")
+
+
 def test_a_first_run_of_a_bwrap_command_line_runs_only_what_it_uses() -> None:
     """The benchmark's command line, as the console script runs it: no module only some paths use is imported."""
     found = sandbox.probe()
@@ -121,6 +154,37 @@ def test_a_first_run_of_a_bwrap_command_line_runs_only_what_it_uses() -> None:
     assert "sandbox.backends.native" in loaded and "sandbox.coldstart" in loaded  # it ran there, as one shot
     unused = {*NOT_FOR_A_PLAIN_RUN, *STANDARD_NOT_FOR_A_PLAIN_RUN}
     assert not unused & loaded, sorted(unused & loaded)
+
+
+def test_the_parser_compiles_no_dataclass() -> None:
+    """The command line's own classes are plain (bwrap/record.py): on Python 3.11 a dataclass
+    compiles its methods when its module is imported, which a direct run pays for."""
+    code = ("import dataclasses, sys\nfrom sandbox.bwrap import parse\n"
+            "made = [f'{m}.{n}' for m, mod in list(sys.modules.items()) if m.startswith('sandbox.bwrap')\n"
+            "        for n, v in vars(mod).items() if isinstance(v, type) and v.__module__ == m\n"
+            "        and dataclasses.is_dataclass(v)]\n"
+            "assert not made, made")
+    modules_after(code)
+
+
+def test_the_parser_records_behave_as_their_dataclasses_did() -> None:
+    from sandbox.bwrap.grammar import BY_NAME
+    from sandbox.bwrap.monitor import Monitor
+    from sandbox.bwrap.parse import CliExtras
+
+    assert CliExtras() == CliExtras(replay=("--unshare-all",)) != CliExtras(verbose=True)  # replay not compared
+    assert CliExtras(monitor=Monitor()) == CliExtras()
+    changed = Monitor()
+    changed.info_fd = 3
+    assert Monitor() == Monitor() != changed and CliExtras(monitor=changed) != CliExtras()
+    assert repr(CliExtras()).startswith("CliExtras(backend='auto', close_fds=False,")
+    with pytest.raises(AttributeError, match="read-only"):
+        CliExtras().backend = "native"  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="read-only"):
+        BY_NAME["--bind"].nargs = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        hash(Monitor())  # mutable: unhashable
+    assert len({BY_NAME["--bind"], BY_NAME["--bind"], BY_NAME["--ro-bind"]}) == 2
 
 
 def test_the_collector_waits_for_the_start_only() -> None:

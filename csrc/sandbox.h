@@ -579,6 +579,26 @@ struct sbx_stamps_report {
     uint64_t t_ns[8];               /* enum sbx_stamp, as the child saw them */
 };
 
+/* The caller's end of a request, in C so that a spawn costs the caller two
+ * calls (csrc/wire.c). sbx_template_send: a fresh report socket (its end in
+ * *report, close-on-exec, SO_PASSCRED set) goes first with `fds` beside `msg`
+ * on `sock`; 0, or -errno (nothing left open). sbx_template_report: one
+ * message of a report socket, checked whole (enum sbx_answer, or -errno). */
+enum sbx_answer {
+    SBX_ANSWER_EOF = 0,     /* no message: its writers have all gone */
+    SBX_ANSWER_STARTED = 1, /* report: the stamps report; pidfd the sandbox's pid 1's */
+    SBX_ANSWER_FAILED = 2,  /* report's first 16 bytes: the failure */
+    SBX_ANSWER_BAD = 3,     /* not a message of the protocol (a bug, or a forgery): report says SBX_STEP_CONFIG */
+};
+struct sbx_template_answer {
+    struct sbx_stamps_report report;
+    int32_t pid;        /* the sender's, in the caller's pid namespace (SCM_CREDENTIALS), or -1 */
+    int32_t pidfd;      /* with SBX_ANSWER_STARTED, else -1 */
+    uint64_t netns_ino; /* the inode of the leased namespace that came with it (its fd closed), or 0 */
+};
+int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int nfds, int *report);
+int sbx_template_report(int report, struct sbx_template_answer *out);
+
 /* sandbox-launch's handoff to a warm Template held by its caller: the
  * protocol is csrc/handoff.h's; these are its messages, read and written by
  * field name on both sides (sandbox/compat/handoff.py through this cdef). */

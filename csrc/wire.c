@@ -13,6 +13,9 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define HEADER_SIZE sizeof(struct sbx_header)
 
@@ -192,4 +195,120 @@ int sbx_check_store(const void *msg, size_t len, int nfds)
     if (nfds != 1 + (leases ? SBX_N_STANDBY : 0) + cgroups || r->blob_len == 0 || r->blob_len != len - sizeof *r)
         return -1;
     return sbx_check_blob((const char *)msg + sizeof *r, r->blob_len);
+}
+
+/* The caller's end of a Template request (sandbox/backends/template/server.py).
+ * A fresh report socket per request: the sandbox's pid 1 answers on it, and
+ * with a reaper its status comes on it later. SO_PASSCRED on our end makes the
+ * kernel attach the sender's pid as we see it to each message (SCM_CREDENTIALS:
+ * the kernel's word, which the sender cannot forge but for its own pid). */
+int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int nfds, int *report)
+{
+    int pair[2], one = 1;
+    *report = -1;
+    if (nfds < 0 || nfds + 1 > SBX_REQ_MAX_FDS)
+        return -EMSGSIZE;
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) < 0)
+        return -errno;
+    if (setsockopt(pair[0], SOL_SOCKET, SO_PASSCRED, &one, sizeof one) < 0) {
+        int err = errno;
+        close(pair[0]);
+        close(pair[1]);
+        return -err;
+    }
+    union {
+        char buf[CMSG_SPACE(SBX_REQ_MAX_FDS * sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    size_t fd_bytes = (size_t)(nfds + 1) * sizeof(int);
+    struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = CMSG_SPACE(fd_bytes)};
+    memset(u.buf, 0, CMSG_SPACE(fd_bytes));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(fd_bytes);
+    memcpy(CMSG_DATA(cm), &pair[1], sizeof(int));
+    if (nfds)
+        memcpy(CMSG_DATA(cm) + sizeof(int), fds, (size_t)nfds * sizeof(int));
+    ssize_t sent;
+    while ((sent = sendmsg(sock, &h, MSG_NOSIGNAL)) < 0 && errno == EINTR)
+        ;
+    int err = sent < 0 ? errno : sent != (ssize_t)len ? EPIPE : 0;
+    close(pair[1]); /* the server holds its own copy now, or never will */
+    if (err) {
+        close(pair[0]);
+        return -err;
+    }
+    *report = pair[0];
+    return 0;
+}
+
+/* One message of a report socket, checked whole: a stamps report (step 0)
+ * with the sandbox's pidfd first, or a failure; either may carry one fd of a
+ * leased network namespace, named here by its inode and closed. Anything else
+ * (another size, a truncated message or fds, a stamps report without a
+ * pidfd, a failure that claims step 0) is not the protocol's: refused, every
+ * fd that came with it closed. */
+int sbx_template_report(int report, struct sbx_template_answer *out)
+{
+    union {
+        char buf[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
+        struct cmsghdr align;
+    } u;
+    struct sbx_stamps_report r;
+    struct iovec iov = {.iov_base = &r, .iov_len = sizeof r};
+    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
+    int fds[8], n_fds = 0;
+    ssize_t n;
+    memset(out, 0, sizeof *out);
+    out->pid = out->pidfd = -1;
+    while ((n = recvmsg(report, &h, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+        ;
+    if (n < 0)
+        return -errno;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET)
+            continue;
+        if (cm->cmsg_type == SCM_RIGHTS) {
+            size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t i = 0; i < k; i++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(cm) + i * sizeof fd, sizeof fd);
+                if (n_fds < (int)(sizeof fds / sizeof *fds))
+                    fds[n_fds++] = fd;
+                else
+                    close(fd);
+            }
+        } else if (cm->cmsg_type == SCM_CREDENTIALS && cm->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
+            struct ucred cred;
+            memcpy(&cred, CMSG_DATA(cm), sizeof cred);
+            out->pid = cred.pid;
+        }
+    }
+    int kind = n == 0 ? SBX_ANSWER_EOF : -1, at = 0;
+    if (h.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+        kind = SBX_ANSWER_BAD;
+    else if (n == (ssize_t)sizeof r && r.step == SBX_STEP_NONE && n_fds >= 1)
+        kind = SBX_ANSWER_STARTED;
+    else if (n == (ssize_t)sizeof(struct sbx_report) && r.step != SBX_STEP_NONE)
+        kind = SBX_ANSWER_FAILED;
+    else if (n != 0)
+        kind = SBX_ANSWER_BAD;
+    if (kind == SBX_ANSWER_STARTED)
+        out->pidfd = fds[at++];
+    if (at < n_fds) { /* the lease the sandbox lives in, or one that is the caller's again */
+        struct stat st;
+        if (fstat(fds[at], &st) == 0)
+            out->netns_ino = st.st_ino;
+    }
+    for (int i = at; i < n_fds; i++)
+        close(fds[i]);
+    if (kind == SBX_ANSWER_BAD) {
+        out->netns_ino = 0; /* none of the protocol's: the lease stays where it was */
+        r.step = SBX_STEP_CONFIG, r.op = -1, r.err = r.detail = 0;
+    }
+    if (kind != SBX_ANSWER_EOF)
+        memcpy(&out->report, &r, kind == SBX_ANSWER_STARTED ? sizeof r : sizeof(struct sbx_report));
+    return kind;
 }

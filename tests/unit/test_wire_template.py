@@ -2,14 +2,19 @@
 requests Python builds, read back by the C core's own reader
 (sbx_parse_request, sbx_check_store, which the server uses), field by field
 and fd by fd; every truncation, trailing byte, wrong magic, version or fd
-count refused; the report records read by name; and the WorkerPool zygote's
+count refused; the reports the caller reads (sbx_template_report) checked
+whole, every forged or short one refused with its fds closed; and the WorkerPool zygote's
 ctypes prototype of sbx_fork_sandbox_ns, derived from the cdef and called
 for real. Nothing runs in a sandbox and nothing needs privileges."""
 
 from __future__ import annotations
 
+import array
 import ctypes
+import errno
 import itertools
+import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -69,7 +74,6 @@ def fd_count(reaper: bool, join: bool, stdio_mask: int, n_pass: int, n_cgroup: i
 def test_sizes_come_from_the_cdef() -> None:
     assert wire.REQUEST_SIZE == ffi.sizeof("struct sbx_request") == len(wire.header(blob_len=0))
     assert wire.FAILURE_SIZE == ffi.sizeof("struct sbx_report")
-    assert wire.STAMPS_SIZE == ffi.sizeof("struct sbx_stamps_report")
 
 
 def test_the_header_read_back_by_name() -> None:
@@ -194,20 +198,133 @@ def test_a_store_request_is_checked_whole() -> None:
     assert not store_ok(wire.request(blob, ARGV, ENV, (), join_netns=False, stdio_mask=0), 1)
 
 
-def test_reports_are_read_by_name() -> None:
-    stamps = ffi.new("struct sbx_stamps_report *", {"step": lib.SBX_STEP_NONE, "op": 3,
+def _report_pair() -> tuple[int, socket.socket]:
+    """A report socket as sbx_template_send makes one (its first fd, sent
+    beside a request), and the end the sandbox answers on."""
+    server, caller = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    out = ffi.new("int *")
+    try:
+        msg = b"\0" * 8
+        assert lib.sbx_template_send(caller.fileno(), msg, len(msg), ffi.NULL, 0, out) == 0
+        data, anc, _, _ = server.recvmsg(16, socket.CMSG_SPACE(4 * 4))
+        assert data == msg
+        fds = [fd for level, kind, payload in anc if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for fd in array.array("i", payload)]
+        assert len(fds) == 1
+        return out[0], socket.socket(fileno=fds[0])
+    finally:
+        server.close()
+        caller.close()
+
+
+def _answer(data: bytes, fds: list[int] = ()) -> tuple[int, Any]:  # type: ignore[assignment]
+    report, sandbox = _report_pair()
+    try:
+        with sandbox:
+            sandbox.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else [])
+        answer = ffi.new("struct sbx_template_answer *")
+        return lib.sbx_template_report(report, answer), answer
+    finally:
+        os.close(report)
+
+
+def _open_fds() -> set[int]:
+    """This process's open fds (not the one the listing itself used)."""
+    def is_open(fd: int) -> bool:
+        try:
+            os.fstat(fd)
+        except OSError:
+            return False
+        return True
+    return {fd for fd in map(int, os.listdir("/proc/self/fd")) if is_open(fd)}
+
+
+def test_a_started_report_is_read_whole_with_its_pidfd_pid_and_lease() -> None:
+    stamps = ffi.new("struct sbx_stamps_report *", {"step": lib.SBX_STEP_NONE, "op": 3, "err": -2, "detail": 7,
                                                      "t_ns": list(range(10, 10 + lib.SBX_N_STAMPS))})
-    started, failure = wire.parse_report(bytes(ffi.buffer(stamps)))
-    assert failure is None and started == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)), 0, 0)
-    stamps.err, stamps.detail = -2, 7  # its cgroup's tag (the low 32 bits of an inode, unsigned), the one it left
-    assert wire.parse_report(bytes(ffi.buffer(stamps)))[0] == (3, tuple(range(10, 10 + lib.SBX_N_STAMPS)),
-                                                               0xFFFFFFFE, 7)
+    netns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    pidfd = os.pidfd_open(os.getpid())
+    before = _open_fds()
+    kind, answer = _answer(bytes(ffi.buffer(stamps)), [pidfd, netns])
+    try:
+        assert kind == lib.SBX_ANSWER_STARTED
+        r = answer.report
+        assert (r.step, r.op, r.err & 0xFFFFFFFF, r.detail) == (lib.SBX_STEP_NONE, 3, 0xFFFFFFFE, 7)
+        assert list(r.t_ns)[:lib.SBX_N_STAMPS] == list(range(10, 10 + lib.SBX_N_STAMPS))
+        assert answer.pid == os.getpid()  # the kernel's word on the sender (SO_PASSCRED)
+        assert answer.netns_ino == os.fstat(netns).st_ino
+        assert os.fstat(answer.pidfd).st_ino == os.fstat(pidfd).st_ino
+        assert _open_fds() - before == {answer.pidfd}  # the lease's fd came and went
+    finally:
+        os.close(answer.pidfd)
+        os.close(pidfd)
+        os.close(netns)
+
+
+def test_a_failure_report_is_read_with_the_lease_it_gives_back() -> None:
     record = ffi.new("struct sbx_report *", {"step": lib.SBX_STEP_EXEC, "op": -1, "err": 2, "detail": 0})
     data = bytes(ffi.buffer(record))
-    assert wire.parse_report(data) == (None, (lib.SBX_STEP_EXEC, -1, 2, 0))
+    netns = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    before = _open_fds()
+    try:
+        kind, answer = _answer(data, [netns])
+        assert kind == lib.SBX_ANSWER_FAILED and answer.pidfd == -1
+        r = answer.report
+        assert (r.step, r.op, r.err, r.detail) == (lib.SBX_STEP_EXEC, -1, 2, 0)
+        assert answer.netns_ino == os.fstat(netns).st_ino
+        assert _open_fds() == before
+    finally:
+        os.close(netns)
     assert wire.parse_failure(data) == (lib.SBX_STEP_EXEC, -1, 2, 0)
     assert wire.parse_failure(data[:-1]) is None
-    assert wire.parse_report(b"\0" * 5) == (None, (lib.SBX_STEP_CONFIG, -1, 0, 0))
+
+
+STAMPS = bytes(ffi.buffer(ffi.new("struct sbx_stamps_report *", {"step": lib.SBX_STEP_NONE})))
+FAILURE = bytes(ffi.buffer(ffi.new("struct sbx_report *", {"step": lib.SBX_STEP_EXEC, "err": 2})))
+
+
+@pytest.mark.parametrize("data, with_fd", [
+    (b"\0" * 5, True),                      # a size the protocol has not
+    (STAMPS[:-1], True),                     # a short stamps report
+    (STAMPS + b"\0" * 8, True),              # a long one (truncated on receipt)
+    (STAMPS, False),                         # "started" without the sandbox's pidfd
+    (STAMPS[:16], True),                     # a failure that says step 0, "no failure"
+    (FAILURE + b"\0", True),                 # a failure with a trailing byte
+])
+def test_a_forged_or_short_report_is_refused_and_its_fds_closed(data: bytes, with_fd: bool) -> None:
+    pidfd = os.pidfd_open(os.getpid())
+    before = _open_fds()
+    try:
+        kind, answer = _answer(data, [pidfd] if with_fd else [])
+        assert kind == lib.SBX_ANSWER_BAD
+        assert answer.pidfd == -1 and answer.netns_ino == 0  # no lease is taken back on its word
+        assert answer.report.step == lib.SBX_STEP_CONFIG  # a bug, or a forgery: never "started"
+        assert _open_fds() == before
+    finally:
+        os.close(pidfd)
+
+
+def test_a_report_socket_closed_without_a_word_is_eof() -> None:
+    report, sandbox = _report_pair()
+    sandbox.close()
+    answer = ffi.new("struct sbx_template_answer *")
+    try:
+        assert lib.sbx_template_report(report, answer) == lib.SBX_ANSWER_EOF
+        assert answer.pidfd == -1
+    finally:
+        os.close(report)
+
+
+def test_a_request_the_server_cannot_take_leaves_nothing_open() -> None:
+    server, caller = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server.close()
+    out = ffi.new("int *")
+    with caller:
+        before = _open_fds()
+        assert lib.sbx_template_send(caller.fileno(), b"\0" * 8, 8, ffi.NULL, 0, out) == -errno.EPIPE
+        assert out[0] == -1 and _open_fds() == before
+    fds = ffi.new("int[]", lib.SBX_REQ_MAX_FDS)
+    assert lib.sbx_template_send(0, b"\0" * 8, 8, fds, lib.SBX_REQ_MAX_FDS, out) == -errno.EMSGSIZE
 
 
 def test_the_zygote_prototype_is_the_cdef() -> None:

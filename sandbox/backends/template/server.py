@@ -3,13 +3,10 @@ prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket."""
 
 from __future__ import annotations
 
-import _socket
-import array
 import errno as E
 import fcntl
 import os
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,10 +24,9 @@ from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
 from .placed import PlacedCgroups
-from .wire import FAILURE_SIZE, STAMPS_SIZE, parse_failure, parse_report, request, sandbox_blob, store_request
+from .wire import FAILURE_SIZE, parse_failure, request, sandbox_blob, store_request
 
 TEMPLATE_PATH = BIN_DIR / "sandbox-template"
-CREDENTIALS = struct.Struct("<3i")  # struct ucred: pid, uid, gid
 
 
 @dataclass
@@ -136,29 +132,29 @@ class Server:
         """Store `plan`'s blob in the server (with `flags`: SBX_REQ_RECYCLE
         stores a reset blob) and, if `standby`, have it keep standby
         sandboxes of it; whether it does."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        with mine:
-            flags |= lib.SBX_REQ_STANDBY if standby else 0
-            leases = self._lease_for_standbys() if standby and self.pool is not None else []
-            if leases:
-                flags |= lib.SBX_REQ_JOIN_NETNS
-            placed = self.placed if standby else None
-            sets = [placed.make() for _ in range(lib.SBX_N_STANDBY)] if placed is not None else []
-            blob = sandbox_blob(plan)
-            msg = store_request(blob, flags, placed.count if placed is not None else 0)
-            dups = [lease.dup_netns_fd() for lease in leases]
-            try:
-                for tag, cgroup in sets:
-                    assert placed is not None
-                    placed.sending(tag, cgroup)
-                self._send(self._sock, msg, [theirs.fileno(), *dups, *(fd for _, c in sets for fd in c.procs_fds)])
-            finally:
-                theirs.close()
-                for fd in dups:
-                    os.close(fd)
-                for _, cgroup in sets:
-                    cgroup.close_fds()
-            data = mine.recv(FAILURE_SIZE)
+        flags |= lib.SBX_REQ_STANDBY if standby else 0
+        leases = self._lease_for_standbys() if standby and self.pool is not None else []
+        if leases:
+            flags |= lib.SBX_REQ_JOIN_NETNS
+        placed = self.placed if standby else None
+        sets = [placed.make() for _ in range(lib.SBX_N_STANDBY)] if placed is not None else []
+        blob = sandbox_blob(plan)
+        msg = store_request(blob, flags, placed.count if placed is not None else 0)
+        dups = [lease.dup_netns_fd() for lease in leases]
+        try:
+            for tag, cgroup in sets:
+                assert placed is not None
+                placed.sending(tag, cgroup)
+            report = self._send(self._sock, msg, [*dups, *(fd for _, c in sets for fd in c.procs_fds)])
+        finally:
+            for fd in dups:
+                os.close(fd)
+            for _, cgroup in sets:
+                cgroup.close_fds()
+        try:
+            data = os.read(report, FAILURE_SIZE)  # one message: the server's answer
+        finally:
+            os.close(report)
         answer = parse_failure(data)
         if answer is None:
             raise SandboxError("the template process has gone")
@@ -203,8 +199,7 @@ class Server:
         sandbox lives in, Started.cgroup_left the one it left. `own`: a
         sandbox the server clones, not a standby. `unsent` is called when
         the request fails before it reaches the server."""
-        statr = statw = netns_fd = -1
-        mine = theirs = None
+        statr = statw = netns_fd = report = -1
         try:
             if plan is self.default:
                 blob, fast = b"", self.standby
@@ -218,21 +213,16 @@ class Server:
             child_stdio, mask = _stdio(stdio)
             msg = request(blob, argv, plan.env, pass_fds, join_netns=lease is not None, stdio_mask=mask,
                           n_cgroup=len(cgroup_fds), cgroup_next=bool(next_fds) and fast)
-            # close-on-exec, as socket.socketpair makes them (without its wrapper objects)
-            mine, theirs = _socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-            mine.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # the sandbox's pid, as we see it
             statr, statw = os.pipe2(os.O_CLOEXEC) if not plan.reaper else (-1, -1)
             if lease is not None:
                 netns_fd = lease.dup_netns_fd()  # the template is in the pool's user namespace already
                 with self._leases_lock:
                     self._leases[lease.netns_inode] = lease
-            fds = [theirs.fileno(), *([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
+            fds = [*([statw] if statw >= 0 else []), *([netns_fd] if netns_fd >= 0 else []),
                    *cgroup_fds, *child_stdio, *pass_fds]
             start = time.monotonic_ns()
-            self._send(self._fast if fast else self._sock, msg, fds)
+            report = self._send(self._fast if fast else self._sock, msg, fds)
         except BaseException:
-            if mine is not None:
-                mine.close()
             _close(statr)
             if lease is not None:  # it never reached the server
                 self._take_lease(lease.netns_inode)
@@ -241,82 +231,77 @@ class Server:
                 unsent()
             raise
         finally:
-            if theirs is not None:
-                theirs.close()
             _close(statw)
             _close(netns_fd)
         try:
-            (landlock_abi, stamps, tag, left), pid, pidfd, used = self._started(mine, plan, argv)
+            answer, used = self._started(report, plan, argv)
         except BaseException:
-            mine.close()
+            os.close(report)
             _close(statr)
             raise
+        r = answer.report
         # the server's "start" stamp is when it cloned the sandbox: "clone" here
-        timings = {STAMP_NAMES[i] if i else "clone": (t - start) / 1000.0 for i, t in enumerate(stamps) if t}
+        timings = {STAMP_NAMES[i] if i else "clone": (t - start) / 1000.0 for i, t in enumerate(r.t_ns) if t}
         timings["start"] = 0.0
         timings["exec"] = (time.monotonic_ns() - start) / 1000.0
-        status_fd = mine.detach() if plan.reaper else statr
-        if not plan.reaper:
-            mine.close()
-        return Started(pidfd=pidfd, pid=pid, status_fd=status_fd, timings=timings, landlock_abi=landlock_abi,
-                       lease=used, cgroup_tag=tag, cgroup_left=left, next_used=next_used)
+        if plan.reaper:
+            status_fd = report
+        else:
+            os.close(report)
+            status_fd = statr
+        return Started(pidfd=answer.pidfd, pid=answer.pid, status_fd=status_fd, timings=timings,
+                       landlock_abi=r.op, lease=used, cgroup_tag=r.err & 0xFFFFFFFF,
+                       cgroup_left=r.detail & 0xFFFFFFFF, next_used=next_used)
 
-    def _send(self, sock: _socket.socket, msg: bytes, fds: list[int]) -> None:
+    def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
+        """Send a request with a fresh report socket and `fds`; our end of that socket."""
+        out = ffi.new("int *")
         with self._lock:
             if self.closed:
                 raise SandboxError("the Template is closed")
-            try:
-                sock.sendmsg([msg], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
-            except OSError as exc:
-                if exc.errno == E.EMSGSIZE:
-                    raise SandboxError("the request is too large for the template (argv, env or fds)") from None
-                raise SandboxError(f"the template process has gone ({exc.strerror})") from None
+            err = lib.sbx_template_send(sock.fileno(), msg, len(msg), fds, len(fds), out)
+        if err == -E.EMSGSIZE:
+            raise SandboxError("the request is too large for the template (argv, env or fds)")
+        if err < 0:
+            raise SandboxError(f"the template process has gone ({os.strerror(-err)})")
+        return int(out[0])
 
-    def _started(self, sock: _socket.socket, plan: Plan,
-                 argv: Sequence[str]) -> tuple[tuple[int, tuple[int, ...], int, int], int, int, Lease | None]:
-        """Wait for the sandbox's word on `sock`: ((Landlock ABI, stamps,
-        cgroup tag, tag of the cgroup left), pid, pidfd, its lease) once its command runs; raise why it did not
-        (having released the lease that came back with the failure)."""
-        data, anc, _, _ = sock.recvmsg(STAMPS_SIZE, ANCILLARY)
-        fds, pid = _ancillary(anc)
-        started, failure = parse_report(data) if data else (None, None)
-        pidfd = fds.pop(0) if started is not None and fds else -1
-        used = self._lease_of(fds)
+    def _started(self, report: int, plan: Plan, argv: Sequence[str]) -> tuple[Any, Lease | None]:
+        """Wait for the sandbox's word on `report` (csrc/wire.c checks it):
+        its struct sbx_template_answer and lease once its command runs; raise
+        why it did not (having released the lease that came back with the
+        failure)."""
+        answer = ffi.new("struct sbx_template_answer *")
+        kind = lib.sbx_template_report(report, answer)
+        used = self._take_lease(answer.netns_ino) if answer.netns_ino else None
         try:
-            if not data:
+            if kind == lib.SBX_ANSWER_EOF:
                 if not self.alive():
                     raise SandboxError("the template process has gone")
                 raise SetupError("The sandbox's setup child died before its exec", step="crashed",
                                  errno=0, backend="template")
-            if failure is not None:
+            if kind != lib.SBX_ANSWER_STARTED:
+                if kind < 0:
+                    raise SandboxError(f"the template process has gone ({os.strerror(-kind)})")
                 if used is not None:  # no command of the sandbox ran in it
                     used.release(wait=False, unprivileged_tenant=True)
                     used = None
-                raise _failure(plan, argv, *failure)
-            assert started is not None and pidfd >= 0
-            while not plan.reaper:  # it sent its word before its own exec: EOF says that exec worked
-                more, anc, _, _ = sock.recvmsg(STAMPS_SIZE, ANCILLARY)
-                for fd in _ancillary(anc)[0]:
-                    os.close(fd)  # its lease again
-                if not more:
-                    break
-                _, failure = parse_report(more)
-                raise _failure(plan, argv, *(failure or (lib.SBX_STEP_CONFIG, -1, 0, 0)))
+                r = answer.report
+                raise _failure(plan, argv, r.step, r.op, r.err, r.detail)
+            if not plan.reaper:  # it sent its word before its own exec: EOF says that exec worked
+                more = ffi.new("struct sbx_template_answer *")
+                kind = lib.sbx_template_report(report, more)
+                _close(more.pidfd)
+                if kind != lib.SBX_ANSWER_EOF:
+                    r = more.report if more.report.step != lib.SBX_STEP_NONE else None
+                    raise _failure(plan, argv, *((r.step, r.op, r.err, r.detail) if r is not None
+                                                 else (lib.SBX_STEP_CONFIG, -1, 0, 0)))
         except BaseException:
-            _close(pidfd)
+            _close(answer.pidfd)
             if used is not None:
                 used.release(wait=False, unprivileged_tenant=True)
             raise
-        return started, pid, pidfd, used
-
-    def _lease_of(self, fds: list[int]) -> Lease | None:
-        """The lease a report's namespace fd names (closing the fds), taken from those sent."""
-        inode = None
-        for fd in fds:
-            if inode is None:
-                inode = os.fstat(fd).st_ino
-            os.close(fd)
-        return self._take_lease(inode) if inode is not None else None
+        return answer, used
 
     def _take_lease(self, inode: int) -> Lease | None:
         with self._leases_lock:
@@ -352,23 +337,6 @@ class Server:
             self._reserved = 0
         if self.placed is not None:
             self.placed.close()
-
-
-ANCILLARY = socket.CMSG_SPACE(8) + socket.CMSG_SPACE(CREDENTIALS.size)
-
-
-def _ancillary(anc: list[tuple[int, int, bytes]]) -> tuple[list[int], int]:
-    """(fds, sender's pid or -1) from a report's ancillary data."""
-    fds: list[int] = []
-    pid = -1
-    for level, kind, payload in anc:
-        if level != socket.SOL_SOCKET:
-            continue
-        if kind == socket.SCM_RIGHTS:
-            fds.extend(array.array("i", payload[: len(payload) - len(payload) % 4]))
-        elif kind == socket.SCM_CREDENTIALS and len(payload) >= CREDENTIALS.size:
-            pid = CREDENTIALS.unpack_from(payload)[0]
-    return fds, pid
 
 
 def _per_call_binds(plan: Plan) -> bool:

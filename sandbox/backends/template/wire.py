@@ -1,6 +1,8 @@
 """The Template server's protocol (csrc/sandbox.h, struct sbx_request and
-after): one request message per sandbox, and the messages that come back on
-its report socket.
+after): one request message per sandbox, and the server's answer to a store.
+The caller sends a request and reads its sandbox's report through C
+(csrc/wire.c: sbx_template_send, sbx_template_report, which check each
+report whole).
 
 Every struct is the cdef's, built and read through cffi by field name, as
 the native blob is (backends/native/wire.py): its layout has one source.
@@ -21,13 +23,9 @@ from ...warm_overlay import sandbox_newroot
 from ..native import ffi, lib, serialize
 
 REQUEST_SIZE = ffi.sizeof("struct sbx_request")
-_STEP_NONE = lib.SBX_STEP_NONE
 FAILURE_SIZE = ffi.sizeof("struct sbx_report")
-STAMPS_SIZE = ffi.sizeof("struct sbx_stamps_report")
 
 Failure = tuple[int, int, int, int]  # step, op, err, detail
-# the Landlock ABI applied, the stamps (enum sbx_stamp), its cgroup's tag, the tag of the cgroup it left
-Started = tuple[int, tuple[int, ...], int, int]
 
 
 @functools.lru_cache(maxsize=512)
@@ -95,16 +93,3 @@ def parse_failure(data: bytes) -> Failure | None:
         return None
     r = _read("struct sbx_report *", data)
     return r.step, r.op, r.err, r.detail
-
-
-def parse_report(data: bytes) -> tuple[Started | None, Failure | None]:
-    """One message of the report socket: ((Landlock ABI, stamps), None) when
-    the sandbox is running, (None, (step, op, err, detail)) when it failed."""
-    if len(data) == STAMPS_SIZE:
-        r = _read("struct sbx_stamps_report *", data)
-        if r.step == _STEP_NONE:
-            return (r.op, tuple(r.t_ns), r.err & 0xFFFFFFFF, r.detail & 0xFFFFFFFF), None
-    failure = parse_failure(data)
-    if failure is not None:
-        return None, failure
-    return None, (lib.SBX_STEP_CONFIG, -1, 0, 0)  # not a message the protocol has: a bug

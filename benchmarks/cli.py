@@ -22,9 +22,10 @@ sandbox'`, the interpreter's floor (`python -I -S -c pass`) and the
 Python CLI run directly (SANDBOX_CLI_SERVER=0: a cold call's floor). All
 interleaved round-robin, so machine noise hits them alike; medians and
 p99s in ms, and each median as a ratio to bwrap's with the same options.
-`--compare BINDIR` adds the warm rows of another installation (its
-`sandbox` and `sandbox-py` in BINDIR, e.g. a venv of another commit), with
-a server of its own, called in turn with ours: a before/after in one run.
+`--compare BINDIR` adds the warm, direct and cold rows of another
+installation (its `sandbox` and `sandbox-py` in BINDIR, e.g. a venv of
+another commit), copied and served as ours are, called in turn with ours:
+a before/after in one run.
 
     python benchmarks/cli.py [-n 100] [--json out.json] [--compare BINDIR]
 """
@@ -174,9 +175,9 @@ class Server:
 
 
 def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times: dict[str, list[float]],
-             other: Path | None = None) -> dict[str, Callable[[], object]]:
+             other: tuple[Path, Path, Server] | None = None) -> dict[str, Callable[[], object]]:
     """name -> one fresh process, waited for (a cold row's own time goes to `cold_times`); `other`:
-    another installation's warm copy, whose rows follow ours."""
+    another installation's warm copy, cold copy and the cold copy's server, whose rows follow ours."""
     python = sys.executable
     env = _env()
     agent = agent_args(work)
@@ -190,26 +191,39 @@ def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times
         out[AGENT_BWRAP] = _run([bwrap, *TRUE], args_file=agent)
     out["warm: named bwrap --args FD <agent> /bin/true"] = _run([str(warm / "bwrap"), *TRUE], env, agent)
     if other is not None:
+        other_warm = other[0]
         out["compared warm: sandbox run <flatpak-like> /bin/true"] = _run(
-            [str(other / "sandbox"), "run", *BWRAP_ARGS, *TRUE], env)
-        out["compared warm: named bwrap <flatpak-like> /bin/true"] = _run([str(other / "bwrap"), *BWRAP_ARGS, *TRUE],
-                                                                         env)
-        out["compared warm: named bwrap --args FD <agent> /bin/true"] = _run([str(other / "bwrap"), *TRUE], env,
-                                                                            agent)
+            [str(other_warm / "sandbox"), "run", *BWRAP_ARGS, *TRUE], env)
+        out["compared warm: named bwrap <flatpak-like> /bin/true"] = _run(
+            [str(other_warm / "bwrap"), *BWRAP_ARGS, *TRUE], env)
+        out["compared warm: named bwrap --args FD <agent> /bin/true"] = _run([str(other_warm / "bwrap"), *TRUE],
+                                                                            env, agent)
     if bwrap:
         out["bwrap --version"] = _run([bwrap, "--version"])
     out["sandbox --version"] = _run([str(warm / "sandbox"), "--version"], env)
     out["named bwrap: --version"] = _run([str(warm / "bwrap"), "--version"], env)
     out["python -c 'import sandbox'"] = _run([python, "-c", "import sandbox"])
     out[FLOOR] = _run([python, "-I", "-S", "-c", "pass"])
+    out.update(cold_variants("", cold, cold_server, cold_times, agent))
+    if other is not None:
+        out.update(cold_variants("compared ", other[1], other[2], cold_times, agent))
+    return out
+
+
+def cold_variants(prefix: str, cold: Path, server: Server, cold_times: dict[str, list[float]],
+                  agent: list[str]) -> dict[str, Callable[[], object]]:
+    """The direct and cold rows of one installation's cold copy, named with `prefix`."""
+    env = _env()
     # the Python CLI alone, with no server to start or ask: what a cold call costs at best
-    out["direct: SANDBOX_CLI_SERVER=0 sandbox run <flatpak-like> /bin/true"] = _run(
-        [str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE], {**env, "SANDBOX_CLI_SERVER": "0"})
-    cold_rows = {"cold: sandbox run <flatpak-like> /bin/true": _run([str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE],
-                                                                    env),
-                 "cold: named bwrap --args FD <agent> /bin/true": _run([str(cold / "bwrap"), *TRUE], env, agent)}
+    out: dict[str, Callable[[], object]] = {
+        f"{prefix}direct: SANDBOX_CLI_SERVER=0 sandbox run <flatpak-like> /bin/true": _run(
+            [str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE], {**env, "SANDBOX_CLI_SERVER": "0"})}
+    cold_rows = {f"{prefix}cold: sandbox run <flatpak-like> /bin/true": _run(
+                     [str(cold / "sandbox"), "run", *BWRAP_ARGS, *TRUE], env),
+                 f"{prefix}cold: named bwrap --args FD <agent> /bin/true": _run([str(cold / "bwrap"), *TRUE], env,
+                                                                                 agent)}
     for name, call in cold_rows.items():
-        out[name] = _cold(call, cold_server, cold_times.setdefault(name, []))
+        out[name] = _cold(call, server, cold_times.setdefault(name, []))
     return out
 
 
@@ -251,7 +265,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=100, help="runs per row (default 100)")
     ap.add_argument("--json", help="also write the raw per-run times here")
-    ap.add_argument("--compare", type=Path, help="also the warm rows of the installation in this bin directory")
+    ap.add_argument("--compare", type=Path,
+                    help="also the warm, direct and cold rows of the installation in this bin directory")
     args = ap.parse_args()
     print(f"# fresh processes, n={args.n}, uid={os.getuid()}, {os.cpu_count()} CPUs, "
           f"python {sys.version.split()[0]}, kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
@@ -259,12 +274,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sandbox-cli-bench-") as tmp:
         Path(tmp).chmod(0o755)
         warm, cold = installation(Path(tmp) / "warm"), installation(Path(tmp) / "cold")
-        other = installation(Path(tmp) / "compared", args.compare) if args.compare else None
         warm_server, cold_server = Server(warm), Server(cold)
-        other_server = Server(other) if other else None
+        other, servers = None, [warm_server, cold_server]
+        if args.compare:
+            other_warm = installation(Path(tmp) / "compared", args.compare)
+            other_cold = installation(Path(tmp) / "compared-cold", args.compare)
+            other = (other_warm, other_cold, Server(other_cold))
+            servers += [Server(other_warm), other[2]]
+            servers[2].start()
         warm_server.start()
-        if other_server:
-            other_server.start()
         try:
             cold_times: dict[str, list[float]] = {}
             warmup = min(5, args.n)
@@ -272,10 +290,8 @@ def main() -> int:
                             warmup=warmup)
             times.update({name: xs[warmup:] for name, xs in cold_times.items()})
         finally:
-            warm_server.stop()
-            cold_server.stop()
-            if other_server:
-                other_server.stop()
+            for server in servers:
+                server.stop()
     print(table(times))
     if args.json:
         with open(args.json, "w") as f:

@@ -295,8 +295,10 @@ def test_failed_pooled_spawns_give_their_leases_back(require_native: None) -> No
                 else:
                     t.run(["true"], cwd="/nonexistent")
         assert sh(t, "true").returncode == 0
-        # leased now: the template's two standbys alone
-        assert wait_until(lambda: pool.stats()["in_use"] - held["in_use"] == 2
+        # leased now: the template's two standbys alone (the template's own count is exact; the pool's
+        # may also fall while the test runs, as a kept server of an earlier test gives one back)
+        assert wait_until(lambda: len(t._server._leases) == 2
+                          and pool.stats()["in_use"] - held["in_use"] <= 2
                           and pool.stats()["reserved"] - held["reserved"] == 2), (held, pool.stats())
 
 

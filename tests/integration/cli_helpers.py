@@ -24,6 +24,35 @@ SYSTEM = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlin
           "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev"]
 
 
+# A process that speaks the CLI server's wire itself, with no client's check of the server:
+# `python -c RAW_REQUEST SOCKET IDENTITY` (PYTHONPATH: tests/unit, for test_cliwire.request) asks for
+# a plan of `sandbox run --ro-bind / / true` and writes the server's first frame to stdout.
+RAW_REQUEST = (
+    "import socket,sys\n"
+    "from test_cliwire import request\n"
+    "s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\ns.connect(sys.argv[1])\n"
+    "exe=tuple(int(v) for v in sys.argv[2].split(':'))\n"
+    "socket.send_fds(s,[request(argv=(b'sandbox',b'run',b'--ro-bind',b'/',b'/',b'true'),fds=(0,1,2),"
+    "exe=exe)],[0,1,2])\n"
+    "sys.stdout.buffer.write(s.recv(64))\n")
+UNIT_TESTS = str(Path(__file__).resolve().parents[1] / "unit")  # PYTHONPATH for RAW_REQUEST
+
+# The start of a fake CLI server (`python -c FAKE_SERVER_ACCEPT + ... SOCKET ANSWER_FILE ...`): it
+# listens on SOCKET, says "ready", takes one client's request and has `c` (the connection) and
+# `answer` (the file's bytes) for what follows.
+FAKE_SERVER_ACCEPT = """
+import array, socket, sys
+from sandbox.cliserver import wire
+path, answer = sys.argv[1], open(sys.argv[2], 'rb').read()
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(path)
+s.listen()
+print('ready', flush=True)
+c, _ = s.accept()
+wire.recv_fds(c, wire.MAX_REQUEST + 1, wire.MAX_FDS)
+"""
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without the package's own settings (a client with any runs directly)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}

@@ -21,7 +21,17 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import SYSTEM, TIMEOUT, Installation, clean_env, cli_install, cli_served  # noqa: F401
+from cli_helpers import (  # noqa: F401
+    FAKE_SERVER_ACCEPT,
+    RAW_REQUEST,
+    SYSTEM,
+    TIMEOUT,
+    UNIT_TESTS,
+    Installation,
+    clean_env,
+    cli_install,
+    cli_served,
+)
 from leakcheck import descendants, kill_trees
 
 from sandbox.cliserver import wire
@@ -224,16 +234,8 @@ def _with_opts(blob: bytes, bits: int) -> bytes:
     return blob[:at] + opts.to_bytes(4, "little") + blob[at + 4:]
 
 
-FAKE_SERVER = """
-import array, socket, sys
-from sandbox.cliserver import wire
-path, answer, nfds = sys.argv[1], open(sys.argv[2], 'rb').read(), int(sys.argv[3])
-s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-s.bind(path)
-s.listen()
-print('ready', flush=True)
-c, _ = s.accept()
-wire.recv_fds(c, wire.MAX_REQUEST + 1, wire.MAX_FDS)
+FAKE_SERVER = FAKE_SERVER_ACCEPT + """
+nfds = int(sys.argv[3])
 if len(answer) > 200000:
     c.setsockopt(socket.SOL_SOCKET, 32, len(answer) * 2)  # SO_SNDBUFFORCE: only root may
 extra = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [0] * nfds))] if nfds else []
@@ -311,33 +313,16 @@ class TestForgedAnswers:
 def test_a_request_from_inside_a_sandbox_gets_no_plan(served):
     """A process in a sandbox that sees the socket (a bind of /) and speaks the wire itself (no
     client's check of the server) gets FALLBACK: the server compiles nothing for it."""
-    code = ("import socket,sys\n"
-            "from test_cliwire import request\n"
-            "s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\ns.connect(sys.argv[1])\n"
-            "exe=tuple(int(v) for v in sys.argv[2].split(':'))\n"
-            "socket.send_fds(s,[request(argv=(b'sandbox',b'run',b'--ro-bind',b'/',b'/',b'true'),fds=(0,1,2),"
-            "exe=exe)],[0,1,2])\n"
-            "sys.stdout.buffer.write(s.recv(64))\n")
-    unit = str(Path(__file__).resolve().parents[1] / "unit")
     result = subprocess.run(
         [str(served.root / "sandbox-py"), "run", "--bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--",
-         sys.executable, "-c", code, served.socket, served.identity()],
-        env=clean_env(PYTHONPATH=unit), capture_output=True, timeout=TIMEOUT, cwd="/")
+         sys.executable, "-c", RAW_REQUEST, served.socket, served.identity()],
+        env=clean_env(PYTHONPATH=UNIT_TESTS), capture_output=True, timeout=TIMEOUT, cwd="/")
     assert result.returncode == 0, result.stderr
     assert wire.parse_frame(result.stdout) == (wire.FALLBACK, 0)
     assert served.served() == 0 and "confined otherwise" in served.ran_directly()[0]
 
 
-SLOW_SERVER = """
-import socket, sys
-from sandbox.cliserver import wire
-path, answer = sys.argv[1], open(sys.argv[2], 'rb').read()
-s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-s.bind(path)
-s.listen()
-print('ready', flush=True)
-c, _ = s.accept()
-wire.recv_fds(c, wire.MAX_REQUEST + 1, wire.MAX_FDS)
+SLOW_SERVER = FAKE_SERVER_ACCEPT + """
 print('request', flush=True)
 print(wire.parse_frame(c.recv(64))[1], flush=True)  # the client's SIGNAL frame, relayed
 c.send(answer)

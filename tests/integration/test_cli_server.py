@@ -30,7 +30,17 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_helpers import SYSTEM, TIMEOUT, Installation, clean_env, cli_install, cli_served, servers_of  # noqa: F401
+from cli_helpers import (  # noqa: F401
+    RAW_REQUEST,
+    SYSTEM,
+    TIMEOUT,
+    UNIT_TESTS,
+    Installation,
+    clean_env,
+    cli_install,
+    cli_served,
+    servers_of,
+)
 from leakcheck import descendants, kill_trees
 
 import sandbox
@@ -335,28 +345,15 @@ class TestConfinedClientsRunDirectly:
     @pytest.mark.parametrize("confine", [_allow_all_filter, _no_new_privs], ids=["seccomp", "no_new_privs"])
     def test_the_server_refuses_a_confined_peer(self, served, confine):
         """A confined process that speaks the wire itself (no client's check of the server) gets FALLBACK."""
-        import socket as sk
-
         from sandbox.cliserver import wire
 
-        code = (
-            "import socket,sys\n"
-            "from test_cliwire import request\n"
-            "from sandbox.cliserver import wire\n"
-            "s=socket.socket(socket.AF_UNIX,socket.SOCK_SEQPACKET)\ns.connect(sys.argv[1])\n"
-            "exe=tuple(int(v) for v in sys.argv[2].split(':'))\n"
-            "socket.send_fds(s,[request(argv=(b'sandbox',b'run',b'--ro-bind',b'/',b'/',b'true'),fds=(0,1,2),"
-            "exe=exe)],[0,1,2])\n"
-            "sys.stdout.buffer.write(s.recv(64))\n")
-        unit = str(Path(__file__).resolve().parents[1] / "unit")
-        result = subprocess.run([sys.executable, "-c", code, served.socket, served.identity()], capture_output=True,
-                                timeout=TIMEOUT,
-                                preexec_fn=confine, env=clean_env(PYTHONPATH=unit))
+        result = subprocess.run([sys.executable, "-c", RAW_REQUEST, served.socket, served.identity()],
+                                capture_output=True, timeout=TIMEOUT, preexec_fn=confine,
+                                env=clean_env(PYTHONPATH=UNIT_TESTS))
         assert result.returncode == 0, result.stderr
         assert wire.parse_frame(result.stdout) == (wire.FALLBACK, 0)
         assert served.served() == 0
         assert "confined otherwise" in served.ran_directly()[0]
-        del sk
 
     @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
     def test_a_traced_client(self, served):

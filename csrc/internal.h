@@ -173,6 +173,9 @@ int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fd
  * with errno: no fd); *truncated, if not NULL: the message or its fds did
  * not fit (MSG_TRUNC, MSG_CTRUNC). */
 ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated);
+/* Close every fd from `from` up but those in `keep` (n of them, sorted here
+ * in place; -1: none), one close_range() per gap: syscalls only. */
+void sbx_close_all_but(int *keep, int n, unsigned from);
 int sbx_read_report(int fd, struct sbx_report *r);
 void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_result *res);
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail);

@@ -89,41 +89,7 @@ static void close_all_but(const struct sbx_ctx *c, int keep)
     for (int k = 0; k < c->in.n_pass && n < MAX_KEEP; k++)
         if (c->in.pass_fds[k] > 2)
             fds[n++] = c->in.pass_fds[k];
-    for (int i = 1; i < n; i++) /* insertion sort: a few fds */
-        for (int j = i; j > 0 && fds[j - 1] > fds[j]; j--) {
-            int t = fds[j];
-            fds[j] = fds[j - 1];
-            fds[j - 1] = t;
-        }
-    unsigned lo = 3;
-    for (int k = 0; k < n; k++) {
-        if ((unsigned)fds[k] > lo)
-            syscall(SYS_close_range, lo, (unsigned)fds[k] - 1, 0);
-        if ((unsigned)fds[k] + 1 > lo)
-            lo = (unsigned)fds[k] + 1;
-    }
-    syscall(SYS_close_range, lo, ~0U, 0);
-}
-
-/* Close every fd but a, b and d (-1: none). */
-static void close_except(int a, int b, int d)
-{
-    int keep[3] = {a, b, d};
-    for (int i = 1; i < 3; i++) /* sorted */
-        for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
-            int t = keep[j];
-            keep[j] = keep[j - 1];
-            keep[j - 1] = t;
-        }
-    unsigned next = 0;
-    for (int k = 0; k < 3; k++) {
-        if (keep[k] < 0)
-            continue;
-        if ((unsigned)keep[k] > next)
-            syscall(SYS_close_range, next, (unsigned)keep[k] - 1, 0);
-        next = (unsigned)keep[k] + 1;
-    }
-    syscall(SYS_close_range, next, ~0U, 0);
+    sbx_close_all_but(fds, n, 3);
 }
 
 /* Forward signals from outside to the command, reap orphans, until the
@@ -189,7 +155,8 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
     /* Only the report socket stays (and until it is reported, the lease):
      * the command's stdio and passed fds must reach EOF when the command
      * (not this reaper) closes them. */
-    close_except(c->in.err_fd, c->keep_fd, lease_of(c));
+    int keep[] = {c->in.err_fd, c->keep_fd, lease_of(c)};
+    sbx_close_all_but(keep, 3, 0); /* stdio too */
     if (sbx_send_started(c) < 0) {
         kill(pid, SIGKILL);
         _exit(125);

@@ -112,27 +112,6 @@ static int made_main(void *arg)
 
 /* ---------------------------------------------------------------- the maker */
 
-/* Close every fd of pid 1's the maker does not use (the sorted `keep`, -1s first). */
-static void keep_only(int *keep, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
-            int t = keep[j];
-            keep[j] = keep[j - 1];
-            keep[j - 1] = t;
-        }
-    unsigned lo = 3;
-    for (int k = 0; k < n; k++) {
-        if (keep[k] < 0)
-            continue;
-        if ((unsigned)keep[k] > lo)
-            syscall(SYS_close_range, lo, (unsigned)keep[k] - 1, 0);
-        if ((unsigned)keep[k] + 1 > lo)
-            lo = (unsigned)keep[k] + 1;
-    }
-    syscall(SYS_close_range, lo, ~0U, 0);
-}
-
 /* The request the last command child took, out of this memory: its
  * message (the server's buffer) and the arrays made for it. */
 static void forget_request(struct sbx_ctx *c, const struct sbx_ctx *saved)
@@ -162,7 +141,7 @@ static _Noreturn void maker_main(struct sbx_ctx *c, int sock)
     static struct tpl_inherited inherited; /* what its command children inherit, before any request */
     static struct sbx_ctx saved;
     int keep[] = {sock, s->fast_fd, s->notify_wr, c->in.proc_dir, c->userns_fd};
-    keep_only(keep, (int)(sizeof keep / sizeof *keep));
+    sbx_close_all_but(keep, (int)(sizeof keep / sizeof *keep), 3); /* pid 1's fds the maker does not use */
     /* Before any request, a failure goes to the server (c->in.err_fd), which
      * stops making standbys: it would fail again. */
     if (tpl_inherited_take(c, &inherited) < 0)

@@ -155,6 +155,25 @@ ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_
     return n;
 }
 
+void sbx_close_all_but(int *keep, int n, unsigned from)
+{
+    for (int i = 1; i < n; i++) /* insertion sort: a few fds */
+        for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+            int t = keep[j];
+            keep[j] = keep[j - 1];
+            keep[j - 1] = t;
+        }
+    unsigned lo = from;
+    for (int k = 0; k < n; k++) {
+        if (keep[k] < 0 || (unsigned)keep[k] < lo) /* none, one below `from` or twice */
+            continue;
+        if ((unsigned)keep[k] > lo)
+            syscall(SYS_close_range, lo, (unsigned)keep[k] - 1, 0);
+        lo = (unsigned)keep[k] + 1;
+    }
+    syscall(SYS_close_range, lo, ~0U, 0);
+}
+
 _Noreturn void sbx_fail(struct sbx_ctx *c, int step, int op, int err, int detail)
 {
     if (c->in.lease_fd >= 0) {

@@ -22,50 +22,62 @@ BROKER_ENV = "SANDBOX_TASK_BROKER"  # sandbox.task.wire's, named here so that sp
 
 
 class Stdio:
-    """The child's three stdio fds, and the parent's ends of any pipes."""
+    """The child's three stdio fds (`child`), and the parent's ends of any pipes (`parent`)."""
 
     def __init__(self, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> None:
-        self.child = [-1, -1, -1]
-        self.parent: list[IO[bytes] | None] = [None, None, None]
+        child = [-1, -1, -1]
+        self.parent: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None] = (None, None, None)
         self._close_after: list[int] = []
         try:
             for i, arg in enumerate((stdin, stdout, stderr)):
-                self._one(i, arg)
+                self._one(child, i, arg)
         except BaseException:
             self.abort()
             raise
+        self.child = (child[0], child[1], child[2])
 
-    def _one(self, i: int, arg: StdioArg) -> None:
+    @staticmethod
+    def of(stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> Stdio:
+        """The Stdio of a call: the one shared INHERIT when all three are None
+        (it holds nothing: started() and abort() have nothing to close)."""
+        if stdin is None and stdout is None and stderr is None:
+            return INHERIT
+        return Stdio(stdin, stdout, stderr)
+
+    def _one(self, child: list[int], i: int, arg: StdioArg) -> None:
         if arg is None:
             return
         if arg == PIPE:
             r, w = os.pipe2(os.O_CLOEXEC)
             mine, theirs = (w, r) if i == 0 else (r, w)
-            self.child[i] = theirs
+            child[i] = theirs
             self._close_after.append(theirs)
-            self.parent[i] = open(mine, "wb" if i == 0 else "rb")
+            parent = list(self.parent)
+            parent[i] = open(mine, "wb" if i == 0 else "rb")
+            self.parent = (parent[0], parent[1], parent[2])
         elif arg == DEVNULL:
             fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-            self.child[i] = fd
+            child[i] = fd
             self._close_after.append(fd)
         elif arg == STDOUT:
             if i != 2:
                 raise SpecError("stdin" if i == 0 else "stdout", "STDOUT", "only stderr may be STDOUT")
-            self.child[2] = self.child[1] if self.child[1] >= 0 else 1
+            child[2] = child[1] if child[1] >= 0 else 1
         elif isinstance(arg, int):
             if arg < 0:
                 raise SpecError(("stdin", "stdout", "stderr")[i], arg, "must be a valid file descriptor")
-            self.child[i] = arg
+            child[i] = arg
         elif hasattr(arg, "fileno"):
-            self.child[i] = arg.fileno()
+            child[i] = arg.fileno()
         else:
             raise SpecError(("stdin", "stdout", "stderr")[i], arg, "must be None, PIPE, DEVNULL, an fd or a file")
 
     def started(self) -> None:
         """The child holds its ends now: close ours."""
-        for fd in self._close_after:
-            os.close(fd)
-        self._close_after.clear()
+        if self._close_after:
+            for fd in self._close_after:
+                os.close(fd)
+            self._close_after.clear()
 
     def abort(self) -> None:
         """Setup failed: close everything."""
@@ -73,6 +85,9 @@ class Stdio:
         for f in self.parent:
             if f is not None:
                 f.close()
+
+
+INHERIT = Stdio(None, None, None)  # the child inherits the caller's three; nothing to open or close
 
 
 def check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:
@@ -142,15 +157,15 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     refused = refusal(plan, host)
     if refused is not None:
         raise refused
-    stdio = Stdio(stdin, stdout, stderr)
+    stdio = Stdio.of(stdin, stdout, stderr)
     try:
-        launched = backends.launch(name, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
+        launched = backends.launch(name, plan, args, stdio.child, fds)
     except BaseException:
         stdio.abort()
         raise
     stdio.started()
     return SandboxProcess(args, launched, backend=name, backend_reason=reason, network=plan.network,
-                          pipes=(stdio.parent[0], stdio.parent[1], stdio.parent[2]))
+                          pipes=stdio.parent)
 
 
 def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, capture_output: bool = False,

@@ -11,7 +11,7 @@ import time
 from typing import IO, Any
 
 from .backends.contract import Handle
-from .backends.handle import readable
+from .backends.handle import readable_count
 from .cgroups import Usage
 
 PIPE = subprocess.PIPE
@@ -75,9 +75,13 @@ class SandboxProcess:
 
     def poll(self) -> int | None:
         """The return code if the sandbox has ended, else None."""
+        return self._reap(False)
+
+    def _reap(self, woken: bool) -> int | None:
+        """poll(), told whether the fds of the handle's last wait_fds() were all just seen readable."""
         with self._lock:
             if self.returncode is None:
-                ended = self._handle.reap(self._caller_end)
+                ended = self._handle.reap(self._caller_end, woken)
                 if ended is not None:
                     self.usage, self.killed_by = ended.usage, ended.killed_by
                     self.returncode = ended.returncode
@@ -95,22 +99,25 @@ class SandboxProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.returncode is None:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._wait_ready(remaining):
+            woken = self._wait_ready(remaining)
+            if woken is None:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0)  # only a timeout ends a wait unready
-            self.poll()  # may still be running: its status socket said only that its reaper has gone
+            self._reap(woken)  # may still be running: its status socket said only that its reaper has gone
         return self.returncode
 
-    def _wait_ready(self, timeout: float | None) -> bool:
-        """Block until the handle may have news (False after `timeout`)."""
+    def _wait_ready(self, timeout: float | None) -> bool | None:
+        """Block until the handle may have news: whether every fd it gave to
+        wait on is readable then (None after `timeout`)."""
         with self._lock:
             fds = self._handle.wait_fds() if self.returncode is None else []
         if not fds:
-            return True  # nothing left to wait for: poll() says
+            return False  # nothing left to wait for: poll() says
         try:
-            return readable(fds, timeout)
+            n = readable_count(fds, timeout)
         finally:
             for fd in fds:
                 os.close(fd)
+        return None if n == 0 else n == len(fds)
 
     # ------------------------------------------------------------ signals
 

@@ -103,15 +103,15 @@ class Template:
             plan = plan_for_call(plan, env=_check_env(env), cwd=_check_cwd(cwd), limits=_check_limits(limits),
                                  binds=_check_binds(binds), hard_limits=self._hard_limits,
                                  cgroups=self._cgroups)
-        stdio = Stdio(stdin, stdout, stderr)
+        stdio = Stdio.of(stdin, stdout, stderr)
         try:
-            launched = launch_in(self._server, plan, args, (stdio.child[0], stdio.child[1], stdio.child[2]), fds)
+            launched = launch_in(self._server, plan, args, stdio.child, fds)
         except BaseException:
             stdio.abort()
             raise
         stdio.started()
         return SandboxProcess(args, launched, backend="template", backend_reason="sandbox.Template",
-                              network=plan.network, pipes=(stdio.parent[0], stdio.parent[1], stdio.parent[2]))
+                              network=plan.network, pipes=stdio.parent)
 
     def run(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
             timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
@@ -146,7 +146,10 @@ class Template:
 
 def _argv(argv: Sequence[str]) -> list[str]:
     """check_argv's list, at once for the usual list of non-empty plain strings (a call's whole cost counts)."""
-    if type(argv) is list and argv and all(type(a) is str and a and "\0" not in a for a in argv):
+    if type(argv) is list and argv:
+        for a in argv:
+            if type(a) is not str or not a or "\0" in a:
+                return check_argv(argv)
         return list(argv)
     return check_argv(argv)
 

@@ -69,10 +69,12 @@ class Handle(Protocol):
         wait for (reap() says how it ended)."""
         ...
 
-    def reap(self, caller_end: str | None = None) -> Ended | None:
+    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
         """How the sandbox ended, once it has (never blocks), else None;
-        `caller_end` is "timeout" or "kill" when the caller ended it. Once it
-        returns an Ended, everything the sandbox held has been released."""
+        `caller_end` is "timeout" or "kill" when the caller ended it; `woken`:
+        every fd of the last wait_fds() has just been seen readable, which
+        the handle need not check again. Once it returns an Ended,
+        everything the sandbox held has been released."""
         ...
 
     def signal(self, sig: int) -> None:

@@ -17,13 +17,15 @@ import os
 import select
 import signal
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from ..cgroups import Walls
 from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
-__all__ = ["ProcessHandle", "readable"]
+__all__ = ["ProcessHandle", "readable", "readable_count"]
+
+POLLIN = select.POLLIN
 
 
 def readable(fds: int | list[int], timeout: float | None = 0) -> bool:
@@ -31,10 +33,26 @@ def readable(fds: int | list[int], timeout: float | None = 0) -> bool:
     has exited) has a readable one within `timeout` seconds (None: wait as
     long as it takes)."""
     poller = select.poll()
-    for fd in [fds] if isinstance(fds, int) else fds:
-        poller.register(fd, select.POLLIN)
-    ms = None if timeout is None else max(0, int(timeout * 1000 + 0.999))
-    return bool(poller.poll(ms))
+    if isinstance(fds, int):
+        poller.register(fds, POLLIN)
+    else:
+        for fd in fds:
+            poller.register(fd, POLLIN)
+    return bool(poller.poll(None if timeout is None else _ms(timeout) if timeout else 0))
+
+
+def readable_count(fds: list[int], timeout: float | None) -> int:
+    """How many of `fds` are readable (or hung up) within `timeout` seconds
+    (None: once one is, however long it takes); 0 after the timeout."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, POLLIN)
+    return len(poller.poll(None if timeout is None else _ms(timeout)))
+
+
+def _ms(timeout: float) -> int:
+    """poll()'s timeout: whole milliseconds, rounded up."""
+    return max(0, int(timeout * 1000 + 0.999))
 
 
 class ProcessHandle:
@@ -66,6 +84,7 @@ class ProcessHandle:
         self.on_exit = on_exit
         self.pidfd = pidfd
         self.ended_fd = ended_fd
+        self._early: EarlyStatus = exit  # type: ignore[assignment]  # what it is when there is an ended_fd
         self.sandbox_pid = sandbox_pid if sandbox_pid is not None else pid
         self.walls = walls
 
@@ -87,19 +106,24 @@ class ProcessHandle:
             return []
         return fds
 
-    def reap(self, caller_end: str | None = None) -> Ended | None:
+    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
         """How the sandbox ended, once it has (never blocks); None while it
-        runs. `caller_end` is "timeout" or "kill" when the caller ended it.
-        Once it returns an Ended, what the sandbox held is released."""
-        status, after = self._status()
+        runs. `caller_end` is "timeout" or "kill" when the caller ended it;
+        `woken`: every fd of the last wait_fds() was just seen readable (so
+        is `ended_fd`, of which one was a dup). Once it returns an Ended,
+        what the sandbox held is released."""
+        status, after = self._status(woken)
         if status is None:
             return None
         returncode = self.exit.returncode(status)
-        usage, killed_by = None, "timeout" if caller_end == "timeout" else None
         if self.walls is not None:
             usage, killed_by = self.walls.finish(returncode, caller_end)
+        else:
+            usage, killed_by = None, "timeout" if caller_end == "timeout" else None
         self.ended_fd = -1  # the exit source held it, and has closed it
-        self._close_pidfd()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
         if self.on_exit is not None:  # e.g. give a leased network namespace back
             hook, self.on_exit = self.on_exit, None
             hook()
@@ -107,14 +131,15 @@ class ProcessHandle:
             after()
         return Ended(returncode, usage, killed_by)
 
-    def _status(self) -> tuple[int | None, Callable[[], None] | None]:
+    def _status(self, woken: bool) -> tuple[int | None, Callable[[], None] | None]:
         """(the first process's wait status, what to do after the status is
         taken) if the sandbox has ended, else (None, None). With an early
         status the sandbox has ended once it is in (a SIGKILL status stands
         in here; the exit source has the real one): the first process, still
-        exiting, is reaped in the background if it is our child."""
-        if self.ended_fd >= 0 and readable(self.ended_fd):
-            if cast(EarlyStatus, self.exit).arrived():
+        exiting, is reaped in the background if it is our child. `woken`:
+        `ended_fd` has just been seen readable (reap)."""
+        if self.ended_fd >= 0 and (woken or readable(self.ended_fd)):
+            if self._early.arrived():
                 if self.pidfd >= 0:
                     return signal.SIGKILL, self._remove_walls_after_exit()
                 pid, walls = self.pid, self.walls  # its cgroup goes once it is reaped, after finish() read it
@@ -175,4 +200,5 @@ class ProcessHandle:
             self.pidfd = -1
 
     def __del__(self) -> None:
-        self.close()
+        if self.pidfd >= 0:
+            self.close()

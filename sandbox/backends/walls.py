@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import resource
 
 from .. import cgroups
@@ -16,18 +17,33 @@ def walls_for(plan: Plan, backend: str, outside_tasks: int = 0) -> cgroups.Walls
     `outside_tasks`: processes of the executor's own that live in the cgroup
     too (bwrap's monitor), allowed beyond the process limit and not counted
     in the usage. SetupError, naming `backend`, when it cannot be made."""
-    cpu_s = dict(plan.rlimits).get(resource.RLIMIT_CPU)
+    cpu_s = _cpu_s(plan.rlimits)
     if plan.cgroup is None:
-        return cgroups.Walls(None, "rlimit", cpu_s)
+        return _rlimits_only(cpu_s)
     limits = plan.cgroup
     if outside_tasks and limits.pids is not None:
         limits = dataclasses.replace(limits, pids=limits.pids + outside_tasks)
     return cgroups.Walls(new_cgroup(limits, backend), plan.limits_mechanism, cpu_s, outside_tasks)
 
 
+@functools.lru_cache(maxsize=64)
+def _rlimits_only(cpu_s: int | None) -> cgroups.Walls:
+    """The walls of a sandbox without a cgroup: they hold nothing (kill and
+    remove do nothing, finish only reads), so one serves every such sandbox."""
+    return cgroups.Walls(None, "rlimit", cpu_s)
+
+
+def _cpu_s(rlimits: tuple[tuple[int, int], ...]) -> int | None:
+    """The plan's RLIMIT_CPU, if it sets one."""
+    for which, value in rlimits:
+        if which == resource.RLIMIT_CPU:
+            return value
+    return None
+
+
 def walls_in(cgroup: cgroups.SandboxCgroup, plan: Plan) -> cgroups.Walls:
     """The walls of a sandbox of `plan` in `cgroup`, made ahead (a Template's placed standbys)."""
-    return cgroups.Walls(cgroup, plan.limits_mechanism, dict(plan.rlimits).get(resource.RLIMIT_CPU))
+    return cgroups.Walls(cgroup, plan.limits_mechanism, _cpu_s(plan.rlimits))
 
 
 def new_cgroup(limits: cgroups.CgroupLimits, backend: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno as E
+import functools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -173,7 +174,8 @@ class ReaperStatus:
             self.fd = -1
 
     def __del__(self) -> None:
-        self.close()
+        if self.fd >= 0:
+            self.close()
 
 
 class SandboxStatus(ReaperStatus):
@@ -183,7 +185,7 @@ class SandboxStatus(ReaperStatus):
     EarlyStatus), before the reaper's own exit."""
 
     def __init__(self, fd: int) -> None:
-        super().__init__(fd)
+        self.fd = fd
         self.status: int | None = None
 
     def arrived(self) -> bool:
@@ -200,7 +202,9 @@ class SandboxStatus(ReaperStatus):
         """The status that arrived, else what the fd says (else `raw_status`)."""
         if self.status is None:
             return super().returncode(raw_status)
-        self.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
         return os.waitstatus_to_exitcode(self.status)
 
 
@@ -212,6 +216,16 @@ class Started:
     status_fd: int
     timings: dict[str, float]
     landlock_abi: int = 0
+
+
+N_STAMPS = lib.SBX_N_STAMPS
+T_START = lib.SBX_T_START
+
+
+@functools.lru_cache(maxsize=64)
+def _c_env(env: tuple[str, ...]) -> tuple[object, list[object]]:
+    """cstrings(env), made once per environment: the C core only reads it (csrc/sandbox.h)."""
+    return cstrings(env)
 
 
 def spawn_blob(
@@ -232,7 +246,7 @@ def spawn_blob(
     the listening sockets of `plan.forward`. `exec_fd`: what SBX_OPT_EXEC_FD execs.
     `cgroup_fds`: cgroup.procs files the sandbox's first process enters first."""
     c_argv, keep_a = cstrings(argv)
-    c_env, keep_e = cstrings(plan.env)
+    c_env, keep_e = _c_env(plan.env)
     c_pass = ffi.new("int[]", list(pass_fds) or [0])
     res = ffi.new("struct sbx_result *")
     init = exec_fd if exec_fd is not None else init_fd() if plan.reaper else -1
@@ -246,9 +260,9 @@ def spawn_blob(
     del keep_a, keep_e
     if rc != 0:
         raise setup_error(res, blob, argv)
-    t = res.t_ns
-    base = t[lib.SBX_T_START]
-    timings = {STAMP_NAMES[i]: (t[i] - base) / 1000.0 for i in range(lib.SBX_N_STAMPS) if t[i]}
+    t = ffi.unpack(res.t_ns, N_STAMPS)
+    base = t[T_START]
+    timings = {STAMP_NAMES[i]: (ns - base) / 1000.0 for i, ns in enumerate(t) if ns}
     timings["exec"] = timings.get("done", 0.0)  # the parent saw the command exec'd
     return Started(pid=res.pid, status_fd=res.status_fd, timings=timings, landlock_abi=res.landlock_abi)
 

@@ -19,6 +19,7 @@ benchmarks/tradeoffs.py (the whole machine's, or this process tree's).
 
     python benchmarks/template.py [-n 500] [--seconds 5] [--binds 10,100,1000] [--bind-runs 50]
                                   [--json out.json]
+    python benchmarks/template.py --caller [-n 2000]   # the caller's own thread time per spawn, per wait
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -190,6 +192,45 @@ def table(times: dict[str, list[float]]) -> str:
     return "\n".join(rows)
 
 
+Halves = tuple[Callable[[], object], Callable[[Any], object]]  # start /bin/true; wait for what it started
+
+
+def _caller_variants(pooled: sandbox.Template, recycled: sandbox.Template) -> dict[str, Halves]:
+    """name -> the caller's two halves of a spawn+wait of /bin/true."""
+    spec = sandbox.Spec(mounts=MOUNTS)
+    return {
+        POSIX: (lambda: os.posix_spawn("/bin/true", ["/bin/true"], {}), lambda pid: os.waitpid(pid, 0)),
+        RECYCLED: (lambda: recycled.spawn(["/bin/true"]), _wait),
+        TEMPLATE: (lambda: pooled.spawn(["/bin/true"]), _wait),
+        "sandbox.spawn, network=none": (lambda: sandbox.spawn(["/bin/true"], spec), _wait),
+    }
+
+
+def caller_table(pooled: sandbox.Template, recycled: sandbox.Template, n: int) -> str:
+    """The caller's own CPU (its thread's time: its Python, its system calls, its switches) per spawn and
+    per wait, every variant interleaved call by call; the sandbox's side is not in it (tradeoffs.py
+    measures the whole machine's)."""
+    fns = _caller_variants(pooled, recycled)
+    spent: dict[str, tuple[list[int], list[int]]] = {name: ([], []) for name in fns}
+    for i in range(n + 20):
+        for name, (start, wait) in fns.items():
+            t0 = time.thread_time_ns()
+            obj = start()
+            t1 = time.thread_time_ns()
+            wait(obj)
+            t2 = time.thread_time_ns()
+            if i >= 20:  # warmed up
+                spent[name][0].append(t1 - t0)
+                spent[name][1].append(t2 - t1)
+    base = statistics.median(a + b for a, b in zip(*spent[POSIX], strict=True))
+    rows = ["| caller's thread | spawn µs | wait µs | spawn+wait µs | / posix_spawn |", "|---|---|---|---|---|"]
+    for name, (starts, waits) in spent.items():
+        both = statistics.median(a + b for a, b in zip(starts, waits, strict=True))
+        rows.append(f"| {name} | {statistics.median(starts) / 1000:.1f} | {statistics.median(waits) / 1000:.1f} "
+                    f"| {both / 1000:.1f} | {both / base:.2f}x |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-n", type=int, default=500, help="runs per variant (default 500)")
@@ -197,11 +238,17 @@ def main() -> int:
     ap.add_argument("--binds", default="10,100,1000", help="extra bind counts for the binds table ('' skips it)")
     ap.add_argument("--bind-runs", type=int, default=50, help="runs per variant and bind count (default 50)")
     ap.add_argument("--json", help="also write the raw per-run times and rates here")
+    ap.add_argument("--caller", action="store_true",
+                    help="only the caller's own thread time per spawn and per wait (n calls each, interleaved)")
     args = ap.parse_args()
     print(f"# /bin/true, n={args.n}, uid={os.getuid()}, python {sys.version.split()[0]}, "
           f"kernel {os.uname().release}, load {os.getloadavg()[0]:.2f}")
     netpool.enable(size=8, for_network_none=False).wait_filled(30)
     spec = sandbox.Spec(mounts=MOUNTS)
+    if args.caller:
+        with sandbox.Template(spec.replace(network="pool")) as pooled, sandbox.Template(spec, recycle=True) as rec:
+            print(caller_table(pooled, rec, args.n))
+        return 0
     with (sandbox.Template(spec.replace(network="pool")) as pooled, sandbox.Template(spec) as fresh,
           sandbox.Template(spec, recycle=True) as recycled):
         fns = variants(pooled, fresh, recycled)

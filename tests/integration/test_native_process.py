@@ -246,6 +246,50 @@ def test_nothing_but_the_exiting_pid_1_is_left_when_wait_returns(base_spec: Base
             assert wait_until(lambda: proc_stat(proc.pid) is None)  # pid 1 is reaped in the background
 
 
+@pytest.mark.parametrize("executor", ["native", "template", "recycled"])
+def test_waits_and_polls_from_several_threads_agree(base_spec: BaseSpec, executor: str,
+                                                    fd_count: Callable[[], int], no_leftovers: str) -> None:
+    # A wait that wakes tells the handle its fds were readable, so the handle reads the status without
+    # checking again: with several threads waiting and polling at once, each gets the one returncode,
+    # none blocks on a status another took, and no fd is left open.
+    spec = base_spec()
+    with contextlib.ExitStack() as stack:
+        if executor == "native":
+            def start(script: str) -> sandbox.SandboxProcess:
+                return spawn_sh(script, spec)
+        else:
+            template = stack.enter_context(sandbox.Template(spec, recycle=executor == "recycled"))
+
+            def start(script: str) -> sandbox.SandboxProcess:
+                return template.spawn(["sh", "-c", script])
+        start("exit 0").wait(timeout=30)  # warm up: the backend's own fds are open from here on
+        before = fd_count()
+        for code in (0, 3, 5):
+            proc = start(f"sleep 0.2; exit {code} # {no_leftovers}")
+            assert _waiters_and_a_poller(proc, 4) == [code] * 5 and proc.returncode == code
+            assert proc.wait(timeout=0) == code and proc.poll() == code
+        assert fd_count() == before
+
+
+def _waiters_and_a_poller(proc: sandbox.SandboxProcess, waiters: int) -> list[int | None]:
+    """What `waiters` threads calling proc.wait() and one polling it every 10 ms got (None: nothing in 30 s)."""
+    results: list[int | None] = []
+
+    def poller() -> None:
+        deadline = time.monotonic() + 30
+        while (rc := proc.poll()) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        results.append(rc)
+
+    threads = [threading.Thread(target=lambda: results.append(proc.wait(timeout=30))) for _ in range(waiters)]
+    threads.append(threading.Thread(target=poller))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
 # ---------------------------------------------------------------- timeouts
 
 

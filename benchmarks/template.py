@@ -202,7 +202,7 @@ def _caller_variants(pooled: sandbox.Template, recycled: sandbox.Template) -> di
         POSIX: (lambda: os.posix_spawn("/bin/true", ["/bin/true"], {}), lambda pid: os.waitpid(pid, 0)),
         RECYCLED: (lambda: recycled.spawn(["/bin/true"]), _wait),
         TEMPLATE: (lambda: pooled.spawn(["/bin/true"]), _wait),
-        "sandbox.spawn, network=none": (lambda: sandbox.spawn(["/bin/true"], spec), _wait),
+        "sandbox.spawn, network=pool": (lambda: sandbox.spawn(["/bin/true"], spec.replace(network="pool")), _wait),
     }
 
 

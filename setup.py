@@ -4,7 +4,9 @@ sandbox-init (the pid-1 reaper, static so it execs fast and needs nothing
 inside the sandbox), sandbox-launch (the native launcher used by
 sandbox.compat.avatar), sandbox-template (the resident process of a
 sandbox.Template) and sandbox-cli (the installed `sandbox` command, a client
-of sandbox.cliserver) are compiled from csrc/ into sandbox/_bin/.
+of sandbox.cliserver) are compiled from csrc/ into sandbox/_bin/; the two
+exec'd per command (sandbox-cli, sandbox-launch) with musl where musl-gcc is
+installed (client_libc).
 """
 
 from __future__ import annotations

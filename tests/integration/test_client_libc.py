@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import cli_install, cli_served  # noqa: F401  (the fixtures `install` and `served`)
 
 import sandbox
 from sandbox.launcher import launcher_argv, launcher_path
@@ -95,3 +96,28 @@ def test_the_client_words_a_failed_exec_as_the_python_cli(tmp_path):
                             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     assert (result.returncode, result.stderr) == (
         125, f"sandbox: can't run {root}/sandbox-py: {os.strerror(errno.ELOOP)}\n")
+
+
+# A caller that blocked signal 34 (glibc's SIGRTMIN; one of musl's own, which musl's first sigaction()
+# with a handler unblocks in the process): the command's mask is still the Python backend's.
+MASKED_CALLER = """
+import signal, subprocess, sys
+import sandbox
+from sandbox.launcher import launcher_argv
+signal.pthread_sigmask(signal.SIG_BLOCK, {33, 34, 40, signal.SIGUSR1})
+spec = sandbox.Spec(mounts=[sandbox.RoBind("/", "/")])
+argv = ["grep", "^SigBlk", "/proc/self/status"]
+print(subprocess.run(launcher_argv(spec, argv, "/"), capture_output=True, text=True).stdout, end="")
+print(sandbox.run(argv, spec, capture_output=True, text=True).stdout, end="")
+print(subprocess.run([sys.argv[1], "run", "--ro-bind", "/", "/", *argv], capture_output=True, text=True).stdout, end="")
+"""
+
+
+def test_a_callers_blocked_signals_reach_the_command_as_with_the_python_backend(served):
+    """sandbox-launch, the Python backend and a served client's plan (its server: the fixture's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
+    result = subprocess.run([sys.executable, "-c", MASKED_CALLER, str(served.client)], capture_output=True,
+                            text=True, timeout=60, env=env, cwd="/")
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 and len(set(lines)) == 1, (result.stdout, result.stderr)
+    assert served.plans() == 1

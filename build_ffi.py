@@ -4,13 +4,18 @@ The cdef is the CDEF region of csrc/sandbox.h, read here, never retyped.
 Two tables are generated at build time: the syscall table, from the kernel
 headers of the build host (the preprocessor lists the __NR_* names and the C
 compiler resolves them), and the names of sandbox.h's enums (names_source;
-setup.py compiles the same text into sandbox-launch).
+setup.py compiles the same text into sandbox-launch). A third, for the
+executables only (words_source): errno texts and signal names as this
+Python words them, so that a client built with another libc (musl) prints
+the Python CLI's words.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import signal
 import subprocess
 import sysconfig
 from pathlib import Path
@@ -43,6 +48,29 @@ WARNING_FLAGS = [
 def compiler() -> str:
     """The C compiler a build uses: $CC, else the one Python was built with."""
     return os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+
+
+def uapi_dirs(cc: str) -> list[str]:
+    """The directories holding the kernel's UAPI headers (linux/, asm/,
+    asm-generic/) as `cc` finds them: musl-gcc searches only musl's own
+    headers, which do not carry them. None if `cc` cannot find them."""
+    probe = "#include <linux/types.h>\n#include <asm/types.h>\n"
+    result = subprocess.run([*cc.split(), "-M", "-x", "c", "-"], input=probe, capture_output=True, text=True)
+    found = re.findall(r"(\S+)/(linux|asm|asm-generic)/types\.h", result.stdout)
+    return sorted({f"{base}/{name}" for base, name in found}) if result.returncode == 0 else []
+
+
+def musl_flags(cc: str, links: Path) -> list[str]:
+    """The options that let musl-gcc compile csrc/: an -isystem of `links`, a
+    directory made here of links to the UAPI header directories of `cc`'s
+    (only those: the rest of /usr/include is glibc's)."""
+    links.mkdir(parents=True, exist_ok=True)
+    for target in uapi_dirs(cc):
+        link = links / Path(target).name
+        if not link.is_symlink() or os.readlink(link) != target:
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+    return ["-isystem", str(links)]
 
 
 def supported_flags(cc: str, flags: list[str]) -> list[str]:
@@ -95,6 +123,25 @@ def names_source(header: Path = CSRC / "sandbox.h") -> str:
     return (f'#include "{header.name}"\n'
             + names_table(header, "sbx_step", "SBX_STEP_", "sbx_step_names", "sbx_n_steps")
             + names_table(header, "sbx_op_kind", "SBX_OP_", "sbx_op_kind_names", "sbx_n_op_kinds"))
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def words_source() -> str:
+    """C definitions of sbx_errno_texts (errno -> os.strerror's text, for the
+    errnos Python knows) and sbx_signal_names (number -> signal.Signals'
+    name, "SIGRTMIN" included): the Python CLI's words, which come from the
+    libc Python runs on (glibc's here), for executables built with another
+    libc (csrc/errtext.h)."""
+    texts = ",\n    ".join(f"[{n}] = {_c_string(os.strerror(n))}" for n in sorted(set(errno.errorcode)))
+    names = ",\n    ".join(f'[{int(s)}] = "{s.name}"' for s in sorted(set(signal.Signals), key=int))
+    return ("#include \"errtext.h\"\n"
+            f"const char *const sbx_errno_texts[] = {{\n    {texts}\n}};\n"
+            "const int sbx_n_errno_texts = sizeof sbx_errno_texts / sizeof *sbx_errno_texts;\n"
+            f"const char *const sbx_signal_names[] = {{\n    {names}\n}};\n"
+            "const int sbx_n_signal_names = sizeof sbx_signal_names / sizeof *sbx_signal_names;\n")
 
 
 def syscall_names(cc: str) -> list[str]:

@@ -4,7 +4,9 @@ sandbox-init (the pid-1 reaper, static so it execs fast and needs nothing
 inside the sandbox), sandbox-launch (the native launcher used by
 sandbox.compat.avatar), sandbox-template (the resident process of a
 sandbox.Template) and sandbox-cli (the installed `sandbox` command, a client
-of sandbox.cliserver) are compiled from csrc/ into sandbox/_bin/.
+of sandbox.cliserver) are compiled from csrc/ into sandbox/_bin/; the two
+exec'd per command (sandbox-cli, sandbox-launch) with musl where musl-gcc is
+installed (client_libc).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(HERE))
 if not (HERE / "build_ffi.py").is_file():
     raise SystemExit(f"{HERE}: build_ffi.py is missing: the source tree is incomplete (see MANIFEST.in)")
 from build_ffi import CFLAGS as LIB_CFLAGS  # noqa: E402
-from build_ffi import LIB_SOURCES, compiler, names_source  # noqa: E402
+from build_ffi import LIB_SOURCES, compiler, musl_flags, names_source, words_source  # noqa: E402
 
 CFLAGS = [*LIB_CFLAGS, f"-I{CSRC}"]
 # sandbox-init is freestanding on x86_64 (see csrc/init.c), static libc elsewhere.
@@ -54,7 +56,8 @@ def _client_defines() -> list[str]:
 
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
-    "sandbox-launch": (["launcher.c", "handoff.c", "runplan.c", "exitlike.c", *LIB_SOURCES], []),
+    # exec'd per command by harnesses (sandbox.launcher, the avatar's handoff): static, as sandbox-cli
+    "sandbox-launch": (["launcher.c", "handoff.c", "runplan.c", "exitlike.c", *LIB_SOURCES], ["-static"]),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "template_recycle.c", "template_maker.c", "template_kept.c", "template_inherited.c",
@@ -63,6 +66,10 @@ EXECUTABLES = {
     "sandbox-cli": (["cliclient.c", "clipeer.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
                     ["-static", *_client_defines()]),
 }
+# Built with musl where it is installed (client_libc): glibc's start-up runs ~70 CPUID
+# instructions, each a VM exit in a guest (~0.5 ms a start on a firecracker VM; musl's runs none).
+CLIENT_EXECUTABLES = ("sandbox-cli", "sandbox-launch")
+CLIENT_LIBC_ENV = "SANDBOX_CLIENT_LIBC"
 # The console command `sandbox` is the client executable itself, installed as a script (setup() below);
 # pyproject.toml's `sandbox-py` is the Python CLI it runs when it does not hand a command line off.
 CLIENT_SCRIPT = Path("build") / "cli-client" / "sandbox"
@@ -119,6 +126,20 @@ def _with_headers(sources: set[str]) -> set[str]:
     return found
 
 
+def client_libc() -> str:
+    """The libc the executables exec'd per command are built with: "musl"
+    where musl-gcc is on PATH (Debian: apt-get install musl-tools), else
+    "glibc" (the compiler's own); $SANDBOX_CLIENT_LIBC=glibc|musl forces one."""
+    wanted = os.environ.get(CLIENT_LIBC_ENV, "")
+    if wanted not in ("", "auto", "glibc", "musl"):
+        raise BuildError(f"${CLIENT_LIBC_ENV}={wanted!r}: say glibc, musl or auto")
+    if wanted == "musl" and shutil.which("musl-gcc") is None:
+        raise BuildError(f"${CLIENT_LIBC_ENV}=musl but musl-gcc is not on PATH: install musl-tools (Debian/Ubuntu)")
+    if wanted in ("", "auto"):
+        return "musl" if shutil.which("musl-gcc") else "glibc"
+    return wanted
+
+
 class BuildWithExecutables(build_ext):
     """build_ext that checks the toolchain first and also links the helper
     executables next to the module. Nothing is skipped: a missing source or
@@ -139,9 +160,16 @@ class BuildWithExecutables(build_ext):
         names = Path(self.build_temp) / "sbx_names.c"  # the generated enum names (build_ffi.names_source)
         names.parent.mkdir(parents=True, exist_ok=True)
         names.write_text(names_source())
+        words = names.with_name("sbx_words.c")  # errno texts and signal names as this Python words them
+        words.write_text(words_source())
+        libc = client_libc()
+        self.announce(f"sandbox: {', '.join(CLIENT_EXECUTABLES)} built with {libc} "
+                      f"(${CLIENT_LIBC_ENV}=glibc|musl chooses; musl: musl-gcc, from musl-tools)", level=3)
+        musl = ["musl-gcc", *musl_flags(cc, Path(self.build_temp) / "musl-uapi")] if libc == "musl" else []
         for name, (sources, extra) in EXECUTABLES.items():
-            paths = [str(CSRC / s) for s in sources] + ([str(names)] if "messages.c" in sources else [])
-            cmd = [*cc.split(), *CFLAGS, *extra, "-o", str(out_dir / name), *paths]
+            paths = [str(CSRC / s) for s in sources] + ([str(names), str(words)] if "messages.c" in sources else [])
+            compile_with = musl if name in CLIENT_EXECUTABLES and musl else cc.split()
+            cmd = [*compile_with, *CFLAGS, *extra, "-o", str(out_dir / name), *paths]
             self.announce(" ".join(cmd), level=2)
             if subprocess.run(cmd).returncode != 0:
                 raise BuildError(f"linking {name} failed (the compiler's message is above): {' '.join(cmd)}")

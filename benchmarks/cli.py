@@ -18,14 +18,16 @@ with its links, ld.so.cache, proc, dev, a tmpfs /tmp, --unshare-all,
 binds of a work tree and caches, tmpfs masks, new pid/ipc/uts namespaces,
 --die-with-parent, --new-session), each under the name bwrap as a drop-in
 is installed. Then `--version` of bwrap and of ours, `python -c 'import
-sandbox'`, the interpreter's floor (`python -I -S -c pass`) and the
-Python CLI run directly (SANDBOX_CLI_SERVER=0: a cold call's floor). All
+sandbox'`, the interpreter's floor (`python -I -S -c pass`), the
+Python CLI run directly (SANDBOX_CLI_SERVER=0: a cold call's floor) and
+sandbox-launch running the flatpak-like plan (what a harness execs per
+command: sandbox.launcher, the avatar; C only, no server). All
 interleaved round-robin, so machine noise hits them alike; medians and
 p99s in ms, and each median as a ratio to bwrap's with the same options.
-`--compare BINDIR` adds the warm, direct and cold rows of another
+`--compare BINDIR` adds the warm, direct, cold and launcher rows of another
 installation (its `sandbox` and `sandbox-py` in BINDIR, e.g. a venv of
-another commit), copied and served as ours are, called in turn with ours:
-a before/after in one run.
+another commit, and the sandbox-launch of its package), copied and served
+as ours are, called in turn with ours: a before/after in one run.
 
     python benchmarks/cli.py [-n 100] [--json out.json] [--compare BINDIR]
 """
@@ -115,6 +117,30 @@ def installation(root: Path, here: Path | None = None) -> Path:
     return root
 
 
+def launcher_of(bindir: Path) -> Path:
+    """The sandbox-launch of the venv whose scripts are in `bindir`."""
+    found = sorted(bindir.parent.glob("lib/python3*/site-packages/sandbox/_bin/sandbox-launch"))
+    if not found:
+        raise SystemExit(f"no sandbox-launch in the venv of {bindir}")
+    return found[-1]
+
+
+def launcher_rows(compare: Path | None) -> dict[str, Callable[[], object]]:
+    """sandbox-launch running the flatpak-like plan (made by this package, run by ours and by the
+    compared installation's launcher), as a harness execs it per command."""
+    from sandbox.launcher import launcher_argv
+
+    spec, command = sandbox.from_bwrap_args([*BWRAP_ARGS, *TRUE])
+    argv = launcher_argv(spec, command, "/")
+    if not argv[0].endswith("/sandbox-launch"):
+        return {}  # no native launcher here: the argv is the Python CLI's
+    out = {"sandbox-launch --plan <flatpak-like> /bin/true": _run(argv, _env())}
+    if compare is not None:
+        out["compared sandbox-launch --plan <flatpak-like> /bin/true"] = _run(
+            [str(launcher_of(compare)), *argv[1:]], _env())
+    return out
+
+
 def _env() -> dict[str, str]:
     """This environment without the package's settings (a client with any runs directly)."""
     return {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_")}
@@ -175,9 +201,11 @@ class Server:
 
 
 def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times: dict[str, list[float]],
-             other: tuple[Path, Path, Server] | None = None) -> dict[str, Callable[[], object]]:
+             other: tuple[Path, Path, Server] | None = None, compare: Path | None = None,
+             ) -> dict[str, Callable[[], object]]:
     """name -> one fresh process, waited for (a cold row's own time goes to `cold_times`); `other`:
-    another installation's warm copy, cold copy and the cold copy's server, whose rows follow ours."""
+    another installation's warm copy, cold copy and the cold copy's server, whose rows follow ours;
+    `compare`: its bin directory (for its sandbox-launch)."""
     python = sys.executable
     env = _env()
     agent = agent_args(work)
@@ -202,8 +230,11 @@ def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times
         out["bwrap --version"] = _run([bwrap, "--version"])
     out["sandbox --version"] = _run([str(warm / "sandbox"), "--version"], env)
     out["named bwrap: --version"] = _run([str(warm / "bwrap"), "--version"], env)
+    if other is not None:
+        out["compared sandbox --version"] = _run([str(other[0] / "sandbox"), "--version"], env)
     out["python -c 'import sandbox'"] = _run([python, "-c", "import sandbox"])
     out[FLOOR] = _run([python, "-I", "-S", "-c", "pass"])
+    out.update(launcher_rows(compare))
     out.update(cold_variants("", cold, cold_server, cold_times, agent))
     if other is not None:
         out.update(cold_variants("compared ", other[1], other[2], cold_times, agent))
@@ -286,8 +317,8 @@ def main() -> int:
         try:
             cold_times: dict[str, list[float]] = {}
             warmup = min(5, args.n)
-            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times, other), args.n,
-                            warmup=warmup)
+            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times, other, args.compare),
+                            args.n, warmup=warmup)
             times.update({name: xs[warmup:] for name, xs in cold_times.items()})
         finally:
             for server in servers:

@@ -33,15 +33,18 @@
  * reset too, or left ignored as across fork and exec. */
 static void reset_signals(int ignored_too)
 {
-    struct sigaction dfl, cur;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
+    /* The kernel's struct sigaction, raw: musl's sigaction() takes a lock
+     * for SIGABRT. All zero is SIG_DFL, no flags, an empty mask in every
+     * layout; the handler comes first in every one but mips' and alpha's.
+     * The libc's own signals (32-34) are reset too: the handler table is
+     * this child's own (no CLONE_SIGHAND), and exec resets them anyway. */
+    unsigned long dfl[8] = {0}, cur[8];
     for (int sig = 1; sig < NSIG; sig++) {
         if (sig == SIGKILL || sig == SIGSTOP)
             continue;
-        if (!ignored_too && sigaction(sig, NULL, &cur) == 0 && cur.sa_handler == SIG_IGN)
+        if (!ignored_too && syscall(SYS_rt_sigaction, sig, NULL, cur, (NSIG - 1) / 8) == 0 && cur[0] == (unsigned long)SIG_IGN)
             continue;
-        sigaction(sig, &dfl, NULL); /* glibc-internal signals fail harmlessly */
+        syscall(SYS_rt_sigaction, sig, dfl, NULL, (NSIG - 1) / 8);
     }
 }
 
@@ -175,7 +178,7 @@ static _Noreturn void exec_reaper(struct sbx_ctx *c)
         sbx_fmt_uint(sep + 2, bits, 16);
     c->in.init_argv[4] = sep;
     mark_ready(c);
-    execveat(c->in.init_fd, "", c->in.init_argv, c->in.envp, AT_EMPTY_PATH);
+    syscall(SYS_execveat, c->in.init_fd, "", c->in.init_argv, c->in.envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);
 }
 
@@ -198,7 +201,7 @@ static _Noreturn void exec_from_fd(struct sbx_ctx *c)
     }
     argv[n] = NULL;
     mark_ready(c);
-    execveat(c->in.init_fd, "", argv, c->in.envp, AT_EMPTY_PATH);
+    syscall(SYS_execveat, c->in.init_fd, "", argv, c->in.envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC, -1, errno, SBX_D_NONE);
 }
 

@@ -18,6 +18,7 @@
  * the checks are clipeer.c.
  */
 #include "cliclient.h"
+#include "errtext.h"
 #include "exitlike.h"
 
 #include <dirent.h>
@@ -71,7 +72,7 @@ static _Noreturn void direct(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         args[n++] = argv[i];
     execv(path, args);
-    fprintf(stderr, "%s: can't run %s: %s\n", as_bwrap ? "bwrap" : "sandbox", path, strerror(errno));
+    fprintf(stderr, "%s: can't run %s: %s\n", as_bwrap ? "bwrap" : "sandbox", path, sbx_strerror(errno));
     exit(as_bwrap ? 1 : 125);
 }
 
@@ -106,7 +107,7 @@ static void start_server(const char *sock, const struct stat *exe)
     /* at 3, open across the exec (a dup2 onto another number clears close-on-exec) */
     if (self >= 0 && (self == 3 ? fcntl(3, F_SETFD, 0) : dup2(self, 3)) < 0)
         self = -1;
-    close_range(self < 0 ? 3 : 4, ~0U, 0);
+    syscall(SYS_close_range, self < 0 ? 3 : 4, ~0U, 0);
     char path[PATH_MAX + 16], id[96], log[PATH_MAX];
     snprintf(path, sizeof path, "%s/sandbox-py", exe_dir);
     snprintf(log, sizeof log, "%.*s.log", (int)(strlen(sock) - 5), sock); /* beside the socket: why a client ran directly */
@@ -315,7 +316,7 @@ int main(int argc, char **argv)
     char self[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) {
-        fprintf(stderr, "%s: can't read /proc/self/exe: %s\n", as_bwrap ? "bwrap" : "sandbox", strerror(errno));
+        fprintf(stderr, "%s: can't read /proc/self/exe: %s\n", as_bwrap ? "bwrap" : "sandbox", sbx_strerror(errno));
         return as_bwrap ? 1 : 125;
     }
     self[n] = 0;

@@ -17,6 +17,7 @@
  */
 #define _GNU_SOURCE
 #include "cliclient.h"
+#include "errtext.h"
 #include "runplan.h"
 
 #include <errno.h>
@@ -179,11 +180,9 @@ static void put_text(const char *text, size_t size)
 /* sandbox.errors.signal_name: "SIGKILL", or "signal N" for a number Python names not. */
 static void signal_name(int sig, char *out, size_t size)
 {
-    const char *abbrev = sig == SIGIO ? "IO" : sig == SIGRTMIN ? "RTMIN" : sig == SIGRTMAX ? "RTMAX" : NULL;
-    if (!abbrev && sig > 0 && sig < SIGRTMIN)
-        abbrev = sigabbrev_np(sig);
-    if (abbrev)
-        snprintf(out, size, "SIG%s", abbrev);
+    const char *name = sig > 0 && sig < sbx_n_signal_names ? sbx_signal_names[sig] : NULL;
+    if (name)
+        snprintf(out, size, "%s", name);
     else
         snprintf(out, size, "signal %d", sig);
 }
@@ -194,7 +193,7 @@ static _Noreturn void spawn_failed(const struct sbx_result *res, const struct an
 {
     if (res->step == SBX_STEP_EXEC) {
         int err = res->err ? res->err : ENOENT;
-        say("execvp %s: %s", a->argv[0], strerror(err));
+        say("execvp %s: %s", a->argv[0], sbx_strerror(err));
         fail_with(err == ENOENT ? 127 : 126);
     }
     if (res->step == SBX_STEP_CRASHED) {
@@ -206,7 +205,7 @@ static _Noreturn void spawn_failed(const struct sbx_result *res, const struct an
     size_t size = 2 * a->blob_size + strlen(a->argv[0]) + 256;
     char *text = malloc(size);
     if (!text) {
-        say("setup failed at step %d: %s", res->step, strerror(res->err));
+        say("setup failed at step %d: %s", res->step, sbx_strerror(res->err));
         fail_with(125);
     }
     say("%s", sbx_format_error(res, a->blob, a->blob_size, a->argv[0], text, size));
@@ -266,7 +265,7 @@ void run_answer(char *msg, size_t len, int init_fd, const int *fds, int nfds, pi
     put_text(a.after, a.after_size);
     int status = sbx_wait_plan(&res);
     if (status == -1) {
-        say("waitpid: %s", strerror(errno));
+        say("waitpid: %s", sbx_strerror(errno));
         fail_with(125);
     }
     /* the CLI's status: the command's own, 128+N if signal N ended it */

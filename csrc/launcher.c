@@ -19,6 +19,7 @@
  * variable never reaches the command, with or without `--handoff`.
  */
 #include "internal.h"
+#include "errtext.h"
 #include "handoff.h"
 #include "runplan.h"
 
@@ -103,7 +104,7 @@ static _Noreturn void report_failure(const struct sbx_result *res, const void *b
     size_t size = 2 * len + strlen(cmd) + 256;
     char *text = malloc(size);
     if (!text)
-        die("setup failed at step %d: %s", res->step, strerror(res->err));
+        die("setup failed at step %d: %s", res->step, sbx_strerror(res->err));
     sbx_format_error(res, blob, len, cmd, text, size);
     if (res->step != SBX_STEP_EXEC)
         die("%s", text);
@@ -117,7 +118,7 @@ static _Noreturn void report_failure(const struct sbx_result *res, const void *b
 static void die_with(pid_t parent)
 {
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
-        die("prctl(PR_SET_PDEATHSIG): %s", strerror(errno));
+        die("prctl(PR_SET_PDEATHSIG): %s", sbx_strerror(errno));
     if (getppid() != parent)
         kill(getpid(), SIGKILL);
 }
@@ -148,7 +149,7 @@ int main(int argc, char **argv)
         die_with(parent);
     int init_fd = (h->opts & SBX_OPT_REAPER) ? open_init() : -1;
     if ((h->opts & SBX_OPT_REAPER) && init_fd < 0)
-        die("can't open sandbox-init next to %s: %s", argv[0], strerror(errno));
+        die("can't open sandbox-init next to %s: %s", argv[0], sbx_strerror(errno));
 
     static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
     sbx_forward_signals(forwarded, sizeof forwarded / sizeof *forwarded);
@@ -158,6 +159,6 @@ int main(int argc, char **argv)
         report_failure(&res, blob, len, argv[4]);
     int status = sbx_wait_plan(&res);
     if (status == -1)
-        die("waitpid: %s", strerror(errno));
+        die("waitpid: %s", sbx_strerror(errno));
     exit_like(status);
 }

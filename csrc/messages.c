@@ -7,11 +7,30 @@
  * path by index; the blob that failed supplies its paths.
  */
 #include "internal.h"
+#include "errtext.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+const char *sbx_strerror_r(int err, char *buf, size_t size)
+{
+#ifdef __GLIBC__
+    return strerror_r(err, buf, size); /* the GNU one: the text, seldom in buf */
+#else
+    if (err > 0 && err < sbx_n_errno_texts && sbx_errno_texts[err])
+        return sbx_errno_texts[err];
+    snprintf(buf, size, "Unknown error %d", err); /* glibc's and os.strerror's words */
+    return buf;
+#endif
+}
+
+const char *sbx_strerror(int err)
+{
+    static char buf[32];
+    return sbx_strerror_r(err, buf, sizeof buf);
+}
 
 struct out {
     char *buf;
@@ -155,7 +174,7 @@ const char *sbx_format_error(const struct sbx_result *res, const void *blob, siz
     struct out o = {buf, size, 0};
     struct plan_view v = view(blob, len);
     char reason[256];
-    const char *why = res->err ? strerror_r(res->err, reason, sizeof reason) : "unknown error";
+    const char *why = res->err ? sbx_strerror_r(res->err, reason, sizeof reason) : "unknown error";
     if (size)
         buf[0] = 0;
     switch (res->step) {

@@ -13,11 +13,16 @@ from collections.abc import Callable
 def measure(fns: dict[str, Callable[[], object]], n: int, warmup: int = 20,
             on_round: Callable[[], None] | None = None) -> dict[str, list[float]]:
     """Run every variant n times after `warmup` untimed rounds, round-robin (so
-    machine noise hits them alike); return ms per call. `on_round` is called
-    after each round (a progress bar), outside the timed calls."""
+    machine noise hits them alike); return ms per call. Each round starts one
+    variant further on, so no variant always follows the same one (what a
+    variant leaves behind, a network namespace the kernel tears down
+    meanwhile, say, falls on each of the others in turn). `on_round` is
+    called after each round (a progress bar), outside the timed calls."""
     times: dict[str, list[float]] = {k: [] for k in fns}
+    order = list(fns.items())
     for i in range(warmup + n):
-        for name, fn in fns.items():
+        k = i % len(order) if order else 0
+        for name, fn in order[k:] + order[:k]:
             t0 = time.perf_counter()
             fn()
             if i >= warmup:

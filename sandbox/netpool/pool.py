@@ -31,6 +31,9 @@ from .lease import Lease, ReleaseResult, _check_identity, _inode, _Netns
 from .rtnetlink import _bring_lo_up, _links, _Netlink, _sockets
 
 _OWNERS = ("auto", "init", "userns")
+# How long the refill thread lets released namespaces gather before it checks them, while the
+# pool has namespaces to spare (_spare): one wake-up checks several, and most releases wake nothing.
+_GATHER = 0.05
 _POOLS: weakref.WeakSet[NetnsPool] = weakref.WeakSet()
 
 
@@ -245,14 +248,22 @@ class NetnsPool:
             tid = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + _NICE))
         backoff = 0.0
+        gathered = False
         while True:
             with self._cond:
                 if self._closed:
                     return
-                returned = self._returned.popleft() if self._returned else None
-                full = returned is None and self._total() >= self.size
-                if returned is None and not full:
+                gathered = gathered and bool(self._returned)
+                gather = bool(self._returned) and not gathered and len(self._idle) >= self._spare()
+                returned = self._returned.popleft() if self._returned and not gather else None
+                full = returned is None and (gather or self._total() >= self.size)
+                if not full and returned is None:
                     self._creating += 1
+            if gather:
+                gathered = True
+                with contextlib.suppress(queue.Empty):
+                    self._kick.get(timeout=_GATHER)  # cut short by lease() when the idle run low, or close()
+                continue
             if full:
                 self._kick.get()  # nothing to do until then
                 continue
@@ -298,12 +309,19 @@ class NetnsPool:
         """
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
+        idle = None
         with self._cond:
             self._check_open()
             if self._idle:  # the usual case: one lock round trip
                 idle = self._idle.popleft()
                 self._leased.add(idle)
                 self._stats.leased += 1
+                low = bool(self._returned) and len(self._idle) < self._spare()
+            else:
+                low = bool(self._returned)
+            if low:
+                self._kick.put(None)  # stop gathering: check what came back now
+            if idle is not None:
                 return Lease(self, idle, False)
             ns = self._take_idle(timeout)
         fresh = ns is None
@@ -338,8 +356,14 @@ class NetnsPool:
             if self._thread is None or self._closed:
                 return False
             self._returned.append((lease, recycle, unprivileged_tenant))
-        self._kick.put(None)  # no lease() waits for an unchecked namespace: only the refill thread
+            first = len(self._returned) == 1
+        if first:  # the refill thread is idle, or about to look again: those after this one gather
+            self._kick.put(None)
         return True
+
+    def _spare(self) -> int:
+        """How many idle namespaces let the refill thread gather returns before it checks them."""
+        return max(1, self.size // 4)
 
     def _release(self, ns: _Netns, recycle: bool, unprivileged_tenant: bool = False) -> ReleaseResult:
         """Check a returned namespace; recycle it if clean, destroy it if not."""

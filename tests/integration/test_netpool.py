@@ -429,6 +429,30 @@ def test_deferred_releases_from_threads_are_each_checked_and_never_lease_twice(
     assert pool.wait_filled(TIMEOUT)
 
 
+def test_gathered_releases_are_checked_before_they_are_leased_again(make_pool: Callable[..., NetnsPool]) -> None:
+    """Releases with wait=False gather for the refill thread while the pool has namespaces to spare;
+    one that is leased again was checked first (its result is in), and a pool run dry by leases gets
+    its returns checked at once rather than after the gathering time."""
+    pool = make_pool(8)
+    assert pool.wait_filled(TIMEOUT)
+    first = [pool.lease() for _ in range(8)]  # every idle one: the pool has none to spare
+    by_inode = {lease.netns_inode: lease for lease in first}
+    for lease in first:
+        lease.release(wait=False)
+    second = [pool.lease(timeout=TIMEOUT) for _ in range(8)]
+    for lease in second:
+        earlier = by_inode.get(lease.netns_inode)
+        if earlier is not None:
+            assert earlier.result is not None and earlier.result.recycled
+    assert not any(lease.fresh for lease in second)  # each waited for a checked one, none was made
+    for lease in second:
+        lease.release(wait=False)  # the first of these wakes the thread; the rest gather
+    assert wait_for(lambda: all(lease.result is not None for lease in second))
+    stats = pool.stats()
+    assert stats["unchecked"] == 0 and stats["in_use"] == 0 and stats["recycled"] == 16, stats
+    assert pool.wait_filled(TIMEOUT)
+
+
 # ---------------------------------------------------------------- release: recycle or destroy
 
 def test_clean_tenant_is_recycled_and_leaves_no_trace(make_pool: Callable[..., NetnsPool]) -> None:

@@ -135,12 +135,13 @@ def variants(pooled: sandbox.Template, fresh: sandbox.Template,
              recycled: sandbox.Template) -> dict[str, Callable[[], object]]:
     """name -> one spawn+wait of /bin/true."""
     spec = sandbox.Spec(mounts=MOUNTS)
+    in_pool = spec.replace(network="pool")  # one Spec, as a caller would keep (its plan is then cached)
     out: dict[str, Callable[[], object]] = {
         POSIX: _posix_spawn,
         TEMPLATE: lambda: _wait(pooled.spawn(["/bin/true"]), STAGES),
         "Template.spawn, network=none (fresh netns)": lambda: _wait(fresh.spawn(["/bin/true"])),
         RECYCLED: lambda: _wait(recycled.spawn(["/bin/true"])),
-        "sandbox.spawn, network=pool": lambda: _wait(sandbox.spawn(["/bin/true"], spec.replace(network="pool"))),
+        "sandbox.spawn, network=pool": lambda: _wait(sandbox.spawn(["/bin/true"], in_pool)),
         "sandbox.spawn, network=none": lambda: _wait(sandbox.spawn(["/bin/true"], spec)),
     }
     bwrap = shutil.which("bwrap")
@@ -197,12 +198,12 @@ Halves = tuple[Callable[[], object], Callable[[Any], object]]  # start /bin/true
 
 def _caller_variants(pooled: sandbox.Template, recycled: sandbox.Template) -> dict[str, Halves]:
     """name -> the caller's two halves of a spawn+wait of /bin/true."""
-    spec = sandbox.Spec(mounts=MOUNTS)
+    in_pool = sandbox.Spec(mounts=MOUNTS, network="pool")  # one Spec, as a caller would keep
     return {
         POSIX: (lambda: os.posix_spawn("/bin/true", ["/bin/true"], {}), lambda pid: os.waitpid(pid, 0)),
         RECYCLED: (lambda: recycled.spawn(["/bin/true"]), _wait),
         TEMPLATE: (lambda: pooled.spawn(["/bin/true"]), _wait),
-        "sandbox.spawn, network=pool": (lambda: sandbox.spawn(["/bin/true"], spec.replace(network="pool")), _wait),
+        "sandbox.spawn, network=pool": (lambda: sandbox.spawn(["/bin/true"], in_pool), _wait),
     }
 
 

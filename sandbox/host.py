@@ -12,8 +12,10 @@ import importlib.util
 import os
 import resource
 import stat
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .capabilities import Capability, Traits
 from .cgroups import CgroupInfo, host_cgroups
@@ -74,8 +76,13 @@ class PoolInfo:
         the executor's (sandbox.backends.host_for)."""
         from . import netpool  # the pool is a runtime service above these facts: read it only here
 
+        if not netpool.serves_network_none():
+            return _NOT_SERVING
         pool = netpool.shared_pool()
-        return cls(serves_none=netpool.serves_network_none() and pool is not None and pool.has_idle())
+        return _SERVING if pool is not None and pool.has_idle() else _NOT_SERVING
+
+
+_SERVING, _NOT_SERVING = PoolInfo(serves_none=True), PoolInfo(serves_none=False)  # immutable: shared
 
 
 @dataclass(frozen=True)
@@ -103,19 +110,77 @@ class HostInfo:
         """The executor's name, as results and errors report it."""
         return self.executor.name
 
+    @functools.cached_property
+    def key(self) -> HostKey:
+        """Every field the planner reads but the environment (a live mapping,
+        sandbox.plan_cache adds it when a Spec inherits from it), as one
+        hashable key: computed once per HostInfo, which cannot change."""
+        limits = tuple(sorted(self.hard_limits.items()))
+        return HostKey((self.uid, self.gid, self.cwd, limits, self.is_root, self.executor, self.pool,
+                        self.core_missing, self.effective_caps, self.proc_root_only, self.cgroups))
+
     @classmethod
     def current(cls, executor: Traits) -> HostInfo:
         """Read the calling process's ids, cwd, environment and hard limits, the
-        pool's state and the cgroups, as they are for `executor`. Only reads."""
+        pool's state and the cgroups, as they are for `executor`. Only reads.
+
+        Every fact that can change while the process runs is read again on
+        each call (ids, cwd, hard limits, capabilities, the pool's state, the
+        cgroups); when all of them equal the last call's for this executor
+        (and os.environ is the same mapping: its contents are the plan
+        cache's to compare), that call's HostInfo is returned (it is
+        immutable), so its `key` is not built and hashed again.
+        """
         try:
             cwd: str | None = os.getcwd()
         except OSError:
             cwd = None
-        return cls(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ=os.environ, executor=executor,
-                   hard_limits=hard_limits(), is_root=os.geteuid() == 0,
-                   pool=PoolInfo.current() if executor.can(Capability.JOIN_POOLED_NETNS) else None,
-                   core_missing=core_missing(), effective_caps=effective_caps_mask(),
-                   cgroups=executor_cgroups(executor))
+        joins_pool, cgroups = _executor_facts(executor)
+        # each read now, none cached: chdir, setuid, setrlimit, capset or a thread's own
+        # capabilities, another process's prlimit(2), the pool filling or emptying
+        facts = (cwd, os.getuid(), os.getgid(), os.geteuid(), _hard_limit_values(),
+                 PoolInfo.current() if joins_pool else None, effective_caps_mask(),
+                 host_cgroups() if cgroups is None else cgroups, os.environ)
+        last = _last.get(executor.name)
+        if last is not None and last[0] is executor and last[1] == facts:
+            return last[2]
+        host = cls(uid=facts[1], gid=facts[2], cwd=cwd, environ=facts[8], executor=executor,
+                   hard_limits=_finite(facts[4]), is_root=facts[3] == 0, pool=facts[5], core_missing=core_missing(),
+                   effective_caps=facts[6], cgroups=facts[7])
+        _last[executor.name] = (executor, facts, host)
+        return host
+
+
+class HostKey:
+    """A HostInfo's planning facts as a dict key whose hash is computed once."""
+
+    __slots__ = ("fields", "_hash")
+
+    def __init__(self, fields: tuple[object, ...]) -> None:
+        self.fields = fields
+        self._hash = hash(fields)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, HostKey) and self._hash == other._hash
+                                 and self.fields == other.fields)
+
+
+# The last HostInfo.current per executor name: (its Traits, the facts read, the HostInfo). A
+# plain dict: a thread that races another stores an equally valid entry. core_missing and
+# proc_root_only are not among the facts compared: both are read once per process (functools.cache).
+_last: dict[str, tuple[Traits, tuple[object, ...], HostInfo]] = {}
+
+
+@functools.cache
+def _executor_facts(executor: Traits) -> tuple[bool, CgroupInfo | None]:
+    """What of `executor`'s HostInfo its Traits alone decide (a backend's Traits never change):
+    whether it joins a pooled netns, and its cgroups when it places sandboxes in none (None: they
+    are the host's, host_cgroups(), read on each call)."""
+    fixed = None if executor.can(Capability.CGROUPS) else executor_cgroups(executor)
+    return executor.can(Capability.JOIN_POOLED_NETNS), fixed
 
 
 def executor_cgroups(executor: Traits) -> CgroupInfo:
@@ -139,12 +204,21 @@ def core_missing() -> str | None:
 
 def hard_limits() -> dict[int, int]:
     """This process's finite hard limits of the resources a Spec can limit."""
-    out = {}
-    for res in LIMITED_RESOURCES:
-        hard = resource.getrlimit(res)[1]
-        if hard != resource.RLIM_INFINITY:
-            out[res] = hard
-    return out
+    return _finite(_hard_limit_values())
+
+
+def _finite(values: tuple[int, ...]) -> dict[int, int]:
+    """{resource: hard limit} of LIMITED_RESOURCES from their `values`, the infinite ones left out."""
+    return {res: hard for res, hard in zip(LIMITED_RESOURCES, values, strict=True) if hard != resource.RLIM_INFINITY}
+
+
+def _hard_limit_values() -> tuple[int, ...]:
+    """The hard limit of each of LIMITED_RESOURCES, now: read on every call, as another
+    process may lower them (prlimit(2)) and this one raise or lower them (setrlimit)."""
+    return tuple([_getrlimit(res)[1] for res in LIMITED_RESOURCES])
+
+
+_getrlimit = resource.getrlimit
 
 
 def userns_available() -> bool:
@@ -178,19 +252,31 @@ def effective_caps_mask() -> int:
     capget(2) rather than /proc/self/status: it runs before every spawn,
     and generating the status file costs ~80 µs.
     """
-    header = (ctypes.c_uint32 * 2)(_CAPABILITY_VERSION_3, 0)  # this thread
-    data = (ctypes.c_uint32 * 6)()  # two structs {effective, permitted, inheritable}: bits 0-31, 32-63
-    if _libc().capget(header, data) != 0:
+    try:
+        pair: tuple[ctypes.Array[ctypes.c_uint32], ctypes.Array[ctypes.c_uint32]] = _cap_buffers.pair
+    except AttributeError:  # this thread's first call
+        pair = _cap_buffers.pair = (_CapHeader(), _CapData())
+    header, data = pair
+    # pid 0: this thread (each has its own set); the kernel may rewrite the version, so set both
+    header[0], header[1] = _CAPABILITY_VERSION_3, 0
+    if _capget()(header, data) != 0:  # fills data: {effective, permitted, inheritable} x bits 0-31, 32-63
         return 0
     return data[0] | data[3] << 32
 
 
 _CAPABILITY_VERSION_3 = 0x20080522
+_CapHeader, _CapData = ctypes.c_uint32 * 2, ctypes.c_uint32 * 6
+# Each thread's two buffers, made on its first call: making ctypes arrays is most of the call's cost
+# when the caches are cold (~18 of ~25 µs right after a spawn); a thread's own, so no lock.
+_cap_buffers = threading.local()
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+def _capget() -> Callable[[Any, Any], int]:
+    """libc's capget, its argument types declared (ctypes then converts nothing by guessing)."""
+    capget = ctypes.CDLL(None, use_errno=True).capget
+    capget.argtypes, capget.restype = (ctypes.POINTER(_CapHeader), ctypes.POINTER(_CapData)), ctypes.c_int
+    return capget
 
 
 def read_text(path: str) -> str:

@@ -7,8 +7,9 @@ and again (an agent's shell commands) gets the plan it already compiled, and
 the native backend the blob it already serialized for that plan. The key is
 the Spec's identity (the entry holds the Spec, so its id cannot be reused
 meanwhile), the sync fds, and every field of HostInfo the planner reads: the
-caller's ids, cwd, hard limits, capabilities, the backend, the pool's state,
-and the environment itself when the Spec inherits from it.
+caller's ids, cwd, hard limits, capabilities, the backend, the pool's state
+(HostInfo.key, hashed once per HostInfo), and the environment itself when the
+Spec inherits from it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def compiled_plan(spec: Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
 
 
 def _caller_state(spec: Spec, host: HostInfo) -> tuple[Any, ...]:
-    environ = tuple(host.environ.items()) if spec.env_inherit else ()
-    return (host.uid, host.gid, host.cwd, tuple(sorted(host.hard_limits.items())), host.is_root, host.executor,
-            host.pool, host.core_missing, host.effective_caps, host.proc_root_only, host.cgroups, environ)
+    # host.key: every other field, hashed once per HostInfo (HostInfo.current returns the same
+    # object while the facts it reads are unchanged, so a spawn loop hashes none of them again)
+    if spec.env_inherit:
+        return host.key, tuple(host.environ.items())
+    return host.key, ()

@@ -184,8 +184,7 @@ def restore_default() -> None:
 
 def shared_pool() -> NetnsPool | None:
     """The process-wide pool if it is running in this process (not starting it)."""
-    with _default_lock:
-        pool = _default
+    pool = _default  # one read of a global is atomic: no lock round trip (the lock orders writers)
     return pool if pool is not None and not pool.closed and pool.owner_pid == os.getpid() else None
 
 

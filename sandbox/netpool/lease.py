@@ -262,7 +262,10 @@ class Lease:
 
         `wait=False` returns at once (None) and leaves the check (~150 µs) to
         the refill thread, off the caller's path; `result` is set when it is
-        done. Without a refill thread the check runs here regardless.
+        done: within ~50 ms while the pool has namespaces to spare (releases
+        gather, to be checked in one wake-up), at once when it runs low. The
+        namespace is not leased again before. Without a refill thread the
+        check runs here regardless.
 
         `recycle=False` destroys it unchecked (reason "discarded"): for a
         tenant that had capabilities over the namespace (CAP_NET_ADMIN over

@@ -15,6 +15,7 @@ import atexit
 import collections
 import contextlib
 import os
+import queue
 import struct
 import threading
 import time
@@ -30,6 +31,9 @@ from .lease import Lease, ReleaseResult, _check_identity, _inode, _Netns
 from .rtnetlink import _bring_lo_up, _links, _Netlink, _sockets
 
 _OWNERS = ("auto", "init", "userns")
+# How long the refill thread lets released namespaces gather before it checks them, while the
+# pool has namespaces to spare (_spare): one wake-up checks several, and most releases wake nothing.
+_GATHER = 0.05
 _POOLS: weakref.WeakSet[NetnsPool] = weakref.WeakSet()
 
 
@@ -105,6 +109,11 @@ class NetnsPool:
         self._start_factory = factory or (lambda: _Factory(self.owner))
         self._pid = os.getpid()
         self._cond = threading.Condition(threading.Lock())
+        # What wakes the refill thread when it has nothing to do: a namespace released unchecked or
+        # destroyed, reserve(), close(). A SimpleQueue's put is one C call, where notify_all() on
+        # _cond is a dozen lines of Python on the releasing caller's path; a put before the get
+        # is not lost (the get returns at once), and an extra one costs one more look.
+        self._kick: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._idle: collections.deque[_Netns] = collections.deque()
         self._leased: set[_Netns] = set()
         self._returned: collections.deque[tuple[Lease, bool, bool]] = collections.deque()  # release(wait=False)
@@ -211,7 +220,7 @@ class NetnsPool:
         The pool makes as many more, so that other tenants still find `size`."""
         with self._cond:
             self._reserved = max(0, self._reserved + n)
-            self._cond.notify_all()
+        self._kick.put(None)
 
     def _put_idle(self, ns: _Netns) -> None:
         with self._cond:
@@ -239,14 +248,25 @@ class NetnsPool:
             tid = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + _NICE))
         backoff = 0.0
+        gathered = False
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._closed or self._returned or self._total() < self.size)
                 if self._closed:
                     return
-                returned = self._returned.popleft() if self._returned else None
-                if returned is None:
+                gathered = gathered and bool(self._returned)
+                gather = bool(self._returned) and not gathered and len(self._idle) >= self._spare()
+                returned = self._returned.popleft() if self._returned and not gather else None
+                full = returned is None and (gather or self._total() >= self.size)
+                if not full and returned is None:
                     self._creating += 1
+            if gather:
+                gathered = True
+                with contextlib.suppress(queue.Empty):
+                    self._kick.get(timeout=_GATHER)  # cut short by lease() when the idle run low, or close()
+                continue
+            if full:
+                self._kick.get()  # nothing to do until then
+                continue
             if returned is not None:
                 lease, recycle, unprivileged_tenant = returned
                 lease.result = self._release(lease._ns, recycle, unprivileged_tenant)
@@ -289,8 +309,20 @@ class NetnsPool:
         """
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be >= 0 or None")
+        idle = None
         with self._cond:
             self._check_open()
+            if self._idle:  # the usual case: one lock round trip
+                idle = self._idle.popleft()
+                self._leased.add(idle)
+                self._stats.leased += 1
+                low = bool(self._returned) and len(self._idle) < self._spare()
+            else:
+                low = bool(self._returned)
+            if low:
+                self._kick.put(None)  # stop gathering: check what came back now
+            if idle is not None:
+                return Lease(self, idle, False)
             ns = self._take_idle(timeout)
         fresh = ns is None
         if ns is None:
@@ -324,8 +356,14 @@ class NetnsPool:
             if self._thread is None or self._closed:
                 return False
             self._returned.append((lease, recycle, unprivileged_tenant))
-            self._cond.notify_all()
-            return True
+            first = len(self._returned) == 1
+        if first:  # the refill thread is idle, or about to look again: those after this one gather
+            self._kick.put(None)
+        return True
+
+    def _spare(self) -> int:
+        """How many idle namespaces let the refill thread gather returns before it checks them."""
+        return max(1, self.size // 4)
 
     def _release(self, ns: _Netns, recycle: bool, unprivileged_tenant: bool = False) -> ReleaseResult:
         """Check a returned namespace; recycle it if clean, destroy it if not."""
@@ -351,8 +389,7 @@ class NetnsPool:
                 self._cond.notify_all()
                 return ReleaseResult(True)
         ns.destroy()
-        with self._cond:
-            self._cond.notify_all()  # the refill thread makes a replacement
+        self._kick.put(None)  # the refill thread makes a replacement
         return ReleaseResult(False, tuple(r for r, _ in problems), tuple(d for _, d in problems))
 
     # ------------------------------------------------------------ state
@@ -377,9 +414,9 @@ class NetnsPool:
         return self._pid
 
     def has_idle(self) -> bool:
-        """Whether a namespace is ready to lease without waiting."""
-        with self._cond:
-            return bool(self._idle)
+        """Whether a namespace is ready to lease without waiting (one read of the deque's
+        length, atomic under the GIL: no lock round trip; the next moment may differ either way)."""
+        return bool(self._idle)
 
     @property
     def factory_pid(self) -> int | None:
@@ -394,6 +431,7 @@ class NetnsPool:
     def _forget_threads(self) -> None:
         """In a forked child (see _after_fork_in_child): no refill thread, and locks nobody holds."""
         self._cond = threading.Condition(threading.Lock())
+        self._kick = queue.SimpleQueue()
         self._factory_lock = threading.Lock()
         self._thread = None
         for ns in (*self._idle, *self._leased):
@@ -411,6 +449,7 @@ class NetnsPool:
             self._leased.clear()
             self._returned.clear()
             self._cond.notify_all()
+        self._kick.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
         for ns in doomed:

@@ -389,6 +389,70 @@ def test_concurrent_leasing_from_threads(make_pool: Callable[..., NetnsPool]) ->
     assert set(stats["destroyed_by_reason"]) <= {"surplus"}, stats
 
 
+def test_deferred_releases_from_threads_are_each_checked_and_never_lease_twice(
+        make_pool: Callable[..., NetnsPool]) -> None:
+    """release(wait=False) from several threads at once: every lease's check runs (the refill thread
+    is woken for each, none lost), and no namespace is leased again before its check recycled it."""
+    pool = make_pool(3)
+    assert pool.wait_filled(TIMEOUT)
+    held: set[int] = set()
+    lock = threading.Lock()
+    errors: list[str] = []
+    leases: list[Lease] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(40):
+                lease = pool.lease()
+                with lock:
+                    if lease.netns_inode in held:
+                        errors.append(f"namespace {lease.netns_inode} leased twice")
+                    held.add(lease.netns_inode)
+                    leases.append(lease)
+                with lock:
+                    held.discard(lease.netns_inode)  # before the release: after it, it may be leased again
+                lease.release(wait=False)
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    assert not errors
+    assert wait_for(lambda: all(lease.result is not None for lease in leases)), pool.stats()
+    stats = pool.stats()
+    assert stats["leased"] == 160 and stats["in_use"] == 0 and stats["unchecked"] == 0, stats
+    assert stats["recycled"] + stats["destroyed"] == 160, stats
+    assert set(stats["destroyed_by_reason"]) <= {"surplus"}, stats
+    assert pool.wait_filled(TIMEOUT)
+
+
+def test_gathered_releases_are_checked_before_they_are_leased_again(make_pool: Callable[..., NetnsPool]) -> None:
+    """Releases with wait=False gather for the refill thread while the pool has namespaces to spare;
+    one that is leased again was checked first (its result is in), and a pool run dry by leases gets
+    its returns checked at once rather than after the gathering time."""
+    pool = make_pool(8)
+    assert pool.wait_filled(TIMEOUT)
+    first = [pool.lease() for _ in range(8)]  # every idle one: the pool has none to spare
+    by_inode = {lease.netns_inode: lease for lease in first}
+    for lease in first:
+        lease.release(wait=False)
+    second = [pool.lease(timeout=TIMEOUT) for _ in range(8)]
+    for lease in second:
+        earlier = by_inode.get(lease.netns_inode)
+        if earlier is not None:
+            assert earlier.result is not None and earlier.result.recycled
+    assert not any(lease.fresh for lease in second)  # each waited for a checked one, none was made
+    for lease in second:
+        lease.release(wait=False)  # the first of these wakes the thread; the rest gather
+    assert wait_for(lambda: all(lease.result is not None for lease in second))
+    stats = pool.stats()
+    assert stats["unchecked"] == 0 and stats["in_use"] == 0 and stats["recycled"] == 16, stats
+    assert pool.wait_filled(TIMEOUT)
+
+
 # ---------------------------------------------------------------- release: recycle or destroy
 
 def test_clean_tenant_is_recycled_and_leaves_no_trace(make_pool: Callable[..., NetnsPool]) -> None:

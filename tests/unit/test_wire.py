@@ -5,6 +5,7 @@ or count. Nothing runs and nothing needs privileges: only the compiled module.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 from collections.abc import Iterator
@@ -277,6 +278,11 @@ def test_an_unaligned_or_null_blob_is_refused() -> None:
 def test_blobs_are_cached_per_plan() -> None:
     p = plan("binds")
     assert wire.blob_for(p) is wire.blob_for(p)
+    equal = dataclasses.replace(p)  # another object, equal: found by the lru cache, not by identity
+    assert equal is not p and wire.blob_for(equal) is wire.blob_for(p)
+    other = dataclasses.replace(p, hostname="other")
+    assert wire.blob_for(other) != wire.blob_for(p)
+    assert wire.blob_for(other) == wire.serialize(other, wire.newroot_dir())
     assert check(wire.blob_for(p)) == 0
     assert string_at(wire.blob_for(p), wire.header(wire.blob_for(p)).newroot).decode() == wire.newroot_dir()
     assert os.path.isdir(wire.newroot_dir())

@@ -186,7 +186,24 @@ def newroot_dir() -> str:
     raise SandboxError("no directory to build the sandbox root on (tried /tmp, /mnt, /run, /var/tmp)")
 
 
-@functools.lru_cache(maxsize=512)
 def blob_for(plan: Plan) -> bytes:
-    """The serialized plan, cached: equal plans share one blob."""
+    """The serialized plan, cached: equal plans share one blob. The same Plan
+    object again (sandbox.plan_cache hands back one per Spec and caller state)
+    finds its blob by identity, without hashing the plan's ops and covers."""
+    hit = _by_identity.get(id(plan))
+    if hit is not None and hit[0] is plan:  # the entry holds the plan: its id is not reused meanwhile
+        return hit[1]
+    blob = _blob_for_equal(plan)
+    if len(_by_identity) >= _MAX_BY_IDENTITY:
+        _by_identity.clear()
+    _by_identity[id(plan)] = (plan, blob)
+    return blob
+
+
+_MAX_BY_IDENTITY = 64  # plan_cache.MAX_PLANS: as many plans as it keeps
+_by_identity: dict[int, tuple[Plan, bytes]] = {}  # a plain dict: racing threads store equal entries
+
+
+@functools.lru_cache(maxsize=512)
+def _blob_for_equal(plan: Plan) -> bytes:
     return serialize(plan, newroot_dir())

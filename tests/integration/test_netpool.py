@@ -119,6 +119,15 @@ print(json.dumps({
 
 # ---------------------------------------------------------------- helpers
 
+def in_threads(worker: Callable[[], None], n: int) -> None:
+    """Run `worker` in `n` threads at once and wait for them all (each within TIMEOUT)."""
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+
+
 def inside_argv(lease: Lease, code: str, mode: str = "tenant") -> tuple[list[str], tuple[int, ...]]:
     """argv and pass_fds for a child that joins the lease's namespaces and runs `code`."""
     userns = lease.userns_fd if lease.userns_fd is not None else -1
@@ -377,11 +386,7 @@ def test_concurrent_leasing_from_threads(make_pool: Callable[..., NetnsPool]) ->
         except Exception as e:  # reported below
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
+    in_threads(worker, 4)
     assert not errors
     stats = pool.stats()
     assert stats["leased"] == 120 and stats["in_use"] == 0
@@ -415,11 +420,7 @@ def test_deferred_releases_from_threads_are_each_checked_and_never_lease_twice(
         except Exception as e:  # reported below
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(TIMEOUT)
+    in_threads(worker, 4)
     assert not errors
     assert wait_for(lambda: all(lease.result is not None for lease in leases)), pool.stats()
     stats = pool.stats()

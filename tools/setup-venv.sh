@@ -6,6 +6,9 @@
 #
 # What it changes on this machine:
 # - as root, without bwrap: `apt-get install bubblewrap` (the fallback backend);
+# - as root, without musl-gcc, where apt-get is: `apt-get install musl-tools`
+#   (the client and sandbox-launch are then built with musl; if it cannot be
+#   installed, they are built with glibc and this says so);
 # - the venv: /opt/sandbox-venv as root, ~/.cache/sandbox-venv otherwise, or
 #   $SANDBOX_VENV; made once (pip is upgraded then, not on every run) and
 #   made world-readable (the tests run again as an unprivileged user);
@@ -24,6 +27,11 @@ say() { echo "setup-venv: $*" >&2; }
 if [ "$(id -u)" = 0 ] && ! command -v bwrap >/dev/null; then
     say "installing bubblewrap (apt-get)"
     apt-get update -qq >&2 && apt-get install -y -qq bubblewrap >&2
+fi
+if [ "$(id -u)" = 0 ] && ! command -v musl-gcc >/dev/null && command -v apt-get >/dev/null; then
+    say "installing musl-tools (apt-get): the sandbox client and sandbox-launch start ~0.5 ms sooner built with musl"
+    { apt-get update -qq && apt-get install -y -qq musl-tools; } >&2 \
+        || say "musl-tools could not be installed: the client and sandbox-launch are built with glibc"
 fi
 if [ ! -x "$venv/bin/python" ]; then
     say "creating the venv $venv with $PY"

@@ -18,6 +18,7 @@
  * the checks are clipeer.c.
  */
 #include "cliclient.h"
+#include "internal.h" /* sbx_recv_fds */
 #include "errtext.h"
 #include "exitlike.h"
 
@@ -164,42 +165,21 @@ static int above_stdio(int fd)
 }
 
 /* One message from the server into `buf`, with the one fd it may carry in
- * `*fd` (else -1); its length, -2 if it was longer than `size`. */
+ * `*fd` (else -1); its length, -2 if it was longer than `size` or carried
+ * more than one fd (every fd it carried closed then). */
 static ssize_t receive(int sock, char *buf, size_t size, int *fd)
 {
-    union {
-        char buf[CMSG_SPACE(2 * sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {.iov_base = buf, .iov_len = size};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    ssize_t n;
-    /* ECONNRESET: the server closed with something of ours unread; what it sent comes still */
-    for (int reset = 0; (n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC)) < 0;)
-        if (errno != EINTR && (errno != ECONNRESET || reset++))
-            break;
-    *fd = -1;
-    int total = 0;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; i++) {
-            int got;
-            memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof got);
-            if (total++ == 0)
-                *fd = got;
-            else
-                close(got);
-        }
-    }
-    *fd = above_stdio(*fd);
-    if (n >= 0 && ((m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || total > 1)) {
-        if (*fd >= 0)
-            close(*fd);
+    int fds[2], n_fds, truncated;
+    ssize_t n = sbx_recv_fds(sock, buf, size, fds, 2, &n_fds, &truncated);
+    if (n < 0 && errno == ECONNRESET) /* the server closed with something of ours unread; what it sent comes still */
+        n = sbx_recv_fds(sock, buf, size, fds, 2, &n_fds, &truncated);
+    if (n >= 0 && (truncated || n_fds > 1)) {
+        for (int i = 0; i < n_fds; i++)
+            close(fds[i]);
         *fd = -1;
         return -2;
     }
+    *fd = above_stdio(n_fds ? fds[0] : -1);
     return n;
 }
 

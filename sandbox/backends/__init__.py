@@ -68,17 +68,11 @@ def host_for(name: str) -> HostInfo:
     the facts: a backend that can join a pooled network namespace gets the
     process-wide pool started, filling in the background (sandbox.netpool)."""
     traits = get(name).traits
-    if _joins_pool(name):
+    if traits.can(Capability.JOIN_POOLED_NETNS):
         from .. import netpool
 
         netpool.pool_for("none")
     return HostInfo.current(traits)
-
-
-@functools.cache
-def _joins_pool(name: str) -> bool:
-    """Whether the backend `name` can join a pooled netns: its Traits, fixed when its module loads."""
-    return get(name).traits.can(Capability.JOIN_POOLED_NETNS)
 
 
 _lock = threading.Lock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -88,6 +89,19 @@ class Stdio:
 
 
 INHERIT = Stdio(None, None, None)  # the child inherits the caller's three; nothing to open or close
+
+
+def inheritable(fd: int) -> bool:
+    """Whether a command this process execs would get `fd`: open and not
+    close-on-exec. An executor that hands a stdio slot left to inherit to
+    another process (over a socket, where close-on-exec does not travel)
+    passes the caller's fd on only then: every fd this library opens is
+    close-on-exec, and takes the number of a stdio fd the caller closed (a
+    Template's own request socket, say)."""
+    try:
+        return not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+    except OSError:  # not open
+        return False
 
 
 def check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:

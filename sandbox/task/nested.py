@@ -29,6 +29,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ..api import inheritable
 from ..errors import SpecError, UnavailableError
 from . import wire
 
@@ -83,7 +84,9 @@ class _Stdio:
 
     def _one(self, i: int, arg: StdioArg) -> int:
         if arg is None:
-            return i
+            if inheritable(i):
+                return i
+            arg = subprocess.DEVNULL  # closed, or close-on-exec (this module's broker socket, say): not sent
         if arg == subprocess.PIPE:
             r, w = os.pipe2(os.O_CLOEXEC)
             mine, theirs = (w, r) if i == 0 else (r, w)

@@ -271,6 +271,60 @@ def test_waits_and_polls_from_several_threads_agree(base_spec: BaseSpec, executo
         assert fd_count() == before
 
 
+class _Alarm(Exception):
+    pass
+
+
+@pytest.mark.parametrize("executor", ["native", "template", "recycled"])
+def test_a_signal_during_a_wait_runs_its_handler(base_spec: BaseSpec, executor: str, no_leftovers: str) -> None:
+    # A signal that interrupts the wait's poll runs its Python handler at once (which may raise, as Ctrl-C
+    # does); a handler that returns lets the wait go on to its timeout, and no copy of the fd it waited on
+    # is left open.
+    spec = base_spec()
+    calls: list[int] = []
+
+    def handler(signum: int, frame: object) -> None:
+        calls.append(signum)
+        if len(calls) == 1:
+            raise _Alarm
+
+    old = signal.signal(signal.SIGALRM, handler)
+    with contextlib.ExitStack() as stack:
+        stack.callback(signal.signal, signal.SIGALRM, old)
+        stack.callback(signal.setitimer, signal.ITIMER_REAL, 0)
+        if executor == "native":
+            proc = spawn_sh(f"sleep 1000 # {no_leftovers}", spec)
+        else:
+            template = stack.enter_context(sandbox.Template(spec, recycle=executor == "recycled"))
+            proc = template.spawn(["sh", "-c", f"sleep 1000 # {no_leftovers}"])
+        status = os.readlink(f"/proc/self/fd/{proc._handle.ended_fd}")  # type: ignore[attr-defined]
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        start = time.monotonic()
+        with pytest.raises(_Alarm):
+            proc.wait(timeout=30)
+        assert time.monotonic() - start < 10 and proc.returncode is None
+        signal.setitimer(signal.ITIMER_REAL, 0.1, 0.1)  # a handler that returns: the wait goes on
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.6)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        assert len(calls) >= 3 and _open_as(status) == 1
+        proc.kill()
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
+def _open_as(target: str) -> int:
+    """How many of this process's fds are `target` (a readlink of /proc/self/fd)."""
+    fds = os.listdir("/proc/self/fd")
+    return sum(1 for fd in fds if _readlink(f"/proc/self/fd/{fd}") == target)
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
 def _waiters_and_a_poller(proc: sandbox.SandboxProcess, waiters: int) -> list[int | None]:
     """What `waiters` threads calling proc.wait() and one polling it every 10 ms got (None: nothing in 30 s)."""
     results: list[int | None] = []

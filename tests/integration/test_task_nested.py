@@ -409,3 +409,24 @@ def test_the_record_comes_back_in_the_parents_paths(backend: str, tmp_path: Path
             f"print({str(tmp_path)!r} in repr(r.record))\n")
     r = pyrun(code, outer, backend, timeout=120)
     assert r.stdout.split("\n")[:3] == ["True True", "['/w/in']", "False"], r.stdout + r.stderr
+
+
+CLOSED_STDIN_INSIDE = """
+import os, socket
+from sandbox import task
+os.close(0)
+secret, peer = socket.socketpair()  # close-on-exec, at the number of the stdin closed above
+assert secret.fileno() == 0, secret.fileno()
+r = task.run(["sh", "-c", "readlink /proc/self/fd/0 || echo closed"], task.Sandbox(), capture_output=True,
+             text=True)
+print(os.readlink("/proc/self/fd/0"), r.returncode, r.stdout.strip())
+"""
+
+
+def test_a_close_on_exec_fd_at_a_closed_stdin_is_not_the_nested_sandboxs(backend: str) -> None:
+    # What a command exec'd here would inherit: not a close-on-exec fd (the caller's secret here; as easily
+    # a socket of the library's own, to the broker), which the broker would otherwise put at its fd 0.
+    r = pyrun(CLOSED_STDIN_INSIDE, Sandbox(), backend, timeout=120)
+    assert r.returncode == 0, r.stderr
+    secret, status, theirs = r.stdout.split()
+    assert secret.startswith("socket:") and status == "0" and theirs != secret, r.stdout

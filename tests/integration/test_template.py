@@ -407,3 +407,31 @@ def test_spawn_on_the_template_backend_keeps_a_bounded_number_of_servers(require
             long.kill()
             long.wait()
         BACKEND.close()
+
+
+CLOSED_STDIO = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from conftest import make_base_spec
+import sandbox
+with sandbox.Template(make_base_spec(network="none"), recycle=sys.argv[2] == "recycle") as t:
+    os.close(0)  # the caller's stdin and stderr are closed: a sandbox that inherits them has none
+    os.close(2)
+    for _ in range(2):
+        print(t.run(["sh", "-c", "readlink /proc/self/fd/0 /proc/self/fd/1 /proc/self/fd/2"]).returncode, flush=True)
+"""
+
+
+@pytest.mark.parametrize("recycle", ["recycle", "standby"])
+def test_stdio_the_caller_has_closed_is_not_inherited(require_native: None, recycle: str) -> None:
+    """A slot left to inherit gets the caller's fd only if it is open and not close-on-exec
+    (server.py's _stdio): the sandbox gets the caller's fd 1 alone, never an fd the library opened since
+    at a number the caller closed (a request's report socket, the pool's namespaces), request after
+    request."""
+    root = str(Path(__file__).resolve().parents[1])
+    with subprocess.Popen([sys.executable, "-c", CLOSED_STDIO, root, recycle], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as caller:
+        out_pipe, err_pipe = (f"pipe:[{os.fstat(f.fileno()).st_ino}]" for f in (caller.stdout, caller.stderr))  # type: ignore[union-attr]
+        out, err = caller.communicate(timeout=60)
+    # a slot not sent is the server's own fd: its /dev/null, and the stderr it inherited from its creator
+    assert (caller.returncode, out) == (0, f"/dev/null\n{out_pipe}\n{err_pipe}\n0\n" * 2), err

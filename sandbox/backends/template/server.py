@@ -4,7 +4,6 @@ prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket."""
 from __future__ import annotations
 
 import errno as E
-import fcntl
 import os
 import socket
 import threading
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import netpool
+from ...api import inheritable
 from ...cgroups import Walls
 from ...errors import SandboxError, SetupError
 from ...netpool import Lease
@@ -383,14 +383,13 @@ def _open(opened: list[int], path: str, flags: int) -> int:
 
 
 def _stdio(stdio: tuple[int, int, int]) -> tuple[list[int], int]:
-    """The fds to send for the sandbox's stdio (-1: the caller's own fd i,
-    if open) and the mask of those present."""
+    """The fds to send for the sandbox's stdio (-1: the caller's own fd i, if
+    a command it execs would get it: api.inheritable) and the mask of those
+    present (the server's own fds stand in for the rest)."""
     out, mask = [], 0
     for i, fd in enumerate(stdio):
         if fd < 0:
-            try:
-                fcntl.fcntl(i, fcntl.F_GETFD)  # open? (an os.fstat, without its result object)
-            except OSError:
+            if not inheritable(i):
                 continue
             fd = i
         out.append(fd)

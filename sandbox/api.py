@@ -63,7 +63,12 @@ class Stdio:
         elif arg == STDOUT:
             if i != 2:
                 raise SpecError("stdin" if i == 0 else "stdout", "STDOUT", "only stderr may be STDOUT")
-            child[2] = child[1] if child[1] >= 0 else 1
+            if child[1] >= 0:
+                child[2] = child[1]
+            elif inheritable(1):
+                child[2] = 1
+            else:  # stdout reaches nothing a command would inherit: stderr (the same) neither
+                self._one(child, 2, DEVNULL)
         elif isinstance(arg, int):
             if arg < 0:
                 raise SpecError(("stdin", "stdout", "stderr")[i], arg, "must be a valid file descriptor")

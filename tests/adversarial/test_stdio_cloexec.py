@@ -1,62 +1,82 @@
 """Attack: a close-on-exec fd at the number of a closed stdio fd reaches the sandbox as its stdio.
 
-A caller that has closed its stdin (a daemon, a service started without one)
-leaves fd 0 free, and the next fd anything opens takes it: the caller's own
-secrets, or this library's sockets and pipes (every one close-on-exec), a
-Template's request socket among them, through which a tenant could ask the
-template process for sandboxes of its own making. A sandbox that inherits
-its stdio must get what a command the caller exec'd would: fds open and not
-close-on-exec (the native backend's sandbox and bwrap get that from the
-kernel's exec; a Template sends its caller's fds over a socket, and must
-leave such a slot out itself: sandbox/backends/template/server.py, _stdio).
+A caller that has closed its stdin or stdout (a daemon, a service started
+without one) leaves that number free, and the next fd anything opens takes
+it: the caller's own secrets, or this library's sockets and pipes (every one
+close-on-exec), a Template's request socket among them, through which a
+tenant could ask the template process for sandboxes of its own making. A
+sandbox that inherits its stdio must get what a command the caller exec'd
+would: fds open and not close-on-exec. The native backend's sandbox and bwrap
+get that from the kernel's exec; a Template sends its caller's fds over a
+socket, and `stderr=STDOUT` copies fd 1 to 2 before any exec, so both must
+leave such an fd out themselves (sandbox.api.inheritable).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from .attack import BACKENDS, require
+from .attack import BACKENDS, PYTHON, require
 
 pytestmark = pytest.mark.integration
 
 TESTS = Path(__file__).resolve().parents[1]
 
-# The caller: stdin closed, then a close-on-exec fd of its own ("own") or of the library's ("library": the
-# first sandbox's, a Template's socket or the pool's) takes fd 0; each sandbox says what its fd 0 is.
-CALLER = """
-import os, socket, sys
+# The caller: its stdin (or stdout) closed, then a close-on-exec fd of its own ("own") or of the library's
+# ("library": the first sandbox's, a Template's socket or the pool's) takes that number; each sandbox says
+# what its fd of that number is (and, for stdout, its stderr: stderr=STDOUT), into the file argv[4].
+CALLER = r"""
+import os, socket, subprocess, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/adversarial"]
-os.close(0)
+what, backend, out = sys.argv[2], sys.argv[3], sys.argv[4]
+n = 1 if what == "stdout" else 0
+os.close(n)
 from conftest import make_base_spec
-from attack import run
-what, backend = sys.argv[2], sys.argv[3]
-if what == "own":
+from attack import PYTHON, run
+PROBE = "import os, sys\n" \
+        "def link(fd):\n" \
+        "    try:\n" \
+        "        return os.readlink(f'/proc/self/fd/{fd}')\n" \
+        "    except OSError:\n" \
+        "        return 'closed'\n" \
+        "os.write(int(sys.argv[1]), ' '.join(link(int(fd)) for fd in sys.argv[2:]).encode())"
+if what != "library":
     secret, peer = socket.socketpair()  # close-on-exec, as Python makes every fd
-    assert secret.fileno() == 0, secret.fileno()
-seen = [run(["sh", "-c", "readlink /proc/self/fd/0 || echo closed"], make_base_spec(), backend,
-            capture_output=True, text=True, timeout=60).stdout.strip() for _ in range(3)]
+    assert secret.fileno() == n, secret.fileno()
+r, w = os.pipe()
+seen = []
+for _ in range(3):
+    # a probe that opens nothing before it looks (a shell's own pipes would take a closed number)
+    run([PYTHON, "-I", "-S", "-c", PROBE, str(w), *(["1", "2"] if n else ["0"])], make_base_spec(), backend,
+        stderr=subprocess.STDOUT if n else None, pass_fds=[w], timeout=60)
+    seen.append(os.read(r, 4096).decode().split())
 try:
-    ours = os.readlink("/proc/self/fd/0")
+    ours = os.readlink(f"/proc/self/fd/{n}")
 except OSError:
     ours = "closed"
-print(ours, *seen)
+with open(out, "w") as f:
+    print(ours, seen, file=f)
 """
 
 
-@pytest.mark.parametrize("what", ["own", "library"])
+@pytest.mark.parametrize("what", ["own", "library", "stdout"])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_close_on_exec_fd_is_not_the_sandboxs_stdin(backend: str, what: str) -> None:
+def test_a_close_on_exec_fd_is_not_the_sandboxs_stdio(backend: str, what: str, tmp_path: Path) -> None:
     require(backend)
-    caller = subprocess.run([sys.executable, "-c", CALLER, str(TESTS), what, backend], stdin=subprocess.DEVNULL,
-                            capture_output=True, text=True, timeout=300)
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    out = tmp_path / "seen"
+    caller = subprocess.run([sys.executable, "-c", CALLER, str(TESTS), what, backend, str(out)],
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert caller.returncode == 0, caller.stderr
-    ours, *seen = caller.stdout.split()
-    if what == "own":
+    ours, seen = out.read_text().split(" ", 1)
+    if what != "library":
         assert ours.startswith("socket:"), ours
-    for theirs in seen:
-        assert theirs == "closed" or theirs != ours, (ours, seen)
-        assert not theirs.startswith(("socket:", "pipe:", "anon_inode:", "net:", "user:")), (ours, seen)
+    assert ours not in seen, (ours, seen)
+    for kind in ("socket:", "pipe:", "anon_inode:", "net:", "user:"):
+        assert f"'{kind}" not in seen, (ours, seen)

@@ -28,16 +28,21 @@ pytestmark = pytest.mark.integration
 TESTS = Path(__file__).resolve().parents[1]
 
 # The caller: its stdin (or stdout) closed, then a close-on-exec fd of its own ("own") or of the library's
-# ("library": the first sandbox's, a Template's socket or the pool's) takes that number; each sandbox says
+# ("library": the pool factory's channel, say; "later", closed once the library has run a sandbox: a new
+# Template's own request socket, say) takes that number; each sandbox says
 # what its fd of that number is (and, for stdout, its stderr: stderr=STDOUT), into the file argv[4].
 CALLER = r"""
 import os, socket, subprocess, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/adversarial"]
 what, backend, out = sys.argv[2], sys.argv[3], sys.argv[4]
 n = 1 if what == "stdout" else 0
-os.close(n)
+if what != "later":
+    os.close(n)
 from conftest import make_base_spec
 from attack import PYTHON, run
+if what == "later":  # the library's pool and helpers made first: a later socket takes the number (a Template's own)
+    run(["true"], make_base_spec(), backend, timeout=60)
+    os.close(n)
 PROBE = "import os, sys\n" \
         "def link(fd):\n" \
         "    try:\n" \
@@ -45,7 +50,7 @@ PROBE = "import os, sys\n" \
         "    except OSError:\n" \
         "        return 'closed'\n" \
         "os.write(int(sys.argv[1]), ' '.join(link(int(fd)) for fd in sys.argv[2:]).encode())"
-if what != "library":
+if what not in ("library", "later"):
     secret, peer = socket.socketpair()  # close-on-exec, as Python makes every fd
     assert secret.fileno() == n, secret.fileno()
 r, w = os.pipe()
@@ -64,7 +69,7 @@ with open(out, "w") as f:
 """
 
 
-@pytest.mark.parametrize("what", ["own", "library", "stdout"])
+@pytest.mark.parametrize("what", ["own", "library", "later", "stdout"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_close_on_exec_fd_is_not_the_sandboxs_stdio(backend: str, what: str, tmp_path: Path) -> None:
     require(backend)
@@ -75,7 +80,7 @@ def test_a_close_on_exec_fd_is_not_the_sandboxs_stdio(backend: str, what: str, t
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert caller.returncode == 0, caller.stderr
     ours, seen = out.read_text().split(" ", 1)
-    if what != "library":
+    if what not in ("library", "later"):
         assert ours.startswith("socket:"), ours
     assert ours not in seen, (ours, seen)
     for kind in ("socket:", "pipe:", "anon_inode:", "net:", "user:"):

@@ -4,7 +4,7 @@ A caller that has closed its stdin or stdout (a daemon, a service started
 without one) leaves that number free, and the next fd anything opens takes
 it: the caller's own secrets, or this library's sockets and pipes (every one
 close-on-exec), a Template's request socket among them, through which a
-tenant could ask the template process for sandboxes of its own making. A
+tenant could send the template process requests of its own. A
 sandbox that inherits its stdio must get what a command the caller exec'd
 would: fds open and not close-on-exec. The native backend's sandbox and bwrap
 get that from the kernel's exec; a Template sends its caller's fds over a

@@ -211,6 +211,10 @@ static void converse(int sock, pid_t parent, const int *fds, int nfds)
             fprintf(stderr, "%s: the sandbox CLI server ended before the command did\n", who);
             exit(as_bwrap ? 1 : 125);
         }
+        if (f.kind == SBX_CLI_CHALLENGE) {
+            prove(sock, (pid_t)f.value);
+            continue;
+        }
         if (f.kind == SBX_CLI_STATUS)
             exit_like_returncode(f.value);
         if (f.kind == SBX_CLI_FALLBACK)

@@ -105,16 +105,26 @@ class Server:
     def listen(self) -> None:
         """Bind the socket (replacing a dead server's; the caller holds the lock) in the directory
         of our fd, never through its name (a directory swapped meanwhile is not ours), with mode
-        0600 from the start (the umask at bind: no moment when another process may connect)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.name, dir_fd=self.dir)  # a link planted there goes, not what it names
+        0600 from the start (the umask at bind: no moment when another process may connect), and
+        give it its name only once it listens (a client never finds it refusing connections)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        scratch = f".{self.name}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(scratch, dir_fd=self.dir)
         previous = os.umask(0o177)
         try:  # bind() creates the name and never follows a link there (EADDRINUSE)
-            listener.bind(f"/proc/self/fd/{self.dir}/{self.name}")
+            listener.bind(f"/proc/self/fd/{self.dir}/{scratch}")
         finally:
             os.umask(previous)
-        listener.listen(128)
+        try:
+            listener.listen(128)
+            # rename() replaces whatever had the name (a dead server's socket, a link: never what it names)
+            os.rename(scratch, self.name, src_dir_fd=self.dir, dst_dir_fd=self.dir)
+        except OSError:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(scratch, dir_fd=self.dir)
+            raise
         st = os.stat(self.name, dir_fd=self.dir, follow_symlinks=False)
         self._ident = (st.st_dev, st.st_ino)
         self.listener = listener

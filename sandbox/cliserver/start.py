@@ -167,6 +167,9 @@ def warm() -> None:
     parse.parse_bwrap_args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
     host_for(name)  # the pool is disabled above: this only reads
     _warm_wire()
+    from .worker import ioprio_calls
+
+    ioprio_calls()
     memo.enable()  # the Specs of command lines seen, by their words (fastpath.py answers from them)
     import gc
 

@@ -201,23 +201,31 @@ def _take_scheduling(pid: int) -> None:
     """The client's scheduling policy (with SCHED_RESET_ON_FORK), its priority and its I/O
     priority; OSError if one cannot be taken (SCHED_DEADLINE, which sched_setscheduler cannot
     set; a real-time class the server may not enter)."""
-    from ..syscalls import number
-
     os.sched_setscheduler(0, os.sched_getscheduler(pid), os.sched_getparam(pid))
-    get, put = number("ioprio_get"), number("ioprio_set")
-    if get is None or put is None:
-        raise OSError(0, "the system call numbers of ioprio_get and ioprio_set are unknown")
-    libc = _libc()
+    libc, get, put = ioprio_calls()
     prio = libc.syscall(get, IOPRIO_WHO_PROCESS, pid)
     if prio < 0 or libc.syscall(put, IOPRIO_WHO_PROCESS, 0, prio) < 0:
         err = ctypes.get_errno()
         raise OSError(err, f"ioprio of pid {pid}: {os.strerror(err)}")
 
 
-def _libc() -> Any:
-    lib = ctypes.CDLL(None, use_errno=True)
-    lib.syscall.restype = ctypes.c_long
-    return lib
+_ioprio: tuple[Any, int, int] | None = None
+
+
+def ioprio_calls() -> tuple[Any, int, int]:
+    """libc and the numbers of ioprio_get and ioprio_set (the os module has neither), found once:
+    the server calls this as it warms up, and each worker, its fork, has them."""
+    global _ioprio
+    if _ioprio is None:
+        from ..syscalls import number
+
+        get, put = number("ioprio_get"), number("ioprio_set")
+        if get is None or put is None:
+            raise OSError(0, "the system call numbers of ioprio_get and ioprio_set are unknown")
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.syscall.restype = ctypes.c_long
+        _ioprio = (lib, get, put)
+    return _ioprio
 
 
 def _above(a: int, b: int) -> bool:

@@ -180,3 +180,26 @@ def test_the_worker_takes_the_callers_scheduling_and_io_priority(served: Install
 
 def _pid(chrt: str) -> str:
     return chrt.split("'", 1)[0].removeprefix("pid ")
+
+
+NR_SCHED_SETATTR = 314  # x86_64
+SCHED_DEADLINE, SCHED_FLAG_RESET_ON_FORK = 6, 1
+
+
+def _deadline() -> None:
+    """preexec: SCHED_DEADLINE (20 ms of each 100), its children reset to SCHED_OTHER (else none may fork)."""
+    attr = struct.pack("IIQiIQQQ", 48, SCHED_DEADLINE, SCHED_FLAG_RESET_ON_FORK, 0, 0, 20_000_000, 100_000_000,
+                       100_000_000)
+    if ctypes.CDLL(None, use_errno=True).syscall(NR_SCHED_SETATTR, 0, attr, 0) != 0:
+        raise OSError(ctypes.get_errno(), "sched_setattr(SCHED_DEADLINE)")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SCHED_DEADLINE needs CAP_SYS_NICE")
+def test_a_policy_the_worker_cannot_take_sends_the_command_line_back(served: Installation) -> None:
+    """sched_setscheduler cannot set SCHED_DEADLINE: the caller runs it itself, as the Python CLI would have."""
+    try:
+        result = served.run("run", *SYSTEM, *WORKER, "sh", "-c", "echo ran", preexec_fn=_deadline)
+    except subprocess.SubprocessError as exc:
+        pytest.skip(f"no SCHED_DEADLINE here: {exc}")
+    assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr
+    assert served.workers() == 1 and "scheduling" in served.ran_directly()[-1]

@@ -14,8 +14,10 @@
  * namespaces, seccomp, no_new_privs, LSM label, cgroup, root) against its
  * own and answers FALLBACK when they differ; this client checks the server
  * the same way before it sends it anything (a process that took the
- * socket's place would otherwise get our fds). The wire is csrc/cliwire.h;
- * the checks are clipeer.c.
+ * socket's place would otherwise get our fds). A worker also asks us to
+ * prove that no Landlock domain confines us (CHALLENGE: we read its
+ * /proc/PID/fd, which a domain may not). The wire is csrc/cliwire.h; the
+ * checks are clipeer.c.
  */
 #include "cliclient.h"
 #include "internal.h" /* sbx_recv_fds */

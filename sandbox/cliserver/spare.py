@@ -39,6 +39,7 @@ from . import rehearse, wire, worker
 from .peer import Peer, Unverified
 
 REQUEST_TIMEOUT = 2.0  # the request follows the connection at once
+PENDING_MAX = 64  # signals a client may relay while it proves itself (one that sends more proves nothing)
 
 
 def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, notes: int,
@@ -81,7 +82,7 @@ def prove(conn: socket.socket) -> tuple[int, ...]:
         while True:
             data = conn.recv(wire.FRAME_SIZE + wire.MAX_PROOF + 1)
             kind, value = wire.parse_frame(data[:wire.FRAME_SIZE]) if len(data) >= wire.FRAME_SIZE else (0, 0)
-            if kind == wire.SIGNAL and len(data) == wire.FRAME_SIZE:
+            if kind == wire.SIGNAL and len(data) == wire.FRAME_SIZE and len(pending) < PENDING_MAX:
                 if 0 < value < signal.NSIG:
                     pending.append(value)
                 continue

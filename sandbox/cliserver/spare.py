@@ -78,7 +78,7 @@ def prove(conn: socket.socket) -> tuple[int, ...]:
     try:
         expected = os.fsencode(os.readlink(f"/proc/self/fd/{fd}"))
         conn.send(wire.frame(wire.CHALLENGE, os.getpid()))
-        pending = []
+        pending: list[int] = []
         while True:
             data = conn.recv(wire.FRAME_SIZE + wire.MAX_PROOF + 1)
             kind, value = wire.parse_frame(data[:wire.FRAME_SIZE]) if len(data) >= wire.FRAME_SIZE else (0, 0)

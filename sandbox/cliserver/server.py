@@ -107,6 +107,14 @@ class Server:
         of our fd, never through its name (a directory swapped meanwhile is not ours), with mode
         0600 from the start (the umask at bind: no moment when another process may connect), and
         give it its name only once it listens (a client never finds it refusing connections)."""
+        # a SIGTERM meanwhile (start.py's handler raises SystemExit) waits until close() can know the socket
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self._listen()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+    def _listen(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         scratch = f".{self.name}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):

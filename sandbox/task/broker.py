@@ -214,6 +214,7 @@ class Broker:
         if busy:
             why = UnavailableError(f"refused by the sandbox.task broker: {MAX_PENDING} requests of this sandbox "
                                    "are waiting already, or the sandbox has ended")
+            conn.settimeout(1.0)  # this thread accepts for everyone: it never waits on one requester
             self._refuse(conn, why)
             conn.close()
             return

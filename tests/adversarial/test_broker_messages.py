@@ -96,3 +96,30 @@ def test_the_trusted_callers_run_returns_after_a_killing_message(backend: str) -
             import signal
 
             os.kill(pid, signal.SIGKILL)
+
+
+CONTROL = '''
+import socket
+from sandbox import task
+p = task.spawn(["sleep", "1000", "MARKER"], task.Sandbox())
+p._chan.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+for junk in (b"[" * 200_000 + b"]" * 200_000, b"\\xff", b"[1]", b'{"signal": "TERM"}', b'{"signal": 99999}'):
+    p._chan.send(junk)  # the connection the broker relays signals and kill on
+p.kill()
+print("killed", p.wait(timeout=30), flush=True)
+'''
+
+
+def test_junk_on_a_running_requests_connection_leaves_its_control(backend: str) -> None:
+    """After the start, the broker reads signals and kill on the request's connection: junk there is skipped,
+    and a kill after it still ends the nested sandbox (before, the deep array killed that reading thread)."""
+    marker = new_marker()
+    try:
+        r = pyrun(CONTROL.replace("MARKER", marker), Sandbox(), backend, timeout=90)
+        assert r.stdout.strip() == "killed -9", r.stdout + r.stderr[-2000:]
+    finally:
+        for pid in sleepers(marker):
+            import os
+            import signal
+
+            os.kill(pid, signal.SIGKILL)

@@ -38,7 +38,9 @@ class BrokerSocket:
     """A listening socket at `path`, in a private directory of its own, until unlink()."""
 
     def __init__(self) -> None:
-        self._dir: str | None = tempfile.mkdtemp(prefix="sandbox-task-broker-")
+        # A socket's path holds at most 107 bytes: a long TMPDIR falls back to /tmp.
+        base = tempfile.gettempdir() if len(tempfile.gettempdir()) <= 60 else "/tmp"
+        self._dir: str | None = tempfile.mkdtemp(prefix="sandbox-task-broker-", dir=base)
         self.path = os.path.join(self._dir, "socket")
         try:
             self.sock: socket.socket = wire.listener(self.path)

@@ -92,7 +92,7 @@ def test_the_socket_is_inside_the_sandbox_only(backend: str) -> None:
                 f.close()
 
 
-def test_the_sockets_directory_is_private_until_it_is_gone(backend: str) -> None:
+def test_the_sockets_directory_is_private_until_it_is_gone() -> None:
     from sandbox.task.broker_socket import BrokerSocket
 
     sock = BrokerSocket()
@@ -103,4 +103,18 @@ def test_the_sockets_directory_is_private_until_it_is_gone(backend: str) -> None
     finally:
         sock.close()
     assert not os.path.lexists(os.path.dirname(sock.path))
-    del backend
+
+
+def test_a_long_temporary_directory_still_makes_a_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    from sandbox.task.broker_socket import BrokerSocket
+
+    long = tmp_path / ("d" * 100)
+    long.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long))  # as TMPDIR would
+    sock = BrokerSocket()
+    try:
+        assert len(sock.path) <= 107 and stat.S_ISSOCK(os.stat(sock.path).st_mode), sock.path
+    finally:
+        sock.close()

@@ -26,6 +26,8 @@ from ..spec import Spec
 from ..validate import StrPath
 from . import nested
 from .broker import Broker
+from .broker_socket import INSIDE as BROKER_INSIDE
+from .broker_socket import BrokerSocket
 from .compile import Compiled, compile_task
 from .description import Sandbox
 from .facts import Facts
@@ -196,9 +198,9 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
         raise SpecError("sandbox", sb, "must be a sandbox.task.Sandbox")
     args = check_argv(cast("Sequence[str]", argv))  # it takes os.PathLike elements too
     env_in = dict(os.environ if environ is None else environ)
-    fd = nested.broker_fd()
-    if fd is not None:
-        return nested.request(fd, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
+    path = nested.broker_path()
+    if path is not None:
+        return nested.request(path, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
                               tuple(pass_fds), env_in)
     popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
     return start_here(args, sb, backend, env_in, popen)
@@ -228,16 +230,19 @@ def start_here(args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str
 
 def _start(args: list[str], sb: Sandbox, name: str, facts: Facts, env_in: dict[str, str],
            proxy: AllowlistProxy | None, popen: dict[str, Any], pinned: Mapping[str, str] | None) -> TaskProcess:
-    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned)
+    listening = BrokerSocket()  # the socket of its broker of nested sandboxes, bound inside
+    try:
+        compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned, listening.path)
+        broker = Broker(sb, compiled, name, listening)
+    except BaseException:
+        listening.close()
+        raise
     command = compiled.translator.argv(args)
     record = _record(sb, backend=name, confined=True, command=command, chdir=compiled.spec.cwd,
                      binds=[{"source": b.source, "target": b.target, "writable": b.writable} for b in compiled.binds],
                      hidden=list(compiled.hidden), emptied=list(compiled.emptied),
                      env_names=list(compiled.env_names), ports=[p for p, _ in compiled.forward])
-    # The broker of nested sandboxes: its socket passed in at the same fd number.
-    broker = Broker(sb, compiled, name)
-    spec = compiled.spec.replace(env={**compiled.spec.env_dict, BROKER_ENV: str(broker.fd)})
-    popen = {**popen, "pass_fds": (*popen["pass_fds"], broker.fd)}
+    spec = compiled.spec.replace(env={**compiled.spec.env_dict, BROKER_ENV: BROKER_INSIDE})
     record["env_names"] = sorted([*record["env_names"], BROKER_ENV])
     try:
         record["check"] = check_targets(compiled.forward)

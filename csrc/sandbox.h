@@ -558,6 +558,20 @@ struct sbx_report {
     int32_t detail; /* enum sbx_detail */
 };
 
+/* What sandbox-init (init.c) writes to its status pipe once every process
+ * of the sandbox has been reaped: the command's raw wait status (a reader
+ * that wants only that reads the first 4 bytes), then what the kernel
+ * counted for all of them (getrusage(RUSAGE_CHILDREN) of pid 1: user and
+ * system CPU time, the largest resident set of any), the usage a sandbox
+ * without a cgroup reports. */
+struct sbx_end_status {
+    int32_t status;
+    int32_t pad;
+    int64_t utime_us;
+    int64_t stime_us;
+    int64_t maxrss_kb;
+};
+
 /* On the report socket, one message each:
  * - struct sbx_stamps_report (step 0), with the sandbox's pidfd and, in a
  *   leased network namespace, an fd of it (SCM_RIGHTS: which of the leases

@@ -116,7 +116,7 @@ class CgroupSlots:
             lease.release(wait=False, unprivileged_tenant=True)
         if task is not None and task.status is not None:
             usage = cgroup.usage() if cgroup is not None else cgroups.Usage(mechanism=self.mechanism)
-            by_caller = "timeout" if task.timed_out else "kill" if task.failure is not None else None
+            by_caller = task.caller_end
             task.usage = usage
             task.killed_by = cgroups.killed_by(task.returncode(), usage, self.cpu_s, by_caller)
         if task is not None:

@@ -272,12 +272,7 @@ class Walls:
         kernel's (CPU seconds, peak RSS MiB) for the sandbox's processes, the
         usage of a sandbox without a cgroup. The limit hits are read whatever
         the status (sandbox.killedby)."""
-        if self.cgroup is not None:
-            usage = self.cgroup.usage()
-        elif rusage is not None:
-            usage = Usage(mechanism=self.mechanism, cpu_s=rusage[0], memory_peak_mb=rusage[1], counted_by="rusage")
-        else:
-            usage = Usage(mechanism=self.mechanism)
+        usage = ended_usage(self.cgroup, self.mechanism, rusage)
         if self.outside_tasks and usage.pids_peak is not None:
             usage = dataclasses.replace(usage, pids_peak=max(0, usage.pids_peak - self.outside_tasks))
         return usage, killed_by(returncode, usage, self.cpu_s, by_caller)
@@ -286,6 +281,17 @@ class Walls:
         """Remove the cgroup (the sandbox has ended and its first process is reaped)."""
         if self.cgroup is not None and not self.cgroup.remove(attempts=40):
             leftover(self.cgroup)
+
+
+def ended_usage(cgroup: SandboxCgroup | None, mechanism: str, rusage: tuple[float, float] | None) -> Usage:
+    """A sandbox's usage once it has ended: its cgroup's counts, else the
+    kernel's rusage of its processes ((CPU seconds, peak RSS MiB), from its
+    pid 1's reaper), else nothing (`mechanism`: of its limits)."""
+    if cgroup is not None:
+        return cgroup.usage()
+    if rusage is not None:
+        return Usage(mechanism=mechanism, cpu_s=rusage[0], memory_peak_mb=rusage[1], counted_by="rusage")
+    return Usage(mechanism=mechanism)
 
 
 def leftover(cgroup: SandboxCgroup) -> None:

@@ -40,6 +40,7 @@ class Task:
     timed_out: bool = False
     caller_end: str | None = None  # "timeout", "output" or "kill" (a reply cap): this side killed it
     status: int | None = None  # raw wait status, once the zygote reported it
+    rusage: tuple[float, float] | None = None  # ... and wait4's (CPU s, peak RSS MiB) of its pid 1
     failure: BaseException | None = None
     ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
     done: bool = False

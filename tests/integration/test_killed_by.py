@@ -9,7 +9,7 @@ load, accepting only 0.05 s between the cgroup's CPU time and the limit.
 The kernel's limit hits count whatever the exit status: a command that
 exits 0 after one of its processes was OOM-killed reports "memory". A
 sandbox without a cgroup reports the kernel's rusage of its processes
-(CPU time, peak RSS), with counted_by "rusage".
+(CPU time, peak RSS), with counted_by "rusage" (bwrap excepted: see docs/limits.md).
 """
 
 from __future__ import annotations
@@ -243,3 +243,16 @@ def test_workerpool_timeout_and_output(pool_of: object) -> None:
     with pytest.raises(TaskError) as loud_info:
         g.result(timeout=120)
     assert loud_info.value.killed_by == g.killed_by == "output" and len(g.stdout) == 1 << 20
+
+
+def allocate() -> int:
+    x = b"x" * (40 << 20)
+    return sum(range(3_000_000)) + len(x)
+
+
+def test_workerpool_usage_counts_without_cgroups(pool_of: object) -> None:
+    f = pool_of(cpu_s=30).submit(allocate)  # type: ignore[operator]  # rlimits only: no cgroup
+    assert f.result(timeout=120) > 0 and f.killed_by is None
+    assert f.usage is not None and (f.usage.mechanism, f.usage.counted_by) == ("rlimit", "rusage"), f.usage
+    assert f.usage.cpu_s is not None and f.usage.cpu_s > 0.01
+    assert f.usage.memory_peak_mb is not None and 40 <= f.usage.memory_peak_mb < 400

@@ -297,6 +297,10 @@ class Engine:
             self._control()
         elif what == "zstderr":
             self._read_zygote_stderr(key.fd)
+        elif task.done or not task.owns(key.fd):
+            # its channels were dropped by an event earlier in this batch (a cap passed): this fd is closed
+            # (or already another's), and select() saw it before
+            return
         elif what == "sock":
             if events & selectors.EVENT_WRITE:
                 self._write_payload(task)

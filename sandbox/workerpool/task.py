@@ -84,6 +84,10 @@ class Task:
         theirs += self.trees
         self.trees = []
 
+    def owns(self, fd: int) -> bool:
+        """Whether `fd` is one of its channels still open here."""
+        return fd in self.pipes or (self.sock is not None and self.sock.fileno() == fd)
+
     def reply_size(self) -> int | None:
         """The size its reply announces, once known (None also for a death note)."""
         if len(self.reply) < ch.LENGTH.size:

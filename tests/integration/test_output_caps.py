@@ -26,6 +26,7 @@ import sandbox
 from sandbox import task
 from sandbox.output import DEFAULT_MAX_OUTPUT, MODES, OutputCap, OutputLimitError
 from sandbox.presets import python_interpreter
+from sandbox.workerpool import TaskLimitError
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
@@ -221,3 +222,22 @@ def test_output_cap_under_the_cap_keeps_all_and_none_keeps_everything() -> None:
     for cap in (OutputCap(10**6, "tail"), OutputCap(None, "head")):
         feed(cap, 50000)
         assert cap.kept() == bytes(i % 251 for i in range(50000)) and cap.dropped == 0 and not cap.overflowed
+
+
+def loud_and_big(n: int) -> bytes:
+    import sys
+
+    sys.stdout.write("y" * 70000)
+    sys.stdout.flush()
+    return b"x" * n
+
+
+def test_a_task_passing_two_caps_at_once_does_not_break_the_pool() -> None:
+    """A task whose output and reply both pass their caps in one select() batch: the first cap drops its
+    channels, and the second event, on a closed fd, once broke the pool's I/O thread (EBADF) for every task."""
+    _available("native")
+    with sandbox.WorkerPool(python_interpreter(), 2, max_reply=1 << 20, max_output=1 << 16) as pool:
+        for _ in range(40):
+            with pytest.raises(TaskLimitError):
+                pool.submit(loud_and_big, 4 << 20).result(timeout=60)
+        assert pool.submit(len, "ok").result(timeout=60) == 2

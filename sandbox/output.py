@@ -55,17 +55,29 @@ class OutputCap:
     `max_bytes` None: no cap (everything is kept). `on_overflow` is one of
     MODES. `feed` returns True once, on the chunk that passes the cap, when
     the mode ends the sandbox ("kill", "raise"): the caller kills it then
-    (and goes on feeding what is still read; it is dropped). `overflowed`
-    says whether anything was dropped. Holds at most `max_bytes` plus one
+    (and goes on feeding what is still read; it is dropped). `dropped` and
+    `overflowed` can be read at any time. Holds at most `max_bytes` plus one
     chunk."""
 
     def __init__(self, max_bytes: int | None, on_overflow: str = "tail") -> None:
         self.max_bytes = check_cap(max_bytes, on_overflow)
         self.on_overflow = on_overflow
-        self.dropped = 0
-        self.overflowed = False
+        self._dropped = 0  # bytes let go of (the excess still held by "tail" is counted by `dropped`)
         self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0  # bytes held in _chunks
+
+    @property
+    def dropped(self) -> int:
+        """How many bytes fed so far are not kept."""
+        return self._dropped + self._excess()
+
+    @property
+    def overflowed(self) -> bool:
+        """Whether any byte fed so far is not kept."""
+        return self.dropped > 0
+
+    def _excess(self) -> int:
+        return 0 if self.max_bytes is None else max(0, self._size - self.max_bytes)
 
     @property
     def ends_sandbox(self) -> bool:
@@ -91,31 +103,27 @@ class OutputCap:
         if room > 0:
             self._chunks.append(chunk[:room])
             self._size = cap
-        self.dropped += len(chunk) - max(room, 0)
-        first = not self.overflowed
-        self.overflowed = True
+        first = self._dropped == 0
+        self._dropped += len(chunk) - max(room, 0)
         return first and self.ends_sandbox
 
     def _feed_tail(self, chunk: bytes, cap: int) -> bool:
         self._chunks.append(chunk)
         self._size += len(chunk)
-        # drop whole chunks from the front while the rest still covers the cap
+        # let go of whole chunks from the front while the rest still covers the cap
         while self._size - len(self._chunks[0]) >= cap:
             gone = self._chunks.popleft()
             self._size -= len(gone)
-            self.dropped += len(gone)
-            self.overflowed = True
+            self._dropped += len(gone)
         return False
 
     def kept(self) -> bytes:
         """What is kept: at most `max_bytes` (the last ones for "tail")."""
-        cap = self.max_bytes
-        if cap is not None and self._size > cap:  # "tail": the first chunk still holds some bytes too many
-            excess = self._size - cap
+        excess = self._excess()
+        if excess:  # "tail": the first chunk still holds some bytes too many
             self._chunks[0] = self._chunks[0][excess:]
-            self._size = cap
-            self.dropped += excess
-            self.overflowed = True
+            self._size -= excess
+            self._dropped += excess
         return b"".join(self._chunks)
 
 

@@ -212,8 +212,10 @@ def test_output_cap_keeps_exactly_the_cap(mode: str) -> None:
     data = bytes(i % 251 for i in range(100000))
     cap = OutputCap(12345, mode)
     kills = feed(cap, len(data))
+    assert cap.dropped == 100000 - 12345 and cap.overflowed  # before kept() too
     kept = cap.kept()
     assert len(kept) == 12345 and cap.dropped == 100000 - 12345 and cap.overflowed
+    assert cap.kept() == kept
     assert kept == (data[-12345:] if mode == "tail" else data[:12345])
     assert kills.count(True) == (1 if mode in ("kill", "raise") else 0)
 

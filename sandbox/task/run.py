@@ -77,7 +77,8 @@ class TaskProcess:
     @property
     def killed_by(self) -> str | None:
         """Once ended, the limit that ended it ("memory", "pids", "cpu",
-        "timeout"), or None: a plain exit or signal, or an unconfined run."""
+        "timeout", "output": sandbox.killedby), or None: a plain exit or
+        signal, or an unconfined run."""
         return getattr(self._proc, "killed_by", None)
 
     def _finish(self) -> None:

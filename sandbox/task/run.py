@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import api, backends
 from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
+from ..output import DEFAULT_MAX_OUTPUT, OutputLimitError, check_cap
 from ..plan import check_argv, resolve_env
 from ..process import SandboxProcess
 from ..spec import Spec
@@ -78,7 +79,8 @@ class TaskProcess:
     @property
     def killed_by(self) -> str | None:
         """Once ended, the limit that ended it ("memory", "pids", "cpu",
-        "timeout"), or None: a plain exit or signal, or an unconfined run."""
+        "timeout", "output": sandbox.killedby), or None: a plain exit or
+        signal, or an unconfined run."""
         return getattr(self._proc, "killed_by", None)
 
     def _finish(self) -> None:
@@ -279,32 +281,47 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
 
 def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
-        environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
+        environ: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_overflow: str = "tail", **stdio: Any) -> subprocess.CompletedProcess[Any]:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries
     `.record` (and `.record_path` when `sb.records` is set), `.confined`, and
-    the sandbox's `.usage` and `.killed_by` (TaskProcess's)."""
+    the sandbox's `.usage` and `.killed_by` (TaskProcess's). `max_output`
+    and `on_overflow` cap each captured stream as sandbox.run does
+    (sandbox.output; `.stdout_dropped`, `.stderr_dropped`); an unconfined
+    run is not capped."""
+    check_cap(max_output, on_overflow)
     if capture_output:
         stdio["stdout"] = stdio["stderr"] = subprocess.PIPE
     if input is not None:
         stdio["stdin"] = subprocess.PIPE
     data = input.encode() if isinstance(input, str) else input
     proc = spawn(argv, sb, backend=backend, environ=environ, **stdio)
+    inner = getattr(proc, "_proc", None)
+    if isinstance(inner, SandboxProcess):
+        inner.max_output, inner.on_overflow = max_output, on_overflow
     try:
         out, err = proc.communicate(data, timeout=timeout)
     except subprocess.TimeoutExpired:
+        if isinstance(inner, SandboxProcess):
+            inner._timed_out()
         proc.kill()
         proc.wait()
+        raise
+    except OutputLimitError:
+        proc.wait()  # writes its record
         raise
     finally:
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
     if text:
-        out = out.decode() if out is not None else None
-        err = err.decode() if err is not None else None
+        out = api.decoded(out, getattr(inner, "stdout_dropped", 0))
+        err = api.decoded(err, getattr(inner, "stderr_dropped", 0))
     result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
     result.record = proc.record  # type: ignore[attr-defined]
     result.record_path = proc.record_path  # type: ignore[attr-defined]
     result.confined = proc.confined  # type: ignore[attr-defined]
     result.usage, result.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
+    result.stdout_dropped = getattr(inner, "stdout_dropped", 0)  # type: ignore[attr-defined]
+    result.stderr_dropped = getattr(inner, "stderr_dropped", 0)  # type: ignore[attr-defined]
     return result

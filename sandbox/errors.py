@@ -9,10 +9,32 @@ import errno as _errno
 import os
 import reprlib
 import signal as _signal
+from typing import Any
 
 
 class SandboxError(Exception):
-    """Base class of every error raised by this package."""
+    """Base class of every error raised by this package.
+
+    Every one pickles to an equal error (same class, args and attributes),
+    whatever its constructor takes, so it crosses a process (a Ray node, a
+    multiprocessing worker) as itself."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce calls the class with self.args, which fails for a
+        # constructor of other (or keyword-only) parameters: rebuild without calling it.
+        args = OSError.__reduce__(self)[1] if isinstance(self, OSError) else self.args
+        return _rebuild, (type(self), args, dict(vars(self)))
+
+
+def _rebuild(cls: type[SandboxError], args: tuple[Any, ...], state: dict[str, Any]) -> SandboxError:
+    """An error of `cls` with `args` and the attributes `state`, its constructor not called."""
+    exc = cls.__new__(cls, *args)
+    if isinstance(exc, OSError):
+        OSError.__init__(exc, *args)  # errno, strerror, filename: fields of the C struct, not of vars()
+    else:
+        exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class SpecError(SandboxError, ValueError):

@@ -106,6 +106,9 @@ class TaskError(SandboxError):
     `stdout` and `stderr` what it wrote; `usage` and `killed_by` as on its
     TaskFuture (killed_by "memory": its cgroup's OOM killer ended it)."""
 
+    usage: Usage | None
+    killed_by: str | None
+
     def __init__(self, message: str, *, returncode: int | None = None, stdout: bytes = b"",
                  stderr: bytes = b"") -> None:
         super().__init__(message)

@@ -116,16 +116,15 @@ FORK_BOMB = textwrap.dedent("""
 @needs
 def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) -> None:
     marker = procs.new_marker()  # type: ignore[attr-defined]
-    before = len([p for p in os.listdir("/proc") if p.isdigit()])
     r = sandbox.run([PY, "-c", FORK_BOMB, marker], spec(nproc=32), capture_output=True, backend=executor,
                     timeout=60)
     forked = int(r.stdout)
     # sandbox-init and the bomb itself count too
     assert 0 < forked <= 30, r.stdout
     assert r.usage is not None and r.usage.pids_peak is not None and r.usage.pids_peak <= 32
+    # nothing of the sandbox is left: every fork of the bomb carries the marker (not a count of the
+    # host's processes, where other work comes and goes)
     assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
-    after = len([p for p in os.listdir("/proc") if p.isdigit()])
-    assert after < before + 10  # nothing of the sandbox is left (other work on the host comes and goes)
 
 
 @needs
@@ -143,7 +142,9 @@ def test_half_a_core_holds_a_busy_loop_near_half_a_cpu(executor: str) -> None:
     wall = time.monotonic() - start
     assert r.returncode == 0 and r.usage is not None and r.usage.cpu_s is not None
     share = r.usage.cpu_s / wall
-    assert 0.2 <= share <= 0.7, (r.usage.cpu_s, wall)  # unbounded, a busy loop takes a whole CPU
+    # Unbounded, a busy loop takes a whole CPU. The cap is an upper bound only: on a loaded host
+    # (tools/loaded-tests.sh) the loop gets less than half a CPU whatever the sandbox does.
+    assert 0 < share <= 0.7, (r.usage.cpu_s, wall)
 
 
 @needs

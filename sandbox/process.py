@@ -186,8 +186,9 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
           timeout: float | None) -> tuple[bytes | None, bytes | None]:
     """Write `data` to stdin and read stdout/stderr until EOF, with a deadline."""
     view = memoryview(data or b"")
-    readers = {f: f.fileno() for f in (proc.stdout, proc.stderr) if f is not None}
-    chunks: dict[int, list[bytes]] = {fd: [] for fd in readers.values()}
+    readers = {f: f.fileno() for f in (proc.stdout, proc.stderr) if f is not None and not f.closed}
+    # what a communicate() read before its TimeoutExpired is kept for the next one (as subprocess does)
+    chunks: dict[Any, list[bytes]] = proc.__dict__.setdefault("_read", {f: [] for f in readers})
     with selectors.DefaultSelector() as sel:
         if proc.stdin is not None:
             if view:
@@ -208,17 +209,17 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
                     continue
                 block = os.read(key.fd, 65536)
                 if block:
-                    chunks[key.fd].append(block)
+                    chunks[key.data].append(block)
                 else:
                     sel.unregister(key.fd)
                     key.data.close()
     return _collected(chunks, readers, proc)
 
 
-def _collected(chunks: dict[int, list[bytes]], readers: dict[Any, int],
+def _collected(chunks: dict[Any, list[bytes]], readers: dict[Any, int],
                proc: SandboxProcess) -> tuple[bytes | None, bytes | None]:
-    out = b"".join(chunks[readers[proc.stdout]]) if proc.stdout is not None else None
-    err = b"".join(chunks[readers[proc.stderr]]) if proc.stderr is not None else None
+    out = b"".join(chunks[proc.stdout]) if proc.stdout is not None else None
+    err = b"".join(chunks[proc.stderr]) if proc.stderr is not None else None
     return out, err
 
 

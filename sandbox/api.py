@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from . import backends
-from .errors import SpecError
+from .errors import SpecError, TimeoutExpired
 from .plan import check_argv
 from .plan_cache import compiled_plan
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
@@ -235,9 +235,8 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
         except subprocess.TimeoutExpired as exc:
             proc._timed_out()
             proc.wait()
-            expired = subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr)
-            expired.usage, expired.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
-            raise expired from None
+            raise TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr, usage=proc.usage,
+                                 killed_by=proc.killed_by) from None
     stdout_: bytes | str | None = out
     stderr_: bytes | str | None = err
     if text:

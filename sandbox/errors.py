@@ -9,7 +9,11 @@ import errno as _errno
 import os
 import reprlib
 import signal as _signal
-from typing import Any
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cgroups import Usage
 
 
 class SandboxError(Exception):
@@ -136,6 +140,21 @@ class IsolationError(SandboxError):
         self.path = path
         self.errno = errno
         super().__init__(message)
+
+
+class TimeoutExpired(subprocess.TimeoutExpired):
+    """run()'s (and task.run()'s) timeout: a subprocess.TimeoutExpired (catch
+    either), whose sandbox was killed, with what it used: `usage` (as on a
+    CompletedProcess) and `killed_by` ("timeout", or the limit that ended it
+    first). `output` and `stderr` hold what it wrote until then."""
+
+    def __init__(self, cmd: object, timeout: float, output: bytes | str | None = None,
+                 stderr: bytes | str | None = None, *, usage: Usage | None = None,
+                 killed_by: str | None = None) -> None:
+        super().__init__(cmd, timeout, output, stderr)
+        self.args = (cmd, timeout, output, stderr)  # what pickle calls the class with, however it was called
+        self.usage = usage
+        self.killed_by = killed_by
 
 
 class NetnsPoolError(SandboxError):

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import api, backends
-from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
+from ..errors import IsolationError, SandboxError, SpecError, TimeoutExpired, UnavailableError
 from ..plan import check_argv, resolve_env
 from ..process import SandboxProcess
 from ..spec import Spec
@@ -272,12 +272,25 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
     return [{"name": f"probe {path}" if path else "isolation", "ok": False, "result": str(exc)}]
 
 
+class TaskResult(subprocess.CompletedProcess[Any]):
+    """task.run()'s result: a subprocess.CompletedProcess with the task's
+    `record` (`record_path`: where `sb.records` received it), `confined`, and
+    the sandbox's `usage` and `killed_by` (TaskProcess's)."""
+
+    record: dict[str, Any]
+    record_path: str | None
+    confined: bool
+    usage: Usage | None
+    killed_by: str | None
+
+
 def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
-        environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
+        environ: Mapping[str, str] | None = None, **stdio: Any) -> TaskResult:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries
     `.record` (and `.record_path` when `sb.records` is set), `.confined`, and
-    the sandbox's `.usage` and `.killed_by` (TaskProcess's)."""
+    the sandbox's `.usage` and `.killed_by` (TaskProcess's). A timeout raises
+    sandbox.TimeoutExpired (a subprocess.TimeoutExpired) with them too."""
     if capture_output:
         stdio["stdout"] = stdio["stderr"] = subprocess.PIPE
     if input is not None:
@@ -286,10 +299,11 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
     proc = spawn(argv, sb, backend=backend, environ=environ, **stdio)
     try:
         out, err = proc.communicate(data, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         proc.kill()
         proc.wait()
-        raise
+        raise TimeoutExpired(exc.cmd, exc.timeout, exc.output, exc.stderr, usage=proc.usage,
+                             killed_by=proc.killed_by or "timeout") from None
     finally:
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
@@ -297,9 +311,7 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
     if text:
         out = out.decode() if out is not None else None
         err = err.decode() if err is not None else None
-    result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
-    result.record = proc.record  # type: ignore[attr-defined]
-    result.record_path = proc.record_path  # type: ignore[attr-defined]
-    result.confined = proc.confined  # type: ignore[attr-defined]
-    result.usage, result.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
+    result = TaskResult(proc.args, proc.wait(), out, err)
+    result.record, result.record_path, result.confined = proc.record, proc.record_path, proc.confined
+    result.usage, result.killed_by = proc.usage, proc.killed_by
     return result

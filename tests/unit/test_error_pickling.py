@@ -86,7 +86,7 @@ def instances(cls: type[BaseException]) -> st.SearchStrategy[BaseException]:
     builtin base takes), then every annotated attribute of the class set."""
     init = cls.__init__
     if inspect.isfunction(init):
-        hints = typing.get_type_hints(init)
+        hints = typing.get_type_hints(init, localns={"Usage": Usage})  # (imported for type checking only)
         params = [p for p in inspect.signature(init).parameters.values() if p.name != "self"]
         assert all(p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params), cls
         made = st.builds(cls, **{p.name: strategy(hints[p.name]) for p in params})

@@ -72,6 +72,11 @@ _shown.maxlong = 100
 _shown.maxlist = _shown.maxtuple = _shown.maxdict = _shown.maxset = _shown.maxfrozenset = 40
 
 
+FORK_HINT = ("; a process limit refused the fork: Limits.nproc counts every process of the sandbox, its pid 1 "
+             "(sandbox-init, which reaps the others) too, so allow at least 2 (or as_pid_1=True); where no cgroup "
+             "holds it, RLIMIT_NPROC counts every process of the uid")
+
+
 class SetupError(SandboxError):
     """A step of sandbox setup failed; the command never ran.
 
@@ -89,6 +94,8 @@ class SetupError(SandboxError):
         errno: int = 0,
         backend: str = "native",
     ) -> None:
+        if errno == _errno.EAGAIN and (step == "fork" or "fork" in message) and FORK_HINT not in message:
+            message += FORK_HINT  # fork(2)'s EAGAIN: a process limit, the sandbox's or the uid's
         self.step = step
         self.path = path
         self.errno = errno

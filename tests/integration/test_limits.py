@@ -7,6 +7,7 @@ Without one, the tests of real limits are skipped and the fallback's are run.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import signal
@@ -125,6 +126,18 @@ def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) ->
     # nothing of the sandbox is left: every fork of the bomb carries the marker (not a count of the
     # host's processes, where other work comes and goes)
     assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+
+
+@needs
+def test_nproc_1_beside_the_sandbox_pid_1_fails_with_a_hint(executor: str) -> None:
+    with pytest.raises(sandbox.SetupError) as info:
+        sandbox.run(["true"], spec(nproc=1), capture_output=True, backend=executor, timeout=60)
+    assert info.value.errno == errno.EAGAIN and "Limits.nproc counts every process" in str(info.value)
+    assert "as_pid_1=True" in str(info.value)
+    # as the hint says: with the command as pid 1, one process is enough for it
+    r = sandbox.run(["true"], spec(nproc=1).replace(as_pid_1=True), capture_output=True, backend=executor,
+                    timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
 @needs

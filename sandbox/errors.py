@@ -10,6 +10,7 @@ import os
 import reprlib
 import signal as _signal
 import subprocess
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -149,13 +150,16 @@ class IsolationError(SandboxError):
         super().__init__(message)
 
 
+_Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
+
 class TimeoutExpired(subprocess.TimeoutExpired):
     """run()'s (and task.run()'s) timeout: a subprocess.TimeoutExpired (catch
     either), whose sandbox was killed, with what it used: `usage` (as on a
     CompletedProcess) and `killed_by` ("timeout", or the limit that ended it
     first). `output` and `stderr` hold what it wrote until then."""
 
-    def __init__(self, cmd: object, timeout: float, output: bytes | str | None = None,
+    def __init__(self, cmd: _Arg | Sequence[_Arg], timeout: float, output: bytes | str | None = None,
                  stderr: bytes | str | None = None, *, usage: Usage | None = None,
                  killed_by: str | None = None) -> None:
         super().__init__(cmd, timeout, output, stderr)

@@ -13,9 +13,12 @@ cloudpickle (what Ray uses).
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import importlib
 import inspect
+import os
+import pathlib
 import pickle
 import pkgutil
 import subprocess
@@ -73,6 +76,10 @@ def strategy(hint: Any) -> st.SearchStrategy[Any]:
         return st.floats(allow_nan=False)
     if isinstance(hint, type) and issubclass(hint, BaseException):
         return NESTED
+    if typing.get_origin(hint) is os.PathLike:
+        return st.text(max_size=10).map(pathlib.PurePosixPath)
+    if typing.get_origin(hint) is collections.abc.Sequence:
+        return st.lists(strategy(typing.get_args(hint)[0]), max_size=3)
     if typing.get_origin(hint) in (Union, types.UnionType):
         return st.one_of(*(strategy(arg) for arg in typing.get_args(hint)))
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):

@@ -63,8 +63,9 @@ def leftovers() -> list[str]:
     return [p for h in INFO.hierarchies for p in glob.glob(os.path.join(h.parent, PREFIX + "*"))]
 
 
-def mine(paths: list[str]) -> list[str]:
-    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{os.getpid()}-")]
+def mine(paths: list[str], pid: int | None = None) -> list[str]:
+    """The cgroups of `paths` that process `pid` (default: this one) made: never another job's."""
+    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
 
 
 @pytest.fixture(autouse=True)
@@ -200,11 +201,10 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> No
 def _kill_the_caller_once_started(caller: str) -> set[str]:
     """Run `caller` (a script that starts a sandbox and prints its pid), SIGKILL it once it has: the
     cgroups it made."""
-    before = set(leftovers())
     child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout is not None
     assert child.stdout.readline().strip().isdigit()
-    made = set(leftovers()) - before
+    made = set(mine(leftovers(), child.pid))  # its own (other jobs make cgroups beside it)
     child.kill()
     child.wait()
     child.stdout.close()

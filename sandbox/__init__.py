@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         SandboxError,
         SetupError,
         SpecError,
+        TimeoutExpired,
         UnavailableError,
     )
     from .explain import explain
@@ -65,7 +66,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "from_bwrap_args": ("bwrap", "from_bwrap_args"),
     **{name: ("errors", name) for name in (
         "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SetupError",
-        "SpecError", "UnavailableError")},
+        "SpecError", "TimeoutExpired", "UnavailableError")},
     "explain": ("explain", "explain"),
     "presets": ("presets", None),
     "probe": ("probe", None),
@@ -116,6 +117,7 @@ __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
     "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
     "Mqueue", "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
-    "Seccomp", "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs", "UnavailableError", "WorkerPool",
+    "Seccomp", "SetupError", "Spec", "SpecError", "Symlink", "Template", "TimeoutExpired", "Tmpfs", "UnavailableError",
+    "WorkerPool",
     "explain", "from_bwrap_args", "presets", "probe", "run", "spawn",
 ]

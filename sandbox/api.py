@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from . import backends
-from .errors import SpecError
+from .errors import SpecError, TimeoutExpired
 from .output import DEFAULT_MAX_OUTPUT, OutputLimitError, check_cap
 from .plan import check_argv
 from .plan_cache import compiled_plan
@@ -248,9 +248,8 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
         except subprocess.TimeoutExpired as exc:
             proc._timed_out()
             proc.wait()
-            expired = subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr)
-            expired.usage, expired.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
-            raise expired from None
+            raise TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr, usage=proc.usage,
+                                 killed_by=proc.killed_by) from None
         except OutputLimitError as exc:
             if text:
                 exc.stdout = decoded(exc.stdout, exc.stdout_dropped)

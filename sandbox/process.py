@@ -221,12 +221,13 @@ class SandboxProcess:
 def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
           timeout: float | None) -> tuple[bytes | None, bytes | None]:
     """Write `data` to stdin and read stdout/stderr until EOF, with a
-    deadline, keeping of each what the process's output cap allows."""
+    deadline, keeping of each what the process's output cap allows. What a
+    communicate() read before its TimeoutExpired is kept for the next one
+    (as subprocess does): the caps live on the process."""
     view = memoryview(data or b"")
-    caps = {f.fileno(): OutputCap(proc.max_output, proc.on_overflow)
-            for f in (proc.stdout, proc.stderr) if f is not None}
-    out_fd = proc.stdout.fileno() if proc.stdout is not None else -1
-    err_fd = proc.stderr.fileno() if proc.stderr is not None else -1
+    caps: dict[Any, OutputCap] = proc.__dict__.setdefault(
+        "_caps", {f: OutputCap(proc.max_output, proc.on_overflow)
+                  for f in (proc.stdout, proc.stderr) if f is not None})
     with selectors.DefaultSelector() as sel:
         if proc.stdin is not None:
             if view:
@@ -234,13 +235,13 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
                 sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, proc.stdin)
             else:
                 proc.stdin.close()
-        for f in (proc.stdout, proc.stderr):
-            if f is not None:
+        for f in caps:
+            if not f.closed:
                 sel.register(f.fileno(), selectors.EVENT_READ, f)
         while sel.get_map():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                out, err = _collected(caps, out_fd, err_fd, proc)
+                out, err = _collected(caps, proc)
                 raise subprocess.TimeoutExpired(proc.args, timeout or 0, out, err)
             for key, _ in sel.select(left):
                 if key.events & selectors.EVENT_WRITE:
@@ -250,18 +251,18 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
                 if not block:
                     sel.unregister(key.fd)
                     key.data.close()
-                elif caps[key.fd].feed(block):
+                elif caps[key.data].feed(block):
                     proc._ended_by("output")
-    return _collected(caps, out_fd, err_fd, proc)
+    return _collected(caps, proc)
 
 
-def _collected(caps: dict[int, OutputCap], out_fd: int, err_fd: int,
-               proc: SandboxProcess) -> tuple[bytes | None, bytes | None]:
-    out = caps[out_fd].kept() if out_fd in caps else None
-    err = caps[err_fd].kept() if err_fd in caps else None
-    proc.stdout_dropped = caps[out_fd].dropped if out_fd in caps else 0
-    proc.stderr_dropped = caps[err_fd].dropped if err_fd in caps else 0
-    return out, err
+def _collected(caps: dict[Any, OutputCap], proc: SandboxProcess) -> tuple[bytes | None, bytes | None]:
+    out_cap = caps.get(proc.stdout)
+    err_cap = caps.get(proc.stderr)
+    proc.stdout_dropped = out_cap.dropped if out_cap is not None else 0
+    proc.stderr_dropped = err_cap.dropped if err_cap is not None else 0
+    return (out_cap.kept() if out_cap is not None else None,
+            err_cap.kept() if err_cap is not None else None)
 
 
 def _write_some(sel: selectors.BaseSelector, key: selectors.SelectorKey, view: memoryview) -> memoryview:

@@ -65,7 +65,11 @@ def shown_binds(sb: Sandbox, facts: Facts) -> list[Shown]:
     """Every bind, sorted so that the more specific comes later (and wins)."""
     py = facts.python
     python = [*py.executable_chain, *([py.venv_cfg] if py.venv_cfg else []), *py.stdlib, *py.site_dirs]
-    out = [Shown(p, p, False) for p in dict.fromkeys(python) if not _under(p, "/usr")]
+    # A link of the chain inside a directory bound at its own path is shown by that bind, as a link:
+    # a bind of its own would follow it, in the new root, to a target not mounted yet (ENOENT).
+    same = [*sb.read, *sb.write, *(b.source for b in sb.binds if b.source == b.target)]
+    shown = {link for link in py.executable_chain[:-1] if any(link != d and _under(link, d) for d in same)}
+    out = [Shown(p, p, False) for p in dict.fromkeys(python) if not _under(p, "/usr") and p not in shown]
     out += [Shown(p, p, False) for p in facts.packages]
     if sb.framework and sb.framework_package:
         out += [Shown(p, p, False) for p in facts.framework_paths if any(_under(p, d) for d in py.site_dirs)]

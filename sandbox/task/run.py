@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import api, backends
-from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
+from ..errors import IsolationError, SandboxError, SpecError, TimeoutExpired, UnavailableError
 from ..output import DEFAULT_MAX_OUTPUT, OutputLimitError, check_cap
 from ..plan import check_argv, resolve_env
 from ..process import SandboxProcess
@@ -279,16 +279,32 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
     return [{"name": f"probe {path}" if path else "isolation", "ok": False, "result": str(exc)}]
 
 
+class TaskResult(subprocess.CompletedProcess[Any]):
+    """task.run()'s result: a subprocess.CompletedProcess with the task's
+    `record` (`record_path`: where `sb.records` received it), `confined`, and
+    the sandbox's `usage` and `killed_by` (TaskProcess's), and the bytes of
+    each stream the output cap dropped (`stdout_dropped`, `stderr_dropped`)."""
+
+    record: dict[str, Any]
+    record_path: str | None
+    confined: bool
+    usage: Usage | None
+    killed_by: str | None
+    stdout_dropped: int
+    stderr_dropped: int
+
+
 def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
         environ: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
-        on_overflow: str = "tail", **stdio: Any) -> subprocess.CompletedProcess[Any]:
+        on_overflow: str = "tail", **stdio: Any) -> TaskResult:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries
     `.record` (and `.record_path` when `sb.records` is set), `.confined`, and
     the sandbox's `.usage` and `.killed_by` (TaskProcess's). `max_output`
     and `on_overflow` cap each captured stream as sandbox.run does
     (sandbox.output; `.stdout_dropped`, `.stderr_dropped`); an unconfined
-    run is not capped."""
+    run is not capped. A timeout raises sandbox.TimeoutExpired (a
+    subprocess.TimeoutExpired) with `usage` and `killed_by` too."""
     check_cap(max_output, on_overflow)
     if capture_output:
         stdio["stdout"] = stdio["stderr"] = subprocess.PIPE
@@ -301,12 +317,13 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
         inner.max_output, inner.on_overflow = max_output, on_overflow
     try:
         out, err = proc.communicate(data, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         if isinstance(inner, SandboxProcess):
             inner._timed_out()
         proc.kill()
         proc.wait()
-        raise
+        raise TimeoutExpired(exc.cmd, exc.timeout, exc.output, exc.stderr, usage=proc.usage,
+                             killed_by=proc.killed_by or "timeout") from None
     except OutputLimitError:
         proc.wait()  # writes its record
         raise
@@ -317,11 +334,9 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
     if text:
         out = api.decoded(out, getattr(inner, "stdout_dropped", 0))
         err = api.decoded(err, getattr(inner, "stderr_dropped", 0))
-    result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
-    result.record = proc.record  # type: ignore[attr-defined]
-    result.record_path = proc.record_path  # type: ignore[attr-defined]
-    result.confined = proc.confined  # type: ignore[attr-defined]
-    result.usage, result.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
-    result.stdout_dropped = getattr(inner, "stdout_dropped", 0)  # type: ignore[attr-defined]
-    result.stderr_dropped = getattr(inner, "stderr_dropped", 0)  # type: ignore[attr-defined]
+    result = TaskResult(proc.args, proc.wait(), out, err)
+    result.record, result.record_path, result.confined = proc.record, proc.record_path, proc.confined
+    result.usage, result.killed_by = proc.usage, proc.killed_by
+    result.stdout_dropped = getattr(inner, "stdout_dropped", 0)
+    result.stderr_dropped = getattr(inner, "stderr_dropped", 0)
     return result

@@ -112,6 +112,9 @@ class TaskError(SandboxError):
     as on its TaskFuture (killed_by "memory": its cgroup's OOM killer ended
     it)."""
 
+    usage: Usage | None
+    killed_by: str | None
+
     def __init__(self, message: str, *, returncode: int | None = None, stdout: bytes = b"",
                  stderr: bytes = b"", stdout_dropped: int = 0, stderr_dropped: int = 0) -> None:
         super().__init__(message)

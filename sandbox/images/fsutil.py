@@ -13,10 +13,9 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
-import stat
 from collections.abc import Iterator
 
+from . import treewalk
 from .errors import StoreFullError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -89,28 +88,13 @@ def publish_dir(tmp: str, final: str) -> bool:
 
 def remove_tree(path: str) -> None:
     """Remove a tree the store made, even where a layer made directories
-    read-only (each is made writable first); never follows a symlink."""
+    read-only (each is made writable first), at any depth (treewalk.py);
+    never follows a symlink."""
+    parent = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    _make_writable(path)
-    shutil.rmtree(path)
-
-
-def _make_writable(top: str) -> None:
-    # A layer's tree is the store's own and static: no one swaps a directory
-    # for a symlink under us, so checking with lstat before chmod is enough.
-    os.chmod(top, 0o700)
-    for dirpath, dirnames, _ in os.walk(top):  # lists a directory only after its parent made it 0700
-        for name in dirnames:
-            child = os.path.join(dirpath, name)
-            if not os.path.islink(child):
-                with contextlib.suppress(OSError):
-                    os.chmod(child, 0o700)
+        treewalk.remove_entry(parent, os.path.basename(path))
+    finally:
+        os.close(parent)
 
 
 class StoreLock:

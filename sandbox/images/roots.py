@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import Iterable, Iterator
 
-from . import fsutil
+from . import fsutil, treewalk
 from .errors import ImageError
 from .model import Image, Layer
 
@@ -127,54 +128,51 @@ def _write_markers(root: str, whiteouts: Iterable[str], opaque: Iterable[str]) -
             os.setxattr(fd, OPAQUE_XATTR, b"y")
 
 
-def _remove(fd: int, name: str) -> None:
-    """Remove entry `name` of directory `fd`, a whole tree if it is one."""
+def _overlay(src_top: int, dst_top: int, dirs: list[tuple[str, os.stat_result]]) -> None:
+    """Apply the tree at `src_top` onto the merged tree at `dst_top`: files hardlinked,
+    directories merged; each directory's final mode and owner noted in `dirs`. Iterative
+    (treewalk.Cursor): any depth, two fds held."""
+    src, dst = treewalk.Cursor(src_top), treewalk.Cursor(dst_top)
+    pending = [os.listdir(src.fd)]
     try:
-        st = os.lstat(name, dir_fd=fd)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=fd)
-        return
-    sub = os.open(name, DIR_FLAGS, dir_fd=fd)
-    try:
-        os.fchmod(sub, 0o700)
-        _clear(sub)
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if pending:
+                    src.ascend()
+                    dst.ascend()
+                continue
+            name = pending[-1].pop()
+            st = os.lstat(name, dir_fd=src.fd)
+            if stat.S_ISDIR(st.st_mode):
+                _make_dir(dst.fd, name)
+                dirs.append((_join(src.path, name), st))
+                src.descend(name)
+                dst.descend(name)
+                pending.append(os.listdir(src.fd))
+            elif stat.S_ISCHR(st.st_mode):
+                pass  # a whiteout device of make_overlay_ready (unpacking drops the image's devices)
+            else:
+                treewalk.remove_entry(dst.fd, name)
+                os.link(name, name, src_dir_fd=src.fd, dst_dir_fd=dst.fd, follow_symlinks=False)
     finally:
-        os.close(sub)
-    os.rmdir(name, dir_fd=fd)
+        src.close()
+        dst.close()
 
 
-def _clear(fd: int) -> None:
-    for entry in os.listdir(fd):
-        _remove(fd, entry)
+def _make_dir(fd: int, name: str) -> None:
+    """A directory `name` in `fd`, replacing what a lower layer had there if it is not one."""
+    try:
+        if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+            return
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    os.mkdir(name, 0o700, dir_fd=fd)
 
 
-def _overlay(src: int, dst: int, dirs: list[tuple[str, os.stat_result]], where: str) -> None:
-    """Apply the tree at `src` onto the merged tree at `dst`: files hardlinked,
-    directories merged; each directory's final mode and owner noted in `dirs`."""
-    for name in os.listdir(src):
-        st = os.lstat(name, dir_fd=src)
-        path = f"{where}/{name}"
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                if not stat.S_ISDIR(os.lstat(name, dir_fd=dst).st_mode):
-                    os.unlink(name, dir_fd=dst)
-                    os.mkdir(name, 0o700, dir_fd=dst)
-            except FileNotFoundError:
-                os.mkdir(name, 0o700, dir_fd=dst)
-            dirs.append((path, st))
-            s, d = os.open(name, DIR_FLAGS, dir_fd=src), os.open(name, DIR_FLAGS, dir_fd=dst)
-            try:
-                _overlay(s, d, dirs, path)
-            finally:
-                os.close(s)
-                os.close(d)
-        elif stat.S_ISCHR(st.st_mode):
-            pass  # a whiteout device of make_overlay_ready (unpacking drops the image's devices)
-        else:
-            _remove(dst, name)
-            os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
 
 
 def build_merged(image: Image, final: str, tmp_dir: str) -> str:
@@ -206,15 +204,15 @@ def build_merged(image: Image, final: str, tmp_dir: str) -> str:
 def _apply_layer(layer: Layer, dst: int, dirs: list[tuple[str, os.stat_result]]) -> None:
     for path in layer.opaque:  # the lower layers' contents of an opaque directory go first
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, _split(path)) as fd:
-            _clear(fd)
+            treewalk.clear(fd)
     for path in layer.whiteouts:
         parts = _split(path)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, parts[:-1]) as fd:
-            _remove(fd, parts[-1])
+            treewalk.remove_entry(fd, parts[-1])
     src = os.open(layer.path, DIR_FLAGS)
     try:
         dirs.append(("", os.fstat(src)))
-        _overlay(src, dst, dirs, "")
+        _overlay(src, dst, dirs)
     finally:
         os.close(src)
 
@@ -238,17 +236,32 @@ def _walk_fd(top: int, parts: Iterable[str], create: bool = False) -> Iterator[i
 
 def _finish_dirs(top: str, dirs: list[tuple[str, os.stat_result]]) -> None:
     """Each directory gets the mode (and, for root, the owner) of the top-most
-    layer that has it, deepest first (the last noted wins: layers go bottom first)."""
-    final: dict[str, os.stat_result] = {}
-    for path, st in dirs:
-        final[path] = st
-    for path in sorted(final, key=lambda p: p.count("/"), reverse=True):
-        st = final[path]
-        try:
-            with _walk(top, _split(path)) as fd:
-                if os.geteuid() == 0:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # deleted by a layer above
-                raise
+    layer that has it (the last noted wins: layers go bottom first), deepest
+    first: set as the walk leaves it, once its own entries are done."""
+    final = dict(dirs)
+    as_root = os.geteuid() == 0
+
+    def apply(fd: int, path: str) -> None:
+        st = final.get(path)
+        if st is None:
+            return  # a directory the store made (a mount point), not a layer's
+        if as_root:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+
+    fd = os.open(top, DIR_FLAGS)
+    cur = treewalk.Cursor(fd)
+    os.close(fd)
+    pending = [treewalk.subdirs(cur.fd)]
+    try:
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if pending:
+                    cur.ascend(functools.partial(apply, path=cur.path))
+                continue
+            cur.descend(pending[-1].pop())
+            pending.append(treewalk.subdirs(cur.fd))
+        apply(cur.fd, "")
+    finally:
+        cur.close()

@@ -56,9 +56,11 @@ from .model import PLATFORM, Image, Layer, media_type_of, parse_config, parse_ma
 from .reference import DIGEST
 from .registry import Registry
 from .sources import LocalSource
-from .unpack import unpack
+from .unpack import Bounds, unpack
 
 DEFAULT_MAX_LAYER_BYTES = 64 << 30
+DEFAULT_MAX_LAYER_MEMBERS = 1_000_000  # inodes: a large layer (a whole distribution, node_modules) has ~100k-400k
+DEFAULT_MAX_LAYER_DEPTH = 256  # path components: deeper than any image's tree; PATH_MAX allows ~2,000
 
 
 def default_path() -> str:
@@ -86,15 +88,27 @@ class ImageStore:
     """A content-addressed image store at `path` (default: `default_path()`).
 
     Safe to share between processes: every addition is published by rename,
-    and `gc()` waits for pulls and loads in progress. `max_layer_bytes`
-    bounds the declared size of one layer's files (a huge sparse file in a
-    small layer is refused, not written).
+    and `gc()` waits for pulls and loads in progress. Each layer is bounded
+    before anything of a member is written: `max_layer_bytes` bounds the
+    declared size of its files plus 512 bytes per member (a huge sparse
+    file in a small layer is refused, and so are 20,000 empty files under
+    1 MiB), `max_layer_members` the number of its members (inodes), and
+    `max_layer_depth` how many components deep a path goes. A layer over
+    any of them is an UnsafeLayerError naming the member and the limit.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
-                 max_layer_bytes: int = DEFAULT_MAX_LAYER_BYTES) -> None:
+                 max_layer_bytes: int = DEFAULT_MAX_LAYER_BYTES,
+                 max_layer_members: int = DEFAULT_MAX_LAYER_MEMBERS,
+                 max_layer_depth: int = DEFAULT_MAX_LAYER_DEPTH) -> None:
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_path())
+        for name, value in (("max_layer_bytes", max_layer_bytes), ("max_layer_members", max_layer_members),
+                            ("max_layer_depth", max_layer_depth)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ImageError(f"ImageStore({name}={value!r}): must be a positive integer")
         self.max_layer_bytes = max_layer_bytes
+        self.max_layer_members = max_layer_members
+        self.max_layer_depth = max_layer_depth
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             for sub in ("blobs/sha256", "layers", "refs", "tmp", "locks", "merged"):
@@ -203,7 +217,8 @@ class ImageStore:
                 try:
                     head = blob.peek_head(4)
                     tar = HashingReader(decompressed(cast(IO[bytes], blob), kind, head, what))
-                    out = unpack(cast(IO[bytes], tar), os.path.join(tmp, "root"), desc.digest, self.max_layer_bytes)
+                    bounds = Bounds(self.max_layer_bytes, self.max_layer_members, self.max_layer_depth)
+                    out = unpack(cast(IO[bytes], tar), os.path.join(tmp, "root"), desc.digest, bounds)
                     got_diff, got_blob = tar.drain(), blob.drain()
                 except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
                     raise RegistryError(what, f"the download was cut short after {blob.count} of "

@@ -42,8 +42,8 @@ class NotRegularError(OSError):
         super().__init__(errno.EINVAL, problem, name)
 
 
-def _openat2(dirfd: int, name: str, flags: int) -> int:
-    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+def _openat2(dirfd: int, name: str, flags: int, mode: int) -> int:
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
     fd = _libc.syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dirfd), os.fsencode(name), ctypes.byref(how),
                        ctypes.c_size_t(ctypes.sizeof(how)))
     if fd < 0:
@@ -52,7 +52,7 @@ def _openat2(dirfd: int, name: str, flags: int) -> int:
     return int(fd)
 
 
-def _walk_open(dirfd: int, name: str, flags: int) -> int:
+def _walk_open(dirfd: int, name: str, flags: int, mode: int) -> int:
     """openat2's resolution, by hand: each directory opened O_NOFOLLOW, `..` and absolute names refused."""
     parts = [p for p in name.split("/") if p not in ("", ".")]
     if name.startswith("/") or ".." in parts or not parts:
@@ -63,7 +63,7 @@ def _walk_open(dirfd: int, name: str, flags: int) -> int:
             nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
     except OSError as exc:
         exc.filename = name
         raise
@@ -71,15 +71,15 @@ def _walk_open(dirfd: int, name: str, flags: int) -> int:
         os.close(fd)
 
 
-def open_beneath(dirfd: int, name: str, flags: int) -> int:
-    """An fd of `name` below the directory `dirfd`, resolved as the module says. OSError as openat2's:
-    ELOOP for a link on the way, EXDEV for a path leaving the directory, ENOENT, ..."""
+def open_beneath(dirfd: int, name: str, flags: int, mode: int = 0) -> int:
+    """An fd of `name` below the directory `dirfd`, resolved as the module says (`mode` for O_CREAT).
+    OSError as openat2's: ELOOP for a link on the way, EXDEV for a path leaving the directory, ENOENT..."""
     try:
-        return _openat2(dirfd, name, flags)
+        return _openat2(dirfd, name, flags, mode)
     except OSError as exc:
         if exc.errno not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter's answer, not openat2's
             raise
-    return _walk_open(dirfd, name, flags)
+    return _walk_open(dirfd, name, flags, mode)
 
 
 def kind_of(mode: int) -> str:

@@ -96,35 +96,37 @@ def _writable(fd: int) -> Iterator[None]:
         os.fchmod(fd, stat.S_IMODE(mode))
 
 
-def make_overlay_ready(layer_dir: str, whiteouts: Iterable[str], opaque: Iterable[str], tmp_dir: str) -> None:
+def make_overlay_ready(layer_fd: int, name: str, whiteouts: Iterable[str], opaque: Iterable[str],
+                       tmp_fd: int) -> None:
     """Write a layer's whiteout devices and opaque xattrs into its tree, make
-    them durable, then mark the layer (the caller holds the layer's lock)."""
+    them durable, then mark the layer (the caller holds the layer's lock).
+    `layer_fd` is the layer's directory (layers/<hex>, `name` in errors),
+    `tmp_fd` the store's tmp/."""
+    root = os.open("root", DIR_FLAGS, dir_fd=layer_fd)
     try:
-        _write_markers(os.path.join(layer_dir, "root"), whiteouts, opaque)
+        _write_markers(root, whiteouts, opaque)
+        fsutil.syncfs(root)
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        raise ImageError(f"layer {os.path.basename(layer_dir)}: a whiteout or opaque directory lies below "
+        raise ImageError(f"layer {name}: a whiteout or opaque directory lies below "
                          f"a link the layer itself makes ({exc.filename or exc}): it cannot be an overlayfs "
                          "layer; use root='merged'") from None
-    fd = os.open(os.path.join(layer_dir, "root"), DIR_FLAGS)
-    try:
-        fsutil.syncfs(fd)
     finally:
-        os.close(fd)
-    fsutil.write_atomic(os.path.join(layer_dir, OVERLAY_MARK), b"1\n", tmp_dir)
+        os.close(root)
+    fsutil.write_atomic_at(layer_fd, OVERLAY_MARK, b"1\n", tmp_fd)
 
 
-def _write_markers(root: str, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
+def _write_markers(root: int, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
     for path in whiteouts:
         parts = _split(path)
-        with _walk(root, parts[:-1], create=True) as fd, _writable(fd):
+        with _walk_fd(root, parts[:-1], create=True) as fd, _writable(fd):
             try:
                 os.mknod(parts[-1], stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)
             except FileExistsError:
                 pass  # the layer puts something there itself: that wins, as in the tar
     for path in opaque:  # a user.* xattr wants write permission on the directory, as an entry would
-        with _walk(root, _split(path), create=True) as fd, _writable(fd):
+        with _walk_fd(root, _split(path), create=True) as fd, _writable(fd):
             os.setxattr(fd, OPAQUE_XATTR, b"y")
 
 
@@ -175,33 +177,29 @@ def _join(path: str, name: str) -> str:
     return f"{path}/{name}" if path else name
 
 
-def build_merged(image: Image, final: str, tmp_dir: str) -> str:
-    """The merged tree of `image` at `final`, built in `tmp_dir` and renamed
-    there (a concurrent builder's identical tree may win: then it is used)."""
-    tmp = fsutil.temp_name(tmp_dir, "merged")
-    os.mkdir(tmp, 0o700)
+def build_merged(image: Image, layer_fds: list[int], tmp_fd: int, merged_fd: int, name: str) -> None:
+    """The merged tree of `image` (its layers' trees open as `layer_fds`, bottom first) at `name` of
+    `merged_fd`, built in `tmp_fd` (the store's tmp/) and renamed there (a concurrent builder's
+    identical tree may win: then it is used)."""
+    tmp = fsutil.fresh("merged")
+    os.mkdir(tmp, 0o700, dir_fd=tmp_fd)
     try:
         dirs: list[tuple[str, os.stat_result]] = []
-        with _walk(tmp, ()) as dst:
-            for layer in image.layers:
-                _apply_layer(layer, dst, dirs)
+        with _walk_fd(tmp_fd, (tmp,)) as dst:
+            for layer, src in zip(image.layers, layer_fds, strict=True):
+                _apply_layer(layer, src, dst, dirs)
             for path in (*MOUNT_POINTS, *scratch_dirs(image)):
-                with contextlib.suppress(OSError), _walk(tmp, _split(path), create=True):
+                with contextlib.suppress(OSError), _walk_fd(dst, _split(path), create=True):
                     pass  # a path through a link of the image's gets none: mounting there fails, named
-        _finish_dirs(tmp, dirs)
-        fd = os.open(tmp, DIR_FLAGS)
-        try:
-            fsutil.syncfs(fd)
-        finally:
-            os.close(fd)
+            _finish_dirs(dst, dirs)
+            fsutil.syncfs(dst)
     except BaseException:
-        fsutil.remove_tree(tmp)
+        treewalk.remove_entry(tmp_fd, tmp)
         raise
-    fsutil.publish_dir(tmp, final)
-    return final
+    fsutil.publish_dir_at(tmp_fd, tmp, merged_fd, name)
 
 
-def _apply_layer(layer: Layer, dst: int, dirs: list[tuple[str, os.stat_result]]) -> None:
+def _apply_layer(layer: Layer, src: int, dst: int, dirs: list[tuple[str, os.stat_result]]) -> None:
     for path in layer.opaque:  # the lower layers' contents of an opaque directory go first
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, _split(path)) as fd:
             treewalk.clear(fd)
@@ -209,12 +207,8 @@ def _apply_layer(layer: Layer, dst: int, dirs: list[tuple[str, os.stat_result]])
         parts = _split(path)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, parts[:-1]) as fd:
             treewalk.remove_entry(fd, parts[-1])
-    src = os.open(layer.path, DIR_FLAGS)
-    try:
-        dirs.append(("", os.fstat(src)))
-        _overlay(src, dst, dirs)
-    finally:
-        os.close(src)
+    dirs.append(("", os.fstat(src)))
+    _overlay(src, dst, dirs)
 
 
 @contextlib.contextmanager
@@ -234,7 +228,7 @@ def _walk_fd(top: int, parts: Iterable[str], create: bool = False) -> Iterator[i
         os.close(fd)
 
 
-def _finish_dirs(top: str, dirs: list[tuple[str, os.stat_result]]) -> None:
+def _finish_dirs(top: int, dirs: list[tuple[str, os.stat_result]]) -> None:
     """Each directory gets the mode (and, for root, the owner) of the top-most
     layer that has it (the last noted wins: layers go bottom first), deepest
     first: set as the walk leaves it, once its own entries are done."""
@@ -249,9 +243,7 @@ def _finish_dirs(top: str, dirs: list[tuple[str, os.stat_result]]) -> None:
             os.fchown(fd, st.st_uid, st.st_gid)
         os.fchmod(fd, stat.S_IMODE(st.st_mode))
 
-    fd = os.open(top, DIR_FLAGS)
-    cur = treewalk.Cursor(fd)
-    os.close(fd)
+    cur = treewalk.Cursor(top)
     pending = [treewalk.subdirs(cur.fd)]
     try:
         while pending:

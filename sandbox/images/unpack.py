@@ -323,14 +323,14 @@ def _copy_sparse(src: IO[bytes], fd: int) -> None:
                     block = block[os.write(fd, block):]
 
 
-def unpack(stream: IO[bytes], dest: str, layer: str, bounds: Bounds) -> Unpacked:
-    """Unpack the uncompressed tar `stream` into the empty directory `dest`.
+def unpack(stream: IO[bytes], dest: int, layer: str, bounds: Bounds) -> Unpacked:
+    """Unpack the uncompressed tar `stream` into the empty directory of fd `dest` (left open).
 
     `layer` names the layer in errors. Raises UnsafeLayerError for a member
     that would leave `dest` or a layer over its `bounds`; tarfile.TarError for
     a corrupt archive. `dest` is left partial on error: the caller removes it.
     """
-    root_fd = os.open(dest, _DIR_FLAGS)
+    root_fd = os.dup(dest)
     u = _Unpacker(root_fd, layer, bounds)
     try:
         with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tf:

@@ -51,15 +51,20 @@ def scratch_dirs(image: Image) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _walk(root: str, parts: Iterable[str], create: bool = False) -> Iterator[int]:
-    """An fd of directory `parts` under `root`, each component opened without
-    following a link (the store's tree, but a layer's names are the image's)."""
-    top = os.open(root, DIR_FLAGS)
+def _layer_tree(layer: Layer) -> Iterator[int]:
+    """An fd of a layer's tree (<store>/layers/<hex>/root), opened beneath its store's root with no
+    link on the way, as the store opens it (fsutil.own_dir): ImageError if something planted one."""
+    layer_dir = os.path.dirname(layer.path)
+    store = os.path.dirname(os.path.dirname(layer_dir))
+    root = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with _walk_fd(top, parts, create) as fd:
-            yield fd
+        fd = fsutil.own_dir(root, f"layers/{os.path.basename(layer_dir)}/root", store)
     finally:
-        os.close(top)
+        os.close(root)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
@@ -67,11 +72,12 @@ def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
     (an image's /etc/passwd may be a link to the host's): None if it is not
     a regular file of that layer."""
     parts = _split(path)
-    try:
-        with _walk(layer.path, parts[:-1]) as fd:
-            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return None
+    with _layer_tree(layer) as top:
+        try:
+            with _walk_fd(top, parts[:-1]) as fd:
+                f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
     try:
         return os.read(f, limit) if stat.S_ISREG(os.fstat(f).st_mode) else None
     finally:

@@ -6,8 +6,9 @@ pip cache, an agent's workspace), writes there as the caller. The store
 worked by path: gc() listed and removed the entries of `tmp/`, `locks/` and
 `blobs/sha256/` wherever a link in their place pointed (a host directory
 emptied; as root, any), the lock file was created through a dangling link
-(a host file created), and a `merged/<digest>` link was handed out as the
-image's root (a host tree bound into the next sandbox). The store now opens
+(a host file created), a `merged/<digest>` link was handed out as the
+image's root (a host tree bound into the next sandbox), and a layer's tree
+that is a link was read for the image's /etc/passwd. The store now opens
 its own directories beneath its root with openat2 (no link on the way) and
 works through their fds: each planted link is an ImageError naming it, and
 the host is untouched.
@@ -22,7 +23,7 @@ import pytest
 from images.image_helpers import TestImage, layer, member, write_layout
 
 from sandbox import Bind
-from sandbox.images import Image, ImageError, ImageStore
+from sandbox.images import Image, ImageError, ImageStore, roots
 
 from .attack import make_base_spec, require, run_sh
 
@@ -93,6 +94,8 @@ def test_layer_tree_not_a_planted_link(world: World) -> None:
         world.store.get("example.org/s:1")
     with pytest.raises(ImageError, match="symbolic link"):
         world.store.merged(world.image)
+    with pytest.raises(ImageError, match="symbolic link"):  # the image's user, looked up in its /etc/passwd
+        roots.read_file(world.image.layers[0], "a")
     merged = Path(world.store.path, "merged")
     assert all(not os.path.exists(merged / name / "a") for name in os.listdir(merged))
 

@@ -68,6 +68,8 @@ def refused(where: str, name: str, exc: OSError) -> ImageError:
     if exc.errno == errno.ELOOP:
         problem = ("is a symbolic link, or lies below one: the store never follows a link in its own "
                    "directories (something other than the store wrote there: remove it)")
+    elif isinstance(exc, beneath.NotRegularError):
+        problem = f"is {exc.strerror} (something other than the store wrote there: remove it)"
     elif exc.errno == errno.ENOTDIR:
         problem = "is not a directory (something other than the store wrote there: remove it)"
     else:
@@ -87,18 +89,13 @@ def own_dir(root: int, name: str, where: str) -> int:
 def read_own(dirfd: int, name: str, limit: int, where: str) -> bytes:
     """A small regular file of the store's, read beneath `dirfd` (FileNotFoundError if it is not there)."""
     try:
-        # one open: O_NONBLOCK, so a FIFO planted here returns at once (no one can plant a device:
-        # mknod needs the host's CAP_MKNOD, and a hardlink to one crosses file systems)
-        fd = beneath.open_beneath(dirfd, name, os.O_RDONLY | os.O_NONBLOCK)
+        fd = beneath.open_regular(dirfd, name)  # a FIFO is not waited on, a device not opened
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise refused(where, name, exc) from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ImageError(f"image store at {where}: {name} is a {beneath.kind_of(st.st_mode)}, "
-                             "not a regular file (something other than the store wrote there: remove it)")
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(min(limit, st.st_size + 1))  # (a buffer of `limit` bytes costs more than the read)
     finally:

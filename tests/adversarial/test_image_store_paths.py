@@ -8,7 +8,8 @@ worked by path: gc() listed and removed the entries of `tmp/`, `locks/` and
 emptied; as root, any), the lock file was created through a dangling link
 (a host file created), a `merged/<digest>` link was handed out as the
 image's root (a host tree bound into the next sandbox), and a layer's tree
-that is a link was read for the image's /etc/passwd. The store now opens
+that is a link was read for the image's /etc/passwd; a FIFO among the
+names hung list(), get() and gc(). The store now opens
 its own directories beneath its root with openat2 (no link on the way) and
 works through their fds: each planted link is an ImageError naming it, and
 the host is untouched.
@@ -17,6 +18,8 @@ the host is untouched.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +108,28 @@ def test_ref_naming_a_path_is_refused(world: World) -> None:
     world.plant("printf 'sha256:../../../../../../etc/passwd' > '/store/refs/example.org%2Fevil%3A1'")
     with pytest.raises(ImageError, match="not a digest"):
         world.store.get("example.org/evil:1")
+
+
+# Lists the store at argv[1] in its own process (the test kills it if it hangs).
+LIST = """
+import sys
+from sandbox.images import ImageStore
+try:
+    ImageStore(sys.argv[1]).list()
+except Exception as exc:
+    print(type(exc).__name__, exc)
+else:
+    print("listed")
+"""
+
+
+def test_fifo_planted_as_a_name_does_not_hang(world: World) -> None:
+    """A FIFO among the names: list(), get() and gc() read every name; opening it blocked forever."""
+    world.plant("mkfifo '/store/refs/example.org%2Ffifo%3A1'")
+    try:
+        done = subprocess.run([sys.executable, "-c", LIST, world.store.path], capture_output=True, text=True,
+                              timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("ImageStore.list() blocked on a FIFO among the store's names")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ImageError ") and "FIFO" in done.stdout, done.stdout

@@ -60,10 +60,19 @@ def _walk_open(dirfd: int, name: str, flags: int, mode: int) -> int:
     fd = os.dup(dirfd)
     try:
         for part in parts[:-1]:
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except NotADirectoryError:  # O_DIRECTORY|O_NOFOLLOW on a link: ENOTDIR, openat2's ELOOP
+                if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+                raise
             os.close(fd)
             fd = nxt
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        last = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+        if stat.S_ISLNK(os.fstat(last).st_mode):  # O_PATH|O_NOFOLLOW opens the link itself
+            os.close(last)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name)
+        return last
     except OSError as exc:
         exc.filename = name
         raise

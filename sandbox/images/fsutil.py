@@ -1,4 +1,4 @@
-"""File-system helpers of the store: atomic writes, durable renames, locks, removal.
+"""File-system helpers of the store: its own paths, atomic writes, durable renames, locks.
 
 Everything the store publishes appears by rename(2) of a finished, synced
 temporary (a file, or a whole layer directory), so a reader sees it complete
@@ -42,20 +42,6 @@ def syncfs(fd: int) -> None:
     if _libc.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename or an unlink in `path` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def temp_name(directory: str, prefix: str) -> str:
-    """A fresh name in `directory` (the store's tmp/)."""
-    return os.path.join(directory, fresh(prefix))
 
 
 def fresh(prefix: str) -> str:
@@ -132,17 +118,6 @@ def publish_dir_at(tmpfd: int, tmp: str, dirfd: int, name: str) -> bool:
         return False
     os.fsync(dirfd)
     return True
-
-
-def remove_tree(path: str) -> None:
-    """Remove a tree the store made, even where a layer made directories
-    read-only (each is made writable first), at any depth (treewalk.py);
-    never follows a symlink."""
-    parent = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        treewalk.remove_entry(parent, os.path.basename(path))
-    finally:
-        os.close(parent)
 
 
 class StoreLock:

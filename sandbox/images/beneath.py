@@ -22,6 +22,7 @@ import ctypes
 import errno
 import os
 import stat
+from typing import Any
 
 SYS_OPENAT2 = 437  # the same number on every architecture (asm-generic)
 RESOLVE_NO_SYMLINKS = 0x04
@@ -40,6 +41,10 @@ class NotRegularError(OSError):
 
     def __init__(self, name: str, problem: str) -> None:
         super().__init__(errno.EINVAL, problem, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # OSError's own reduce passes (errno, strerror, filename), which this constructor does not take
+        return type(self), (self.filename, self.strerror), self.__dict__ or None
 
 
 def _openat2(dirfd: int, name: str, flags: int, mode: int) -> int:

@@ -26,6 +26,7 @@ import errno
 import importlib
 import importlib.util
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -79,6 +80,42 @@ def subreaper(on: bool) -> None:
     assert libc.prctl(PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0) == 0, os.strerror(ctypes.get_errno())
 
 
+def token_auth(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The cluster's own token, for its nodes and this driver alike.
+
+    Ray 2.5x and later turn token authentication on for a local cluster a
+    driver starts (an earlier test's `ray.init()`), by setting RAY_AUTH_MODE
+    in this process's environment: nodes started with that environment and
+    no token then refuse to start, and the driver's `ray.init` waits for a
+    GCS that never comes. An explicit mode and token for all of them holds
+    whatever ran before, and keeps the cluster's servers (which listen on
+    every interface) closed to anyone without it. Older Ray has no
+    authentication: the variables are then ignored."""
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:
+        return env
+    Config.initialize("")  # the driver's cached configuration reads RAY_AUTH_MODE again
+    AuthenticationTokenLoader.instance().reset_cache()
+    return env
+
+
+def wait_for_port(host: str, port: int, nodes: list[subprocess.Popen[bytes]], log: Path) -> None:
+    """Until the head's GCS accepts connections; a node that exits first fails the test with its log."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert all(p.poll() is None for p in nodes), log.read_text()[-2000:]
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"the head's GCS did not listen: {log.read_text()[-2000:]}"
+            time.sleep(0.2)
+
+
 def alive_nodes(ray: Any) -> dict[str, str]:
     """Node address -> node id of each alive node."""
     return {n["NodeManagerAddress"]: n["NodeID"] for n in ray.nodes() if n["Alive"]}
@@ -94,7 +131,8 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
     temp = tempfile.mkdtemp(prefix="sbxrc")  # short: Ray's socket paths must fit 107 bytes
     monkeypatch.chdir(temp)  # Ray puts the driver's cwd on its workers' sys.path: not the checkout
     monkeypatch.setenv("HOME", temp)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"} | NODE_ENV
+    env = ({k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"} | NODE_ENV
+           | token_auth(monkeypatch))
     port = free_port(HEAD_IP)
     before = descendants()
     subreaper(True)
@@ -109,6 +147,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
             started.append(subprocess.Popen(
                 [str(cli), "start", "--address", f"{HEAD_IP}:{port}", "--node-ip-address", NODE_IP, *NODE_ARGS],
                 stdout=node_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=temp, env=env))
+        wait_for_port(HEAD_IP, port, started, Path(temp, "head.log"))
         ray.init(address=f"{HEAD_IP}:{port}", _node_ip_address=HEAD_IP, log_to_driver=False, configure_logging=False)
         deadline = time.monotonic() + 45
         while set(alive_nodes(ray)) != {HEAD_IP, NODE_IP}:

@@ -212,6 +212,12 @@ void tpl_take_request(struct sbx_ctx *c, int recycled);
 /* Whether op i's destination lies beneath an earlier op's (a mount made
  * on a fresh one, detached with it). */
 int tpl_beneath_another(const struct sbx_ctx *c, uint32_t i);
+/* Whether another op mounts at op i's destination, above or beneath it:
+ * op i's mount then goes when one beneath is detached (by path, a detach
+ * takes the topmost mount there), or hides what one made again on it is
+ * cloned from (a bind's source in the template's copy): it must be made
+ * again too. */
+int tpl_shares_place(const struct sbx_ctx *c, uint32_t i);
 /* Before a recycled sandbox's reset: skip[k] for each op of the (reset)
  * blob whose mount is kept as it is (an empty Tmpfs, a devpts the command
  * left unchanged); every other record goes. */

@@ -15,7 +15,7 @@ from typing import Any
 from ... import netpool
 from ...api import inheritable
 from ...cgroups import Walls
-from ...errors import SandboxError, SetupError
+from ...errors import RequestTooLargeError, SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
 from ...warm_plan import net_kept_plan
@@ -24,7 +24,7 @@ from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
 from .placed import PlacedCgroups
-from .wire import FAILURE_SIZE, parse_failure, request, sandbox_blob, store_request
+from .wire import FAILURE_SIZE, INLINE_MAX, REQUEST_SIZE, in_memfd, parse_failure, request, sandbox_blob, store_request
 
 TEMPLATE_PATH = BIN_DIR / "sandbox-template"
 
@@ -254,14 +254,35 @@ class Server:
                        cgroup_left=r.detail & 0xFFFFFFFF, next_used=next_used)
 
     def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
-        """Send a request with a fresh report socket and `fds`; our end of that socket."""
+        """Send a request with a fresh report socket and `fds`; our end of
+        that socket. A request too large for one message goes in a memfd."""
+        if len(fds) + 2 > lib.SBX_REQ_MAX_FDS:  # with the report socket, and maybe a memfd
+            raise RequestTooLargeError("a Template request's fds", len(fds), lib.SBX_REQ_MAX_FDS - 2)
+        if len(msg) > INLINE_MAX:
+            return self._send_in_memfd(sock, msg, fds)
+        err = self._send_message(sock, msg, fds)
+        if err == -E.EMSGSIZE:  # more than this socket's send buffer
+            return self._send_in_memfd(sock, msg, fds)
+        return err
+
+    def _send_in_memfd(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
+        """Send `msg` in a memfd (SBX_REQ_IN_MEMFD): its header alone, the memfd last of the fds."""
+        head, memfd = in_memfd(msg)
+        try:
+            return self._send_message(sock, head, [*fds, memfd])
+        finally:
+            os.close(memfd)
+
+    def _send_message(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
+        """Send one message (csrc/wire.c): our end of its report socket, or
+        -EMSGSIZE when it is larger than one message can carry."""
         out = ffi.new("int *")
         with self._lock:
             if self.closed:
                 raise SandboxError("the Template is closed")
-            err = lib.sbx_template_send(sock.fileno(), msg, len(msg), fds, len(fds), out)
-        if err == -E.EMSGSIZE:
-            raise SandboxError("the request is too large for the template (argv, env or fds)")
+            err: int = lib.sbx_template_send(sock.fileno(), msg, len(msg), fds, len(fds), out)
+        if err == -E.EMSGSIZE and len(msg) > REQUEST_SIZE:
+            return err
         if err < 0:
             raise SandboxError(f"the template process has gone ({os.strerror(-err)})")
         return int(out[0])

@@ -126,15 +126,15 @@ def build(lower: str, upper: str, host: str) -> S.Spec:
     return S.Spec(mounts=mounts)
 
 
-def report_on(executor: str, spec: S.Spec) -> dict[str, Any]:
-    """The probe's report on `executor`, or {"error": the exception's class name}."""
+def report_on(executor: str, spec: S.Spec, binds: tuple[S.Bind, ...] = ()) -> dict[str, Any]:
+    """The probe's report on `executor`, or {"error": the exception's class
+    name}; `binds`: a call's own (Template.run's, WorkerPool.submit_task's)."""
     try:
         if executor in ("template", "template-recycle"):
-            result = run_in_template(spec, [PYTHON, "-I", "-S", "/probe.py", REQUEST], [],
-                                     recycle=executor == "template-recycle")
+            result = in_template(spec, binds, recycle=executor == "template-recycle")
         elif executor == "workerpool":
             with sandbox.WorkerPool(spec, 1, timeout=60) as pool:
-                text: str = pool.submit(probe.task, REQUEST).result()
+                text: str = pool.submit_task(probe.task, (REQUEST,), binds=binds).result()
             return dict(json.loads(text))
         else:
             result = sandbox.run([PYTHON, "-I", "-S", "/probe.py", REQUEST], spec, capture_output=True,
@@ -145,6 +145,15 @@ def report_on(executor: str, spec: S.Spec) -> dict[str, Any]:
         return {"error": "UnavailableError", "why": str(exc)}
     assert result.returncode == 0 and result.stdout, f"{executor}: {result.returncode} {result.stderr!r}"
     return dict(json.loads(result.stdout))
+
+
+def in_template(spec: S.Spec, binds: tuple[S.Bind, ...], recycle: bool) -> sandbox.CompletedProcess:
+    argv = [PYTHON, "-I", "-S", "/probe.py", REQUEST]
+    if not binds:
+        return run_in_template(spec, argv, [], recycle=recycle)
+    with sandbox.Template(spec, recycle=recycle) as template:
+        template.run(["/bin/true"], binds=binds, timeout=60)  # (recycled: a sandbox that served a call first)
+        return template.run(argv, binds=binds, capture_output=True, timeout=60)
 
 
 def observe(report: dict[str, Any]) -> dict[str, Any]:
@@ -208,3 +217,33 @@ def test_declarations_name_executors_and_types() -> None:
         assert executor in EXECUTORS and set(kinds) <= set(MAKERS), executor
     for executor, lower, upper in KNOWN:
         assert executor in EXECUTORS and (lower, upper) in PAIRS, (executor, lower, upper)
+
+
+CALL_BINDS = ("bind", "ro-bind", "dev-bind")
+CALL_PAIRS = [(lower, upper) for lower in MAKERS for upper in CALL_BINDS if accepted(lower, upper)]
+TAKE_BINDS = ("template", "template-recycle", "workerpool")  # the executors whose calls take binds of their own
+
+
+@pytest.mark.parametrize(("lower", "upper"), CALL_PAIRS, ids=[f"{upper}-over-{lower}" for lower, upper in CALL_PAIRS])
+def test_a_calls_bind_over_a_spec_mount_agrees(lower: str, upper: str, host: str) -> None:
+    """A call's own bind (Template.run's binds=, WorkerPool.submit_task's)
+    over a mount of the Spec at its path: as native sees that bind last in
+    the Spec (presets.minimal_system() and binds=[Bind(dir, "/tmp")])."""
+    require("native")
+    spec = build(lower, upper, host)
+    native = observe(report_on("native", spec))
+    below = spec.replace(mounts=spec.mounts[:-1])
+    failures, known = [], []
+    for executor in TAKE_BINDS:
+        if not available(executor)[0]:
+            continue
+        seen = observe(report_on(executor, below, (MAKERS[upper]("upper", host),)))  # type: ignore[arg-type]
+        refused = {REFUSED[executor][lower][0]} if lower in REFUSED.get(executor, {}) else set()
+        if refused:
+            found = [] if seen.get("error") in refused else [f"{executor}: should refuse with {refused}: {seen}"]
+        else:
+            found = differences(native, seen, executor, lower, upper)
+        (known if (executor, lower, upper) in KNOWN else failures).extend(found)
+    assert not failures, f"native saw {native}\n" + "\n".join(failures)
+    if known:
+        pytest.xfail("; ".join(KNOWN[(e, lower, upper)] for e in TAKE_BINDS if (e, lower, upper) in KNOWN))

@@ -245,7 +245,9 @@ def template_plans(plan: Plan) -> TemplatePlans:
 def recycle_refusal(plan: Plan) -> str | None:
     """Why the sandboxes of `plan` (a Template's sandbox plan) cannot be
     recycled (Template(spec, recycle=True)), or None: what a recycled
-    sandbox's pid 1 could not reset, or would have to give up to reset it."""
+    sandbox's pid 1 could not reset, or would have to give up to reset it.
+    Cgroup limits are no reason: each request's command enters a cgroup made
+    for that request alone (pid 1 stays out of it), which goes with it."""
     if not plan.reaper:
         return "as_pid_1: a recycled sandbox's pid 1 is the reaper that resets it"
     if plan.keep_caps:
@@ -253,9 +255,6 @@ def recycle_refusal(plan: Plan) -> str | None:
     if mounts_overlay(plan.ops):
         return ("an Overlay (an image root): each sandbox pivots into an overlay root of its own, which its pid 1 "
                 "cannot make again")
-    if plan.cgroup is not None:
-        return ("cgroup limits (memory_mb, nproc, cpu_cores): its pid 1 would stay in its last request's "
-                "cgroup; set them per call instead (such calls get sandboxes of their own)")
     return None
 
 
@@ -263,8 +262,21 @@ def recycle_plan(plan: Plan) -> Plan:
     """`plan` for a Template whose sandboxes are recycled: a network namespace
     of its own rather than one leased from the pool ("pool" serves "none": the
     same loopback-only namespace), since its pid 1 makes a fresh one after each
-    request and mounts its proc again in it (csrc/template_recycle.c)."""
-    return replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
+    request and mounts its proc again in it (csrc/template_recycle.c); its
+    cgroup limits as recycled_cgroup says."""
+    plan = replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
+    return recycled_cgroup(plan)
+
+
+def recycled_cgroup(plan: Plan) -> Plan:
+    """`plan`'s cgroup limits for a recycled sandbox, where only the command
+    (and what it forks) enters the cgroup made for its request, not the
+    sandbox's pid 1: its process limit one fewer, so that pid 1 counts as
+    sandbox-init does in every other sandbox's cgroup (at least 1)."""
+    limits = plan.cgroup
+    if limits is None or limits.pids is None:
+        return plan
+    return replace(plan, cgroup=replace(limits, pids=max(limits.pids - 1, 1)))
 
 
 def net_kept_plan(plan: Plan) -> Plan:
@@ -280,12 +292,14 @@ def net_kept_plan(plan: Plan) -> Plan:
 
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                   limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
-                  hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None) -> Plan:
+                  hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None,
+                  recycled: bool = False) -> Plan:
     """A sandbox plan with one call's overrides: the complete environment,
     the working directory (must exist), the limits (their cgroup as
     `cgroups`, the Template's host cgroups, allows; the rest as rlimits, as
-    sandbox.plan decides), and extra binds (with_task_binds: the template's
-    server clones their source trees from its copy of the host tree).
+    sandbox.plan decides; `recycled`: for a recycled sandbox, recycled_cgroup),
+    and extra binds (with_task_binds: the template's server clones their
+    source trees from its copy of the host tree).
     UnavailableError when the limits require cgroups this host lacks."""
     changes: dict[str, object] = {}
     if env is not None:
@@ -302,4 +316,5 @@ def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str 
                        limits_fallback=fallback, require_cgroups=limits.require_cgroups,
                        limits_mechanism=info.mechanism if cgroup is not None else "rlimit")
     plan = replace(plan, **changes) if changes else plan  # type: ignore[arg-type]
+    plan = recycled_cgroup(plan) if recycled and limits is not None else plan
     return with_task_binds(plan, binds) if binds else plan

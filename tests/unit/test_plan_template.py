@@ -163,7 +163,10 @@ def test_what_recycling_refuses_and_resets() -> None:
     assert "cap_add" in (recycle_refusal(plans(cap_add=["CAP_NET_RAW"]).sandbox) or "")
     limited = template_plans(compile_plan(S.Spec(mounts=WORLD, limits=S.Limits(nproc=8)),
                                           dataclasses.replace(USER, cgroups=CGROUPS)))
-    assert "cgroup limits" in (recycle_refusal(limited.sandbox) or "")
+    assert recycle_refusal(limited.sandbox) is None  # each request's command gets a cgroup of its own
+    assert limited.sandbox.cgroup is not None and limited.sandbox.cgroup.pids == 8
+    recycled = recycle_plan(limited.sandbox)  # its pid 1 stays out of that cgroup: one process fewer
+    assert recycled.cgroup is not None and recycled.cgroup.pids == 7
     pooled = compile_plan(S.Spec(mounts=WORLD, network="pool"), USER)
     assert pooled.network == "pool" and recycle_plan(pooled).network == "none"
     kept = net_kept_plan(plans().sandbox)

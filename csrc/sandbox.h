@@ -507,6 +507,12 @@ extern const int sbx_n_op_kinds;
                                        entry fds follow the leases, one set per standby (cgroup mode). A
                                        request may carry more than k: the first n_cgroup - k are its own
                                        cgroups (other limits), which the sandbox enters, leaving its own */
+#define SBX_REQ_IN_MEMFD 64         /* the message is this header alone (argc 0, blob_len 0), and the request
+                                       (its header without this flag, and all) is the content of a memfd, the
+                                       last of its fds: a request larger than one message can carry (the
+                                       socket's send buffer, ~208 KiB by default) */
+#define SBX_REQ_MAX_SIZE 67108864   /* the largest request a server takes in a memfd (64 MiB: argv and the
+                                       environment are at most 6 MiB at exec; the rest is the blob) */
 #define SBX_N_STANDBY 2             /* standby sandboxes a server keeps */
 #define SBX_REQ_VERSION 2           /* struct sbx_request.version: what follows the header, and how */
 #define SBX_REQ_MAX_CGROUP 8        /* cgroup entry files with one request (one per hierarchy) */

@@ -248,6 +248,7 @@ static void serve_one(struct tpl_server *s, int fd)
     /* What the next sandbox copies of this memory is its own request alone. */
     if (n > 0)
         memset(s->msg, 0, (size_t)n);
+    forget_big_request(s);
 }
 
 /* The server's own fds and signals; 0, or -1. */
@@ -297,6 +298,7 @@ int main(int argc, char **argv)
     /* static: its request buffer is large; zero, so no standby is made yet */
     static struct tpl_server server;
     struct tpl_server *s = &server;
+    s->msg = s->msg_buf;
     if (argc != 5 || open_server(s, argv) < 0)
         return 125;
     for (;;) {

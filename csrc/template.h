@@ -93,8 +93,12 @@ struct tpl_server {
     int store_report; /* the store request's report socket, until the first standby is ready */
     struct waiter *waiters;
     size_t n_waiters, cap_waiters;
-    /* the request being parsed (each process's own copy) */
-    char msg[MAX_MSG] __attribute__((aligned(8)));
+    /* the request being parsed (each process's own copy): msg_buf, or big
+     * for one that came in a memfd (SBX_REQ_IN_MEMFD), freed when the next
+     * comes */
+    char *msg;
+    char *big;
+    char msg_buf[MAX_MSG] __attribute__((aligned(8)));
 };
 
 /* A sandbox's context and the server it is a copy of (its mode's hooks
@@ -129,10 +133,14 @@ struct request {
     const int *cgroup; /* the sandbox's cgroup entry fds, n_cgroup of them */
     int n_cgroup;
 };
-/* Receive one request and its fds from `fd` into s->msg; its length, 0 when
- * the caller has gone, -2 when it did not fit (fds are received still). */
+/* Receive one request and its fds from `fd` into s->msg (a request in a
+ * memfd, SBX_REQ_IN_MEMFD: read from it, the memfd closed and dropped from
+ * the fds); its length, 0 when the caller has gone, -2 when it did not fit,
+ * -1 when it is not a request (fds are received still). */
 ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds);
 int parse_request(struct tpl_server *s, struct request *q, size_t len);
+/* Free what a request that came in a memfd took (after its sandbox has its own copy). */
+void forget_big_request(struct tpl_server *s);
 /* The command's side of a sandbox's input: the request's blob, command,
  * fds (`pass`: its pass fds, in memory the child may rewrite) and report
  * socket. */
@@ -212,6 +220,12 @@ void tpl_take_request(struct sbx_ctx *c, int recycled);
 /* Whether op i's destination lies beneath an earlier op's (a mount made
  * on a fresh one, detached with it). */
 int tpl_beneath_another(const struct sbx_ctx *c, uint32_t i);
+/* Whether another op mounts at op i's destination, above or beneath it:
+ * op i's mount then goes when one beneath is detached (by path, a detach
+ * takes the topmost mount there), or hides what one made again on it is
+ * cloned from (a bind's source in the template's copy): it must be made
+ * again too. */
+int tpl_shares_place(const struct sbx_ctx *c, uint32_t i);
 /* Before a recycled sandbox's reset: skip[k] for each op of the (reset)
  * blob whose mount is kept as it is (an empty Tmpfs, a devpts the command
  * left unchanged); every other record goes. */

@@ -40,6 +40,28 @@ int tpl_beneath_another(const struct sbx_ctx *c, uint32_t i)
     return 0;
 }
 
+/* Whether path a is b or lies beneath it. */
+static int at_or_beneath(const char *a, const char *b)
+{
+    size_t n = sbx_strlen(b);
+    return n && strncmp(a, b, n) == 0 && (a[n] == '/' || a[n] == 0 || b[n - 1] == '/');
+}
+
+int tpl_shares_place(const struct sbx_ctx *c, uint32_t i)
+{
+    const char *dest = sbx_str(c, c->ops[i].dest);
+    for (uint32_t j = 0; j < c->h->n_ops; j++) {
+        uint32_t kind = c->ops[j].kind;
+        if (j == i || kind == SBX_OP_DIR || kind == SBX_OP_SYMLINK || kind == SBX_OP_REMOUNT_RO ||
+            kind == SBX_OP_CHMOD)
+            continue;
+        const char *other = sbx_str(c, c->ops[j].dest);
+        if (at_or_beneath(dest, other) || at_or_beneath(other, dest))
+            return 1;
+    }
+    return 0;
+}
+
 /* A mount the reset made that the command left as it was is kept: an empty
  * Tmpfs, a devpts. Its root, pinned by an fd of pid 1's, is unchanged down
  * to its stat: a directory's ctime is set by the kernel on every entry

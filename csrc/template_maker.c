@@ -92,6 +92,9 @@ static int made_main(void *arg)
     if ((c->h->opts & SBX_OPT_NEW_SESSION) && setsid() < 0)
         _exit(125);
     tpl_take_request(c, 1);
+    /* the request's cgroups (made for it alone): the command and whatever it
+     * forks are born there; pid 1 and the maker stay where they are */
+    sbx_enter_cgroups(c);
     sbx_command_request(c); /* a failing step reports on the report socket and exits */
     sbx_stamp(c, SBX_T_READY);
     struct made_word w = {(int32_t)getpid(),

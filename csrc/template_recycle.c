@@ -252,7 +252,8 @@ static int reset(struct sbx_ctx *c, int made, int *renewed)
     /* A network namespace left empty is kept, and the proc with it (its
      * sys/net covers are that namespace's); else both are made again. */
     int keep_net = (h->ns & SBX_NS_NET) && s->reset_kept_blob && tpl_net_empty(c, made ? TPL_MAKER_SOCKETS : 0);
-    /* An IPC namespace left without an object is kept, and its mqueue mount with it. */
+    /* An IPC namespace left without an object is kept, and its mqueue mount
+     * with it (unless it shares its place with another mount, made again). */
     int keep_ipc = (h->ns & SBX_NS_IPC) && tpl_ipc_empty();
     *renewed = ((h->ns & SBX_NS_NET) && !keep_net) || ((h->ns & SBX_NS_IPC) && !keep_ipc);
     /* the reset blob's ops, in place, as this sandbox's own setup did them */
@@ -269,7 +270,7 @@ static int reset(struct sbx_ctx *c, int made, int *renewed)
     }
     tpl_choose_kept(c, skip);
     for (uint32_t k = 0; keep_ipc && k < c->h->n_ops; k++)
-        skip[k] |= c->ops[k].kind == SBX_OP_MQUEUE;
+        skip[k] |= c->ops[k].kind == SBX_OP_MQUEUE && !tpl_shares_place(c, k);
     if (!*renewed && all_kept(c, skip))
         goto mounts_done; /* nothing to detach or make again */
     if (detach_fresh(c, skip) < 0)

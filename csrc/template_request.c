@@ -6,6 +6,7 @@
 #include "template.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -72,11 +73,64 @@ void request_input(struct sbx_input *in, const struct request *q, const int *pas
     in->n_cgroup = q->n_cgroup;
 }
 
+void forget_big_request(struct tpl_server *s)
+{
+    free(s->big);
+    s->big = NULL;
+    s->msg = s->msg_buf;
+}
+
+/* The seals a request's memfd must carry: its size and content fixed (only
+ * a memfd takes seals, and its reads never block). */
+#define REQUEST_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE)
+
+/* The request in the memfd `fd` (SBX_REQ_IN_MEMFD, sealed), read into
+ * memory of this process's own (what is checked and used is this copy);
+ * its length, -2 when larger than SBX_REQ_MAX_SIZE, -1 when it is not a
+ * sealed memfd or unreadable. The header inside must not say
+ * SBX_REQ_IN_MEMFD again. */
+static ssize_t read_big(struct tpl_server *s, int fd)
+{
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & REQUEST_SEALS) != REQUEST_SEALS || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+        st.st_size < (off_t)sizeof(struct sbx_request))
+        return -1;
+    if (st.st_size > SBX_REQ_MAX_SIZE)
+        return -2;
+    size_t len = (size_t)st.st_size, done = 0;
+    if (!(s->big = malloc(len)))
+        return -1;
+    while (done < len) {
+        ssize_t k = pread(fd, s->big + done, len - done, (off_t)done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return -1;
+        done += (size_t)k;
+    }
+    if (((const struct sbx_request *)(const void *)s->big)->flags & SBX_REQ_IN_MEMFD)
+        return -1;
+    s->msg = s->big;
+    return (ssize_t)len;
+}
+
 ssize_t receive_request(struct tpl_server *s, int fd, int *fds, int *nfds)
 {
     int truncated;
-    ssize_t n = sbx_recv_fds(fd, s->msg, sizeof s->msg, fds, MAX_FDS, nfds, &truncated);
-    return n > 0 && truncated ? -2 : n; /* too large: refused */
+    forget_big_request(s);
+    ssize_t n = sbx_recv_fds(fd, s->msg_buf, sizeof s->msg_buf, fds, MAX_FDS, nfds, &truncated);
+    if (n > 0 && truncated)
+        return -2; /* too large: refused */
+    const struct sbx_request *r = (const void *)s->msg_buf;
+    if (n != (ssize_t)sizeof *r || r->magic != SBX_REQ_MAGIC || !(r->flags & SBX_REQ_IN_MEMFD))
+        return n;
+    if (r->argc || r->blob_len || *nfds < 2) /* a report socket, then the memfd */
+        return -1;
+    int memfd = fds[--*nfds];
+    n = read_big(s, memfd);
+    close(memfd);
+    return n;
 }
 
 /* The cgroups of a Template's sandbox, entered first: v1's `tasks` or v2's

@@ -168,6 +168,18 @@ class TimeoutExpired(subprocess.TimeoutExpired):
         self.killed_by = killed_by
 
 
+class RequestTooLargeError(SandboxError, ValueError):
+    """A request is larger than the executor takes: `size` (bytes, or fds)
+    where at most `limit` fit; `what` says what was counted."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(what, size, limit)
+        self.what, self.size, self.limit = what, size, limit
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.size}, more than the {self.limit} a Template takes"
+
+
 class NetnsPoolError(SandboxError):
     """A namespace could not be created or verified, or the pool is closed."""
 

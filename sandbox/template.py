@@ -107,7 +107,7 @@ class Template:
         if env is not None or cwd is not None or limits is not None or binds:
             plan = plan_for_call(plan, env=_check_env(env), cwd=_check_cwd(cwd), limits=_check_limits(limits),
                                  binds=_check_binds(binds), hard_limits=self._hard_limits,
-                                 cgroups=self._cgroups)
+                                 cgroups=self._cgroups, recycled=self.recycle)
         stdio = Stdio.of(stdin, stdout, stderr)
         try:
             launched = launch_in(self._server, plan, args, stdio.child, fds)

@@ -34,44 +34,88 @@ from .refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN
 from .seccomp.resident import allows_resident, refuses_keyrings
 from .warm_overlay import OVERLAY_MOUNTER_CAPS, mounts_overlay, overlay_split
 
+# The ops that mount something over their destination (what a later op at the
+# same path, or above it, covers).
+MOUNTING = frozenset({OpKind.BIND, OpKind.TMPFS, OpKind.PROC, OpKind.DEV, OpKind.FILE, OpKind.DEVPTS,
+                      OpKind.MQUEUE, OpKind.OVERLAY})
+
+
+def on_mqueue(ops: Sequence[Op], i: int) -> bool:
+    """Whether op i is a RemountRo or Chmod that acts on an Mqueue (the last
+    mount at or above its path): the template mounts none (each sandbox
+    its own), so it leaves that to the sandbox."""
+    if ops[i].kind not in (OpKind.REMOUNT_RO, OpKind.CHMOD):
+        return False
+    below = [op for op in ops[:i] if op.kind in MOUNTING and root_holding(ops[i].dest, (op.dest,))]
+    return bool(below) and below[-1].kind is OpKind.MQUEUE
+
 
 def template_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
     """What the template builds: every op (what its sandboxes make afresh
     needs a mount point), its own procfs without covers (a fresh proc may be
     mounted in a user namespace only where a fully visible one is), then its
     root, /dev, tmpfs and overlays read-only: each is one filesystem shared
-    by every sandbox, and read-only mounts stay locked so in their copies."""
+    by every sandbox, and read-only mounts stay locked so in their copies.
+
+    A remount acts on the topmost mount at its path, so each is made once
+    everything beneath its mount is in place, but before a later op mounts
+    over it (at its path or above): made last, the remount of a Tmpfs would
+    land on a Bind stacked on it at the same path, and that bind, cloned into
+    every sandbox, would be read-only there (a bind's read-only flag is
+    locked in a less privileged mount namespace)."""
     out = [replace(op, covers=()) if op.kind is OpKind.PROC
            else Op(OpKind.DIR, op.dest, mode=0o755, parent_mode=op.parent_mode, origin=op.origin)
-           if op.kind is OpKind.MQUEUE else op for op in ops]  # an mqueue: each sandbox's own IPC namespace's
-    if not any(op.dest == "/" and op.kind is OpKind.BIND for op in ops):
-        out.append(Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
-    out += [Op(OpKind.REMOUNT_RO, op.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID,
-               origin=op.origin)
-            for op in ops if op.kind in (OpKind.DEV, OpKind.TMPFS, OpKind.OVERLAY)]
-    return tuple(out)
+           if op.kind is OpKind.MQUEUE  # an mqueue: each sandbox's own IPC namespace's
+           else Op(OpKind.DIR, op.dest, mode=0o755, origin=op.origin) if on_mqueue(ops, i)
+           else op for i, op in enumerate(ops)]
+    pending: dict[int, list[Op]] = {}  # op index -> the remounts made right before it (len(ops): at the end)
+    shared = [(-1, Op(OpKind.REMOUNT_RO, "/", flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID))
+              ] if not any(op.dest == "/" and op.kind is OpKind.BIND for op in ops) else []
+    shared += [(i, Op(OpKind.REMOUNT_RO, op.dest, flags=OpFlag.RDONLY | OpFlag.NODEV | OpFlag.NOSUID,
+                      origin=op.origin))
+               for i, op in enumerate(ops) if op.kind in (OpKind.DEV, OpKind.TMPFS, OpKind.OVERLAY)]
+    for i, remount in shared:
+        cover = next((j for j in range(i + 1, len(ops))
+                      if ops[j].kind in MOUNTING and root_holding(remount.dest, (ops[j].dest,))), len(ops))
+        pending.setdefault(cover, []).append(remount)
+    ordered: list[Op] = []
+    for j, op in enumerate(out):
+        ordered += [*pending.get(j, ()), op]
+    return tuple(ordered + pending.get(len(ops), []))
+
+
+def covered(ops: Sequence[Op], i: int) -> bool:
+    """Whether a later op of `ops` mounts over op i (at its path or above)."""
+    return any(op.kind in MOUNTING and root_holding(ops[i].dest, (op.dest,)) for op in ops[i + 1:])
 
 
 def sandbox_ops(ops: Sequence[Op]) -> tuple[Op, ...]:
     """What each sandbox of a Template applies on its copy of the template's
     root, so that nothing one writes is visible to another: a fresh tmpfs for
-    every Tmpfs, a fresh proc (with its covers), a fresh /dev/shm and devpts,
-    a private copy of every writable File; and every op beneath one of those
-    again (they cover the template's): binds then come from the copy itself."""
+    every Tmpfs, a fresh proc (with its covers) and mqueue, a fresh /dev/shm
+    and devpts on a Dev still in view, a private copy of every writable File;
+    and every op at or beneath one of those again (they cover the
+    template's): binds then come from the copy itself, and an Overlay too
+    (the template's, read-only: one mount shared by every sandbox)."""
     fresh: list[str] = []
     out: list[Op] = []
-    for op in ops:
+    for i, op in enumerate(ops):
         inside = root_holding(op.dest, fresh) is not None
         if op.kind is OpKind.DEV and not inside:
+            if covered(ops, i):
+                continue  # its shm and pts would land on what covers it
             shm, pts = posixpath.join(op.dest, "shm"), posixpath.join(op.dest, "pts")
             out += [Op(OpKind.TMPFS, shm, mode=op.shm_mode, flags=OpFlag.NODEV, origin=op.origin),
                     Op(OpKind.DEVPTS, pts, origin=op.origin)]
             fresh += [shm, pts]
         elif op.kind in (OpKind.TMPFS, OpKind.DEV, OpKind.PROC, OpKind.MQUEUE):
             out.append(op)  # an mqueue: its own IPC namespace's queues, not the template's
-            fresh += [op.dest] if op.kind in (OpKind.TMPFS, OpKind.DEV) else []
-        elif op.kind is OpKind.BIND and inside:
-            out.append(replace(op, src=op.dest))  # cloned from the copy before anything covers it
+            fresh.append(op.dest)
+        elif op.kind in (OpKind.BIND, OpKind.OVERLAY) and inside:
+            # cloned from the copy before anything covers it
+            out.append(replace(op, src=op.dest) if op.kind is OpKind.BIND else
+                       Op(OpKind.BIND, op.dest, src=op.dest, flags=OpFlag.RDONLY | OpFlag.NOSUID | OpFlag.NODEV,
+                          parent_mode=op.parent_mode, origin=op.origin))
         elif op.kind is OpKind.FILE and not inside and not op.flags & OpFlag.RDONLY:
             out.append(replace(op, flags=op.flags | OpFlag.FRESH))
             fresh.append(op.dest)
@@ -201,7 +245,9 @@ def template_plans(plan: Plan) -> TemplatePlans:
 def recycle_refusal(plan: Plan) -> str | None:
     """Why the sandboxes of `plan` (a Template's sandbox plan) cannot be
     recycled (Template(spec, recycle=True)), or None: what a recycled
-    sandbox's pid 1 could not reset, or would have to give up to reset it."""
+    sandbox's pid 1 could not reset, or would have to give up to reset it.
+    Cgroup limits are no reason: each request's command enters a cgroup made
+    for that request alone (pid 1 stays out of it), which goes with it."""
     if not plan.reaper:
         return "as_pid_1: a recycled sandbox's pid 1 is the reaper that resets it"
     if plan.keep_caps:
@@ -209,9 +255,6 @@ def recycle_refusal(plan: Plan) -> str | None:
     if mounts_overlay(plan.ops):
         return ("an Overlay (an image root): each sandbox pivots into an overlay root of its own, which its pid 1 "
                 "cannot make again")
-    if plan.cgroup is not None:
-        return ("cgroup limits (memory_mb, nproc, cpu_cores): its pid 1 would stay in its last request's "
-                "cgroup; set them per call instead (such calls get sandboxes of their own)")
     return None
 
 
@@ -219,26 +262,44 @@ def recycle_plan(plan: Plan) -> Plan:
     """`plan` for a Template whose sandboxes are recycled: a network namespace
     of its own rather than one leased from the pool ("pool" serves "none": the
     same loopback-only namespace), since its pid 1 makes a fresh one after each
-    request and mounts its proc again in it (csrc/template_recycle.c)."""
-    return replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
+    request and mounts its proc again in it (csrc/template_recycle.c); its
+    cgroup limits as recycled_cgroup says."""
+    plan = replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
+    return recycled_cgroup(plan)
+
+
+def recycled_cgroup(plan: Plan) -> Plan:
+    """`plan`'s cgroup limits for a recycled sandbox, where only the command
+    (and what it forks) enters the cgroup made for its request, not the
+    sandbox's pid 1: its process limit one fewer, so that pid 1 counts as
+    sandbox-init does in every other sandbox's cgroup (at least 1)."""
+    limits = plan.cgroup
+    if limits is None or limits.pids is None:
+        return plan
+    return replace(plan, cgroup=replace(limits, pids=max(limits.pids - 1, 1)))
 
 
 def net_kept_plan(plan: Plan) -> Plan:
     """What a recycled sandbox makes again when it keeps its network
     namespace (no socket left in it): every mount of `plan` but its proc,
     which shows the same pid and network namespaces, nothing of it the
-    command's to write (csrc/template_recycle.c)."""
-    return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC))
+    command's to write (csrc/template_recycle.c); but a proc at or beneath
+    another of its mounts, which goes when that one is made again."""
+    mounts = [op.dest for op in plan.ops if op.kind in MOUNTING and op.kind is not OpKind.PROC]
+    return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC
+                                   or root_holding(op.dest, mounts) is not None))
 
 
 def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str | None = None,
                   limits: S.Limits | None = None, binds: Sequence[S.Bind] = (),
-                  hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None) -> Plan:
+                  hard_limits: Mapping[int, int] | None = None, cgroups: CgroupInfo | None = None,
+                  recycled: bool = False) -> Plan:
     """A sandbox plan with one call's overrides: the complete environment,
     the working directory (must exist), the limits (their cgroup as
     `cgroups`, the Template's host cgroups, allows; the rest as rlimits, as
-    sandbox.plan decides), and extra binds (with_task_binds: the template's
-    server clones their source trees from its copy of the host tree).
+    sandbox.plan decides; `recycled`: for a recycled sandbox, recycled_cgroup),
+    and extra binds (with_task_binds: the template's server clones their
+    source trees from its copy of the host tree).
     UnavailableError when the limits require cgroups this host lacks."""
     changes: dict[str, object] = {}
     if env is not None:
@@ -255,4 +316,5 @@ def plan_for_call(plan: Plan, *, env: Mapping[str, str] | None = None, cwd: str 
                        limits_fallback=fallback, require_cgroups=limits.require_cgroups,
                        limits_mechanism=info.mechanism if cgroup is not None else "rlimit")
     plan = replace(plan, **changes) if changes else plan  # type: ignore[arg-type]
+    plan = recycled_cgroup(plan) if recycled and limits is not None else plan
     return with_task_binds(plan, binds) if binds else plan

@@ -117,16 +117,31 @@ def unescape(field: str) -> str:
 
 
 def mountinfo() -> list[dict[str, Any]]:
+    """The mount table; a mount stacked over another at the same point comes
+    after it (the kernel lists mounts by id, and ids are reused, so a mount
+    made later may have the lower id)."""
     out = []
+    ids: dict[str, str] = {}  # mount id -> parent id
     for line in read_text("/proc/self/mountinfo").splitlines():
         left, right = line.split(" - ", 1)
         fields, rfields = left.split(), right.split()
         opts = set(fields[5].split(",")) | set(rfields[2].split(","))
+        ids[fields[0]] = fields[1]
         out.append({"point": unescape(fields[4]), "root": unescape(fields[3]), "fstype": rfields[0],
                     "flags": sorted(f for f in MOUNT_FLAGS if f in set(fields[5].split(","))),
                     "mode": next((o[5:] for o in opts if o.startswith("mode=")), None),
-                    "size": next((o[5:] for o in opts if o.startswith("size=")), None)})
+                    "size": next((o[5:] for o in opts if o.startswith("size=")), None), "_id": fields[0]})
+    out.sort(key=lambda m: (m["point"], depth(ids, m.pop("_id"))))
     return out
+
+
+def depth(parents: dict[str, str], mount_id: str) -> int:
+    """How many mounts lie beneath mount `mount_id` (`parents`: id -> parent id)."""
+    n, seen = 0, set()
+    while mount_id in parents and mount_id not in seen:
+        seen.add(mount_id)
+        mount_id, n = parents[mount_id], n + 1
+    return n
 
 
 def mount_info(points: list[str]) -> dict[str, Any]:

@@ -50,6 +50,22 @@ def test_the_template_builds_everything_then_makes_shared_filesystems_read_only(
     assert tail == [(OpKind.REMOUNT_RO, "/"), (OpKind.REMOUNT_RO, "/dev"), (OpKind.REMOUNT_RO, "/tmp")]
 
 
+def test_a_mount_stacked_at_a_tmpfs_path_is_not_made_read_only_by_its_remount() -> None:
+    # presets.minimal_system(Bind(dir, "/tmp")): the Tmpfs's remount lands before the Bind covers it
+    split = template_plans(compile_plan(S.Spec(mounts=(*WORLD, S.Bind("/srv", "/tmp"))), USER))
+    shared = kinds(split.shared.ops)
+    assert shared.index((OpKind.REMOUNT_RO, "/tmp")) < shared.index((OpKind.BIND, "/tmp"))
+    assert (OpKind.REMOUNT_RO, "/tmp") not in shared[shared.index((OpKind.BIND, "/tmp")):]
+    bind = split.sandbox.ops[-1]
+    assert (bind.kind, bind.dest, bind.src) == (OpKind.BIND, "/tmp", "/tmp")  # on the fresh /tmp, from the copy
+    assert not bind.flags & OpFlag.RDONLY
+
+
+def test_a_dev_covered_at_its_path_gets_no_shm_or_pts_of_its_own() -> None:
+    split = template_plans(compile_plan(S.Spec(mounts=(*WORLD, S.Bind("/srv", "/dev"))), USER))
+    assert (OpKind.DEVPTS, "/dev/pts") not in kinds(split.sandbox.ops)  # they would land in /srv
+
+
 def test_the_template_process() -> None:
     shared = plans().shared
     assert (shared.user_ns, shared.mount_ns, shared.pid_ns, shared.reaper, shared.exec_fd) == (True, True, True,
@@ -147,7 +163,10 @@ def test_what_recycling_refuses_and_resets() -> None:
     assert "cap_add" in (recycle_refusal(plans(cap_add=["CAP_NET_RAW"]).sandbox) or "")
     limited = template_plans(compile_plan(S.Spec(mounts=WORLD, limits=S.Limits(nproc=8)),
                                           dataclasses.replace(USER, cgroups=CGROUPS)))
-    assert "cgroup limits" in (recycle_refusal(limited.sandbox) or "")
+    assert recycle_refusal(limited.sandbox) is None  # each request's command gets a cgroup of its own
+    assert limited.sandbox.cgroup is not None and limited.sandbox.cgroup.pids == 8
+    recycled = recycle_plan(limited.sandbox)  # its pid 1 stays out of that cgroup: one process fewer
+    assert recycled.cgroup is not None and recycled.cgroup.pids == 7
     pooled = compile_plan(S.Spec(mounts=WORLD, network="pool"), USER)
     assert pooled.network == "pool" and recycle_plan(pooled).network == "none"
     kept = net_kept_plan(plans().sandbox)

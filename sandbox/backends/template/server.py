@@ -15,16 +15,17 @@ from typing import Any
 from ... import netpool
 from ...api import inheritable
 from ...cgroups import Walls
-from ...errors import SandboxError, SetupError
+from ...errors import RequestTooLargeError, SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
+from ...reaper import after_exit
 from ...warm_plan import net_kept_plan
 from .. import ExitSource
 from ..handle import ProcessHandle
 from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
 from .placed import PlacedCgroups
-from .wire import FAILURE_SIZE, parse_failure, request, sandbox_blob, store_request
+from .wire import FAILURE_SIZE, INLINE_MAX, REQUEST_SIZE, in_memfd, parse_failure, request, sandbox_blob, store_request
 
 TEMPLATE_PATH = BIN_DIR / "sandbox-template"
 
@@ -42,6 +43,7 @@ class Started:
     cgroup_tag: int = 0  # the cgroup it entered last (placed.tag_of; 0: none)
     cgroup_left: int = 0  # the cgroup made ahead it left for the request's own (0: none)
     next_used: bool = False  # the request took the set made ahead it carried (spawn's next_fds)
+    recycled: bool = False  # it may be a recycled sandbox, whose pid 1 outlives the request
 
 
 class Server:
@@ -205,8 +207,8 @@ class Server:
                 blob, fast = b"", self.standby
             else:  # per-call binds are cloned by the server, in its mount namespace
                 blob, fast = sandbox_blob(plan), self.standby and not _per_call_binds(plan)
-            if (self.recycle and cgroup_fds) or own:
-                fast = False  # a recycled pid 1 would stay in the cgroup: a sandbox of its own
+            if own:
+                fast = False
             next_used = bool(next_fds) and (fast or not cgroup_fds)
             if next_used:  # for the replacement of the standby taking it, or the cgroup of the one cloned
                 cgroup_fds = [*cgroup_fds, *next_fds]
@@ -251,17 +253,38 @@ class Server:
             status_fd = statr
         return Started(pidfd=answer.pidfd, pid=answer.pid, status_fd=status_fd, timings=timings,
                        landlock_abi=r.op, lease=used, cgroup_tag=r.err & 0xFFFFFFFF,
-                       cgroup_left=r.detail & 0xFFFFFFFF, next_used=next_used)
+                       cgroup_left=r.detail & 0xFFFFFFFF, next_used=next_used, recycled=self.recycle and fast)
 
     def _send(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
-        """Send a request with a fresh report socket and `fds`; our end of that socket."""
+        """Send a request with a fresh report socket and `fds`; our end of
+        that socket. A request too large for one message goes in a memfd."""
+        if len(fds) + 2 > lib.SBX_REQ_MAX_FDS:  # with the report socket, and maybe a memfd
+            raise RequestTooLargeError("a Template request's fds", len(fds), lib.SBX_REQ_MAX_FDS - 2)
+        if len(msg) > INLINE_MAX:
+            return self._send_in_memfd(sock, msg, fds)
+        err = self._send_message(sock, msg, fds)
+        if err == -E.EMSGSIZE:  # more than this socket's send buffer
+            return self._send_in_memfd(sock, msg, fds)
+        return err
+
+    def _send_in_memfd(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
+        """Send `msg` in a memfd (SBX_REQ_IN_MEMFD): its header alone, the memfd last of the fds."""
+        head, memfd = in_memfd(msg)
+        try:
+            return self._send_message(sock, head, [*fds, memfd])
+        finally:
+            os.close(memfd)
+
+    def _send_message(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
+        """Send one message (csrc/wire.c): our end of its report socket, or
+        -EMSGSIZE when it is larger than one message can carry."""
         out = ffi.new("int *")
         with self._lock:
             if self.closed:
                 raise SandboxError("the Template is closed")
-            err = lib.sbx_template_send(sock.fileno(), msg, len(msg), fds, len(fds), out)
-        if err == -E.EMSGSIZE:
-            raise SandboxError("the request is too large for the template (argv, env or fds)")
+            err: int = lib.sbx_template_send(sock.fileno(), msg, len(msg), fds, len(fds), out)
+        if err == -E.EMSGSIZE and len(msg) > REQUEST_SIZE:
+            return err
         if err < 0:
             raise SandboxError(f"the template process has gone ({os.strerror(-err)})")
         return int(out[0])
@@ -357,6 +380,8 @@ class SandboxHandle(ProcessHandle):
     other process holds the sandbox's end: it came close-on-exec, and each
     request's own), so a wait polls that alone, not its pidfd as well."""
 
+    recycled = False  # its pid 1 may be a recycled sandbox's, which outlives the request
+
     def wait_fds(self) -> list[int]:
         if self.ended_fd < 0:
             return super().wait_fds()
@@ -365,6 +390,29 @@ class SandboxHandle(ProcessHandle):
         except OSError:
             return []
 
+    def _remove_walls_after_exit(self) -> Callable[[], None] | None:
+        """A recycled sandbox's pid 1 never enters its request's cgroup and
+        lives on, and it writes the status once every process of the
+        command's has exited (it killed and reaped them): the cgroup is empty
+        then and goes at once, not when pid 1 exits. (A sandbox the server
+        cloned for a request no recycled one was ready for has its pid 1 in
+        there, exiting: its cgroup goes once it has.)"""
+        walls = self.walls
+        if not self.recycled or walls is None or walls.cgroup is None:
+            return super()._remove_walls_after_exit()
+        cgroup = walls.cgroup
+        try:
+            pidfd = os.dup(self.pidfd)
+        except OSError:
+            return walls.remove
+
+        def remove() -> None:  # once finish() has read its usage
+            if cgroup.remove():
+                os.close(pidfd)
+            else:
+                after_exit(pidfd, walls.remove)
+        return remove
+
 
 def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any],
              on_exit: Callable[[], None] | None, walls: Walls | None = None) -> ProcessHandle:
@@ -372,8 +420,10 @@ def launched(started: Started, exit_source: ExitSource, isolation: dict[str, Any
     its pidfd (its status fd tells when it has ended, if its exit source can
     say so early); `walls`: its cgroup, if it has one."""
     ended = started.status_fd if hasattr(exit_source, "arrived") else -1
-    return SandboxHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
-                         pidfd=started.pidfd, ended_fd=ended, walls=walls)
+    handle = SandboxHandle(started.pid, exit_source, started.timings, isolation=isolation, on_exit=on_exit,
+                           pidfd=started.pidfd, ended_fd=ended, walls=walls)
+    handle.recycled = started.recycled
+    return handle
 
 
 def _open(opened: list[int], path: str, flags: int) -> int:

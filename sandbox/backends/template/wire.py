@@ -13,16 +13,24 @@ module builds); its version (SBX_REQ_VERSION) says what follows the header.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 from collections.abc import Sequence
 from typing import Any
 
+from ...errors import RequestTooLargeError
 from ...plan import Plan
 from ...warm_overlay import sandbox_newroot
 from ..native import ffi, lib, serialize
 
 REQUEST_SIZE = ffi.sizeof("struct sbx_request")
+# Requests larger than this go in a memfd (SBX_REQ_IN_MEMFD) rather than in
+# the message itself: one SOCK_SEQPACKET message carries at most the send
+# buffer (net.core.wmem_default, 208 KiB by default), the server reads at
+# most MAX_MSG (256 KiB, csrc/template.h). A smaller one refused for its size
+# (a host with a smaller send buffer) is sent so too.
+INLINE_MAX = 128 * 1024
 FAILURE_SIZE = ffi.sizeof("struct sbx_report")
 
 Failure = tuple[int, int, int, int]  # step, op, err, detail
@@ -81,6 +89,27 @@ def store_request(blob: bytes, flags: int, n_cgroup: int = 0) -> bytes:
 @functools.lru_cache(maxsize=64)
 def _environment(env: tuple[str, ...]) -> bytes:
     return b"".join(os.fsencode(s) + b"\0" for s in env)
+
+
+def in_memfd(msg: bytes) -> tuple[bytes, int]:
+    """`msg` as a request in a sealed memfd (SBX_REQ_IN_MEMFD): the header to
+    send in its place, and the memfd to send as the last of its fds (the
+    caller closes it once sent). RequestTooLargeError past SBX_REQ_MAX_SIZE."""
+    if len(msg) > lib.SBX_REQ_MAX_SIZE:
+        raise RequestTooLargeError("a Template request's size in bytes (its argv, environment and plan)", len(msg),
+                                   lib.SBX_REQ_MAX_SIZE)
+    fd = os.memfd_create("sandbox-request", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(msg)
+        while view:
+            view = view[os.write(fd, view):]
+        # the server takes a memfd whose size and content are fixed (csrc/template_request.c)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                    | fcntl.F_SEAL_SEAL)
+    except BaseException:
+        os.close(fd)
+        raise
+    return header(blob_len=0, flags=lib.SBX_REQ_IN_MEMFD), fd
 
 
 def _read(ctype: str, data: bytes) -> Any:

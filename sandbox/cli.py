@@ -79,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def program() -> NoReturn:
     """The `sandbox-py` console script and `python -m sandbox`: `main()`, and
     the process ends without tearing the interpreter down (sandbox.coldstart)."""
+    from .exec_environ import undo_locale_coercion
+
+    undo_locale_coercion()  # the command's environment is the caller's, as bwrap passes it on
     status = main()
     from .coldstart import exit_now
 

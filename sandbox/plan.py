@@ -404,6 +404,9 @@ def plan_cgroup(limits: S.Limits, cgroups: CgroupInfo) -> tuple[CgroupLimits | N
 def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
     """Compile `spec` for a caller described by `host`, synchronized with it through `sync`."""
     ns = spec.namespaces
+    if sync.lock_files and not (ns.pid and not spec.as_pid_1):
+        raise SpecError("sync.lock_files", sync.lock_files, "are held by the sandbox's pid 1: they need a pid "
+                        "namespace (namespaces.pid=True), not as_pid_1")
     ops = files_over_files(tuple(compile_mount(i, m, ns.pid, proc_covers(host.uid, host.proc_root_only, m.covers)
                                                if isinstance(m, S.Proc) else ())
                                  for i, m in enumerate(spec.mounts)))

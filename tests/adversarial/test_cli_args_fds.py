@@ -81,22 +81,21 @@ def _listener_inode(path: str) -> str:
     raise AssertionError(f"nothing listens at {path}")
 
 
-def _lasting_fds(server: int, listener: str) -> dict[int, str]:
+def _peers_of(pid: int) -> set[str]:
+    """The inodes of the sockets connected to those of process `pid` (ss lists each socket's peer)."""
+    ours = {_socket_inode(what) for what in _fds_of(pid).values() if what.startswith("socket:")}
+    out = subprocess.run(["ss", "-xaH"], capture_output=True, text=True, check=True).stdout
+    return {fields[-1] for fields in (line.split() for line in out.splitlines())
+            if len(fields) >= 4 and fields[-3] in ours}
+
+
+def _lasting_fds(server: int, listener: str, other: int) -> dict[int, str]:
     """The server's fds that last while it serves: its lock, pipe, epoll, log, its listener and the
-    connection of a client a worker serves (the worker, its child, holds the same socket); not the
-    ones it replaces as it serves (a spare's control socket, a pidfd)."""
-    fds = _fds_of(server)
-    held_by_workers = set()
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == server:
-                    held_by_workers |= set(_fds_of(pid).values())
-        except (OSError, IndexError, ValueError):
-            continue
-    return {fd: what for fd, what in fds.items()
-            if not what.startswith(("socket:", "anon_inode:[pidfd]"))
-            or (what.startswith("socket:") and (_socket_inode(what) == listener or what in held_by_workers))}
+    connection of the client `other` (a worker serves it); not the ones it replaces as it serves
+    (a spare's control socket, a pidfd)."""
+    conn = _peers_of(other)
+    return {fd: what for fd, what in _fds_of(server).items()
+            if not what.startswith(("socket:", "anon_inode:[pidfd]")) or _socket_inode(what) in {listener, *conn}}
 
 
 def _option_words(option_name: str, nargs: int, metavar: tuple[str, ...], number: int) -> list[str]:
@@ -130,10 +129,10 @@ def test_no_option_of_an_args_file_reaches_the_servers_fds(served: Installation)
         deadline = time.monotonic() + TIMEOUT
         while True:  # until the server holds the other client's connection, beside its listener
             everything = _fds_of(server.pid)  # named in the attacks: its lock, pipe, epoll, log, listener,
-            before = _lasting_fds(server.pid, listener)  # a spare's socket, pidfds, the other's connection
+            before = _lasting_fds(server.pid, listener, other.pid)  # a spare's socket, pidfds, the other's
             if sum(what.startswith("socket:") for what in before.values()) == 2:
                 break
-            assert time.monotonic() < deadline and other.poll() is None, (everything, before)
+            assert time.monotonic() < deadline and other.poll() is None, (everything, before, served.notes())
             time.sleep(0.02)
         for option in FD_OPTIONS:
             for number in sorted(everything):

@@ -2,10 +2,11 @@
 # Flatpak's installed tests (Debian's flatpak-tests, run by gnome-desktop-testing-runner) with
 # our `sandbox` as the `bwrap` first on PATH, compared with the real bwrap file by file.
 #
-#   tools/flatpak-tests.sh [-u USER] [-p JOBS] [-o DIR] [-t SECONDS] [MODE...]
+#   tools/flatpak-tests.sh [-u USER] [-p JOBS] [-o DIR] [-t SECONDS] [-f REGEX] [MODE...]
 #
 # MODE: bwrap (the real /usr/bin/bwrap), served (our client, its CLI server allowed), direct
-# (SANDBOX_CLI_SERVER=0); default: all three. -u runs them as USER (runuser; default: the caller).
+# (SANDBOX_CLI_SERVER=0); default: all three. -u runs them as USER (runuser; default: the caller);
+# -f only the test files whose name matches REGEX (grep -E).
 # Each mode's results are DIR/MODE.results ("PASS: name" / "FAIL: name" lines; a file killed at
 # its timeout, default 900 s, is "TIMEOUT: name") and its logs DIR/MODE/; the exit status is 1 if
 # a test file that passes with bwrap fails (not times out) with one of ours.
@@ -14,14 +15,15 @@
 # venv of $SANDBOX_VENV (default: the `sandbox` on PATH).
 set -euo pipefail
 
-user="" jobs=3 out="" timeout=900
-while getopts "u:p:o:t:" opt; do
+user="" jobs=3 out="" timeout=900 only="."
+while getopts "u:p:o:t:f:" opt; do
     case $opt in
         u) user=$OPTARG ;;
         p) jobs=$OPTARG ;;
         o) out=$OPTARG ;;
         t) timeout=$OPTARG ;;
-        *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+        f) only=$OPTARG ;;
+        *) sed -n '2,14p' "$0" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -52,7 +54,7 @@ run_mode() {  # run_mode MODE: the whole suite with that bwrap, its results in $
     local start=$SECONDS
     mkdir -p "$out/$mode"
     # one runner per test file, JOBS at once: a file that hangs or kills its group takes no other with it
-    (cd "$home" && ls /usr/share/installed-tests/Flatpak/ | grep '\.test$' |
+    (cd "$home" && ls /usr/share/installed-tests/Flatpak/ | grep '\.test$' | grep -E -- "$only" |
         xargs -P "$jobs" -I{} sh -c 'exec "$@" > "$0/{}.log" 2>&1' "$out/$mode" \
         "${runner[@]}" -u FLATPAK_BWRAP HOME="$home" PATH="$shim:/usr/local/bin:/usr/bin:/bin" "${env[@]}" \
         gnome-desktop-testing-runner -t "$timeout" "Flatpak/{}") || true

@@ -176,7 +176,7 @@ static _Noreturn void exec_reaper(struct sbx_ctx *c)
     char sep[3 + 16] = "--";
     if (bits)
         sbx_fmt_uint(sep + 2, bits, 16);
-    c->in.init_argv[4] = sep;
+    c->in.init_argv[4 + 2 * c->h->n_lock] = sep; /* after each "--lock-file PATH" (spawn.c) */
     mark_ready(c);
     syscall(SYS_execveat, c->in.init_fd, "", c->in.init_argv, c->in.envp, AT_EMPTY_PATH);
     sbx_fail(c, SBX_STEP_EXEC_INIT, -1, errno, SBX_D_NONE);

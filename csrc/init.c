@@ -2,8 +2,11 @@
  *
  * The child that set the sandbox up shares its caller's memory, so it execs
  * this small program instead of staying resident:
- *     sandbox-init ERR_FD STATUS_FD PATH --[MASK] COMMAND [ARGS...]
- * It forks COMMAND (reporting an exec failure on ERR_FD, as the setup child
+ *     sandbox-init [--lock-file LOCK]... ERR_FD STATUS_FD PATH --[MASK] COMMAND [ARGS...]
+ * It takes a read lock (fcntl F_SETLK, F_RDLCK, the whole file) on each LOCK,
+ * a path inside the sandbox, before COMMAND exists, and holds it until the
+ * sandbox ends: bwrap's --lock-file, which its pid 1 holds too (a lock that
+ * fails is reported on ERR_FD, and nothing runs). It forks COMMAND (reporting an exec failure on ERR_FD, as the setup child
  * would; MASK, in hex, is the signal mask COMMAND starts with, default none
  * blocked), forwards the signals it receives to COMMAND, reaps every orphan
  * re-parented to it, and when COMMAND ends kills and reaps whatever is left
@@ -45,6 +48,11 @@
 #define SIGKILL_NR 9
 #define F_SETFD 2
 #define FD_CLOEXEC 1
+#define F_SETLK 6
+#define F_DUPFD_CLOEXEC 1030
+#define F_RDLCK 0
+#define O_RDONLY_CLOEXEC 02000000 /* O_RDONLY | O_CLOEXEC */
+#define AT_FDCWD_ (-100)
 #define SIGCHLD_NR 17
 
 #if defined(__x86_64__) && !defined(SBX_INIT_LIBC)
@@ -92,10 +100,50 @@ static void write_all(int fd, const void *buf, long len)
     }
 }
 
-static void report(int fd, int step, int err)
+static void report(int fd, int step, int op, int err)
 {
-    struct sbx_report r = {.step = step, .op = -1, .err = err, .detail = SBX_D_NONE};
+    struct sbx_report r = {.step = step, .op = op, .err = err, .detail = SBX_D_NONE};
     write_all(fd, &r, sizeof r);
+}
+
+/* struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid */
+struct flock_ {
+    short type, whence;
+    long start, len;
+    int pid;
+};
+
+/* A read lock on each of `paths` (n of them), held by this process through
+ * an fd above `above` (close-on-exec: COMMAND does not get it); a POSIX lock
+ * is this process's own, so COMMAND's copies of the fds going away at its
+ * exec leave it. The fds, in increasing order, go into `fds`. */
+static void take_locks(char **paths, int n, int above, int err_fd, int *fds)
+{
+    for (int i = 0; i < n; i++) {
+        long fd = sys6(__NR_openat, AT_FDCWD_, (long)paths[i], O_RDONLY_CLOEXEC, 0, 0, 0);
+        long high = fd < 0 ? fd : SYS(fcntl, fd, F_DUPFD_CLOEXEC, (i ? fds[i - 1] : above) + 1);
+        if (fd >= 0) /* before the lock: closing any fd of a file drops the process's locks on it */
+            SYS(close, fd, 0, 0);
+        struct flock_ lock = {.type = F_RDLCK, .whence = 0 /* SEEK_SET */, .start = 0, .len = 0, .pid = 0};
+        long err = high < 0 ? high : SYS(fcntl, high, F_SETLK, &lock);
+        if (err < 0) {
+            report(err_fd, SBX_STEP_LOCK_FILE, i, (int)-err);
+            die(125);
+        }
+        fds[i] = (int)high;
+    }
+}
+
+/* Close every fd from 3 up but `keep` (n of them, in increasing order). */
+static void close_all_but(const int *keep, int n)
+{
+    int from = 3;
+    for (int i = 0; i < n; i++) {
+        if (keep[i] > from)
+            SYS(close_range, from, keep[i] - 1, 0);
+        from = keep[i] + 1;
+    }
+    SYS(close_range, from, ~0U, 0);
 }
 
 static unsigned long parse_hex(const char *s)
@@ -175,7 +223,7 @@ static _Noreturn void run_command(int err_fd, const char *path, unsigned long ma
     char *sh_argv[argc + 2];
     set_mask(mask);
     int err = sbx_exec_path(argv[0], argv, envp, path, raw_execve, sh_argv);
-    report(err_fd, SBX_STEP_EXEC, err);
+    report(err_fd, SBX_STEP_EXEC, -1, err);
     die(err == SBX_ENOENT ? 127 : 126);
 }
 
@@ -294,6 +342,13 @@ int sbx_init_main(long argc, char **argv, char **envp)
     }
     if (argc >= 3 && streq(argv[1], "--exec-default-signals"))
         exec_default_signals(argv + 2, envp);
+    char *locks[SBX_MAX_LOCK_FILES];
+    int n_locks = 0;
+    for (; argc >= 3 && streq(argv[1], "--lock-file"); argc -= 2, argv += 2) {
+        if (n_locks == SBX_MAX_LOCK_FILES)
+            die(125);
+        locks[n_locks++] = argv[2];
+    }
     if (argc < 6 || argv[4][0] != '-' || argv[4][1] != '-')
         die(125);
     int err_fd = parse_fd(argv[1]), status_fd = parse_fd(argv[2]);
@@ -301,6 +356,9 @@ int sbx_init_main(long argc, char **argv, char **envp)
         die(125);
     SYS(fcntl, err_fd, F_SETFD, FD_CLOEXEC);
     SYS(fcntl, status_fd, F_SETFD, FD_CLOEXEC);
+    int kept[SBX_MAX_LOCK_FILES + 1]; /* the status pipe, then the locks' fds above it */
+    kept[0] = status_fd;
+    take_locks(locks, n_locks, status_fd > err_fd ? status_fd : err_fd, err_fd, kept + 1);
     /* every signal stays blocked here; reap() reads them from a signalfd */
     set_mask(~0UL);
     /* Not dumpable: the command (same uid) can then neither ptrace us (and
@@ -309,18 +367,16 @@ int sbx_init_main(long argc, char **argv, char **envp)
     SYS(prctl, 4 /* PR_SET_DUMPABLE */, 0, 0);
     long command = sys6(__NR_clone, SIGCHLD_NR, 0, 0, 0, 0, 0);
     if (command < 0) {
-        report(err_fd, SBX_STEP_FORK, (int)-command);
+        report(err_fd, SBX_STEP_FORK, -1, (int)-command);
         die(125);
     }
     if (command == 0)
         run_command(err_fd, argv[3], parse_hex(argv[4] + 2), argv + 5, envp);
-    /* Keep only the status pipe: the command's stdio and passed fds must
-     * reach EOF when the command (not this reaper) closes them. */
+    /* Keep only the status pipe and the locks: the command's stdio and
+     * passed fds must reach EOF when the command (not this reaper) closes them. */
     for (int fd = 0; fd < 3; fd++)
         SYS(close, fd, 0, 0);
-    if (status_fd > 3)
-        SYS(close_range, 3, status_fd - 1, 0);
-    SYS(close_range, status_fd + 1, ~0U, 0);
+    close_all_but(kept, n_locks + 1);
     reap(command, status_fd);
 }
 

@@ -190,6 +190,11 @@ const char *sbx_format_error(const struct sbx_result *res, const void *blob, siz
             put(&o, "cannot be proven absent (%s)", why);
         return buf;
     }
+    case SBX_STEP_LOCK_FILE: {
+        const char *lock = v.h ? u32_path(v, v.h->lock_off, v.h->n_lock, res->op) : NULL;
+        put(&o, "Unable to lock file %s", lock ? lock : "?"); /* bwrap's words */
+        break;
+    }
     case SBX_STEP_SOURCE:
     case SBX_STEP_OP: {
         const struct sbx_op *op = op_at(v, res->op);
@@ -251,6 +256,8 @@ const char *sbx_error_path(const struct sbx_result *res, const void *blob, size_
         return (v.h->opts & SBX_OPT_CWD_STRICT) ? u32_path(v, v.h->cwd_off, v.h->n_cwd, 0) : NULL;
     case SBX_STEP_ISOLATION:
         return u32_path(v, v.h->probe_off, v.h->n_probe, res->op);
+    case SBX_STEP_LOCK_FILE:
+        return u32_path(v, v.h->lock_off, v.h->n_lock, res->op);
     default:
         return NULL;
     }

@@ -491,9 +491,10 @@ static void op_symlink(struct sbx_ctx *c, int i, const struct sbx_op *op)
     close(parent);
 }
 
-/* A private writable file for one sandbox of a Template, whose root is
- * shared and read-only: the file is made on a small tmpfs of its own and
- * that file alone is bound on dest (which the template created). */
+/* A private file bound on dest: for one sandbox of a Template, whose root
+ * is shared and read-only, or over an earlier file (bwrap's --ro-bind-data
+ * over a --file). The file is made on a small tmpfs of its own and that
+ * file alone is bound on dest (read-only with SBX_F_RDONLY). */
 static void op_private_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     static const char *const kv[] = {"mode", "700", NULL};
@@ -509,6 +510,8 @@ static void op_private_file(struct sbx_ctx *c, int i, const struct sbx_op *op)
     int tree = sbx_open_tree(fs, "f", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
     if (tree < 0)
         sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_SOURCE);
+    if ((op->flags & SBX_F_RDONLY) && sbx_mount_setattr(tree, "", AT_EMPTY_PATH, MOUNT_ATTR_RDONLY, 0) < 0)
+        sbx_fail(c, SBX_STEP_OP, i, errno, SBX_D_ATTR);
     attach(c, i, tree, fd, dest);
     close(tree);
     close(fs);

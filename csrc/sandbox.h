@@ -20,8 +20,9 @@
 #include <stdint.h>
 
 /* CDEF BEGIN */
-#define SBX_ABI_VERSION 16
+#define SBX_ABI_VERSION 17
 #define SBX_MAGIC 0x58425353
+#define SBX_MAX_LOCK_FILES 64 /* sandbox-init keeps their fds in an array of its own */
 
 /* namespaces (struct sbx_header.ns) */
 #define SBX_NS_USER 1
@@ -121,7 +122,8 @@ enum sbx_step {
     SBX_STEP_FORWARD = 33,     /* a forwarded port's listener (.op: its index) */
     SBX_STEP_STARTED = 34,     /* reporting the pid on the caller's started_fd */
     SBX_STEP_USERNS2 = 35,     /* joining the caller's userns2_fd */
-    SBX_STEP_CGROUP = 36       /* entering the sandbox's cgroup (.op: which of cgroup_fds) */
+    SBX_STEP_CGROUP = 36,      /* entering the sandbox's cgroup (.op: which of cgroup_fds) */
+    SBX_STEP_LOCK_FILE = 37    /* pid 1's read lock on a lock file (.op: its index), before the command */
 };
 
 /* what an operation was doing when it failed (struct sbx_result.detail) */
@@ -178,6 +180,8 @@ struct sbx_header {
     uint32_t probe_off;     /* uint32_t[n_probe]: paths that must not exist inside */
     uint32_t n_listen;
     uint32_t listen_off;    /* uint32_t[n_listen]: ports to listen on at 127.0.0.1 inside */
+    uint32_t n_lock;        /* at most SBX_MAX_LOCK_FILES; only with SBX_OPT_REAPER */
+    uint32_t lock_off;      /* uint32_t[n_lock]: paths inside that pid 1 read-locks (bwrap's --lock-file) */
     /* With SBX_OPT_SYNC, fds of the caller (-1: none) where the setup reports
      * or waits, as bwrap's options (sandbox/sync.py): */
     int32_t started_fd;      /* the first process writes its pid (decimal, caller's pid namespace) at once */

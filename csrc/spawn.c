@@ -93,7 +93,7 @@ static int prepare_memory(struct sbx_input *in, const struct sbx_header *h, char
     while (in->argv[argc])
         argc++;
     in->src_fds = malloc((h->n_ops + 1) * sizeof *in->src_fds);
-    in->init_argv = malloc((argc + 6) * sizeof *in->init_argv);
+    in->init_argv = malloc((argc + 6 + 2 * h->n_lock) * sizeof *in->init_argv);
     in->sh_argv = malloc((argc + 2) * sizeof *in->sh_argv);
     if (!in->src_fds || !in->init_argv || !in->sh_argv) {
         free(in->src_fds);
@@ -103,13 +103,19 @@ static int prepare_memory(struct sbx_input *in, const struct sbx_header *h, char
     }
     sbx_fmt_uint(fds[0], (unsigned)in->err_fd, 10);
     sbx_fmt_uint(fds[1], (unsigned)(in->status_fd >= 0 ? in->status_fd : 0), 10);
-    in->init_argv[0] = "sandbox-init";
-    in->init_argv[1] = fds[0];
-    in->init_argv[2] = fds[1];
-    in->init_argv[3] = (char *)(h->path ? in->blob + h->path : "");
-    in->init_argv[4] = "--";
+    char **a = in->init_argv;
+    *a++ = "sandbox-init";
+    const uint32_t *locks = (const void *)(in->blob + h->lock_off);
+    for (uint32_t i = 0; i < h->n_lock; i++) { /* sbx_check_blob checked every offset */
+        *a++ = "--lock-file";
+        *a++ = (char *)(in->blob + locks[i]);
+    }
+    a[0] = fds[0];
+    a[1] = fds[1];
+    a[2] = (char *)(h->path ? in->blob + h->path : "");
+    a[3] = "--"; /* the child writes the command's signal mask here: init_argv[4 + 2 * n_lock] */
     for (size_t i = 0; i <= argc; i++)
-        in->init_argv[5 + i] = in->argv[i];
+        a[4 + i] = in->argv[i];
     return 0;
 }
 

@@ -112,6 +112,9 @@ int sbx_check_blob(const void *p, size_t len)
         return -EINVAL;
     if (!paths_ok(blob, len, h->cwd_off, h->n_cwd) || !paths_ok(blob, len, h->probe_off, h->n_probe))
         return -EINVAL;
+    if (h->n_lock > SBX_MAX_LOCK_FILES || (h->n_lock && !(h->opts & SBX_OPT_REAPER)) ||
+        !paths_ok(blob, len, h->lock_off, h->n_lock))
+        return -EINVAL;
     if ((h->opts & SBX_OPT_SYNC) && (h->started_fd < -1 || h->userns_block_fd < -1 || h->userns2_fd < -1 ||
                                      h->block_fd < -1 || h->info_fd < -1 || h->json_status_fd < -1))
         return -EINVAL;

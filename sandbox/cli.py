@@ -79,6 +79,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def program() -> NoReturn:
     """The `sandbox-py` console script and `python -m sandbox`: `main()`, and
     the process ends without tearing the interpreter down (sandbox.coldstart)."""
+    from .exec_environ import undo_locale_coercion
+
+    undo_locale_coercion()  # the command's environment is the caller's, as bwrap passes it on
     status = main()
     from .coldstart import exit_now
 
@@ -326,7 +329,7 @@ def _execute(command: list[str], spec: Spec, pass_fds: tuple[int, ...], backend:
             proc = _spawn_reported(command, spec, pass_fds, backend, mon, joined)
             if verbose:
                 _say(f"{proc.backend} backend ({proc.backend_reason}), network {proc.network}")
-            locks = _report_start(proc, mon)
+            locks = _report_start(proc, mon, [] if _has_pid1(spec) else mon.lock_files)
             _resume_gc()  # the sandbox runs: this process may wait for it for long
             returncode = forwarder.wait(proc, WAIT_READERS)
         except ExecNotFoundError as exc:
@@ -355,7 +358,7 @@ def _spawn_reported(command: list[str], spec: Spec, pass_fds: tuple[int, ...], b
     from .sync import NO_SYNC
 
     report = monitor.StartReport(mon) if mon.reports else None
-    sync = mon.sync(report.started_fd if report else -1, joined)
+    sync = mon.sync(report.started_fd if report else -1, joined, pid1=_has_pid1(spec))
     try:
         proc = spawn(command, spec, pass_fds=pass_fds, backend=backend, sync=sync if sync.active else NO_SYNC)
     except BaseException:
@@ -372,16 +375,21 @@ def _spawn_reported(command: list[str], spec: Spec, pass_fds: tuple[int, ...], b
     return proc
 
 
-def _report_start(proc: SandboxProcess, mon: monitor.Monitor) -> list[int]:
+def _has_pid1(spec: Spec) -> bool:
+    """Whether the sandbox has a pid 1 of ours (which takes --lock-file's locks, as bwrap's)."""
+    return spec.namespaces.pid and not spec.as_pid_1
+
+
+def _report_start(proc: SandboxProcess, mon: monitor.Monitor, lock_files: list[str]) -> list[int]:
     """The sandbox runs: --info-fd and --json-status-fd's first record (if not
-    written yet), --lock-file. Returns the fds holding the locks. A failure
-    here ends the sandbox."""
+    written yet), the `lock_files` its pid 1 does not take. Returns the fds
+    holding the locks. A failure here ends the sandbox."""
     from .bwrap import monitor
 
     try:
         if mon.reports and not mon.reported:
             monitor.write_start(mon, monitor.namespace_info(proc.sandbox_pid))
-        return monitor.lock_files(proc.sandbox_pid, mon.lock_files)
+        return monitor.lock_files(proc.sandbox_pid, lock_files)
     except BaseException:
         proc.kill()
         proc.wait()

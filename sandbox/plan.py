@@ -15,7 +15,7 @@ import fnmatch
 import re
 import resource
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
 from . import spec as S
@@ -264,6 +264,22 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
     raise SpecError(f"mounts[{i}]", m, "unsupported mount operation")
 
 
+def files_over_files(ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """A read-only file made where an earlier op made a file (bwrap's `--file X` then
+    `--ro-bind-data Y` on one path, as Flatpak sends for /.flatpak-info) is a private copy bound
+    over it, as bwrap binds it: the later's content and mode, read-only. A writable one is
+    written in place, as bwrap's `--file` (creat: the earlier's mode stays); the Spec allows
+    no file over a read-only one (bwrap fails there)."""
+    made: set[str] = set()
+    out = []
+    for op in ops:
+        if op.kind is OpKind.FILE and op.dest in made and op.flags & OpFlag.RDONLY:
+            op = replace(op, flags=op.flags | OpFlag.FRESH)
+        made |= {op.dest} if op.kind is OpKind.FILE else set()
+        out.append(op)
+    return tuple(out)
+
+
 def forward_writable(forward: tuple[tuple[int, int | str], ...], ops: tuple[Op, ...]) -> tuple[str, ...]:
     """The host sources of the writable binds, if a forwarded target is a
     Unix socket path (one of them may lie below a source the sandbox can
@@ -388,9 +404,12 @@ def plan_cgroup(limits: S.Limits, cgroups: CgroupInfo) -> tuple[CgroupLimits | N
 def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
     """Compile `spec` for a caller described by `host`, synchronized with it through `sync`."""
     ns = spec.namespaces
-    ops = tuple(compile_mount(i, m, ns.pid, proc_covers(host.uid, host.proc_root_only, m.covers)
-                              if isinstance(m, S.Proc) else ())
-                for i, m in enumerate(spec.mounts))
+    if sync.lock_files and not (ns.pid and not spec.as_pid_1):
+        raise SpecError("sync.lock_files", sync.lock_files, "are held by the sandbox's pid 1: they need a pid "
+                        "namespace (namespaces.pid=True), not as_pid_1")
+    ops = files_over_files(tuple(compile_mount(i, m, ns.pid, proc_covers(host.uid, host.proc_root_only, m.covers)
+                                               if isinstance(m, S.Proc) else ())
+                                 for i, m in enumerate(spec.mounts)))
     uid = host.uid if spec.uid is None else spec.uid
     gid = host.gid if spec.gid is None else spec.gid
     env = resolve_env(spec, host.environ)

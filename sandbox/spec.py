@@ -455,9 +455,15 @@ def _can_overmount(earlier: Mount, later: Mount) -> bool:
     `--ro-bind / / --tmpfs /`), and a bind may cover an earlier file; `Dir`
     on an existing directory keeps it. On an earlier symlink (or under one),
     the destination is resolved through the link inside the sandbox, as bwrap
-    does (`--dir /d --symlink d /l --bind /etc /l`; see `_link_target`). Nothing replaces a
-    symlink, and a file or link is never created where something already is."""
-    if isinstance(later, (Symlink, File)):
+    does (`--dir /d --symlink d /l --bind /etc /l`; see `_link_target`). A file
+    may replace an earlier writable file, as bwrap's `--file` then
+    `--ro-bind-data` on one path (Flatpak's /.flatpak-info): the later wins
+    (sandbox.plan.files_over_files). Nothing replaces a symlink (bwrap 0.8.0
+    fails even on an identical one) nor a read-only file (bwrap fails on
+    those too), and no file or link is created where something else is."""
+    if isinstance(later, File):
+        return isinstance(earlier, File) and not earlier.readonly
+    if isinstance(later, Symlink):
         return False
     if isinstance(earlier, Symlink):
         return True

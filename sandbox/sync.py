@@ -27,6 +27,11 @@ stops or reports at fixed points, as bubblewrap 0.8.0 does:
 
 Each is an fd of the calling process, -1 for none; the sandbox's command
 never gets them (the caller must not list them in `pass_fds`).
+
+- `lock_files` (bwrap `--lock-file`): paths inside the sandbox on which
+  its pid 1 takes a read lock (fcntl F_SETLK, F_RDLCK) before the command
+  exists, held until the sandbox ends. It needs that pid 1: a pid
+  namespace, not `as_pid_1` (sandbox.plan refuses the others).
 """
 
 from __future__ import annotations
@@ -48,21 +53,29 @@ class Sync:
     json_status_fd: int = -1
     userns_fd: int = -1
     pidns_fd: int = -1
+    lock_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in FD_FIELDS:
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < -1:
-                raise SpecError(f"sync.{f.name}", value, "must be an open fd or -1")
+                raise SpecError(f"sync.{name}", value, "must be an open fd or -1")
+        if not isinstance(self.lock_files, tuple) or len(self.lock_files) > MAX_LOCK_FILES:
+            raise SpecError("sync.lock_files", self.lock_files, f"must be a tuple of at most {MAX_LOCK_FILES} paths")
+        for i, path in enumerate(self.lock_files):
+            if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+                raise SpecError(f"sync.lock_files[{i}]", path, "must be an absolute path without NUL")
 
     @property
     def active(self) -> bool:
-        """Whether any fd is set."""
-        return any(getattr(self, f.name) >= 0 for f in fields(self))
+        """Whether any fd or lock file is set."""
+        return bool(self.lock_files) or any(getattr(self, name) >= 0 for name in FD_FIELDS)
 
     def fds(self) -> tuple[int, ...]:
         """The fds set, which the command must not get."""
-        return tuple(fd for fd in (getattr(self, f.name) for f in fields(self)) if fd >= 0)
+        return tuple(fd for fd in (getattr(self, name) for name in FD_FIELDS) if fd >= 0)
 
 
+FD_FIELDS = tuple(f.name for f in fields(Sync) if f.name != "lock_files")
+MAX_LOCK_FILES = 64  # csrc/sandbox.h's SBX_MAX_LOCK_FILES
 NO_SYNC = Sync()

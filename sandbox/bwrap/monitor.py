@@ -12,7 +12,10 @@ ours is the CLI process that waits for the sandbox, so it does them there:
 - `--sync-fd FD`: held open (and not passed to the command, unless
   `--as-pid-1`) until the sandbox ends.
 - `--lock-file DEST`: a read lock (F_SETLK, F_RDLCK) on DEST, a path inside
-  the sandbox, held until the sandbox ends.
+  the sandbox, held until the sandbox ends: by the sandbox's pid 1 (as
+  bwrap's), which takes it before the command exists (sandbox.sync's
+  lock_files); without a pid namespace, by the CLI process once the sandbox
+  runs, through /proc/PID/root.
 - `--assert-userns-disabled`: fail unless no user namespace can be created
   in the sandbox (`--disable-userns` makes it so; otherwise the caller's
   own inability to create one is checked).
@@ -73,12 +76,15 @@ class Monitor(Record):
         return tuple(fd for fd in (self.info_fd, self.json_status_fd, self.userns_fd, self.pidns_fd,
                                    self.block_fd, self.userns_block_fd, self.userns2_fd) if fd is not None)
 
-    def sync(self, started_fd: int, joined: bool) -> Sync:
-        """The Sync for these options; `joined`: the CLI joined --userns and --pidns itself."""
+    def sync(self, started_fd: int, joined: bool, pid1: bool = False) -> Sync:
+        """The Sync for these options; `joined`: the CLI joined --userns and --pidns itself;
+        `pid1`: the sandbox has a pid 1 of ours, which takes the lock files (else the CLI does)."""
         def fd(value: int | None) -> int:
             return -1 if value is None else value
-        return Sync(started_fd=started_fd, block_fd=fd(self.block_fd), userns_block_fd=fd(self.userns_block_fd),
-                    userns2_fd=fd(self.userns2_fd), info_fd=fd(self.info_fd), json_status_fd=fd(self.json_status_fd),
+        locks = tuple(self.lock_files) if pid1 else ()
+        return Sync(started_fd=started_fd, lock_files=locks, block_fd=fd(self.block_fd),
+                    userns_block_fd=fd(self.userns_block_fd), userns2_fd=fd(self.userns2_fd),
+                    info_fd=fd(self.info_fd), json_status_fd=fd(self.json_status_fd),
                     userns_fd=-1 if joined else fd(self.userns_fd),
                     pidns_fd=-1 if joined else fd(self.pidns_fd))
 

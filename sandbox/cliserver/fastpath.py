@@ -12,7 +12,13 @@ What a plan carries: the options of bwrap/memo.py's PURE set (no fd, file
 or check of the moment is read while parsing) and `--args FD`, whose
 content the server reads without taking it (a file's from its offset with
 pread, a pipe's whose writers are gone with tee), and takes only once the
-answer goes out; a sandbox the native backend starts with nothing the
+answer goes out. The words of every such file are screened by the same
+walk of the grammar before anything parses them: an option that names an
+fd (`--file`, `--seccomp`, `--sync-fd`, ...) or a file would otherwise be
+looked up by the client's number in the server's own fd table (its
+listener, its log, another client's pipe), so only PURE options pass, and
+whatever else goes to a worker, which holds the client's fds at their
+numbers; a sandbox the native backend starts with nothing the
 client would have to do after the spawn: no status or sync fds, no
 `--userns`, `--lock-file`, no cgroup of its own, no pooled network, no
 forwarded ports, no bwrap backend. Everything else goes to a worker, which
@@ -118,6 +124,8 @@ def decide(data: bytes, request: wire.Request, fds: list[int]) -> tuple[Answer, 
     files = [_peek(number, fds[index]) for index, number in where]
     if len({_identity(f.fd) for f in files}) != len(files):
         raise Worker("two --args fds share one file")
+    for f in files:
+        _screen_file(f)
     answer = _compile(request, args, as_bwrap, dict(zip(at, files, strict=True)))
     known = _known.setdefault(_key(data), _Known(where, {}))
     known.answers[tuple(f.data for f in files)] = answer
@@ -141,6 +149,30 @@ def command_args(argv: list[bytes]) -> tuple[list[str], bool]:
 def _top_level_args(args: list[str], numbers: list[int]) -> list[int]:
     """Where the fds of the command line's own `--args` are in `args` (read with the grammar's
     arities); Worker if an option needs more than a plan (or the Python CLI's words)."""
+    found = []
+    for i, name, values in _options(args, ""):
+        if name == "--args":
+            if not values[0].isdigit() or int(values[0]) not in numbers or int(values[0]) < 3:
+                raise Worker(f"--args {values[0]} is not an fd of the client's above stdio")
+            found.append(i + 1)
+    return found
+
+
+def _screen_file(f: ArgsFile) -> None:
+    """Worker unless every option of the --args file `f` is one a plan carries: parsing one that
+    names an fd would read the server's fd of that number, not the client's."""
+    from ..bwrap.values import split_args
+
+    where = f" in its --args {f.number} file"
+    for _, name, _ in _options(split_args(f.data), where):
+        if name == "--args":  # bwrap refuses it there: the Python CLI says so
+            raise Worker(f"--args{where} is not carried by a plan")
+
+
+def _options(args: list[str], where: str) -> list[tuple[int, str, list[str]]]:
+    """The options at the front of `args` as the parser walks them (the grammar's arities): their
+    index, name and values. Worker (saying `where`) for one that is not pure (nor --args), or
+    that lacks its values: only the Python CLI, holding the client's fds, may apply it."""
     from ..bwrap.grammar import BY_NAME
     from ..bwrap.memo import PURE
 
@@ -149,14 +181,11 @@ def _top_level_args(args: list[str], numbers: list[int]) -> list[int]:
     while i < len(args) and args[i].startswith("-") and args[i] != "--":
         option = BY_NAME.get(args[i])
         if option is None or (args[i] not in PURE and args[i] != "--args"):
-            raise Worker(f"{args[i]} is not carried by a plan")
+            raise Worker(f"{args[i]}{where} is not carried by a plan")
         values = args[i + 1:i + 1 + option.nargs]
         if len(values) < option.nargs:
-            raise Worker(f"{args[i]} lacks its value")
-        if args[i] == "--args":
-            if not values[0].isdigit() or int(values[0]) not in numbers or int(values[0]) < 3:
-                raise Worker(f"--args {values[0]} is not an fd of the client's above stdio")
-            found.append(i + 1)
+            raise Worker(f"{args[i]}{where} lacks its value")
+        found.append((i, args[i], values))
         i += 1 + option.nargs
     return found
 

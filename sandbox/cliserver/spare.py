@@ -62,13 +62,24 @@ def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, in
         os._exit(1)
 
 
+# PYTHON* variables that change nothing a run of the Python CLI does or says: where bytecode is
+# cached, hashing's seed, buffering (the CLI flushes each message), what only an interactive
+# session, breakpoint() or asyncio read, and the allocator's tracing.
+INERT = frozenset({b"PYTHONDONTWRITEBYTECODE", b"PYTHONPYCACHEPREFIX", b"PYTHONHASHSEED", b"PYTHONUNBUFFERED",
+                   b"PYTHONSTARTUP", b"PYTHONBREAKPOINT", b"PYTHONASYNCIODEBUG", b"PYTHONMALLOC",
+                   b"PYTHONTRACEMALLOC"})
+
+
 def same_interpreter_settings(environ: list[bytes]) -> None:
-    """Unverified unless the client's PYTHON* variables are the server's: they decide what the
-    interpreter of a direct run would import (PYTHONPATH, PYTHONHOME...) and how it behaves."""
-    theirs = sorted(e for e in environ if e.startswith(b"PYTHON"))
-    ours = sorted(k + b"=" + v for k, v in os.environb.items() if k.startswith(b"PYTHON"))
-    if theirs != ours:
-        raise Unverified("the client's PYTHON* variables are not the server's")
+    """Unverified unless the client's PYTHON* variables are the server's (but INERT ones): they
+    decide what the interpreter of a direct run would import (PYTHONPATH, PYTHONHOME...) and how
+    it behaves. The message names those that differ."""
+    theirs = dict(e.partition(b"=")[::2] for e in environ if e.startswith(b"PYTHON"))
+    ours = {k: v for k, v in os.environb.items() if k.startswith(b"PYTHON")}
+    differ = sorted(k.decode(errors="replace") for k in theirs.keys() | ours.keys()
+                    if k not in INERT and theirs.get(k) != ours.get(k))
+    if differ:
+        raise Unverified(f"the client's PYTHON* variables are not the server's ({', '.join(differ)})")
 
 
 def prove(conn: socket.socket) -> tuple[int, ...]:

@@ -87,7 +87,7 @@ class TestWhichPath:
         finally:
             os.close(r)
         assert result.returncode == 4 and '"exit-code": 4' in result.stderr, result.stderr
-        assert served.workers() == 1 and "an option of its --args file" in served.notes()[0]
+        assert served.workers() == 1 and "--json-status-fd in its --args" in served.notes()[0]
 
     def test_an_args_pipe_still_open_for_writing_does_not_stall_the_server(self, served):
         """The Python CLI would wait for the writer: so does a worker, and the server serves others."""

@@ -387,7 +387,13 @@ class TestConfinedClientsRunDirectly:
         result = served.run("run", *SYSTEM, "true", env=clean_env(PYTHONPATH="/nonexistent"))
         assert result.returncode == 0
         assert served.served() == 0
-        assert "PYTHON* variables" in served.ran_directly()[0]
+        assert "PYTHON* variables are not the server's (PYTHONPATH)" in served.ran_directly()[0]
+
+    def test_inert_interpreter_settings(self, served):
+        """Those that change nothing a run does or says (bytecode caching, buffering) may differ."""
+        env = {k: v for k, v in clean_env(PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1").items()}
+        assert served.run("run", *SYSTEM, "true", env=env).returncode == 0
+        assert served.served() == 1, served.notes()
 
     def test_a_client_of_another_build(self, install):
         install.start_server(identity="1:2:3")

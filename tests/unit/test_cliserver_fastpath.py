@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.bwrap.grammar import BY_NAME, OPTIONS
 from sandbox.cliserver import fastpath, wire
 
 
@@ -118,3 +119,18 @@ def test_the_answer_key_leaves_out_the_signal_mask() -> None:
     other = bytearray(data)
     other[wire.ffi.offsetof("struct sbx_cli_request", "sigmask")] ^= 0xFF
     assert fastpath._key(data) == fastpath._key(bytes(other)) and fastpath._key(data) != fastpath._key(data[:-1])
+
+
+@pytest.mark.parametrize("name", [o.name for o in OPTIONS if "FD" in o.metavar or o.name == "--args"])
+def test_an_option_of_an_args_file_that_names_an_fd_needs_a_worker(name: str) -> None:
+    """Parsing it in the server would read the server's fd of that number, not the client's."""
+    option = BY_NAME[name]
+    words = ["--unshare-pid", name, *(["3"] * option.nargs), "true"]
+    f = fastpath.ArgsFile(9, -1, "\0".join(words).encode(), pipe=True)
+    with pytest.raises(fastpath.Worker, match=f"^{name} in its --args 9 file is not carried by a plan"):
+        fastpath._screen_file(f)
+
+
+def test_an_args_file_of_pure_options_is_planned() -> None:
+    f = fastpath.ArgsFile(9, -1, b"--ro-bind\0/\0/\0--unshare-pid\0--\0--file\0" + b"3\0/x\0", pipe=True)
+    fastpath._screen_file(f)  # what follows the options is not applied (bwrap ignores it there)

@@ -451,3 +451,12 @@ def test_compile_is_pure() -> None:
     spec = Spec(env_inherit=["*"])
     plan_of(spec)
     assert HOST.environ == environ
+
+
+def test_a_read_only_file_over_an_earlier_file_is_a_private_copy_bound_over_it() -> None:
+    """bwrap's --file then --ro-bind-data on one path (Flatpak's /.flatpak-info): the later is
+    bound over the earlier; a writable one is written in place, as bwrap's --file."""
+    ops = plan_of(Spec(mounts=[File("/f", b"1"), File("/f", b"2"), File("/f", b"3", readonly=True),
+                               File("/g", b"4", readonly=True)])).ops
+    assert [bool(op.flags & OpFlag.FRESH) for op in ops] == [False, False, True, False]
+    assert ops[2].flags & OpFlag.RDONLY and ops[2].data == b"3"

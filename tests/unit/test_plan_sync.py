@@ -64,3 +64,16 @@ def test_the_blob_carries_the_fds_only_when_set():
     synced = wire.header(wire.serialize(compile_plan(S.Spec(), host(), Sync(block_fd=9, info_fd=4)), "/tmp"))
     assert synced.opts & lib.SBX_OPT_SYNC
     assert (synced.block_fd, synced.info_fd, synced.started_fd) == (9, 4, -1)
+
+
+def test_lock_files_need_a_pid_1_to_hold_them() -> None:
+    """bwrap's --lock-file: the sandbox's pid 1 takes them (sandbox-init), so a plan without one refuses."""
+    h = host()
+    assert compile_plan(S.Spec(namespaces=S.Namespaces(pid=True)), h, Sync(lock_files=("/a",))).sync.active
+    for spec in (S.Spec(namespaces=S.Namespaces(pid=False)),
+                 S.Spec(namespaces=S.Namespaces(pid=True), as_pid_1=True)):
+        with pytest.raises(SpecError, match="pid 1"):
+            compile_plan(spec, h, Sync(lock_files=("/a",)))
+    for bad in (("relative",), ("/a\0b",), "/a"):
+        with pytest.raises(SpecError, match="sync.lock_files"):
+            Sync(lock_files=bad)  # type: ignore[arg-type]

@@ -156,7 +156,7 @@ def test_rlimits_and_landlock_rules_read_by_name() -> None:
 
 
 def test_every_struct_size_comes_from_the_cdef() -> None:
-    assert wire.HEADER_SIZE == ffi.sizeof("struct sbx_header") == 26 * 4 + 6 * 4 + 8  # ..., the sync fds, keep_caps
+    assert wire.HEADER_SIZE == ffi.sizeof("struct sbx_header") == 28 * 4 + 6 * 4 + 8  # ..., the sync fds, keep_caps
     assert wire.OP_SIZE == ffi.sizeof("struct sbx_op")
 
 
@@ -286,3 +286,17 @@ def test_blobs_are_cached_per_plan() -> None:
     assert check(wire.blob_for(p)) == 0
     assert string_at(wire.blob_for(p), wire.header(wire.blob_for(p)).newroot).decode() == wire.newroot_dir()
     assert os.path.isdir(wire.newroot_dir())
+
+
+def test_lock_files_read_by_name() -> None:
+    """bwrap's --lock-file paths (sync.lock_files), for sandbox-init: only with its reaper."""
+    from sandbox.sync import Sync
+
+    p = compile_plan(Spec(namespaces=Namespaces(pid=True)), HOST, Sync(lock_files=("/run/a", "/b")))
+    data = wire.serialize(p, NEWROOT)
+    h = wire.header(data)
+    paths = ffi.cast("uint32_t *", ffi.from_buffer(data[h.lock_off:]))
+    assert [string_at(data, paths[i]).decode() for i in range(h.n_lock)] == ["/run/a", "/b"]
+    assert check(data) == 0
+    assert check(with_header(data, opts=h.opts & ~lib.SBX_OPT_REAPER)) != 0  # only pid 1 takes them
+    assert check(with_header(data, n_lock=lib.SBX_MAX_LOCK_FILES + 1)) != 0

@@ -201,6 +201,8 @@ def _sync_args(plan: Plan, fds: list[int]) -> list[str]:
     if sync.userns_block_fd >= 0:
         fds.append(os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
         out += ["--userns-block-fd", str(sync.userns_block_fd), "--info-fd", str(fds[-1])]
+    for path in sync.lock_files:  # bwrap's pid 1 takes them, as ours does
+        out += ["--lock-file", path]
     return out
 
 

@@ -20,7 +20,7 @@ except ImportError as exc:  # pragma: no cover - depends on the build
         "or `pip install -e .` from the source tree"
     ) from exc
 
-ABI_VERSION = 16
+ABI_VERSION = 17
 if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core has ABI {lib.SBX_ABI_VERSION}, this Python code expects {ABI_VERSION}; "

@@ -117,6 +117,7 @@ def _header(plan: Plan, offsets: dict[str, int], strings: _Strings, newroot: str
     h.host_uid, h.host_gid, h.uid, h.gid = plan.host_uid, plan.host_gid, plan.uid, plan.gid
     h.n_ops, h.n_cwd, h.n_rlimits = len(plan.ops), len(plan.cwd_candidates), len(plan.rlimits)
     h.n_landlock, h.n_probe, h.n_listen = len(plan.landlock_rules), len(plan.probe_paths), len(plan.forward)
+    h.n_lock = len(plan.sync.lock_files)
     for name, offset in offsets.items():
         setattr(h, name, offset)
     h.seccomp_len = len(plan.seccomp)
@@ -135,7 +136,8 @@ def serialize(plan: Plan, newroot: str) -> bytes:
     off["landlock_off"] = off["rlimits_off"] + len(plan.rlimits) * RLIMIT_SIZE
     off["probe_off"] = off["landlock_off"] + len(plan.landlock_rules) * LANDLOCK_SIZE
     off["listen_off"] = off["probe_off"] + 4 * len(plan.probe_paths)
-    off["seccomp_off"] = _align(off["listen_off"] + 4 * len(plan.forward))
+    off["lock_off"] = off["listen_off"] + 4 * len(plan.forward)
+    off["seccomp_off"] = _align(off["lock_off"] + 4 * len(plan.sync.lock_files))
     strings = _Strings(_align(off["seccomp_off"] + len(plan.seccomp)))
     areas = {
         "ops_off": _records("struct sbx_op", _op_rows(plan, strings)),
@@ -145,6 +147,7 @@ def serialize(plan: Plan, newroot: str) -> bytes:
             {"path": strings.add(path), "flags": lib.SBX_LL_WRITE if rw else 0} for path, rw in plan.landlock_rules]),
         "probe_off": _u32s(strings.add(p) for p in plan.probe_paths),
         "listen_off": _u32s(port for port, _ in plan.forward),
+        "lock_off": _u32s(strings.add(p) for p in plan.sync.lock_files),
         "seccomp_off": plan.seccomp,
     }
     h = _header(plan, off, strings, newroot)

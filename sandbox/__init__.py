@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         ExecPermissionError,
         IsolationError,
         SandboxError,
+        SessionError,
         SetupError,
         SpecError,
         UnavailableError,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
         Symlink,
         Tmpfs,
     )
+    from .session import Session
     from .template import Template
     from .workerpool import WorkerPool
 
@@ -64,8 +66,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     **{name: ("api", name) for name in ("run", "spawn")},
     "from_bwrap_args": ("bwrap", "from_bwrap_args"),
     **{name: ("errors", name) for name in (
-        "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SetupError",
-        "SpecError", "UnavailableError")},
+        "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SessionError",
+        "SetupError", "SpecError", "UnavailableError")},
     "explain": ("explain", "explain"),
     "presets": ("presets", None),
     "probe": ("probe", None),
@@ -75,6 +77,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     **{name: ("spec", name) for name in (
         "Bind", "Chmod", "Dev", "DevBind", "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Overlay",
         "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs")},
+    "Session": ("session", "Session"),
     "Template": ("template", "Template"),
     "WorkerPool": ("workerpool", "WorkerPool"),
 }
@@ -114,8 +117,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
-    "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
-    "Mqueue", "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
-    "Seccomp", "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs", "UnavailableError", "WorkerPool",
-    "explain", "from_bwrap_args", "presets", "probe", "run", "spawn",
+    "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount", "Mqueue",
+    "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
+    "Seccomp", "Session", "SessionError", "SetupError", "Spec", "SpecError", "Symlink", "Template", "Tmpfs",
+    "UnavailableError", "WorkerPool", "explain", "from_bwrap_args", "presets", "probe", "run", "spawn",
 ]

@@ -116,6 +116,11 @@ class IsolationError(SandboxError):
         super().__init__(message)
 
 
+class SessionError(SandboxError):
+    """A sandbox.Session cannot serve a call: it was closed, or it ended (its
+    pid 1 was killed from outside, or could not start a command's process)."""
+
+
 class NetnsPoolError(SandboxError):
     """A namespace could not be created or verified, or the pool is closed."""
 

@@ -1,0 +1,135 @@
+"""One command of a Session: its call socket, as a backend contract.Handle.
+
+The session's pid 1 forks a call process per command (csrc/session_call.c);
+the caller holds the other end of that call's socket. STARTED comes once the
+command has exec'd (with its pidfd: its host pid), EXITED with its raw wait
+status when it ends; SIGNAL and KILL go the other way. Closing the socket
+before EXITED ends the command's whole tree. A SandboxProcess over a Call
+is then what `Session.start` returns.
+"""
+
+from __future__ import annotations
+
+import array
+import errno as E
+import os
+import signal
+import socket
+from typing import Any
+
+from ..backends.contract import Ended
+from ..backends.native.core import STEP_NAMES, lib
+from ..errors import ExecError, SandboxError, SessionError, SetupError
+from . import wire
+
+
+class Call:
+    """A started command of a Session (contract.Handle): `pid` is its host
+    pid, `session_pid` its pid inside the session."""
+
+    def __init__(self, sock: socket.socket, started: wire.Frame, host_pid: int) -> None:
+        self._sock = sock
+        self.pid = host_pid
+        self.sandbox_pid = host_pid
+        self.session_pid = started.pid
+        self.timings: dict[str, float] = {}
+        self.isolation: dict[str, Any] = {}
+        self._ended: Ended | None = None
+
+    def fileno(self) -> int:
+        """The call socket's fd (readable once reap() may find it ended)."""
+        return self._sock.fileno()
+
+    def wait_fds(self) -> list[int]:
+        """A dup of the call socket, readable when EXITED (or EOF) has come."""
+        return [] if self._ended is not None else [os.dup(self._sock.fileno())]
+
+    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
+        """The command's end once EXITED has come (never blocks); EOF without
+        it means the session itself ended (its pid 1 killed): SIGKILL."""
+        if self._ended is not None:
+            return self._ended
+        try:
+            data = self._sock.recv(wire.FRAME_SIZE, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        got = wire.parse_frame(data)
+        if got is not None and got.kind != wire.EXITED:
+            return None  # nothing else comes after STARTED: a bug, ignored
+        code = os.waitstatus_to_exitcode(got.value) if got is not None else -signal.SIGKILL
+        self._ended = Ended(code, killed_by="timeout" if caller_end == "timeout" else None)
+        self._sock.close()
+        return self._ended
+
+    def signal(self, sig: int) -> None:
+        """Pass `sig` to the command; SIGKILL ends its whole process tree."""
+        if self._ended is not None:
+            return
+        data = wire.frame(wire.KILL) if sig == signal.SIGKILL else wire.frame(wire.SIGNAL, int(sig))
+        try:
+            self._sock.send(data, socket.MSG_NOSIGNAL)
+        except OSError:
+            pass  # the call process has gone: reap() says how it ended
+
+    def close(self) -> None:
+        """Abandon it: the call process ends the command's tree at EOF."""
+        self._sock.close()
+
+
+def receive(sock: socket.socket) -> tuple[wire.Frame | None, list[int]]:
+    """One frame and the fds that came with it (None at EOF)."""
+    fds = array.array("i")
+    try:
+        data, anc, _, _ = sock.recvmsg(wire.FRAME_SIZE, socket.CMSG_SPACE(fds.itemsize))
+    except ConnectionResetError:
+        return None, []
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return wire.parse_frame(data), list(fds)
+
+
+def host_pid(pidfd: int) -> int:
+    """The host pid of a pidfd (its fdinfo's Pid line), or -1."""
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pid:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def started(sock: socket.socket, argv: list[str], cwd: str) -> Call:
+    """The Call once its first frame has come (the socket is readable):
+    raises what the command's start raised."""
+    got, fds = receive(sock)
+    pid = -1
+    for fd in fds:
+        pid = host_pid(fd) if pid < 0 else pid
+        os.close(fd)
+    if got is None:
+        sock.close()
+        raise SessionError("the session ended before the command started (its pid 1 is gone)")
+    if got.kind == wire.STARTED:
+        return Call(sock, got, pid)
+    sock.close()
+    raise failure(got, argv, cwd)
+
+
+def failure(got: wire.Frame, argv: list[str], cwd: str) -> SandboxError:
+    """The typed error of a FAILED frame."""
+    if got.kind != wire.FAILED:
+        return SessionError(f"the session answered a command with frame kind {got.kind}, not STARTED")
+    err = got.value
+    if got.step == lib.SBX_STEP_EXEC:
+        return ExecError.from_errno(err, argv[0], backend="session")
+    if got.step == lib.SBX_STEP_CWD:
+        return SetupError(f"Can't chdir to {cwd!r} in the session: {os.strerror(err)}", step="cwd", path=cwd,
+                          errno=err, backend="session")
+    step = STEP_NAMES.get(got.step, str(got.step))
+    return SessionError(f"the session could not start the command: {step} failed with "
+                        f"{E.errorcode.get(err, str(err))} ({os.strerror(err)})")

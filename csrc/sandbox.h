@@ -630,7 +630,8 @@ struct handoff_frame {
  * the command's pid in the session; SCM_RIGHTS: its pidfd), FAILED (step:
  * enum sbx_step, value: errno; the command never ran), EXITED (value: the
  * command's raw wait status); from the caller SIGNAL (value: the signal)
- * and KILL (the command's whole process tree); EOF from the caller is KILL. */
+ * and KILL (the command's whole process tree); EOF from the caller leaves
+ * the command running. */
 #define SBX_SESSION_MAGIC 0x53534253 /* "SBSS" */
 #define SBX_SESSION_MAX_STRINGS 4194304
 struct sbx_session_request {

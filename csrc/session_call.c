@@ -12,8 +12,8 @@
  *   what the command left running (a server started in the background) is
  *   re-parented to pid 1 and keeps running, as with `docker exec`;
  * - on SIGNAL, passes the signal to the command;
- * - on KILL, SIGKILL or EOF (the caller's timeout, kill(), or its handle
- *   dropped), ends the tree: each child it has (listed in the session's
+ * - on EOF (the caller dropped its handle), goes on waiting, unwatched;
+ * - on KILL or SIGKILL (the caller's timeout or kill()), ends the tree: each child it has (listed in the session's
  *   /proc: /proc/thread-self/children) is killed and reaped, and the
  *   children of each, re-parented here as it dies, in turn, until none is
  *   left; then EXITED with the command's status. Without a /proc in the
@@ -193,6 +193,10 @@ static int serve(const struct session_call *call, pid_t command)
         ssize_t n = recv(call->sock, &f, sizeof f, 0);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n == 0) { /* the caller dropped its handle: the command runs on, unwatched */
+            fds[0].fd = -1;
+            continue;
+        }
         if (n == sizeof f && f.kind == SBX_SESSION_SIGNAL && f.value != SIGKILL && f.value > 0 && f.value < 65) {
             kill(command, f.value);
             continue;

@@ -74,7 +74,7 @@ class Call:
             pass  # the call process has gone: reap() says how it ended
 
     def close(self) -> None:
-        """Abandon it: the call process ends the command's tree at EOF."""
+        """Abandon it: the command runs on, unwatched, until it ends or the session does."""
         self._sock.close()
 
 

@@ -129,6 +129,8 @@ class Root:
             fd = _ro_checked(lambda: os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC |
                                              os.O_NOCTTY | os.O_NOFOLLOW, mode, dir_fd=dfd), where)
         except FileExistsError:
+            if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                raise FileNotFoundError(E.ENOENT, "a symlink to nothing (in the session): not followed", where) from None
             return -1
         finally:
             os.close(dfd)

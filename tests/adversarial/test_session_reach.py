@@ -28,6 +28,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 for pid in map(int, sys.argv[1:]):
     rc = libc.ptrace(16, pid, 0, 0)  # PTRACE_ATTACH
     print(pid, "attached" if rc == 0 else os.strerror(ctypes.get_errno()))
+    if rc == 0:  # let it go again (PTRACE_DETACH, no signal), or the session stays stopped
+        os.waitpid(pid, getattr(os, "__WALL", 0x40000000))
+        libc.ptrace(17, pid, 0, 0)
 """
 # For each pid: every fd it holds, opened through /proc (readlink and open), its environ and memory.
 PROBE = """

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .probe import ProbeResult, probe
     from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
     from .seccomp import ArgRule, Seccomp
+    from .session import Session
     from .spec import (
         Bind,
         Chmod,
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
         Symlink,
         Tmpfs,
     )
-    from .session import Session
     from .template import Template
     from .workerpool import WorkerPool
 

@@ -130,7 +130,8 @@ class Root:
                                              os.O_NOCTTY | os.O_NOFOLLOW, mode, dir_fd=dfd), where)
         except FileExistsError:
             if stat.S_ISLNK(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
-                raise FileNotFoundError(E.ENOENT, "a symlink to nothing (in the session): not followed", where) from None
+                raise FileNotFoundError(E.ENOENT, "a symlink to nothing (in the session): not followed",
+                                        where) from None
             return -1
         finally:
             os.close(dfd)

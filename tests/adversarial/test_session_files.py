@@ -13,7 +13,6 @@ root) is shown to fall for the same plant, so the test would fail on it.
 from __future__ import annotations
 
 import errno as E
-import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -125,9 +124,9 @@ def test_devices_sockets_and_directories_are_refused(session: sandbox.Session) -
     plant(session, "ln -s /dev/zero /tmp/zero; ln -s /usr /tmp/usr; "
                    "python3 -c 'import socket; socket.socket(socket.AF_UNIX).bind(\"/tmp/sock\")'")
     for path in ("/dev/zero", "/dev/null", "/tmp/zero", "/dev/tty", "/tmp/sock"):
-        exc = finishes(lambda: session.read_file(path))
+        exc = finishes(lambda p=path: session.read_file(p))  # type: ignore[misc]
         assert isinstance(exc, OSError) and exc.errno in (E.EINVAL, E.ENOENT), (path, exc)
-        exc = finishes(lambda: session.write_file(path, b"x"))
+        exc = finishes(lambda p=path: session.write_file(p, b"x"))  # type: ignore[misc]
         assert isinstance(exc, OSError) and exc.errno in (E.EINVAL, E.ENOENT), (path, exc)
     for path in ("/tmp", "/tmp/usr", "/"):
         with pytest.raises(IsADirectoryError):

@@ -69,3 +69,32 @@ def test_a_session_made_in_a_thread_outlives_the_thread(require_native: None) ->
     with made[0] as s:
         assert s.exec(["true"]).returncode == 0  # the spawning thread's exit did not end it
         assert s.exec(["sh", "-c", "echo alive"], capture_output=True).stdout == b"alive\n"
+
+
+def cgroup_dirs(pid: int) -> list[Path]:
+    """The cgroup directories of `pid` made for a sandbox (v1 per controller, or v2)."""
+    found = []
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "/sbx-" not in path:
+            continue
+        for name in (controllers.split(",") if controllers else [""]):
+            where = Path("/sys/fs/cgroup", name.removeprefix("name="), path.lstrip("/"))
+            if where.is_dir():
+                found.append(where)
+    return found
+
+
+def test_close_removes_the_sessions_cgroups(require_native: None) -> None:
+    spec = sandbox.presets.minimal_system(env=BASE_ENV, limits=sandbox.Limits(memory_mb=256, nproc=64))
+    s = sandbox.Session(spec)
+    try:
+        dirs = cgroup_dirs(s.pid)
+        if not dirs:
+            pytest.skip("no cgroup of its own here (not delegated): the limits are rlimits")
+        assert s.exec(["sh", "-c", "sleep 1000 & true"]).returncode == 0
+        inside = s.exec(["cat", "/proc/self/cgroup"], capture_output=True, text=True).stdout
+        assert all(d.name in inside for d in dirs)  # every command is counted in the session's cgroups
+    finally:
+        s.close()
+    assert not [d for d in dirs if d.exists()], "close() left a cgroup behind"

@@ -626,7 +626,8 @@ struct handoff_frame {
  * stdout, stderr], then `size` bytes of NUL-terminated strings: the search
  * PATH, the cwd ("" : the session's), argc argv strings, envc env strings.
  * On the call socket (SOCK_SEQPACKET, one per command) the session's call
- * process and the caller exchange struct sbx_session_frame: STARTED (pid:
+ * process and the caller exchange struct sbx_session_frame: STARTED (unless
+ * the request is SBX_SESSION_QUIET; pid:
  * the command's pid in the session; SCM_RIGHTS: its pidfd), FAILED (step:
  * enum sbx_step, value: errno; the command never ran), EXITED (value: the
  * command's raw wait status); from the caller SIGNAL (value: the signal)
@@ -636,7 +637,9 @@ struct handoff_frame {
 #define SBX_SESSION_MAX_STRINGS 4194304
 struct sbx_session_request {
     uint32_t magic, size, argc, envc;
+    uint32_t flags; /* SBX_SESSION_QUIET: no STARTED frame (the caller waits for the end only) */
 };
+#define SBX_SESSION_QUIET 1
 enum sbx_session_kind {
     SBX_SESSION_STARTED = 1,
     SBX_SESSION_FAILED = 2,

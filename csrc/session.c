@@ -145,7 +145,7 @@ static int receive_header(int sock, struct sbx_session_request *r, int *fds)
     if ((size_t)n < sizeof *r && read_full(sock, (char *)r + n, sizeof *r - (size_t)n) < 0)
         return -1;
     if (r->magic != SBX_SESSION_MAGIC || r->size > SBX_SESSION_MAX_STRINGS || r->argc > r->size ||
-        r->envc > r->size)
+        r->envc > r->size || (r->flags & ~(uint32_t)SBX_SESSION_QUIET))
         return -1;
     return 1;
 }
@@ -155,11 +155,11 @@ static int receive_header(int sock, struct sbx_session_request *r, int *fds)
  * cannot be, so the session ends). */
 static int serve_request(int sock, const sigset_t *mask, int proc_fd)
 {
-    struct sbx_session_request r;
+    struct sbx_session_request r = {0};
     int fds[N_FDS] = {-1, -1, -1, -1};
     int got = receive_header(sock, &r, fds);
     struct session_call call = {.sock = fds[0], .stdio = {fds[1], fds[2], fds[3]}, .mask = *mask,
-                                .proc_fd = proc_fd};
+                                .proc_fd = proc_fd, .flags = r.flags};
     int rc = got;
     if (got > 0) {
         call.buf = malloc((size_t)r.size + 1);

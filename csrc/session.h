@@ -32,6 +32,7 @@ struct session_call {
     char **argv, **envp, **sh_argv;
     sigset_t mask; /* the command's signal mask (as sandbox-init's --MASK) */
     int proc_fd;   /* the session's procfs root, -1 if it has none */
+    uint32_t flags; /* the request's (SBX_SESSION_QUIET) */
 };
 
 /* Run one call in the process forked for it; never returns. */

@@ -238,10 +238,12 @@ _Noreturn void session_call_main(struct session_call *call)
         _exit(0);
     }
     /* not found: the command ran as a shell's would, ending 127 */
-    int pidfd = (int)syscall(SYS_pidfd_open, command, 0);
-    send_frame(call->sock, SBX_SESSION_STARTED, 0, command, 0, pidfd);
-    if (pidfd >= 0)
-        close(pidfd);
+    if (!(call->flags & SBX_SESSION_QUIET)) {
+        int pidfd = (int)syscall(SYS_pidfd_open, command, 0);
+        send_frame(call->sock, SBX_SESSION_STARTED, 0, command, 0, pidfd);
+        if (pidfd >= 0)
+            close(pidfd);
+    }
     int status = serve(call, command);
     send_frame(call->sock, SBX_SESSION_EXITED, status, command, 0, -1);
     _exit(0);

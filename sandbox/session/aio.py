@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Awaitable, Callable
 from typing import IO
@@ -38,16 +37,16 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def started(sock: socket.socket, argv: list[str], cwd: str, stdio: Stdio) -> AsyncProcess:
-    """The AsyncProcess once the command's first frame has come."""
+async def started(handle: call.Call, stdio: Stdio) -> AsyncProcess:
+    """The AsyncProcess once the command's first frame (STARTED) has come."""
     try:
-        await readable(sock.fileno())
-        handle = call.started(sock, argv, cwd)
+        await readable(handle.fileno())
+        handle.take_started()
     except BaseException:
-        sock.close()
+        handle.close()
         stdio.abort()
         raise
-    return AsyncProcess(argv, handle, stdio.parent)
+    return AsyncProcess(handle.argv, handle, stdio.parent)
 
 
 class AsyncProcess:

@@ -2,10 +2,12 @@
 
 The session's pid 1 forks a call process per command (csrc/session_call.c);
 the caller holds the other end of that call's socket. STARTED comes once the
-command has exec'd (with its pidfd: its host pid), EXITED with its raw wait
-status when it ends; SIGNAL and KILL go the other way. Closing the socket
-before EXITED ends the command's whole tree. A SandboxProcess over a Call
-is then what `Session.start` returns.
+command has exec'd (with its pidfd: its host pid; none for a quiet request,
+whose caller waits only for the end), FAILED instead if it could not be,
+EXITED with its raw wait status when it ends; SIGNAL and KILL go the other
+way. Closing the socket leaves the command running (until it ends, or the
+session does). A SandboxProcess over a Call is what `Session.start` and
+`Session.exec` run.
 """
 
 from __future__ import annotations
@@ -24,14 +26,13 @@ from . import wire
 
 
 class Call:
-    """A started command of a Session (contract.Handle): `pid` is its host
-    pid, `session_pid` its pid inside the session."""
+    """A command of a Session (contract.Handle): `pid` is its host pid (-1
+    until a STARTED frame names it), `session_pid` its pid inside the session."""
 
-    def __init__(self, sock: socket.socket, started: wire.Frame, host_pid: int) -> None:
+    def __init__(self, sock: socket.socket, argv: list[str], cwd: str) -> None:
         self._sock = sock
-        self.pid = host_pid
-        self.sandbox_pid = host_pid
-        self.session_pid = started.pid
+        self.argv, self._cwd = argv, cwd
+        self.pid = self.sandbox_pid = self.session_pid = -1
         self.timings: dict[str, float] = {}
         self.isolation: dict[str, Any] = {}
         self._ended: Ended | None = None
@@ -41,24 +42,47 @@ class Call:
         return self._sock.fileno()
 
     def wait_fds(self) -> list[int]:
-        """A dup of the call socket, readable when EXITED (or EOF) has come."""
+        """A dup of the call socket, readable when a frame (or EOF) has come."""
         return [] if self._ended is not None else [os.dup(self._sock.fileno())]
+
+    def take_started(self) -> None:
+        """Block for the first frame: STARTED, or raise why the command did not start."""
+        got, fds = receive(self._sock)
+        pid = -1
+        for fd in fds:
+            pid = host_pid(fd) if pid < 0 else pid
+            os.close(fd)
+        if got is not None and got.kind == wire.STARTED:
+            self.pid = self.sandbox_pid = pid
+            self.session_pid = got.pid
+            return
+        self._end(-signal.SIGKILL)
+        raise SessionError("the session ended before the command started (its pid 1 is gone)") if got is None \
+            else failure(got, self.argv, self._cwd)
 
     def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
         """The command's end once EXITED has come (never blocks); EOF without
-        it means the session itself ended (its pid 1 killed): SIGKILL."""
-        if self._ended is not None:
-            return self._ended
-        try:
-            data = self._sock.recv(wire.FRAME_SIZE, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return None
-        except OSError:
-            data = b""
-        got = wire.parse_frame(data)
-        if got is not None and got.kind != wire.EXITED:
-            return None  # nothing else comes after STARTED: a bug, ignored
-        code = os.waitstatus_to_exitcode(got.value) if got is not None else -signal.SIGKILL
+        it means the session itself ended (its pid 1 killed): SIGKILL. A
+        FAILED frame (a quiet request's) raises its error, once."""
+        while self._ended is None:
+            try:
+                data = self._sock.recv(wire.FRAME_SIZE, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return None
+            except OSError:
+                data = b""
+            got = wire.parse_frame(data)
+            if got is None:
+                return self._end(-signal.SIGKILL)
+            if got.kind == wire.EXITED:
+                return self._end(os.waitstatus_to_exitcode(got.value), caller_end)
+            if got.kind == wire.FAILED:
+                self._end(127 if got.step == lib.SBX_STEP_EXEC and got.value == E.ENOENT else 126)
+                raise failure(got, self.argv, self._cwd)
+            self.session_pid = got.pid  # STARTED: what comes next says how it ended
+        return self._ended
+
+    def _end(self, code: int, caller_end: str | None = None) -> Ended:
         self._ended = Ended(code, killed_by="timeout" if caller_end == "timeout" else None)
         self._sock.close()
         return self._ended
@@ -101,23 +125,6 @@ def host_pid(pidfd: int) -> int:
     except OSError:
         pass
     return -1
-
-
-def started(sock: socket.socket, argv: list[str], cwd: str) -> Call:
-    """The Call once its first frame has come (the socket is readable):
-    raises what the command's start raised."""
-    got, fds = receive(sock)
-    pid = -1
-    for fd in fds:
-        pid = host_pid(fd) if pid < 0 else pid
-        os.close(fd)
-    if got is None:
-        sock.close()
-        raise SessionError("the session ended before the command started (its pid 1 is gone)")
-    if got.kind == wire.STARTED:
-        return Call(sock, got, pid)
-    sock.close()
-    raise failure(got, argv, cwd)
 
 
 def failure(got: wire.Frame, argv: list[str], cwd: str) -> SandboxError:

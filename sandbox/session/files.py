@@ -24,6 +24,7 @@ from ..errors import SpecError
 RESOLVE_NO_MAGICLINKS = 0x02  # linux/openat2.h
 RESOLVE_IN_ROOT = 0x10
 RESOLVE = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS
+MAX_RETRIES = 1000
 KINDS = {stat.S_IFIFO: "FIFO", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
          stat.S_IFSOCK: "socket", stat.S_IFLNK: "symlink"}
 
@@ -53,11 +54,15 @@ class Root:
         return text if text.startswith("/") else posixpath.join(self.cwd, text)
 
     def _open(self, path: str, flags: int, mode: int = 0) -> int:
-        fd = int(lib.sbx_openat2(self.fd, os.fsencode(path), flags | os.O_CLOEXEC, mode, RESOLVE))
-        if fd < 0:
+        encoded = os.fsencode(path)
+        for _ in range(MAX_RETRIES):
+            fd = int(lib.sbx_openat2(self.fd, encoded, flags | os.O_CLOEXEC, mode, RESOLVE))
+            if fd >= 0:
+                return fd
             err = ffi.errno
-            raise OSError(err, f"{os.strerror(err)} (in the session)", path)
-        return fd
+            if err != E.EAGAIN:  # EAGAIN: a rename or mount anywhere raced a ".." step; openat2(2) says retry
+                break
+        raise OSError(err, f"{os.strerror(err)} (in the session)", path)
 
     def _regular(self, fd: int, path: str) -> None:
         """Raise unless `fd` is a regular file."""

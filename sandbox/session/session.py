@@ -83,12 +83,20 @@ class Session:
         directory), SessionError (the session is closed or has ended). The
         process's `kill()` ends its whole process tree; `pid` is its host pid.
         """
-        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env)
-        try:
-            handle = call.started(sock, args, where)
-        except BaseException:
-            stdio.abort()
-            raise
+        return self._start(argv, stdin, stdout, stderr, cwd, env, quiet=False)
+
+    def _start(self, argv: Sequence[str], stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
+               cwd: StrPath | None, env: Mapping[str, str] | None, *, quiet: bool) -> SandboxProcess:
+        """start(); `quiet`: return at once, the command's start unconfirmed
+        (its failure is raised by the process's wait, as exec needs it)."""
+        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet)
+        handle = call.Call(sock, args, where)
+        if not quiet:
+            try:
+                handle.take_started()
+            except BaseException:
+                stdio.abort()
+                raise
         return SandboxProcess(args, handle, backend="session", network=self.plan.network, pipes=stdio.parent)
 
     def exec(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
@@ -100,7 +108,7 @@ class Session:
         `timeout` its whole process tree is killed and
         subprocess.TimeoutExpired raised. Raises what `start` raises."""
         def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> SandboxProcess:
-            return self.start(argv, stdin=i, stdout=o, stderr=e, cwd=cwd, env=env)
+            return self._start(argv, i, o, e, cwd, env, quiet=True)
 
         return run_with(begin, input=input, capture_output=capture_output, timeout=timeout, check=check, text=text,
                         stdin=stdin, stdout=stdout, stderr=stderr)
@@ -112,8 +120,8 @@ class Session:
         No thread: the event loop waits on the call socket and the pipes."""
         from . import aio
 
-        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env)
-        return await aio.started(sock, args, where, stdio)
+        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet=False)
+        return await aio.started(call.Call(sock, args, where), stdio)
 
     async def aexec(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
                     timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
@@ -123,17 +131,19 @@ class Session:
         from . import aio
 
         async def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> AsyncProcess:
-            return await self.astart(argv, stdin=i, stdout=o, stderr=e, cwd=cwd, env=env)
+            args, sock, stdio, where = self._request(argv, i, o, e, cwd, env, quiet=True)
+            return aio.AsyncProcess(args, call.Call(sock, args, where), stdio.parent)
 
         return await aio.run(begin, input=input, capture_output=capture_output, timeout=timeout, check=check,
                              text=text, stdin=stdin, stdout=stdout, stderr=stderr)
 
     def _request(self, argv: Sequence[str], stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
-                 cwd: StrPath | None, env: Mapping[str, str] | None) -> tuple[list[str], socket.socket, Stdio, str]:
+                 cwd: StrPath | None, env: Mapping[str, str] | None,
+                 quiet: bool) -> tuple[list[str], socket.socket, Stdio, str]:
         """Send one command's request: (argv, the call socket, its stdio, its cwd)."""
         args = check_argv(argv)
         path, where, environ = self._options(cwd, env)
-        data = wire.request(path, where, args, environ)
+        data = wire.request(path, where, args, environ, quiet)
         stdio = Stdio(stdin, stdout, stderr)
         try:
             sock = self._send(data, stdio.child)

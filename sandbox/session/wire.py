@@ -36,9 +36,10 @@ class Frame:
     step: int
 
 
-def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str]) -> bytes:
+def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str], quiet: bool = False) -> bytes:
     """The bytes of one request (its fds travel beside its first byte):
-    the header, then PATH, cwd, argv and env as NUL-terminated strings."""
+    the header, then PATH, cwd, argv and env as NUL-terminated strings.
+    `quiet`: no STARTED frame (the caller waits only for the end)."""
     strings = b"".join(os.fsencode(s) + b"\0" for s in (path, cwd, *argv, *env))
     if len(strings) > MAX_STRINGS:
         raise SpecError("argv", f"{len(strings)} bytes of argv and env",
@@ -48,6 +49,7 @@ def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str]) -> byt
     head.size = len(strings)
     head.argc = len(argv)
     head.envc = len(env)
+    head.flags = lib.SBX_SESSION_QUIET if quiet else 0
     return bytes(ffi.buffer(head)) + strings
 
 

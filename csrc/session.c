@@ -3,9 +3,11 @@
  *     sandbox-session ERR_FD STATUS_FD PATH --[MASK] NAME SOCK_FD
  * (sandbox-init's argv, csrc/init.c: the native spawn execs it in init's
  * place). It takes requests on SOCK_FD (the session's control socket, the
- * caller's socket pair: csrc/sandbox.h's session wire) and forks a call
- * process for each (session_call.c), which runs the command in this
- * sandbox's namespaces and root. Orphans re-parented here are reaped; a
+ * caller's socket pair: csrc/sandbox.h's session wire) through a call
+ * process made ahead of each (a standby: it alone reads the socket, takes
+ * one request whole and says so, and pid 1 forks the next meanwhile, off
+ * the caller's path), which runs the command in this sandbox's namespaces
+ * and root (session_call.c). Orphans re-parented here are reaped; a
  * server a command left running keeps running.
  *
  * The session ends when the caller's end of SOCK_FD closes (close(), or the
@@ -150,45 +152,53 @@ static int receive_header(int sock, struct sbx_session_request *r, int *fds)
     return 1;
 }
 
-/* Take one request and fork its call process: 1, 0 when the caller has
- * gone, -1 when the request is malformed (the caller is this library: it
- * cannot be, so the session ends). */
-static int serve_request(int sock, const sigset_t *mask, int proc_fd)
+#define NOTE_TAKEN 'T' /* a standby took a request: the next one is made */
+#define NOTE_END 'E'   /* the caller has gone (EOF), or sent what this library never sends */
+
+/* A standby call process, made ahead of the next request: it alone reads
+ * the control socket, takes one request whole, tells pid 1 (which makes
+ * the next standby meanwhile) and becomes that command's call process. */
+static _Noreturn void standby(int sock, int note, const sigset_t *mask, int proc_fd)
 {
     struct sbx_session_request r = {0};
     int fds[N_FDS] = {-1, -1, -1, -1};
     int got = receive_header(sock, &r, fds);
     struct session_call call = {.sock = fds[0], .stdio = {fds[1], fds[2], fds[3]}, .mask = *mask,
                                 .proc_fd = proc_fd, .flags = r.flags};
-    int rc = got;
     if (got > 0) {
         call.buf = malloc((size_t)r.size + 1);
-        rc = call.buf && read_full(sock, call.buf, r.size) == 0 && split_strings(&call, &r) == 0 ? 1 : -1;
+        got = call.buf && read_full(sock, call.buf, r.size) == 0 && split_strings(&call, &r) == 0 ? 1 : -1;
     }
-    if (rc > 0) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(sock);
-            session_call_main(&call);
-        }
-        if (pid < 0) {
-            struct sbx_session_frame f = {SBX_SESSION_FAILED, errno, 0, SBX_STEP_FORK};
-            send(call.sock, &f, sizeof f, MSG_NOSIGNAL);
-        }
-    }
-    for (int i = 0; i < N_FDS; i++)
-        if (fds[i] >= 0)
-            close(fds[i]);
-    free(call.buf);
-    free(call.argv);
-    free(call.envp);
-    return rc;
+    char word = got > 0 ? NOTE_TAKEN : NOTE_END;
+    if (write(note, &word, 1) != 1 || got <= 0)
+        _exit(0);
+    close(note);
+    close(sock);
+    session_call_main(&call);
 }
 
-static void reap_all(void)
+/* Fork the next standby: its pid, or -1 (tried again on a timer). */
+static pid_t make_standby(int sock, int note_rd, int note_wr, int sfd, int status_fd, const sigset_t *mask,
+                          int proc_fd)
 {
-    while (waitpid(-1, NULL, WNOHANG | __WALL) > 0)
-        ;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(note_rd);
+        close(sfd);
+        close(status_fd);
+        standby(sock, note_wr, mask, proc_fd);
+    }
+    return pid;
+}
+
+/* Reap every child that has ended: whether `standby` was one of them. */
+static int reap_all(pid_t standby_pid)
+{
+    int gone = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, NULL, WNOHANG | __WALL)) > 0)
+        gone |= pid == standby_pid;
+    return gone;
 }
 
 int main(int argc, char **argv)
@@ -222,11 +232,18 @@ int main(int argc, char **argv)
     /* The session's own proc, if its root has one: a call process lists its
      * children there to end its tree (session_call.c). */
     int proc_fd = open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC);
-    close(err_fd); /* EOF: the caller's spawn returns, the session is up */
-    struct pollfd fds[3] = {{sock, POLLIN, 0}, {sfd, POLLIN, 0}, {status_fd, 0, 0}};
+    int note[2];
+    if (pipe2(note, O_CLOEXEC) < 0) {
+        report_failure(err_fd, SBX_STEP_PIPE, errno);
+        return 125;
+    }
+    close(err_fd); /* EOF (no standby may hold it): the caller's spawn returns, the session is up */
+    pid_t next = make_standby(sock, note[0], note[1], sfd, status_fd, &mask, proc_fd);
+    struct pollfd fds[3] = {{note[0], POLLIN, 0}, {sfd, POLLIN, 0}, {status_fd, 0, 0}};
     nfds_t watched = 2; /* 3 once the spawning thread is gone: then POLLERR there ends us too */
     for (;;) {
-        if (poll(fds, watched, -1) < 0)
+        /* without a standby (a fork failed, or a command killed it), make one again soon */
+        if (poll(fds, watched, next > 0 ? -1 : 10) < 0)
             continue;
         if (fds[2].revents & POLLERR)
             finish(status_fd);
@@ -235,9 +252,17 @@ int main(int argc, char **argv)
             while (read(sfd, &info, sizeof info) == sizeof info)
                 if (info.ssi_signo == SBX_PDEATH_SIGNAL)
                     watched = 3;
-            reap_all();
+            if (reap_all(next))
+                next = -1;
         }
-        if (fds[0].revents & (POLLIN | POLLHUP | POLLERR) && serve_request(sock, &mask, proc_fd) <= 0)
-            finish(status_fd);
+        if (fds[0].revents & POLLIN) {
+            char word = NOTE_END;
+            if (read(note[0], &word, 1) == 1 && word == NOTE_TAKEN)
+                next = -1;
+            else
+                finish(status_fd);
+        }
+        if (next <= 0)
+            next = make_standby(sock, note[0], note[1], sfd, status_fd, &mask, proc_fd);
     }
 }

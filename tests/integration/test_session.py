@@ -193,3 +193,15 @@ def test_a_session_needs_a_pid_namespace_of_its_own(require_native: None) -> Non
         sandbox.Session(make_base_spec(as_pid_1=True))
     with pytest.raises(sandbox.SpecError, match="spec"):
         sandbox.Session("not a spec")  # type: ignore[arg-type]
+
+
+def test_a_command_killing_everything_it_can_leaves_the_session_serving(session: sandbox.Session) -> None:
+    """kill -9 -1 from a command reaches every process of its uid in the session but pid 1: the
+    call processes, its own among them, and the standby that takes the next request."""
+    marker = new_marker()
+    session.start(["sh", "-c", sleep_cmd(marker)])
+    assert wait_until(lambda: len(sleepers(marker)) == 1, 5)
+    session.exec(["sh", "-c", "kill -9 -1; sleep 0.1"], timeout=30)
+    assert wait_until(lambda: not sleepers(marker), 5)
+    for _ in range(3):
+        assert sh(session, "echo serving").stdout == "serving\n"

@@ -97,4 +97,5 @@ def test_close_removes_the_sessions_cgroups(require_native: None) -> None:
         assert all(d.name in inside for d in dirs)  # every command is counted in the session's cgroups
     finally:
         s.close()
-    assert not [d for d in dirs if d.exists()], "close() left a cgroup behind"
+    # removed once pid 1 is reaped, which the wait for its status does not wait for (as with spawn)
+    assert wait_until(lambda: not [d for d in dirs if d.exists()], 10), "close() left a cgroup behind"

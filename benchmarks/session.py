@@ -142,7 +142,7 @@ def scale(alive: list[int], n: int) -> tuple[str, dict[str, float]]:
                 before, had = _available_kib(), len(others)
                 while len(others) < count:
                     others.append(sandbox.Session(SPEC))
-                time.sleep(3 if count else 0)  # the network namespace pool refills behind the new sessions' leases
+                time.sleep(3)  # the network namespace pool refills behind the sessions' leases (the probe's too)
                 if count and count == max(alive):
                     added = count - had
                     figures["MemAvailable drop per session KiB"] = (before - _available_kib()) / max(1, added)

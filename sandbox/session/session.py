@@ -56,6 +56,7 @@ class Session:
         self._send_lock = threading.Lock()
         self._closed = False
         self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._plans_lock = threading.Lock()
         self._null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
         try:
             self._root = Root(self._proc.pid)
@@ -161,12 +162,14 @@ class Session:
             return self.plan.path, "", self.plan.env
         key = (None if cwd is None else os.fspath(cwd),
                None if env is None else tuple(sorted(env.items())) if isinstance(env, Mapping) else env)
-        plan = self._plans.get(key)
+        with self._plans_lock:
+            plan = self._plans.get(key)
         if plan is None:
             plan = compile_plan(with_call_options(self.spec, cwd, env), self._host)
-            if len(self._plans) >= MAX_OPTION_PLANS:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            with self._plans_lock:
+                if len(self._plans) >= MAX_OPTION_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[key] = plan
         return plan.path, plan.cwd_candidates[0] if cwd is not None else "", plan.env
 
     def _send(self, data: bytes, child: tuple[int, int, int]) -> socket.socket:

@@ -150,10 +150,12 @@ class Server:
     """The CLI server of a private installation: started, or stopped between rounds."""
 
     def __init__(self, root: Path) -> None:
-        from sandbox.cliserver import socket_path
-
         self.root = root
-        self.socket = socket_path(str(root))
+        # as that installation's own package names it (another commit's may put it elsewhere)
+        python = (root / "sandbox-py").read_text().split("\n", 1)[0].removeprefix("#!").strip()
+        self.socket = subprocess.run(
+            [python, "-c", "import sys\nfrom sandbox.cliserver import socket_path\nprint(socket_path(sys.argv[1]))",
+             str(root)], capture_output=True, text=True, check=True, env=_env(), cwd="/").stdout.strip()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

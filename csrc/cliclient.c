@@ -14,8 +14,10 @@
  * namespaces, seccomp, no_new_privs, LSM label, cgroup, root) against its
  * own and answers FALLBACK when they differ; this client checks the server
  * the same way before it sends it anything (a process that took the
- * socket's place would otherwise get our fds). The wire is csrc/cliwire.h;
- * the checks are clipeer.c.
+ * socket's place would otherwise get our fds). A worker also asks us to
+ * prove that no Landlock domain confines us (CHALLENGE: we read its
+ * /proc/PID/fd, which a domain may not). The wire is csrc/cliwire.h; the
+ * checks are clipeer.c.
  */
 #include "cliclient.h"
 #include "internal.h" /* sbx_recv_fds */
@@ -210,6 +212,10 @@ static void converse(int sock, pid_t parent, const int *fds, int nfds)
         if (n != (ssize_t)sizeof f) {
             fprintf(stderr, "%s: the sandbox CLI server ended before the command did\n", who);
             exit(as_bwrap ? 1 : 125);
+        }
+        if (f.kind == SBX_CLI_CHALLENGE) {
+            prove(sock, (pid_t)f.value);
+            continue;
         }
         if (f.kind == SBX_CLI_STATUS)
             exit_like_returncode(f.value);

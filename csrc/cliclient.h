@@ -21,6 +21,10 @@ int socket_path(const char *exe_dir, char *out, size_t size);
  * confined exactly as we are); -2 if nobody listens there, -1 otherwise. */
 int connect_server(const char *path);
 
+/* Answer a worker's CHALLENGE (cliwire.h): the proof that we may ptrace
+ * its process `pid`, so that no Landlock domain confines us and not it. */
+void prove(int sock, pid_t pid);
+
 /* The request (cliwire.h) for argv in `cwd`, with every open fd of ours
  * but `conn` listed in `fds` (their count in `nfds`); NULL if it cannot be
  * sent (too many fds, too large). */

@@ -45,6 +45,8 @@ int socket_path(const char *exe_dir, char *out, size_t size)
     snprintf(base, sizeof base, "/run/user/%u", (unsigned)getuid());
     if (own_dir(base))
         snprintf(dir, sizeof dir, "%s/sandbox-cli", base);
+    else if (getuid() == 0) /* never in the shared /tmp: a sandbox given a bind of it would reach root's files */
+        snprintf(dir, sizeof dir, "/run/sandbox-cli-0");
     else
         snprintf(dir, sizeof dir, "/tmp/sandbox-cli-%u", (unsigned)getuid());
     if (mkdir(dir, 0700) < 0 && errno != EEXIST)
@@ -160,6 +162,32 @@ int connect_server(const char *path)
         return -1;
     }
     return fd;
+}
+
+/* A worker's CHALLENGE: the link of its fd named SBX_CLI_PROOF_PREFIX...,
+ * read from /proc/PID/fd (which needs ptrace access to it: Landlock refuses
+ * that to a process whose domain does not confine the worker too), sent
+ * back as PROOF. What cannot be read is answered with an empty proof. */
+void prove(int sock, pid_t pid)
+{
+    struct {
+        struct sbx_cli_frame f;
+        char text[SBX_CLI_MAX_PROOF];
+    } msg = {{SBX_CLI_PROOF, 0}, {0}};
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        ssize_t n = readlinkat(dirfd(d), e->d_name, msg.text, sizeof msg.text);
+        if (n > 0 && n < (ssize_t)sizeof msg.text && !strncmp(msg.text, SBX_CLI_PROOF_PREFIX,
+                                                             strlen(SBX_CLI_PROOF_PREFIX))) {
+            msg.f.value = (int32_t)n;
+            break;
+        }
+    }
+    if (d)
+        closedir(d);
+    send(sock, &msg, sizeof msg.f + (size_t)msg.f.value, MSG_NOSIGNAL);
 }
 
 /* ------------------------------------------------------------------ the request */

@@ -26,6 +26,14 @@
  * - or the frames of a worker that runs the command line as the Python CLI
  *   (struct sbx_cli_frame, both ways): SIGNAL and ACK from the client;
  *   STATUS and DIE_WITH_PARENT from the server.
+ *
+ * A worker first asks the client to prove that no Landlock domain confines
+ * it (CHALLENGE, its value the worker's pid): the client reads the target
+ * of the worker's fd named SBX_CLI_PROOF_PREFIX... in /proc/PID/fd, which
+ * needs ptrace access to the worker (refused by Landlock to a process whose
+ * domain is not the worker's or an ancestor of it), and answers PROOF: the
+ * frame (its value the text's length), then that text, in one message. A
+ * wrong or missing proof gets FALLBACK (nothing of the request used yet).
  */
 #ifndef SANDBOX_CLIWIRE_H
 #define SANDBOX_CLIWIRE_H
@@ -34,11 +42,12 @@
 
 /* CDEF BEGIN */
 #define SBX_CLI_MAGIC 0x4c434253 /* "SBCL" */
-#define SBX_CLI_VERSION 3
+#define SBX_CLI_VERSION 4
 #define SBX_CLI_MAX_FDS 253 /* the kernel's SCM_MAX_FD: more open fds, and the client runs directly */
 #define SBX_CLI_MAX_REQUEST 196608 /* bytes; a larger request runs directly */
 #define SBX_CLI_MAX_ANSWER 262144  /* bytes; a larger plan is run by a worker (a larger answer is refused) */
 #define SBX_CLI_N_RLIMITS 16       /* RLIM_NLIMITS */
+#define SBX_CLI_MAX_PROOF 200      /* bytes of a PROOF's text (a memfd's link: "/memfd:" NAME " (deleted)") */
 
 struct sbx_cli_request {
     uint32_t magic, version;
@@ -59,6 +68,8 @@ enum sbx_cli_kind {
     SBX_CLI_DIE_WITH_PARENT = 4, /* server: --die-with-parent: the client dies with its own parent */
     SBX_CLI_ACK = 5,             /* client: value 1 if DIE_WITH_PARENT holds, 0 if its parent is gone */
     SBX_CLI_PLAN = 6,            /* server: run this plan yourself (struct sbx_cli_plan) */
+    SBX_CLI_CHALLENGE = 7,       /* server: value is the worker's pid: prove ptrace access to it */
+    SBX_CLI_PROOF = 8,           /* client: value bytes of the proof's text follow the frame */
 };
 
 struct sbx_cli_frame {
@@ -83,5 +94,9 @@ enum sbx_cli_plan_flags {
     SBX_CLI_PLAN_DIE_WITH_PARENT = 1, /* the client dies with its parent, or fails if it is gone already */
 };
 /* CDEF END */
+
+/* The name of the worker's memfd whose link in /proc/PID/fd is the proof
+ * (a random nonce follows it). */
+#define SBX_CLI_PROOF_PREFIX "/memfd:sandbox-cli-proof-"
 
 #endif

@@ -217,7 +217,20 @@ static _Noreturn void finish(int status, int status_fd)
     while ((pid = sys6(__NR_wait4, -1, (long)&other, WALL, 0, 0, 0)) != -ECHILD)
         if (pid < 0 && pid != -4) /* not EINTR: nothing left to wait for */
             break;
-    write_all(status_fd, &status, sizeof status);
+    /* Every process of the sandbox has been reaped (each by its parent, or
+     * here): RUSAGE_CHILDREN now covers them all. The kernel's struct
+     * rusage opens with two timevals, then ru_maxrss (KiB). */
+    long ru[18]; /* filled by the kernel; no initializer (a freestanding build has no memset) */
+    struct sbx_end_status end;
+    end.status = status;
+    end.pad = 0;
+    end.utime_us = end.stime_us = end.maxrss_kb = -1;
+    if (SYS(getrusage, -1 /* RUSAGE_CHILDREN */, ru, 0) == 0) {
+        end.utime_us = (int64_t)ru[0] * 1000000 + ru[1];
+        end.stime_us = (int64_t)ru[2] * 1000000 + ru[3];
+        end.maxrss_kb = ru[4];
+    }
+    write_all(status_fd, &end, sizeof end);
     int sig_nr = status & 0x7f;
     die(sig_nr ? 128 + sig_nr : (status >> 8) & 0xff);
 }

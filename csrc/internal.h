@@ -287,7 +287,9 @@ void sbx_zmsg_init(struct sbx_zmsg *m, uint32_t kind, int64_t id, pid_t pid, int
  * control socket will say. */
 void sbx_zreport(struct sbx_zygote *z, const struct sbx_zmsg *m, const int *fds, int n);
 void sbx_zreport_failed(struct sbx_zygote *z, int64_t id, const struct sbx_result *res, int slot);
-void sbx_zreport_exited(struct sbx_zygote *z, int64_t id, pid_t pid, int status, int slot);
+struct rusage;
+/* EXITED; `ru` (NULL: none) goes in t_ns[SBX_Z_RU_*] */
+void sbx_zreport_exited(struct sbx_zygote *z, int64_t id, pid_t pid, int status, int slot, const struct rusage *ru);
 /* One message and its fds (at most `max`, close-on-exec): 1, 0 at EOF, -1
  * with errno. One of the wrong size, or whose fds did not all arrive, is
  * EPROTO (its fds closed). */

@@ -31,6 +31,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -127,7 +128,16 @@ static _Noreturn void reap(pid_t pid, int report)
         while (waitpid(-1, &other, 0) > 0 || errno == EINTR)
             ;
     }
-    sbx_write_all(report, &status, sizeof status);
+    /* Every process of the sandbox is reaped: RUSAGE_CHILDREN covers them
+     * all, and nothing of this process's own setup (csrc/sandbox.h). */
+    struct sbx_end_status end = {.status = status, .utime_us = -1, .stime_us = -1, .maxrss_kb = -1};
+    struct rusage ru;
+    if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {
+        end.utime_us = (int64_t)ru.ru_utime.tv_sec * 1000000 + ru.ru_utime.tv_usec;
+        end.stime_us = (int64_t)ru.ru_stime.tv_sec * 1000000 + ru.ru_stime.tv_usec;
+        end.maxrss_kb = ru.ru_maxrss;
+    }
+    sbx_write_all(report, &end, sizeof end);
     _exit(WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status));
 }
 

@@ -347,7 +347,8 @@ int sbx_task_death_notes(int note_fd, uint64_t died_base);
  *   zygote -> caller  SPARE  pid, slot   fds: socket to the spare, pidfd
  *                     STARTED id, pid, slot, flags (SPARE: a claimed spare), t_ns
  *                     FAILED id, slot, step, op, err, detail, status (wait status)
- *                     EXITED id (-1: an unused spare), pid, slot, status
+ *                     EXITED id (-1: an unused spare), pid, slot, status, and in t_ns
+ *                            [SBX_Z_RU_*] wait4's rusage of a task's pid 1 (all 0: none)
  *   caller -> spare   SPAWN  fds: result, stdout, stderr
  * (slot -1: none; n_ns 0 or 2: a leased network namespace's owner and itself) */
 #define SBX_Z_SPAWN 1
@@ -358,6 +359,9 @@ int sbx_task_death_notes(int note_fd, uint64_t died_base);
 #define SBX_Z_STARTED 17
 #define SBX_Z_FAILED 18
 #define SBX_Z_EXITED 19
+#define SBX_Z_RU_UTIME_US 0
+#define SBX_Z_RU_STIME_US 1
+#define SBX_Z_RU_MAXRSS_KB 2
 #define SBX_ZF_PLAN 1      /* SPAWN: a per-task plan (memfd) follows stderr */
 #define SBX_ZF_SPARE 2     /* STARTED: a spare the task claimed while it was set up */
 #define SBX_Z_MAX_FDS 64   /* fds in one message */
@@ -556,6 +560,20 @@ struct sbx_report {
     int32_t op;     /* index of the failing op (or probe path, rlimit ...), or -1 */
     int32_t err;    /* errno */
     int32_t detail; /* enum sbx_detail */
+};
+
+/* What sandbox-init (init.c) writes to its status pipe once every process
+ * of the sandbox has been reaped: the command's raw wait status (a reader
+ * that wants only that reads the first 4 bytes), then what the kernel
+ * counted for all of them (getrusage(RUSAGE_CHILDREN) of pid 1: user and
+ * system CPU time, the largest resident set of any), the usage a sandbox
+ * without a cgroup reports. */
+struct sbx_end_status {
+    int32_t status;
+    int32_t pad;
+    int64_t utime_us;
+    int64_t stime_us;
+    int64_t maxrss_kb;
 };
 
 /* On the report socket, one message each:

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -173,7 +174,7 @@ static int no_spare(struct sbx_zygote *z, struct zstate *s, struct zchild *k, co
         drop_child(s, k);
     s->spares_failed = 1;
     if (slot->id >= 0)
-        sbx_zreport_exited(z, -1, 0, 0, slot->id);
+        sbx_zreport_exited(z, -1, 0, 0, slot->id, NULL);
     return -1;
 }
 
@@ -324,7 +325,7 @@ static void setup_ended(struct sbx_zygote *z, struct zstate *s, struct zchild *k
                 sbx_close_fds(k->claim_fds, 3);
                 sbx_zreport_failed(z, k->claim, &k->res, k->slot);
             } else if (k->slot >= 0) { /* its cgroup is the caller's to remove */
-                sbx_zreport_exited(z, -1, k->pid, k->res.wait_status, k->slot);
+                sbx_zreport_exited(z, -1, k->pid, k->res.wait_status, k->slot, NULL);
             }
         } else {
             sbx_zreport_failed(z, k->task, &k->res, k->slot);
@@ -353,12 +354,15 @@ static void setup_ended(struct sbx_zygote *z, struct zstate *s, struct zchild *k
 static void reap(struct sbx_zygote *z, struct zstate *s, struct zchild *k)
 {
     int status = 0;
-    while (waitpid(k->pid, &status, 0) < 0 && errno == EINTR)
+    struct rusage ru;
+    /* wait4's rusage: the task's pid 1 and whatever it reaped (usage without a cgroup) */
+    memset(&ru, 0, sizeof ru);
+    while (wait4(k->pid, &status, 0, &ru) < 0 && errno == EINTR)
         ;
     close(k->pidfd);
     if (k->sock >= 0)
         close(k->sock);
-    sbx_zreport_exited(z, k->task, k->pid, status, k->slot);
+    sbx_zreport_exited(z, k->task, k->pid, status, k->slot, &ru);
     drop_child(s, k);
 }
 

@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -48,11 +49,18 @@ void sbx_zreport_failed(struct sbx_zygote *z, int64_t id, const struct sbx_resul
     sbx_zreport(z, &m, NULL, 0);
 }
 
-void sbx_zreport_exited(struct sbx_zygote *z, int64_t id, pid_t pid, int status, int slot)
+void sbx_zreport_exited(struct sbx_zygote *z, int64_t id, pid_t pid, int status, int slot, const struct rusage *ru)
 {
     struct sbx_zmsg m;
     sbx_zmsg_init(&m, SBX_Z_EXITED, id, pid, slot);
     m.status = status;
+    if (!ru) {
+        sbx_zreport(z, &m, NULL, 0);
+        return;
+    }
+    m.t_ns[SBX_Z_RU_UTIME_US] = (uint64_t)ru->ru_utime.tv_sec * 1000000 + (uint64_t)ru->ru_utime.tv_usec;
+    m.t_ns[SBX_Z_RU_STIME_US] = (uint64_t)ru->ru_stime.tv_sec * 1000000 + (uint64_t)ru->ru_stime.tv_usec;
+    m.t_ns[SBX_Z_RU_MAXRSS_KB] = (uint64_t)ru->ru_maxrss;
     sbx_zreport(z, &m, NULL, 0);
 }
 

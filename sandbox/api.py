@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 
 from . import backends
-from .errors import SpecError
+from .errors import SpecError, TimeoutExpired
+from .output import DEFAULT_MAX_OUTPUT, OutputLimitError, check_cap
 from .plan import check_argv
 from .plan_cache import compiled_plan
 from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
@@ -140,7 +141,7 @@ def with_call_options(spec: Spec, cwd: StrPath | None, env: Mapping[str, str] | 
 def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: StdioArg = None,
           stderr: StdioArg = None, pass_fds: Iterable[int] = (), backend: str = "auto",
           cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None,
-          sync: Sync = NO_SYNC) -> SandboxProcess:
+          sync: Sync = NO_SYNC, max_output: int | None = None, on_overflow: str = "tail") -> SandboxProcess:
     """Start `argv` in a sandbox described by `spec`; return at once.
 
     stdin/stdout/stderr take what subprocess.Popen takes (None inherits,
@@ -150,6 +151,9 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     the Spec's for this call (see `with_call_options`: `env` is the whole
     environment, as in subprocess). `sync`: fds of the caller at which the
     setup reports or waits, as bwrap's --block-fd and friends (sandbox.sync).
+    `max_output` (bytes per stream, None: no cap) and `on_overflow` ("tail",
+    "head", "kill", "raise") cap what the process's communicate() keeps
+    (sandbox.output).
 
     Raises SpecError (a ValueError) for bad arguments; SetupError when a setup
     step fails; ExecError (also FileNotFoundError or PermissionError) when the
@@ -160,6 +164,7 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     args = check_argv(argv)
     if not isinstance(spec, Spec):
         raise SpecError("spec", spec, "must be a sandbox.Spec")
+    check_cap(max_output, on_overflow)
     spec = with_call_options(spec, cwd, env)
     fds = check_pass_fds(pass_fds)
     if BROKER_ENV in os.environ:  # inside a task sandbox: its broker starts the sandbox, beside it
@@ -184,14 +189,15 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
         raise
     stdio.started()
     return SandboxProcess(args, launched, backend=name, backend_reason=reason, network=plan.network,
-                          pipes=stdio.parent)
+                          pipes=stdio.parent, max_output=max_output, on_overflow=on_overflow)
 
 
 def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
         stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
         backend: str = "auto", cwd: str | os.PathLike[str] | None = None,
-        env: Mapping[str, str] | None = None) -> CompletedProcess:
+        env: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_overflow: str = "tail") -> CompletedProcess:
     """Run `argv` in a sandbox and wait, like subprocess.run.
 
     On timeout every process of the sandbox is killed and
@@ -203,10 +209,17 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
     since the spawn began, by stage (`start`, `child`, `ready`, `exec` on
     every backend; the native one adds `idmap`, `mounts`, `pivot`, `return`,
     `done`). Raises what spawn() raises.
+
+    Of each captured stream at most `max_output` bytes are kept (default 64
+    MiB; None: no cap): `on_overflow` "tail" (the default) keeps the last
+    ones, "head" the first, "kill" the first and kills the sandbox
+    (killed_by "output"), "raise" does that and raises OutputLimitError
+    with what was kept (sandbox.output). `.stdout_dropped` and
+    `.stderr_dropped` count the bytes left out.
     """
     def start(stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> SandboxProcess:
         return spawn(argv, spec, stdin=stdin, stdout=stdout, stderr=stderr, pass_fds=pass_fds, backend=backend,
-                     cwd=cwd, env=env)
+                     cwd=cwd, env=env, max_output=max_output, on_overflow=on_overflow)
 
     return run_with(start, input=input, capture_output=capture_output, timeout=timeout, check=check, text=text,
                     stdin=stdin, stdout=stdout, stderr=stderr)
@@ -235,18 +248,31 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
         except subprocess.TimeoutExpired as exc:
             proc._timed_out()
             proc.wait()
-            expired = subprocess.TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr)
-            expired.usage, expired.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
-            raise expired from None
+            raise TimeoutExpired(proc.args, timeout or 0, exc.output, exc.stderr, usage=proc.usage,
+                                 killed_by=proc.killed_by) from None
+        except OutputLimitError as exc:
+            if text:
+                exc.stdout = decoded(exc.stdout, exc.stdout_dropped)
+                exc.stderr = decoded(exc.stderr, exc.stderr_dropped)
+            raise
     stdout_: bytes | str | None = out
     stderr_: bytes | str | None = err
     if text:
-        stdout_ = out.decode() if out is not None else None
-        stderr_ = err.decode() if err is not None else None
+        stdout_ = decoded(out, proc.stdout_dropped)
+        stderr_ = decoded(err, proc.stderr_dropped)
     assert proc.returncode is not None
     result = CompletedProcess(proc.args, proc.returncode, stdout_, stderr_, backend=proc.backend,
                               backend_reason=proc.backend_reason, timings=proc.timings, network=proc.network,
-                              isolation=proc.isolation, usage=proc.usage, killed_by=proc.killed_by)
+                              isolation=proc.isolation, usage=proc.usage, killed_by=proc.killed_by,
+                              stdout_dropped=proc.stdout_dropped, stderr_dropped=proc.stderr_dropped)
     if check:
         result.check_returncode()
     return result
+
+
+def decoded(data: bytes | str | None, dropped: int) -> str | None:
+    """`data` as text; a stream cut by its output cap may end (or start) in the
+    middle of a character, which is then replaced (U+FFFD), not an error."""
+    if data is None or isinstance(data, str):
+        return data
+    return data.decode(errors="replace" if dropped else "strict")

@@ -38,15 +38,15 @@ EXIT_NOEXEC = 126  # command found but not executable
 EXIT_NOTFOUND = 127  # command not found
 
 USAGE = """\
-usage: python -m sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
-       python -m sandbox probe
-       python -m sandbox serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS]
-       python -m sandbox --version
-       python -m sandbox --help
+usage: sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
+       sandbox probe
+       sandbox serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS]
+       sandbox --version
+       sandbox --help
 
 commands:
     run      Run COMMAND in a sandbox described by bubblewrap-style OPTIONS
-             (see `python -m sandbox run --help`; `--dry-run` shows the
+             (see `sandbox run --help`; `--dry-run` shows the
              sandbox without running it, `--verbose` says which backend ran)
     probe    Report what this host supports: which backends can run and why
     serve    The per-user CLI server the installed `sandbox` command starts
@@ -54,7 +54,7 @@ commands:
 """
 
 PROBE_HELP = """\
-usage: python -m sandbox probe
+usage: sandbox probe
 
 Report what this host supports: the kernel, the caller's uid, whether the
 native backend (the compiled core in this package, in-process namespaces) and
@@ -97,12 +97,14 @@ def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
         args, argv0 = args[2:], args[1]
     if os.path.basename(argv0) == BWRAP_NAME:
         return run_as_bwrap(args, argv0)
+    prog = "python -m sandbox" if os.path.basename(argv0) == "__main__.py" else "sandbox"
+    _CONVENTIONS.usage_name = f"{prog} run"
     if not args:
-        sys.stderr.write(USAGE)
+        sys.stderr.write(_named(USAGE, prog))
         return EXIT_SETUP
     command, rest = args[0], args[1:]
     if command in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
+        sys.stdout.write(_named(USAGE, prog))
         return 0
     if command in ("-V", "--version"):
         print(f"sandbox {_version()}")
@@ -118,6 +120,11 @@ def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
     return _fail(EXIT_SETUP, f"unknown command {command!r} (try --help)")
 
 
+def _named(text: str, prog: str) -> str:
+    """A help text as the program was invoked: `sandbox` (the installed command), or `python -m sandbox`."""
+    return text.replace("sandbox ", f"{prog} ") if prog != "sandbox" else text
+
+
 BWRAP_NAME = "bwrap"
 BWRAP_EXIT_FAILURE = 1  # bwrap's die(): every failure of its own
 
@@ -128,7 +135,7 @@ class Conventions:
     and whether `--version` is bwrap's (see `version_text`)."""
 
     def __init__(self, prefix: str = "sandbox", failure: int | None = None,
-                 usage_name: str = "python -m sandbox run", bwrap_version: bool = False) -> None:
+                 usage_name: str = "sandbox run", bwrap_version: bool = False) -> None:
         self.prefix = prefix
         self.failure = failure
         self.usage_name = usage_name
@@ -273,7 +280,7 @@ def _no_pool_for_network_none() -> None:
 def probe(args: Sequence[str]) -> int:
     """`probe`: print what this host supports."""
     if args[:1] in (["-h"], ["--help"]):
-        sys.stdout.write(PROBE_HELP)
+        sys.stdout.write(_named(PROBE_HELP, _CONVENTIONS.usage_name.removesuffix(" run")))
         return 0
     if args:
         return _fail(EXIT_SETUP, f"probe takes no arguments (got {args[0]!r}; try --help)")

@@ -9,10 +9,37 @@ import errno as _errno
 import os
 import reprlib
 import signal as _signal
+import subprocess
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .cgroups import Usage
 
 
 class SandboxError(Exception):
-    """Base class of every error raised by this package."""
+    """Base class of every error raised by this package.
+
+    Every one pickles to an equal error (same class, args and attributes),
+    whatever its constructor takes, so it crosses a process (a Ray node, a
+    multiprocessing worker) as itself."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce calls the class with self.args, which fails for a
+        # constructor of other (or keyword-only) parameters: rebuild without calling it.
+        args = OSError.__reduce__(self)[1] if isinstance(self, OSError) else self.args
+        return _rebuild, (type(self), args, dict(vars(self)))
+
+
+def _rebuild(cls: type[SandboxError], args: tuple[Any, ...], state: dict[str, Any]) -> SandboxError:
+    """An error of `cls` with `args` and the attributes `state`, its constructor not called."""
+    exc = cls.__new__(cls, *args)
+    if isinstance(exc, OSError):
+        OSError.__init__(exc, *args)  # errno, strerror, filename: fields of the C struct, not of vars()
+    else:
+        exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 class SpecError(SandboxError, ValueError):
@@ -46,6 +73,11 @@ _shown.maxlong = 100
 _shown.maxlist = _shown.maxtuple = _shown.maxdict = _shown.maxset = _shown.maxfrozenset = 40
 
 
+FORK_HINT = ("; a process limit refused the fork: Limits.nproc counts every process of the sandbox, its pid 1 "
+             "(sandbox-init, which reaps the others) too, so allow at least 2 (or as_pid_1=True); where no cgroup "
+             "holds it, RLIMIT_NPROC counts every process of the uid")
+
+
 class SetupError(SandboxError):
     """A step of sandbox setup failed; the command never ran.
 
@@ -63,6 +95,8 @@ class SetupError(SandboxError):
         errno: int = 0,
         backend: str = "native",
     ) -> None:
+        if errno == _errno.EAGAIN and (step == "fork" or "fork" in message) and FORK_HINT not in message:
+            message += FORK_HINT  # fork(2)'s EAGAIN: a process limit, the sandbox's or the uid's
         self.step = step
         self.path = path
         self.errno = errno
@@ -119,6 +153,24 @@ class IsolationError(SandboxError):
 class SessionError(SandboxError):
     """A sandbox.Session cannot serve a call: it was closed, or it ended (its
     pid 1 was killed from outside, or could not start a command's process)."""
+
+
+_Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
+
+class TimeoutExpired(subprocess.TimeoutExpired):
+    """run()'s (and task.run()'s) timeout: a subprocess.TimeoutExpired (catch
+    either), whose sandbox was killed, with what it used: `usage` (as on a
+    CompletedProcess) and `killed_by` ("timeout", or the limit that ended it
+    first). `output` and `stderr` hold what it wrote until then."""
+
+    def __init__(self, cmd: _Arg | Sequence[_Arg], timeout: float, output: bytes | str | None = None,
+                 stderr: bytes | str | None = None, *, usage: Usage | None = None,
+                 killed_by: str | None = None) -> None:
+        super().__init__(cmd, timeout, output, stderr)
+        self.args = (cmd, timeout, output, stderr)  # what pickle calls the class with, however it was called
+        self.usage = usage
+        self.killed_by = killed_by
 
 
 class NetnsPoolError(SandboxError):

@@ -38,8 +38,11 @@ __all__ = ["host_view", "image", "minimal_system", "python_interpreter", "python
 
 TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+# A preset's /tmp holds at most this many bytes, whatever the host's RAM (a tmpfs's default is half of it,
+# and what is written there is memory; a sandbox's memory limit, where there is one, counts it too).
+TMP_SIZE = 512 << 20
 # What a program expects beside its files: a process list, devices, a private /tmp.
-RUNTIME_MOUNTS: tuple[Mount, ...] = (Proc(), Dev(), Tmpfs("/tmp"))
+RUNTIME_MOUNTS: tuple[Mount, ...] = (Proc(), Dev(), Tmpfs("/tmp", size=TMP_SIZE))
 
 
 def system_mounts() -> tuple[Mount, ...]:

@@ -13,6 +13,7 @@ from typing import IO, Any
 from .backends.contract import Handle
 from .backends.handle import readable_count
 from .cgroups import Usage
+from .output import OutputCap, OutputLimitError
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -21,17 +22,20 @@ STDOUT = subprocess.STDOUT
 
 class CompletedProcess(subprocess.CompletedProcess[Any]):
     """subprocess.CompletedProcess plus which backend ran and setup timings (µs),
-    the sandbox's resource `usage` (sandbox.cgroups.Usage, or None) and
+    the sandbox's resource `usage` (sandbox.cgroups.Usage, or None),
     `killed_by`: the limit that ended it ("memory", "pids", "cpu",
-    "timeout") or None."""
+    "timeout", "output") or None, and `stdout_dropped`/`stderr_dropped`:
+    the bytes of each stream left out by the output cap (sandbox.output)."""
 
     def __init__(self, args: Any, returncode: int, stdout: Any = None, stderr: Any = None, *,
                  backend: str = "native", backend_reason: str = "", timings: dict[str, float] | None = None,
                  network: str = "none", isolation: dict[str, Any] | None = None, usage: Usage | None = None,
-                 killed_by: str | None = None) -> None:
+                 killed_by: str | None = None, stdout_dropped: int = 0, stderr_dropped: int = 0) -> None:
         super().__init__(args, returncode, stdout, stderr)
         self.usage = usage
         self.killed_by = killed_by
+        self.stdout_dropped = stdout_dropped
+        self.stderr_dropped = stderr_dropped
         self.backend = backend
         self.backend_reason = backend_reason
         self.timings = timings or {}
@@ -48,12 +52,22 @@ class SandboxProcess:
     Once it has ended, `usage` is what its mechanism counted (cpu_s,
     memory_peak_mb, pids_peak; sandbox.cgroups.Usage, None where the executor
     tells nothing) and `killed_by` which limit ended it ("memory", "pids",
-    "cpu", "timeout") or None.
+    "cpu", "timeout", "output") or None.
+
+    `max_output` and `on_overflow` cap what communicate() keeps of each
+    stream (sandbox.output; None: no cap); after it, `stdout_dropped` and
+    `stderr_dropped` say how many bytes it left out.
     """
+
+    # class defaults, for a subclass that starts its process otherwise (a brokered one)
+    max_output: int | None = None
+    on_overflow = "tail"
+    stdout_dropped = 0
+    stderr_dropped = 0
 
     def __init__(self, args: list[str], handle: Handle, *, backend: str, backend_reason: str = "",
                  network: str = "none", pipes: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None] = (
-                     None, None, None)) -> None:
+                     None, None, None), max_output: int | None = None, on_overflow: str = "tail") -> None:
         self.args = args
         self.pid = handle.pid
         self.backend = backend
@@ -68,7 +82,10 @@ class SandboxProcess:
         self.isolation = handle.isolation
         self.usage: Usage | None = None
         self.killed_by: str | None = None
-        self._caller_end: str | None = None  # "timeout" or "kill": the caller ended it, not a limit
+        self._caller_end: str | None = None  # "timeout", "output" or "kill": the caller ended it
+        self.max_output = max_output  # checked by the caller before the launch (output.check_cap)
+        self.on_overflow = on_overflow
+        self.stdout_dropped = self.stderr_dropped = 0
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ status
@@ -140,8 +157,13 @@ class SandboxProcess:
 
     def _timed_out(self) -> None:
         """The caller's timeout ends it: killed_by says "timeout"."""
+        self._ended_by("timeout")
+
+    def _ended_by(self, limit: str) -> None:
+        """A limit the caller enforces ("timeout", "output") ends it: killed_by names it."""
         with self._lock:
-            self._caller_end = "timeout"
+            if self._caller_end is None or self._caller_end == "kill":
+                self._caller_end = limit
         self.kill()
 
     # ------------------------------------------------------------ I/O
@@ -149,11 +171,25 @@ class SandboxProcess:
     def communicate(
         self, input: bytes | None = None, timeout: float | None = None
     ) -> tuple[bytes | None, bytes | None]:
-        """Send `input`, read stdout/stderr to EOF, wait; like Popen.communicate."""
+        """Send `input`, read stdout/stderr to EOF, wait; like Popen.communicate.
+
+        Keeps of each stream what the process's output cap says (`max_output`,
+        `on_overflow`: sandbox.output) and sets `stdout_dropped` and
+        `stderr_dropped`; under "kill" or "raise" the sandbox is killed at the
+        cap (killed_by "output"), and "raise" then raises OutputLimitError
+        carrying what was kept."""
         deadline = None if timeout is None else time.monotonic() + timeout
         out, err = _pump(self, input, deadline, timeout)
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.wait(remaining)
+        if self._caller_end == "output" and self.on_overflow == "raise":
+            assert self.max_output is not None
+            raise OutputLimitError(
+                f"the command wrote more than max_output={self.max_output} bytes to a stream; its sandbox "
+                f"was killed (dropped: stdout {self.stdout_dropped}, stderr {self.stderr_dropped} bytes)",
+                max_output=self.max_output, stdout=out, stderr=err, stdout_dropped=self.stdout_dropped,
+                stderr_dropped=self.stderr_dropped, returncode=self.returncode, usage=self.usage,
+                killed_by=self.killed_by)
         return out, err
 
     def _close_pipes(self) -> None:
@@ -184,10 +220,14 @@ class SandboxProcess:
 
 def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
           timeout: float | None) -> tuple[bytes | None, bytes | None]:
-    """Write `data` to stdin and read stdout/stderr until EOF, with a deadline."""
+    """Write `data` to stdin and read stdout/stderr until EOF, with a
+    deadline, keeping of each what the process's output cap allows. What a
+    communicate() read before its TimeoutExpired is kept for the next one
+    (as subprocess does): the caps live on the process."""
     view = memoryview(data or b"")
-    readers = {f: f.fileno() for f in (proc.stdout, proc.stderr) if f is not None}
-    chunks: dict[int, list[bytes]] = {fd: [] for fd in readers.values()}
+    caps: dict[Any, OutputCap] = proc.__dict__.setdefault(
+        "_caps", {f: OutputCap(proc.max_output, proc.on_overflow)
+                  for f in (proc.stdout, proc.stderr) if f is not None})
     with selectors.DefaultSelector() as sel:
         if proc.stdin is not None:
             if view:
@@ -195,31 +235,34 @@ def _pump(proc: SandboxProcess, data: bytes | None, deadline: float | None,
                 sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, proc.stdin)
             else:
                 proc.stdin.close()
-        for f, fd in readers.items():
-            sel.register(fd, selectors.EVENT_READ, f)
+        for f in caps:
+            if not f.closed:
+                sel.register(f.fileno(), selectors.EVENT_READ, f)
         while sel.get_map():
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                out, err = _collected(chunks, readers, proc)
+                out, err = _collected(caps, proc)
                 raise subprocess.TimeoutExpired(proc.args, timeout or 0, out, err)
             for key, _ in sel.select(left):
                 if key.events & selectors.EVENT_WRITE:
                     view = _write_some(sel, key, view)
                     continue
                 block = os.read(key.fd, 65536)
-                if block:
-                    chunks[key.fd].append(block)
-                else:
+                if not block:
                     sel.unregister(key.fd)
                     key.data.close()
-    return _collected(chunks, readers, proc)
+                elif caps[key.data].feed(block):
+                    proc._ended_by("output")
+    return _collected(caps, proc)
 
 
-def _collected(chunks: dict[int, list[bytes]], readers: dict[Any, int],
-               proc: SandboxProcess) -> tuple[bytes | None, bytes | None]:
-    out = b"".join(chunks[readers[proc.stdout]]) if proc.stdout is not None else None
-    err = b"".join(chunks[readers[proc.stderr]]) if proc.stderr is not None else None
-    return out, err
+def _collected(caps: dict[Any, OutputCap], proc: SandboxProcess) -> tuple[bytes | None, bytes | None]:
+    out_cap = caps.get(proc.stdout)
+    err_cap = caps.get(proc.stderr)
+    proc.stdout_dropped = out_cap.dropped if out_cap is not None else 0
+    proc.stderr_dropped = err_cap.dropped if err_cap is not None else 0
+    return (out_cap.kept() if out_cap is not None else None,
+            err_cap.kept() if err_cap is not None else None)
 
 
 def _write_some(sel: selectors.BaseSelector, key: selectors.SelectorKey, view: memoryview) -> memoryview:

@@ -35,6 +35,7 @@ from . import backends
 from .api import Stdio, StdioArg, check_pass_fds, run_with
 from .backends.template import Server, launch_in
 from .errors import SpecError, UnavailableError
+from .output import DEFAULT_MAX_OUTPUT, check_cap
 from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
 from .refusal import refusal
@@ -90,13 +91,17 @@ class Template:
 
     def spawn(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
               stderr: StdioArg = None, pass_fds: Iterable[int] = (), env: Mapping[str, str] | None = None,
-              cwd: StrPath | None = None, limits: Limits | None = None, binds: Sequence[Bind] = ()) -> SandboxProcess:
+              cwd: StrPath | None = None, limits: Limits | None = None, binds: Sequence[Bind] = (),
+              max_output: int | None = None, on_overflow: str = "tail") -> SandboxProcess:
         """Start `argv` in a new sandbox cloned from this template; return once it has exec'd.
 
-        Takes what sandbox.spawn takes, plus the per-call overrides (see the
-        module docstring); raises what it raises.
+        Takes what sandbox.spawn takes (`max_output` and `on_overflow`: its
+        communicate()'s output cap, sandbox.output), plus the per-call
+        overrides (see the module docstring); raises what it raises.
         """
         args = _argv(argv)
+        if max_output is not None or on_overflow != "tail":
+            check_cap(max_output, on_overflow)
         fds = check_pass_fds(pass_fds) if pass_fds else ()
         plan = self._plans.sandbox
         if env is not None or cwd is not None or limits is not None or binds:
@@ -111,15 +116,19 @@ class Template:
             raise
         stdio.started()
         return SandboxProcess(args, launched, backend="template", backend_reason="sandbox.Template",
-                              network=plan.network, pipes=stdio.parent)
+                              network=plan.network, pipes=stdio.parent, max_output=max_output,
+                              on_overflow=on_overflow)
 
     def run(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
             timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
-            stdout: StdioArg = None, stderr: StdioArg = None, **call: Any) -> CompletedProcess:
-        """Run `argv` in a new sandbox and wait, like sandbox.run; `call` takes
-        spawn()'s pass_fds, env, cwd, limits and binds."""
+            stdout: StdioArg = None, stderr: StdioArg = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
+            on_overflow: str = "tail", **call: Any) -> CompletedProcess:
+        """Run `argv` in a new sandbox and wait, like sandbox.run (the same
+        output cap, 64 MiB per stream by default); `call` takes spawn()'s
+        pass_fds, env, cwd, limits and binds."""
         def start(stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> SandboxProcess:
-            return self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, **call)
+            return self.spawn(argv, stdin=stdin, stdout=stdout, stderr=stderr, max_output=max_output,
+                              on_overflow=on_overflow, **call)
 
         return run_with(start, input=input, capture_output=capture_output, timeout=timeout, check=check,
                         text=text, stdin=stdin, stdout=stdout, stderr=stderr)

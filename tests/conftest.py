@@ -5,9 +5,12 @@ The tests exercise the installed package, never the source tree's uncompiled
 sys.path, so tests/_installed.py, imported first, takes it off again (unless
 the checkout is what is installed, as with `pip install -e .`).
 
-One fixture is autouse: `nothing_outlives_the_test` (tests/leakcheck.py),
+Two fixtures are autouse: `nothing_outlives_the_test` (tests/leakcheck.py),
 which fails a test after which a process, a mount or a namespace fd it made
-is left. The others are requested by name.
+is left, and `foreground_signals`, which gives every test the signal state of
+a run started from a terminal's foreground, whatever started this one (a
+background job ignores SIGINT and SIGQUIT; a CI runner may block signals).
+The others are requested by name.
 
 - `SYSTEM_MOUNTS`, `BASE_MOUNTS`, `make_base_spec`: the one base world every
   test module builds on (the conformance suite takes SYSTEM_MOUNTS, the
@@ -115,6 +118,31 @@ fprog = Fprog(len(prog) // 8, ctypes.cast(buf, ctypes.c_void_p))
 assert libc.prctl(38, 1, 0, 0, 0) == 0, "PR_SET_NO_NEW_PRIVS"
 assert libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0, "PR_SET_SECCOMP"
 """
+
+# ---------------------------------------------------------------- signals
+
+# What Python sets at its start from a terminal's foreground, for the signals a
+# starter may have changed: a child it spawns inherits every ignored one (exec keeps
+# SIG_IGN; a handler becomes SIG_DFL) and the spawning thread's mask.
+FOREGROUND_SIGNALS: dict[signal.Signals, Any] = {
+    signal.SIGINT: signal.default_int_handler,  # ignored in a background job (sh: `cmd &`)
+    signal.SIGQUIT: signal.SIG_DFL,  # likewise
+}  # (not SIGHUP, which nohup ignores: a test that needs it sets it, and nohup's run survives a hangup)
+
+
+@pytest.fixture(autouse=True)
+def foreground_signals() -> Iterator[None]:
+    """The test runs with FOREGROUND_SIGNALS and no signal blocked; what was
+    set before is restored after it."""
+    saved = {sig: signal.signal(sig, handler) for sig, handler in FOREGROUND_SIGNALS.items()}
+    mask = signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
 
 # ---------------------------------------------------------------- processes
 

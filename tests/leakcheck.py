@@ -10,8 +10,12 @@ failed midway:
   forks or escapes while it is collected), then killed, and the test errors
   naming each one. Killing happens with PR_SET_CHILD_SUBREAPER set, so what
   the kills orphan comes back to this process and is reaped, not to init.
-- mounts: a new line in this process's /proc/self/mountinfo (a sandbox
-  whose mounts propagated back, an nsfs bind left behind).
+- mounts: a new line in this process's /proc/self/mountinfo at or below the
+  test's own directories (a sandbox whose mounts propagated back, an nsfs
+  bind left behind): this session's pytest basetemp (every tmp_path) and the
+  package's and the tests' folders in the temporary directory (`OWN_PREFIXES`).
+  Never the host's whole table: another job's mount (a fuse mount, a loop
+  mounting beside the suite) comes and goes there.
 - namespaces: a new namespace fd of this process (/proc/self/fd -> "mnt:[...]"),
   other than the network namespace pools' own (they keep pre-made
   namespaces across tests by design; see sandbox.netpool).
@@ -31,7 +35,9 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +50,9 @@ from sandbox.netpool import pool as netpool_pool
 
 LONG_LIVED_MARKERS = (FACTORY_MARKER, KEPT_MARKER)
 GRACE_S = 2.0  # a sandbox being torn down as the test ends gets this long to go
+# Folders the package (mkdtemp prefix "sandbox-...") and the tests ("sbx...") make in the temporary directory.
+OWN_PREFIXES = ("sandbox-", "sbx")
+OWN_ROOTS: list[str] = []  # this session's pytest basetemp, once the fixture has run
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -117,9 +126,24 @@ def descendants(root: int | None = None) -> set[int]:
 
 
 def mount_lines() -> list[str]:
-    """This process's mount table, without the mount ids (which only ever grow)."""
+    """This process's mounts at or below the test's own directories (`own`),
+    without the mount ids (which only ever grow)."""
     with open("/proc/self/mountinfo") as f:
-        return [line.split(" ", 2)[2] for line in f]
+        lines = [line.split(" ", 2)[2] for line in f]
+    return [line for line in lines if own(_unescape(line.split(" ")[2]))]
+
+
+def own(path: str) -> bool:
+    """Whether `path` lies in OWN_ROOTS or in a folder of OWN_PREFIXES in the temporary directory."""
+    if any(path == root or path.startswith(root + "/") for root in OWN_ROOTS):
+        return True
+    tmp = tempfile.gettempdir().rstrip("/") + "/"
+    return path.startswith(tmp) and path[len(tmp):].startswith(OWN_PREFIXES)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (of space, tab, newline and backslash)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def namespace_fds() -> set[str]:
@@ -253,8 +277,10 @@ def check(before: Snapshot) -> list[str]:
 
 
 @pytest.fixture(autouse=True)
-def nothing_outlives_the_test() -> Iterator[None]:
+def nothing_outlives_the_test(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After every test, passed or failed: no new process, mount or namespace fd remains."""
+    if not OWN_ROOTS:
+        OWN_ROOTS.append(str(tmp_path_factory.getbasetemp().resolve()))
     before = Snapshot.take()
     yield
     problems = check(before)

@@ -12,8 +12,10 @@
 #   2. ruff check . (pyproject.toml [tool.ruff]);
 #   3. mypy --strict -p sandbox, and the README's examples as a user of the
 #      package would write them (tests/typing/readme_examples.py; the test
-#      suite checks them against the installed package too).
-# Usage: tools/check-static.sh [C|ruff|mypy...] (default: all three). Runs with
+#      suite checks them against the installed package too);
+#   4. commit subjects of at most 72 characters (tools/check-subjects.sh),
+#      for every commit since the rule was enforced.
+# Usage: tools/check-static.sh [C|ruff|mypy|subjects...] (default: all four). Runs with
 # the venv of tools/setup-venv.sh ($SANDBOX_VENV, else its default), made with
 # it when it lacks ruff or mypy (the test extra has both); needs gcc, clang and
 # musl-gcc (Debian: musl-tools).
@@ -25,7 +27,7 @@ if [ ! -x "$venv/bin/ruff" ] || [ ! -x "$venv/bin/mypy" ]; then
     venv=$(tools/setup-venv.sh)
 fi
 py=$venv/bin/python
-[ $# -gt 0 ] || set -- C ruff mypy
+[ $# -gt 0 ] || set -- C ruff mypy subjects
 say() { echo "== check-static: $*"; }
 failed=()
 start=$EPOCHREALTIME
@@ -90,7 +92,9 @@ for stage in "$@"; do
         mypy) say "mypy --strict -p sandbox -m readme_examples (tests/typing/readme_examples.py)"
            # one run, one cache (.mypy_cache: a second run takes under a second)
            MYPYPATH=tests/typing "$py" -m mypy --strict -p sandbox -m readme_examples || failed+=(mypy) ;;
-        *) echo "check-static: unknown stage $stage (C, ruff, mypy)" >&2; exit 2 ;;
+        subjects) say "commit subjects of at most 72 characters"
+           tools/check-subjects.sh || failed+=(subjects) ;;
+        *) echo "check-static: unknown stage $stage (C, ruff, mypy, subjects)" >&2; exit 2 ;;
     esac
     echo "   ($stage: $(since "$t0") s)"
 done

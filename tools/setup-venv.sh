@@ -39,8 +39,17 @@ if [ ! -x "$venv/bin/python" ]; then
     "$venv/bin/pip" install -q --upgrade pip >&2
 fi
 extras=${SANDBOX_EXTRAS:-test}
+from=$src
+if [ ! -w "$src" ]; then
+    # pip builds in the source tree (its egg-info, build/): from a checkout this user cannot write (another
+    # user's, or root's, as with run-demo.sh run unprivileged) it would fail there; build a copy instead.
+    from=$(mktemp -d "${TMPDIR:-/tmp}/sandbox-build.XXXXXX")
+    trap 'rm -rf "$from"' EXIT
+    say "$src is not writable by $(id -un): building from a copy of it in $from"
+    (cd "$src" && cp -r setup.py pyproject.toml build_ffi.py README.md LICENSE MANIFEST.in csrc sandbox "$from/")
+fi
 say "building the C core and installing sandbox[$extras] from $src into $venv (about 20 s)"
-"$venv/bin/pip" install -q "$src[$extras]" >&2
+"$venv/bin/pip" install -q "$from[$extras]" >&2
 chmod -R a+rX "$venv"
 say "ready: $("$venv/bin/sandbox" --version)"
 echo "$venv"

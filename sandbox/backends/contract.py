@@ -38,7 +38,8 @@ class WaitStatus:
 class Ended:
     """How a sandbox ended: the command's `returncode` (-N if signal N killed
     it), its resource `usage` where the executor counts it, and `killed_by`:
-    the limit that ended it ("memory", "pids", "cpu", "timeout") or None."""
+    the limit that ended it ("memory", "pids", "cpu", "timeout", "output";
+    sandbox.killedby decides) or None."""
 
     returncode: int
     usage: Usage | None = None

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cgroups import Walls
+from ..killedby import killed_by as decide_killed_by
 from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
@@ -73,6 +74,9 @@ class ProcessHandle:
     `walls`, when set, holds the sandbox's cgroup (its usage, which limit ended
     it; removed once the first process is reaped). The handle owns the fds."""
 
+    # whether the kernel's rusage of the first process (wait4's) covers every process of the sandbox
+    counts_rusage = True
+
     def __init__(self, pid: int, exit: ExitSource, timings: dict[str, float], *,
                  isolation: dict[str, Any] | None = None, on_exit: Callable[[], None] | None = None,
                  pidfd: int = -1, ended_fd: int = -1, sandbox_pid: int | None = None,
@@ -87,6 +91,7 @@ class ProcessHandle:
         self._early: EarlyStatus = exit  # type: ignore[assignment]  # what it is when there is an ended_fd
         self.sandbox_pid = sandbox_pid if sandbox_pid is not None else pid
         self.walls = walls
+        self._rusage: tuple[float, float] | None = None  # (CPU s, peak RSS MiB) of a first process we waited for
 
     # ------------------------------------------------------------ waiting
 
@@ -116,10 +121,11 @@ class ProcessHandle:
         if status is None:
             return None
         returncode = self.exit.returncode(status)
+        rusage = getattr(self.exit, "rusage", None) or self._rusage
         if self.walls is not None:
-            usage, killed_by = self.walls.finish(returncode, caller_end)
+            usage, killed_by = self.walls.finish(returncode, caller_end, rusage)
         else:
-            usage, killed_by = None, "timeout" if caller_end == "timeout" else None
+            usage, killed_by = None, decide_killed_by(returncode, None, None, caller_end)
         self.ended_fd = -1  # the exit source held it, and has closed it
         if self.pidfd >= 0:
             os.close(self.pidfd)
@@ -148,11 +154,13 @@ class ProcessHandle:
         if self.pidfd >= 0:
             return (signal.SIGKILL, self._remove_walls_after_exit()) if readable(self.pidfd) else (None, None)
         try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            pid, status, ru = os.wait4(self.pid, os.WNOHANG)
         except ChildProcessError:
-            pid, status = self.pid, 255 << 8
+            pid, status, ru = self.pid, 255 << 8, None
         if not pid:
             return None, None
+        if ru is not None and self.counts_rusage:  # the kernel's count for it and every descendant reaped
+            self._rusage = (ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
         return status, self.walls.remove if self.walls is not None else None
 
     def _remove_walls_after_exit(self) -> Callable[[], None] | None:

@@ -36,6 +36,7 @@ one (`sweep`).
 
 from __future__ import annotations
 
+from ..killedby import killed_by
 from .hierarchies import (
     CONTROLLERS,
     CPU_PERIOD_US,
@@ -48,7 +49,7 @@ from .hierarchies import (
     detect,
     host_cgroups,
 )
-from .walls import SandboxCgroup, Walls, hierarchies_for, killed_by, leftover, sweep
+from .walls import SandboxCgroup, Walls, hierarchies_for, leftover, sweep
 
 __all__ = ["CONTROLLERS", "CPU_PERIOD_US", "PARENT_ENV", "PREFIX", "CgroupInfo", "CgroupLimits", "Hierarchy",
            "SandboxCgroup", "Usage", "Walls", "detect", "hierarchies_for", "host_cgroups", "killed_by",

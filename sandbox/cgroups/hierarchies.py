@@ -65,6 +65,9 @@ class Usage:
     memory_peak_mb: float | None = None
     pids_peak: int | None = None
     events: dict[str, int] = field(default_factory=dict)  # limit hits: oom_kill, pids_max
+    # what counted the figures: "cgroup2"/"cgroup1" (the sandbox's cgroup), "rusage" (the kernel's
+    # rusage of its processes, wait4's: CPU time and peak RSS, no pids), None (nothing)
+    counted_by: str | None = None
 
 
 # ---------------------------------------------------------------- the host

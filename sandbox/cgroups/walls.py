@@ -12,6 +12,7 @@ import threading
 import time
 
 from ..forksafe import fresh_in_child
+from ..killedby import killed_by
 from .hierarchies import (
     CPU_PERIOD_US,
     ENTRY_FILE,
@@ -169,7 +170,8 @@ class SandboxCgroup:
                     ns = _int(read_file(j(path, "cpuacct.usage")), None)
                     cpu_s = None if ns is None else ns / 1e9
         return Usage(mechanism=self.info.mechanism, cpu_s=cpu_s,
-                     memory_peak_mb=None if mem is None else mem / (1 << 20), pids_peak=pids, events=hits)
+                     memory_peak_mb=None if mem is None else mem / (1 << 20), pids_peak=pids, events=hits,
+                     counted_by=self.info.mechanism)
 
     def kill(self) -> None:
         """SIGKILL every process in the sandbox's cgroups (cgroup.kill where there is one)."""
@@ -263,11 +265,14 @@ class Walls:
         if self.cgroup is not None:
             self.cgroup.kill()
 
-    def finish(self, returncode: int, by_caller: str | None = None) -> tuple[Usage, str | None]:
+    def finish(self, returncode: int, by_caller: str | None = None,
+               rusage: tuple[float, float] | None = None) -> tuple[Usage, str | None]:
         """(usage, killed_by) once the command's status is in; `by_caller`:
-        "timeout" or "kill" when the caller ended it."""
-        usage = self.cgroup.usage(events=returncode != 0) if self.cgroup is not None \
-            else Usage(mechanism=self.mechanism)
+        "timeout", "output" or "kill" when the caller ended it; `rusage`: the
+        kernel's (CPU seconds, peak RSS MiB) for the sandbox's processes, the
+        usage of a sandbox without a cgroup. The limit hits are read whatever
+        the status (sandbox.killedby)."""
+        usage = ended_usage(self.cgroup, self.mechanism, rusage)
         if self.outside_tasks and usage.pids_peak is not None:
             usage = dataclasses.replace(usage, pids_peak=max(0, usage.pids_peak - self.outside_tasks))
         return usage, killed_by(returncode, usage, self.cpu_s, by_caller)
@@ -278,25 +283,15 @@ class Walls:
             leftover(self.cgroup)
 
 
-def killed_by(returncode: int, usage: Usage, cpu_s: int | None, by_caller: str | None) -> str | None:
-    """Which limit ended a sandbox whose command returned `returncode`:
-    "memory" (the OOM killer ran in its cgroup), "pids" (a fork was refused
-    at the process limit and the command failed), "cpu" (RLIMIT_CPU's
-    signal), "timeout" (the caller's), or None."""
-    if by_caller == "timeout":
-        return "timeout"
-    if returncode == 0 or by_caller is not None:
-        return None
-    if usage.events.get("oom_kill"):
-        return "memory"
-    if returncode == -signal.SIGXCPU or (cpu_s is not None and returncode == -signal.SIGKILL
-                                          and usage.cpu_s is not None and usage.cpu_s >= cpu_s - 0.05):
-        return "cpu"
-    if cpu_s is not None and returncode == -signal.SIGKILL and usage.cpu_s is None:
-        return "cpu"  # rlimits only: nothing else of ours sends it
-    if usage.events.get("pids_max"):
-        return "pids"
-    return None
+def ended_usage(cgroup: SandboxCgroup | None, mechanism: str, rusage: tuple[float, float] | None) -> Usage:
+    """A sandbox's usage once it has ended: its cgroup's counts, else the
+    kernel's rusage of its processes ((CPU seconds, peak RSS MiB), from its
+    pid 1's reaper), else nothing (`mechanism`: of its limits)."""
+    if cgroup is not None:
+        return cgroup.usage()
+    if rusage is not None:
+        return Usage(mechanism=mechanism, cpu_s=rusage[0], memory_peak_mb=rusage[1], counted_by="rusage")
+    return Usage(mechanism=mechanism)
 
 
 def leftover(cgroup: SandboxCgroup) -> None:

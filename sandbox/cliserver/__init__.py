@@ -23,6 +23,7 @@ turn it off.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -43,14 +44,23 @@ starts this itself.
 """
 
 
-def socket_path(client_dir: str) -> str:
-    """The socket of the installation whose client executable is in
-    `client_dir` (as the client computes it: csrc/clipeer.c)."""
+def socket_dir() -> str:
+    """The directory of this user's sockets (as the client computes it: csrc/clipeer.c): in the
+    user's runtime directory, else root's in /run (never in the shared temporary directory, where
+    a sandbox given a bind of it would reach root's server's files), else /tmp/sandbox-cli-UID."""
     uid = os.getuid()
     base = f"/run/user/{uid}"
     from .start import own_dir
 
-    directory = f"{base}/sandbox-cli" if own_dir(base) else f"/tmp/sandbox-cli-{uid}"
+    if own_dir(base):
+        return f"{base}/sandbox-cli"
+    return "/run/sandbox-cli-0" if uid == 0 else f"/tmp/sandbox-cli-{uid}"
+
+
+def socket_path(client_dir: str) -> str:
+    """The socket of the installation whose client executable is in
+    `client_dir` (as the client computes it: csrc/clipeer.c)."""
+    directory = socket_dir()
     h = 0xCBF29CE484222325
     for byte in os.fsencode(client_dir):
         h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
@@ -80,8 +90,9 @@ def serve_command(args: Sequence[str]) -> int:
     if opts["--client"]:
         dev, ino, mtime = (int(v) for v in opts["--client"].split(":"))
         client = (dev, ino, mtime)
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     try:
+        with contextlib.suppress(FileExistsError):  # its parent must be there: only the last component is made
+            os.mkdir(os.path.dirname(path), 0o700)
         return run_server(path, client, float(opts["--idle"]), opts["--log"])
     except OSError as exc:
         sys.stderr.write(f"sandbox: serve: {exc}\n")

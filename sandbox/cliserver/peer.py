@@ -12,10 +12,21 @@ has a tracer, which would not see the sandbox start from the server. The pid rea
 (SO_PEERCRED) is confirmed through the peer's pidfd (SO_PEERPIDFD) after
 the reads: a live process keeps its pid, so the entry read was the peer's.
 
+A worker acts for the client with the server's confinement, and equal
+fields are not equal confinement: /proc shows how many seccomp filters a
+process has, not what they refuse, and no Landlock domain at all. So the
+worker path asks more (`Peer.check_for_worker`): no seccomp filter and no
+no_new_privs (which an unprivileged process needs before it can apply
+either); and the client proves that no Landlock domain confines it
+(spare.py's challenge: a domain is refused ptrace access to a process
+outside it, which reading the worker's /proc/PID/fd needs). SECURITY.md
+has the whole argument.
+
 What a child can be given of the client's own (its rlimits, umask, nice
-value, CPU affinity, OOM score, signal mask and ignored signals) is not
-compared here: the worker takes it on (sandbox/cliserver/worker.py), or
-hands the command line back when it cannot.
+value, scheduling policy, I/O priority, CPU affinity, OOM score, signal
+mask and ignored signals) is not compared here: the worker takes it on
+(sandbox/cliserver/worker.py), or hands the command line back when it
+cannot.
 """
 
 from __future__ import annotations
@@ -89,6 +100,11 @@ def own() -> tuple[str, ...]:
     return _own_read[1]
 
 
+def status_fields(proc: int) -> dict[str, str]:
+    """The fields of the status file of the /proc entry whose fd is `proc`."""
+    return dict(line.split(":", 1) for line in _read(proc, "status").splitlines() if ":" in line)
+
+
 def controlling_tty(pid: int) -> int:
     """The tty_nr of `pid` (0: no controlling terminal)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
@@ -131,6 +147,36 @@ class Peer:
             raise Unverified(f"the client is confined otherwise: {diff}")
         if tty and not allow_tty:  # the command would be in the client's session, with its terminal: only a
             raise Unverified("the client has a controlling terminal")  # run of the client's own can be
+
+    def open_proc(self) -> int:
+        """An fd of the peer's /proc entry, pinned: opened, then the peer confirmed alive, so the
+        directory is its (a pid reused later is another directory; this one's reads then fail).
+        OSError if it cannot be."""
+        d = os.open(f"/proc/{self.pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            self.confirm()
+        except OSError:
+            os.close(d)
+            raise
+        return d
+
+    def check_for_worker(self) -> None:
+        """Unverified unless a worker may act for the peer as far as /proc can tell: no seccomp
+        filter (the filters cannot be compared, only counted) and no no_new_privs (which a Landlock
+        domain or a filter of an unprivileged process needs; the worker's exec would drop it too).
+        A Landlock domain /proc does not show: the spare asks the client for its proof."""
+        try:
+            d = self.open_proc()
+            try:
+                fields = status_fields(d)
+            finally:
+                os.close(d)
+        except OSError as exc:
+            raise Unverified(f"the client's /proc entry cannot be read ({exc})") from None
+        if fields.get("Seccomp", "").strip() != "0" or fields.get("Seccomp_filters", "0").strip() != "0":
+            raise Unverified("the client runs under a seccomp filter, which a worker cannot prove it has")
+        if fields.get("NoNewPrivs", "").strip() != "0":
+            raise Unverified("the client has no_new_privs (it may be under a Landlock domain a worker would not have)")
 
     def confirm(self) -> None:
         """OSError unless the peer is still alive (so /proc/PID read so far was its)."""

@@ -39,8 +39,8 @@ from ..bwrap import memo
 from ..bwrap.parse import parse_bwrap_args
 from ..plan_cache import compiled_plan
 from ..refusal import refusal
-from .peer import controlling_tty, remember_own
-from .worker import F_OWNER_TID, F_SETOWN_EX, client_limits, status_fields
+from .peer import controlling_tty, remember_own, status_fields
+from .worker import F_OWNER_TID, F_SETOWN_EX, client_limits
 
 REHEARSE_AFTER = 0.01  # seconds without a client before the rehearsal starts
 SAMPLE = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"]
@@ -91,8 +91,12 @@ def rehearse(learned: bytes) -> None:
     remember_own()
     memo.enable()
     pid = os.getpid()  # what taking on a client reads, read once here (the code's first run costs most)
-    status_fields(pid)
-    client_limits(pid)
+    proc = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        status_fields(proc)
+        client_limits(proc)
+    finally:
+        os.close(proc)
     controlling_tty(pid)
     if not learned:
         parse_bwrap_args(SAMPLE)

@@ -72,16 +72,17 @@ class _Stale(Exception):
 
 
 class Server:
-    """The listening socket at `path` (its directory must be ours, mode 0700),
-    serving clients whose executable is `client` (st_dev, st_ino, mtime_ns;
-    None: any). `log`: a file to note each client's outcome in ("": none)."""
+    """The listening socket named `name` in the directory of fd `directory` (ours, mode 0700:
+    start.py checked it), serving clients whose executable is `client` (st_dev, st_ino,
+    mtime_ns; None: any). `notes`: the fd (O_APPEND) to note each client's outcome in (-1:
+    none); the server owns both fds from now on."""
 
-    def __init__(self, path: str, client: tuple[int, int, int] | None, idle: float = IDLE_SECONDS,
-                 log: str = "") -> None:
-        self.path = path
+    def __init__(self, directory: int, name: str, client: tuple[int, int, int] | None, idle: float = IDLE_SECONDS,
+                 notes: int = -1) -> None:
+        self.dir = directory
+        self.name = name
         self.client = client
         self.idle = idle
-        self.log = log
         self.stale = False  # a client of another build came: stop serving
         self.workers: dict[int, _Worker] = {}  # by pidfd
         self.by_fd: dict[int, _Worker] = {}  # by ctrl or conn fd
@@ -98,18 +99,41 @@ class Server:
         self.last_client = time.monotonic()
         self._ident: tuple[int, int] | None = None
         self.learned = b""  # the last command line a worker parsed, for the next spare (rehearse.py)
-        self._notes = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600) if log else -1
+        self._notes = notes
         self._init = -1  # sandbox-init, for plans with a reaper (_init_fd)
 
     def listen(self) -> None:
-        """Bind the socket (replacing a dead server's; the caller holds the lock)."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """Bind the socket (replacing a dead server's; the caller holds the lock) in the directory
+        of our fd, never through its name (a directory swapped meanwhile is not ours), with mode
+        0600 from the start (the umask at bind: no moment when another process may connect), and
+        give it its name only once it listens (a client never finds it refusing connections)."""
+        # a SIGTERM meanwhile (start.py's handler raises SystemExit) waits until close() can know the socket
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            self._listen()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+    def _listen(self) -> None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
-        listener.bind(self.path)
-        os.chmod(self.path, 0o600)
-        listener.listen(128)
-        st = os.stat(self.path)
+        scratch = f".{self.name}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(scratch, dir_fd=self.dir)
+        previous = os.umask(0o177)
+        try:  # bind() creates the name and never follows a link there (EADDRINUSE)
+            listener.bind(f"/proc/self/fd/{self.dir}/{scratch}")
+        finally:
+            os.umask(previous)
+        try:
+            listener.listen(128)
+            # rename() replaces whatever had the name (a dead server's socket, a link: never what it names)
+            os.rename(scratch, self.name, src_dir_fd=self.dir, dst_dir_fd=self.dir)
+        except OSError:
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(scratch, dir_fd=self.dir)
+            raise
+        st = os.stat(self.name, dir_fd=self.dir, follow_symlinks=False)
         self._ident = (st.st_dev, st.st_ino)
         self.listener = listener
         self.epoll.register(listener.fileno(), select.EPOLLIN)
@@ -173,9 +197,9 @@ class Server:
         """Stop listening (the socket is removed if it is still ours), end the spare."""
         if self.listener is not None:
             with contextlib.suppress(OSError):
-                st = os.stat(self.path)
+                st = os.stat(self.name, dir_fd=self.dir, follow_symlinks=False)
                 if (st.st_dev, st.st_ino) == self._ident:
-                    os.unlink(self.path)
+                    os.unlink(self.name, dir_fd=self.dir)
             self.listener.close()
             self.listener = None
         if self.spare is not None:
@@ -185,10 +209,10 @@ class Server:
         for client in list(self.waiting.values()):
             self._forget(client)
             client.peer.close()
-        for fd in (self._notes, self._init):
+        for fd in (self._notes, self._init, self.dir):
             if fd >= 0:
                 os.close(fd)
-        self._notes = self._init = -1
+        self._notes = self._init = self.dir = -1
         self.epoll.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
@@ -224,7 +248,7 @@ class Server:
             try:
                 peer.check(allow_tty=True)
                 tty = controlling_tty(peer.pid) != 0
-            except (Unverified, OSError) as exc:
+            except Exception as exc:  # Unverified, OSError, or a /proc entry read otherwise than expected
                 refused = exc
             # its blocking mode stays as accept() left it: a worker shares the open file (the server's
             # own reads and writes say MSG_DONTWAIT)
@@ -273,12 +297,26 @@ class Server:
             client.peer.close()
             self._close(client.conn)
             return
-        tty = client.tty
+        try:
+            fds = self._answer(client, data, fds, flags)
+        except Exception as exc:  # a bug, or a request made to provoke one: this client runs directly, no other
+            self.note(f"pid {pid}: runs directly: the server failed on its request ({exc!r})")
+            self._answer_fallback(client.conn)
+        finally:
+            client.peer.close()
+            for fd in fds:
+                os.close(fd)
+
+    def _answer(self, client: _Client, data: bytes, fds: list[int], flags: int) -> list[int]:
+        """Answer the request `data` (with the server's copies of its fds, `fds`); the fds left to close."""
+        pid = client.peer.pid
         try:
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 raise wire.WireError("a request larger than SBX_CLI_MAX_REQUEST, or with too many fds")
             if client.refused is not None:
                 raise client.refused
+            if wire.announced_fds(data) != len(fds):  # before any lookup: a request's fds are indexed by it
+                raise wire.WireError(f"{len(fds)} fds came, {wire.announced_fds(data)} were announced")
             found = fastpath.lookup(data, fds)  # a request seen before (checked then, and as for its bytes, now)
             if found is None:
                 request = self._check(data, fds)
@@ -296,13 +334,17 @@ class Server:
             self.note(f"pid {pid}: runs the plan itself")
             self._close(client.conn)
         except fastpath.Worker as why:
-            if tty:  # a worker's sandbox would not be in the client's session
-                self.note(f"pid {pid}: runs directly: the client has a controlling terminal ({why})")
+            try:
+                if client.tty:  # a worker's sandbox would not be in the client's session
+                    raise Unverified(f"the client has a controlling terminal ({why})") from None
+                client.peer.check_for_worker()  # the spare checks it again, and asks for the proof
+            except Unverified as exc:
+                self.note(f"pid {pid}: runs directly: {exc}")
                 self._answer_fallback(client.conn)
-            else:
-                self.note(f"pid {pid}: needs a worker: {why}")
-                self._to_worker(client.conn, fds)
-                fds = []
+                return fds
+            self.note(f"pid {pid}: needs a worker: {why}")
+            self._to_worker(client.conn, fds)
+            return []
         except _Stale as exc:
             self.note(f"pid {pid}: runs directly: {exc}")
             self._answer_fallback(client.conn)
@@ -310,10 +352,7 @@ class Server:
         except (Unverified, wire.WireError, OSError) as exc:
             self.note(f"pid {pid}: runs directly: {exc}")
             self._answer_fallback(client.conn)
-        finally:
-            client.peer.close()
-            for fd in fds:
-                os.close(fd)
+        return fds
 
     @staticmethod
     def _drain(conn: socket.socket) -> None:
@@ -390,7 +429,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             ours.close()
-            spare.run(self.listener, theirs, self.client, self.log, self.learned)  # never returns
+            spare.run(self.listener, theirs, self.client, self._notes, self.learned)  # never returns
         theirs.close()
         w = _Worker(pid=pid, pidfd=os.pidfd_open(pid), ctrl=ours)
         self.workers[w.pidfd] = w

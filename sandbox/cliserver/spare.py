@@ -10,9 +10,20 @@ The server passes the spare a client's connection over its control socket
 ("C", the connection in SCM_RIGHTS), its request still queued there, and
 forks the next spare. Until then the spare makes the previous worker's
 command line ready (rehearse.py). Then it checks the client again
-(peer.py), reads its request (wire.py) and becomes its worker (worker.py),
+(peer.py), for what a worker needs too (no seccomp filter, no
+no_new_privs), reads its request (wire.py), has the client prove that no
+Landlock domain confines it (`prove`), and becomes its worker (worker.py),
 or answers FALLBACK. A request from a client of another build is also
 reported to the server ("S"), which then exits.
+
+The proof: Landlock refuses a process in a domain ptrace access to any
+process outside that domain (or a domain nested in it), whatever its
+capabilities, and reading the links of /proc/PID/fd needs that access. The
+spare opens a memfd named with a fresh random nonce and asks the client
+for its link (wire.CHALLENGE, with the spare's pid); only a client with
+ptrace access to the spare can tell it. /proc shows no Landlock domain,
+and a process with CAP_SYS_ADMIN (root) may enter one without
+no_new_privs: this is how one is ruled out.
 """
 
 from __future__ import annotations
@@ -28,13 +39,14 @@ from . import rehearse, wire, worker
 from .peer import Peer, Unverified
 
 REQUEST_TIMEOUT = 2.0  # the request follows the connection at once
+PENDING_MAX = 64  # signals a client may relay while it proves itself (one that sends more proves nothing)
 
 
-def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, log: str,
+def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, notes: int,
         learned: bytes = b"") -> NoReturn:
     """The spare's whole life: never returns. `listener`: the server's (a worker never accepts);
-    `learned`: the previous worker's pure options, cwd and environment (rehearse.py), to make
-    ready before a client comes."""
+    `notes`: the fd of the server's notes (-1: none); `learned`: the previous worker's pure
+    options, cwd and environment (rehearse.py), to make ready before a client comes."""
     try:
         listener.close()
         os.setpgid(0, 0)  # the server kills this group when the client goes away
@@ -45,7 +57,7 @@ def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, in
         msg, fds, _ = wire.recv_fds(ctrl, 16, 1, socket.MSG_CMSG_CLOEXEC)
         if msg != b"C" or len(fds) != 1:  # the server is gone (or says something else): so is the spare
             os._exit(1)
-        _serve(socket.socket(fileno=fds[0]), ctrl, client, log)
+        _serve(socket.socket(fileno=fds[0]), ctrl, client, notes)
     finally:
         os._exit(1)
 
@@ -59,7 +71,30 @@ def same_interpreter_settings(environ: list[bytes]) -> None:
         raise Unverified("the client's PYTHON* variables are not the server's")
 
 
-def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, log: str) -> NoReturn:
+def prove(conn: socket.socket) -> tuple[int, ...]:
+    """Unverified unless the client at `conn` proves ptrace access to this process (so no Landlock
+    domain confines it that does not confine this process too); the signals it relayed meanwhile."""
+    fd = os.memfd_create(wire.PROOF_PREFIX.removeprefix("/memfd:") + os.urandom(16).hex(), os.MFD_CLOEXEC)
+    try:
+        expected = os.fsencode(os.readlink(f"/proc/self/fd/{fd}"))
+        conn.send(wire.frame(wire.CHALLENGE, os.getpid()))
+        pending: list[int] = []
+        while True:
+            data = conn.recv(wire.FRAME_SIZE + wire.MAX_PROOF + 1)
+            kind, value = wire.parse_frame(data[:wire.FRAME_SIZE]) if len(data) >= wire.FRAME_SIZE else (0, 0)
+            if kind == wire.SIGNAL and len(data) == wire.FRAME_SIZE and len(pending) < PENDING_MAX:
+                if 0 < value < signal.NSIG:
+                    pending.append(value)
+                continue
+            if kind != wire.PROOF or data[wire.FRAME_SIZE:] != expected:
+                raise Unverified("the client did not prove that no Landlock domain confines it "
+                                 "(it could not read the worker's /proc entry)")
+            return tuple(pending)
+    finally:
+        os.close(fd)
+
+
+def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int] | None, notes: int) -> NoReturn:
     conn.settimeout(REQUEST_TIMEOUT)
     fds: list[int] = []
     pid = 0
@@ -75,14 +110,16 @@ def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int
                 ctrl.send(b"S")  # another installation, or this one rebuilt: the server makes way
             raise Unverified("the client is not this server's build")
         peer.check()
+        peer.check_for_worker()
         same_interpreter_settings(request.environ)
         if threading.active_count() != 1:
             raise Unverified("the worker is not single-threaded")
-    except (Unverified, wire.WireError, OSError) as exc:
-        worker.note(log, f"pid {pid}: runs directly: {exc}")
+        pending = prove(conn)
+    except Exception as exc:  # Unverified, WireError, OSError, or anything a hostile request provoked
+        worker.note(notes, f"pid {pid}: runs directly: {exc}")
         with contextlib.suppress(OSError):
             conn.send(wire.frame(wire.FALLBACK))
         os._exit(worker.FALLBACK_EXIT)
     conn.settimeout(None)
-    worker.note(log, f"pid {pid}: handed off")
-    worker.run(conn, peer, request, fds, log, ctrl)
+    worker.note(notes, f"pid {pid}: handed off")
+    worker.run(conn, peer, request, fds, notes, ctrl, pending)

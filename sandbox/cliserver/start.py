@@ -5,13 +5,27 @@ installation), warms up (imports and computes once what each `run`
 needs: the host probe, the parser, the wire's cffi types) and serves
 until idle. `own_dir` is the check of the socket's directory, shared
 with the socket's naming (__init__.socket_path).
+
+The server's own files (the lock, the notes, the socket) are opened
+beneath an fd of their directory, checked once as ours and 0700, and
+never through a link: a process that can write in that directory (a
+sandbox given a bind of it) could otherwise plant a link there and have
+the server create, truncate or append to the file it names, as the
+server's user (root's: any file). The lock is created with O_EXCL, or an
+existing one opened with O_NOFOLLOW and taken only if it is a regular
+file of ours with one link; the notes are made afresh with O_EXCL, and
+workers write through the server's fd; the socket is bound with its mode
+set by the umask (server.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import os
 import signal
+import stat
 
 from . import wire
 from .server import IDLE_SECONDS, Server
@@ -31,40 +45,108 @@ def _warm_wire() -> None:
 
 def own_dir(path: str) -> bool:
     """Whether `path` is a directory (not a link) of ours, mode 0700."""
-    import stat
-
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    return _ours(st, 0o700)
+
+
+def _ours(st: os.stat_result, mode: int) -> bool:
+    return st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == mode
+
+
+def open_own_dir(path: str) -> int:
+    """An fd of the directory `path`, not a link: OSError unless it is ours with mode 0700 (checked
+    on the fd: what is checked is what is used)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        raise OSError(exc.errno, f"{path} is not a directory of ours with mode 0700 (a link?)") from None
+    if not _ours(os.fstat(fd), 0o700):
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{path} is not a directory of ours with mode 0700")
+    return fd
+
+
+def open_own(directory: int, name: str, flags: int) -> int:
+    """The file `name` in the directory of fd `directory`, never through a link: created (O_EXCL),
+    else the one there if it is a regular file of ours with one link (not a link planted to
+    another file of ours). OSError otherwise (ELOOP: a symbolic link)."""
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO planted there never blocks the open
+    with contextlib.suppress(FileExistsError):
+        return os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=directory)
+    try:
+        fd = os.open(name, flags, dir_fd=directory)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise OSError(exc.errno, f"{name} is a symbolic link, not a file of ours") from None
+    st = os.fstat(fd)
+    if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_nlink == 1):
+        os.close(fd)
+        raise OSError(errno.EPERM, f"{name} is not a regular file of ours with one link")
+    return fd
+
+
+def fresh_file(directory: int, name: str, flags: int) -> int:
+    """The file `name` in the directory of fd `directory` made afresh (mode 0600): whatever had the
+    name is unlinked first (a link goes, never what it names), and the new file created O_EXCL."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=directory)
+    return os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory)
 
 
 def run_server(path: str, client: tuple[int, int, int] | None, idle: float = IDLE_SECONDS, log: str = "") -> int:
-    """Serve at `path` until idle; 0 also when another server holds the lock already."""
-    if not own_dir(os.path.dirname(path)):
-        raise OSError(f"{os.path.dirname(path)} is not a directory of ours with mode 0700")
-    lock = os.open(path.removesuffix(".sock") + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    """Serve at `path` until idle; 0 also when another server holds the lock already. `log`: the
+    notes' file ("": none), made afresh."""
+    directory = open_own_dir(os.path.dirname(path))
+    try:
+        lock = open_own(directory, os.path.basename(path).removesuffix(".sock") + ".lock", os.O_RDWR)
+    except OSError:
+        os.close(directory)
+        raise
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(directory)
             return 0
         for sig in (signal.SIGHUP, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, _terminate)  # until the loop takes over: the socket goes with the server
-        if log:
-            os.close(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))  # its notes only
-        warm()
-        server = Server(path, client, idle, log)
-        server.listen()
         try:
+            notes = _open_notes(log, path, directory)
+        except OSError:
+            os.close(directory)
+            raise
+        server = Server(directory, os.path.basename(path), client, idle, notes)
+        try:
+            warm()
+            server.listen()
             server.serve_forever()
         finally:
             server.close()
         return 0
     finally:
         os.close(lock)
+
+
+def _open_notes(log: str, path: str, directory: int) -> int:
+    """The notes' fd (-1: none), made afresh: beside the socket, beneath its checked directory;
+    elsewhere, beneath the directory the caller named."""
+    if not log:
+        return -1
+    flags = os.O_WRONLY | os.O_APPEND
+    if os.path.dirname(os.path.abspath(log)) == os.path.dirname(os.path.abspath(path)):
+        return fresh_file(directory, os.path.basename(log), flags)
+    parent = os.open(os.path.dirname(os.path.abspath(log)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return fresh_file(parent, os.path.basename(log), flags)
+    finally:
+        os.close(parent)
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -85,6 +167,9 @@ def warm() -> None:
     parse.parse_bwrap_args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
     host_for(name)  # the pool is disabled above: this only reads
     _warm_wire()
+    from .worker import ioprio_calls
+
+    ioprio_calls()
     memo.enable()  # the Specs of command lines seen, by their words (fastpath.py answers from them)
     import gc
 

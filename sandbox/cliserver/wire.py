@@ -35,6 +35,15 @@ def cdef_text(path: str = HEADER) -> str:
     return match.group(1)
 
 
+def _proof_prefix(path: str = HEADER) -> str:
+    """SBX_CLI_PROOF_PREFIX, a string constant (outside the CDEF region: cffi reads no strings)."""
+    with open(path) as f:
+        match = re.search(r'#define SBX_CLI_PROOF_PREFIX "([^"]+)"', f.read())
+    if not match:
+        raise RuntimeError(f"{path}: no SBX_CLI_PROOF_PREFIX")
+    return match.group(1)
+
+
 ffi = FFI()
 ffi.cdef(cdef_text())
 lib: Any = ffi.dlopen(None)  # the header's constants and enum values (no symbols are looked up)
@@ -52,6 +61,10 @@ DIE_WITH_PARENT: int = lib.SBX_CLI_DIE_WITH_PARENT
 ACK: int = lib.SBX_CLI_ACK
 PLAN: int = lib.SBX_CLI_PLAN
 PLAN_DIE_WITH_PARENT: int = lib.SBX_CLI_PLAN_DIE_WITH_PARENT
+CHALLENGE: int = lib.SBX_CLI_CHALLENGE
+PROOF: int = lib.SBX_CLI_PROOF
+MAX_PROOF: int = lib.SBX_CLI_MAX_PROOF
+PROOF_PREFIX: str = _proof_prefix()
 REQUEST_SIZE: int = ffi.sizeof("struct sbx_cli_request")
 FRAME_SIZE: int = ffi.sizeof("struct sbx_cli_frame")
 PLAN_SIZE: int = ffi.sizeof("struct sbx_cli_plan")
@@ -94,6 +107,14 @@ def parse_request(data: bytes) -> Request:
     return Request(argv=argv, cwd=strings[1], environ=strings[h.argc + 1:-1], fd_numbers=numbers,
                    exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)), sigmask=int(h.sigmask),
                    rlim_max=tuple(int(v) for v in h.rlim_max))
+
+
+def announced_fds(data: bytes) -> int:
+    """How many fds the request in `data` announces (its header's nfds): checked against the fds
+    that came before anything else looks at it. WireError if `data` is shorter than a header."""
+    if len(data) < REQUEST_SIZE:
+        raise WireError(f"a request of {len(data)} bytes is shorter than its header ({REQUEST_SIZE})")
+    return int(ffi.cast("struct sbx_cli_request *", ffi.from_buffer(data)).nfds)
 
 
 def frame(kind: int, value: int = 0) -> bytes:

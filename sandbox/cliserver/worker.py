@@ -16,6 +16,7 @@ would have reached it).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import resource
 import signal
@@ -24,7 +25,7 @@ import sys
 from typing import Any, NoReturn
 
 from . import wire
-from .peer import Peer
+from .peer import Peer, status_fields
 
 F_SETOWN_EX, F_OWNER_TID = 15, 0  # <asm-generic/fcntl.h>: SIGIO for one thread
 LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
@@ -36,10 +37,12 @@ class Fallback(Exception):
     """The worker cannot be what the client's Python CLI would be: the client runs it itself."""
 
 
-def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], log: str = "",
-        ctrl: socket.socket | None = None) -> NoReturn:
-    """The forked worker's whole life: never returns. `log`: the server's notes file ("": none);
-    `ctrl`: the socket to the server, to tell it the command line parsed (rehearse.py)."""
+def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], notes: int = -1,
+        ctrl: socket.socket | None = None, pending: tuple[int, ...] = ()) -> NoReturn:
+    """The forked worker's whole life: never returns. `notes`: the fd of the server's notes (-1:
+    none), written through, never opened again by its name; `ctrl`: the socket to the server, to
+    tell it the command line parsed (rehearse.py); `pending`: signals the client relayed before
+    the worker could act on them (while it proved itself, spare.py)."""
     code = 1
     try:
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)  # the client's own limit is taken on below
@@ -49,24 +52,26 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
             conn.send(wire.frame(wire.FALLBACK))
             os._exit(FALLBACK_EXIT)
         ctrl_fd = ctrl.detach() if ctrl is not None else os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-        own = _move_high([conn.detach(), peer.pidfd, ctrl_fd, *fds], base)
-        conn_fd, peer.pidfd, received = own[0], own[1], own[3:]
+        notes_fd = notes if notes >= 0 else os.open("/dev/null", os.O_WRONLY | os.O_CLOEXEC)
+        own = _move_high([conn.detach(), peer.pidfd, ctrl_fd, notes_fd, *fds], base)
+        conn_fd, peer.pidfd, received = own[0], own[1], own[4:]
+        notes = own[3] if notes >= 0 else -1
         conn = socket.socket(fileno=conn_fd)
         ctrl = socket.socket(fileno=own[2]) if ctrl is not None else None
         _close_all_but(own)
         _forget_closed_fds()
         try:
-            _take_on(peer.pid, request.sigmask)
+            _take_on(peer, request.sigmask)
             peer.confirm()
         except (Fallback, OSError) as exc:
-            note(log, f"pid {peer.pid}: runs directly: {exc}")
+            note(notes, f"pid {peer.pid}: runs directly: {exc}")
             conn.send(wire.frame(wire.FALLBACK))
             os._exit(FALLBACK_EXIT)
         for number, fd in zip(request.fd_numbers, received, strict=True):
             os.dup2(fd, number, inheritable=True)
         for fd in received:  # above every number taken
             os.close(fd)
-        code = _run_cli(conn, peer, request, ctrl)
+        code = _run_cli(conn, peer, request, ctrl, own[3], pending)
     except KeyboardInterrupt:  # as it ends the Python CLI: a traceback, then SIGINT itself (the server reports it)
         import traceback
 
@@ -87,11 +92,11 @@ def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], 
         os._exit(code)
 
 
-def note(log: str, text: str) -> None:
-    """A line in the server's notes file `log` ("": none)."""
-    if log:
-        with contextlib.suppress(OSError), open(log, "a") as f:
-            f.write(text + "\n")
+def note(notes: int, text: str) -> None:
+    """A line in the server's notes, through their fd `notes` (-1: none; opened O_APPEND)."""
+    if notes >= 0:
+        with contextlib.suppress(OSError):
+            os.write(notes, text.encode(errors="backslashreplace") + b"\n")
 
 
 def _move_high(fds: list[int], base: int) -> list[int]:
@@ -124,63 +129,103 @@ def _close_all_but(keep: list[int]) -> None:
 
 # ---------------------------------------------------------------- the client's process state
 
-def status_fields(pid: int) -> dict[str, str]:
-    """The fields of /proc/PID/status."""
-    with open(f"/proc/{pid}/status") as f:
-        return dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
-
-
 LIMITS = {  # /proc/PID/limits' names, and their RLIMIT_* numbers (<asm-generic/resource.h>)
     "Max cpu time": 0, "Max file size": 1, "Max data size": 2, "Max stack size": 3, "Max core file size": 4,
     "Max resident set": 5, "Max processes": 6, "Max open files": 7, "Max locked memory": 8,
     "Max address space": 9, "Max file locks": 10, "Max pending signals": 11, "Max msgqueue size": 12,
     "Max nice priority": 13, "Max realtime priority": 14, "Max realtime timeout": 15,
 }
+IOPRIO_WHO_PROCESS = 1  # <linux/ioprio.h>
 
 
-def client_limits(pid: int) -> dict[int, tuple[int, int]]:
-    """The rlimits of `pid` (soft, hard), from /proc/PID/limits."""
+def client_limits(proc: int) -> dict[int, tuple[int, int]]:
+    """The rlimits (soft, hard) of the process whose /proc entry's fd is `proc`."""
     out = {}
-    with open(f"/proc/{pid}/limits") as f:
-        for line in f.read().splitlines()[1:]:
-            name = line[:26].strip()
-            if name in LIMITS:
-                soft, hard = line[26:].split()[:2]
-                out[LIMITS[name]] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
-                                          for v in (soft, hard))
+    for line in _read_at(proc, "limits").splitlines()[1:]:
+        name = line[:26].strip()
+        if name in LIMITS:
+            soft, hard = line[26:].split()[:2]
+            out[LIMITS[name]] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v) for v in (soft, hard))
     if len(out) != len(LIMITS):
-        raise Fallback(f"/proc/{pid}/limits lists {len(out)} of {len(LIMITS)} limits")
+        raise Fallback(f"the client's /proc limits list {len(out)} of {len(LIMITS)} limits")
     return out  # type: ignore[return-value]
 
 
-def _take_on(pid: int, sigmask: int) -> None:
-    """This process takes on the client's process state (Fallback if it cannot); its signal
-    mask is `sigmask`, the one the client had before it blocked every signal to send its request."""
-    fields = status_fields(pid)
+def _read_at(proc: int, name: str) -> str:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    try:
+        return os.read(fd, 1 << 16).decode(errors="surrogateescape")
+    finally:
+        os.close(fd)
+
+
+def _take_on(peer: Peer, sigmask: int) -> None:
+    """This process takes on the client's process state (Fallback if it cannot), read through its
+    pinned /proc entry; its signal mask is `sigmask`, the one the client had before it blocked every
+    signal to send its request."""
+    proc = peer.open_proc()
+    try:
+        _take_on_from(peer.pid, proc, sigmask)
+    finally:
+        os.close(proc)
+
+
+def _take_on_from(pid: int, proc: int, sigmask: int) -> None:
+    fields = status_fields(proc)
     os.umask(int(fields["Umask"].strip(), 8))
-    for which, (soft, hard) in client_limits(pid).items():
+    for which, (soft, hard) in client_limits(proc).items():
         _, our_hard = resource.getrlimit(which)
         if _above(hard, our_hard):
             raise Fallback(f"the client's limit {which} is above the server's")
         resource.setrlimit(which, (soft, hard))
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    nice = int(stat[stat.rindex(b")") + 2:].split()[16])
+    stat = _read_at(proc, "stat")
+    nice = int(stat[stat.rindex(")") + 2:].split()[16])
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
+        _take_scheduling(pid)
         os.sched_setaffinity(0, os.sched_getaffinity(pid))
-        with open(f"/proc/{pid}/oom_score_adj") as f:
-            oom = f.read()
+        oom = _read_at(proc, "oom_score_adj")
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write(oom)
     except OSError as exc:
-        raise Fallback(str(exc)) from None
+        raise Fallback(f"the client's scheduling, affinity or OOM score cannot be taken on ({exc})") from None
     _take_signals(sigmask, int(fields["SigIgn"], 16))
-    cwd = os.open(f"/proc/{pid}/cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    cwd = os.open("cwd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=proc)
     try:
         os.fchdir(cwd)
     finally:
         os.close(cwd)
+
+
+def _take_scheduling(pid: int) -> None:
+    """The client's scheduling policy (with SCHED_RESET_ON_FORK), its priority and its I/O
+    priority; OSError if one cannot be taken (SCHED_DEADLINE, which sched_setscheduler cannot
+    set; a real-time class the server may not enter)."""
+    os.sched_setscheduler(0, os.sched_getscheduler(pid), os.sched_getparam(pid))
+    libc, get, put = ioprio_calls()
+    prio = libc.syscall(get, IOPRIO_WHO_PROCESS, pid)
+    if prio < 0 or libc.syscall(put, IOPRIO_WHO_PROCESS, 0, prio) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"ioprio of pid {pid}: {os.strerror(err)}")
+
+
+_ioprio: tuple[Any, int, int] | None = None
+
+
+def ioprio_calls() -> tuple[Any, int, int]:
+    """libc and the numbers of ioprio_get and ioprio_set (the os module has neither), found once:
+    the server calls this as it warms up, and each worker, its fork, has them."""
+    global _ioprio
+    if _ioprio is None:
+        from ..syscalls import number
+
+        get, put = number("ioprio_get"), number("ioprio_set")
+        if get is None or put is None:
+            raise OSError(0, "the system call numbers of ioprio_get and ioprio_set are unknown")
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.syscall.restype = ctypes.c_long
+        _ioprio = (lib, get, put)
+    return _ioprio
 
 
 def _above(a: int, b: int) -> bool:
@@ -207,7 +252,9 @@ def _take_signals(blocked: int, ignored: int) -> None:
 
 # ---------------------------------------------------------------- running the CLI
 
-def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socket.socket | None) -> int:
+def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socket.socket | None, notes: int,
+             pending: tuple[int, ...]) -> int:
+    """`notes`: the notes' fd (or /dev/null's), never the command's; `pending`: signals relayed so far."""
     from .. import cli
 
     os.environb.clear()
@@ -218,7 +265,7 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socke
     argv = [os.fsdecode(a) for a in request.argv]
     sys.argv = argv
     _fresh_stdio()
-    frames = _Frames(conn)
+    frames = _Frames(conn, pending)
     asked = _asks_die_with_parent(argv)
     if asked:  # the client's answer comes while the command line is parsed, not after
         conn.send(wire.frame(wire.DIE_WITH_PARENT))
@@ -237,7 +284,7 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socke
             ctrl.close()
 
     cli.HIDDEN_FDS.update(fd.fileno() for fd in (conn, ctrl) if fd is not None)
-    cli.HIDDEN_FDS.add(peer.pidfd)
+    cli.HIDDEN_FDS.update((peer.pidfd, notes))
     cli.DIE_WITH_PARENT_HOOK = die_with_client
     cli.PARSED_HOOK = parsed
     cli.WAIT_READERS[conn.fileno()] = frames.read
@@ -301,7 +348,7 @@ class _Frames:
     SIGIO seen (1 run in ~20 of a SIGTERM test), so the CLI's wait for the
     sandbox also watches the connection (cli.WAIT_READERS) and reads it."""
 
-    def __init__(self, conn: socket.socket) -> None:
+    def __init__(self, conn: socket.socket, pending: tuple[int, ...] = ()) -> None:
         import fcntl
         import struct
         import threading
@@ -315,6 +362,8 @@ class _Frames:
         owner = struct.pack("ii", F_OWNER_TID, threading.get_native_id())
         fcntl.fcntl(conn.fileno(), F_SETOWN_EX, owner)
         fcntl.fcntl(conn.fileno(), fcntl.F_SETFL, fcntl.fcntl(conn.fileno(), fcntl.F_GETFL) | os.O_ASYNC)
+        for sig in pending:  # relayed while the worker proved itself: read before any handler was set
+            signal.pthread_kill(self.main, sig)
         self.read()  # what came before O_ASYNC was set
 
     def _on_sigio(self, signum: int, frame: object) -> None:

@@ -33,12 +33,13 @@ is its parent.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import os
 import secrets
 import selectors
-import shutil
 import socket
+import stat
 import struct
 import tempfile
 import threading
@@ -74,7 +75,8 @@ class _Warm:
 
     template: Template
     listener: socket.socket
-    path: str
+    path: str  # what the launcher connects to (it checks that its parent listens there)
+    name: str  # the socket's name in the directory
     prefix: list[str]
     env: dict[str, str]
     cwd: str
@@ -103,7 +105,8 @@ class Handoff:
 
     def __init__(self) -> None:
         self._dir = tempfile.mkdtemp(prefix="sandbox-handoff-")
-        os.chmod(self._dir, 0o300)  # its owner binds in it, nobody lists it: a socket's name is a secret
+        self._dir_fd = _own_dir(self._dir)
+        os.fchmod(self._dir_fd, 0o300)  # its owner binds in it, nobody lists it: a socket's name is a secret
         self._lock = threading.Lock()
         self._tickets: dict[int, _Ticket] = {}  # issued by route(), oldest first; guarded by _lock
         self._next_ticket = 0
@@ -196,13 +199,20 @@ class Handoff:
         # The same loopback-only network, but leased from the pool (where it
         # runs): a fresh namespace costs more than the rest of the clone.
         template = Template(spec.replace(network="pool") if spec.network == "none" else spec)
-        path = os.path.join(self._dir, f"{secrets.token_hex(16)}.sock")
+        name = f"{secrets.token_hex(16)}.sock"
+        path = os.path.join(self._dir, name)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
-        listener.bind(path)
+        try:
+            # bound in the directory this process made, through its fd: by path, a link a sandbox put in
+            # its place would have the socket made wherever it points
+            listener.bind(f"/proc/self/fd/{self._dir_fd}/{name}")
+        except BaseException:
+            listener.close()
+            raise
         listener.listen(64)
         listener.setblocking(False)
         prefix = [plan_argv[0], "--handoff", *plan_argv[1:]]
-        warm = _Warm(template, listener, path, prefix, spec.env_dict, spec.cwd or "")
+        warm = _Warm(template, listener, path, name, prefix, spec.env_dict, spec.cwd or "")
         self._sel.register(listener, selectors.EVENT_READ, ("listen", warm))
         old = self._warm.get(key)
         self._warm[key] = warm
@@ -217,7 +227,7 @@ class Handoff:
             pass
         warm.listener.close()
         try:
-            os.unlink(warm.path)
+            os.unlink(warm.name, dir_fd=self._dir_fd)
         except OSError:
             pass
         with self._lock:
@@ -377,11 +387,35 @@ class Handoff:
         os.close(self._wake_w)
         with self._lock:
             self._tickets.clear()
-        try:
-            os.chmod(self._dir, 0o700)
-        except OSError:
-            pass
-        shutil.rmtree(self._dir, ignore_errors=True)
+        _remove_own_dir(self._dir, self._dir_fd)
+
+
+def _own_dir(path: str) -> int:
+    """An fd of the directory mkdtemp made at `path` (not of a link put in its place since)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        os.close(fd)
+        raise SandboxError(f"handoff directory {path}: not the private directory this process just made")
+    return fd
+
+
+def _remove_own_dir(path: str, fd: int) -> None:
+    """Empty the directory through its fd, then remove it by `path` only if it is still there (a
+    sandbox that could write the temporary directory may have moved it, and put anything there)."""
+    try:
+        os.fchmod(fd, 0o700)
+        for name in os.listdir(fd):
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+        here = os.lstat(path)
+        mine = os.fstat(fd)
+        if (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+            os.rmdir(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:

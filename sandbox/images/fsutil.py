@@ -1,8 +1,11 @@
-"""File-system helpers of the store: atomic writes, durable renames, locks, removal.
+"""File-system helpers of the store: its own paths, atomic writes, durable renames, locks.
 
 Everything the store publishes appears by rename(2) of a finished, synced
 temporary (a file, or a whole layer directory), so a reader sees it complete
-or not at all, whatever happened to the writer.
+or not at all, whatever happened to the writer. The store's directories
+are opened beneath its root with no link on the way (`own_dir`), and the
+helpers here work relative to those fds (`*_at`), never by a path a
+planted link could redirect.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import errno
 import fcntl
 import os
 import secrets
-import shutil
 import stat
 from collections.abc import Iterator
 
-from .errors import StoreFullError
+from . import beneath, treewalk
+from .errors import ImageError, StoreFullError
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -41,24 +44,54 @@ def syncfs(fd: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename or an unlink in `path` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def fresh(prefix: str) -> str:
+    """A fresh name for a temporary of the store's tmp/."""
+    return f"{prefix}.{os.getpid()}.{secrets.token_hex(6)}"
+
+
+def refused(where: str, name: str, exc: OSError) -> ImageError:
+    """The ImageError for a store path that could not be opened beneath the store's root."""
+    if exc.errno == errno.ELOOP:
+        problem = ("is a symbolic link, or lies below one: the store never follows a link in its own "
+                   "directories (something other than the store wrote there: remove it)")
+    elif isinstance(exc, beneath.NotRegularError):
+        problem = f"is {exc.strerror} (something other than the store wrote there: remove it)"
+    elif exc.errno == errno.ENOTDIR:
+        problem = "is not a directory (something other than the store wrote there: remove it)"
+    else:
+        problem = exc.strerror or str(exc)
+    return ImageError(f"image store at {where}: {name} {problem}")
+
+
+def own_dir(root: int, name: str, where: str) -> int:
+    """The store's directory `name` (relative to its root `root`), opened beneath it with no link on
+    the way (beneath.py); ImageError naming it otherwise."""
     try:
-        os.fsync(fd)
+        return beneath.open_beneath(root, name, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise refused(where, name, exc) from None
+
+
+def read_own(dirfd: int, name: str, limit: int, where: str) -> bytes:
+    """A small regular file of the store's, read beneath `dirfd` (FileNotFoundError if it is not there)."""
+    try:
+        fd = beneath.open_regular(dirfd, name)  # a FIFO is not waited on, a device not opened
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise refused(where, name, exc) from None
+    try:
+        st = os.fstat(fd)
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(min(limit, st.st_size + 1))  # (a buffer of `limit` bytes costs more than the read)
     finally:
         os.close(fd)
 
 
-def temp_name(directory: str, prefix: str) -> str:
-    """A fresh name in `directory` (the store's tmp/)."""
-    return os.path.join(directory, f"{prefix}.{os.getpid()}.{secrets.token_hex(6)}")
-
-
-def write_atomic(path: str, data: bytes, tmp_dir: str) -> None:
-    """Write `data` to a temporary, fsync it, rename it over `path`, fsync the directory."""
-    tmp = temp_name(tmp_dir, "file")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+def write_atomic_at(dirfd: int, name: str, data: bytes, tmpfd: int) -> None:
+    """Write `data` to a temporary in `tmpfd`, fsync it, rename it over `name` of `dirfd`, fsync that."""
+    tmp = fresh("file")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=tmpfd)
     try:
         with os.fdopen(fd, "wb", closefd=False) as f:
             f.write(data)
@@ -66,66 +99,51 @@ def write_atomic(path: str, data: bytes, tmp_dir: str) -> None:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=tmpfd)
         raise
     os.close(fd)
-    os.rename(tmp, path)
-    fsync_dir(os.path.dirname(path))
+    os.rename(tmp, name, src_dir_fd=tmpfd, dst_dir_fd=dirfd)
+    os.fsync(dirfd)
 
 
-def publish_dir(tmp: str, final: str) -> bool:
-    """rename(2) a finished directory into place; False when another process
-    published the same content first (then `tmp` is removed)."""
+def publish_dir_at(tmpfd: int, tmp: str, dirfd: int, name: str) -> bool:
+    """rename(2) the finished directory `tmp` of `tmpfd` to `name` of `dirfd`; False when another
+    process published the same content first (then `tmp` is removed)."""
     try:
-        os.rename(tmp, final)
+        os.rename(tmp, name, src_dir_fd=tmpfd, dst_dir_fd=dirfd)
     except OSError as exc:
         if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
             raise
-        remove_tree(tmp)
+        treewalk.remove_entry(tmpfd, tmp)
         return False
-    fsync_dir(os.path.dirname(final))
+    os.fsync(dirfd)
     return True
 
 
-def remove_tree(path: str) -> None:
-    """Remove a tree the store made, even where a layer made directories
-    read-only (each is made writable first); never follows a symlink."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return
-    _make_writable(path)
-    shutil.rmtree(path)
-
-
-def _make_writable(top: str) -> None:
-    # A layer's tree is the store's own and static: no one swaps a directory
-    # for a symlink under us, so checking with lstat before chmod is enough.
-    os.chmod(top, 0o700)
-    for dirpath, dirnames, _ in os.walk(top):  # lists a directory only after its parent made it 0700
-        for name in dirnames:
-            child = os.path.join(dirpath, name)
-            if not os.path.islink(child):
-                with contextlib.suppress(OSError):
-                    os.chmod(child, 0o700)
-
-
 class StoreLock:
-    """flock(2) on the store's lock file: shared while a pull or load adds to
-    the store, exclusive while garbage collection removes from it, so gc never
-    removes what a concurrent pull is about to name."""
+    """flock(2) on a lock file of the store (`name`, relative to the store's
+    root `root`), opened beneath the root, never through a link: shared
+    while a pull or load adds to the store, exclusive while garbage
+    collection removes from it, so gc never removes what a concurrent pull
+    is about to name."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, root: str, name: str) -> None:
+        self.root = root
+        self.name = name
 
     @contextlib.contextmanager
     def hold(self, exclusive: bool) -> Iterator[None]:
         """Hold the lock (blocking) for the duration of the block."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        root = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            fd = beneath.open_beneath(root, self.name, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, 0o600)
+        except OSError as exc:
+            raise refused(self.root, self.name, exc) from None
+        finally:
+            os.close(root)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ImageError(f"image store at {self.root}: {self.name} is not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             yield
         finally:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import Iterable, Iterator
 
-from . import fsutil
+from . import fsutil, treewalk
 from .errors import ImageError
 from .model import Image, Layer
 
@@ -50,15 +51,20 @@ def scratch_dirs(image: Image) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def _walk(root: str, parts: Iterable[str], create: bool = False) -> Iterator[int]:
-    """An fd of directory `parts` under `root`, each component opened without
-    following a link (the store's tree, but a layer's names are the image's)."""
-    top = os.open(root, DIR_FLAGS)
+def _layer_tree(layer: Layer) -> Iterator[int]:
+    """An fd of a layer's tree (<store>/layers/<hex>/root), opened beneath its store's root with no
+    link on the way, as the store opens it (fsutil.own_dir): ImageError if something planted one."""
+    layer_dir = os.path.dirname(layer.path)
+    store = os.path.dirname(os.path.dirname(layer_dir))
+    root = os.open(store, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        with _walk_fd(top, parts, create) as fd:
-            yield fd
+        fd = fsutil.own_dir(root, f"layers/{os.path.basename(layer_dir)}/root", store)
     finally:
-        os.close(top)
+        os.close(root)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
@@ -66,11 +72,12 @@ def read_file(layer: Layer, path: str, limit: int = 1 << 20) -> bytes | None:
     (an image's /etc/passwd may be a link to the host's): None if it is not
     a regular file of that layer."""
     parts = _split(path)
-    try:
-        with _walk(layer.path, parts[:-1]) as fd:
-            f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-    except OSError:
-        return None
+    with _layer_tree(layer) as top:
+        try:
+            with _walk_fd(top, parts[:-1]) as fd:
+                f = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:
+            return None
     try:
         return os.read(f, limit) if stat.S_ISREG(os.fstat(f).st_mode) else None
     finally:
@@ -95,128 +102,119 @@ def _writable(fd: int) -> Iterator[None]:
         os.fchmod(fd, stat.S_IMODE(mode))
 
 
-def make_overlay_ready(layer_dir: str, whiteouts: Iterable[str], opaque: Iterable[str], tmp_dir: str) -> None:
+def make_overlay_ready(layer_fd: int, name: str, whiteouts: Iterable[str], opaque: Iterable[str],
+                       tmp_fd: int) -> None:
     """Write a layer's whiteout devices and opaque xattrs into its tree, make
-    them durable, then mark the layer (the caller holds the layer's lock)."""
+    them durable, then mark the layer (the caller holds the layer's lock).
+    `layer_fd` is the layer's directory (layers/<hex>, `name` in errors),
+    `tmp_fd` the store's tmp/."""
+    root = os.open("root", DIR_FLAGS, dir_fd=layer_fd)
     try:
-        _write_markers(os.path.join(layer_dir, "root"), whiteouts, opaque)
+        _write_markers(root, whiteouts, opaque)
+        fsutil.syncfs(root)
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
-        raise ImageError(f"layer {os.path.basename(layer_dir)}: a whiteout or opaque directory lies below "
+        raise ImageError(f"layer {name}: a whiteout or opaque directory lies below "
                          f"a link the layer itself makes ({exc.filename or exc}): it cannot be an overlayfs "
                          "layer; use root='merged'") from None
-    fd = os.open(os.path.join(layer_dir, "root"), DIR_FLAGS)
-    try:
-        fsutil.syncfs(fd)
     finally:
-        os.close(fd)
-    fsutil.write_atomic(os.path.join(layer_dir, OVERLAY_MARK), b"1\n", tmp_dir)
+        os.close(root)
+    fsutil.write_atomic_at(layer_fd, OVERLAY_MARK, b"1\n", tmp_fd)
 
 
-def _write_markers(root: str, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
+def _write_markers(root: int, whiteouts: Iterable[str], opaque: Iterable[str]) -> None:
     for path in whiteouts:
         parts = _split(path)
-        with _walk(root, parts[:-1], create=True) as fd, _writable(fd):
+        with _walk_fd(root, parts[:-1], create=True) as fd, _writable(fd):
             try:
                 os.mknod(parts[-1], stat.S_IFCHR | 0o600, os.makedev(0, 0), dir_fd=fd)
             except FileExistsError:
                 pass  # the layer puts something there itself: that wins, as in the tar
     for path in opaque:  # a user.* xattr wants write permission on the directory, as an entry would
-        with _walk(root, _split(path), create=True) as fd, _writable(fd):
+        with _walk_fd(root, _split(path), create=True) as fd, _writable(fd):
             os.setxattr(fd, OPAQUE_XATTR, b"y")
 
 
-def _remove(fd: int, name: str) -> None:
-    """Remove entry `name` of directory `fd`, a whole tree if it is one."""
+def _overlay(src_top: int, dst_top: int, dirs: list[tuple[str, os.stat_result]]) -> None:
+    """Apply the tree at `src_top` onto the merged tree at `dst_top`: files hardlinked,
+    directories merged; each directory's final mode and owner noted in `dirs`. Iterative
+    (treewalk.Cursor): any depth, two fds held."""
+    src, dst = treewalk.Cursor(src_top), treewalk.Cursor(dst_top)
+    pending = [os.listdir(src.fd)]
     try:
-        st = os.lstat(name, dir_fd=fd)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=fd)
-        return
-    sub = os.open(name, DIR_FLAGS, dir_fd=fd)
-    try:
-        os.fchmod(sub, 0o700)
-        _clear(sub)
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if pending:
+                    src.ascend()
+                    dst.ascend()
+                continue
+            name = pending[-1].pop()
+            st = os.lstat(name, dir_fd=src.fd)
+            if stat.S_ISDIR(st.st_mode):
+                _make_dir(dst.fd, name)
+                dirs.append((_join(src.path, name), st))
+                src.descend(name)
+                dst.descend(name)
+                pending.append(os.listdir(src.fd))
+            elif stat.S_ISCHR(st.st_mode):
+                pass  # a whiteout device of make_overlay_ready (unpacking drops the image's devices)
+            else:
+                treewalk.remove_entry(dst.fd, name)
+                os.link(name, name, src_dir_fd=src.fd, dst_dir_fd=dst.fd, follow_symlinks=False)
     finally:
-        os.close(sub)
-    os.rmdir(name, dir_fd=fd)
+        src.close()
+        dst.close()
 
 
-def _clear(fd: int) -> None:
-    for entry in os.listdir(fd):
-        _remove(fd, entry)
+def _make_dir(fd: int, name: str) -> None:
+    """A directory `name` in `fd`, replacing what a lower layer had there if it is not one."""
+    try:
+        if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+            return
+        os.unlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    os.mkdir(name, 0o700, dir_fd=fd)
 
 
-def _overlay(src: int, dst: int, dirs: list[tuple[str, os.stat_result]], where: str) -> None:
-    """Apply the tree at `src` onto the merged tree at `dst`: files hardlinked,
-    directories merged; each directory's final mode and owner noted in `dirs`."""
-    for name in os.listdir(src):
-        st = os.lstat(name, dir_fd=src)
-        path = f"{where}/{name}"
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                if not stat.S_ISDIR(os.lstat(name, dir_fd=dst).st_mode):
-                    os.unlink(name, dir_fd=dst)
-                    os.mkdir(name, 0o700, dir_fd=dst)
-            except FileNotFoundError:
-                os.mkdir(name, 0o700, dir_fd=dst)
-            dirs.append((path, st))
-            s, d = os.open(name, DIR_FLAGS, dir_fd=src), os.open(name, DIR_FLAGS, dir_fd=dst)
-            try:
-                _overlay(s, d, dirs, path)
-            finally:
-                os.close(s)
-                os.close(d)
-        elif stat.S_ISCHR(st.st_mode):
-            pass  # a whiteout device of make_overlay_ready (unpacking drops the image's devices)
-        else:
-            _remove(dst, name)
-            os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+def _join(path: str, name: str) -> str:
+    return f"{path}/{name}" if path else name
 
 
-def build_merged(image: Image, final: str, tmp_dir: str) -> str:
-    """The merged tree of `image` at `final`, built in `tmp_dir` and renamed
-    there (a concurrent builder's identical tree may win: then it is used)."""
-    tmp = fsutil.temp_name(tmp_dir, "merged")
-    os.mkdir(tmp, 0o700)
+def build_merged(image: Image, layer_fds: list[int], tmp_fd: int, merged_fd: int, name: str) -> None:
+    """The merged tree of `image` (its layers' trees open as `layer_fds`, bottom first) at `name` of
+    `merged_fd`, built in `tmp_fd` (the store's tmp/) and renamed there (a concurrent builder's
+    identical tree may win: then it is used)."""
+    tmp = fsutil.fresh("merged")
+    os.mkdir(tmp, 0o700, dir_fd=tmp_fd)
     try:
         dirs: list[tuple[str, os.stat_result]] = []
-        with _walk(tmp, ()) as dst:
-            for layer in image.layers:
-                _apply_layer(layer, dst, dirs)
+        with _walk_fd(tmp_fd, (tmp,)) as dst:
+            for layer, src in zip(image.layers, layer_fds, strict=True):
+                _apply_layer(layer, src, dst, dirs)
             for path in (*MOUNT_POINTS, *scratch_dirs(image)):
-                with contextlib.suppress(OSError), _walk(tmp, _split(path), create=True):
+                with contextlib.suppress(OSError), _walk_fd(dst, _split(path), create=True):
                     pass  # a path through a link of the image's gets none: mounting there fails, named
-        _finish_dirs(tmp, dirs)
-        fd = os.open(tmp, DIR_FLAGS)
-        try:
-            fsutil.syncfs(fd)
-        finally:
-            os.close(fd)
+            _finish_dirs(dst, dirs)
+            fsutil.syncfs(dst)
     except BaseException:
-        fsutil.remove_tree(tmp)
+        treewalk.remove_entry(tmp_fd, tmp)
         raise
-    fsutil.publish_dir(tmp, final)
-    return final
+    fsutil.publish_dir_at(tmp_fd, tmp, merged_fd, name)
 
 
-def _apply_layer(layer: Layer, dst: int, dirs: list[tuple[str, os.stat_result]]) -> None:
+def _apply_layer(layer: Layer, src: int, dst: int, dirs: list[tuple[str, os.stat_result]]) -> None:
     for path in layer.opaque:  # the lower layers' contents of an opaque directory go first
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, _split(path)) as fd:
-            _clear(fd)
+            treewalk.clear(fd)
     for path in layer.whiteouts:
         parts = _split(path)
         with contextlib.suppress(FileNotFoundError, NotADirectoryError), _walk_fd(dst, parts[:-1]) as fd:
-            _remove(fd, parts[-1])
-    src = os.open(layer.path, DIR_FLAGS)
-    try:
-        dirs.append(("", os.fstat(src)))
-        _overlay(src, dst, dirs, "")
-    finally:
-        os.close(src)
+            treewalk.remove_entry(fd, parts[-1])
+    dirs.append(("", os.fstat(src)))
+    _overlay(src, dst, dirs)
 
 
 @contextlib.contextmanager
@@ -236,19 +234,32 @@ def _walk_fd(top: int, parts: Iterable[str], create: bool = False) -> Iterator[i
         os.close(fd)
 
 
-def _finish_dirs(top: str, dirs: list[tuple[str, os.stat_result]]) -> None:
+def _finish_dirs(top: int, dirs: list[tuple[str, os.stat_result]]) -> None:
     """Each directory gets the mode (and, for root, the owner) of the top-most
-    layer that has it, deepest first (the last noted wins: layers go bottom first)."""
-    final: dict[str, os.stat_result] = {}
-    for path, st in dirs:
-        final[path] = st
-    for path in sorted(final, key=lambda p: p.count("/"), reverse=True):
-        st = final[path]
-        try:
-            with _walk(top, _split(path)) as fd:
-                if os.geteuid() == 0:
-                    os.fchown(fd, st.st_uid, st.st_gid)
-                os.fchmod(fd, stat.S_IMODE(st.st_mode))
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # deleted by a layer above
-                raise
+    layer that has it (the last noted wins: layers go bottom first), deepest
+    first: set as the walk leaves it, once its own entries are done."""
+    final = dict(dirs)
+    as_root = os.geteuid() == 0
+
+    def apply(fd: int, path: str) -> None:
+        st = final.get(path)
+        if st is None:
+            return  # a directory the store made (a mount point), not a layer's
+        if as_root:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+
+    cur = treewalk.Cursor(top)
+    pending = [treewalk.subdirs(cur.fd)]
+    try:
+        while pending:
+            if not pending[-1]:
+                pending.pop()
+                if pending:
+                    cur.ascend(functools.partial(apply, path=cur.path))
+                continue
+            cur.descend(pending[-1].pop())
+            pending.append(treewalk.subdirs(cur.fd))
+        apply(cur.fd, "")
+    finally:
+        cur.close()

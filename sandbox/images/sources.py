@@ -10,12 +10,15 @@ diff_id), so its image gets a digest like any other.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 import tarfile
 from typing import IO, Any
 
-from . import reference
+from . import beneath, reference
 from .errors import ImageFormatError, ImageNotFoundError, InvalidReferenceError
 from .media import OCI_INDEX, OCI_MANIFEST, load_json, sha256, verify
 from .reference import DIGEST
@@ -25,48 +28,80 @@ CONTAINERD_NAME = "io.containerd.image.name"
 
 
 class LocalSource:
-    """A directory or a tarball holding an OCI layout or a docker save."""
+    """A directory or a tarball holding an OCI layout or a docker save.
+
+    `path` itself is the caller's choice and is opened as given (a link to
+    a layout is followed), once, without blocking: a directory's members
+    are then read beneath that fd only (beneath.py: no link, nothing
+    outside, regular files only), a tarball's from that one open file."""
 
     def __init__(self, path: str) -> None:
         self.where = path
         self.alias: dict[str, str] = {}  # digest -> member, for docker save's layer.tar files
         self.tar: tarfile.TarFile | None = None
         self.members: dict[str, tarfile.TarInfo] = {}
-        if os.path.isdir(path):
-            return
-        if not os.path.exists(path):
-            raise ImageNotFoundError(path, "to load: no such file or directory")
+        self.dirfd = -1
+        fd = _open_top(path)
         try:
-            self.tar = tarfile.open(path, "r:*")
-            self.members = {_norm(m.name): m for m in self.tar.getmembers()}
-        except tarfile.TarError as exc:
-            raise ImageFormatError(path, f"neither an OCI layout directory nor a tarball: {exc}") from None
-        except OSError as exc:
-            raise ImageFormatError(path, f"cannot read it: {exc.strerror or exc}") from None
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                self.dirfd, fd = fd, -1
+                return
+            with contextlib.suppress(OSError):
+                os.set_blocking(fd, True)
+            self._file: IO[bytes] = os.fdopen(fd, "rb")
+            fd = -1
+            try:
+                self.tar = tarfile.open(path, "r:*", fileobj=self._file)
+                self.members = {_norm(m.name): m for m in self.tar.getmembers()}
+            except tarfile.TarError as exc:
+                self._file.close()
+                raise ImageFormatError(path, f"neither an OCI layout directory nor a tarball: {exc}") from None
+            except OSError as exc:
+                self._file.close()
+                raise ImageFormatError(path, f"cannot read it: {exc.strerror or exc}") from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def close(self) -> None:
-        """Close the tarball, if it is one."""
+        """Close the tarball, or the directory's fd."""
         if self.tar is not None:
             self.tar.close()
+            self._file.close()
+        if self.dirfd >= 0:
+            os.close(self.dirfd)
+            self.dirfd = -1
 
     def exists(self, name: str) -> bool:
-        """Whether the source holds `name`."""
+        """Whether the source holds `name`: as anything, so that a link or a FIFO by that name is refused
+        when it is read, not passed over."""
         if self.tar is not None:
             return _norm(name) in self.members
-        return os.path.isfile(os.path.join(self.where, _safe(name, self.where)))
+        try:
+            os.close(beneath.open_beneath(self.dirfd, _safe(name, self.where), os.O_PATH))
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        return True
 
     def open(self, name: str) -> IO[bytes]:
-        """A member of the source, for reading."""
+        """A member of the source, for reading: a regular file beneath the directory, or the tarball's member."""
         if self.tar is not None:
             member = self.members.get(_norm(name))
             f = self.tar.extractfile(member) if member is not None else None
             if f is None:
                 raise ImageFormatError(self.where, f"{name!r} is missing or not a file")
             return f
+        return os.fdopen(self._open_fd(name), "rb")
+
+    def _open_fd(self, name: str) -> int:
         try:
-            return open(os.path.join(self.where, _safe(name, self.where)), "rb")
+            return beneath.open_regular(self.dirfd, _safe(name, self.where))
+        except beneath.NotRegularError as exc:
+            raise ImageFormatError(self.where, f"{name!r} is {exc.strerror}: refused") from None
         except OSError as exc:
-            raise ImageFormatError(self.where, f"{name!r}: {exc.strerror}") from None
+            raise ImageFormatError(self.where, f"{name!r}: {_why(exc)}") from None
 
     def read(self, name: str) -> bytes:
         """A small member (JSON), whole."""
@@ -161,7 +196,38 @@ class LocalSource:
             if member is None:
                 raise ImageFormatError(self.where, f"layer {name!r} is missing")
             return member.size
-        return os.path.getsize(os.path.join(self.where, _safe(name, self.where)))
+        fd = self._open_fd(name)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+
+def _open_top(path: str) -> int:
+    """The caller's path, opened without blocking (a FIFO named as the archive is refused, not waited on)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ImageNotFoundError(path, "to load: no such file or directory") from None
+    except OSError as exc:
+        raise ImageFormatError(path, f"cannot open it: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+        os.close(fd)
+        raise ImageFormatError(path, f"a {beneath.kind_of(mode)}, neither a layout directory nor a tarball: refused")
+    return fd
+
+
+def _why(exc: OSError) -> str:
+    """An openat2 refusal in words."""
+    if exc.errno == errno.ELOOP:
+        return ("is a symbolic link or lies below one: a layout's members are read beneath it, never through a "
+                "link (load the tarball, or copy the layout with its links resolved)")
+    if exc.errno == errno.EXDEV:
+        return "leaves the layout's directory"
+    if exc.errno == errno.ENOENT:
+        return "is missing"
+    return exc.strerror or str(exc)
 
 
 def _norm(name: str) -> str:

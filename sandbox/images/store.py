@@ -15,10 +15,18 @@ On disk (the directory is the caller's, mode 0700):
 Everything appears by rename(2) of a finished, synced temporary: a layer
 directory is complete or absent, and a name is written only once its
 manifest, config and every layer are in place.
+
+The root is the caller's path; everything below it is opened beneath it
+with no link on the way (`_dirs`, fsutil.own_dir: openat2 with
+RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS) and worked on through those fds, and
+a ref file must hold a digest: a sandbox that could write the store (a
+writable bind of ~/.cache) gets its links refused, not followed by gc(),
+the locks, or a root handed out.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import gzip
@@ -32,7 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, cast
 
-from . import fsutil, reference, roots
+from . import fsutil, reference, roots, treewalk
 from .errors import (
     DigestMismatchError,
     ImageError,
@@ -56,9 +64,11 @@ from .model import PLATFORM, Image, Layer, media_type_of, parse_config, parse_ma
 from .reference import DIGEST
 from .registry import Registry
 from .sources import LocalSource
-from .unpack import unpack
+from .unpack import Bounds, Unpacked, unpack
 
 DEFAULT_MAX_LAYER_BYTES = 64 << 30
+DEFAULT_MAX_LAYER_MEMBERS = 1_000_000  # inodes: a large layer (a whole distribution, node_modules) has ~100k-400k
+DEFAULT_MAX_LAYER_DEPTH = 256  # path components: deeper than any image's tree; PATH_MAX allows ~2,000
 
 
 def default_path() -> str:
@@ -86,15 +96,27 @@ class ImageStore:
     """A content-addressed image store at `path` (default: `default_path()`).
 
     Safe to share between processes: every addition is published by rename,
-    and `gc()` waits for pulls and loads in progress. `max_layer_bytes`
-    bounds the declared size of one layer's files (a huge sparse file in a
-    small layer is refused, not written).
+    and `gc()` waits for pulls and loads in progress. Each layer is bounded
+    before anything of a member is written: `max_layer_bytes` bounds the
+    declared size of its files plus 512 bytes per member (a huge sparse
+    file in a small layer is refused, and so are 20,000 empty files under
+    1 MiB), `max_layer_members` the number of its members (inodes), and
+    `max_layer_depth` how many components deep a path goes. A layer over
+    any of them is an UnsafeLayerError naming the member and the limit.
     """
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
-                 max_layer_bytes: int = DEFAULT_MAX_LAYER_BYTES) -> None:
+                 max_layer_bytes: int = DEFAULT_MAX_LAYER_BYTES,
+                 max_layer_members: int = DEFAULT_MAX_LAYER_MEMBERS,
+                 max_layer_depth: int = DEFAULT_MAX_LAYER_DEPTH) -> None:
         self.path = os.path.abspath(os.fspath(path) if path is not None else default_path())
+        for name, value in (("max_layer_bytes", max_layer_bytes), ("max_layer_members", max_layer_members),
+                            ("max_layer_depth", max_layer_depth)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ImageError(f"ImageStore({name}={value!r}): must be a positive integer")
         self.max_layer_bytes = max_layer_bytes
+        self.max_layer_members = max_layer_members
+        self.max_layer_depth = max_layer_depth
         try:
             os.makedirs(self.path, mode=0o700, exist_ok=True)
             for sub in ("blobs/sha256", "layers", "refs", "tmp", "locks", "merged"):
@@ -102,7 +124,7 @@ class ImageStore:
         except OSError as exc:
             raise ImageError(f"image store at {self.path}: cannot make its directories: "
                              f"{exc.strerror or exc} ({exc.filename})") from None
-        self._lock = fsutil.StoreLock(os.path.join(self.path, "lock"))
+        self._lock = fsutil.StoreLock(self.path, "lock")
 
     def __repr__(self) -> str:
         return f"ImageStore({self.path!r})"
@@ -166,17 +188,18 @@ class ImageStore:
             if len(diff_ids) != len(manifest.layers):
                 raise ImageFormatError(where, f"{len(manifest.layers)} layers but {len(diff_ids)} diff_ids")
             for desc, diff_id in zip(manifest.layers, diff_ids, strict=True):
-                if os.path.isdir(self._layer_dir(diff_id)):
+                if self._has_layer(diff_id):
                     continue
                 # one process fetches a layer, the others wait for it and find it there
-                with fsutil.StoreLock(os.path.join(self.path, "locks", diff_id[7:])).hold(exclusive=True):
-                    if not os.path.isdir(self._layer_dir(diff_id)):
+                with fsutil.StoreLock(self.path, "locks/" + diff_id[7:]).hold(exclusive=True):
+                    if not self._has_layer(diff_id):
                         self._unpack_layer(open_blob, desc, diff_id, where)
             self._put_blob(manifest.config.digest, config_data)
             digest = sha256(data)
             self._put_blob(digest, data)
-            for name in names or [digest]:
-                fsutil.write_atomic(self._ref_path(name), digest.encode(), self._tmp)
+            with self._dirs("refs", "tmp") as (refs, tmp):
+                for name in names or [digest]:
+                    fsutil.write_atomic_at(refs, _ref_name(name), digest.encode(), tmp)
         return self.get(digest)
 
     def _small_blob(self, open_blob: OpenBlob, desc: Descriptor, what: str) -> bytes:
@@ -194,16 +217,39 @@ class ImageStore:
         """Fetch, check and unpack one layer into tmp/, then publish it as layers/<hex>."""
         what = f"{where}: layer {desc.digest}"
         kind = layer_compression(desc, where)
-        tmp = fsutil.temp_name(self._tmp, "layer")
-        os.mkdir(tmp, 0o700)
+        with self._dirs("tmp", "layers") as (tmp_fd, layers_fd):
+            tmp = fsutil.fresh("layer")
+            os.mkdir(tmp, 0o700, dir_fd=tmp_fd)
+            try:
+                layer_fd = os.open(tmp, roots.DIR_FLAGS, dir_fd=tmp_fd)
+                try:
+                    out = self._unpack_into(layer_fd, open_blob, desc, diff_id, what, kind)
+                    meta = {"digest": diff_id, "blob": desc.digest, "whiteouts": out.whiteouts,
+                            "opaque": out.opaque, "dropped": out.dropped, "size": out.size}
+                    fd = os.open("layer.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600, dir_fd=layer_fd)
+                    with os.fdopen(fd, "w") as f:
+                        json.dump(meta, f)
+                    fsutil.syncfs(layer_fd)  # every file of the layer durable before the rename publishes it
+                finally:
+                    os.close(layer_fd)
+            except BaseException:
+                treewalk.remove_entry(tmp_fd, tmp)
+                raise
+            fsutil.publish_dir_at(tmp_fd, tmp, layers_fd, diff_id[7:])
+
+    def _unpack_into(self, layer_fd: int, open_blob: OpenBlob, desc: Descriptor, diff_id: str, what: str,
+                     kind: str) -> Unpacked:
+        os.mkdir("root", 0o700, dir_fd=layer_fd)
+        root = os.open("root", roots.DIR_FLAGS, dir_fd=layer_fd)
         try:
-            os.mkdir(os.path.join(tmp, "root"), 0o700)
             with contextlib.closing(open_blob(desc.digest)) as raw:
                 blob = HashingReader(raw, limit=desc.size, what=what)
                 try:
                     head = blob.peek_head(4)
                     tar = HashingReader(decompressed(cast(IO[bytes], blob), kind, head, what))
-                    out = unpack(cast(IO[bytes], tar), os.path.join(tmp, "root"), desc.digest, self.max_layer_bytes)
+                    bounds = Bounds(self.max_layer_bytes, self.max_layer_members, self.max_layer_depth)
+                    out = unpack(cast(IO[bytes], tar), root, desc.digest, bounds)
                     got_diff, got_blob = tar.drain(), blob.drain()
                 except (http.client.HTTPException, ConnectionError, TimeoutError) as exc:
                     raise RegistryError(what, f"the download was cut short after {blob.count} of "
@@ -211,25 +257,15 @@ class ImageStore:
                 except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, ValueError) as exc:
                     _diagnose(blob, desc, what, exc)
                     raise ImageFormatError(what, f"not a valid layer: {exc}") from None
-            if got_blob != desc.digest:
-                raise DigestMismatchError(what, desc.digest, got_blob)
-            if blob.count != desc.size:
-                raise ImageFormatError(what, f"{blob.count} bytes, its descriptor says {desc.size}")
-            if got_diff != diff_id:
-                raise DigestMismatchError(f"{what}: uncompressed (diff_id)", diff_id, got_diff)
-            meta = {"digest": diff_id, "blob": desc.digest, "whiteouts": out.whiteouts, "opaque": out.opaque,
-                    "dropped": out.dropped, "size": out.size}
-            with open(os.path.join(tmp, "layer.json"), "w") as f:
-                json.dump(meta, f)
-            fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                fsutil.syncfs(fd)  # every file of the layer durable before the rename publishes it
-            finally:
-                os.close(fd)
-        except BaseException:
-            fsutil.remove_tree(tmp)
-            raise
-        fsutil.publish_dir(tmp, self._layer_dir(diff_id))
+        finally:
+            os.close(root)
+        if got_blob != desc.digest:
+            raise DigestMismatchError(what, desc.digest, got_blob)
+        if blob.count != desc.size:
+            raise ImageFormatError(what, f"{blob.count} bytes, its descriptor says {desc.size}")
+        if got_diff != diff_id:
+            raise DigestMismatchError(f"{what}: uncompressed (diff_id)", diff_id, got_diff)
+        return out
 
     # ------------------------------------------------------------ roots
 
@@ -240,11 +276,11 @@ class ImageStore:
         layers = []
         with self._lock.hold(exclusive=False), fsutil.full_disk_is_typed(self.path):
             for layer in image.layers:
-                directory = self._layer_dir(layer.digest)
                 if not layer.overlay:
-                    with fsutil.StoreLock(os.path.join(self.path, "locks", layer.digest[7:])).hold(exclusive=True):
-                        if not os.path.exists(os.path.join(directory, roots.OVERLAY_MARK)):
-                            roots.make_overlay_ready(directory, layer.whiteouts, layer.opaque, self._tmp)
+                    with fsutil.StoreLock(self.path, "locks/" + layer.digest[7:]).hold(exclusive=True), \
+                            self._dirs("layers/" + layer.digest[7:], "tmp") as (layer_fd, tmp_fd):
+                        if not _exists(layer_fd, roots.OVERLAY_MARK):
+                            roots.make_overlay_ready(layer_fd, layer.digest, layer.whiteouts, layer.opaque, tmp_fd)
                 layers.append(dataclasses.replace(layer, overlay=True))
         return dataclasses.replace(image, layers=tuple(layers))
 
@@ -252,19 +288,21 @@ class ImageStore:
         """The directory of `image`'s layers merged into one tree (hardlinks to
         the layers' files, deletions applied, mount points added: roots.py),
         made once, by one process, and published complete by rename(2)."""
-        final = os.path.join(self.path, "merged", image.digest[7:])
-        if os.path.isdir(final):
-            return final
+        name = "merged/" + image.digest[7:]
+        if self._is_own_dir(name):  # (a link there is refused: never handed out as a root)
+            return os.path.join(self.path, name)
         with self._lock.hold(exclusive=False), fsutil.full_disk_is_typed(self.path):
-            with fsutil.StoreLock(os.path.join(self.path, "locks", "merged-" + image.digest[7:])).hold(exclusive=True):
-                if not os.path.isdir(final):
-                    roots.build_merged(image, final, self._tmp)
-        return final
+            with fsutil.StoreLock(self.path, "locks/merged-" + image.digest[7:]).hold(exclusive=True):
+                if not self._is_own_dir(name):
+                    layer_names = [f"layers/{layer.digest[7:]}/root" for layer in image.layers]
+                    with self._dirs("tmp", "merged", *layer_names) as (tmp_fd, merged_fd, *layer_fds):
+                        roots.build_merged(image, layer_fds, tmp_fd, merged_fd, image.digest[7:])
+        return os.path.join(self.path, name)
 
     def _put_blob(self, digest: str, data: bytes) -> None:
-        path = self._blob_path(digest)
-        if not os.path.exists(path):
-            fsutil.write_atomic(path, data, self._tmp)
+        with self._dirs("blobs/sha256", "tmp") as (blobs, tmp):
+            if not _exists(blobs, digest[7:]):
+                fsutil.write_atomic_at(blobs, digest[7:], data, tmp)
 
     # ------------------------------------------------------------ reading
 
@@ -291,8 +329,8 @@ class ImageStore:
             raise ImageNotFoundError(ref, f"in the store at {self.path}")
         parsed = reference.parse(ref)
         try:
-            with open(self._ref_path(str(parsed))) as f:
-                return f.read().strip()
+            with self._dirs("refs") as (refs,):
+                return _digest_in(fsutil.read_own(refs, _ref_name(str(parsed)), 200, self.path), str(parsed))
         except FileNotFoundError:
             pass
         if parsed.digest and any(d == parsed.digest for _, d in self._refs()):
@@ -301,11 +339,11 @@ class ImageStore:
 
     def _image(self, digest: str, names: tuple[str, ...], ref: str) -> Image:
         try:
-            with open(self._blob_path(digest), "rb") as f:
-                doc = load_json(f"{ref}: manifest", f.read())
-            manifest = parse_manifest(doc, media_type_of(doc, None), f"{ref}: manifest")
-            with open(self._blob_path(manifest.config.digest), "rb") as f:
-                config, diff_ids, platform = parse_config(load_json(f"{ref}: config", f.read()), f"{ref}: config")
+            with self._dirs("blobs/sha256") as (blobs,):
+                doc = load_json(f"{ref}: manifest", fsutil.read_own(blobs, digest[7:], MAX_JSON + 1, self.path))
+                manifest = parse_manifest(doc, media_type_of(doc, None), f"{ref}: manifest")
+                data = fsutil.read_own(blobs, manifest.config.digest[7:], MAX_JSON + 1, self.path)
+            config, diff_ids, platform = parse_config(load_json(f"{ref}: config", data), f"{ref}: config")
             layers = tuple(self._layer(d) for d in diff_ids)
         except FileNotFoundError as exc:
             raise ImageError(f"the store at {self.path} is missing a part of {ref}: {exc.filename} "
@@ -313,18 +351,24 @@ class ImageStore:
         return Image(digest, names, layers, config, manifest.config.digest, platform)
 
     def _layer(self, diff_id: str) -> Layer:
-        directory = self._layer_dir(diff_id)
-        with open(os.path.join(directory, "layer.json")) as f:
-            meta = json.load(f)
-        return Layer(diff_id, os.path.join(directory, "root"), tuple(meta["whiteouts"]), tuple(meta["opaque"]),
-                     int(meta["size"]), os.path.exists(os.path.join(directory, roots.OVERLAY_MARK)))
+        """A layer of the store; its tree checked to be a directory of the store's (no link on the way),
+        as it is handed out to be a sandbox's root."""
+        name = "layers/" + diff_id[7:]
+        with self._dirs(name, name + "/root") as (layer_fd, _):
+            meta = json.loads(fsutil.read_own(layer_fd, "layer.json", MAX_JSON + 1, self.path))
+            overlay = _exists(layer_fd, roots.OVERLAY_MARK)
+        return Layer(diff_id, os.path.join(self.path, name, "root"), tuple(meta["whiteouts"]), tuple(meta["opaque"]),
+                     int(meta["size"]), overlay)
 
     def _refs(self) -> Iterator[tuple[str, str]]:
-        refs = os.path.join(self.path, "refs")
-        for entry in os.listdir(refs):
-            with contextlib.suppress(FileNotFoundError):
-                with open(os.path.join(refs, entry)) as f:
-                    yield urllib.parse.unquote(entry), f.read().strip()
+        with self._dirs("refs") as (refs,):
+            entries = os.listdir(refs)
+            found = []
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    text = fsutil.read_own(refs, entry, 200, self.path)
+                    found.append((urllib.parse.unquote(entry), _digest_in(text, entry)))
+        yield from found
 
     # ------------------------------------------------------------ removing
 
@@ -336,10 +380,11 @@ class ImageStore:
             doomed = [n for n, d in self._refs() if d == digest]
         else:
             doomed = [str(reference.parse(ref))]
-        for name in doomed:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._ref_path(name))
-        fsutil.fsync_dir(os.path.join(self.path, "refs"))
+        with self._dirs("refs") as (refs,):
+            for name in doomed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(_ref_name(name), dir_fd=refs)
+            os.fsync(refs)
 
     def gc(self) -> GcResult:
         """Remove the manifests, configs and layers no name refers to, and
@@ -350,45 +395,83 @@ class ImageStore:
             for digest in {d for _, d in self._refs()}:
                 with contextlib.suppress(ImageError):
                     image = self._image(digest, (), digest)
-                    keep_blobs |= {digest, image.config_digest}
-                    keep_layers |= {layer.digest for layer in image.layers}
-            blobs_dir = os.path.join(self.path, "blobs", "sha256")
-            gone_blobs = [f"sha256:{h}" for h in os.listdir(blobs_dir) if f"sha256:{h}" not in keep_blobs]
-            for digest in gone_blobs:
-                os.unlink(self._blob_path(digest))
-            layers_dir = os.path.join(self.path, "layers")
-            gone_layers = [f"sha256:{h}" for h in os.listdir(layers_dir) if f"sha256:{h}" not in keep_layers]
-            for diff_id in gone_layers:  # renamed into tmp/ first: a layer directory is complete or absent
-                tmp = fsutil.temp_name(self._tmp, "gone")
-                os.rename(self._layer_dir(diff_id), tmp)
-            merged_dir = os.path.join(self.path, "merged")
+                    keep_blobs |= {digest[7:], image.config_digest[7:]}
+                    keep_layers |= {layer.digest[7:] for layer in image.layers}
             images = {d[7:] for _, d in self._refs()}
-            gone_merged = [name for name in os.listdir(merged_dir) if name not in images]
-            for name in gone_merged:  # the merged tree of an image no name refers to
-                os.rename(os.path.join(merged_dir, name), fsutil.temp_name(self._tmp, "gone"))
-            leftovers = os.listdir(self._tmp)
-            for name in leftovers:
-                fsutil.remove_tree(os.path.join(self._tmp, name))
-            locks = os.path.join(self.path, "locks")
-            for name in os.listdir(locks):  # no pull holds one: they run under the shared lock
-                os.unlink(os.path.join(locks, name))
-            return GcResult(tuple(sorted(gone_layers)), tuple(sorted(gone_blobs)),
+            with self._dirs("blobs/sha256", "layers", "merged", "tmp", "locks") as (blobs, layers, merged, tmp, locks):
+                gone_blobs = [h for h in os.listdir(blobs) if h not in keep_blobs]
+                for name in gone_blobs:
+                    os.unlink(name, dir_fd=blobs)
+                gone_layers = [h for h in os.listdir(layers) if h not in keep_layers]
+                gone_merged = [h for h in os.listdir(merged) if h not in images]
+                # renamed into tmp/ first: a layer directory (a merged tree) is complete or absent
+                for name in gone_layers:
+                    os.rename(name, fsutil.fresh("gone"), src_dir_fd=layers, dst_dir_fd=tmp)
+                for name in gone_merged:
+                    os.rename(name, fsutil.fresh("gone"), src_dir_fd=merged, dst_dir_fd=tmp)
+                leftovers = os.listdir(tmp)
+                for name in leftovers:
+                    treewalk.remove_entry(tmp, name)
+                for name in os.listdir(locks):  # no pull holds one: they run under the shared lock
+                    os.unlink(name, dir_fd=locks)
+            return GcResult(tuple(sorted(f"sha256:{h}" for h in gone_layers)),
+                            tuple(sorted(f"sha256:{h}" for h in gone_blobs)),
                             len(leftovers) - len(gone_layers) - len(gone_merged))
 
     # ------------------------------------------------------------ paths
 
-    @property
-    def _tmp(self) -> str:
-        return os.path.join(self.path, "tmp")
+    @contextlib.contextmanager
+    def _dirs(self, *names: str) -> Iterator[tuple[int, ...]]:
+        """The store's own directories `names` (relative to its root) as fds, each opened beneath the
+        root with no link on the way (fsutil.own_dir): what a sandbox that could write the store
+        planted there is refused, never followed. The root is the caller's path, followed."""
+        try:
+            root = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ImageError(f"image store at {self.path}: {exc.strerror or exc}") from None
+        fds: builtins.list[int] = []
+        try:
+            for name in names:
+                fds.append(fsutil.own_dir(root, name, self.path))
+            yield tuple(fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+            os.close(root)
 
-    def _blob_path(self, digest: str) -> str:
-        return os.path.join(self.path, "blobs", "sha256", digest.split(":", 1)[1])
+    def _has_layer(self, diff_id: str) -> bool:
+        return self._is_own_dir("layers/" + diff_id[7:])
 
-    def _layer_dir(self, diff_id: str) -> str:
-        return os.path.join(self.path, "layers", diff_id.split(":", 1)[1])
+    def _is_own_dir(self, name: str) -> bool:
+        """Whether the store has the directory `name`; a link or a file there is an ImageError."""
+        try:
+            with self._dirs(name):
+                return True
+        except ImageError:
+            with self._dirs(os.path.dirname(name)) as (parent,):
+                if not _exists(parent, os.path.basename(name)):
+                    return False
+            raise
 
-    def _ref_path(self, name: str) -> str:
-        return os.path.join(self.path, "refs", urllib.parse.quote(name, safe=""))
+
+def _exists(dirfd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _ref_name(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _digest_in(data: bytes, ref: str) -> str:
+    """The digest a ref file holds; one that is not `sha256:<64 hex>` (a path) is refused."""
+    text = data.decode("ascii", "replace").strip()
+    if not DIGEST.fullmatch(text):
+        raise ImageError(f"the store's name {ref!r} holds {text[:80]!r}, not a digest (not written by the store)")
+    return text
 
 
 def _local_manifest(src: LocalSource) -> Callable[[str], tuple[bytes, str | None]]:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import stat
 import tarfile
 import time
 from dataclasses import dataclass, field
 from typing import IO
 
+from . import treewalk
 from .errors import ImageFormatError, UnsafeLayerError
 
 WHITEOUT = ".wh."
@@ -38,6 +38,18 @@ _BLOCK = 1 << 16
 _ZEROS = bytes(_BLOCK)
 _KEPT_FDS = 128
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+HEADER = 512  # what each member costs against max_bytes besides its data: its tar header (an inode on disk)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one layer may hold: `max_bytes` of declared file sizes plus HEADER per member (so 20,000 empty
+    files are 10 MB, not nothing), `max_members` tar members (each an inode), and paths at most `max_depth`
+    components deep."""
+
+    max_bytes: int
+    max_members: int
+    max_depth: int
 
 
 @dataclass
@@ -59,10 +71,11 @@ class _Dir:
 
 
 class _Unpacker:
-    def __init__(self, root_fd: int, layer: str, max_bytes: int) -> None:
+    def __init__(self, root_fd: int, layer: str, bounds: Bounds) -> None:
         self.root_fd = root_fd
         self.layer = layer
-        self.max_bytes = max_bytes
+        self.bounds = bounds
+        self.members = 0
         self.as_root = os.geteuid() == 0
         self.out = Unpacked()
         self.dirs: dict[tuple[str, ...], _Dir] = {}
@@ -76,6 +89,9 @@ class _Unpacker:
         parts = tuple(p for p in name.split("/") if p not in ("", "."))  # a leading `/` is the root
         if ".." in parts:
             raise self.refuse(name, "a `..` component would leave the layer's directory")
+        if len(parts) > self.bounds.max_depth:
+            raise self.refuse(name[:200] + "...", f"{len(parts)} components deep, more than the limit of "
+                              f"{self.bounds.max_depth} (max_layer_depth)")
         return parts
 
     def open_dir(self, parts: tuple[str, ...], member: str, create: bool) -> int:
@@ -131,8 +147,7 @@ class _Unpacker:
             if keep_dir:
                 return
             self.drop_fds()  # one of them may be this directory or below it
-            os.chmod(name, 0o700, dir_fd=dfd)
-            shutil.rmtree(name, dir_fd=dfd)  # with dir_fd: fd-based, never follows a symlink
+            treewalk.remove_entry(dfd, name)  # fd-based, never follows a symlink, any depth
             n = len(parts)
             for gone in [d for d in self.dirs if d[:n] == parts]:
                 del self.dirs[gone]
@@ -140,6 +155,7 @@ class _Unpacker:
             os.unlink(name, dir_fd=dfd)
 
     def add(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        self.admit(m)
         parts = self.parts(m.name)
         if not parts:
             return  # the root itself: its mode is the store's
@@ -180,10 +196,24 @@ class _Unpacker:
         finally:
             os.close(dfd)
 
+    def admit(self, m: tarfile.TarInfo) -> None:
+        """Count one more member (whatever it is: a directory, a whiteout and a dropped device are inodes
+        or headers too) against max_members, and its header against max_bytes."""
+        self.members += 1
+        if self.members > self.bounds.max_members:
+            raise self.refuse(m.name, f"the layer has more than the limit of {self.bounds.max_members} members "
+                              "(max_layer_members)")
+        self.check_bytes(m)
+
     def count(self, m: tarfile.TarInfo) -> None:
         self.out.size += max(0, m.size)
-        if self.out.size > self.max_bytes:
-            raise self.refuse(m.name, f"the layer's files add up to more than the limit of {self.max_bytes} bytes")
+        self.check_bytes(m)
+
+    def check_bytes(self, m: tarfile.TarInfo) -> None:
+        if self.out.size + HEADER * self.members > self.bounds.max_bytes:
+            raise self.refuse(m.name, f"the layer's files and members add up to more than the limit of "
+                              f"{self.bounds.max_bytes} bytes (max_layer_bytes: each member counts {HEADER} "
+                              "bytes besides its data)")
 
     def whiteout(self, m: tarfile.TarInfo, parts: tuple[str, ...]) -> None:
         base = parts[-1]
@@ -293,15 +323,15 @@ def _copy_sparse(src: IO[bytes], fd: int) -> None:
                     block = block[os.write(fd, block):]
 
 
-def unpack(stream: IO[bytes], dest: str, layer: str, max_bytes: int) -> Unpacked:
-    """Unpack the uncompressed tar `stream` into the empty directory `dest`.
+def unpack(stream: IO[bytes], dest: int, layer: str, bounds: Bounds) -> Unpacked:
+    """Unpack the uncompressed tar `stream` into the empty directory of fd `dest` (left open).
 
     `layer` names the layer in errors. Raises UnsafeLayerError for a member
-    that would leave `dest` or a layer over `max_bytes`; tarfile.TarError for
+    that would leave `dest` or a layer over its `bounds`; tarfile.TarError for
     a corrupt archive. `dest` is left partial on error: the caller removes it.
     """
-    root_fd = os.open(dest, _DIR_FLAGS)
-    u = _Unpacker(root_fd, layer, max_bytes)
+    root_fd = os.dup(dest)
+    u = _Unpacker(root_fd, layer, bounds)
     try:
         with tarfile.open(fileobj=stream, mode="r|", errorlevel=2) as tf:
             for member in tf:

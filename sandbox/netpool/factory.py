@@ -157,7 +157,7 @@ class _AdoptedFactory(_Factory):
     same protocol, in "userns" mode; it is not ours to wait for (its parent
     reaps it): EOF on the channel ends it."""
 
-    def __init__(self, chan: socket.socket) -> None:  # noqa: super().__init__ would start a process
+    def __init__(self, chan: socket.socket) -> None:  # (no super().__init__: it would start a process)
         self.mode = "userns"
         self.userns_fd = None
         self.chan = chan

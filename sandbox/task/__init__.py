@@ -24,13 +24,13 @@ from .description import Bind, Layout, Limits, Proxy, Sandbox, check_sandbox
 from .facts import Facts
 from .narrow import narrowed
 from .nested import NestedProcess, broker_fds
-from .run import TaskProcess, run, spawn
+from .run import TaskProcess, TaskResult, run, spawn
 from .translate import Translator
 from .workers import worker_pool, worker_spec
 
 __all__ = ["Bind", "Compiled", "Facts", "Layout", "Limits", "NestedProcess", "Proxy", "Sandbox", "TaskProcess",
-           "Translator", "broker_fds", "compile", "compile_task", "narrowed", "outside", "relative", "run",
-           "sanitized_copy", "spawn", "translate", "worker_pool", "worker_spec"]
+           "TaskResult", "Translator", "broker_fds", "compile", "compile_task", "narrowed", "outside", "relative",
+           "run", "sanitized_copy", "spawn", "translate", "worker_pool", "worker_spec"]
 
 
 def compile(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Compiled:  # noqa: A001

@@ -3,17 +3,26 @@
 Untrusted code in a task sandbox cannot make a sandbox of its own (the
 default seccomp policy denies new user namespaces, and with them every
 mount). So each confined task sandbox gets a broker in the process that
-started it: one end of a SOCK_SEQPACKET socket pair stays here, the other is
-passed into the sandbox as an fd named by SANDBOX_TASK_BROKER. It has no
-name anywhere (no path, no abstract address), so only processes that
-inherited it can reach it; and the kernel attaches each sender's pid and
-uid to each message (SO_PASSCRED), so a request from any other user, or
-from a process that is not in this broker's sandbox (its pid must descend
-from the sandbox's), is refused even if the fd was handed there.
+started it, listening on a SOCK_SEQPACKET socket bound inside that sandbox
+at the path SANDBOX_TASK_BROKER names (broker_socket.py: no path on the host
+once the sandbox is up, no abstract name). Every process of the sandbox can
+connect, whatever fds its parents closed; the kernel attaches each sender's
+pid and uid to each message (SO_PASSCRED), so a request from any other user,
+or from a process that is not in this broker's sandbox (its pid must descend
+from the sandbox's), is refused even if a connection was handed there.
+
+What the broker reads is untrusted: each connection has its own thread,
+a message is bounded in size and depth before it is parsed (wire.py), and
+any error of one request is answered on its connection with a refusal
+naming the problem; the serving thread only accepts, and outlives whatever
+a request does. When the sandbox's first process ends (a pidfd), the broker
+stops at once: what was queued for it is dropped with the listening socket,
+and every nested sandbox is killed, so nothing of the sandbox's (its stdout,
+say) outlives it in a child that a requester kept alive.
 
 A request (sandbox.task.nested) carries the inner description in the
 sandbox's own paths, the command, the requester's environment and its three
-stdio fds, and a socket of its own for the rest of the conversation. The
+stdio fds; the rest of the conversation goes over its connection. The
 broker translates every path back to the host's (through the parent's
 binds, then resolving links on the host, so a link planted in a writable
 grant cannot lead a bind elsewhere; and each source checked is held open
@@ -24,9 +33,9 @@ a loopback URL in the environment that would forward a port the parent does
 not have, and starts the child with task.spawn: a sibling of the parent,
 confined on the parent's backend, with its own broker (so it can narrow
 again). Then it relays signals (and kill) in, the exit status and the
-record out. When the requester goes away (its socket closes: it died, or
-the whole outer sandbox did), the child is killed; when the parent sandbox
-ends, every child is.
+record out. When the requester goes away (its connection closes: it died,
+or the whole outer sandbox did), the child is killed; when the parent
+sandbox ends, every child is.
 
 What a nested sandbox cannot take from its parent: a path it does not show
 (or write where it only reads), a network, port, socket or proxy host it
@@ -41,9 +50,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import stat
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +62,7 @@ from ..errors import SandboxError, SpecError, UnavailableError
 from ..plan import resolve_env
 from ..spec import Spec
 from . import wire
+from .broker_socket import BrokerSocket
 from .compile import Compiled, env_ports
 from .description import Bind, Layout, Sandbox
 from .facts import HIDE_ENV
@@ -58,6 +70,8 @@ from .narrow import narrowed
 from .translate import Translator
 
 MAX_CHILDREN = 64  # nested sandboxes running at once per broker: more is refused, not queued
+MAX_PENDING = 64  # connections whose request is not answered yet: more are refused at once
+REQUEST_TIMEOUT = 10.0  # seconds a connection has to send its request
 
 if TYPE_CHECKING:
     from .nested import NestedProcess
@@ -101,66 +115,111 @@ def pin(field: str, path: str) -> int:
 
 
 class Broker:
-    """The broker of one task sandbox (described by `sb`, compiled as `compiled`, on `backend`)."""
+    """The broker of one task sandbox (described by `sb`, compiled as `compiled`, on `backend`),
+    listening on `listening` (made here if not given): bind its `host_path` into the sandbox at
+    broker_socket.INSIDE, start the sandbox, then attach() its first process."""
 
-    def __init__(self, sb: Sandbox, compiled: Compiled, backend: str) -> None:
+    def __init__(self, sb: Sandbox, compiled: Compiled, backend: str, listening: BrokerSocket | None = None) -> None:
         self.parent, self.compiled, self.backend = sb, compiled, backend
-        self._ours, self._theirs = wire.socket_pair()
-        os.set_inheritable(self._theirs.fileno(), True)
+        self._socket = listening if listening is not None else BrokerSocket()
+        self._socket.sock.setblocking(False)
         self._pid = 0
+        self._pidfd = -1
         self._children: list[TaskProcess | NestedProcess] = []
         self._starting = 0
+        self._pending = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._serve, name="sandbox-task-broker", daemon=True)
         # inside -> host, the most specific target first
         self._reverse = Translator([(b.target, b.source) for b in compiled.binds])
         self._checking = self._checking_parent()
 
     @property
-    def fd(self) -> int:
-        """The sandbox's end: pass it in (same number) and name it in BROKER_ENV."""
-        return self._theirs.fileno()
+    def host_path(self) -> str:
+        """Where the socket is on the host until attach(): what is bound into the sandbox."""
+        return self._socket.path
 
     def attach(self, pid: int) -> None:
-        """The sandbox started as `pid` (requests must come from it or its
-        descendants): close our copy of its end and serve."""
+        """The sandbox started as `pid` (requests must come from it or its descendants;
+        its end is the broker's end): remove the host path and serve."""
         self._pid = pid
-        self._theirs.close()
+        with contextlib.suppress(OSError):  # gone already: the first poll then sees no pidfd, and serves until close
+            self._pidfd = os.pidfd_open(pid)
+        self._socket.unlink()
         self._thread.start()
 
     def close(self) -> None:
         """Stop serving and kill every child still running."""
+        self._stop()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._socket.close()
+        for fd in (self._wake_r, self._wake_w, self._pidfd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_r = self._wake_w = self._pidfd = -1
+
+    def _stop(self) -> None:
+        """No more requests; every child killed (from any thread, once)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             children = list(self._children)
         with contextlib.suppress(OSError):
-            self._theirs.close()
-        with contextlib.suppress(OSError):
-            self._ours.shutdown(socket.SHUT_RDWR)
+            os.write(self._wake_w, b"x")
         for child in children:
             with contextlib.suppress(OSError):
                 child.kill()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        self._ours.close()
 
     # ------------------------------------------------------------ serving
 
     def _serve(self) -> None:
-        while True:
-            try:
-                msg, fds, creds = wire.recv(self._ours)
-            except ValueError:
-                continue
-            except OSError:
-                return
-            if msg is None:
-                return  # every process of the sandbox closed its end
-            threading.Thread(target=self._handle, args=(msg, fds, creds), name="sandbox-task-broker-child",
-                             daemon=True).start()
+        """Accept connections until closed, or until the sandbox ends: then what it
+        queued is dropped (the listening socket closed with what it carried) and
+        every nested sandbox killed, whatever still holds their sockets or its pipes."""
+        try:
+            while not self._closed:
+                try:
+                    if self._sandbox_ended():
+                        self._stop()
+                        return
+                    self._accept()
+                except Exception:  # noqa: BLE001 (out of fds, say: the next poll tries again; never die)
+                    time.sleep(0.05)
+        finally:
+            self._socket.close()
+
+    def _sandbox_ended(self) -> bool:
+        """Wait for a connection, close() or the end of the sandbox (True)."""
+        poll = select.poll()
+        poll.register(self._socket.sock, select.POLLIN)
+        poll.register(self._wake_r, select.POLLIN)
+        if self._pidfd >= 0:
+            poll.register(self._pidfd, select.POLLIN)
+        return any(fd == self._pidfd and fd >= 0 for fd, _ in poll.poll())
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self._socket.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with self._lock:
+            busy = self._closed or self._pending >= MAX_PENDING
+            if not busy:
+                self._pending += 1
+        if busy:
+            why = UnavailableError(f"refused by the sandbox.task broker: {MAX_PENDING} requests of this sandbox "
+                                   "are waiting already, or the sandbox has ended")
+            conn.settimeout(1.0)  # this thread accepts for everyone: it never waits on one requester
+            self._refuse(conn, why)
+            conn.close()
+            return
+        threading.Thread(target=self._conversation, args=(conn,), name="sandbox-task-broker-request",
+                         daemon=True).start()
 
     def refusal(self, creds: tuple[int, int, int] | None) -> str | None:
         """Why a message with these credentials is refused, or None."""
@@ -173,41 +232,49 @@ class Broker:
             return f"pid {pid} is not a process of this broker's sandbox"
         return None
 
-    def _handle(self, msg: dict[str, Any], fds: list[int], creds: tuple[int, int, int] | None) -> None:
-        """One request: start the child, relay until it ends. This thread lives
-        as long as the child (whose parent-death signal is this thread's end)."""
-        if len(fds) != 4:
-            for fd in fds:
-                os.close(fd)
-            return
+    def _conversation(self, conn: socket.socket) -> None:
+        """One connection: its request, answered; if a child started, relay until it ends.
+        This thread lives as long as the child (whose parent-death signal is this thread's end)."""
+        proc = None
         try:
-            chan = socket.socket(fileno=fds[0])
-        except OSError:  # not a socket
-            for fd in fds:
-                os.close(fd)
+            conn.settimeout(REQUEST_TIMEOUT)
+            proc = self._answer(conn)
+        except Exception as exc:  # noqa: BLE001 (whatever one request does, the broker answers and serves on)
+            self._refuse(conn, exc)
+        finally:
+            with self._lock:
+                self._pending -= 1
+        if proc is None:
+            conn.close()
             return
+        conn.settimeout(None)
+        self._relay(conn, proc)
+
+    def _answer(self, conn: socket.socket) -> TaskProcess | None:
+        """Read the request on `conn` and start its child; a refusal sent (None) if it is refused."""
         try:
+            msg, fds, creds = wire.recv(conn)
+        except wire.MessageError as exc:
+            raise SpecError("request", "(the message)", f"is refused: {exc}") from None
+        except OSError:
+            return None  # gone before asking, or said nothing in time
+        if msg is None:
+            return None
+        try:
+            if len(fds) != 3:
+                raise SpecError("request", f"{len(fds)} fds", "must carry the three stdio fds of the command")
             why = self.refusal(creds)
             if why is not None:
                 raise UnavailableError(f"refused by the sandbox.task broker: {why}")
-            with self._lock:
-                if len(self._children) + self._starting >= MAX_CHILDREN:
-                    raise UnavailableError(f"refused by the sandbox.task broker: {MAX_CHILDREN} nested sandboxes "
-                                           "of this sandbox are running already")
-                self._starting += 1
+            self._reserve()
             try:
-                proc = self._start(msg, fds[1:])
+                proc = self._start(msg, fds)
             except BaseException:
                 with self._lock:
                     self._starting -= 1
                 raise
-        except (SandboxError, OSError, ValueError, TypeError) as exc:
-            with contextlib.suppress(OSError):
-                wire.send(chan, wire.error_message(exc))
-            chan.close()
-            return
         finally:
-            for fd in fds[1:]:
+            for fd in fds:
                 os.close(fd)
         with self._lock:
             late = self._closed
@@ -215,7 +282,24 @@ class Broker:
             self._children.append(proc)
         if late:
             proc.kill()
-        self._relay(chan, proc)
+        return proc
+
+    def _reserve(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise UnavailableError("refused by the sandbox.task broker: its sandbox has ended")
+            if len(self._children) + self._starting >= MAX_CHILDREN:
+                raise UnavailableError(f"refused by the sandbox.task broker: {MAX_CHILDREN} nested sandboxes "
+                                       "of this sandbox are running already")
+            self._starting += 1
+
+    @staticmethod
+    def _refuse(conn: socket.socket, exc: BaseException) -> None:
+        """Answer `exc` on `conn`: as itself if it is ours, else as a refusal naming it."""
+        if not isinstance(exc, (SandboxError, OSError)):
+            exc = SpecError("request", "(the message)", f"is refused: {type(exc).__name__}: {exc}"[:500])
+        with contextlib.suppress(OSError):
+            wire.send(conn, wire.error_message(exc))
 
     def _relay(self, chan: socket.socket, proc: TaskProcess | NestedProcess) -> None:
         from .launcher import forward_signal  # under bwrap, to the command itself
@@ -224,7 +308,7 @@ class Broker:
             while True:
                 try:
                     msg, fds, _ = wire.recv(chan)
-                except ValueError:
+                except wire.MessageError:
                     continue
                 except OSError:
                     msg, fds = None, []
@@ -234,7 +318,7 @@ class Broker:
                     with contextlib.suppress(OSError):
                         proc.kill()
                     return
-                with contextlib.suppress(OSError, ValueError, TypeError):
+                with contextlib.suppress(Exception):
                     if msg.get("kill"):
                         proc.kill()
                     elif isinstance(msg.get("signal"), int):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from .. import spec as S
 from ..plan import resolve_env
+from .broker_socket import INSIDE as BROKER_INSIDE
 from .description import Sandbox
 from .facts import HIDE_ENV, Facts
 from .translate import Translator, _under
@@ -64,7 +65,11 @@ def shown_binds(sb: Sandbox, facts: Facts) -> list[Shown]:
     """Every bind, sorted so that the more specific comes later (and wins)."""
     py = facts.python
     python = [*py.executable_chain, *([py.venv_cfg] if py.venv_cfg else []), *py.stdlib, *py.site_dirs]
-    out = [Shown(p, p, False) for p in dict.fromkeys(python) if not _under(p, "/usr")]
+    # A link of the chain inside a directory bound at its own path is shown by that bind, as a link:
+    # a bind of its own would follow it, in the new root, to a target not mounted yet (ENOENT).
+    same = [*sb.read, *sb.write, *(b.source for b in sb.binds if b.source == b.target)]
+    shown = {link for link in py.executable_chain[:-1] if any(link != d and _under(link, d) for d in same)}
+    out = [Shown(p, p, False) for p in dict.fromkeys(python) if not _under(p, "/usr") and p not in shown]
     out += [Shown(p, p, False) for p in facts.packages]
     if sb.framework and sb.framework_package:
         out += [Shown(p, p, False) for p in facts.framework_paths if any(_under(p, d) for d in py.site_dirs)]
@@ -155,16 +160,20 @@ def env_ports(env: Mapping[str, str]) -> list[int]:
 
 
 def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_port: int | None = None,
-                 pinned: Mapping[str, str] | None = None) -> Compiled:
+                 pinned: Mapping[str, str] | None = None, broker_socket: str | None = None) -> Compiled:
     """The Spec of `sb` on the host of `facts`; `proxy_port` is where the allowlist proxy listens.
     `pinned` maps a bind's host source to `/proc/self/fd/N`, an fd of the spawning process that
-    holds what was checked (the broker's): the bind is made of that, never of the path again."""
+    holds what was checked (the broker's): the bind is made of that, never of the path again.
+    `broker_socket`, the host path of the broker's socket, is bound read-only at BROKER_INSIDE
+    (in the fresh root, before every grant: a grant over it hides it, nothing is made in a grant)."""
     pin = pinned or {}
     tr = Translator.of(sb)
     binds = shown_binds(sb, facts)
     mounts: list[S.Mount] = [*facts.system]
     mounts += [S.RoBind(p, optional=True) for p in facts.etc]
     mounts += [S.Proc(), S.Dev(), S.Tmpfs("/tmp", perms=0o1777)]
+    if broker_socket is not None:
+        mounts.append(S.RoBind(broker_socket, BROKER_INSIDE))
     mounts += [S.Bind(pin.get(b.source, b.source), b.target) if b.writable
                else S.RoBind(pin.get(b.source, b.source), b.target) for b in binds]
     emptied = [d for d in facts.python.other_site_dirs if names_of(d, binds, facts.realpaths)]

@@ -6,7 +6,8 @@ sibling, can call it too: the child description is checked to grant
 nothing its parent does not (every path it shows lies under a path the
 parent shows, writable only where the parent's is; no network the parent
 lacks; no port, socket or allowed host beyond the parent's; no variable
-beyond the parent's allowlist; no package beyond the parent's `packages`), and it inherits what must never loosen: the
+beyond the parent's allowlist; no package beyond the parent's `packages`;
+no framework package but the parent's), and it inherits what must never loosen: the
 parent's hidden modules and probes are added to its own, its limits are the
 smaller of the two, and its enforcement, records and `enabled` are the
 parent's. SpecError names the first field that would widen.
@@ -68,6 +69,11 @@ def narrowed(parent: Sandbox, child: Sandbox) -> Sandbox:
     extra_packages = [p for p in child.packages if p not in parent.packages]
     if extra_packages:  # a package beyond the site directories (a checkout, a PYTHONPATH module)
         raise SpecError("packages", extra_packages[0], "is not shown in the parent sandbox")
+    if child.framework_package not in (None, parent.framework_package):
+        # Another package named here would be covered in place of the parent's, which would show again.
+        raise SpecError("framework_package", child.framework_package,
+                        f"must be the parent's ({parent.framework_package!r}) or None: a nested sandbox keeps its "
+                        "parent's framework package (cover other modules with `hide`)")
     if child.framework and not parent.framework:
         raise SpecError("framework", True, "the parent covers the framework package")
     limits = Limits(**{name: _smaller(getattr(child.limits, name), getattr(parent.limits, name))
@@ -75,6 +81,6 @@ def narrowed(parent: Sandbox, child: Sandbox) -> Sandbox:
     return child.replace(
         hide=tuple(dict.fromkeys((*parent.hide, *child.hide))),
         probes=tuple(dict.fromkeys((*parent.probes, *child.probes))),
-        framework_package=child.framework_package or parent.framework_package,
+        framework_package=parent.framework_package,
         limits=limits, enforce=parent.enforce, records=parent.records, enabled=parent.enabled,
     )

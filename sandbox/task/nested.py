@@ -12,9 +12,10 @@ kill() reach the nested sandbox, and whose `record` is the record written
 for it. The child runs beside this sandbox, never inside it; it dies when
 this process (the requester) dies, or when the outer sandbox ends.
 
-The fd is inherited like any other: a program that closes its fds before
-starting another (Python's subprocess does, by default) must pass it on,
-`pass_fds=task.broker_fds()`; where it is not open, the error says so.
+SANDBOX_TASK_BROKER names a socket inside the sandbox (like SSH_AUTH_SOCK):
+any process of the sandbox reaches it, whatever fds its parents closed, as
+long as its environment keeps the variable; where it does not, or the
+path is not a socket, the error says so.
 """
 
 from __future__ import annotations
@@ -36,33 +37,28 @@ from . import wire
 StdioArg = int | IO[Any] | None
 
 
-def broker_fd() -> int | None:
-    """The fd of this sandbox's broker, None outside a task sandbox; UnavailableError
-    when SANDBOX_TASK_BROKER is set but names no broker socket (a Unix SEQPACKET one) open in this process."""
+def broker_path() -> str | None:
+    """The path of this sandbox's broker socket, None outside a task sandbox; UnavailableError
+    when SANDBOX_TASK_BROKER is set but names no socket here."""
     text = os.environ.get(wire.BROKER_ENV)
     if text is None:
         return None
-    try:
-        fd = int(text)
-        if fd < 0 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            raise ValueError(text)
-        with socket.socket(fileno=os.dup(fd)) as s:
-            if (s.family, s.type) != (socket.AF_UNIX, socket.SOCK_SEQPACKET):
-                raise ValueError(text)
-    except (ValueError, OSError):
+    why = "not an absolute path"
+    if text.startswith("/"):
+        try:
+            why = "not a socket" if not stat.S_ISSOCK(os.stat(text).st_mode) else ""
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+    if why:
         raise UnavailableError(
-            f"no sandbox.task broker is reachable: {wire.BROKER_ENV}={text} names no broker socket open in this "
-            "process (a parent closed it: start programs that need nested sandboxes with "
-            "pass_fds=sandbox.task.broker_fds(), or close_fds=False)") from None
-    return fd
+            f"no sandbox.task broker is reachable: {wire.BROKER_ENV}={text} names no broker socket ({why}; it "
+            "names a socket inside a task sandbox: this process is not in one, or the path is covered there)")
+    return text
 
 
 def broker_fds() -> tuple[int, ...]:
-    """The fds a program started from here needs in order to start nested
-    sandboxes (for subprocess's pass_fds); empty outside a task sandbox."""
-    with contextlib.suppress(UnavailableError):
-        fd = broker_fd()
-        return () if fd is None else (fd,)
+    """Kept for programs that pass it on (subprocess's pass_fds): always empty. The broker is
+    reached by the path SANDBOX_TASK_BROKER names, from any process of the sandbox, fds or not."""
     return ()
 
 
@@ -86,7 +82,7 @@ class _Stdio:
         if arg is None:
             if inheritable(i):
                 return i
-            arg = subprocess.DEVNULL  # closed, or close-on-exec (this module's broker socket, say): not sent
+            arg = subprocess.DEVNULL  # closed, or close-on-exec (a socket of the caller's, say): not sent
         if arg == subprocess.PIPE:
             r, w = os.pipe2(os.O_CLOEXEC)
             mine, theirs = (w, r) if i == 0 else (r, w)
@@ -237,36 +233,36 @@ class NestedProcess:
         self.wait()
 
 
-def request(fd: int, body: Mapping[str, Any], argv: Sequence[str], stdin: StdioArg = None,
+def request(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: StdioArg = None,
             stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Sequence[int] = (),
             environ: Mapping[str, str] | None = None) -> NestedProcess:
-    """Ask the broker at `fd` for a nested sandbox (`body`: the kind and the description)."""
+    """Ask the broker listening at `path` for a nested sandbox (`body`: the kind and the description)."""
     if tuple(pass_fds):
         raise SpecError("pass_fds", tuple(pass_fds), "a nested sandbox gets its stdio only (no other fds)")
     stdio = _Stdio(stdin, stdout, stderr)
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        chan = wire.connect(path)
+    except OSError as exc:
+        stdio.abort()
+        raise UnavailableError(f"no sandbox.task broker answers at {wire.BROKER_ENV}={path}: "
+                               f"{exc.strerror or exc}") from None
     try:
         env = dict(os.environ if environ is None else environ)
-        with socket.socket(fileno=os.dup(fd)) as broker:  # closing it leaves `fd` open
-            wire.send(broker, {**body, "argv": list(argv), "environ": env}, [theirs.fileno(), *stdio.child])
-        theirs.close()
+        wire.send(chan, {**body, "argv": list(argv), "environ": env}, stdio.child)
         stdio.sent()
-        reply, fds, _ = wire.recv(ours)
+        reply, fds, _ = wire.recv(chan)
         for extra in fds:
             os.close(extra)
     except BaseException:
-        theirs.close()
-        ours.close()
+        chan.close()
         stdio.abort()
         raise
     if reply is None:
-        ours.close()
+        chan.close()
         stdio.abort()
         raise UnavailableError("the sandbox.task broker ended the request without an answer")
     if "error" in reply:
-        ours.close()
+        chan.close()
         stdio.abort()
         wire.raise_error(reply)
-    return NestedProcess(list(argv), ours, reply, stdio)
-
-
+    return NestedProcess(list(argv), chan, reply, stdio)

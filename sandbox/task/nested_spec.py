@@ -37,7 +37,7 @@ from ..spec import Limits as SLimits
 from ..spec import Namespaces, Spec
 from .description import Bind, Limits, Sandbox
 from .facts import ETC_FILES
-from .nested import NestedProcess, broker_fd, request
+from .nested import NestedProcess, broker_path, request
 from .translate import _under
 
 StdioArg = int | IO[Any] | None
@@ -141,8 +141,8 @@ class BrokeredProcess(SandboxProcess):
 def spawn_brokered(argv: Sequence[str], spec: Spec, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
                    pass_fds: Sequence[int]) -> SandboxProcess:
     """Start `spec` through this sandbox's broker (api.spawn's path when SANDBOX_TASK_BROKER is set)."""
-    fd = broker_fd()
-    assert fd is not None  # the caller saw the variable
+    path = broker_path()
+    assert path is not None  # the caller saw the variable
     sb = description_of(spec)
-    nested = request(fd, {"kind": "task", "sandbox": sb.to_dict()}, argv, stdin, stdout, stderr, pass_fds)
+    nested = request(path, {"kind": "task", "sandbox": sb.to_dict()}, argv, stdin, stdout, stderr, pass_fds)
     return BrokeredProcess(nested, "host" if sb.network == "open" else "none")

@@ -19,13 +19,16 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from .. import api, backends
-from ..errors import IsolationError, SandboxError, SpecError, UnavailableError
+from ..errors import IsolationError, SandboxError, SpecError, TimeoutExpired, UnavailableError
+from ..output import DEFAULT_MAX_OUTPUT, OutputLimitError, check_cap
 from ..plan import check_argv, resolve_env
 from ..process import SandboxProcess
 from ..spec import Spec
 from ..validate import StrPath
 from . import nested
 from .broker import Broker
+from .broker_socket import INSIDE as BROKER_INSIDE
+from .broker_socket import BrokerSocket
 from .compile import Compiled, compile_task
 from .description import Sandbox
 from .facts import Facts
@@ -76,7 +79,8 @@ class TaskProcess:
     @property
     def killed_by(self) -> str | None:
         """Once ended, the limit that ended it ("memory", "pids", "cpu",
-        "timeout"), or None: a plain exit or signal, or an unconfined run."""
+        "timeout", "output": sandbox.killedby), or None: a plain exit or
+        signal, or an unconfined run."""
         return getattr(self._proc, "killed_by", None)
 
     def _finish(self) -> None:
@@ -196,9 +200,9 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
         raise SpecError("sandbox", sb, "must be a sandbox.task.Sandbox")
     args = check_argv(cast("Sequence[str]", argv))  # it takes os.PathLike elements too
     env_in = dict(os.environ if environ is None else environ)
-    fd = nested.broker_fd()
-    if fd is not None:
-        return nested.request(fd, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
+    path = nested.broker_path()
+    if path is not None:
+        return nested.request(path, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
                               tuple(pass_fds), env_in)
     popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
     return start_here(args, sb, backend, env_in, popen)
@@ -228,16 +232,19 @@ def start_here(args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str
 
 def _start(args: list[str], sb: Sandbox, name: str, facts: Facts, env_in: dict[str, str],
            proxy: AllowlistProxy | None, popen: dict[str, Any], pinned: Mapping[str, str] | None) -> TaskProcess:
-    compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned)
+    listening = BrokerSocket()  # the socket of its broker of nested sandboxes, bound inside
+    try:
+        compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned, listening.path)
+        broker = Broker(sb, compiled, name, listening)
+    except BaseException:
+        listening.close()
+        raise
     command = compiled.translator.argv(args)
     record = _record(sb, backend=name, confined=True, command=command, chdir=compiled.spec.cwd,
                      binds=[{"source": b.source, "target": b.target, "writable": b.writable} for b in compiled.binds],
                      hidden=list(compiled.hidden), emptied=list(compiled.emptied),
                      env_names=list(compiled.env_names), ports=[p for p, _ in compiled.forward])
-    # The broker of nested sandboxes: its socket passed in at the same fd number.
-    broker = Broker(sb, compiled, name)
-    spec = compiled.spec.replace(env={**compiled.spec.env_dict, BROKER_ENV: str(broker.fd)})
-    popen = {**popen, "pass_fds": (*popen["pass_fds"], broker.fd)}
+    spec = compiled.spec.replace(env={**compiled.spec.env_dict, BROKER_ENV: BROKER_INSIDE})
     record["env_names"] = sorted([*record["env_names"], BROKER_ENV])
     try:
         record["check"] = check_targets(compiled.forward)
@@ -272,34 +279,64 @@ def _failed_checks(exc: SandboxError, compiled: Compiled) -> list[dict[str, Any]
     return [{"name": f"probe {path}" if path else "isolation", "ok": False, "result": str(exc)}]
 
 
+class TaskResult(subprocess.CompletedProcess[Any]):
+    """task.run()'s result: a subprocess.CompletedProcess with the task's
+    `record` (`record_path`: where `sb.records` received it), `confined`, and
+    the sandbox's `usage` and `killed_by` (TaskProcess's), and the bytes of
+    each stream the output cap dropped (`stdout_dropped`, `stderr_dropped`)."""
+
+    record: dict[str, Any]
+    record_path: str | None
+    confined: bool
+    usage: Usage | None
+    killed_by: str | None
+    stdout_dropped: int
+    stderr_dropped: int
+
+
 def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = None, capture_output: bool = False,
         timeout: float | None = None, text: bool = False, backend: str = "auto",
-        environ: Mapping[str, str] | None = None, **stdio: Any) -> subprocess.CompletedProcess[Any]:
+        environ: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_overflow: str = "tail", **stdio: Any) -> TaskResult:
     """Run `argv` under `sb` and wait, like subprocess.run; the result carries
     `.record` (and `.record_path` when `sb.records` is set), `.confined`, and
-    the sandbox's `.usage` and `.killed_by` (TaskProcess's)."""
+    the sandbox's `.usage` and `.killed_by` (TaskProcess's). `max_output`
+    and `on_overflow` cap each captured stream as sandbox.run does
+    (sandbox.output; `.stdout_dropped`, `.stderr_dropped`); an unconfined
+    run is not capped. A timeout raises sandbox.TimeoutExpired (a
+    subprocess.TimeoutExpired) with `usage` and `killed_by` too."""
+    check_cap(max_output, on_overflow)
     if capture_output:
         stdio["stdout"] = stdio["stderr"] = subprocess.PIPE
     if input is not None:
         stdio["stdin"] = subprocess.PIPE
     data = input.encode() if isinstance(input, str) else input
     proc = spawn(argv, sb, backend=backend, environ=environ, **stdio)
+    inner = getattr(proc, "_proc", None)
+    if isinstance(inner, SandboxProcess):
+        inner.max_output, inner.on_overflow = max_output, on_overflow
     try:
         out, err = proc.communicate(data, timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
+        if isinstance(inner, SandboxProcess):
+            inner._timed_out()
         proc.kill()
         proc.wait()
+        raise TimeoutExpired(exc.cmd, exc.timeout, exc.output, exc.stderr, usage=proc.usage,
+                             killed_by=proc.killed_by or "timeout") from None
+    except OutputLimitError:
+        proc.wait()  # writes its record
         raise
     finally:
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
     if text:
-        out = out.decode() if out is not None else None
-        err = err.decode() if err is not None else None
-    result = subprocess.CompletedProcess(proc.args, proc.wait(), out, err)
-    result.record = proc.record  # type: ignore[attr-defined]
-    result.record_path = proc.record_path  # type: ignore[attr-defined]
-    result.confined = proc.confined  # type: ignore[attr-defined]
-    result.usage, result.killed_by = proc.usage, proc.killed_by  # type: ignore[attr-defined]
+        out = api.decoded(out, getattr(inner, "stdout_dropped", 0))
+        err = api.decoded(err, getattr(inner, "stderr_dropped", 0))
+    result = TaskResult(proc.args, proc.wait(), out, err)
+    result.record, result.record_path, result.confined = proc.record, proc.record_path, proc.confined
+    result.usage, result.killed_by = proc.usage, proc.killed_by
+    result.stdout_dropped = getattr(inner, "stdout_dropped", 0)
+    result.stderr_dropped = getattr(inner, "stderr_dropped", 0)
     return result

@@ -1,11 +1,22 @@
-"""The broker's wire: JSON messages with file descriptors over a SOCK_SEQPACKET socket pair.
+"""The broker's wire: JSON messages with file descriptors over SOCK_SEQPACKET connections.
 
+A request is one connection to the broker's listening socket (inside the
+sandbox at the path SANDBOX_TASK_BROKER names); the rest of the
+conversation (the answer, signals, the exit) goes over that connection.
 One message is one datagram (SEQPACKET keeps the boundaries, and a message
-and its fds arrive together or not at all). The broker's end has SO_PASSCRED
-set, so the kernel attaches the sender's pid, uid and gid to each message
-(translated into the broker's namespaces: the host's pid and the outer uid
-of a process inside a sandbox), which the sender cannot forge. Errors
-cross as their class and fields and are raised again on the other side.
+and its fds arrive together or not at all). The listening socket has
+SO_PASSCRED set, which its connections inherit, so the kernel attaches the
+sender's pid, uid and gid to each message (translated into the broker's
+namespaces: the host's pid and the outer uid of a process inside a
+sandbox), which the sender cannot forge. Errors cross as their class and
+fields and are raised again on the other side.
+
+What arrives is untrusted: a message is bounded in size (MAX_MESSAGE, a
+longer one arrives cut short and is refused) and in nesting depth
+(MAX_DEPTH, counted by a scan of the bytes before any parsing: the JSON
+parser recurses, and a deep enough array exhausts its stack), and must be
+UTF-8 text holding one JSON object; anything else raises MessageError,
+whose text names the problem.
 """
 
 from __future__ import annotations
@@ -13,25 +24,82 @@ from __future__ import annotations
 import array
 import json
 import os
+import re
 import socket
 import struct
 from typing import Any
 
 from .. import errors as E
 
-BROKER_ENV = "SANDBOX_TASK_BROKER"  # inside a task sandbox: the fd of its broker's socket
-MAX_MESSAGE = 1 << 20
+BROKER_ENV = "SANDBOX_TASK_BROKER"  # inside a task sandbox: the path of its broker's socket
+MAX_MESSAGE = 1 << 20  # bytes of one message
+MAX_DEPTH = 16  # nesting of arrays and objects in one message (a request needs 4)
 MAX_FDS = 8
 _UCRED = struct.Struct("iII")  # pid, uid, gid
+# A JSON string, to its closing quote or to the end of the text (so never scanned twice).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_OPEN = frozenset(b"[{")
 
 
-def socket_pair() -> tuple[socket.socket, socket.socket]:
-    """(broker's end, with SO_PASSCRED; the other end)."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-    for s in (ours, theirs):
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE)
-    return ours, theirs
+class MessageError(ValueError):
+    """A message that is not one bounded JSON object; the text says what is wrong with it."""
+
+
+def listener(path: str) -> socket.socket:
+    """A SEQPACKET socket listening at `path` (created: the caller's fresh private directory),
+    with SO_PASSCRED, close-on-exec, mode 0600."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(64)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def connect(path: str) -> socket.socket:
+    """A connection to the broker listening at `path` (OSError if none listens there)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_MESSAGE)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def check_depth(data: bytes) -> None:
+    """MessageError if arrays and objects in `data` nest deeper than MAX_DEPTH (brackets in strings aside)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for c in _STRING.sub(b"", data).translate(None, _NOT_BRACKETS):
+        depth += 1 if c in _OPEN else -1
+        if depth > MAX_DEPTH:
+            raise MessageError(f"nested deeper than {MAX_DEPTH} levels")
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The JSON object `data` holds; MessageError naming what is wrong with it."""
+    if len(data) > MAX_MESSAGE:
+        raise MessageError(f"larger than {MAX_MESSAGE} bytes")
+    check_depth(data)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MessageError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise MessageError(f"not JSON ({exc})"[:300]) from None
+    if not isinstance(value, dict):
+        raise MessageError(f"not a JSON object (a {type(value).__name__})")
+    return value
 
 
 def send(sock: socket.socket, data: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -42,9 +110,9 @@ def send(sock: socket.socket, data: dict[str, Any], fds: list[int] | tuple[int, 
 
 def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int], tuple[int, int, int] | None]:
     """(message or None at the end, fds received, (pid, uid, gid) of the sender or None).
-    A message that was cut short, or is not a JSON object, raises ValueError (its fds closed)."""
+    A message that was cut short, or is not one bounded JSON object, raises MessageError (its fds closed)."""
     space = socket.CMSG_SPACE(MAX_FDS * 4) + socket.CMSG_SPACE(_UCRED.size)
-    msg, anc, flags, _ = sock.recvmsg(MAX_MESSAGE, space)
+    msg, anc, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, space)
     fds: list[int] = []
     creds = None
     for level, kind, data in anc:
@@ -55,16 +123,16 @@ def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int], tuple[i
     if not msg and not fds:
         return None, [], creds
     try:
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-            raise ValueError("message cut short")
-        data = json.loads(msg)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-    except ValueError:
+        if flags & socket.MSG_TRUNC or len(msg) > MAX_MESSAGE:
+            raise MessageError(f"larger than {MAX_MESSAGE} bytes")
+        if flags & socket.MSG_CTRUNC:
+            raise MessageError(f"carries more than {MAX_FDS} fds")
+        value = parse(msg)
+    except MessageError:
         for fd in fds:
             os.close(fd)
         raise
-    return data, fds, creds
+    return value, fds, creds
 
 
 def error_message(exc: BaseException) -> dict[str, Any]:

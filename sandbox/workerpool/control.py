@@ -79,7 +79,7 @@ def handle(engine: Engine, m: Any, fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
     if m.kind == EXITED and m.id < 0:
-        spare_exited(engine, m.pid, m.status, slot)
+        spare_exited(engine, m.pid, m.status, slot, rusage(m))
         return
     task = engine.tasks.get(m.id)
     if task is None:
@@ -100,13 +100,23 @@ def handle(engine: Engine, m: Any, fds: list[int]) -> None:
         engine.slots.end(None, slot)
         task.end.set(None, None)
     else:  # EXITED
-        task.status = m.status
+        task.status, task.rusage = m.status, rusage(m)
         engine.slots.end(task, slot)
     engine._release(task)
     engine._maybe_finish(task)
 
 
-def spare_exited(engine: Engine, pid: int, status: int, slot: int | None) -> None:
+def rusage(m: Any) -> tuple[float, float] | None:
+    """An EXITED message's wait4 rusage of the task's pid 1: (CPU seconds, peak RSS MiB); None if it has none."""
+    t = m.t_ns
+    utime, stime, maxrss = t[lib.SBX_Z_RU_UTIME_US], t[lib.SBX_Z_RU_STIME_US], t[lib.SBX_Z_RU_MAXRSS_KB]
+    if not (utime or stime or maxrss):
+        return None
+    return (utime + stime) / 1e6, maxrss / 1024
+
+
+def spare_exited(engine: Engine, pid: int, status: int, slot: int | None,
+                 ru: tuple[float, float] | None = None) -> None:
     """A spare ended: a task's (its end raced the TAKEN), or an unused one."""
     with engine.lock:
         task = engine.by_pid.get(pid) if pid else None
@@ -117,7 +127,7 @@ def spare_exited(engine: Engine, pid: int, status: int, slot: int | None) -> Non
         sock.close()
         os.close(pidfd)
     if task is not None:
-        task.status = status
+        task.status, task.rusage = status, ru
     engine.slots.end(task, slot)
     if task is not None:
         engine._release(task)

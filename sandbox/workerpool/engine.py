@@ -297,6 +297,10 @@ class Engine:
             self._control()
         elif what == "zstderr":
             self._read_zygote_stderr(key.fd)
+        elif task.done or not task.owns(key.fd):
+            # its channels were dropped by an event earlier in this batch (a cap passed): this fd is closed
+            # (or already another's), and select() saw it before
+            return
         elif what == "sock":
             if events & selectors.EVENT_WRITE:
                 self._write_payload(task)
@@ -349,9 +353,8 @@ class Engine:
     def _read_pipe(self, task: Task, fd: int) -> None:
         chunk = os.read(fd, _CHUNK)
         if chunk:
-            task.pipes[fd] += chunk
-            if task.max_output is not None and sum(map(len, task.output)) > task.max_output:
-                self._over_cap(task, "max_output", task.max_output, "output (stdout and stderr)")
+            if task.pipes[fd].feed(chunk) and not task.done:
+                self._output_over_cap(task)
             return
         self.sel.unregister(fd)
         os.close(fd)
@@ -390,6 +393,7 @@ class Engine:
         for task in list(self.tasks.values()):
             if task.deadline is not None and not task.timed_out and now >= task.deadline and not task.done:
                 task.timed_out = True
+                task.caller_end = "timeout"
                 self._kill(task)
 
     def _kill(self, task: Task) -> None:
@@ -406,8 +410,26 @@ class Engine:
         """The task sent more than `limit` allows: kill it, drop what it sent, fail its future."""
         task.failure = TaskLimitError(f"the task's {what} exceeded {limit}={cap} bytes; its sandbox was killed",
                                       limit=limit, cap=cap)
-        task.output = (bytearray(), bytearray())
+        task.caller_end = task.caller_end or "kill"
         task.reply = bytearray()
+        self._kill(task)
+        self._maybe_finish(task)
+
+    def _output_over_cap(self, task: Task) -> None:
+        """A stream of the task passed max_output under "kill" or "raise": its
+        sandbox is killed (killed_by "output"); under "raise" its future fails
+        now with TaskLimitError, carrying what the caps kept."""
+        task.caller_end = "output"
+        if task.on_overflow == "raise":
+            assert task.max_output is not None
+            task.record_outputs()
+            fut = task.future
+            task.failure = TaskLimitError(
+                f"the task's output exceeded max_output={task.max_output} bytes on a stream; its sandbox was killed",
+                limit="max_output", cap=task.max_output, stdout=fut.stdout, stderr=fut.stderr,
+                stdout_dropped=fut.stdout_dropped, stderr_dropped=fut.stderr_dropped)
+            task.failure.killed_by = "output"
+            task.reply = bytearray()
         self._kill(task)
         self._maybe_finish(task)
 
@@ -439,7 +461,7 @@ class Engine:
         future, task.future = task.future, _RETIRED
         future.timings["done"] = (time.monotonic() - task.t0) * 1e6
         if isinstance(value, TaskError) and not ok:  # the sandbox has ended (but past a reply or output cap)
-            value.usage, value.killed_by = task.usage, task.killed_by
+            value.usage, value.killed_by = task.usage, task.killed_by or value.killed_by
         with self.lock:
             self.unfinished.discard(task)
         if future.done():

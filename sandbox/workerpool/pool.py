@@ -22,6 +22,7 @@ from ..capabilities import ALL, Capability, Traits
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
 from ..netpool.factory import FACTORY_PATH
+from ..output import check_cap
 from ..plan import NETWORK_CAPS, compile_mount, compile_plan
 from ..process import SandboxProcess
 from ..refusal import refusal
@@ -83,10 +84,16 @@ class WorkerPool(Executor):
     A task's env, arguments and binds' paths go straight to its own sandbox,
     never through the zygote, whose memory later tasks inherit. What a task
     can make this process hold is capped: its reply by `max_reply` bytes
-    (default 64 MiB), its stdout and stderr together by `max_output`
-    (default 16 MiB); past a cap its sandbox is killed and its future raises
-    TaskLimitError naming the cap (None: no cap; submit_task can set both
-    per task). At interpreter exit, tasks already submitted are waited for.
+    (default 64 MiB; past it the sandbox is killed and the future raises
+    TaskLimitError), each of its stdout and stderr by `max_output` (default
+    16 MiB), with `on_overflow` saying what happens past it
+    (sandbox.output): "raise" (the default: the sandbox is killed, the
+    future raises TaskLimitError carrying what was kept), "kill" (killed,
+    killed_by "output"; the future has its result if the reply was in, else
+    TaskError), "tail" or "head" (the task runs on; the future's `stdout`
+    keeps the last or first bytes and `stdout_dropped` counts the rest).
+    None: no cap; submit_task can set each per task. At interpreter exit,
+    tasks already submitted are waited for.
 
     `spares` sandboxes (default: 2 per worker, at most 4) are forked ahead
     of their tasks, each set up and waiting for one task, so a task needing
@@ -107,7 +114,8 @@ class WorkerPool(Executor):
     def __init__(self, spec: S.Spec, max_workers: int | None = None, *, preload: Sequence[str] = (),
                  timeout: float | None = None, spares: int | None = None, trust_results: bool = False,
                  result_types: Iterable[type] = (), startup_timeout: float = 60.0,
-                 max_reply: int | None = DEFAULT_MAX_REPLY, max_output: int | None = DEFAULT_MAX_OUTPUT) -> None:
+                 max_reply: int | None = DEFAULT_MAX_REPLY, max_output: int | None = DEFAULT_MAX_OUTPUT,
+                 on_overflow: str = "raise") -> None:
         if not isinstance(spec, S.Spec):
             raise SpecError("spec", spec, "must be a sandbox.Spec")
         if max_workers is None:
@@ -119,6 +127,8 @@ class WorkerPool(Executor):
         if isinstance(preload, str):
             raise SpecError("preload", preload, "must be a sequence of module names, not one string")
         self._caps = (_check_cap("max_reply", max_reply), _check_cap("max_output", max_output))
+        check_cap(max_output, on_overflow)
+        self._on_overflow = on_overflow
         self._timeout = timeout
         self._ids = itertools.count(1)
         backends.choose("native")
@@ -164,21 +174,25 @@ class WorkerPool(Executor):
     def submit_task(self, fn: Callable[..., T], /, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None,
                     *, timeout: float | None = None, binds: Sequence[S.Bind] = (),
                     env: Mapping[str, str] | None = None, max_reply: int | None | object = _POOLS,
-                    max_output: int | None | object = _POOLS) -> TaskFuture[T]:
+                    max_output: int | None | object = _POOLS, on_overflow: str | None = None) -> TaskFuture[T]:
         """Run `fn(*args, **kwargs)` in a new sandbox with a `timeout` in seconds
         (default: the pool's), extra `binds` on top of the Spec's mounts, `env`
-        added to its os.environ, and caps in bytes on its reply and output
-        (default: the pool's; None: no cap)."""
+        added to its os.environ, and caps in bytes on its reply and on each
+        output stream, with what happens past the latter (`on_overflow`;
+        default: the pool's; None: no cap)."""
         submitted = time.monotonic()
         if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise SpecError("env", env, "must map strings to strings")
         reply_cap = self._caps[0] if max_reply is _POOLS else _check_cap("max_reply", max_reply)
         output_cap = self._caps[1] if max_output is _POOLS else _check_cap("max_output", max_output)
+        overflow = self._on_overflow if on_overflow is None else on_overflow
+        check_cap(output_cap, overflow)
         payload, sources = pickle_call(fn, tuple(args), dict(kwargs or {}))
         future: TaskFuture[T] = TaskFuture()
         task = Task(id=next(self._ids), future=future, payload=payload,
                     timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None,
-                    max_reply=reply_cap, max_output=output_cap, sources=sources, submitted=submitted)
+                    max_reply=reply_cap, max_output=output_cap, on_overflow=overflow, sources=sources,
+                    submitted=submitted)
         if binds:
             self._add_binds(task, binds)
         try:

@@ -54,12 +54,16 @@ _COPYING = frozenset({("builtins", name) for name in ("list", "tuple", "set", "f
 
 class TaskFuture(Future[T], Generic[T]):
     """A WorkerPool task's Future, with what the task wrote to its stdout and
-    stderr (bytes, complete once the future is done)."""
+    stderr (bytes, complete once the future is done: what the output cap
+    kept of each) and how many bytes of each the cap dropped
+    (`stdout_dropped`, `stderr_dropped`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stdout = b""
         self.stderr = b""
+        self.stdout_dropped = 0
+        self.stderr_dropped = 0
         self.timings: dict[str, float] = {}  # µs: queued (from submit to its channels sent), then since
         # then: the fork's stamps (fork.*, in the zygote: a task forked for itself), started and done
         self.end = SandboxEnd()  # the engine fills it when the task's sandbox has ended
@@ -75,7 +79,7 @@ class TaskFuture(Future[T], Generic[T]):
     @property
     def killed_by(self) -> str | None:
         """The limit that ended the task's sandbox: "memory", "pids", "cpu",
-        "timeout", or None (as `usage`, once it has ended)."""
+        "timeout", "output", or None (as `usage`, once it has ended)."""
         return self.end.wait(self).killed_by
 
 
@@ -103,15 +107,22 @@ class SandboxEnd:
 class TaskError(SandboxError):
     """The task's sandbox ended without a reply: it exited (os._exit, a crash)
     or was killed. `returncode` is its exit code, or -N if signal N ended it;
-    `stdout` and `stderr` what it wrote; `usage` and `killed_by` as on its
-    TaskFuture (killed_by "memory": its cgroup's OOM killer ended it)."""
+    `stdout` and `stderr` what it wrote (what its output cap kept; the bytes
+    dropped in `stdout_dropped`, `stderr_dropped`); `usage` and `killed_by`
+    as on its TaskFuture (killed_by "memory": its cgroup's OOM killer ended
+    it)."""
+
+    usage: Usage | None
+    killed_by: str | None
 
     def __init__(self, message: str, *, returncode: int | None = None, stdout: bytes = b"",
-                 stderr: bytes = b"") -> None:
+                 stderr: bytes = b"", stdout_dropped: int = 0, stderr_dropped: int = 0) -> None:
         super().__init__(message)
         self.returncode = returncode
         self.stdout = stdout
         self.stderr = stderr
+        self.stdout_dropped = stdout_dropped
+        self.stderr_dropped = stderr_dropped
         self.usage: Usage | None = None
         self.killed_by: str | None = None
 
@@ -122,11 +133,16 @@ class TaskTimeoutError(TaskError, TimeoutError):
 
 class TaskLimitError(TaskError):
     """The task sent more than a cap allows (`limit`: "max_reply" or
-    "max_output", `cap` its value in bytes); its whole sandbox was killed
-    and what it sent was dropped."""
+    "max_output", `cap` its value in bytes); its whole sandbox was killed.
+    Past max_reply its reply is dropped; past max_output (on_overflow
+    "raise") `stdout` and `stderr` hold what the cap kept (the first `cap`
+    bytes of each), `stdout_dropped` and `stderr_dropped` what it did not,
+    and `killed_by` is "output"."""
 
-    def __init__(self, message: str, *, limit: str, cap: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, limit: str, cap: int, stdout: bytes = b"", stderr: bytes = b"",
+                 stdout_dropped: int = 0, stderr_dropped: int = 0) -> None:
+        super().__init__(message, stdout=stdout, stderr=stderr, stdout_dropped=stdout_dropped,
+                         stderr_dropped=stderr_dropped)
         self.limit = limit
         self.cap = cap
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .. import cgroups
+from ..cgroups.walls import ended_usage
 from ..errors import NetnsPoolError, SetupError
 from . import control
 from .task import Task
@@ -115,8 +116,8 @@ class CgroupSlots:
         if lease is not None:  # every process of the sandbox is gone: checked off this thread
             lease.release(wait=False, unprivileged_tenant=True)
         if task is not None and task.status is not None:
-            usage = cgroup.usage() if cgroup is not None else cgroups.Usage(mechanism=self.mechanism)
-            by_caller = "timeout" if task.timed_out else "kill" if task.failure is not None else None
+            usage = ended_usage(cgroup, self.mechanism, task.rusage)
+            by_caller = task.caller_end
             task.usage = usage
             task.killed_by = cgroups.killed_by(task.returncode(), usage, self.cpu_s, by_caller)
         if task is not None:

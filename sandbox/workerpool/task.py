@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cgroups import Usage
+from ..output import OutputCap
 from . import channel as ch
 from .results import SandboxEnd, TaskError, TaskFuture, TaskTimeoutError
 
@@ -24,19 +25,22 @@ class Task:
     timeout: float | None = None
     env: dict[str, str] | None = None  # sent on its own channel, then dropped
     max_reply: int | None = None  # caps in bytes (None: none)
-    max_output: int | None = None
+    max_output: int | None = None  # per stream
+    on_overflow: str = "raise"  # past max_output (sandbox.output)
     sources: tuple[str, ...] = ()  # the modules its call's code was sent from (for its traceback)
     blob: bytes | None = None  # a per-task plan (per-task binds), else the pool's
     trees: list[int] = field(default_factory=list)  # detached source trees of its per-task binds
     sock: socket.socket | None = None
-    pipes: dict[int, bytearray] = field(default_factory=dict)  # open stdout/stderr read ends -> their bytes
-    output: tuple[bytearray, bytearray] = field(default_factory=lambda: (bytearray(), bytearray()))
+    pipes: dict[int, OutputCap] = field(default_factory=dict)  # open stdout/stderr read ends -> what they keep
+    output: tuple[OutputCap, OutputCap] | None = None  # made with its channels, from the caps above
     reply: bytearray = field(default_factory=bytearray)
     unsent: memoryview | None = None
     open_channels: int = 3
     deadline: float | None = None
     timed_out: bool = False
+    caller_end: str | None = None  # "timeout", "output" or "kill" (a reply cap): this side killed it
     status: int | None = None  # raw wait status, once the zygote reported it
+    rusage: tuple[float, float] | None = None  # ... and wait4's (CPU s, peak RSS MiB) of its pid 1
     failure: BaseException | None = None
     ended: bool = False  # the zygote reported EXITED or FAILED: its slot is free
     done: bool = False
@@ -61,6 +65,7 @@ class Task:
         mine, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs.append(their_sock.detach())
         self.sock = mine
+        self.output = (OutputCap(self.max_output, self.on_overflow), OutputCap(self.max_output, self.on_overflow))
         for buf in self.output:
             r, w = os.pipe2(os.O_CLOEXEC)
             self.pipes[r] = buf
@@ -78,6 +83,10 @@ class Task:
             theirs.append(_memfd(self.blob))
         theirs += self.trees
         self.trees = []
+
+    def owns(self, fd: int) -> bool:
+        """Whether `fd` is one of its channels still open here."""
+        return fd in self.pipes or (self.sock is not None and self.sock.fileno() == fd)
 
     def reply_size(self) -> int | None:
         """The size its reply announces, once known (None also for a death note)."""
@@ -98,8 +107,11 @@ class Task:
         return size is not None and len(self.reply) >= ch.LENGTH.size + size
 
     def record_outputs(self) -> None:
-        """What the task wrote to its stdout and stderr, onto its future."""
-        self.future.stdout, self.future.stderr = (bytes(b) for b in self.output)
+        """What the task wrote to its stdout and stderr (what their caps kept), onto its future."""
+        if self.output is not None:
+            fut = self.future
+            fut.stdout, fut.stderr = self.output[0].kept(), self.output[1].kept()
+            fut.stdout_dropped, fut.stderr_dropped = self.output[0].dropped, self.output[1].dropped
 
     def ended_error(self) -> TaskError:
         """The error of a task whose sandbox ended (status known) without a reply."""
@@ -107,12 +119,13 @@ class Task:
         fut = self.future
         if self.timed_out:
             return TaskTimeoutError(f"the task ran past its timeout of {self.timeout} s; its sandbox was killed",
-                                    returncode=code, stdout=fut.stdout, stderr=fut.stderr)
+                                    returncode=code, stdout=fut.stdout, stderr=fut.stderr,
+                                    stdout_dropped=fut.stdout_dropped, stderr_dropped=fut.stderr_dropped)
         how = f"was killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
         if self.killed_by is not None:
             how += f" at its {self.killed_by} limit"
         return TaskError(f"the task's sandbox {how} without a result", returncode=code, stdout=fut.stdout,
-                         stderr=fut.stderr)
+                         stderr=fut.stderr, stdout_dropped=fut.stdout_dropped, stderr_dropped=fut.stderr_dropped)
 
     def returncode(self) -> int:
         """How its sandbox ended: an exit code, or -N for signal N (its death note's, else the wait status's)."""

@@ -1,5 +1,6 @@
 """What a process holds that a sandbox start could leak: fds, threads,
-children, mounts, namespace fds, network namespace pool leases, memory.
+children, mounts (its own: under its own directories), namespace fds,
+network namespace pool leases, memory.
 
 `Ledger.take()` counts them; `Ledger.leaks(before, after)` says what grew.
 Used by the fault-injection helper (tests/faults/inject.py) and by the soak
@@ -14,6 +15,9 @@ pool's own books (size, idle, leased) next to the fd counts.
 from __future__ import annotations
 
 import os
+import re
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,8 +46,23 @@ def _fds() -> dict[int, str]:
 
 
 def _mounts() -> list[str]:
+    """This process's mounts at or below its own directories (`_own`), without their ids."""
     with open("/proc/self/mountinfo") as f:
-        return sorted(line.split(" ", 2)[2] for line in f)
+        lines = [line.split(" ", 2)[2] for line in f]
+    return sorted(line for line in lines if _own(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)),
+                                                         line.split(" ")[2])))
+
+
+def _own(path: str) -> bool:
+    """Whether a mount at `path` can be this process's doing: in this pytest session's basetemp
+    (tests/leakcheck.py's OWN_ROOTS, when it is loaded) or in a folder the package or the tests
+    make in the temporary directory. Never the host's whole table: another job's mounts come and go."""
+    leakcheck = sys.modules.get("leakcheck")
+    roots = list(getattr(leakcheck, "OWN_ROOTS", ()))
+    if any(path == root or path.startswith(root + "/") for root in roots):
+        return True
+    tmp = tempfile.gettempdir().rstrip("/") + "/"
+    return path.startswith(tmp) and path[len(tmp):].startswith(("sandbox-", "sbx"))
 
 
 def _rss_kb() -> int:

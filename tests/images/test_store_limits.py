@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import shutil
@@ -9,13 +11,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox.images import ImageStore
 
-from .image_helpers import TestImage, layer, member, write_layout
+from .image_helpers import OCI_MANIFEST, TestImage, layer, member, write_layout
 
 # Loads the layout argv[2] into a store at argv[1]; prints what happened and what the store holds.
 LOAD = """
@@ -134,9 +137,59 @@ def test_gc_waits_for_a_load_in_progress(tmp_path: Path) -> None:
     assert finished.is_set()
 
 
+# Pulls argv[2] over plain HTTP into a store at argv[1].
+PULL = LOAD.replace("store.load(sys.argv[2])", "store.pull(sys.argv[2], insecure=True)")
+
+
+@contextlib.contextmanager
+def stalling_registry(image: TestImage, stall: str) -> Iterator[tuple[str, threading.Event]]:
+    """A registry on 127.0.0.1 that serves `image` (as repository "killed", tag "1") but sends only the
+    first half of the blob `stall` and then holds the connection until the event is set."""
+    manifest, blobs = image.blobs()
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path == "/v2/killed/manifests/1":
+                body, media = manifest, OCI_MANIFEST
+            elif self.path.startswith("/v2/killed/blobs/") and self.path.rsplit("/", 1)[1] in blobs:
+                body, media = blobs[self.path.rsplit("/", 1)[1]], "application/octet-stream"
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", media)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.path.endswith(stall):
+                self.wfile.write(body[: len(body) // 2])
+                self.wfile.flush()
+                release.wait(60)
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}/killed:1", release
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
 def test_a_load_killed_midway_leaves_nothing_used(tmp_path: Path) -> None:
-    """SIGKILL while a layer is half read (its blob is a FIFO the test feeds): no name, no layer
-    directory; gc() removes the leftover in tmp/, and the image then loads whole."""
+    """SIGKILL while a layer is half read (a registry sends half its blob, then waits): no name, no
+    layer directory; gc() removes the leftover in tmp/, and the image then loads whole."""
     import signal
 
     from .image_helpers import sha256
@@ -145,41 +198,25 @@ def test_a_load_killed_midway_leaves_nothing_used(tmp_path: Path) -> None:
     image = TestImage([tar], compression="tar")
     layout = tmp_path / "layout"
     write_layout(str(layout), [(image, "example.org/killed:1")])
-    blob = layout / "blobs/sha256" / sha256(tar)[7:]
-    blob.unlink()
-    os.mkfifo(blob)
     store = tmp_path / "store"
-    loader = subprocess.Popen([sys.executable, "-c", LOAD, str(store), str(layout)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 30
-        while True:  # the write end opens once the loader has opened the FIFO to read (ENXIO before)
-            try:
-                fd = os.open(blob, os.O_WRONLY | os.O_NONBLOCK)
-                break
-            except OSError:
+    with stalling_registry(image, sha256(tar)) as (ref, _):
+        loader = subprocess.Popen([sys.executable, "-c", PULL, str(store), ref], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while not any((store / "tmp").glob("layer.*/root/big")):
                 assert loader.poll() is None and time.monotonic() < deadline, "the loader never read the blob"
-                time.sleep(0.02)
-        os.set_blocking(fd, True)
-        with open(fd, "wb") as feed:
-            feed.write(tar[: len(tar) // 2])
-            feed.flush()
-            while not any((store / "tmp").glob("layer.*/root/big")) and time.monotonic() < deadline:
                 time.sleep(0.02)
             loader.send_signal(signal.SIGKILL)
             loader.wait(30)
-    except BrokenPipeError:
-        pass
-    finally:
-        if loader.poll() is None:
-            loader.kill()
-        loader.communicate()
+        finally:
+            if loader.poll() is None:
+                loader.kill()
+            loader.communicate()
     assert loader.returncode == -signal.SIGKILL
     assert os.listdir(store / "refs") == [] and os.listdir(store / "layers") == []
     assert len(os.listdir(store / "tmp")) == 1  # the half-unpacked layer, never published
     done = ImageStore(store).gc()
     assert done.temporaries == 1 and os.listdir(store / "tmp") == []
-    blob.unlink()
-    blob.write_bytes(tar)
     img = ImageStore(store).load(layout)
     assert Path(img.layers[0].path, "big").read_bytes() == tar[512:512 + (1 << 20)]

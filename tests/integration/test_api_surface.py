@@ -57,6 +57,19 @@ def test_minimal_system_runs_the_distributions_programs() -> None:
     assert {"usr", "proc", "dev", "tmp", "bin"} <= set(top) and "home" not in top and "no-etc" in top
 
 
+@pytest.mark.parametrize("preset", ["minimal_system", "python_interpreter", "host_view"])
+def test_a_presets_tmp_has_a_fixed_size_whatever_the_hosts_ram(preset: str) -> None:
+    # 512 MiB, not the kernel's half of the RAM; a bigger one is a Tmpfs of its own among the mounts
+    df = ["stat", "-f", "-c", "%b %S", "/tmp"]
+    r = sandbox.run(df, getattr(presets, preset)(), capture_output=True, text=True, timeout=60)
+    blocks, size = map(int, r.stdout.split())
+    assert r.returncode == 0, r.stderr
+    assert blocks * size == presets.TMP_SIZE == 512 << 20
+    bigger = presets.minimal_system(sandbox.Tmpfs("/tmp", size=1 << 30))
+    blocks, size = map(int, sandbox.run(df, bigger, capture_output=True, text=True, timeout=60).stdout.split())
+    assert blocks * size == 1 << 30
+
+
 def test_minimal_system_adds_mounts_after_its_own(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("data")
     spec = presets.minimal_system(sandbox.RoBind(str(tmp_path), "/work"), cwd="/work")

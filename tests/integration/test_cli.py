@@ -398,6 +398,15 @@ class TestNamedBwrap:
         result = cli("probe", "--help")
         assert result.returncode == 0 and result.stdout.startswith("usage: python -m sandbox probe")
 
+    def test_the_installed_command_names_itself_in_its_help(self):
+        command = Path(sys.executable).with_name("sandbox")  # the client, run directly (no CLI server)
+        env = {**os.environ, "SANDBOX_CLI_SERVER": "0"}
+        for args, first in ((["--help"], "usage: sandbox run "), (["run", "--help"], "usage: sandbox run "),
+                            (["probe", "--help"], "usage: sandbox probe")):
+            result = subprocess.run([str(command), *args], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+            assert result.returncode == 0 and result.stdout.startswith(first), (args, result.stdout[:200])
+            assert "python -m" not in result.stdout, args
+
     def test_probe_names_the_package_the_tests_import(self):
         result = cli("probe")
         package = Path(sandbox.__file__).resolve().parent

@@ -177,3 +177,15 @@ def test_a_passing_test_leaves_the_snapshot_unchanged() -> None:
     with sandbox.spawn(["sleep", "1000", new_marker()], sandbox.presets.minimal_system()) as proc:
         proc.kill()
     assert check(before) == []
+
+
+def test_only_the_tests_own_directories_count_for_mounts(tmp_path: Path) -> None:
+    # another job's mount (a fuse mount in its folder, a loop beside the suite) is not this test's leak
+    import tempfile
+
+    from leakcheck import own
+
+    tmp = tempfile.gettempdir()
+    assert own(str(tmp_path / "m")) and own(f"{tmp}/sandbox-task-x/empty") and own(f"{tmp}/sbxray1/m")
+    assert not own(f"{tmp}/loaded-tests.abc/shared/m") and not own("/home/someone/fuse") and not own(tmp)
+    assert not own(f"{tmp}/pytest-of-other/pytest-1/m")  # another session's basetemp

@@ -7,6 +7,7 @@ Without one, the tests of real limits are skipped and the fallback's are run.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import signal
@@ -62,8 +63,9 @@ def leftovers() -> list[str]:
     return [p for h in INFO.hierarchies for p in glob.glob(os.path.join(h.parent, PREFIX + "*"))]
 
 
-def mine(paths: list[str]) -> list[str]:
-    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{os.getpid()}-")]
+def mine(paths: list[str], pid: int | None = None) -> list[str]:
+    """The cgroups of `paths` that process `pid` (default: this one) made: never another job's."""
+    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
 
 
 @pytest.fixture(autouse=True)
@@ -116,16 +118,27 @@ FORK_BOMB = textwrap.dedent("""
 @needs
 def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) -> None:
     marker = procs.new_marker()  # type: ignore[attr-defined]
-    before = len([p for p in os.listdir("/proc") if p.isdigit()])
     r = sandbox.run([PY, "-c", FORK_BOMB, marker], spec(nproc=32), capture_output=True, backend=executor,
                     timeout=60)
     forked = int(r.stdout)
     # sandbox-init and the bomb itself count too
     assert 0 < forked <= 30, r.stdout
     assert r.usage is not None and r.usage.pids_peak is not None and r.usage.pids_peak <= 32
+    # nothing of the sandbox is left: every fork of the bomb carries the marker (not a count of the
+    # host's processes, where other work comes and goes)
     assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
-    after = len([p for p in os.listdir("/proc") if p.isdigit()])
-    assert after < before + 10  # nothing of the sandbox is left (other work on the host comes and goes)
+
+
+@needs
+def test_nproc_1_beside_the_sandbox_pid_1_fails_with_a_hint(executor: str) -> None:
+    with pytest.raises(sandbox.SetupError) as info:
+        sandbox.run(["true"], spec(nproc=1), capture_output=True, backend=executor, timeout=60)
+    assert info.value.errno == errno.EAGAIN and "Limits.nproc counts every process" in str(info.value)
+    assert "as_pid_1=True" in str(info.value)
+    # as the hint says: with the command as pid 1, one process is enough for it
+    r = sandbox.run(["true"], spec(nproc=1).replace(as_pid_1=True), capture_output=True, backend=executor,
+                    timeout=60)
+    assert r.returncode == 0, r.stderr
 
 
 @needs
@@ -143,7 +156,9 @@ def test_half_a_core_holds_a_busy_loop_near_half_a_cpu(executor: str) -> None:
     wall = time.monotonic() - start
     assert r.returncode == 0 and r.usage is not None and r.usage.cpu_s is not None
     share = r.usage.cpu_s / wall
-    assert 0.2 <= share <= 0.7, (r.usage.cpu_s, wall)  # unbounded, a busy loop takes a whole CPU
+    # Unbounded, a busy loop takes a whole CPU. The cap is an upper bound only: on a loaded host
+    # (tools/loaded-tests.sh) the loop gets less than half a CPU whatever the sandbox does.
+    assert 0 < share <= 0.7, (r.usage.cpu_s, wall)
 
 
 @needs
@@ -186,11 +201,10 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(tmp_path: object) -> No
 def _kill_the_caller_once_started(caller: str) -> set[str]:
     """Run `caller` (a script that starts a sandbox and prints its pid), SIGKILL it once it has: the
     cgroups it made."""
-    before = set(leftovers())
     child = subprocess.Popen([PY, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout is not None
     assert child.stdout.readline().strip().isdigit()
-    made = set(leftovers()) - before
+    made = set(mine(leftovers(), child.pid))  # its own (other jobs make cgroups beside it)
     child.kill()
     child.wait()
     child.stdout.close()

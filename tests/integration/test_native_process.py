@@ -384,6 +384,19 @@ def test_communicate_timeout_leaves_the_sandbox_running(base_spec: BaseSpec, no_
     assert proc.returncode == -signal.SIGKILL
 
 
+def test_communicate_after_a_timeout_keeps_what_was_read(base_spec: BaseSpec) -> None:
+    # as subprocess.Popen.communicate: the second call returns everything, the first call's part too
+    script = "echo early >&2; echo first; sleep 2; echo second; echo late >&2"
+    with spawn_sh(script, base_spec(), stdout=PIPE, stderr=PIPE) as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"first\n"  # "early" is in its pipe already; 2 s to go
+        with pytest.raises(subprocess.TimeoutExpired) as info:
+            proc.communicate(timeout=0.5)
+        assert info.value.stderr == b"early\n"
+        out, err = proc.communicate(timeout=30)
+    assert (out, err, proc.returncode) == (b"second\n", b"early\nlate\n", 0)
+
+
 # ---------------------------------------------------------------- the parent's death
 
 HELPER = r"""

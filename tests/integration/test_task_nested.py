@@ -50,9 +50,9 @@ import json, subprocess, sys
 from sandbox import task
 from sandbox.errors import SpecError
 level2 = json.dumps({{"read": ["{all}"]}})
-# the launcher as a framework would call it, inside: the broker's fd is passed on
+# the launcher as a framework would call it, inside (subprocess closes inherited fds: the broker's socket is a path)
 r = subprocess.run([sys.executable, "-m", "sandbox.task", level2, "--", "sh", "-c", {script!r}],
-                   capture_output=True, text=True, pass_fds=task.broker_fds())
+                   capture_output=True, text=True)
 print("level2:", r.returncode, r.stdout.split(), r.stderr.strip()[-300:])
 for name, path in (("all", "{all}"), ("mid", "{mid}"), ("top", "{top}")):
     try:
@@ -61,7 +61,7 @@ for name, path in (("all", "{all}"), ("mid", "{mid}"), ("top", "{top}")):
         print("level1 sees", name, "no")
 code = "from sandbox import task\\ntry:\\n    task.run(['true'], task.Sandbox(read=['{top}']))\\n" \\
        "except Exception as e:\\n    print(type(e).__name__, e.field)"
-r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, pass_fds=task.broker_fds())
+r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 print("level2 asking for top:", r.stdout.strip(), r.stderr.strip()[-300:])
 """
 
@@ -212,12 +212,15 @@ REQUEST = ("import os, sys\nos.environ['SANDBOX_TASK_BROKER'] = sys.argv[1]\nfro
 def test_the_broker_refuses_another_sandbox_and_has_no_name(backend: str) -> None:
     sb = Sandbox()
     broker = Broker(sb, task.compile(sb), backend)
-    assert broker._ours.getsockname() == ""  # no path, no abstract name: only an inherited fd reaches it
+    sock = broker._socket.sock
+    assert sock.getsockname() == broker.host_path  # a path, never an abstract name; gone once attached
     target = task.spawn(["sleep", "1000"], sb, backend=backend)
-    other = task.spawn([PY, "-c", REQUEST, str(broker.fd)], sb, backend=backend, pass_fds=(broker.fd,),
-                       stdout=subprocess.PIPE)
+    # another sandbox, shown the socket all the same
+    other = task.spawn([PY, "-c", REQUEST, "/b"], Sandbox(binds=[task.Bind(broker.host_path, "/b")]),
+                       backend=backend, stdout=subprocess.PIPE)
     try:
-        broker.attach(target.pid)  # the broker serves `target`'s sandbox; `other` holds its fd all the same
+        broker.attach(target.pid)  # the broker serves `target`'s sandbox
+        assert not os.path.lexists(broker.host_path)
         out, _ = other.communicate(timeout=60)
         assert out.decode().startswith("UnavailableError"), out
         assert "is not a process of this broker's sandbox" in out.decode(), out
@@ -227,19 +230,33 @@ def test_the_broker_refuses_another_sandbox_and_has_no_name(backend: str) -> Non
         target.wait()
 
 
+HANDED = """
+import array, json, os, socket, sys
+s = socket.socket(fileno=int(sys.argv[1]))
+req = {"kind": "task", "argv": ["true"], "environ": {}, "sandbox": {}}
+s.sendmsg([json.dumps(req).encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]).tobytes())])
+print(json.loads(s.recv(65536))["message"])
+"""
+
+
 def test_the_broker_refuses_another_user(backend: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("only root can run a process as another user")
     sb = Sandbox()
     broker = Broker(sb, task.compile(sb), backend)
     target = task.spawn(["sleep", "1000"], sb, backend=backend)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        other = subprocess.Popen([PY, "-c", REQUEST, str(broker.fd)], user=65534, group=65534, extra_groups=[],
-                                 pass_fds=(broker.fd,), stdout=subprocess.PIPE, cwd="/")
+        r = subprocess.run([PY, "-c", REQUEST, broker.host_path], user=65534, group=65534, extra_groups=[],
+                           capture_output=True, text=True, cwd="/", timeout=60)
+        assert r.stdout.startswith("UnavailableError") and "Permission denied" in r.stdout, r.stdout + r.stderr
+        conn.connect(broker.host_path)  # a connection of ours, handed to the other user, who asks on it
         broker.attach(target.pid)
-        out, _ = other.communicate(timeout=60)
-        assert out.decode().startswith("UnavailableError") and "uid 65534" in out.decode(), out
+        r = subprocess.run([PY, "-c", HANDED, str(conn.fileno())], user=65534, group=65534, extra_groups=[],
+                           pass_fds=(conn.fileno(),), capture_output=True, text=True, cwd="/", timeout=60)
+        assert "uid 65534 is not the user of this broker's sandbox" in r.stdout, r.stdout + r.stderr
     finally:
+        conn.close()
         broker.close()
         target.kill()
         target.wait()
@@ -321,23 +338,24 @@ def test_a_broker_runs_a_bounded_number_of_nested_sandboxes(backend: str, monkey
 GARBAGE = """
 import os, socket, array
 from sandbox import task
-fd = int(os.environ["SANDBOX_TASK_BROKER"])
-s = socket.socket(fileno=os.dup(fd))
+where = os.environ["SANDBOX_TASK_BROKER"]
 r, w = os.pipe()
-def send(data, fds=()):
+def ask(data, fds=()):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.connect(where)
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
     s.sendmsg([data], anc)
-send(b"not json")
-send(b"[1, 2]")
-send(b'{"kind": "task"}')                                   # no fds at all
-send(b'{"kind": "task", "argv": ["true"]}', [r, r, r, r])    # the first fd is no socket
-send(b'{"kind": "task"}', [r] * 12)                          # more fds than a request carries
-a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-send(b'{"kind": "task", "argv": "true", "environ": {}}', [b.fileno(), 0, 1, 2])
-print("bad argv:", a.recv(4096).decode()[:60])
-a2, b2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-send(b'{"kind": "other", "argv": ["true"], "environ": {}}', [b2.fileno(), 0, 1, 2])
-print("bad kind:", a2.recv(4096).decode()[:60])
+    s.settimeout(30)
+    answer = s.recv(4096).decode()[:60]
+    s.close()
+    return answer
+print("not json:", ask(b"not json"))
+print("a list:", ask(b"[1, 2]"))
+print("no fds:", ask(b'{"kind": "task"}'))
+print("four fds:", ask(b'{"kind": "task", "argv": ["true"], "environ": {}}', [r, r, r, r]))
+print("twelve fds:", ask(b'{"kind": "task"}', [r] * 12))
+print("bad argv:", ask(b'{"kind": "task", "argv": "true", "environ": {}}', [0, 1, 2]))
+print("bad kind:", ask(b'{"kind": "other", "argv": ["true"], "environ": {}}', [0, 1, 2]))
 print("still serving:", task.run(["true"], task.Sandbox()).returncode)
 """
 
@@ -347,9 +365,10 @@ def test_the_broker_survives_malformed_requests_and_leaks_no_fd(backend: str) ->
     before = len(os.listdir("/proc/self/fd"))
     r = pyrun(GARBAGE, Sandbox(), backend, timeout=120)
     lines = r.stdout.strip().split("\n")
-    assert lines[0].startswith('bad argv: {"error": "SpecError"'), r.stdout + r.stderr
-    assert lines[1].startswith('bad kind: {"error": "SpecError"'), r.stdout + r.stderr
-    assert lines[2] == "still serving: 0", r.stdout + r.stderr
+    assert len(lines) == 8, r.stdout + r.stderr
+    for line in lines[:-1]:
+        assert line.split(": ", 1)[1].startswith('{"error": "SpecError"'), r.stdout + r.stderr
+    assert lines[-1] == "still serving: 0", r.stdout + r.stderr
     assert wait_until(lambda: len(os.listdir("/proc/self/fd")) <= before, timeout=10), \
         (before, os.listdir("/proc/self/fd"))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,3 +69,39 @@ def test_forwarding_is_refused_for_workers() -> None:
     with pytest.raises(SpecError, match="WorkerPool"):
         worker_pool(Sandbox(ports=(8080,)))
     assert os.environ.get("SANDBOX_HIDE") is None
+
+
+# A harness's venv under the temporary directory whose interpreter leads through a link outside both the
+# venv and /usr (a uv- or pyenv-managed Python, a CI runner's tool cache): the venv shown as a directory
+# holds links to a path a bind of its own would reach before that path is mounted.
+IN_VENV = """
+import sys
+from sandbox import task
+
+def answer():
+    return 42
+
+with task.worker_pool(task.Sandbox(), max_workers=1) as pool:
+    print(pool.submit(answer).result(timeout=60))
+done = task.run([sys.executable, "-c", "print(43)"], task.Sandbox(read=(sys.prefix,)), capture_output=True)
+print(done.stdout.decode().strip())
+"""
+
+
+@pytest.mark.usefixtures("native")
+def test_worker_pool_of_a_venv_whose_python_links_elsewhere(tmp_path: Path) -> None:
+    base = tmp_path / "python" / "bin"
+    base.mkdir(parents=True)
+    (base / "python3").symlink_to(os.path.realpath(sys.executable))
+    venv = tmp_path / "venv"
+    subprocess.run([str(base / "python3"), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", purelib], check=True, capture_output=True, text=True,
+                          timeout=60).stdout.strip()
+    installed = Path(sandbox.__file__).resolve().parents[1]  # this package, cloudpickle and cffi
+    Path(site, "installed.pth").write_text(f"{installed}\n")
+    assert os.readlink(venv / "bin" / "python3") == str(base / "python3")
+    done = subprocess.run([str(venv / "bin" / "python"), "-c", IN_VENV], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["42", "43"]

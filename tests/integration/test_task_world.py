@@ -25,7 +25,8 @@ def test_nothing_undeclared_exists(backend: str, tmp_path: Path) -> None:
     try:
         r = trun('echo ROOT $(ls -A /); '
                  'for p in /home /root "$1" /etc/shadow /etc/sudoers /etc/ssh /etc/ssl/private; do '
-                 '[ -e "$p" ] && echo "EXISTS $p"; done; pwd; ls /etc; ls "$2" >/dev/null && echo granted-ok',
+                 '[ -e "$p" ] && echo "EXISTS $p"; done; pwd; ls /etc; ls "$2" >/dev/null && echo granted-ok; '
+                 'echo RUN $(find /run)',
                  Sandbox(read=(str(tmp_path / "granted"),)), backend, str(tmp_path / "undeclared"),
                  str(tmp_path / "granted"))
     finally:
@@ -33,9 +34,11 @@ def test_nothing_undeclared_exists(backend: str, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "EXISTS" not in r.stdout
     root = set(r.stdout.split("\n")[0].split()[1:])
-    assert root <= {"bin", "dev", "etc", "lib", "lib64", "lib32", "libx32", "opt", "proc", "sbin", "tmp", "usr"}
+    # run: /run/sandbox/task-broker only, the socket of the sandbox's broker (SANDBOX_TASK_BROKER)
+    assert root <= {"bin", "dev", "etc", "lib", "lib64", "lib32", "libx32", "opt", "proc", "run", "sbin", "tmp", "usr"}
     assert r.stdout.split("\n")[1] == "/"  # the undeclared cwd is not there: the start falls back to /
     assert "passwd" in r.stdout and "granted-ok" in r.stdout and "shadow" not in r.stdout
+    assert r.stdout.split("\n")[-2] == "RUN /run /run/sandbox /run/sandbox/task-broker", r.stdout
 
 
 def test_only_write_paths_writable_binds_and_tmp_are_writable(backend: str, tmp_path: Path) -> None:

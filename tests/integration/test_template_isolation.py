@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import count_fds, make_base_spec, sleepers, wait_until  # tests/, on sys.path (rootdir)
+from leakcheck import mount_lines
 
 import sandbox
 from sandbox import File
@@ -114,7 +115,7 @@ def test_the_template_holds_no_filter_and_at_most_the_capabilities_it_needs(temp
 def test_many_threads_leave_nothing_behind(require_native: None) -> None:
     with sandbox.Template(make_base_spec()) as t:
         t.run(["true"])
-        fds, mounts = count_fds(), _mounts()
+        fds, mounts = count_fds(), mount_lines()
         errors: list[BaseException] = []
         pids: list[int] = []
 
@@ -134,17 +135,12 @@ def test_many_threads_leave_nothing_behind(require_native: None) -> None:
             th.join()
         assert not errors, errors[:3]
         assert len(pids) == 1600
-        assert count_fds() == fds and _mounts() == mounts
+        assert count_fds() == fds and mount_lines() == mounts
         # every sandbox reaped by the template: only its standbys (ready for the next requests) are left
         standbys = 2 if t._server.standby else 0
         assert wait_until(lambda: len(_children(t.pid)) == standbys), _children(t.pid)
         template_pid = t.pid
     assert not os.path.exists(f"/proc/{template_pid}")  # and with it its pid namespace, and every namespace
-
-
-def _mounts() -> list[str]:
-    with open("/proc/self/mountinfo") as f:
-        return f.read().splitlines()
 
 
 def _children(pid: int) -> list[int]:

@@ -118,6 +118,24 @@ def docs_images_example_2() -> None:
         print(pool.submit(sum, [1, 2]).result())  # in the image's python3.11
 
 
+def docs_limits_example_1() -> None:
+    box = spec.replace(limits=sandbox.Limits(memory_mb=100, cpu_s=10))
+    r = sandbox.run(["sh", "-c", "python3 -c 'x = b\"x\" * (300 << 20)'; ls"], box, capture_output=True)
+    print(r.returncode, r.killed_by, r.usage)   # 0 memory Usage(mechanism='cgroup2', ..., events={'oom_kill': 1, ...})
+
+
+def docs_output_example_1() -> None:
+    from sandbox.output import OutputLimitError
+
+    r = sandbox.run(["python3", "-c", "print('x' * 10**9)"], spec, capture_output=True, max_output=1 << 20)
+    print(len(r.stdout), r.stdout_dropped)                  # 1048576 998951425: the last MiB, and the rest counted
+    try:
+        sandbox.run(["python3", "-c", "print('x' * 10**9)"], spec, capture_output=True, max_output=1 << 20,
+                    on_overflow="raise")
+    except OutputLimitError as exc:
+        print(len(exc.stdout or b""), exc.killed_by)        # 1048576 output: the first MiB, the sandbox killed
+
+
 def docs_python_api_example_1() -> None:
     import sandbox
 

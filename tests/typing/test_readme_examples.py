@@ -25,6 +25,7 @@ import sandbox
 
 HERE = Path(__file__).resolve().parent
 EXAMPLES = HERE / "readme_examples.py"
+ATTRIBUTES = HERE / "documented_attributes.py"  # the attributes the docs name on results and errors
 README = HERE.parents[1] / "README.md"
 DOCS = HERE.parents[1] / "docs"
 # blocks left out (of docs/*.md), by their first line, and why
@@ -94,7 +95,7 @@ def test_readme_examples_pass_mypy_strict(tmp_path: Path) -> None:
                                        "[mypy-ray,ray.*]\nignore_missing_imports = True\n")
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir",
-         str(tmp_path / "cache"), "--no-error-summary", str(EXAMPLES)],
+         str(tmp_path / "cache"), "--no-error-summary", str(EXAMPLES), str(ATTRIBUTES)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )
-    assert result.returncode == 0, f"mypy --strict {EXAMPLES.name}:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, f"mypy --strict {EXAMPLES.name} {ATTRIBUTES.name}:\n{result.stdout}{result.stderr}"

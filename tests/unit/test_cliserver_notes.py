@@ -11,8 +11,11 @@ from sandbox.cliserver import server
 
 def test_the_notes_start_afresh_past_their_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server, "NOTES_MAX", 200)
+    import os
+
     log = tmp_path / "notes.log"
-    s = server.Server(str(tmp_path / "s.sock"), None, log=str(log))
+    notes = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    s = server.Server(os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), "s.sock", None, notes=notes)
     try:
         for i in range(100):
             s.note(f"pid {i}: runs the plan itself")

@@ -25,7 +25,8 @@ STRUCTS = {"sbx_cli_request": ["magic", "version", "argc", "envc", "nfds", "size
                             "after_size"]}
 CONSTANTS = ["SBX_CLI_MAGIC", "SBX_CLI_VERSION", "SBX_CLI_MAX_FDS", "SBX_CLI_MAX_REQUEST", "SBX_CLI_MAX_ANSWER",
              "SBX_CLI_N_RLIMITS", "SBX_CLI_STATUS", "SBX_CLI_FALLBACK", "SBX_CLI_SIGNAL", "SBX_CLI_DIE_WITH_PARENT",
-             "SBX_CLI_ACK", "SBX_CLI_PLAN", "SBX_CLI_PLAN_DIE_WITH_PARENT"]
+             "SBX_CLI_ACK", "SBX_CLI_PLAN", "SBX_CLI_PLAN_DIE_WITH_PARENT", "SBX_CLI_CHALLENGE", "SBX_CLI_PROOF",
+             "SBX_CLI_MAX_PROOF"]
 
 
 def test_the_installed_header_is_the_sources():
@@ -54,6 +55,12 @@ def test_c_and_cffi_agree(tmp_path):
         ours += [f"offsetof {name}.{f} {wire.ffi.offsetof(f'struct {name}', f)}" for f in fields]
     ours += [f"const {c} {getattr(wire.lib, c)}" for c in CONSTANTS]
     assert compiled.splitlines() == ours
+
+
+def test_the_proofs_prefix_is_the_headers():
+    """SBX_CLI_PROOF_PREFIX is a string, outside the cdef: read from the header's text."""
+    assert wire.PROOF_PREFIX == "/memfd:sandbox-cli-proof-"
+    assert f'#define SBX_CLI_PROOF_PREFIX "{wire.PROOF_PREFIX}"' in Path(wire.HEADER).read_text()
 
 
 def request(argv=(b"sandbox", b"run", b"true"), cwd=b"/tmp", environ=(b"A=1",), fds=(0, 1, 2, 9),

@@ -33,9 +33,18 @@ def test_a_narrower_child_inherits_what_never_loosens() -> None:
     (Sandbox(proxy=Proxy(("evil.example.com",))), "proxy.allowed_hosts"),
     (Sandbox(env_allow=("*",)), "env_allow"),
     (Sandbox(framework_package="trainer", framework=True), "framework"),
+    (Sandbox(framework_package="pytest"), "framework_package"),  # covered in place of the parent's: shown again
+    (Sandbox(framework_package="pytest", framework=True), "framework_package"),
     (Sandbox(packages=("checkout_pkg",)), "packages"),  # a checkout or PYTHONPATH module the parent does not show
 ])
 def test_anything_wider_is_refused_by_field(child: Sandbox, field: str) -> None:
     with pytest.raises(SpecError) as info:
         narrowed(PARENT, child)
     assert info.value.field == field
+
+
+def test_the_framework_package_is_the_parents_or_none() -> None:
+    assert narrowed(PARENT, Sandbox(framework_package="trainer")).framework_package == "trainer"
+    assert narrowed(PARENT, Sandbox()).framework_package == "trainer"
+    with pytest.raises(SpecError, match="framework_package='other'.*must be the parent's"):
+        narrowed(Sandbox(), Sandbox(framework_package="other"))  # the parent covers none: hide= covers more

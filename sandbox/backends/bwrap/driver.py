@@ -485,6 +485,9 @@ class _BwrapHandle(ProcessHandle):
     ends the sandbox); signals go to the command itself (_Decoder.signal)."""
 
     exit: _Decoder
+    # bwrap's monitor exits with the command's status, not after reaping its child (the sandbox's pid 1):
+    # its rusage is bwrap's own, not the sandbox's
+    counts_rusage = False
 
     def signal(self, sig: int) -> None:
         """Pass `sig` on to the command (bwrap passes none on itself); SIGKILL

@@ -148,10 +148,32 @@ def _run_all(cleanups: list[Callable[[], None]]) -> None:
     cleanups.clear()
 
 
+END_STATUS_SIZE = ffi.sizeof("struct sbx_end_status")
+
+
+def end_record(data: bytes) -> tuple[int | None, tuple[float, float] | None]:
+    """(raw wait status, (CPU seconds, peak RSS in MiB) or None) of what a
+    reaper wrote: a bare 4-byte status, or sandbox-init's struct
+    sbx_end_status, which adds what the kernel counted for every process of
+    the sandbox."""
+    if len(data) < 4:
+        return None, None
+    status = int.from_bytes(data[:4], "little", signed=True)
+    if len(data) < END_STATUS_SIZE:
+        return status, None
+    end = ffi.from_buffer("struct sbx_end_status *", bytearray(data[:END_STATUS_SIZE]))
+    if end.utime_us < 0:
+        return status, None
+    return status, ((end.utime_us + end.stime_us) / 1e6, end.maxrss_kb / 1024)
+
+
 class ReaperStatus:
     """The command's status as sandbox-init reports it: the raw wait status
     written to a pipe before it exits (its own exit code could not say
-    "killed by signal N")."""
+    "killed by signal N"), with the sandbox's `rusage` (CPU seconds, peak
+    RSS in MiB) where the reaper sends it, else None."""
+
+    rusage: tuple[float, float] | None = None
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -159,12 +181,13 @@ class ReaperStatus:
     def returncode(self, raw_status: int) -> int:
         """The reported status if there is one, else the reaper's own."""
         try:
-            data = os.read(self.fd, 4) if self.fd >= 0 else b""
+            data = os.read(self.fd, END_STATUS_SIZE) if self.fd >= 0 else b""
         except OSError:
             data = b""
         self.close()
-        if len(data) == 4:
-            raw_status = int.from_bytes(data, "little", signed=True)
+        status, self.rusage = end_record(data)
+        if status is not None:
+            raw_status = status
         return os.waitstatus_to_exitcode(raw_status)
 
     def close(self) -> None:
@@ -191,11 +214,12 @@ class SandboxStatus(ReaperStatus):
     def arrived(self) -> bool:
         """Take the status (its fd is readable): True if it came, False at EOF."""
         try:
-            data = os.read(self.fd, 4) if self.fd >= 0 else b""
+            data = os.read(self.fd, END_STATUS_SIZE) if self.fd >= 0 else b""
         except OSError:
             data = b""
-        if len(data) == 4:
-            self.status = int.from_bytes(data, "little", signed=True)
+        status, rusage = end_record(data)
+        if status is not None:
+            self.status, self.rusage = status, rusage
         return self.status is not None
 
     def returncode(self, raw_status: int) -> int:

@@ -17,6 +17,7 @@ import errno as E
 import os
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from ..backends.contract import Ended
@@ -29,8 +30,10 @@ class Call:
     """A command of a Session (contract.Handle): `pid` is its host pid (-1
     until a STARTED frame names it), `session_pid` its pid inside the session."""
 
-    def __init__(self, sock: socket.socket, argv: list[str], cwd: str) -> None:
+    def __init__(self, sock: socket.socket, argv: list[str], cwd: str,
+                 session_ended: Callable[[], bool] = lambda: False) -> None:
         self._sock = sock
+        self._session_ended = session_ended
         self.argv, self._cwd = argv, cwd
         self.pid = self.sandbox_pid = self.session_pid = -1
         self.timings: dict[str, float] = {}
@@ -72,6 +75,9 @@ class Call:
             except OSError:
                 data = b""
             got = wire.parse_frame(data)
+            if got is None and self.session_pid < 0 and self._session_ended():
+                self._end(-signal.SIGKILL)  # a quiet request's: no frame ever came
+                raise SessionError("the session ended before the command ended (its pid 1 is gone)")
             if got is None:
                 return self._end(-signal.SIGKILL)
             if got.kind == wire.EXITED:

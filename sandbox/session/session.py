@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import os
 import socket
+import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -91,7 +92,7 @@ class Session:
         """start(); `quiet`: return at once, the command's start unconfirmed
         (its failure is raised by the process's wait, as exec needs it)."""
         args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet)
-        handle = call.Call(sock, args, where)
+        handle = call.Call(sock, args, where, self._ended)
         if not quiet:
             try:
                 handle.take_started()
@@ -133,7 +134,7 @@ class Session:
 
         async def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> AsyncProcess:
             args, sock, stdio, where = self._request(argv, i, o, e, cwd, env, quiet=True)
-            return aio.AsyncProcess(args, call.Call(sock, args, where), stdio.parent)
+            return aio.AsyncProcess(args, call.Call(sock, args, where, self._ended), stdio.parent)
 
         return await aio.run(begin, input=input, capture_output=capture_output, timeout=timeout, check=check,
                              text=text, stdin=stdin, stdout=stdout, stderr=stderr)
@@ -213,6 +214,15 @@ class Session:
         is a PermissionError."""
         self._check_open()
         self._root.write_file(path, data, mode, parents)
+
+    def _ended(self) -> bool:
+        """Whether the session's pid 1 has gone (waited for a moment: a call
+        socket's EOF can come while the kernel still ends its namespace)."""
+        try:
+            self._proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def _check_open(self) -> None:
         if self._closed:

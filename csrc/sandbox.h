@@ -648,6 +648,39 @@ struct handoff_frame {
     int32_t kind, value;
 };
 
+/* A Session's wire (sandbox/session, csrc/session.c). On the session's
+ * control socket (SOCK_STREAM), the caller sends one request per command: a
+ * struct sbx_session_request carrying SCM_RIGHTS [call socket, stdin,
+ * stdout, stderr], then `size` bytes of NUL-terminated strings: the search
+ * PATH, the cwd ("" : the session's), argc argv strings, envc env strings.
+ * On the call socket (SOCK_SEQPACKET, one per command) the session's call
+ * process and the caller exchange struct sbx_session_frame: STARTED (unless
+ * the request is SBX_SESSION_QUIET; pid:
+ * the command's pid in the session; SCM_RIGHTS: its pidfd), FAILED (step:
+ * enum sbx_step, value: errno; the command never ran), EXITED (value: the
+ * command's raw wait status); from the caller SIGNAL (value: the signal)
+ * and KILL (the command's whole process tree); EOF from the caller leaves
+ * the command running. */
+#define SBX_SESSION_MAGIC 0x53534253 /* "SBSS" */
+#define SBX_SESSION_MAX_STRINGS 4194304
+struct sbx_session_request {
+    uint32_t magic, size, argc, envc;
+    uint32_t flags; /* SBX_SESSION_QUIET: no STARTED frame (the caller waits for the end only) */
+};
+#define SBX_SESSION_QUIET 1
+enum sbx_session_kind {
+    SBX_SESSION_STARTED = 1,
+    SBX_SESSION_FAILED = 2,
+    SBX_SESSION_EXITED = 3,
+    SBX_SESSION_SIGNAL = 4,
+    SBX_SESSION_KILL = 5,
+};
+struct sbx_session_frame {
+    int32_t kind, value, pid, step;
+};
+/* openat2(2) (csrc/util.c): a Session's file API resolves in its root. */
+int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
+
 /* Syscall numbers of this architecture, from the kernel headers at build time. */
 extern const char *const sbx_syscall_names[];
 extern const int sbx_syscall_numbers[];

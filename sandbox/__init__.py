@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         ExecPermissionError,
         IsolationError,
         SandboxError,
+        SessionError,
         SetupError,
         SpecError,
         TimeoutExpired,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from .probe import ProbeResult, probe
     from .process import DEVNULL, PIPE, STDOUT, CompletedProcess, SandboxProcess
     from .seccomp import ArgRule, Seccomp
+    from .session import Session
     from .spec import (
         Bind,
         Chmod,
@@ -65,8 +67,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     **{name: ("api", name) for name in ("run", "spawn")},
     "from_bwrap_args": ("bwrap", "from_bwrap_args"),
     **{name: ("errors", name) for name in (
-        "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SetupError",
-        "SpecError", "TimeoutExpired", "UnavailableError")},
+        "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SessionError",
+        "SetupError", "SpecError", "TimeoutExpired", "UnavailableError")},
     "explain": ("explain", "explain"),
     "presets": ("presets", None),
     "probe": ("probe", None),
@@ -76,6 +78,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     **{name: ("spec", name) for name in (
         "Bind", "Chmod", "Dev", "DevBind", "Dir", "File", "Limits", "Mount", "Mqueue", "Namespaces", "Overlay",
         "Proc", "RemountRo", "RoBind", "Spec", "Symlink", "Tmpfs")},
+    "Session": ("session", "Session"),
     "Template": ("template", "Template"),
     "WorkerPool": ("workerpool", "WorkerPool"),
 }
@@ -115,9 +118,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
-    "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
-    "Mqueue", "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
-    "Seccomp", "SetupError", "Spec", "SpecError", "Symlink", "Template", "TimeoutExpired", "Tmpfs", "UnavailableError",
-    "WorkerPool",
-    "explain", "from_bwrap_args", "presets", "probe", "run", "spawn",
+    "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount", "Mqueue",
+    "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
+    "Seccomp", "Session", "SessionError", "SetupError", "Spec", "SpecError", "Symlink", "Template",
+    "TimeoutExpired", "Tmpfs", "UnavailableError", "WorkerPool", "explain", "from_bwrap_args", "presets", "probe",
+    "run", "spawn",
 ]

@@ -150,6 +150,11 @@ class IsolationError(SandboxError):
         super().__init__(message)
 
 
+class SessionError(SandboxError):
+    """A sandbox.Session cannot serve a call: it was closed, or it ended (its
+    pid 1 was killed from outside, or could not start a command's process)."""
+
+
 _Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 

@@ -77,6 +77,17 @@ def readme_example_4() -> None:
     result = task.run(["python3", "agent.py", "--out=/runs/42/work/answer.json"], sb, capture_output=True)
     # argv becomes [..., "--out=/w/answer.json"]; result.record is what records/ received
 
+def readme_example_5() -> None:
+    import sandbox
+
+    with sandbox.Session(sandbox.presets.minimal_system()) as session:
+        session.write_file("/tmp/job.sh", b"echo started > /tmp/log\n")
+        server = session.start(["python3", "-m", "http.server", "--bind", "127.0.0.1", "8000"])
+        done = session.exec(["sh", "/tmp/job.sh"], timeout=10)   # a timeout kills this call's whole tree only
+        print(done.returncode, session.read_file("/tmp/log"))
+        server.kill()
+
+
 # ---------------------------------------------------------------- docs/*.md's blocks, page by page, in order
 
 
@@ -168,6 +179,73 @@ def docs_ray_example_1() -> None:
             print(f.result(), f.node_id, f.stdout)  # value, the node that ran it, what the task printed
         pool.submit_task(run_tests, (path,), timeout=30, env={"SEED": "1"},
                          binds=[sandbox.Bind("/data/job-7", "/work")])   # the node's /data/job-7
+
+
+def docs_session_example_1() -> None:
+    import sandbox
+
+    spec = sandbox.presets.minimal_system()
+    with sandbox.Session(spec) as session:
+        session.exec(["sh", "-c", "echo 1 > /tmp/count"])
+        done = session.exec(["cat", "/tmp/count"], capture_output=True, text=True, timeout=10)
+        print(done.returncode, done.stdout)          # 0 "1\n": the file is still there
+
+
+def docs_session_example_2() -> None:
+    import subprocess
+
+    import sandbox
+
+    with sandbox.Session(sandbox.presets.minimal_system()) as session:
+        server = session.start(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        page = session.exec(["python3", "-c", "import urllib.request, time; time.sleep(1); "
+                             "print(urllib.request.urlopen('http://127.0.0.1:8000/').status)"],
+                            capture_output=True, text=True, timeout=30)
+        server.kill()                                # the server and everything it started
+        server.wait()
+
+
+def docs_session_example_3() -> None:
+    import subprocess
+
+    import sandbox
+
+    with sandbox.Session(sandbox.presets.minimal_system()) as session:
+        session.exec(["sh", "-c", "sleep 1000 > /dev/null 2>&1 &"])     # ends normally: its sleep keeps running
+        try:
+            session.exec(["sh", "-c", "setsid sleep 1000 & sleep 1000"], timeout=1)
+        except subprocess.TimeoutExpired:
+            pass                                     # both sleeps of this call are gone; the first call's is not
+
+
+def docs_session_example_4() -> None:
+    import sandbox
+
+    with sandbox.Session(sandbox.presets.minimal_system()) as session:
+        session.write_file("/tmp/work/input.txt", b"data\n", mode=0o600, parents=True)
+        session.exec(["sh", "-c", "tr a-z A-Z < /tmp/work/input.txt > /tmp/work/out.txt"])
+        print(session.read_file("/tmp/work/out.txt", max_bytes=1 << 20))   # b"DATA\n"
+
+
+def docs_session_example_5() -> None:
+    import asyncio
+
+    import sandbox
+
+
+    async def main(session: sandbox.Session) -> None:
+        done = await session.aexec(["sh", "-c", "echo hi"], capture_output=True, timeout=10)
+        proc = await session.astart(["cat"], stdin=sandbox.PIPE, stdout=sandbox.PIPE)
+        out, _ = await proc.communicate(b"fed")
+        task = asyncio.create_task(session.aexec(["sleep", "1000"]))
+        await asyncio.sleep(0.1)
+        task.cancel()                                # the sleep's whole tree is killed
+        print(done.stdout, out)
+
+
+    with sandbox.Session(sandbox.presets.minimal_system()) as s:
+        asyncio.run(main(s))
 
 
 def docs_task_example_1() -> None:

@@ -1,0 +1,188 @@
+"""sandbox.Session against a recycled Template, posix_spawn and bwrap.
+
+Latency: one command of /bin/true and its wait, every variant interleaved in
+one process (round-robin, timing.measure), medians and p99s, each median as
+a ratio to posix_spawn's and to bwrap's: `Session.exec(["true"])` (the
+subprocess.run-shaped call), `Session.start(...).wait()`, a recycled
+Template's spawn+wait, sandbox.spawn, posix_spawn and bwrap per command
+(latency.py's flatpak-like config; the Session's and the Templates' Spec is
+the same mounts). Then: a Session's start and close, read_file of 4 KiB and
+write_file of 4 KiB, and the scale rows: memory per idle session (the PSS
+of its processes, and MemAvailable's drop per session) and exec latency with
+0, 100 and 1000 other sessions alive.
+
+Targets (issue 37): exec into a session at most a recycled Template's
+spawn+wait; read_file of 4 KiB at most 0.2 ms; exec latency flat within 1.5x
+from 0 to 1000 sessions alive.
+
+    python benchmarks/session.py [-n 300] [--alive 0,100,1000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from latency import BWRAP_ARGS, MOUNTS  # noqa: E402
+from timing import measure, p99  # noqa: E402
+
+import sandbox  # noqa: E402
+
+POSIX = "posix_spawn /bin/true"
+BWRAP = "bwrap per command (same config)"
+EXEC = "Session.exec(['true'])"
+START = "Session.start(['true']).wait()"
+RECYCLED = "Template(recycle=True).spawn+wait"
+SPEC = sandbox.Spec(mounts=MOUNTS, env={"PATH": "/usr/bin:/bin"})
+
+
+def _posix_spawn() -> None:
+    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+    os.waitpid(pid, 0)
+
+
+def _checked(rc: int) -> None:
+    if rc != 0:
+        raise RuntimeError(f"sandboxed /bin/true exited {rc}")
+
+
+def variants(session: sandbox.Session, recycled: sandbox.Template) -> dict[str, Callable[[], object]]:
+    """name -> one command of /bin/true, waited for."""
+    out: dict[str, Callable[[], object]] = {
+        POSIX: _posix_spawn,
+        EXEC: lambda: _checked(session.exec(["/bin/true"]).returncode),
+        START: lambda: _checked(session.start(["/bin/true"]).wait()),
+        RECYCLED: lambda: _checked(recycled.spawn(["/bin/true"]).wait()),
+        "sandbox.spawn+wait (fresh sandbox)": lambda: _checked(sandbox.spawn(["/bin/true"], SPEC).wait()),
+    }
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        out[BWRAP] = lambda: subprocess.run([bwrap, *BWRAP_ARGS, "/bin/true"], check=True)
+    return out
+
+
+def latency_table(times: dict[str, list[float]]) -> str:
+    base = statistics.median(times[POSIX])
+    bw = statistics.median(times[BWRAP]) if BWRAP in times else None
+    rows = ["| variant | median ms | p99 ms | / posix_spawn | / bwrap |", "|---|---|---|---|---|"]
+    for name, xs in times.items():
+        med = statistics.median(xs)
+        rows.append(f"| {name} | {med:.3f} | {p99(xs):.3f} | {med / base:.2f}x | "
+                    f"{'' if bw is None else f'{med / bw:.2f}x'} |")
+    return "\n".join(rows)
+
+
+def lifetime_and_files(n: int) -> dict[str, float]:
+    """Medians (ms): a Session's start, its close, read_file and write_file of 4 KiB."""
+    starts, closes = [], []
+    for _ in range(max(10, n // 10)):
+        t0 = time.perf_counter()
+        s = sandbox.Session(SPEC)
+        t1 = time.perf_counter()
+        s.close()
+        starts.append((t1 - t0) * 1000)
+        closes.append((time.perf_counter() - t1) * 1000)
+    data = os.urandom(4096)
+    reads, writes = [], []
+    with sandbox.Session(SPEC) as s:
+        s.write_file("/tmp/f", data)
+        for _ in range(n * 10):
+            t0 = time.perf_counter()
+            s.read_file("/tmp/f")
+            t1 = time.perf_counter()
+            s.write_file("/tmp/g", data)
+            t2 = time.perf_counter()
+            reads.append((t1 - t0) * 1000)
+            writes.append((t2 - t1) * 1000)
+    return {"session start": statistics.median(starts), "session close": statistics.median(closes),
+            "read_file 4 KiB": statistics.median(reads), "write_file 4 KiB": statistics.median(writes)}
+
+
+def _pss_kib(pid: int) -> int:
+    """PSS (KiB) of `pid` and its children (a session's pid 1 and its call processes)."""
+    total = 0
+    pids = [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids += [int(p) for p in f.read().split()]
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+def _available_kib() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+
+
+def scale(alive: list[int], n: int) -> tuple[str, dict[str, float]]:
+    """Exec latency with `alive` other sessions, and the memory an idle one takes."""
+    rows = ["| sessions alive | exec(['true']) median ms | p99 ms | / with 0 alive |", "|---|---|---|---|"]
+    figures: dict[str, float] = {}
+    others: list[sandbox.Session] = []
+    base = None
+    try:
+        with sandbox.Session(SPEC) as probe:
+            for count in sorted(alive):
+                before, had = _available_kib(), len(others)
+                while len(others) < count:
+                    others.append(sandbox.Session(SPEC))
+                time.sleep(3)  # the network namespace pool refills behind the sessions' leases (the probe's too)
+                if count and count == max(alive):
+                    added = count - had
+                    figures["MemAvailable drop per session KiB"] = (before - _available_kib()) / max(1, added)
+                    figures["PSS per idle session KiB"] = statistics.median(_pss_kib(s.pid) for s in others)
+                times = measure({"exec": lambda: _checked(probe.exec(["/bin/true"]).returncode)}, n, warmup=10)
+                med = statistics.median(times["exec"])
+                base = base or med
+                figures[f"exec with {count} alive"] = med
+                rows.append(f"| {count} | {med:.3f} | {p99(times['exec']):.3f} | {med / base:.2f}x |")
+    finally:
+        for s in others:
+            s.close()
+    return "\n".join(rows), figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=300)
+    parser.add_argument("--alive", default="0,100,1000", help="numbers of idle sessions for the scale rows")
+    parser.add_argument("--json", help="write the figures here")
+    args = parser.parse_args()
+    with sandbox.Session(SPEC) as session, sandbox.Template(SPEC, recycle=True) as recycled:
+        times = measure(variants(session, recycled), args.n)
+    print(latency_table(times))
+    files = lifetime_and_files(args.n)
+    print("\n| what | median ms |\n|---|---|")
+    for name, ms in files.items():
+        print(f"| {name} | {ms:.3f} |")
+    alive = [int(x) for x in args.alive.split(",") if x]
+    table, figures = scale(alive, max(50, args.n // 3))
+    print()
+    print(table)
+    for name, value in figures.items():
+        if "KiB" in name:
+            print(f"{name}: {value:.0f}")
+    if args.json:
+        out = {"latency_median_ms": {k: statistics.median(v) for k, v in times.items()}, **files, **figures}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

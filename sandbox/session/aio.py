@@ -1,0 +1,176 @@
+"""asyncio for a Session: an awaited start, an AsyncProcess, and run().
+
+No thread per call: the event loop waits on the call socket (STARTED, then
+EXITED: csrc/session_call.c) and on the command's pipes with add_reader and
+add_writer. Cancelling a task awaiting wait() or communicate() (or aexec)
+ends the command's whole process tree before the cancellation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable
+from typing import IO
+
+from ..api import Stdio, StdioArg
+from ..errors import SpecError
+from ..process import PIPE, CompletedProcess
+from . import call
+
+
+async def readable(fd: int) -> None:
+    """Wait until `fd` is readable (the running loop's add_reader)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, _wake, done)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def started(handle: call.Call, stdio: Stdio) -> AsyncProcess:
+    """The AsyncProcess once the command's first frame (STARTED) has come."""
+    try:
+        await readable(handle.fileno())
+        handle.take_started()
+    except BaseException:
+        handle.close()
+        stdio.abort()
+        raise
+    return AsyncProcess(handle.argv, handle, stdio.parent)
+
+
+class AsyncProcess:
+    """A command of a Session, for asyncio: `pid` (host), `returncode`,
+    `stdin`/`stdout`/`stderr` (the caller's ends of PIPEs, as files)."""
+
+    def __init__(self, args: list[str], handle: call.Call,
+                 pipes: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None]) -> None:
+        self.args = args
+        self.pid = handle.pid
+        self.returncode: int | None = None
+        self.stdin, self.stdout, self.stderr = pipes
+        self._handle = handle
+        self._caller_end: str | None = None
+
+    def send_signal(self, sig: int) -> None:
+        """Pass `sig` to the command; SIGKILL ends its whole process tree."""
+        if self.returncode is None:
+            if sig == signal.SIGKILL:
+                self._caller_end = self._caller_end or "kill"
+            self._handle.signal(sig)
+
+    def terminate(self) -> None:
+        """SIGTERM to the command."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """End the command's whole process tree."""
+        self.send_signal(signal.SIGKILL)
+
+    async def wait(self) -> int:
+        """Wait for the command's end: its returncode. Cancelled: the tree is killed."""
+        try:
+            while self.returncode is None:
+                ended = self._handle.reap(self._caller_end)
+                if ended is not None:
+                    self.returncode = ended.returncode
+                    break
+                await readable(self._handle.fileno())
+        except asyncio.CancelledError:
+            self.kill()
+            raise
+        return self.returncode
+
+    async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
+        """Send `input`, read stdout and stderr to EOF, wait. Cancelled: the tree is killed."""
+        try:
+            _, out, err = await asyncio.gather(self._feed(input), self._drain(self.stdout),
+                                               self._drain(self.stderr))
+            await self.wait()
+        except asyncio.CancelledError:
+            self.kill()
+            raise
+        finally:
+            for f in (self.stdin, self.stdout, self.stderr):
+                if f is not None and not f.closed:
+                    f.close()
+        return out, err
+
+    async def _feed(self, data: bytes | None) -> None:
+        if self.stdin is None:
+            return
+        fd = self.stdin.fileno()
+        view = memoryview(data or b"")
+        os.set_blocking(fd, False)
+        loop = asyncio.get_running_loop()
+        try:
+            while view:
+                try:
+                    view = view[os.write(fd, view[:65536]):]
+                except BlockingIOError:
+                    ready = loop.create_future()
+                    loop.add_writer(fd, _wake, ready)
+                    try:
+                        await ready
+                    finally:
+                        loop.remove_writer(fd)
+                except BrokenPipeError:
+                    break
+        finally:
+            self.stdin.close()
+
+    async def _drain(self, f: IO[bytes] | None) -> bytes | None:
+        if f is None:
+            return None
+        fd = f.fileno()
+        os.set_blocking(fd, False)
+        chunks: list[bytes] = []
+        while True:
+            try:
+                block = os.read(fd, 65536)
+            except BlockingIOError:
+                await readable(fd)
+                continue
+            if not block:
+                return b"".join(chunks)
+            chunks.append(block)
+
+
+async def run(start: Callable[[StdioArg, StdioArg, StdioArg], Awaitable[AsyncProcess]], *,
+              input: bytes | str | None, capture_output: bool, timeout: float | None, check: bool, text: bool,
+              stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> CompletedProcess:
+    """run()'s semantics, awaited, over `start(stdin, stdout, stderr)`."""
+    if capture_output:
+        if stdout is not None or stderr is not None:
+            raise SpecError("capture_output", True, "cannot be combined with stdout or stderr")
+        stdout = stderr = PIPE
+    if input is not None:
+        if stdin is not None:
+            raise SpecError("input", "...", "cannot be combined with stdin")
+        stdin = PIPE
+    data = input.encode() if isinstance(input, str) else input
+    proc = await start(stdin, stdout, stderr)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(data), timeout)
+    except TimeoutError:
+        proc._caller_end = "timeout"
+        proc.kill()
+        await proc.wait()
+        raise subprocess.TimeoutExpired(proc.args, timeout or 0) from None
+    rc = proc.returncode
+    assert rc is not None
+    result = CompletedProcess(proc.args, rc, out.decode() if text and out is not None else out,
+                              err.decode() if text and err is not None else err, backend="session")
+    if check:
+        result.check_returncode()
+    return result

@@ -130,7 +130,10 @@ class LocalSource:
         if ref is not None:
             wanted = _matching(ref)
             chosen = [(e, sorted(wanted - {ref}) or n) for e, n in named if wanted & set(n)]
-            chosen += [(e, n) for e, n in named if ref in _tags(e)]  # a bare tag chooses; it names nothing
+            # a bare tag of the archive's chooses, and names the image as it reads as a reference
+            # (`v1` -> docker.io/library/v1:latest), as a ref matching no name names the one image
+            as_named = [_normalized(ref)] if _valid(ref) else []
+            chosen += [(e, n or as_named) for e, n in named if ref in _tags(e)]
             if not chosen and len(named) == 1 and _valid(ref):
                 chosen = [(named[0][0], [_normalized(ref)])]  # the one image, named by the caller
             if not chosen:

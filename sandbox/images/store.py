@@ -136,9 +136,11 @@ class ImageStore:
 
         `ref` chooses the image when the archive holds several (by name or
         tag; an archive of one image is loaded whatever its names) and names
-        it in the store, unless it is a bare tag of the archive's; otherwise
-        the archive's own names are kept (an image without one is found by
-        its digest).
+        it in the store: a bare tag of the archive's (`v1`, as `skopeo copy
+        ... oci:DIR:v1` writes) names it as the reference it reads as
+        (docker.io/library/v1:latest) when the archive gives the image no
+        full name. Without `ref` the archive's own names are kept (an image
+        without one is found by its digest).
         """
         src = LocalSource(os.fspath(path))
         try:

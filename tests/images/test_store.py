@@ -277,3 +277,15 @@ def test_zstd_layer(store: ImageStore, tmp_path: Path) -> None:
     layout = _zstd_layout(tmp_path, layer(member("z/file", data=b"zstd layer\n" * 1000)))
     img = store.load(layout)
     assert Path(img.layers[0].path, "z/file").read_bytes() == b"zstd layer\n" * 1000
+
+
+def test_a_bare_tag_that_chooses_one_of_two_images_names_it(store: ImageStore, host_image: TestImage,
+                                                            tmp_path: Path) -> None:
+    """A layout of two images tagged `v1` and `v3` (as skopeo writes them): load(layout, "v3") chooses the
+    second, and the store can find it again by that name; the other image is not loaded."""
+    other = TestImage([layer(member("a"))])
+    write_layout(str(tmp_path / "layout"), [(host_image, "v1"), (other, "v3")])
+    img = store.load(tmp_path / "layout", "v3")
+    assert img.names == ("docker.io/library/v3:latest",)
+    assert store.get("v3").digest == img.digest
+    assert [i.digest for i in store.list()] == [img.digest]

@@ -23,6 +23,7 @@ from typing import Any
 from ..backends.contract import Ended
 from ..backends.native.core import STEP_NAMES, lib
 from ..errors import ExecError, SandboxError, SessionError, SetupError
+from ..killedby import killed_by
 from . import wire
 
 
@@ -89,7 +90,7 @@ class Call:
         return self._ended
 
     def _end(self, code: int, caller_end: str | None = None) -> Ended:
-        self._ended = Ended(code, killed_by="timeout" if caller_end == "timeout" else None)
+        self._ended = Ended(code, killed_by=killed_by(code, None, None, caller_end))
         self._sock.close()
         return self._ended
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..api import Stdio, StdioArg, inheritable, run_with, with_call_options
 from ..errors import SessionError
+from ..output import DEFAULT_MAX_OUTPUT, check_cap
 from ..plan import Plan, check_argv, compile_plan
 from ..process import CompletedProcess, SandboxProcess
 from ..spec import Spec
@@ -73,8 +74,8 @@ class Session:
     # ------------------------------------------------------------ commands
 
     def start(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
-              stderr: StdioArg = None, cwd: StrPath | None = None,
-              env: Mapping[str, str] | None = None) -> SandboxProcess:
+              stderr: StdioArg = None, cwd: StrPath | None = None, env: Mapping[str, str] | None = None,
+              max_output: int | None = None, on_overflow: str = "tail") -> SandboxProcess:
         """Start `argv` in the session; return once it has exec'd.
 
         stdin/stdout/stderr take what subprocess.Popen takes. `cwd` (inside
@@ -84,11 +85,17 @@ class Session:
         ExecPermissionError (not executable), SetupError (step "cwd": no such
         directory), SessionError (the session is closed or has ended). The
         process's `kill()` ends its whole process tree; `pid` is its host pid.
+        `max_output` and `on_overflow` cap what its communicate() keeps of
+        each stream, as sandbox.spawn's do (sandbox.output; "kill" and
+        "raise" end the command's tree).
         """
-        return self._start(argv, stdin, stdout, stderr, cwd, env, quiet=False)
+        check_cap(max_output, on_overflow)
+        return self._start(argv, stdin, stdout, stderr, cwd, env, quiet=False, max_output=max_output,
+                           on_overflow=on_overflow)
 
     def _start(self, argv: Sequence[str], stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
-               cwd: StrPath | None, env: Mapping[str, str] | None, *, quiet: bool) -> SandboxProcess:
+               cwd: StrPath | None, env: Mapping[str, str] | None, *, quiet: bool,
+               max_output: int | None = None, on_overflow: str = "tail") -> SandboxProcess:
         """start(); `quiet`: return at once, the command's start unconfirmed
         (its failure is raised by the process's wait, as exec needs it)."""
         args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet)
@@ -99,18 +106,27 @@ class Session:
             except BaseException:
                 stdio.abort()
                 raise
-        return SandboxProcess(args, handle, backend="session", network=self.plan.network, pipes=stdio.parent)
+        return SandboxProcess(args, handle, backend="session", network=self.plan.network, pipes=stdio.parent,
+                              max_output=max_output, on_overflow=on_overflow)
 
     def exec(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
              timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
              stdout: StdioArg = None, stderr: StdioArg = None, cwd: StrPath | None = None,
-             env: Mapping[str, str] | None = None) -> CompletedProcess:
+             env: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
+             on_overflow: str = "tail") -> CompletedProcess:
         """Run `argv` in the session and wait, like subprocess.run: the
         result's returncode is the command's (-N if signal N ended it); on
         `timeout` its whole process tree is killed and
-        subprocess.TimeoutExpired raised. Raises what `start` raises."""
+        subprocess.TimeoutExpired raised. Of each captured stream at most
+        `max_output` bytes are kept (default 64 MiB, as sandbox.run; the
+        result's `stdout_dropped`/`stderr_dropped` say what was not), by
+        `on_overflow` ("tail", "head", "kill", "raise": sandbox.output).
+        Raises what `start` raises."""
+        check_cap(max_output, on_overflow)
+
         def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> SandboxProcess:
-            return self._start(argv, i, o, e, cwd, env, quiet=True)
+            return self._start(argv, i, o, e, cwd, env, quiet=True, max_output=max_output,
+                               on_overflow=on_overflow)
 
         return run_with(begin, input=input, capture_output=capture_output, timeout=timeout, check=check, text=text,
                         stdin=stdin, stdout=stdout, stderr=stderr)

@@ -205,3 +205,30 @@ def test_a_command_killing_everything_it_can_leaves_the_session_serving(session:
     assert wait_until(lambda: not sleepers(marker), 5)
     for _ in range(3):
         assert sh(session, "echo serving").stdout == "serving\n"
+
+
+@pytest.mark.parametrize("mode", ["tail", "head", "kill", "raise"])
+def test_exec_caps_its_output(mode: str) -> None:
+    """10 MiB printed under a 64 KiB cap: what was kept and what was dropped, by each on_overflow; "kill"
+    and "raise" end the command's tree, and the session serves the next call."""
+    from sandbox.output import OutputLimitError
+
+    cap = 64 << 10
+    script = "import sys; sys.stdout.write('a' + 'x' * (10 << 20) + 'z'); sys.stdout.flush()"
+    with sandbox.Session(make_base_spec()) as session:
+        try:
+            done = session.exec(["python3", "-c", script], capture_output=True, timeout=60, max_output=cap,
+                                on_overflow=mode)
+        except OutputLimitError as exc:
+            assert mode == "raise" and exc.killed_by == "output"
+            assert exc.stdout is not None and len(exc.stdout) == cap and exc.stdout.startswith(b"a")
+        else:
+            assert mode != "raise"
+            assert done.stdout is not None and len(done.stdout) == cap
+            if mode == "tail":
+                assert done.returncode == 0 and done.stdout.endswith(b"xz")
+                assert done.stdout_dropped == (10 << 20) + 2 - cap
+            else:
+                assert done.stdout.startswith(b"ax")
+                assert (done.killed_by == "output") == (mode == "kill")
+        assert session.exec(["true"]).returncode == 0

@@ -67,18 +67,23 @@ def _fds_of(pid: int) -> dict[int, str]:
     return {fd: what for fd, what in out.items() if fd > 2}
 
 
+SO_ACCEPTCON = 0x10000  # /proc/net/unix's flags of a listening socket (include/linux/net.h)
+
+
 def _socket_inode(link: str) -> str:
     return link.removeprefix("socket:[").removesuffix("]")
 
 
-def _listener_inode(path: str) -> str:
-    """The inode of the socket listening at `path` (/proc/net/unix lists it with its path)."""
+def _listener_inode(server: int) -> str:
+    """The inode of the server's listening socket: of its sockets, the one /proc/net/unix flags as
+    accepting connections (__SO_ACCEPTCON). Not by path: the server binds under a scratch name, through
+    its directory's fd, and renames it into place, and /proc/net/unix keeps the name it was bound with."""
+    ours = {_socket_inode(what) for what in _fds_of(server).values() if what.startswith("socket:")}
     with open("/proc/net/unix") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) == 8 and fields[7] == path:
-                return fields[6]
-    raise AssertionError(f"nothing listens at {path}")
+        listening = [fields[6] for fields in (line.split() for line in f)
+                     if len(fields) >= 7 and fields[6] in ours and int(fields[3], 16) & SO_ACCEPTCON]
+    assert len(listening) == 1, f"the server's listening sockets: {listening}"
+    return listening[0]
 
 
 def _peers_of(pid: int) -> set[str]:
@@ -125,7 +130,7 @@ def test_no_option_of_an_args_file_reaches_the_servers_fds(served: Installation)
     assert server is not None
     other = _other_client(served)
     try:
-        listener = _listener_inode(served.socket)
+        listener = _listener_inode(server.pid)
         deadline = time.monotonic() + TIMEOUT
         while True:  # until the server holds the other client's connection, beside its listener
             everything = _fds_of(server.pid)  # named in the attacks: its lock, pipe, epoll, log, listener,

@@ -88,6 +88,8 @@ DIFFERS: list[tuple[tuple[str, ...], str, str, tuple[str, ...], str]] = [
     (("workerpool",), "overlay", "chmod", ("flags", "writable"), "the same shared Overlay, still in view"),
     (WARM, "file", "chmod", ("fstype", "flags"),
      "a writable File is each sandbox's private copy, bound over the template's: a mount point there"),
+    (WARM, "file", "file", ("fstype", "flags"),
+     "the upper writable File is each sandbox's private copy too, bound over the template's"),
 ]
 # Executors that refuse a type anywhere in a Spec: executor -> {type: (the error, why)}.
 REFUSED: dict[str, dict[str, tuple[str, str]]] = {

@@ -225,10 +225,9 @@ def run(argv: Sequence[str], spec: Spec, *, input: bytes | str | None = None, ca
                     stdin=stdin, stdout=stdout, stderr=stderr)
 
 
-def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *, input: bytes | str | None,
-             capture_output: bool, timeout: float | None, check: bool, text: bool, stdin: StdioArg,
-             stdout: StdioArg, stderr: StdioArg) -> CompletedProcess:
-    """run()'s semantics over `start(stdin, stdout, stderr)`, which spawns the sandbox."""
+def run_stdio(input: bytes | str | None, capture_output: bool, timeout: float | None, stdin: StdioArg,
+              stdout: StdioArg, stderr: StdioArg) -> tuple[StdioArg, StdioArg, StdioArg, bytes | None]:
+    """run()'s arguments checked, and the stdio they mean: (stdin, stdout, stderr, the input's bytes)."""
     if input is not None and not isinstance(input, (bytes, bytearray, memoryview, str)):
         raise SpecError("input", input, "must be bytes, str or None")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
@@ -241,7 +240,14 @@ def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *,
         if stdin is not None:
             raise SpecError("input", "...", "cannot be combined with stdin")
         stdin = PIPE
-    data = input.encode() if isinstance(input, str) else input
+    return stdin, stdout, stderr, (input.encode() if isinstance(input, str) else input)
+
+
+def run_with(start: Callable[[StdioArg, StdioArg, StdioArg], SandboxProcess], *, input: bytes | str | None,
+             capture_output: bool, timeout: float | None, check: bool, text: bool, stdin: StdioArg,
+             stdout: StdioArg, stderr: StdioArg) -> CompletedProcess:
+    """run()'s semantics over `start(stdin, stdout, stderr)`, which spawns the sandbox."""
+    stdin, stdout, stderr, data = run_stdio(input, capture_output, timeout, stdin, stdout, stderr)
     with start(stdin, stdout, stderr) as proc:
         try:
             out, err = proc.communicate(data, timeout=timeout)

@@ -15,9 +15,8 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from typing import IO
 
-from ..api import Stdio, StdioArg
-from ..errors import SpecError
-from ..process import PIPE, CompletedProcess
+from ..api import Stdio, StdioArg, run_stdio
+from ..process import CompletedProcess
 from . import call
 
 
@@ -150,15 +149,7 @@ async def run(start: Callable[[StdioArg, StdioArg, StdioArg], Awaitable[AsyncPro
               input: bytes | str | None, capture_output: bool, timeout: float | None, check: bool, text: bool,
               stdin: StdioArg, stdout: StdioArg, stderr: StdioArg) -> CompletedProcess:
     """run()'s semantics, awaited, over `start(stdin, stdout, stderr)`."""
-    if capture_output:
-        if stdout is not None or stderr is not None:
-            raise SpecError("capture_output", True, "cannot be combined with stdout or stderr")
-        stdout = stderr = PIPE
-    if input is not None:
-        if stdin is not None:
-            raise SpecError("input", "...", "cannot be combined with stdin")
-        stdin = PIPE
-    data = input.encode() if isinstance(input, str) else input
+    stdin, stdout, stderr, data = run_stdio(input, capture_output, timeout, stdin, stdout, stderr)
     proc = await start(stdin, stdout, stderr)
     try:
         out, err = await asyncio.wait_for(proc.communicate(data), timeout)

@@ -15,7 +15,8 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from typing import IO
 
-from ..api import Stdio, StdioArg, run_stdio
+from ..api import Stdio, StdioArg, decoded, run_stdio
+from ..output import OutputCap, OutputLimitError
 from ..process import CompletedProcess
 from . import call
 
@@ -36,7 +37,8 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def started(handle: call.Call, stdio: Stdio) -> AsyncProcess:
+async def started(handle: call.Call, stdio: Stdio, max_output: int | None = None,
+                  on_overflow: str = "tail") -> AsyncProcess:
     """The AsyncProcess once the command's first frame (STARTED) has come."""
     try:
         await readable(handle.fileno())
@@ -45,19 +47,27 @@ async def started(handle: call.Call, stdio: Stdio) -> AsyncProcess:
         handle.close()
         stdio.abort()
         raise
-    return AsyncProcess(handle.argv, handle, stdio.parent)
+    return AsyncProcess(handle.argv, handle, stdio.parent, max_output, on_overflow)
 
 
 class AsyncProcess:
     """A command of a Session, for asyncio: `pid` (host), `returncode`,
-    `stdin`/`stdout`/`stderr` (the caller's ends of PIPEs, as files)."""
+    `stdin`/`stdout`/`stderr` (the caller's ends of PIPEs, as files),
+    `killed_by` ("timeout", "output", "kill" or None) once it has ended.
+    `max_output` and `on_overflow` cap what communicate() keeps of each
+    stream, as a SandboxProcess's do (sandbox.output); after it,
+    `stdout_dropped` and `stderr_dropped` say how many bytes it left out."""
 
     def __init__(self, args: list[str], handle: call.Call,
-                 pipes: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None]) -> None:
+                 pipes: tuple[IO[bytes] | None, IO[bytes] | None, IO[bytes] | None],
+                 max_output: int | None = None, on_overflow: str = "tail") -> None:
         self.args = args
         self.pid = handle.pid
         self.returncode: int | None = None
+        self.killed_by: str | None = None
         self.stdin, self.stdout, self.stderr = pipes
+        self.max_output, self.on_overflow = max_output, on_overflow
+        self.stdout_dropped = self.stderr_dropped = 0
         self._handle = handle
         self._caller_end: str | None = None
 
@@ -82,7 +92,7 @@ class AsyncProcess:
             while self.returncode is None:
                 ended = self._handle.reap(self._caller_end)
                 if ended is not None:
-                    self.returncode = ended.returncode
+                    self.returncode, self.killed_by = ended.returncode, ended.killed_by
                     break
                 await readable(self._handle.fileno())
         except asyncio.CancelledError:
@@ -91,10 +101,14 @@ class AsyncProcess:
         return self.returncode
 
     async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
-        """Send `input`, read stdout and stderr to EOF, wait. Cancelled: the tree is killed."""
+        """Send `input`, read stdout and stderr to EOF, wait. Cancelled: the
+        tree is killed. Keeps of each stream what the output cap says; under
+        "kill" or "raise" the tree is killed at the cap (killed_by
+        "output"), and "raise" then raises OutputLimitError with what was kept."""
+        caps = [OutputCap(self.max_output, self.on_overflow) for _ in range(2)]
         try:
-            _, out, err = await asyncio.gather(self._feed(input), self._drain(self.stdout),
-                                               self._drain(self.stderr))
+            _, out, err = await asyncio.gather(self._feed(input), self._drain(self.stdout, caps[0]),
+                                               self._drain(self.stderr, caps[1]))
             await self.wait()
         except asyncio.CancelledError:
             self.kill()
@@ -103,6 +117,14 @@ class AsyncProcess:
             for f in (self.stdin, self.stdout, self.stderr):
                 if f is not None and not f.closed:
                     f.close()
+        self.stdout_dropped, self.stderr_dropped = caps[0].dropped, caps[1].dropped
+        if self._caller_end == "output" and self.on_overflow == "raise":
+            assert self.max_output is not None
+            raise OutputLimitError(
+                f"the command wrote more than max_output={self.max_output} bytes to a stream; it was killed "
+                f"(dropped: stdout {self.stdout_dropped}, stderr {self.stderr_dropped} bytes)",
+                max_output=self.max_output, stdout=out, stderr=err, stdout_dropped=self.stdout_dropped,
+                stderr_dropped=self.stderr_dropped, returncode=self.returncode, killed_by=self.killed_by)
         return out, err
 
     async def _feed(self, data: bytes | None) -> None:
@@ -128,12 +150,11 @@ class AsyncProcess:
         finally:
             self.stdin.close()
 
-    async def _drain(self, f: IO[bytes] | None) -> bytes | None:
+    async def _drain(self, f: IO[bytes] | None, cap: OutputCap) -> bytes | None:
         if f is None:
             return None
         fd = f.fileno()
         os.set_blocking(fd, False)
-        chunks: list[bytes] = []
         while True:
             try:
                 block = os.read(fd, 65536)
@@ -141,8 +162,10 @@ class AsyncProcess:
                 await readable(fd)
                 continue
             if not block:
-                return b"".join(chunks)
-            chunks.append(block)
+                return cap.kept()
+            if cap.feed(block):
+                self._caller_end = "output"
+                self._handle.signal(signal.SIGKILL)
 
 
 async def run(start: Callable[[StdioArg, StdioArg, StdioArg], Awaitable[AsyncProcess]], *,
@@ -158,10 +181,17 @@ async def run(start: Callable[[StdioArg, StdioArg, StdioArg], Awaitable[AsyncPro
         proc.kill()
         await proc.wait()
         raise subprocess.TimeoutExpired(proc.args, timeout or 0) from None
+    except OutputLimitError as exc:
+        if text:
+            exc.stdout = decoded(exc.stdout, exc.stdout_dropped)
+            exc.stderr = decoded(exc.stderr, exc.stderr_dropped)
+        raise
     rc = proc.returncode
     assert rc is not None
-    result = CompletedProcess(proc.args, rc, out.decode() if text and out is not None else out,
-                              err.decode() if text and err is not None else err, backend="session")
+    result = CompletedProcess(proc.args, rc, decoded(out, proc.stdout_dropped) if text else out,
+                              decoded(err, proc.stderr_dropped) if text else err, backend="session",
+                              killed_by=proc.killed_by, stdout_dropped=proc.stdout_dropped,
+                              stderr_dropped=proc.stderr_dropped)
     if check:
         result.check_returncode()
     return result

@@ -132,25 +132,34 @@ class Session:
                         stdin=stdin, stdout=stdout, stderr=stderr)
 
     async def astart(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
-                     stderr: StdioArg = None, cwd: StrPath | None = None,
-                     env: Mapping[str, str] | None = None) -> AsyncProcess:
+                     stderr: StdioArg = None, cwd: StrPath | None = None, env: Mapping[str, str] | None = None,
+                     max_output: int | None = None, on_overflow: str = "tail") -> AsyncProcess:
         """`start`, awaited: an AsyncProcess (await wait(), communicate()).
-        No thread: the event loop waits on the call socket and the pipes."""
+        No thread: the event loop waits on the call socket and the pipes.
+        `max_output` and `on_overflow` cap what its communicate() keeps, as
+        `start`'s do."""
         from . import aio
 
+        check_cap(max_output, on_overflow)
         args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet=False)
-        return await aio.started(call.Call(sock, args, where), stdio)
+        return await aio.started(call.Call(sock, args, where), stdio, max_output, on_overflow)
 
     async def aexec(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
                     timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
                     stdout: StdioArg = None, stderr: StdioArg = None, cwd: StrPath | None = None,
-                    env: Mapping[str, str] | None = None) -> CompletedProcess:
-        """`exec`, awaited. Cancelling the awaiting task kills the command's tree."""
+                    env: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
+                    on_overflow: str = "tail") -> CompletedProcess:
+        """`exec`, awaited, with its output caps (`max_output`, default
+        64 MiB per captured stream, and `on_overflow`, as `exec`'s).
+        Cancelling the awaiting task kills the command's tree."""
         from . import aio
+
+        check_cap(max_output, on_overflow)
 
         async def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> AsyncProcess:
             args, sock, stdio, where = self._request(argv, i, o, e, cwd, env, quiet=True)
-            return aio.AsyncProcess(args, call.Call(sock, args, where, self._ended), stdio.parent)
+            return aio.AsyncProcess(args, call.Call(sock, args, where, self._ended), stdio.parent, max_output,
+                                    on_overflow)
 
         return await aio.run(begin, input=input, capture_output=capture_output, timeout=timeout, check=check,
                              text=text, stdin=stdin, stdout=stdout, stderr=stderr)

@@ -99,3 +99,66 @@ def test_exec_failures_are_raised_awaited(session: sandbox.Session) -> None:
         return (await session.aexec(["no-such-command"], capture_output=True)).returncode
 
     assert asyncio.run(main()) == 127
+
+
+@pytest.mark.parametrize("mode", ["tail", "head", "kill", "raise"])
+def test_aexec_caps_its_output(session: sandbox.Session, mode: str) -> None:
+    """10 MiB printed under a 64 KiB cap, awaited: what was kept and what was dropped by each on_overflow
+    (as Session.exec's); "kill" and "raise" end the command's tree, and the session serves the next call."""
+    from sandbox.output import OutputLimitError
+
+    cap = 64 << 10
+    script = "import sys; sys.stdout.write('a' + 'x' * (10 << 20) + 'z'); sys.stdout.flush()"
+
+    async def main() -> sandbox.CompletedProcess:
+        return await session.aexec(["python3", "-c", script], capture_output=True, timeout=60, max_output=cap,
+                                   on_overflow=mode)
+
+    try:
+        done = asyncio.run(main())
+    except OutputLimitError as exc:
+        assert mode == "raise" and exc.killed_by == "output"
+        assert exc.stdout is not None and len(exc.stdout) == cap and exc.stdout.startswith(b"a")
+        assert exc.returncode == -signal.SIGKILL
+    else:
+        assert mode != "raise"
+        assert done.stdout is not None and len(done.stdout) == cap
+        if mode == "tail":
+            assert done.returncode == 0 and done.stdout.endswith(b"xz") and done.killed_by is None
+            assert done.stdout_dropped == (10 << 20) + 2 - cap
+        else:
+            assert done.stdout.startswith(b"ax")
+            assert (done.killed_by == "output") == (mode == "kill")
+            assert (done.returncode == -signal.SIGKILL) == (mode == "kill")
+    assert session.exec(["true"]).returncode == 0
+
+
+def test_aexec_caps_text_and_stderr(session: sandbox.Session) -> None:
+    """The cap holds per stream; text mode decodes what a cut left (U+FFFD, not an error)."""
+    async def main() -> sandbox.CompletedProcess:
+        return await session.aexec(["sh", "-c", "printf 'é%.0s' $(seq 100) >&2; echo out"], capture_output=True,
+                                   text=True, max_output=7)
+
+    done = asyncio.run(main())
+    assert done.stdout == "out\n" and done.stdout_dropped == 0
+    assert len(done.stderr.encode()) >= 7 and done.stderr.endswith("ééé") and done.stderr_dropped == 193
+
+
+def test_astart_caps_communicate(session: sandbox.Session) -> None:
+    async def main() -> tuple[bytes | None, int]:
+        proc = await session.astart(["sh", "-c", "yes | head -c 100000"], stdout=subprocess.PIPE, max_output=10,
+                                    on_overflow="head")
+        out, _ = await proc.communicate()
+        return out, proc.stdout_dropped
+
+    assert asyncio.run(main()) == (b"y\ny\ny\ny\ny\n", 100000 - 10)
+
+
+def test_bad_caps_are_refused_before_anything_runs(session: sandbox.Session) -> None:
+    async def main() -> None:
+        with pytest.raises(sandbox.SpecError, match="on_overflow"):
+            await session.aexec(["true"], on_overflow="truncate")
+        with pytest.raises(sandbox.SpecError, match="max_output"):
+            await session.astart(["true"], max_output=0)
+
+    asyncio.run(main())

@@ -41,6 +41,9 @@ USAGE = """\
 usage: sandbox run [OPTIONS...] [--] COMMAND [ARGS...]
        sandbox probe
        sandbox serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS]
+       sandbox session start --spec FILE [--name NAME] [--idle-timeout SECONDS]
+       sandbox session list | sandbox session stop ID
+       sandbox exec [--cwd DIR] [--env NAME=VALUE]... [--user USER] ID [--] COMMAND [ARGS...]
        sandbox --version
        sandbox --help
 
@@ -51,6 +54,9 @@ commands:
     probe    Report what this host supports: which backends can run and why
     serve    The per-user CLI server the installed `sandbox` command starts
              on first use (docs/cli.md); it exits when idle
+    session  Start, list or stop a sandbox that outlives the command line
+             (sandbox.Session, docs/session.md); `sandbox session --help`
+    exec     Run COMMAND inside a session started so, with this terminal
 """
 
 PROBE_HELP = """\
@@ -120,6 +126,10 @@ def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
         from .cliserver import serve_command
 
         return serve_command(rest)
+    if command in ("session", "exec"):
+        from .session import climain
+
+        return climain.session_command(rest) if command == "session" else climain.exec_command(rest)
     return _fail(EXIT_SETUP, f"unknown command {command!r} (try --help)")
 
 

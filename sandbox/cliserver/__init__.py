@@ -50,7 +50,7 @@ def socket_dir() -> str:
     a sandbox given a bind of it would reach root's server's files), else /tmp/sandbox-cli-UID."""
     uid = os.getuid()
     base = f"/run/user/{uid}"
-    from .start import own_dir
+    from .owndir import own_dir
 
     if own_dir(base):
         return f"{base}/sandbox-cli"

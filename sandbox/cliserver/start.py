@@ -3,8 +3,9 @@
 `run_server` takes the lock beside the socket (one server per user and
 installation), warms up (imports and computes once what each `run`
 needs: the host probe, the parser, the wire's cffi types) and serves
-until idle. `own_dir` is the check of the socket's directory, shared
-with the socket's naming (__init__.socket_path).
+until idle. The checks of the socket's directory and of the files in it
+are owndir.py's (shared with the socket's naming, __init__.socket_path,
+and with the session holders' sockets, sandbox/session/clisock.py).
 
 The server's own files (the lock, the notes, the socket) are opened
 beneath an fd of their directory, checked once as ours and 0700, and
@@ -20,14 +21,12 @@ set by the umask (server.py).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import os
 import signal
-import stat
 
 from . import wire
+from .owndir import fresh_file, open_own, open_own_dir
 from .server import IDLE_SECONDS, Server
 
 
@@ -41,62 +40,6 @@ def _warm_wire() -> None:
 
     fingerprint("/proc/self")
     controlling_tty(os.getpid())
-
-
-def own_dir(path: str) -> bool:
-    """Whether `path` is a directory (not a link) of ours, mode 0700."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return _ours(st, 0o700)
-
-
-def _ours(st: os.stat_result, mode: int) -> bool:
-    return st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == mode
-
-
-def open_own_dir(path: str) -> int:
-    """An fd of the directory `path`, not a link: OSError unless it is ours with mode 0700 (checked
-    on the fd: what is checked is what is used)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
-            raise
-        raise OSError(exc.errno, f"{path} is not a directory of ours with mode 0700 (a link?)") from None
-    if not _ours(os.fstat(fd), 0o700):
-        os.close(fd)
-        raise OSError(errno.EPERM, f"{path} is not a directory of ours with mode 0700")
-    return fd
-
-
-def open_own(directory: int, name: str, flags: int) -> int:
-    """The file `name` in the directory of fd `directory`, never through a link: created (O_EXCL),
-    else the one there if it is a regular file of ours with one link (not a link planted to
-    another file of ours). OSError otherwise (ELOOP: a symbolic link)."""
-    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO planted there never blocks the open
-    with contextlib.suppress(FileExistsError):
-        return os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=directory)
-    try:
-        fd = os.open(name, flags, dir_fd=directory)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        raise OSError(exc.errno, f"{name} is a symbolic link, not a file of ours") from None
-    st = os.fstat(fd)
-    if not (stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() and st.st_nlink == 1):
-        os.close(fd)
-        raise OSError(errno.EPERM, f"{name} is not a regular file of ours with one link")
-    return fd
-
-
-def fresh_file(directory: int, name: str, flags: int) -> int:
-    """The file `name` in the directory of fd `directory` made afresh (mode 0600): whatever had the
-    name is unlinked first (a link goes, never what it names), and the new file created O_EXCL."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name, dir_fd=directory)
-    return os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory)
 
 
 def run_server(path: str, client: tuple[int, int, int] | None, idle: float = IDLE_SECONDS, log: str = "") -> int:

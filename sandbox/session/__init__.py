@@ -8,12 +8,30 @@
 The files: session.py (the Session), launch.py (its sandbox: the Spec's
 plan, spawned natively with sandbox-session as pid 1), wire.py (the
 messages, csrc/sandbox.h), call.py (one command's handle), files.py
-(read_file/write_file in the session's root), aio.py (asyncio).
+(read_file/write_file in the session's root), aio.py (asyncio); the
+command line: climain.py (`sandbox session ...`, `sandbox exec`),
+holder.py (the process that keeps a session across command lines),
+clisock.py (their socket). The names are imported on first use, so the
+command line pays only for what it runs.
 """
 
 from __future__ import annotations
 
-from .aio import AsyncProcess
-from .session import Session
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
+if TYPE_CHECKING:
+    from .aio import AsyncProcess
+    from .session import Session
 
 __all__ = ["AsyncProcess", "Session"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Session":
+        from .session import Session
+
+        return Session
+    if name == "AsyncProcess":
+        from .aio import AsyncProcess
+
+        return AsyncProcess
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

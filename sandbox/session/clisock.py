@@ -1,0 +1,208 @@
+"""The socket between the `sandbox session`/`sandbox exec` commands and a
+session's holder (holder.py): where it is, its messages, and who may talk.
+
+Where: the caller's per-user directory, the CLI server's
+(`cliserver.socket_dir()`: /run/user/UID/sandbox-cli, root's
+/run/sandbox-cli-0, else /tmp/sandbox-cli-UID), made with mode 0700 (only
+its last component) and opened as an fd, checked as ours and 0700, never
+through a link (`cliserver.owndir`). Everything in it is named beneath
+that fd: `session-ID.sock` (mode 0600 from its bind) and `session-ID.log`.
+$SANDBOX_SESSION_DIR names another directory (checked the same way: a
+test's own, or sessions kept apart from the CLI server's files).
+
+Messages: a 4-byte big-endian length, then that many bytes of one JSON
+object, at most MAX_MESSAGE. The first message of an exec carries the
+caller's stdin, stdout and stderr by SCM_RIGHTS; fds on any other message,
+or more than asked for, are closed on receipt (the kernel drops those a
+plain read does not take).
+
+Who: each side checks the other's credentials from the kernel
+(SO_PEERCRED, confirmed through SO_PEERPIDFD): the same uid, and the same
+user, pid and mount namespaces as this process, so that neither another
+user nor a process inside a sandbox (which has at least a pid and a mount
+namespace of its own, even when it runs as the same uid) is served, and a
+client never hands its terminal to a socket someone else listens on.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import re
+import socket
+import stat
+import struct
+from typing import Any
+
+from ..cliserver.owndir import open_own_dir
+from ..cliserver.peer import Peer, Unverified
+
+MAX_MESSAGE = 1 << 20  # bytes of JSON: the argv and environment a sandbox.spawn takes
+MAX_FDS = 3
+HEAD = struct.Struct("!I")
+ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+NAMESPACES = ("user", "pid", "mnt")
+EXIT_SETUP = 125
+DIR_ENV = "SANDBOX_SESSION_DIR"
+
+
+class Refused(Exception):
+    """A peer, a message or a path this side does not accept; the message says why."""
+
+
+def check_id(text: str) -> str:
+    """`text` if it can name a session (letters, digits, `_.-`, at most 64), else Refused."""
+    if not ID_PATTERN.match(text):
+        raise Refused(f"bad session id {text!r}: letters, digits, '_', '.' and '-', at most 64, "
+                      "not starting with '_', '.' or '-'")
+    return text
+
+
+def socket_name(ident: str) -> str:
+    """The socket's name in the directory."""
+    return f"session-{ident}.sock"
+
+
+def log_name(ident: str) -> str:
+    """The holder's log's name in the directory."""
+    return f"session-{ident}.log"
+
+
+def open_dir(create: bool) -> int:
+    """An fd of the per-user directory, checked (ours, 0700, no link). `create`: make its last
+    component if missing. OSError if it is not usable."""
+    path = session_dir()
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+    return open_own_dir(path)
+
+
+def _default_dir() -> str:
+    from ..cliserver import socket_dir
+
+    return socket_dir()
+
+
+def session_dir() -> str:
+    """The directory of this user's sessions (not checked)."""
+    return os.environ.get(DIR_ENV) or _default_dir()
+
+
+def connect(directory: int, ident: str) -> tuple[socket.socket, Peer]:
+    """A connection to the holder of session `ident` in the directory of fd `directory`, and the
+    holder as a checked Peer (close it). FileNotFoundError: no such session; ConnectionRefusedError:
+    its holder is gone; Refused: the name is not a socket of ours, or the listener is not ours."""
+    name = socket_name(check_id(ident))
+    st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        raise Refused(f"{name} is not a socket of ours (a planted file or link?)")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(f"/proc/self/fd/{directory}/{name}")
+        return sock, check_peer(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def check_peer(sock: socket.socket) -> Peer:
+    """The peer of `sock` if it is this process's uid, in its user, pid and mount namespaces;
+    else Refused naming what differs."""
+    try:
+        peer = Peer.of(sock)
+    except Unverified as exc:
+        raise Refused(str(exc)) from None
+    try:
+        if peer.uid != os.getuid():
+            raise Refused(f"uid {peer.uid} (pid {peer.pid}) is not the owner, uid {os.getuid()}")
+        if peer.pid <= 0:
+            raise Refused(f"uid {peer.uid}: its pid is outside our pid namespace")
+        for ns in NAMESPACES:
+            theirs = _namespace(f"/proc/{peer.pid}/ns/{ns}", peer)
+            if theirs != os.readlink(f"/proc/self/ns/{ns}"):
+                raise Refused(f"pid {peer.pid} is in another {ns} namespace ({theirs}): a sandbox?")
+    except BaseException:
+        peer.close()
+        raise
+    return peer
+
+
+def _namespace(path: str, peer: Peer) -> str:
+    """The namespace `path` names, read while the peer is confirmed alive (its pid not reused)."""
+    try:
+        link = os.readlink(path)
+        peer.confirm()
+    except OSError as exc:
+        raise Refused(f"pid {peer.pid}: {path} cannot be read ({exc.strerror})") from None
+    return link
+
+
+def send(sock: socket.socket, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+    """One message, with `fds` by SCM_RIGHTS on its first byte."""
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_MESSAGE:
+        raise Refused(f"the message is {len(body)} bytes, more than {MAX_MESSAGE}")
+    data = HEAD.pack(len(body)) + body
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+    sent = sock.sendmsg([data], ancillary)
+    if sent < len(data):
+        sock.sendall(memoryview(data)[sent:])
+
+
+def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
+    """One message (None at EOF before one starts) and the fds that came with it (the caller
+    closes them); Refused for a malformed or oversized one, or more than `max_fds` fds, which
+    are closed then."""
+    fds = array.array("i")
+    head = b""
+    while len(head) < HEAD.size:
+        try:
+            data, ancillary, flags, _ = sock.recvmsg(HEAD.size - len(head), socket.CMSG_SPACE(
+                (MAX_FDS + 1) * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+        except ConnectionResetError:
+            data, ancillary, flags = b"", [], 0
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        if len(fds) > max_fds or flags & socket.MSG_CTRUNC:
+            _close(fds)
+            raise Refused(f"a message came with {len(fds)} fds or more, not at most {max_fds}")
+        if not data:
+            _close(fds)
+            if head:
+                raise Refused("the connection ended inside a message")
+            return None, []
+        head += data
+    try:
+        return _body(sock, HEAD.unpack(head)[0]), list(fds)
+    except BaseException:
+        _close(fds)
+        raise
+
+
+def _body(sock: socket.socket, size: int) -> dict[str, Any]:
+    if size > MAX_MESSAGE:
+        raise Refused(f"a message of {size} bytes, more than {MAX_MESSAGE}")
+    body = bytearray(size)
+    view = memoryview(body)
+    while view:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise Refused("the connection ended inside a message")
+        view = view[n:]
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise Refused(f"a message that is not JSON ({exc})") from None
+    if not isinstance(message, dict):
+        raise Refused("a message that is not a JSON object")
+    return message
+
+
+def _close(fds: array.array[int]) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -118,7 +118,8 @@ def raw_send(sock: socket.socket, payload: bytes, fds: tuple[int, ...] = ()) -> 
     """`payload` framed as the holder reads a message (4-byte length first), with `fds`."""
     data = struct.pack("!I", len(payload)) + payload
     anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([data], anc)
+    with contextlib.suppress(BrokenPipeError):  # a refused peer is answered and closed at once: read on
+        sock.sendmsg([data], anc)
 
 
 def raw_answer(sock: socket.socket) -> dict[str, object] | None:

@@ -198,7 +198,7 @@ def _info(directory: int, ident: str) -> dict[str, Any] | None:
         return None
     try:
         sock.settimeout(5)
-        clisock.send(sock, {"op": "info"})
+        clisock.ask(sock, {"op": "info"})
         answer, _ = clisock.receive(sock)
         return answer if answer and "id" in answer else None
     except (OSError, Refused):
@@ -226,7 +226,7 @@ def stop(args: list[str]) -> int:
     finally:
         os.close(directory)
     try:
-        clisock.send(sock, {"op": "stop"})
+        clisock.ask(sock, {"op": "stop"})
         answer, _ = clisock.receive(sock)
         if not answer or not answer.get("stopped"):
             raise Refused(str((answer or {}).get("error", "the holder ended without saying it stopped")))
@@ -313,7 +313,7 @@ class Exec:
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in sigs}
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         try:
-            clisock.send(sock, self.request, (0, 1, 2))
+            clisock.ask(sock, self.request, (0, 1, 2))
             return self._wait(sock, wake_r)
         finally:
             signal.set_wakeup_fd(old_wakeup)
@@ -333,7 +333,8 @@ class Exec:
                 for key, _ in sel.select():
                     if key.fd == wake_r:
                         for sig in os.read(wake_r, 64):
-                            clisock.send(sock, {"signal": sig})
+                            with contextlib.suppress(OSError):  # the holder gone: its EOF says so next
+                                clisock.send(sock, {"signal": sig})
                         continue
                     answer, _ = clisock.receive(sock)
                     if answer is None:

@@ -153,6 +153,15 @@ def send(sock: socket.socket, message: dict[str, Any], fds: tuple[int, ...] = ()
         sock.sendall(memoryview(data)[sent:])
 
 
+def ask(sock: socket.socket, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:
+    """Send the first message of a connection: a peer that refuses this side answers why and
+    closes at once, so a send that finds it closed is not an error (its answer is read next)."""
+    try:
+        send(sock, message, fds)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
 def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | None, list[int]]:
     """One message (None at EOF before one starts) and the fds that came with it (the caller
     closes them); Refused for a malformed or oversized one, or more than `max_fds` fds, which

@@ -18,7 +18,8 @@ refused with a line in the log and a message to the peer, and only that
 connection ends. An exec's command gets exactly the fds that came with
 its request, never one of the holder's. When the holder ends it closes the
 Session (every process of it gone) and removes its socket if the name
-still names it; its log stays for the owner to read.
+still names it; its log stays for the owner to read, unless the owner
+stopped it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 REQUEST_TIMEOUT = 10.0  # seconds a connection may take to send its request
 MAX_CONNECTIONS = 64  # served at once; more wait in the listen backlog
 EXEC_KEYS = frozenset({"op", "argv", "cwd", "env", "user"})
+STOPPED_BY = "stopped by"  # the reason of a stop request: its log goes with it
 CLOSE_GRACE = 2.0  # seconds the connections get to send their last reply when the holder ends
 
 
@@ -194,6 +196,9 @@ class Holder:
             self.stopped.set()
             self._finish_connections()
             self.log("ended: the session is closed, its socket removed")
+        if self.why_stopped.startswith(STOPPED_BY):  # asked for: nothing is left to explain
+            with contextlib.suppress(OSError):
+                os.unlink(clisock.log_name(self.ident), dir_fd=self.directory)
 
     def _finish_connections(self) -> None:
         deadline = time.monotonic() + CLOSE_GRACE
@@ -248,7 +253,7 @@ class Holder:
                                 "started": self.started, "running": self._running})
         elif op == "stop":
             self.log(f"{who}: stop")
-            self.stop(f"stopped by {who}")
+            self.stop(f"{STOPPED_BY} {who}")
             self.stopped.wait()
             clisock.send(conn, {"stopped": True})
         else:
@@ -408,8 +413,11 @@ def main(args: Sequence[str]) -> int:
 
 
 def _session(spec_fd: int) -> Session:
+    from .. import netpool
     from ..spec import Spec
     from .session import Session
+
+    netpool.disable()  # one sandbox in this process's life: a pool of network namespaces would only cost
 
     with open(spec_fd, "rb") as f:
         text = f.read(clisock.MAX_MESSAGE + 1)

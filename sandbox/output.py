@@ -148,6 +148,17 @@ class OutputLimitError(SandboxError):
         return (_rebuild, (type(self), str(self), dict(self.__dict__)))
 
 
+def limit_error(proc: Any, stdout: bytes | None, stderr: bytes | None) -> OutputLimitError:
+    """The OutputLimitError of a process (a SandboxProcess, a Session's AsyncProcess) that its
+    caller killed at its cap under "raise": what was kept, and the process's counts and end."""
+    return OutputLimitError(
+        f"the command wrote more than max_output={proc.max_output} bytes to a stream; it was killed "
+        f"(dropped: stdout {proc.stdout_dropped}, stderr {proc.stderr_dropped} bytes)",
+        max_output=proc.max_output, stdout=stdout, stderr=stderr, stdout_dropped=proc.stdout_dropped,
+        stderr_dropped=proc.stderr_dropped, returncode=proc.returncode, usage=getattr(proc, "usage", None),
+        killed_by=proc.killed_by)
+
+
 def _rebuild(cls: type[OutputLimitError], message: str, state: dict[str, Any]) -> OutputLimitError:
     exc = cls(message, max_output=state.get("max_output", 0))
     exc.__dict__.update(state)

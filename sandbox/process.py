@@ -13,7 +13,7 @@ from typing import IO, Any
 from .backends.contract import Handle
 from .backends.handle import readable_count
 from .cgroups import Usage
-from .output import OutputCap, OutputLimitError
+from .output import OutputCap, limit_error
 
 PIPE = subprocess.PIPE
 DEVNULL = subprocess.DEVNULL
@@ -183,13 +183,7 @@ class SandboxProcess:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         self.wait(remaining)
         if self._caller_end == "output" and self.on_overflow == "raise":
-            assert self.max_output is not None
-            raise OutputLimitError(
-                f"the command wrote more than max_output={self.max_output} bytes to a stream; its sandbox "
-                f"was killed (dropped: stdout {self.stdout_dropped}, stderr {self.stderr_dropped} bytes)",
-                max_output=self.max_output, stdout=out, stderr=err, stdout_dropped=self.stdout_dropped,
-                stderr_dropped=self.stderr_dropped, returncode=self.returncode, usage=self.usage,
-                killed_by=self.killed_by)
+            raise limit_error(self, out, err)
         return out, err
 
     def _close_pipes(self) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import IO
 
 from ..api import Stdio, StdioArg, decoded, run_stdio
-from ..output import OutputCap, OutputLimitError
+from ..output import OutputCap, OutputLimitError, limit_error
 from ..process import CompletedProcess
 from . import call
 
@@ -119,12 +119,7 @@ class AsyncProcess:
                     f.close()
         self.stdout_dropped, self.stderr_dropped = caps[0].dropped, caps[1].dropped
         if self._caller_end == "output" and self.on_overflow == "raise":
-            assert self.max_output is not None
-            raise OutputLimitError(
-                f"the command wrote more than max_output={self.max_output} bytes to a stream; it was killed "
-                f"(dropped: stdout {self.stdout_dropped}, stderr {self.stderr_dropped} bytes)",
-                max_output=self.max_output, stdout=out, stderr=err, stdout_dropped=self.stdout_dropped,
-                stderr_dropped=self.stderr_dropped, returncode=self.returncode, killed_by=self.killed_by)
+            raise limit_error(self, out, err)
         return out, err
 
     async def _feed(self, data: bytes | None) -> None:

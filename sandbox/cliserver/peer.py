@@ -35,7 +35,6 @@ import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 STATUS_KEYS = ("Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:",
@@ -112,13 +111,14 @@ def controlling_tty(pid: int) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[4])
 
 
-@dataclass
 class Peer:
-    """The process at the other end of a client's connection."""
+    """The process at the other end of a client's connection (a plain class: the session
+    commands import this module, and dataclasses costs a command line ~15 ms)."""
 
-    pid: int
-    uid: int
-    pidfd: int  # owned: close() it
+    def __init__(self, pid: int, uid: int, pidfd: int) -> None:
+        self.pid = pid
+        self.uid = uid
+        self.pidfd = pidfd  # owned: close() it
 
     @classmethod
     def of(cls, conn: socket.socket) -> Peer:

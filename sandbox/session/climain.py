@@ -14,10 +14,13 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from . import clisock
 from .clisock import EXIT_SETUP, Refused
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 SESSION_USAGE = """\
 usage: sandbox session start --spec FILE [--name NAME] [--idle-timeout SECONDS]
@@ -29,7 +32,7 @@ A session is one sandbox that stays up across command lines (sandbox.Session):
 `start` prints its id once it takes commands (FILE: a Spec's JSON, as
 `sandbox run --spec` takes it); `exec` runs COMMAND inside it with this
 terminal or these fds as its stdin, stdout and stderr and exits with its
-status (128+N for signal N), passing SIGINT, SIGTERM and SIGHUP to it;
+status (128+N for signal N), passing SIGINT, SIGTERM, SIGHUP (and SIGWINCH) to it;
 `stop` ends every process of it. Only its owner (this uid, outside any
 sandbox) reaches it. Errors exit 125 (126, 127: COMMAND cannot be run).
 """
@@ -289,7 +292,7 @@ def exec_request(args: list[str]) -> tuple[dict[str, Any], str]:
 class Exec:
     """One `sandbox exec`: connect, send the request with fds 0-2, relay signals, wait."""
 
-    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGWINCH")  # WINCH: a terminal's new size, to a full-screen program
 
     def __init__(self, ident: str, request: dict[str, Any]) -> None:
         self.ident, self.request = ident, request

@@ -33,10 +33,13 @@ import re
 import socket
 import stat
 import struct
-from typing import Any
 
 from ..cliserver.owndir import open_own_dir
 from ..cliserver.peer import Peer, Unverified
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_MESSAGE = 1 << 20  # bytes of JSON: the argv and environment a sandbox.spawn takes
 MAX_FDS = 3

@@ -8,6 +8,7 @@ and its death kills the command's tree; `stop` leaves no process and no socket."
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -88,6 +89,36 @@ def test_signals_to_exec_reach_the_command(session: Started) -> None:
             proc.send_signal(sig)
             assert proc.wait(30) == 5
             assert proc.stdout.read() == f"got {name}\n"
+
+
+def test_a_terminal_stays_a_terminal(session: Started) -> None:
+    """`sandbox exec` on a terminal hands the command the terminal itself (an interactive shell)."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: its stdio are the pty's other side; it only execs
+        try:
+            os.execv(SANDBOX, [SANDBOX, "exec", session.ident, "--", "sh", "-c",
+                               "test -t 0 && test -t 1 && test -t 2 && echo all-three-a-tty; read x; echo got-$x"])
+        finally:
+            os._exit(127)
+    out = b""
+
+    def read_until(words: bytes) -> bytes:
+        data = b""
+        while words not in data:
+            assert select.select([fd], [], [], 30)[0], data
+            data += os.read(fd, 1024)
+        return data
+
+    try:
+        out += read_until(b"all-three-a-tty")
+        os.write(fd, b"typed\n")
+        out += read_until(b"got-typed")
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0, out
 
 
 def test_the_death_of_exec_kills_the_commands_tree(session: Started) -> None:

@@ -17,11 +17,16 @@ or more than asked for, are closed on receipt (the kernel drops those a
 plain read does not take).
 
 Who: each side checks the other's credentials from the kernel
-(SO_PEERCRED, confirmed through SO_PEERPIDFD): the same uid, and the same
-user, pid and mount namespaces as this process, so that neither another
-user nor a process inside a sandbox (which has at least a pid and a mount
-namespace of its own, even when it runs as the same uid) is served, and a
-client never hands its terminal to a socket someone else listens on.
+(SO_PEERCRED, confirmed through SO_PEERPIDFD): the same uid, the same
+user, pid and mount namespaces and root as this process, and the same
+no_new_privs, seccomp mode and seccomp filter count, so that neither
+another user nor a process inside a sandbox (which has at least a pid and
+a mount namespace of its own, even when it runs as the same uid) nor one
+under a seccomp filter or no_new_privs (as Landlock needs) has a command
+run for it outside its confinement, and a client never hands its terminal
+to a socket someone else listens on. What /proc does not show is not
+compared: a Landlock domain applied by root without no_new_privs, an LSM
+label (the CLI server's worker path goes further: cliserver/peer.py).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import stat
 import struct
 
 from ..cliserver.owndir import open_own_dir
-from ..cliserver.peer import Peer, Unverified
+from ..cliserver.peer import Peer, Unverified, status_fields
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
@@ -46,6 +51,7 @@ MAX_FDS = 3
 HEAD = struct.Struct("!I")
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 NAMESPACES = ("user", "pid", "mnt")
+CONFINEMENT = ("NoNewPrivs", "Seccomp", "Seccomp_filters")  # /proc/PID/status fields
 EXIT_SETUP = 125
 DIR_ENV = "SANDBOX_SESSION_DIR"
 
@@ -113,8 +119,9 @@ def connect(directory: int, ident: str) -> tuple[socket.socket, Peer]:
 
 
 def check_peer(sock: socket.socket) -> Peer:
-    """The peer of `sock` if it is this process's uid, in its user, pid and mount namespaces;
-    else Refused naming what differs."""
+    """The peer of `sock` if it is this process's uid, in its user, pid and mount namespaces and
+    root, confined as this process is (no_new_privs, seccomp mode and filter count); else Refused
+    naming what differs."""
     try:
         peer = Peer.of(sock)
     except Unverified as exc:
@@ -124,24 +131,38 @@ def check_peer(sock: socket.socket) -> Peer:
             raise Refused(f"uid {peer.uid} (pid {peer.pid}) is not the owner, uid {os.getuid()}")
         if peer.pid <= 0:
             raise Refused(f"uid {peer.uid}: its pid is outside our pid namespace")
-        for ns in NAMESPACES:
-            theirs = _namespace(f"/proc/{peer.pid}/ns/{ns}", peer)
-            if theirs != os.readlink(f"/proc/self/ns/{ns}"):
-                raise Refused(f"pid {peer.pid} is in another {ns} namespace ({theirs}): a sandbox?")
+        theirs, ours = _world(peer), _world(None)
+        for (what, value), (_, own) in zip(theirs, ours, strict=True):
+            if value != own:
+                raise Refused(f"pid {peer.pid} differs in its {what} ({value!r}, ours {own!r}): a sandbox?")
     except BaseException:
         peer.close()
         raise
     return peer
 
 
-def _namespace(path: str, peer: Peer) -> str:
-    """The namespace `path` names, read while the peer is confirmed alive (its pid not reused)."""
+def _world(peer: Peer | None) -> list[tuple[str, str]]:
+    """What must be equal between the two sides, of `peer` (None: this process), read through one
+    fd of its /proc entry and confirmed afterwards (its pid not reused meanwhile): a sandbox has
+    at least a pid and a mount namespace of its own, a chroot another root, and a process under
+    a seccomp filter or no_new_privs (which Landlock needs) must not have a command run for it
+    outside them."""
     try:
-        link = os.readlink(path)
-        peer.confirm()
+        d = os.open("/proc/self" if peer is None else f"/proc/{peer.pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            world = [(f"{ns} namespace", os.readlink(f"ns/{ns}", dir_fd=d)) for ns in NAMESPACES]
+            root = os.stat("root", dir_fd=d)
+            fields = status_fields(d)
+        finally:
+            os.close(d)
+        if peer is not None:
+            peer.confirm()
     except OSError as exc:
-        raise Refused(f"pid {peer.pid}: {path} cannot be read ({exc.strerror})") from None
-    return link
+        raise Refused(f"pid {peer.pid if peer else os.getpid()}: its /proc entry cannot be read "
+                      f"({exc.strerror})") from None
+    world.append(("root", f"{root.st_dev}:{root.st_ino}"))
+    world += [(name, fields.get(name, "").strip()) for name in CONFINEMENT]
+    return world
 
 
 def send(sock: socket.socket, message: dict[str, Any], fds: tuple[int, ...] = ()) -> None:

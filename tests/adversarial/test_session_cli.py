@@ -166,6 +166,49 @@ def test_a_process_in_the_session_cannot_reach_its_holder(require_native: None, 
         assert "refused" in log_of(s)
 
 
+# A peer of the owner's uid, in the holder's namespaces, confined by no_new_privs (what Landlock
+# needs) or a seccomp filter (an allow-all one: its presence is what counts): it asks the holder to
+# stop the session and to run a command, which would run outside its confinement.
+CONFINED_PEER = """
+import ctypes, json, os, socket, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+if sys.argv[2] in ("nnp", "both"):
+    assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+if sys.argv[2] in ("seccomp", "both"):
+    allow = struct.pack("=HBBI", 0x06, 0, 0, 0x7FFF0000)  # BPF_RET|BPF_K, SECCOMP_RET_ALLOW
+    buf = ctypes.create_string_buffer(allow)
+    prog = struct.pack("=HxxxxxxQ", 1, ctypes.addressof(buf))
+    assert libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, FILTER
+for req in ({"op": "stop"}, {"op": "info"}):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.connect(sys.argv[1])
+    body = json.dumps(req).encode()
+    try:
+        s.sendall(struct.pack("!I", len(body)) + body)
+    except BrokenPipeError:
+        pass
+    head = s.recv(4)
+    print(s.recv(struct.unpack("!I", head)[0]).decode() if len(head) == 4 else "EOF")
+"""
+
+
+def test_a_confined_peer_of_the_owner_is_refused(session: Started) -> None:
+    """Same uid, same namespaces, but under no_new_privs or a seccomp filter: the holder would run
+    its command outside that confinement, so it refuses it."""
+    assert session.env is not None
+    path = f"{session.env['SANDBOX_SESSION_DIR']}/session-{session.ident}.sock"
+    modes = ["nnp", "both"] + (["seccomp"] if os.geteuid() == 0 else [])  # a filter without NNP: root only
+    for mode in modes:
+        done = subprocess.run([sys.executable, "-c", CONFINED_PEER, path, mode], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        answers = done.stdout.splitlines()
+        assert len(answers) == 2 and all("error" in a and ("NoNewPrivs" in a or "Seccomp" in a) for a in answers), \
+            (mode, answers)
+    assert alive(session)
+
+
 def test_a_planted_link_at_the_socket_is_never_followed(require_native: None, tmp_path: Path,
                                                         env: dict[str, str]) -> None:
     directory = Path(env["SANDBOX_SESSION_DIR"])

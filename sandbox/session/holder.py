@@ -388,28 +388,42 @@ def main(args: Sequence[str]) -> int:
     status fd once the session takes requests ({"id", "pid", "session_pid"}) or failed
     ({"error"}), then serves until stopped."""
     opts = dict(zip(args[::2], args[1::2], strict=False))
-    status = int(opts["--status-fd"])
     for sig in (signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
+    holder = _start(opts, int(opts["--status-fd"]))
+    if holder is None:
+        return clisock.EXIT_SETUP
+    try:
+        holder.serve()
+    except BaseException as exc:  # the session is closed and the socket removed all the same (serve's finally)
+        holder.log(f"the holder failed: {type(exc).__name__}: {exc}")
+        raise
+    return 0
+
+
+def _start(opts: dict[str, str], status: int) -> Holder | None:
+    """The Holder of a new session, its id reported on fd `status`; None once the error is."""
     try:
         directory = clisock.open_dir(create=True)
         listener, ident, socket_id = bind(directory, opts.get("--name"))
     except (OSError, Refused) as exc:
-        return _report(status, {"error": str(exc)})
-    log = Log(fresh_file(directory, clisock.log_name(ident), os.O_WRONLY | os.O_APPEND))
+        _report(status, {"error": str(exc)})
+        return None
+    log = Log(-1)
     try:
+        log = Log(fresh_file(directory, clisock.log_name(ident), os.O_WRONLY | os.O_APPEND))
         session = _session(int(opts["--spec-fd"]))
-    except Exception as exc:
+    except Exception as exc:  # reported to the starter, which exits 125 with it
         log(f"the session did not start: {exc}")
         if owns_name(directory, ident, socket_id):
             os.unlink(clisock.socket_name(ident), dir_fd=directory)
-        return _report(status, {"error": str(exc)})
+        _report(status, {"error": str(exc)})
+        return None
     idle = float(opts["--idle-timeout"]) if opts.get("--idle-timeout") else None
     holder = Holder(session, listener, directory, ident, socket_id, log, idle)
     log(f"session {ident} started: its pid 1 is {session.pid}")
     _report(status, {"id": ident, "pid": os.getpid(), "session_pid": session.pid})
-    holder.serve()
-    return 0
+    return holder
 
 
 def _session(spec_fd: int) -> Session:
@@ -426,9 +440,8 @@ def _session(spec_fd: int) -> Session:
     return Session(Spec.from_json(text))
 
 
-def _report(fd: int, message: dict[str, Any]) -> int:
+def _report(fd: int, message: dict[str, Any]) -> None:
     import json
 
     with contextlib.suppress(OSError), open(fd, "wb") as f:
         f.write(json.dumps(message).encode() + b"\n")
-    return 0 if "error" not in message else clisock.EXIT_SETUP

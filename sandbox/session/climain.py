@@ -172,19 +172,20 @@ def list_sessions(args: list[str]) -> int:
 
     if args:
         raise Refused("list takes no arguments")
-    try:
-        directory = clisock.open_dir(create=False)
-    except FileNotFoundError:
-        return 0
     rows = []
     try:
-        for name in sorted(os.listdir(directory)):
+        directory = clisock.open_dir(create=False)
+    except FileNotFoundError:  # no session was ever started
+        directory = -1
+    try:
+        for name in sorted(os.listdir(directory)) if directory >= 0 else []:
             if name.startswith("session-") and name.endswith(".sock"):
                 info = _info(directory, name[len("session-"):-len(".sock")])
                 if info is not None:
                     rows.append(info)
     finally:
-        os.close(directory)
+        if directory >= 0:
+            os.close(directory)
     print(f"{'ID':<20} {'PID':>8} {'SESSION':>8} {'AGE':>9}")
     for info in rows:
         age = int(time.time() - float(info.get("started", 0)))
@@ -217,7 +218,7 @@ def stop(args: list[str]) -> int:
 
     if len(args) != 1:
         raise Refused("usage: sandbox session stop ID")
-    directory = clisock.open_dir(create=False)
+    directory = _existing_dir(args[0])
     try:
         try:
             sock, peer = clisock.connect(directory, args[0])
@@ -238,6 +239,14 @@ def stop(args: list[str]) -> int:
         sock.close()
         peer.close()
     return 0
+
+
+def _existing_dir(ident: str) -> int:
+    """The sessions' directory, checked; Refused naming `ident` if there is none yet."""
+    try:
+        return clisock.open_dir(create=False)
+    except FileNotFoundError:
+        raise Refused(f"no session {ident!r} (no session was started: {clisock.session_dir()} is missing)") from None
 
 
 # ---------------------------------------------------------------- exec
@@ -301,7 +310,7 @@ class Exec:
         """The command's exit status (128+N for signal N), or 125/126/127 and a message."""
         import signal
 
-        directory = clisock.open_dir(create=False)
+        directory = _existing_dir(self.ident)
         try:
             sock, peer = clisock.connect(directory, self.ident)
         except FileNotFoundError:

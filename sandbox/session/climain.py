@@ -298,6 +298,19 @@ def exec_request(args: list[str]) -> tuple[dict[str, Any], str]:
     return request, ident
 
 
+def _stdio() -> tuple[int, int, int]:
+    """This process's fds 0, 1 and 2, each closed one replaced by /dev/null (as a shell's `<&-`
+    leaves it: the command then reads EOF or writes nowhere)."""
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        fds.append(fd)
+    return fds[0], fds[1], fds[2]
+
+
 class Exec:
     """One `sandbox exec`: connect, send the request with fds 0-2, relay signals, wait."""
 
@@ -324,10 +337,14 @@ class Exec:
         sigs = [getattr(signal, name) for name in self.SIGNALS]
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in sigs}
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        stdio = _stdio()
         try:
-            clisock.ask(sock, self.request, (0, 1, 2))
+            clisock.ask(sock, self.request, stdio)
             return self._wait(sock, wake_r)
         finally:
+            for fd in stdio:
+                if fd > 2:
+                    os.close(fd)
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

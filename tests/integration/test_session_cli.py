@@ -62,6 +62,14 @@ def test_stdin_is_the_callers(session: Started) -> None:
     assert (done.returncode, done.stdout) == (0, "PIPED\n")
 
 
+def test_closed_stdio_is_dev_null(session: Started) -> None:
+    done = session.exec("sh", "-c", "cat; echo done", stdin=subprocess.DEVNULL)
+    assert (done.returncode, done.stdout) == (0, "done\n")
+    closed = subprocess.run(f"exec 0<&- 2>&-; {SANDBOX} exec {session.ident} -- sh -c 'cat; echo done; echo e >&2'",
+                            shell=True, capture_output=True, text=True, timeout=60)
+    assert (closed.returncode, closed.stdout, closed.stderr) == (0, "done\n", "")
+
+
 def test_cwd_and_env(session: Started) -> None:
     done = session.exec("sh", "-c", "pwd; echo $ONE $TWO; echo $PATH",
                         options=("--cwd", "/tmp", "--env", "ONE=1", "--env=TWO=2 3"))

@@ -299,16 +299,18 @@ def exec_request(args: list[str]) -> tuple[dict[str, Any], str]:
 
 
 def _stdio() -> tuple[int, int, int]:
-    """This process's fds 0, 1 and 2, each closed one replaced by /dev/null (as a shell's `<&-`
-    leaves it: the command then reads EOF or writes nowhere)."""
-    fds = []
+    """This process's fds 0, 1 and 2, each closed one opened on /dev/null (as a shell's `<&-`
+    leaves it: the command reads EOF or writes nowhere). Called before this process opens
+    anything else, so that none of its own fds (the socket to the holder) takes the number."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
         except OSError:
-            fd = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        fds.append(fd)
-    return fds[0], fds[1], fds[2]
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    return 0, 1, 2
 
 
 class Exec:
@@ -323,6 +325,7 @@ class Exec:
         """The command's exit status (128+N for signal N), or 125/126/127 and a message."""
         import signal
 
+        stdio = _stdio()  # first: a closed 0-2 is filled before any fd of ours could land there
         directory = _existing_dir(self.ident)
         try:
             sock, peer = clisock.connect(directory, self.ident)
@@ -337,14 +340,10 @@ class Exec:
         sigs = [getattr(signal, name) for name in self.SIGNALS]
         previous = {sig: signal.signal(sig, lambda *_: None) for sig in sigs}
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        stdio = _stdio()
         try:
             clisock.ask(sock, self.request, stdio)
             return self._wait(sock, wake_r)
         finally:
-            for fd in stdio:
-                if fd > 2:
-                    os.close(fd)
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -68,6 +68,14 @@ def test_closed_stdio_is_dev_null(session: Started) -> None:
     closed = subprocess.run(f"exec 0<&- 2>&-; {SANDBOX} exec {session.ident} -- sh -c 'cat; echo done; echo e >&2'",
                             shell=True, capture_output=True, text=True, timeout=60)
     assert (closed.returncode, closed.stdout, closed.stderr) == (0, "done\n", "")
+    # each closed one is /dev/null, never one of the client's own fds (its socket to the holder)
+    for fd in (0, 1, 2):
+        to = 2 if fd == 1 else 1  # where the answer goes: a stream left open
+        inner = f"x=$(readlink /proc/$$/fd/{fd}); echo $x >&{to}"  # $$: this sh, not an exec of readlink
+        seen = subprocess.run(["sh", "-c", f"exec {fd}>&-; exec {SANDBOX} exec {session.ident} -- sh -c '{inner}'"],
+                              capture_output=True, text=True, timeout=60)
+        answer = seen.stderr if to == 2 else seen.stdout
+        assert seen.returncode == 0 and answer.strip() == "/dev/null", (fd, seen)
 
 
 def test_cwd_and_env(session: Started) -> None:

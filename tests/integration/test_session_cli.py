@@ -228,3 +228,18 @@ def test_exec_startup_cost(session: Started) -> None:
     for _ in range(5):
         assert session.exec("true").returncode == 0
     print(f"sandbox exec ID true: {(time.monotonic() - t) / 5 * 1000:.0f} ms")
+
+
+def test_help_and_bad_command_lines() -> None:
+    for args in (("session", "--help"), ("exec", "--help")):
+        done = cli(*args)
+        assert done.returncode == 0 and "sandbox session start --spec FILE" in done.stdout
+    assert "session start --spec FILE" in cli("--help").stdout
+    for args, words in ((("session",), "usage"), (("session", "frobnicate"), "unknown command"),
+                        (("session", "stop"), "usage"), (("session", "list", "x"), "no arguments"),
+                        (("session", "start", "--spec"), "needs a value"), (("exec",), "usage"),
+                        (("exec", "x/y", "true"), "bad session id"),
+                        (("session", "start", "--spec", "{}", "--idle-timeout", "-1"), "positive number"),
+                        (("session", "start", "--spec", "{}", "--name", "-bad"), "bad session id")):
+        done = cli(*args)
+        assert done.returncode == 125 and words in done.stderr, (args, done)

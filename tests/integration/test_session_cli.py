@@ -180,6 +180,15 @@ def test_the_session_ends_with_its_pid_1(require_native: None, tmp_path: Path) -
         assert not (Path(session_dir()) / f"session-{s.ident}.sock").exists()
 
 
+def test_sigterm_to_the_holder_ends_the_session(require_native: None, tmp_path: Path) -> None:
+    with started(spec_file(tmp_path)) as s:
+        marker = new_marker()
+        assert s.exec("sh", "-c", f"{sleep_cmd(marker)} > /dev/null 2>&1 &").returncode == 0
+        os.kill(s.holder, signal.SIGTERM)
+        assert gone(s.holder) and gone(s.pid1) and wait_until(lambda: not sleepers(marker), 10)
+        assert not (Path(session_dir()) / f"session-{s.ident}.sock").exists()
+
+
 def test_an_idle_session_ends(require_native: None, tmp_path: Path) -> None:
     with started(spec_file(tmp_path), "--idle-timeout", "1") as s:
         assert s.exec("sh", "-c", "sleep 2; echo still").stdout == "still\n"  # a command running: not idle

@@ -57,9 +57,9 @@ class Started:
         return cli("exec", *options, self.ident, "--", *argv, env=self.env, **kwargs)
 
 
-def listed(ident: str, env: Mapping[str, str] | None = None) -> tuple[int, int] | None:
+def listed(ident: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> tuple[int, int] | None:
     """(holder pid, pid 1) of session `ident` as `sandbox session list` shows it, or None."""
-    for line in cli("session", "list", env=env).stdout.splitlines()[1:]:
+    for line in cli("session", "list", env=env, **kwargs).stdout.splitlines()[1:]:
         fields = line.split()
         if fields[0] == ident:
             return int(fields[1]), int(fields[2])
@@ -77,10 +77,29 @@ def started(spec: Path, *options: str, env: Mapping[str, str] | None = None) -> 
     try:
         yield Started(ident, pids[0], pids[1], env)
     finally:
+        stop_all(session_dir(env), [ident], env)
+
+
+def stop_all(directory: str, idents: list[str], env: Mapping[str, str] | None) -> None:
+    """Stop sessions `idents` of `directory` (their holders and pids 1 killed if the stop fails)
+    and remove their logs: a session a test ended otherwise (its pid 1 killed, idle) keeps one."""
+    for ident in idents:
+        pids = listed(ident, env)
         cli("session", "stop", ident, env=env)
-        for pid in pids:
+        for pid in pids or ():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{directory}/session-{ident}.log")
+
+
+def left_in(directory: str) -> list[str]:
+    """The ids of the sessions whose sockets are in `directory`."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [n[len("session-"):-len(".sock")] for n in names if n.startswith("session-") and n.endswith(".sock")]
 
 
 def gone(pid: int, timeout: float = 10.0) -> bool:

@@ -413,10 +413,11 @@ def _start(opts: dict[str, str], status: int) -> Holder | None:
     try:
         log = Log(fresh_file(directory, clisock.log_name(ident), os.O_WRONLY | os.O_APPEND))
         session = _session(int(opts["--spec-fd"]))
-    except Exception as exc:  # reported to the starter, which exits 125 with it
-        log(f"the session did not start: {exc}")
+    except Exception as exc:  # reported to the starter, which exits 125 with it: nothing is left
         if owns_name(directory, ident, socket_id):
             os.unlink(clisock.socket_name(ident), dir_fd=directory)
+        if log.fd >= 0:
+            os.unlink(clisock.log_name(ident), dir_fd=directory)
         _report(status, {"error": str(exc)})
         return None
     idle = float(opts["--idle-timeout"]) if opts.get("--idle-timeout") else None

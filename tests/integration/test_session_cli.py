@@ -244,11 +244,13 @@ def test_help_and_bad_command_lines() -> None:
         done = cli(*args)
         assert done.returncode == 0 and "sandbox session start --spec FILE" in done.stdout
     assert "session start --spec FILE" in cli("--help").stdout
-    for args, words in ((("session",), "usage"), (("session", "frobnicate"), "unknown command"),
-                        (("session", "stop"), "usage"), (("session", "list", "x"), "no arguments"),
-                        (("session", "start", "--spec"), "needs a value"), (("exec",), "usage"),
-                        (("exec", "x/y", "true"), "bad session id"),
-                        (("session", "start", "--spec", "{}", "--idle-timeout", "-1"), "positive number"),
-                        (("session", "start", "--spec", "{}", "--name", "-bad"), "bad session id")):
-        done = cli(*args)
-        assert done.returncode == 125 and words in done.stderr, (args, done)
+    cases: tuple[tuple[tuple[str, ...], str], ...] = (
+        (("session",), "usage"), (("session", "frobnicate"), "unknown command"),
+        (("session", "stop"), "usage"), (("session", "list", "x"), "no arguments"),
+        (("session", "start", "--spec"), "needs a value"), (("exec",), "usage"),
+        (("exec", "x/y", "true"), "bad session id"),
+        (("session", "start", "--spec", "{}", "--idle-timeout", "-1"), "positive number"),
+        (("session", "start", "--spec", "{}", "--name", "-bad"), "bad session id"))
+    for bad, words in cases:
+        done = cli(*bad)
+        assert done.returncode == 125 and words in done.stderr, (bad, done)

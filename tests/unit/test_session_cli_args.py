@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+from typing import Any
 
 import pytest
 
@@ -55,9 +56,9 @@ def test_bad_exec_command_lines(args: list[str], words: str) -> None:
 
 
 def test_an_exec_request_is_checked_field_by_field() -> None:
-    good = {"op": "exec", "argv": ["true"], "cwd": "/", "env": {"A": "b"}, "user": "nobody"}
+    good: dict[str, Any] = {"op": "exec", "argv": ["true"], "cwd": "/", "env": {"A": "b"}, "user": "nobody"}
     assert exec_request(good, (0, 1, 2)) == (["true"], "/", {"A": "b"}, "nobody")
-    bad = [
+    bad: list[tuple[dict[str, Any], str]] = [
         ({**good, "stdin": 0}, "unknown fields"),
         ({**good, "argv": []}, "argv"),
         ({**good, "argv": "true"}, "argv"),

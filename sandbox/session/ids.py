@@ -1,0 +1,196 @@
+"""The ids a Session's user namespace maps, and how its caller writes them.
+
+A sandbox of the Spec maps one id: the caller's, seen inside as the Spec's
+uid and gid. A Session maps a range, so that `exec(user=...)` can run a
+command as another user of its own /etc/passwd:
+
+- a root caller: the inside ids 0..65535. The Spec's uid (and gid) is the
+  caller itself, as in any sandbox; every other inside id N is host id
+  HIGH_BASE + a position, far above any user a host makes (systemd keeps
+  0x00080000..0x6FFFFFFF for containers; this range starts above it). So a
+  session's "alice" is no host user: it owns nothing of the host's and
+  reaches through a bind only what is world-accessible. The range is
+  shared by every session of root callers (their pid namespaces keep them
+  from signalling each other; a directory bound writable into two of them
+  is shared, as any bind is);
+- an unprivileged caller: its first /etc/subuid and /etc/subgid range (at
+  most 65536 ids), written by the setuid helpers newuidmap and newgidmap,
+  beside its own id: the ids the host's administrator gave that user;
+- otherwise (no user namespace, `disable_userns`, no range or no helper):
+  one id, as in any sandbox: `user=` can name only that one.
+
+The setup child waits (the Sync's userns_block_fd, bwrap's
+--userns-block-fd) while the caller writes the maps; it then keeps them as
+they are: no nested user namespace. That stays safe because nothing in
+the session holds a capability the Spec does not grant: the setup child
+drops everything but the Spec's set and CAP_SETUID/CAP_SETGID/CAP_SETPCAP
+before exec'ing pid 1 (no_new_privs, Landlock and seccomp as in any
+sandbox), and each call process drops those three, bounding set included,
+before its command exists (csrc/session_user.c); a command can then own
+no capability over the namespaces the session's user namespace owns.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import SessionError
+from ..host import HostInfo
+from ..plan import Plan
+
+ROOT_COUNT = 65535  # a root caller's other ids: inside 0..65535 with its own
+HIGH_BASE = 0x70000000  # where a root caller's other ids start on the host
+MAX_SUBORDINATE = 65536  # of an unprivileged caller's range, at most this many are mapped
+SUBUID, SUBGID = "/etc/subuid", "/etc/subgid"
+HELPER_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class IdMap:
+    """One map (uids or gids): the caller's own id seen inside as `own`, and
+    `count` more inside ids: 0, 1, ... skipping `own`, on host ids
+    `base`, `base + 1`, ..."""
+
+    own: int
+    host: int
+    base: int = 0
+    count: int = 0
+
+    def extents(self) -> Iterator[tuple[int, int, int]]:
+        """(inside, outside, count) lines, as uid_map takes them."""
+        yield self.own, self.host, 1
+        if self.own >= self.count:  # own lies above the others: 0..count-1 in one line
+            if self.count:
+                yield 0, self.base, self.count
+            return
+        if self.own:
+            yield 0, self.base, self.own
+        yield self.own + 1, self.base + self.own, self.count - self.own
+
+    def __contains__(self, inside: object) -> bool:
+        return isinstance(inside, int) and (inside == self.own or 0 <= inside < self.count + (self.own < self.count))
+
+    def text(self) -> str:
+        """What /proc/PID/uid_map (gid_map) is written."""
+        return "".join(f"{a} {b} {n}\n" for a, b, n in self.extents())
+
+    def words(self) -> str:
+        """The inside ids, for an error: "0-65535" or "1000"."""
+        if not self.count:
+            return str(self.own)
+        top = self.count if self.own < self.count else self.count - 1
+        return f"0-{top}" if self.own <= top else f"0-{top} and {self.own}"
+
+
+@dataclass(frozen=True)
+class SessionIds:
+    """What a session maps: its uid and gid maps and how they get written
+    ("root", "newuidmap", or "" for one id: the sandbox's own maps)."""
+
+    uids: IdMap
+    gids: IdMap
+    how: str = ""
+
+    @property
+    def several(self) -> bool:
+        """Whether more than one id is mapped."""
+        return bool(self.how)
+
+    def words(self) -> str:
+        """probe's words: "range N (newuidmap)" or "one id"."""
+        if not self.several:
+            return "one id"
+        return f"range {self.uids.count + 1} ({self.how})"
+
+
+def one_id(plan: Plan) -> SessionIds:
+    """The sandbox's own maps: the Spec's uid and gid, nothing else."""
+    return SessionIds(IdMap(plan.uid, plan.host_uid), IdMap(plan.gid, plan.host_gid))
+
+
+def session_ids(plan: Plan, host: HostInfo) -> SessionIds:
+    """The ids a Session of `plan` maps on this host (see the module's text)."""
+    if not plan.user_ns or plan.disable_userns:
+        return one_id(plan)
+    if host.is_root:
+        return SessionIds(IdMap(plan.uid, plan.host_uid, HIGH_BASE, ROOT_COUNT),
+                          IdMap(plan.gid, plan.host_gid, HIGH_BASE, ROOT_COUNT), "root")
+    sub = subordinate(plan.host_uid, plan.host_gid)
+    if sub is None:
+        return one_id(plan)
+    (ubase, ucount), (gbase, gcount) = sub
+    return SessionIds(IdMap(plan.uid, plan.host_uid, ubase, ucount),
+                      IdMap(plan.gid, plan.host_gid, gbase, gcount), "newuidmap")
+
+
+def subordinate(uid: int, gid: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """The caller's first /etc/subuid and /etc/subgid ranges ((start, count)
+    each), if both exist and newuidmap and newgidmap are installed."""
+    if not (helper("newuidmap") and helper("newgidmap")):
+        return None
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    users = _first_range(SUBUID, (name, str(uid)))
+    try:
+        import grp
+
+        group = grp.getgrgid(gid).gr_name
+    except KeyError:
+        group = str(gid)
+    # /etc/subgid is keyed by user, as newgidmap reads it
+    groups = _first_range(SUBGID, (name, str(uid), group))
+    return None if users is None or groups is None else (users, groups)
+
+
+def _first_range(path: str, owners: tuple[str, ...]) -> tuple[int, int] | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] in owners and parts[1].isdigit() and parts[2].isdigit():
+            start, count = int(parts[1]), min(int(parts[2]), MAX_SUBORDINATE)
+            if count > 0:
+                return start, count
+    return None
+
+
+def helper(name: str) -> str | None:
+    """The path of newuidmap (newgidmap) if it is installed and executable."""
+    found = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+    return found if found and os.access(found, os.X_OK) else None
+
+
+def write_maps(pid: int, ids: SessionIds) -> None:
+    """Write the maps of the user namespace of `pid` (waiting for them).
+    Raises SessionError naming what refused."""
+    if ids.how == "root":
+        for name, m in (("uid_map", ids.uids), ("gid_map", ids.gids)):
+            try:
+                with open(f"/proc/{pid}/{name}", "w") as f:
+                    f.write(m.text())
+            except OSError as exc:
+                raise SessionError(f"could not write the session's {name} ({m.words()} inside): "
+                                   f"{exc.strerror}") from None
+        return
+    for name, m in (("newuidmap", ids.uids), ("newgidmap", ids.gids)):
+        path = helper(name) or name
+        args = [path, str(pid), *(str(v) for line in m.extents() for v in line)]
+        try:
+            done = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=HELPER_TIMEOUT,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SessionError(f"{name} could not map the session's ids: {exc}") from None
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip()[-300:]
+            raise SessionError(f"{name} refused the session's ids ({m.words()} inside): exit "
+                               f"{done.returncode}: {said}")

@@ -16,8 +16,9 @@ command as another user of its own /etc/passwd:
 - an unprivileged caller: its first /etc/subuid and /etc/subgid range (at
   most 65536 ids), written by the setuid helpers newuidmap and newgidmap,
   beside its own id: the ids the host's administrator gave that user;
-- otherwise (no user namespace, `disable_userns`, no range or no helper):
-  one id, as in any sandbox: `user=` can name only that one.
+- otherwise (no user namespace, `disable_userns`, no range or no helper,
+  or an unprivileged caller's Spec that needs a pooled network namespace:
+  `without_pool`): one id, as in any sandbox: `user=` can name only that one.
 
 The setup child waits (the Sync's userns_block_fd, bwrap's
 --userns-block-fd) while the caller writes the maps; it then keeps them as
@@ -32,9 +33,7 @@ no capability over the namespaces the session's user namespace owns.
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
+import dataclasses
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,11 +41,10 @@ from dataclasses import dataclass
 from ..errors import SessionError
 from ..host import HostInfo
 from ..plan import Plan
+from ..spec import Spec
+from ..subids import ROOT_COUNT, helper, subordinate
 
-ROOT_COUNT = 65535  # a root caller's other ids: inside 0..65535 with its own
 HIGH_BASE = 0x70000000  # where a root caller's other ids start on the host
-MAX_SUBORDINATE = 65536  # of an unprivileged caller's range, at most this many are mapped
-SUBUID, SUBGID = "/etc/subuid", "/etc/subgid"
 HELPER_TIMEOUT = 10.0
 
 
@@ -74,6 +72,13 @@ class IdMap:
 
     def __contains__(self, inside: object) -> bool:
         return isinstance(inside, int) and (inside == self.own or 0 <= inside < self.count + (self.own < self.count))
+
+    def host_id(self, inside: int) -> int:
+        """The host id an inside id is (ValueError if it is not mapped)."""
+        for first, outside, n in self.extents():
+            if first <= inside < first + n:
+                return outside + inside - first
+        raise ValueError(f"id {inside} is not mapped (the mapped ids: {self.words()})")
 
     def text(self) -> str:
         """What /proc/PID/uid_map (gid_map) is written."""
@@ -128,46 +133,19 @@ def session_ids(plan: Plan, host: HostInfo) -> SessionIds:
                       IdMap(plan.gid, plan.host_gid, gbase, gcount), "newuidmap")
 
 
-def subordinate(uid: int, gid: int) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """The caller's first /etc/subuid and /etc/subgid ranges ((start, count)
-    each), if both exist and newuidmap and newgidmap are installed."""
-    if not (helper("newuidmap") and helper("newgidmap")):
-        return None
-    try:
-        name = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        name = str(uid)
-    users = _first_range(SUBUID, (name, str(uid)))
-    try:
-        import grp
-
-        group = grp.getgrgid(gid).gr_name
-    except KeyError:
-        group = str(gid)
-    # /etc/subgid is keyed by user, as newgidmap reads it
-    groups = _first_range(SUBGID, (name, str(uid), group))
-    return None if users is None or groups is None else (users, groups)
-
-
-def _first_range(path: str, owners: tuple[str, ...]) -> tuple[int, int] | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read(1 << 20).splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.strip().split(":")
-        if len(parts) == 3 and parts[0] in owners and parts[1].isdigit() and parts[2].isdigit():
-            start, count = int(parts[1]), min(int(parts[2]), MAX_SUBORDINATE)
-            if count > 0:
-                return start, count
-    return None
-
-
-def helper(name: str) -> str | None:
-    """The path of newuidmap (newgidmap) if it is installed and executable."""
-    found = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
-    return found if found and os.access(found, os.X_OK) else None
+def without_pool(spec: Spec, plan: Plan, host: HostInfo, ids: SessionIds) -> tuple[Plan, SessionIds]:
+    """The plan and ids of a session with a range when the plan leases a
+    pooled network namespace. An unprivileged caller's pooled namespaces
+    are owned by a user namespace that maps its one id, and a child user
+    namespace can only map ids its parent maps: such a session gets a fresh
+    network namespace of its own instead (as the Spec's defaults would
+    without a pool), or one id where the Spec needs the pool (network="pool",
+    a check or forwarded ports)."""
+    if not ids.several or plan.network != "pool" or host.is_root:
+        return plan, ids
+    if spec.network == "pool" or plan.check_network:
+        return plan, one_id(plan)
+    return dataclasses.replace(plan, network="none", recycle_lease=False), ids
 
 
 def write_maps(pid: int, ids: SessionIds) -> None:

@@ -35,7 +35,7 @@ from ..process import SandboxProcess
 from ..refusal import refusal
 from ..spec import Spec
 from ..sync import Sync
-from .ids import SessionIds, session_ids, write_maps
+from .ids import SessionIds, session_ids, without_pool, write_maps
 
 SESSION_PATH = os.path.join(BIN_DIR_STR, "sandbox-session")
 CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
@@ -75,7 +75,7 @@ def plan_for(spec: Spec) -> tuple[Plan, HostInfo]:
 def launch(spec: Spec) -> Launched:
     """Start the session's sandbox; return once its pid 1 takes requests."""
     plan, host = plan_for(spec)
-    ids = session_ids(plan, host)
+    plan, ids = without_pool(spec, plan, host, session_ids(plan, host))
     try:
         exe = os.open(SESSION_PATH, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
@@ -93,7 +93,8 @@ def launch(spec: Spec) -> Launched:
         if ids.several:
             writer = MapWriter(ids)
             argv.append(format(plan.keep_caps, "x"))
-            plan = dataclasses.replace(compile_plan(spec, host, writer.sync), keep_caps=plan.keep_caps | SETID_CAPS)
+            plan = dataclasses.replace(compile_plan(spec, host, writer.sync), keep_caps=plan.keep_caps | SETID_CAPS,
+                                       network=plan.network, recycle_lease=plan.recycle_lease)
         try:
             handle = native.launch(plan, argv, (null, null, null), (fd,), exec_fd=exe)
         finally:

@@ -135,3 +135,19 @@ def test_a_forged_request_for_an_unmapped_id_is_refused_by_the_kernel(session: s
     with pytest.raises(sandbox.SessionError, match="gid_map failed with EINVAL"):
         call.Call(sock, ["true"], "").take_started()
     assert sh(session, "echo still serving").stdout == "still serving\n"
+
+
+def test_a_planted_fifo_or_huge_passwd_is_a_typed_error(require_native: None) -> None:
+    """The lookup opens nothing but a regular file, and reads at most 4 MiB of it: no hang, no flood."""
+    spec = make_base_spec(Tmpfs("/etc", perms=0o777))
+    with sandbox.Session(spec) as s:
+        s.write_file("/etc/passwd", PASSWD)
+        assert sh(s, "rm /etc/passwd && mkfifo /etc/passwd").returncode == 0
+        with pytest.raises(sandbox.SessionUserError, match="/etc/passwd cannot be read: .*FIFO"):
+            s.exec(["true"], user="alice")
+        assert sh(s, "rm /etc/passwd && head -c 5000000 /dev/zero | tr '\\\\0' x > /etc/passwd").returncode == 0
+        with pytest.raises(sandbox.SessionUserError, match="/etc/passwd cannot be read: larger than 4 MiB"):
+            s.exec(["true"], user="alice")
+        assert sh(s, "rm /etc/passwd && ln -s /proc/1/root/etc/shadow /etc/passwd").returncode == 0
+        with pytest.raises(sandbox.SessionUserError):
+            s.exec(["true"], user="alice")  # resolved in the session: its own /proc/1 is pid 1, no passwd there

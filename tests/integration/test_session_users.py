@@ -14,10 +14,11 @@ import pwd
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import make_base_spec  # tests/, on sys.path (rootdir)
+from conftest import make_base_spec, wait_until  # tests/, on sys.path (rootdir)
 
 import sandbox
 from sandbox import File, Tmpfs
@@ -182,3 +183,37 @@ def test_one_id_for_a_user_without_a_range(require_native: None) -> None:
     assert lines[0].startswith("one id (no range for uid")
     assert lines[1:3] == ["one id", str(user.pw_uid)]
     assert f"uid 1000 is not mapped in the session (its uids: {user.pw_uid})" in lines[3]
+
+
+def test_maps_refused_end_the_start_cleanly(require_native: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A map the kernel (root) or newuidmap refuses (host ids used twice: the caller's own and the range's
+    first): SessionError naming it, the setup child killed before it runs anything, no fd, thread or child
+    left behind."""
+    from sandbox.session import ids, launch
+
+    def overlapping(plan: object, host: object) -> ids.SessionIds:
+        how = "root" if os.getuid() == 0 else "newuidmap"
+        return ids.SessionIds(ids.IdMap(0, os.getuid(), os.getuid(), 5), ids.IdMap(0, os.getgid(), os.getgid(), 5),
+                              how)
+
+    with sandbox.Session(users_spec()):
+        pass  # what the first session of a process starts once and keeps (sandbox-init's fd, the pool's helper)
+    fds, threads, kids = sorted(os.listdir("/proc/self/fd")), threading.active_count(), children()
+    monkeypatch.setattr(launch, "session_ids", overlapping)
+    with pytest.raises(sandbox.SessionError, match=r"(could not write the session's uid_map|newuidmap refused)"):
+        sandbox.Session(users_spec())
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+    assert threading.active_count() == threads
+    assert wait_until(lambda: not children() - kids), [open(f"/proc/{p}/cmdline").read() for p in children() - kids]
+
+
+def children() -> set[str]:
+    """This process's child processes (any thread's), by pid."""
+    found: set[str] = set()
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                found |= set(f.read().split())
+        except FileNotFoundError:
+            pass
+    return found

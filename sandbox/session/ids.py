@@ -29,6 +29,13 @@ before exec'ing pid 1 (no_new_privs, Landlock and seccomp as in any
 sandbox), and each call process drops those three, bounding set included,
 before its command exists (csrc/session_user.c); a command can then own
 no capability over the namespaces the session's user namespace owns.
+
+setgroups(2) stays allowed in a session with a range (root writes the maps;
+newgidmap allows it for a user the host gave a subgid range): a call with
+`user=` sets the groups the session's /etc/group lists, which drops the
+caller's own supplementary groups, so a negative group ACL on a host file
+bound in no longer holds against that command. A call without `user=` keeps
+them, as any sandbox's command does.
 """
 
 from __future__ import annotations

@@ -55,6 +55,8 @@ def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str], quiet:
     head.flags = lib.SBX_SESSION_QUIET if quiet else 0
     if ids is not None:
         uid, gid, groups = ids
+        if len(groups) > lib.SBX_SESSION_MAX_GROUPS:
+            raise SpecError("user", f"{len(groups)} groups", f"must be at most {lib.SBX_SESSION_MAX_GROUPS}")
         head.flags |= lib.SBX_SESSION_USER
         head.uid, head.gid, head.n_groups = uid, gid, len(groups)
         head.groups[0:len(groups)] = list(groups)

@@ -17,6 +17,7 @@ command as another user of its own /etc/passwd:
   most 65536 ids), written by the setuid helpers newuidmap and newgidmap,
   beside its own id: the ids the host's administrator gave that user;
 - otherwise (no user namespace, `disable_userns`, no range or no helper,
+  a seccomp filter that denies what a call process does to take a user,
   or an unprivileged caller's Spec that needs a pooled network namespace:
   `without_pool`): one id, as in any sandbox: `user=` can name only that one.
 
@@ -45,6 +46,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .. import syscalls
 from ..errors import SessionError
 from ..host import HostInfo
 from ..plan import Plan
@@ -127,7 +129,7 @@ def one_id(plan: Plan) -> SessionIds:
 
 def session_ids(plan: Plan, host: HostInfo) -> SessionIds:
     """The ids a Session of `plan` maps on this host (see the module's text)."""
-    if not plan.user_ns or plan.disable_userns:
+    if not plan.user_ns or plan.disable_userns or not allows_switch(plan.seccomp):
         return one_id(plan)
     if host.is_root:
         return SessionIds(IdMap(plan.uid, plan.host_uid, HIGH_BASE, ROOT_COUNT),
@@ -138,6 +140,36 @@ def session_ids(plan: Plan, host: HostInfo) -> SessionIds:
     (ubase, ucount), (gbase, gcount) = sub
     return SessionIds(IdMap(plan.uid, plan.host_uid, ubase, ucount),
                       IdMap(plan.gid, plan.host_gid, gbase, gcount), "newuidmap")
+
+
+PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 8, 24, 47
+PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = 2, 4
+# What a call process does under the session's filter to take a user (csrc/session_user.c).
+SWITCH_CALLS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    ("prctl", (PR_CAPBSET_DROP, 0)), ("prctl", (PR_CAPBSET_DROP, 40)), ("prctl", (PR_SET_KEEPCAPS, 1)),
+    ("prctl", (PR_SET_KEEPCAPS, 0)), ("prctl", (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)),
+    ("prctl", (PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, 10)), ("prctl", (PR_SET_DUMPABLE, 0)),
+    *((name, (n, n, n)) for name in ("setresuid", "setresgid") for n in (0, 1000, 0xFFFFFFFE)),
+    ("setgroups", (0, 0)), ("setgroups", (2, 0x7FFFF000)),
+    ("capset", (0x7FFFF000, 0x7FFFF100)),
+)
+
+
+def allows_switch(prog: bytes) -> bool:
+    """Whether the Spec's seccomp filter (pid 1's, inherited by its call
+    processes) allows what a call process does to take a user: if not, the
+    session maps one id rather than fail every call."""
+    if not prog:
+        return True
+    from ..seccomp.bpf import SECCOMP_RET_ACTION_FULL, SECCOMP_RET_ALLOW
+    from ..seccomp.debug import evaluate
+
+    numbers = syscalls.table()
+    for name, args in SWITCH_CALLS:
+        nr = numbers.get(name)
+        if nr is not None and evaluate(prog, nr, args) & SECCOMP_RET_ACTION_FULL != SECCOMP_RET_ALLOW:
+            return False
+    return True
 
 
 def without_pool(spec: Spec, plan: Plan, host: HostInfo, ids: SessionIds) -> tuple[Plan, SessionIds]:

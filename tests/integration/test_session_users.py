@@ -148,6 +148,19 @@ def test_one_id_when_the_session_cannot_map_more(require_native: None) -> None:
             s.exec(["true"], user="alice")
 
 
+def test_one_id_when_the_seccomp_filter_denies_the_switch(require_native: None) -> None:
+    """A filter that denies setresuid (inherited by every call process): one id, and calls still run."""
+    from sandbox.seccomp import DEFAULT_POLICY, Seccomp
+
+    strict = Seccomp(deny=(*DEFAULT_POLICY.deny, "setresuid"), errnos=DEFAULT_POLICY.errnos,
+                     rules=DEFAULT_POLICY.rules)
+    with sandbox.Session(users_spec(seccomp=strict)) as s:
+        assert not s.ids.several
+        assert sh(s, "id -u").stdout == f"{s.ids.uids.own}\n"
+        with pytest.raises(sandbox.SessionUserError, match="uid 1000 is not mapped"):
+            s.exec(["true"], user="alice")
+
+
 RANGELESS = """
 import sandbox, sys
 sys.path.insert(0, sys.argv[1])

@@ -29,3 +29,13 @@ def test_one_id() -> None:
     m = IdMap(1000, 4242)
     assert m.text() == "1000 4242 1\n" and m.words() == "1000"
     assert 1000 in m and 0 not in m and "1000" not in m and m.host_id(1000) == 4242
+
+
+def test_a_filter_that_denies_the_switch_means_one_id() -> None:
+    from sandbox.seccomp import DEFAULT_POLICY, Seccomp
+    from sandbox.seccomp.compile import compile_policy
+    from sandbox.session.ids import allows_switch
+
+    assert allows_switch(b"") and allows_switch(compile_policy(DEFAULT_POLICY))
+    for name in ("setresuid", "setresgid", "setgroups", "capset", "prctl"):
+        assert not allows_switch(compile_policy(Seccomp(deny=(name,)))), name

@@ -82,42 +82,45 @@ def launch(spec: Spec) -> Launched:
         raise UnavailableError(f"sandbox-session is missing at {SESSION_PATH} ({exc.strerror}); "
                                "reinstall the package") from None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    null = -1
-    writer: MapWriter | None = None
     try:
-        from ..backends import native
-
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        fd = theirs.fileno()
-        argv = ["sandbox-session", str(fd)]
-        if ids.several:
-            writer = MapWriter(ids)
-            argv.append(format(plan.keep_caps, "x"))
-            plan = dataclasses.replace(compile_plan(spec, host, writer.sync), keep_caps=plan.keep_caps | SETID_CAPS,
-                                       network=plan.network, recycle_lease=plan.recycle_lease)
-        try:
-            handle = native.launch(plan, argv, (null, null, null), (fd,), exec_fd=exe)
-        finally:
-            if writer is not None:
-                writer.finish()
-    except BaseException as exc:
+        proc, plan = _spawn(spec, plan, host, ids, theirs.fileno(), exe)
+    except BaseException:
         ours.close()
-        if writer is not None and writer.error is not None:
-            raise writer.error from exc
         raise
     finally:
         os.close(exe)
         theirs.close()
-        if null >= 0:
-            os.close(null)
+    return Launched(proc, ours, plan, host, ids)
+
+
+def _spawn(spec: Spec, plan: Plan, host: HostInfo, ids: SessionIds, fd: int, exe: int) -> tuple[SandboxProcess, Plan]:
+    """The native spawn of pid 1 (its control socket `fd`), with its id maps
+    written meanwhile when it maps several: its process and the plan run."""
+    from ..backends import native
+
+    argv = ["sandbox-session", str(fd)]
+    writer = MapWriter(ids) if ids.several else None
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    handle = None
+    try:
+        if writer is not None:
+            argv.append(format(plan.keep_caps, "x"))
+            plan = dataclasses.replace(compile_plan(spec, host, writer.sync), network=plan.network,
+                                       recycle_lease=plan.recycle_lease, keep_caps=plan.keep_caps | SETID_CAPS)
+        handle = native.launch(plan, argv, (null, null, null), (fd,), exec_fd=exe)
+    finally:
+        os.close(null)
+        if writer is not None:
+            writer.finish()
+            if writer.error is not None and handle is None:
+                raise writer.error  # why the spawn failed: the child was killed for it
     proc = SandboxProcess(["sandbox-session"], handle, backend="native", backend_reason="a Session",
                           network=plan.network)
     if writer is not None and writer.error is not None:  # its kill failed: never serve that session
-        ours.close()
         proc.kill()
         proc.wait()
         raise writer.error
-    return Launched(proc, ours, plan, host, ids)
+    return proc, plan
 
 
 class MapWriter:

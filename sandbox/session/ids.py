@@ -199,15 +199,34 @@ def write_maps(pid: int, ids: SessionIds) -> None:
                 raise SessionError(f"could not write the session's {name} ({m.words()} inside): "
                                    f"{exc.strerror}") from None
         return
-    for name, m in (("newuidmap", ids.uids), ("newgidmap", ids.gids)):
-        path = helper(name) or name
-        args = [path, str(pid), *(str(v) for line in m.extents() for v in line)]
-        try:
-            done = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=HELPER_TIMEOUT,
-                                  check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SessionError(f"{name} could not map the session's ids: {exc}") from None
-        if done.returncode != 0:
-            said = done.stderr.decode(errors="replace").strip()[-300:]
-            raise SessionError(f"{name} refused the session's ids ({m.words()} inside): exit "
-                               f"{done.returncode}: {said}")
+    _run_helpers(pid, (("newuidmap", ids.uids), ("newgidmap", ids.gids)))
+
+
+def _run_helpers(pid: int, maps: tuple[tuple[str, IdMap], ...]) -> None:
+    """newuidmap and newgidmap on `pid`, side by side (each is a setuid
+    program's start: a few ms); SessionError with what the first refused."""
+    running: list[tuple[str, IdMap, subprocess.Popen[bytes]]] = []
+    try:
+        for name, m in maps:
+            args = [helper(name) or name, str(pid), *(str(v) for line in m.extents() for v in line)]
+            try:
+                running.append((name, m, subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                          stderr=subprocess.PIPE)))
+            except OSError as exc:
+                raise SessionError(f"{name} could not map the session's ids: {exc}") from None
+        for name, m, proc in running:
+            try:
+                _, err = proc.communicate(timeout=HELPER_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                raise SessionError(f"{name} did not map the session's ids within {HELPER_TIMEOUT:g} s") from None
+            if proc.returncode != 0:
+                said = err.decode(errors="replace").strip()[-300:]
+                raise SessionError(f"{name} refused the session's ids ({m.words()} inside): exit "
+                                   f"{proc.returncode}: {said}")
+    finally:
+        for _, _, proc in running:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            if proc.stderr is not None:
+                proc.stderr.close()

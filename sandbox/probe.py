@@ -36,6 +36,7 @@ class ProbeResult:
     package: str = ""  # the directory the running `sandbox` package was imported from
     version: str = ""
     limits: str = ""  # which Limits are real here (sandbox.cgroups), and why
+    ids: str = ""  # what a Session's user namespace maps here: "range N (how)" or "one id" (session/ids.py)
 
     def choose(self, backend: str) -> tuple[str, str]:
         """(backend name, reason) for a request of `backend`: `sandbox.backends.choose`."""
@@ -51,6 +52,8 @@ class ProbeResult:
         lines += [f"sysctl {k} = {v}" for k, v in sorted(self.sysctls.items())]
         if self.limits:
             lines.append(f"limits: {self.limits}")
+        if self.ids:
+            lines.append(f"ids: {self.ids}")
         if self.package:
             lines.append(f"package: sandbox {self.version} in {self.package}")
         return "\n".join(lines)
@@ -76,7 +79,8 @@ def _report(refresh: bool) -> ProbeResult:
     return ProbeResult(native=native_ok, native_reason=native_reason,
                        bwrap=bwrap_backend.bwrap_path() if bwrap_ok else None, bwrap_reason=bwrap_reason,
                        kernel=os.uname().release, uid=os.getuid(), sysctls=userns_sysctls(),
-                       package=str(Path(__file__).resolve().parent), version=_version(), limits=limits_report())
+                       package=str(Path(__file__).resolve().parent), version=_version(), limits=limits_report(),
+                       ids=ids_report())
 
 
 def limits_report() -> str:
@@ -98,6 +102,13 @@ def limits_report() -> str:
     without = _executors_without_cgroups()
     return f"{text} ({info.reason}{'; in ' + where if where else ''})" + (
         f"; rlimits only with {' and '.join(without)}" if without else "")
+
+
+def ids_report() -> str:
+    """What a Session's user namespace maps for this caller (sandbox.session.ids)."""
+    from .subids import host_words
+
+    return host_words(os.getuid(), os.getgid())
 
 
 def _executors_without_cgroups() -> list[str]:

@@ -248,6 +248,18 @@ def docs_session_example_5() -> None:
         asyncio.run(main(s))
 
 
+def docs_session_example_6() -> None:
+    import sandbox
+
+    passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/tmp:/bin/sh\n"
+    spec = sandbox.presets.minimal_system(sandbox.File("/etc/passwd", passwd, perms=0o644),
+                                          sandbox.File("/etc/group", "root:x:0:\nalice:x:1000:\n", perms=0o644))
+    with sandbox.Session(spec) as session:
+        print(session.ids.words())                   # "range 65536 (root)", "range 65537 (newuidmap)" or "one id"
+        done = session.exec(["id"], user="alice", capture_output=True, text=True, timeout=10)
+        print(done.stdout)                           # uid=1000(alice) gid=1000(alice) groups=1000(alice)
+
+
 def docs_task_example_1() -> None:
     import os
 

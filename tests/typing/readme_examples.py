@@ -292,6 +292,19 @@ def docs_template_example_1() -> None:
 
 
 def docs_template_example_2() -> None:
+    import concurrent.futures
+
+    with sandbox.Template(spec) as t, concurrent.futures.ThreadPoolExecutor(8) as threads:
+        results = list(threads.map(lambda task: t.run(["python3", "-c", task], capture_output=True), tasks))
+
+
+def docs_template_example_3() -> None:
+    with sandbox.Template(spec) as t:
+        r = t.run(["python3", "-c", "print('x' * 10**7)"], capture_output=True, max_output=1 << 20)
+        print(len(r.stdout), r.stdout_dropped)   # 1048576 and the rest counted
+
+
+def docs_template_example_4() -> None:
     with sandbox.Template(spec, recycle=True) as t:
         for task in tasks:
             t.run(["python3", "-c", task], capture_output=True, timeout=60)

@@ -17,7 +17,8 @@ it. What each mount becomes:
 - a read-only `Bind` of a regular file (overlayfs stacks directories only):
   a private writable copy (a `File`) of at most `MAX_FILE_COPY` bytes, made
   when the session starts; a larger file, a device, FIFO or socket, a
-  `/proc/self/fd/N` source and a missing optional one stay read-only binds;
+  `/proc/self/fd/N` source and a missing optional one stay read-only binds,
+  as does a directory whose mode bits shut the caller out;
 - a read-only `Overlay` (an image root): writable; with a kept directory, a
   writable one without an upper of its own keeps its writes there too;
 - a read-only `File`: writable; a `RemountRo`: dropped, unless the mount it
@@ -80,8 +81,8 @@ class HostView:
             st = os.stat(real)
         except OSError:
             return Source("missing", real)
-        if stat.S_ISDIR(st.st_mode):
-            return Source("dir", real)
+        if stat.S_ISDIR(st.st_mode):  # overlayfs opens a lower with the caller's rights, no capability
+            return Source("dir" if _open_to_caller(st) else "other", real)
         if stat.S_ISREG(st.st_mode):
             return Source("file", real, st.st_size, stat.S_IMODE(st.st_mode) & 0o777)
         return Source("other", real)
@@ -98,6 +99,20 @@ class HostView:
                 return f.read(MAX_FILE_COPY + 1)
         finally:
             os.close(fd)
+
+
+def _open_to_caller(st: os.stat_result) -> bool:
+    """Whether the caller may list and enter a directory by its mode bits
+    alone: in the sandbox's user namespace no capability overrides them for
+    a file of an unmapped owner, so an overlay of a directory the bits shut
+    fails to mount where a bind of it works (and shows it shut)."""
+    if st.st_uid == os.geteuid() and st.st_gid == os.getegid():  # mapped: the namespace's capabilities cover it
+        return True
+    if st.st_uid == os.geteuid():
+        return st.st_mode & 0o500 == 0o500
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return st.st_mode & 0o050 == 0o050
+    return st.st_mode & 0o005 == 0o005
 
 
 def parse_mountinfo(text: str) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,6 +153,20 @@ def test_remount_ro_and_file_binds(require_native: None, tmp_path: Path) -> None
     assert fingerprint(tmp_path) == before
 
 
+def test_a_directory_shut_to_the_caller_stays_a_bind(require_native: None, tmp_path: Path) -> None:
+    shut = tmp_path / "shut"
+    shut.mkdir(mode=0o700)
+    if ROOT:
+        os.chown(shut, 65534, 65534)  # unmapped in the session: no capability there opens it
+    elif os.access("/root", os.X_OK):
+        pytest.skip("needs a directory of another user shut to this one")
+    else:
+        shut = Path("/root")
+    with sandbox.Session(make_base_spec(RoBind(shut, "/shut"))) as s:
+        assert RoBind(shut, "/shut") in s.effective_spec.mounts  # an overlay of it would not mount
+        assert "Permission denied" in sh(s, "ls /shut", ok=False).stderr
+
+
 @as_root
 def test_a_bind_with_mounts_beneath_stays_readonly(require_native: None, tmp_path: Path) -> None:
     top = tmp_path / "top"
@@ -171,13 +186,21 @@ def test_a_bind_with_mounts_beneath_stays_readonly(require_native: None, tmp_pat
         subprocess.run(["umount", str(top / "sub")], check=True)
 
 
-def test_close_leaves_no_mount_or_file(require_native: None, tree: Path) -> None:
-    tmp = set(os.listdir("/tmp"))
-    mounts = mountinfo()
-    with sandbox.Session(make_base_spec(RoBind(tree, "/work"), RoBind("/etc"))) as s:
+def test_close_leaves_no_mount_or_file(require_native: None, tree: Path, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    scratch = tmp_path / "tmpdir"  # the temporary directory of this process, alone (others share /tmp)
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    kept = tmp_path / "kept"
+    ours = ("overlay", str(tree), str(kept), "/etc", "/usr")  # other jobs' mounts come and go in the host's table
+    mounts = [line for line in mountinfo() if any(word in line for word in ours)]
+    with sandbox.Session(make_base_spec(RoBind(tree, "/work"), RoBind("/etc")), upper=kept) as s:
         sh(s, "echo x > /work/new && echo y > /usr/sbx-cowroot 2>/dev/null; true")
-    assert mountinfo() == mounts
-    assert not set(os.listdir("/tmp")) - tmp
+        assert s.exec(["grep", "-c", " overlay ", "/proc/self/mountinfo"], capture_output=True).stdout.strip() != b"0"
+    assert [line for line in mountinfo() if any(word in line for word in ours)] == mounts
+    assert list(scratch.iterdir()) == []
+    assert sorted(p.name for p in kept.iterdir()) == ["%2Fetc", "%2Fusr", "%2Fwork"]
 
 
 @pytest.fixture

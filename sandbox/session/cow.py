@@ -18,7 +18,8 @@ it. What each mount becomes:
   a private writable copy (a `File`) of at most `MAX_FILE_COPY` bytes, made
   when the session starts; a larger file, a device, FIFO or socket, a
   `/proc/self/fd/N` source and a missing optional one stay read-only binds,
-  as does a directory whose mode bits shut the caller out;
+  as do a directory whose mode bits shut the caller out and a file bound
+  beneath a writable host bind (its copy would be written to the host);
 - a read-only `Overlay` (an image root): writable; with a kept directory, a
   writable one without an upper of its own keeps its writes there too;
 - a read-only `File`: writable; a `RemountRo`: dropped, unless the mount it
@@ -43,7 +44,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ..errors import SpecError
-from ..mounts import Bind, File, Mount, Overlay, RemountRo, RoBind
+from ..mounts import Bind, Dev, File, Mount, Mqueue, Overlay, Proc, RemountRo, Tmpfs
 from ..paths import is_under
 from ..plan import FD_SOURCE
 from ..spec import Spec
@@ -150,8 +151,8 @@ class _Transform:
         self.uppers.append(name)
         return Overlay(dest, lowers, upper=os.path.join(self.upper, name))
 
-    def source(self, src: Source, dest: str, original: Mount) -> list[Mount]:
-        if src.kind == "file" and src.size <= MAX_FILE_COPY:
+    def source(self, src: Source, dest: str, original: Mount, before: list[Mount]) -> list[Mount]:
+        if src.kind == "file" and src.size <= MAX_FILE_COPY and not _host_write_through(dest, before):
             try:
                 data = self.host.read(src.path)
             except OSError:  # unreadable to the caller: the bind shows it as unreadable too
@@ -164,7 +165,7 @@ class _Transform:
 
     def mount(self, m: Mount, before: list[Mount]) -> list[Mount]:
         if isinstance(m, Bind) and m.readonly and not FD_SOURCE.fullmatch(m.src):
-            return self.source(self.host.source(m.src), m.target(), m)
+            return self.source(self.host.source(m.src), m.target(), m, before)
         if isinstance(m, Overlay) and (not m.writable or (m.upper is None and self.upper is not None)):
             return [self.overlay(m.dest, m.lowers, m.size if self.upper is None else None)]
         if isinstance(m, File) and m.readonly:
@@ -174,15 +175,22 @@ class _Transform:
         return [m]
 
 
+# The operations that mount a filesystem (a File and a Dir write into the one they are made in).
+MOUNTING = (Bind, Tmpfs, Overlay, Proc, Dev, Mqueue)
+
+
 def _host_write_through(dest: str, before: list[Mount]) -> bool:
-    """Whether the mount that holds `dest` (the last one made at it or above it) is a writable host bind."""
+    """Whether the mount that holds `dest` (the last one made at it or above
+    it) is a writable host bind: a copy made there would be written to the
+    host, and a RemountRo there protects the host."""
     for m in reversed(before):
-        if m.creates() and is_under(dest, m.target()):
+        if isinstance(m, MOUNTING) and is_under(dest, m.target()):
             return isinstance(m, Bind) and not m.readonly
     return False
 
 
-def cow_mounts(mounts: Iterable[Mount], host: HostView, upper: str | None = None) -> tuple[tuple[Mount, ...], list[str]]:
+def cow_mounts(mounts: Iterable[Mount], host: HostView,
+               upper: str | None = None) -> tuple[tuple[Mount, ...], list[str]]:
     """The mounts of the session's copy-on-write tree, and the names of the
     subdirectories of `upper` (a kept directory) they keep their writes in."""
     t = _Transform(host, upper)

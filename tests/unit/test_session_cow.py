@@ -63,6 +63,8 @@ def test_small_files_are_copied() -> None:
     mounts, _ = cow_mounts([RoBind("/etc/resolv.conf"), File("/etc/x", b"1", readonly=True)],
                            FakeHost(files={"/etc/resolv.conf": b"nameserver ::1\n"}))
     assert mounts == (File("/etc/resolv.conf", b"nameserver ::1\n", perms=0o640), File("/etc/x", b"1"))
+    beneath_host = [Bind("/home/me", "/w"), Dir("/w/d"), RoBind("/etc/resolv.conf", "/w/d/r")]
+    assert cow_mounts(beneath_host, FakeHost(files={"/etc/resolv.conf": b""}))[0] == tuple(beneath_host)
 
 
 def test_overlays_and_kept_directory() -> None:
@@ -79,10 +81,11 @@ def test_overlays_and_kept_directory() -> None:
 
 def test_remount_ro() -> None:
     spec = [Tmpfs("/t"), RemountRo("/t"), Bind("/h", "/rw"), RemountRo("/rw/sub"), RoBind("/r"), RemountRo("/r"),
-            RemountRo("/"), Bind("/h2", "/rw2"), Tmpfs("/rw2/t"), RemountRo("/rw2/t")]
+            RemountRo("/"), Bind("/h2", "/rw2"), Tmpfs("/rw2/t"), RemountRo("/rw2/t"), Dir("/rw2/d"),
+            RemountRo("/rw2/d")]
     mounts, _ = cow_mounts(spec, FakeHost())
     assert mounts == (Tmpfs("/t"), Bind("/h", "/rw"), RemountRo("/rw/sub"), Overlay("/r", ["/r"]),
-                      Bind("/h2", "/rw2"), Tmpfs("/rw2/t"))
+                      Bind("/h2", "/rw2"), Tmpfs("/rw2/t"), Dir("/rw2/d"), RemountRo("/rw2/d"))
 
 
 def test_session_spec_arguments() -> None:

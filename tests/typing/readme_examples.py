@@ -248,6 +248,17 @@ def docs_session_example_5() -> None:
         asyncio.run(main(s))
 
 
+def docs_session_example_6() -> None:
+    import sandbox
+
+    spec = sandbox.presets.minimal_system(sandbox.RoBind("/etc"))
+    with sandbox.Session(spec, upper="/var/tmp/my-session") as session:     # omit upper: the writes are in memory
+        session.exec(["sh", "-c", "echo 'tool:x:1001:1001::/tmp:/bin/sh' >> /etc/passwd"], check=True)
+        session.write_file("/usr/local/bin/tool", b"#!/bin/sh\necho installed\n", mode=0o755)
+        print(session.exec(["tool"], capture_output=True, text=True).stdout)   # "installed\n"
+    # the host's /etc/passwd and /usr/local/bin are unchanged; the writes are in /var/tmp/my-session
+
+
 def docs_task_example_1() -> None:
     import os
 

@@ -1,7 +1,8 @@
 """A Session's copy-on-write root (sandbox.session.cow): a package install
 into /usr and writes to /etc as a root caller, the nobody-owned host files
-an unprivileged caller cannot write, a caller-owned tree and a read-only
-Overlay written by either, persistence across calls, a kept upper
+an unprivileged caller cannot write, a caller-owned tree, a read-only
+Overlay and an image root (sandbox.images, RemountRo("/")) written by
+either, persistence across calls, a kept upper
 directory, `writable_root=False`, and nothing changed or left on the host.
 Each host file a session writes over is compared (bytes, mtime) after."""
 
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from conftest import make_base_spec  # tests/, on sys.path (rootdir)
+from images.image_helpers import DIRTYPE, TestImage, member, runnable_layer, write_layout  # tests/images
 
 import sandbox
 from sandbox import Bind, Overlay, RemountRo, RoBind, Tmpfs
+from sandbox.images import ImageStore
 
 pytestmark = pytest.mark.integration
 
@@ -103,6 +106,23 @@ def test_caller_owned_tree_and_readonly_overlay(require_native: None, tree: Path
         s.write_file("/work/etc/conf", b"a=3\n")
         assert sh(s, "cat /work/etc/conf").stdout == "a=3\n"
     assert fingerprint(tree) == before
+
+
+@pytest.mark.skipif(not sandbox.presets.overlay_works(), reason="no overlayfs in a user namespace here")
+def test_image_root_is_written_in_the_session(require_native: None, tmp_path: Path) -> None:
+    conf = member("etc/", DIRTYPE, mode=0o755), member("etc/conf", data=b"image\n")
+    write_layout(str(tmp_path / "layout"), [(TestImage([runnable_layer(conf)], env=["PATH=/usr/bin"]), "run")])
+    store = ImageStore(tmp_path / "store")
+    img = store.overlay_ready(store.load(tmp_path / "layout"))  # extracted as the caller: the caller's files
+    layers = [fingerprint(Path(layer.path)) for layer in img.layers]
+    spec = sandbox.presets.image(img, writable=False, store=store)  # a read-only root (RemountRo("/"))
+    with sandbox.Session(spec, writable_root=False) as s:
+        assert "Read-only file system" in sh(s, "echo x > /etc/conf", ok=False).stderr
+    with sandbox.Session(spec) as s:
+        sh(s, "echo session > /etc/conf && mkdir /opt && touch /opt/f")
+        s.write_file("/usr/bin/installed", Path("/usr/bin/true").read_bytes(), mode=0o755)
+        assert sh(s, "cat /etc/conf; installed && echo ran").stdout == "session\nran\n"
+    assert [fingerprint(Path(layer.path)) for layer in img.layers] == layers
 
 
 def test_kept_upper_holds_the_writes(require_native: None, tree: Path, tmp_path: Path) -> None:

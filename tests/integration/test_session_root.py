@@ -9,6 +9,7 @@ Each host file a session writes over is compared (bytes, mtime) after."""
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -87,6 +88,8 @@ def test_root_installs_into_usr_and_writes_etc(require_native: None) -> None:
 def test_unprivileged_cannot_write_nobody_owned_files(require_native: None) -> None:
     with sandbox.Session(make_base_spec(RoBind("/etc"))) as s:
         assert sh(s, "stat -c %U /usr/bin /etc/passwd").stdout.split() == ["nobody", "nobody"]
+        # overlayfs shows a mount's top directory as its upper one, which the session made: the caller's
+        assert sh(s, "stat -c %U /usr /etc").stdout.split() == [pwd.getpwuid(os.geteuid()).pw_name] * 2
         for path in ("/usr/bin/sbx-cowroot-x", "/etc/passwd"):
             with pytest.raises(PermissionError):
                 s.write_file(path, b"x")
@@ -188,22 +191,36 @@ def test_a_directory_shut_to_the_caller_stays_a_bind(require_native: None, tmp_p
 
 
 @as_root
-def test_a_bind_with_mounts_beneath_stays_readonly(require_native: None, tmp_path: Path) -> None:
+def test_a_bind_with_mounts_beneath_is_overlaid_below(require_native: None, tmp_path: Path) -> None:
     top = tmp_path / "top"
-    (top / "sub").mkdir(parents=True)
+    for d in ("sub", "d/e"):
+        (top / d).mkdir(parents=True)
     (top / "t").write_text("top\n")
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "sbx-cowroot", str(top / "sub")], check=True)
     try:
         (top / "sub" / "s").write_text("sub\n")
         before = fingerprint(top)
         with sandbox.Session(make_base_spec(RoBind(top, "/top"))) as s:
-            assert s.effective_spec.mounts[-1] == RoBind(top, "/top")  # overlayfs cannot take it as a lower
+            assert RoBind(top, "/top") in s.effective_spec.mounts  # overlayfs cannot take it as a lower
             assert sh(s, "cat /top/t /top/sub/s").stdout == "top\nsub\n"
-            assert "Read-only file system" in sh(s, "echo 2 > /top/t", ok=False).stderr
-            sh(s, "echo 2 > /usr/sbx-cowroot")  # the rest of the tree is still copy-on-write
+            assert "Read-only file system" in sh(s, "echo 2 > /top/t", ok=False).stderr  # its own files
+            sh(s, "echo 2 > /top/sub/s && echo n > /top/d/e/n")  # each directory in it is overlaid
+            assert sh(s, "cat /top/sub/s /top/d/e/n").stdout == "2\nn\n"
         assert fingerprint(top) == before
     finally:
         subprocess.run(["umount", str(top / "sub")], check=True)
+
+
+def test_host_view(require_native: None) -> None:
+    etc = fingerprint(Path("/etc/passwd"))
+    with sandbox.Session(sandbox.presets.host_view()) as s:
+        assert s.effective_spec.mounts[0] == RoBind("/")  # mounts beneath it: each directory is overlaid
+        assert "Read-only file system" in sh(s, "echo x > /sbx-cowroot", ok=False).stderr
+        if ROOT:
+            sh(s, "echo x >> /etc/passwd && echo y > /usr/bin/sbx-cowroot-x")
+        else:
+            assert "Permission denied" in sh(s, "echo x >> /etc/passwd", ok=False).stderr
+    assert fingerprint(Path("/etc/passwd")) == etc and not Path("/usr/bin/sbx-cowroot-x").exists()
 
 
 def test_close_leaves_no_mount_or_file(require_native: None, tree: Path, tmp_path: Path,

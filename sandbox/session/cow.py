@@ -2,7 +2,7 @@
 session alone, as an image's layers are in a container.
 
 `cow_mounts` is a pure transform of a Spec's mounts, given what the host has
-at their sources (`HostView`); `session_spec` reads the host and applies
+at their sources (`HostView`); `session_root` reads the host and applies
 it. What each mount becomes:
 
 - a read-only `Bind` of a directory: an `Overlay` over the same source, its
@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ..errors import SpecError
 from ..mounts import Bind, Dev, File, Mount, Mqueue, Overlay, Proc, RemountRo, Tmpfs
@@ -151,12 +151,29 @@ def cow_mounts(mounts: Iterable[Mount], host: HostView,
     return tuple(out), t.uppers
 
 
-def session_spec(spec: Spec, writable_root: object = True, upper: StrPath | None = None,
-                 host: Callable[[], HostView] = HostView) -> Spec:
+@dataclass
+class SessionRoot:
+    """The Spec a Session runs, and the lock on its kept upper directory
+    (an fd, flock'ed: `cow_upper.prepare_upper`) while the session lives."""
+
+    spec: Spec
+    lock: int = -1
+
+    def release(self) -> None:
+        """Let another session use the kept directory. Idempotent."""
+        if self.lock >= 0:
+            os.close(self.lock)
+            self.lock = -1
+
+
+def session_root(spec: Spec, writable_root: object = True, upper: StrPath | None = None,
+                 host: Callable[[], HostView] = HostView) -> SessionRoot:
     """The Spec a Session runs: `spec` itself with `writable_root=False`,
     else its copy-on-write form (`cow_mounts`), its writes in a fresh tmpfs
     per overlay or, with `upper`, in subdirectories of that host directory
-    (made if missing, checked by `prepare_upper`), kept after the session."""
+    (made if missing, checked and locked by `prepare_upper`), kept after the
+    session. Raises SpecError (an argument, or a plant in `upper`),
+    SessionError (`upper` in use by another session)."""
     if not isinstance(spec, Spec):
         raise SpecError("spec", spec, "must be a sandbox.Spec")
     check_bool("writable_root", writable_root)
@@ -167,8 +184,7 @@ def session_spec(spec: Spec, writable_root: object = True, upper: StrPath | None
         if not writable_root:
             raise SpecError("upper", upper, "keeps the writes of a writable root: it needs writable_root=True")
     if not writable_root:
-        return spec
+        return SessionRoot(spec)
     mounts, names = cow_mounts(spec.mounts, host(), kept)
-    if kept is not None:
-        prepare_upper(kept, names)
-    return spec.replace(mounts=mounts)
+    changed = spec.replace(mounts=mounts)
+    return SessionRoot(changed, prepare_upper(kept, names) if kept is not None else -1)

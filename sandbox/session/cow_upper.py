@@ -5,12 +5,13 @@ redirects the writes (tests/adversarial/test_session_upper.py)."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import urllib.parse
 from collections.abc import Iterable
 
-from ..errors import SpecError
+from ..errors import SessionError, SpecError
 
 
 def upper_name(dest: str, taken: set[str]) -> str:
@@ -25,24 +26,33 @@ def upper_name(dest: str, taken: set[str]) -> str:
     return name
 
 
-def prepare_upper(upper: str, names: Iterable[str]) -> None:
+def prepare_upper(upper: str, names: Iterable[str]) -> int:
     """Make the kept directory `upper` (if missing) and its subdirectories
     `names`, refusing what could redirect the session's writes: `upper`
     owned by another user or writable by others, a subdirectory that is a
     symlink or not a directory. overlayfs (csrc/mounts.c) then opens each
-    subdirectory by path; only its owner could swap it meanwhile."""
+    subdirectory by path; only its owner could swap it meanwhile. Returns
+    an fd of `upper` holding an exclusive flock: two overlays sharing an
+    upper directory are undefined behaviour to the kernel (it only warns),
+    so a second session over it is refused while the first lives."""
     os.makedirs(upper, mode=0o700, exist_ok=True)
-    top = os.open(upper, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    top = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         _check_dir(top, upper)
+        try:
+            fcntl.flock(top, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SessionError(f"the kept upper directory {upper} is in use by another session") from None
         for name in names:
             try:
                 os.mkdir(name, 0o700, dir_fd=top)
             except FileExistsError:
                 pass
             _check_sub(top, upper, name)
-    finally:
+    except BaseException:
         os.close(top)
+        raise
+    return top
 
 
 def _check_dir(fd: int, path: str) -> None:

@@ -115,3 +115,13 @@ def test_link_left_in_the_layer_stays_inside(require_native: None, tree: Path, v
             with pytest.raises(FileNotFoundError):
                 s.write_file(f"{link}/g", b"x")
     assert list(victim.iterdir()) == []
+
+
+def test_two_sessions_never_share_the_directory(require_native: None, tree: Path, kept: Path) -> None:
+    spec = make_base_spec(RoBind(tree, "/work"))
+    with sandbox.Session(spec, upper=kept) as s:
+        with pytest.raises(sandbox.SessionError, match="in use by another session"):
+            sandbox.Session(spec, upper=kept)  # two overlays over one upper: undefined to the kernel
+        write_in(s, "echo 1 > /work/f")
+    with sandbox.Session(spec, upper=kept) as s:  # free again once closed
+        assert s.read_file("/work/f") == b"1\n"

@@ -7,7 +7,7 @@ import pytest
 
 import sandbox
 from sandbox import Bind, Chmod, DevBind, Dir, File, Overlay, Proc, RemountRo, RoBind, Symlink, Tmpfs
-from sandbox.session.cow import MAX_SPLIT, cow_mounts, session_spec
+from sandbox.session.cow import MAX_SPLIT, cow_mounts, session_root
 from sandbox.session.cow_host import MAX_FILE_COPY, HostView, Source, parse_mountinfo
 
 MOUNTINFO = """\
@@ -119,10 +119,10 @@ def test_remount_ro() -> None:
 
 def test_session_spec_arguments() -> None:
     spec = sandbox.Spec(mounts=(RoBind("/usr"),))
-    assert session_spec(spec, False) is spec
-    assert session_spec(spec, True, host=FakeHost).mounts == (Overlay("/usr", ["/usr"]),)
+    assert session_root(spec, False).spec is spec
+    assert session_root(spec, True, host=FakeHost).spec.mounts == (Overlay("/usr", ["/usr"]),)
     for args, field in [((spec, False, "/k"), "upper"), ((spec, 1), "writable_root"), ((spec, True, 3), "upper"),
                         (("spec",), "spec")]:
         with pytest.raises(sandbox.SpecError) as info:
-            session_spec(*args)  # type: ignore[arg-type]
+            session_root(*args)  # type: ignore[arg-type]
         assert info.value.field == field

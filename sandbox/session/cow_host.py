@@ -5,6 +5,7 @@ Session starts; no decision is made here."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -73,8 +74,16 @@ class HostView:
             return []
 
     def read(self, path: str) -> bytes:
-        """The bytes of the regular file `path` (not a FIFO's: O_NONBLOCK)."""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        """The bytes of the regular file `path`, at most MAX_FILE_COPY + 1 of
+        them; OSError(EINVAL) if it is no longer one (opened O_PATH first: a
+        FIFO or a device swapped in since `source` is never opened)."""
+        where = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(where).st_mode):
+                raise OSError(errno.EINVAL, "no longer a regular file", path)
+            fd = os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        finally:
+            os.close(where)
         try:
             with os.fdopen(fd, "rb", closefd=False) as f:
                 return f.read(MAX_FILE_COPY + 1)

@@ -17,7 +17,7 @@ from ..plan import Plan, check_argv, compile_plan
 from ..process import CompletedProcess, SandboxProcess
 from ..spec import Spec
 from ..validate import StrPath
-from . import call, wire
+from . import call, cow, wire
 from .files import Root
 from .launch import launch
 from .users import resolve
@@ -47,11 +47,30 @@ class Session:
     its caller (its pid 1 sees its control socket close). Raises what
     `sandbox.spawn` raises for the Spec; `SpecError` when the Spec has no
     pid namespace or asks for `as_pid_1`.
+
+    The root is copy-on-write (`writable_root=True`, the default): the
+    Spec's read-only binds and overlays are overlaid for the session, so a
+    package install into /usr or a write to /etc (as the ids mapped allow)
+    lands in the session's own layer and never on the host
+    (sandbox.session.cow says what each mount becomes). Those writes live
+    in tmpfs, gone with the session, or, with `upper=DIR`, in one
+    subdirectory of the host directory DIR per overlaid mount, kept after
+    `close()` (one session at a time: another raises SessionError while
+    this one lives; a planted link there is a SpecError).
+    `writable_root=False` runs the Spec as it is: its read-only mounts stay
+    read-only. `spec` is the caller's Spec; `effective_spec` is the one the
+    session runs.
     """
 
-    def __init__(self, spec: Spec) -> None:
-        started = launch(spec)
+    def __init__(self, spec: Spec, *, writable_root: bool = True, upper: StrPath | None = None) -> None:
+        self._cow = cow.session_root(spec, writable_root, upper)
+        try:
+            started = launch(self._cow.spec)
+        except BaseException:
+            self._cow.release()
+            raise
         self.spec = spec
+        self.effective_spec = self._cow.spec
         self.plan: Plan = started.plan
         self._host = started.host
         self._proc = started.proc
@@ -277,6 +296,7 @@ class Session:
             if hasattr(self, "_root"):
                 self._root.close()
             os.close(self._null)
+            self._cow.release()
 
     def __enter__(self) -> Session:
         return self

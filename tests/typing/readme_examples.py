@@ -251,6 +251,17 @@ def docs_session_example_5() -> None:
 def docs_session_example_6() -> None:
     import sandbox
 
+    spec = sandbox.presets.minimal_system(sandbox.RoBind("/etc"))
+    with sandbox.Session(spec, upper="/var/tmp/my-session") as session:     # omit upper: the writes are in memory
+        session.exec(["sh", "-c", "echo 'tool:x:1001:1001::/tmp:/bin/sh' >> /etc/passwd"], check=True)
+        session.write_file("/usr/local/bin/tool", b"#!/bin/sh\necho installed\n", mode=0o755)
+        print(session.exec(["tool"], capture_output=True, text=True).stdout)   # "installed\n"
+    # the host's /etc/passwd and /usr/local/bin are unchanged; the writes are in /var/tmp/my-session
+
+
+def docs_session_example_7() -> None:
+    import sandbox
+
     passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/tmp:/bin/sh\n"
     spec = sandbox.presets.minimal_system(sandbox.File("/etc/passwd", passwd, perms=0o644),
                                           sandbox.File("/etc/group", "root:x:0:\nalice:x:1000:\n", perms=0o644))

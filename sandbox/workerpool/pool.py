@@ -23,6 +23,7 @@ from ..host import HostInfo
 from ..netpool.factory import FACTORY_PATH
 from ..output import check_cap
 from ..plan import NETWORK_CAPS, compile_mount, compile_plan
+from ..probe import image_python
 from ..process import SandboxProcess
 from ..refusal import refusal
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
@@ -330,9 +331,6 @@ def _zygote_python(spec: S.Spec, native: str) -> str:
     (`native`), else UnavailableError saying why not (sandbox.probe.image_python)."""
     if not own_root(spec):
         return sys.executable
-    # here, not at the top: only a pool in an image loads the probes (and through them the executors' registry)
-    from ..probe import image_python
-
     return image_python(zygote_spec(spec), native, (CLOUDPICKLE_ROOT,))
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The import graph of `sandbox/` and the include graph of `csrc/`, read with `ast` and a regex, never by importing.
+"""The import graph of `sandbox/` (read with `ast`, never by importing) and the include and call graph of `csrc/`.
 
 Every `import` and `from ... import` statement of every module is an edge, relative imports resolved, classed as:
 - "module": runs when the module is imported (module level, a class body, a module-level `try`);
@@ -8,14 +8,15 @@ Every `import` and `from ... import` statement of every module is an edge, relat
 `from package import name` is an edge to `package.name` when that is a module, else to `package` itself.
 A module's enclosing packages are not edges, named or not: importing `sandbox.plan` runs `sandbox/__init__.py`
 first, Python's doing, not `plan`'s (import-linter counts the same way), and `from . import _native` in `sandbox.x`
-finds the package already there. Dynamic imports (`importlib.import_module` with a
-computed name, a lazy package's `__getattr__` table) are not followed.
+finds the package already there. Dynamic imports (`importlib.import_module` with a computed name, a lazy
+package's `__getattr__` table) are not followed.
 
 In C (`c_graph`), `#include "b.h"` is an edge to b.h, and a call of a function that `b.c` defines is an edge to
 b.c (the cycles the review of issue 40 found were calls: child.c <-> idmap.c), read with regular expressions over
 csrc/'s one style (a definition's head at column 0, its brace on the next line).
 
-Used by tests/unit/test_layers.py. Run it to see the graph's cycles and its function-level edges:
+Used by tests/unit/test_layers.py, with HACKING.md's layer table (`layer_table`). Run it to see the cycles,
+the modules the table misses and the upward imports (with --edges, every edge):
     python3 tools/import_graph.py [--edges]
 """
 
@@ -34,7 +35,8 @@ KINDS = ("module", "function", "typing")  # Python's; C's are "include" and "cal
 
 @dataclass(frozen=True)
 class Edge:
-    """One import: `source` imports `target` at `line`, of `kind` module, function or typing."""
+    """One import: `source` imports `target` at `line`, of `kind` module, function or typing (in C: include or
+    call)."""
 
     source: str
     target: str

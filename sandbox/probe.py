@@ -21,10 +21,13 @@ from pathlib import Path
 from . import backends
 from .api import run
 from .backends import bwrap as bwrap_backend
+from .capabilities import Capability
+from .cgroups import host_cgroups
 from .errors import ExecNotFoundError, SandboxError, SetupError, UnavailableError
 from .forksafe import fresh_in_child
 from .host import BWRAP_ENV, DISABLE_NATIVE_ENV, userns_sysctls
 from .images.python import PROBE, python_name, required_glibc
+from .plan import CGROUP_LIMITS, FALLBACK_RLIMITS
 from .spec import Overlay, Spec
 
 __all__ = ["BWRAP_ENV", "DISABLE_NATIVE_ENV", "ProbeResult", "image_python", "overlay_works", "probe"]
@@ -89,9 +92,6 @@ def _report(refresh: bool) -> ProbeResult:
 
 def limits_report() -> str:
     """Which of Limits' memory_mb, nproc and cpu_cores a cgroup enforces here, and what falls back."""
-    from .cgroups import host_cgroups
-    from .plan import CGROUP_LIMITS, FALLBACK_RLIMITS
-
     info = host_cgroups()
     real = [name for name, ctrl in CGROUP_LIMITS.items() if ctrl in info.controllers]
     fake = [name for name in CGROUP_LIMITS if name not in real]
@@ -110,8 +110,8 @@ def limits_report() -> str:
 
 def _executors_without_cgroups() -> list[str]:
     """How messages name the executors that do not place their sandboxes in cgroups (their traits say)."""
-    from . import backends
-    from .capabilities import Capability
+    # here, not at the top: importing sandbox.workerpool loads 42 more modules (cloudpickle, the cffi backend,
+    # logging, platform), and this module is imported for overlay_works and image_python without a report
     from .workerpool.traits import TRAITS as WORKERPOOL
 
     declared = [backends.get(name).traits for name in (*backends.NAMES, *backends.EXPLICIT)] + [WORKERPOOL]

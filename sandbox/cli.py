@@ -117,9 +117,10 @@ def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
     if command == "probe":
         return probe(rest)
     if command == "serve":
+        from . import cli
         from .cliserver import serve_command
 
-        return serve_command(rest)
+        return serve_command(rest, cli)
     return _fail(EXIT_SETUP, f"unknown command {command!r} (try --help)")
 
 

@@ -40,6 +40,15 @@ if [ "$(id -u)" = 0 ] && [ -z "${SANDBOX_SKIP_UNPRIVILEGED:-}" ]; then
     chmod -R a+rX "$stage"
     chmod 755 "$stage"
     id "$test_user" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin "$test_user"
+    # A Session's users (tests/integration/test_session_users.py): the user gets a subordinate id range
+    # (mapped by newuidmap: Debian's uidmap), and sbxnoids, a user without one, covers the one-id case.
+    command -v newuidmap >/dev/null || { command -v apt-get >/dev/null && apt-get install -y -qq uidmap >&2; } || true
+    id sbxnoids >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin sbxnoids
+    for f in /etc/subuid /etc/subgid; do  # a range of 65536 above every range there, if the user has none
+        grep -qs "^$test_user:" "$f" ||
+            echo "$test_user:$(awk -F: 'BEGIN { m = 100000 } $2 + $3 > m { m = $2 + $3 } END { print m }' \
+                "$f" 2>/dev/null || echo 100000):65536" >> "$f"
+    done
     # A delegated cgroup subtree for the user, as systemd's Delegate=yes gives one: the sandboxes'
     # cgroups go below it ($SANDBOX_CGROUP_PARENT, sandbox/cgroups.py); on v2 the user's process lives
     # inside it (runner). Removed at exit, whatever happens (the trap).

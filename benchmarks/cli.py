@@ -28,6 +28,10 @@ p99s in ms, and each median as a ratio to bwrap's with the same options.
 installation (its `sandbox` and `sandbox-py` in BINDIR, e.g. a venv of
 another commit, and the sandbox-launch of its package), copied and served
 as ours are, called in turn with ours: a before/after in one run.
+Where flatpak is installed, `flatpak run` of a minimal test app
+(benchmarks/flatpak_app.py: a private user installation) with the real
+bwrap and with our warm one as the `bwrap` on its PATH; left out, saying
+why, where it is not.
 
     python benchmarks/cli.py [-n 100] [--json out.json] [--compare BINDIR]
 """
@@ -51,9 +55,11 @@ from pathlib import Path
 import sandbox
 
 if __package__:
+    from . import flatpak_app
     from .latency import BWRAP_ARGS
     from .timing import measure, p99
 else:  # run as a script (or imported by one): benchmarks/ is sys.path[0]
+    import flatpak_app
     from latency import BWRAP_ARGS
     from timing import measure, p99
 
@@ -61,6 +67,7 @@ TRUE = ["/bin/true"]
 BWRAP = "bwrap <flatpak-like> /bin/true"
 AGENT_BWRAP = "bwrap --args FD <agent> /bin/true"
 FLOOR = "python -I -S -c pass"
+FLATPAK = "flatpak run <test app>, bwrap"
 BASELINE = {BWRAP: BWRAP, AGENT_BWRAP: AGENT_BWRAP, "bwrap --version": "bwrap --version"}
 
 
@@ -204,10 +211,11 @@ class Server:
 
 def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times: dict[str, list[float]],
              other: tuple[Path, Path, Server] | None = None, compare: Path | None = None,
-             ) -> dict[str, Callable[[], object]]:
+             flatpak: flatpak_app.FlatpakApp | None = None) -> dict[str, Callable[[], object]]:
     """name -> one fresh process, waited for (a cold row's own time goes to `cold_times`); `other`:
     another installation's warm copy, cold copy and the cold copy's server, whose rows follow ours;
-    `compare`: its bin directory (for its sandbox-launch)."""
+    `compare`: its bin directory (for its sandbox-launch); `flatpak`: the test app of the `flatpak run`
+    rows."""
     python = sys.executable
     env = _env()
     agent = agent_args(work)
@@ -237,10 +245,34 @@ def variants(warm: Path, cold: Path, work: Path, cold_server: Server, cold_times
     out["python -c 'import sandbox'"] = _run([python, "-c", "import sandbox"])
     out[FLOOR] = _run([python, "-I", "-S", "-c", "pass"])
     out.update(launcher_rows(compare))
+    if flatpak is not None:
+        out.update(flatpak_rows(flatpak, warm, other[0] if other else None))
     out.update(cold_variants("", cold, cold_server, cold_times, agent))
     if other is not None:
         out.update(cold_variants("compared ", other[1], other[2], cold_times, agent))
     return out
+
+
+def flatpak_rows(app: flatpak_app.FlatpakApp, warm: Path, other_warm: Path | None,
+                 ) -> dict[str, Callable[[], object]]:
+    """`flatpak run` of the test app with the host's bwrap, then with ours (warm) as its `bwrap`."""
+    out = {FLATPAK: _run(app.argv, app.env(app.shim())),
+           "warm: flatpak run <test app>, our bwrap": _run(app.argv, app.env(warm))}
+    if other_warm is not None:
+        out["compared warm: flatpak run <test app>, our bwrap"] = _run(app.argv, app.env(other_warm))
+    return out
+
+
+def build_flatpak_app(root: Path) -> flatpak_app.FlatpakApp | None:
+    """The test app of the `flatpak run` rows, or None (and a line saying why they are left out)."""
+    reason = flatpak_app.unavailable()
+    if reason is None:
+        try:
+            return flatpak_app.FlatpakApp.build(root)
+        except (OSError, RuntimeError, subprocess.CalledProcessError) as e:
+            reason = f"its test app could not be built: {e}"
+    print(f"# no `flatpak run` rows: {reason}")
+    return None
 
 
 def cold_variants(prefix: str, cold: Path, server: Server, cold_times: dict[str, list[float]],
@@ -272,6 +304,8 @@ def _cold(call: Callable[[], object], server: Server, times: list[float]) -> Cal
 
 
 def _baseline(name: str) -> str | None:
+    if "flatpak run" in name:
+        return FLATPAK
     if "--version" in name:
         return "bwrap --version"
     if "<agent>" in name:
@@ -315,12 +349,13 @@ def main() -> int:
             other = (other_warm, other_cold, Server(other_cold))
             servers += [Server(other_warm), other[2]]
             servers[2].start()
+        flatpak = build_flatpak_app(Path(tmp) / "flatpak")
         warm_server.start()
         try:
             cold_times: dict[str, list[float]] = {}
             warmup = min(5, args.n)
-            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times, other, args.compare),
-                            args.n, warmup=warmup)
+            times = measure(variants(warm, cold, Path(tmp) / "work", cold_server, cold_times, other, args.compare,
+                                     flatpak), args.n, warmup=warmup)
             times.update({name: xs[warmup:] for name, xs in cold_times.items()})
         finally:
             for server in servers:

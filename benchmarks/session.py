@@ -6,10 +6,11 @@ a ratio to posix_spawn's and to bwrap's: `Session.exec(["true"])` (the
 subprocess.run-shaped call), `Session.start(...).wait()`, a recycled
 Template's spawn+wait, sandbox.spawn, posix_spawn and bwrap per command
 (latency.py's flatpak-like config; the Session's and the Templates' Spec is
-the same mounts). Then: a Session's start and close, read_file of 4 KiB and
-write_file of 4 KiB, and the scale rows: memory per idle session (the PSS
-of its processes, and MemAvailable's drop per session) and exec latency with
-0, 100 and 1000 other sessions alive.
+the same mounts; its exec with writable_root=False too). Then: a Session's
+start and close, with the Spec as it is and with a writable root (the
+default), read_file of 4 KiB and write_file of 4 KiB, and the scale rows:
+memory per idle session (the PSS of its processes, and MemAvailable's drop
+per session) and exec latency with 0, 100 and 1000 other sessions alive.
 
 Targets (issue 37): exec into a session at most a recycled Template's
 spawn+wait; read_file of 4 KiB at most 0.2 ms; exec latency flat within 1.5x
@@ -40,6 +41,7 @@ import sandbox  # noqa: E402
 POSIX = "posix_spawn /bin/true"
 BWRAP = "bwrap per command (same config)"
 EXEC = "Session.exec(['true'])"
+EXEC_RO = "Session.exec(['true']), writable_root=False"
 START = "Session.start(['true']).wait()"
 RECYCLED = "Template(recycle=True).spawn+wait"
 SPEC = sandbox.Spec(mounts=MOUNTS, env={"PATH": "/usr/bin:/bin"})
@@ -55,11 +57,13 @@ def _checked(rc: int) -> None:
         raise RuntimeError(f"sandboxed /bin/true exited {rc}")
 
 
-def variants(session: sandbox.Session, recycled: sandbox.Template) -> dict[str, Callable[[], object]]:
+def variants(session: sandbox.Session, readonly: sandbox.Session,
+             recycled: sandbox.Template) -> dict[str, Callable[[], object]]:
     """name -> one command of /bin/true, waited for."""
     out: dict[str, Callable[[], object]] = {
         POSIX: _posix_spawn,
         EXEC: lambda: _checked(session.exec(["/bin/true"]).returncode),
+        EXEC_RO: lambda: _checked(readonly.exec(["/bin/true"]).returncode),
         START: lambda: _checked(session.start(["/bin/true"]).wait()),
         RECYCLED: lambda: _checked(recycled.spawn(["/bin/true"]).wait()),
         "sandbox.spawn+wait (fresh sandbox)": lambda: _checked(sandbox.spawn(["/bin/true"], SPEC).wait()),
@@ -82,15 +86,22 @@ def latency_table(times: dict[str, list[float]]) -> str:
 
 
 def lifetime_and_files(n: int) -> dict[str, float]:
-    """Medians (ms): a Session's start, its close, read_file and write_file of 4 KiB."""
-    starts, closes = [], []
+    """Medians (ms): a Session's start and its close with the Spec as it is
+    (writable_root=False) and with its copy-on-write root (the default: /usr
+    overlaid, ld.so.cache copied), interleaved; read_file and write_file of 4 KiB."""
+    starts, closes, both = [], [], []
     for _ in range(max(10, n // 10)):
-        t0 = time.perf_counter()
-        s = sandbox.Session(SPEC)
-        t1 = time.perf_counter()
-        s.close()
-        starts.append((t1 - t0) * 1000)
-        closes.append((time.perf_counter() - t1) * 1000)
+        for writable in (False, True):
+            t0 = time.perf_counter()
+            s = sandbox.Session(SPEC, writable_root=writable)
+            t1 = time.perf_counter()
+            s.close()
+            t2 = time.perf_counter()
+            if writable:
+                both.append((t2 - t0) * 1000)
+            else:
+                starts.append((t1 - t0) * 1000)
+                closes.append((t2 - t1) * 1000)
     data = os.urandom(4096)
     reads, writes = [], []
     with sandbox.Session(SPEC) as s:
@@ -104,6 +115,8 @@ def lifetime_and_files(n: int) -> dict[str, float]:
             reads.append((t1 - t0) * 1000)
             writes.append((t2 - t1) * 1000)
     return {"session start": statistics.median(starts), "session close": statistics.median(closes),
+            "session start+close, Spec as is": statistics.median(a + b for a, b in zip(starts, closes, strict=True)),
+            "session start+close, writable root": statistics.median(both),
             "read_file 4 KiB": statistics.median(reads), "write_file 4 KiB": statistics.median(writes)}
 
 
@@ -164,8 +177,9 @@ def main() -> None:
     parser.add_argument("--alive", default="0,100,1000", help="numbers of idle sessions for the scale rows")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
-    with sandbox.Session(SPEC) as session, sandbox.Template(SPEC, recycle=True) as recycled:
-        times = measure(variants(session, recycled), args.n)
+    with (sandbox.Session(SPEC) as session, sandbox.Session(SPEC, writable_root=False) as readonly,
+          sandbox.Template(SPEC, recycle=True) as recycled):
+        times = measure(variants(session, readonly, recycled), args.n)
     print(latency_table(times))
     files = lifetime_and_files(args.n)
     print("\n| what | median ms |\n|---|---|")

@@ -225,18 +225,6 @@ int sbx_joiner_main(void *arg)
     _exit(0);
 }
 
-/* The caller's read of an fd: until one byte or EOF (a signal or an error
- * ends the wait too, as bwrap's read), then the fd is closed. */
-void sbx_block_on(int fd)
-{
-    char b;
-    if (fd < 0)
-        return;
-    while (read(fd, &b, 1) < 0 && errno == EINTR)
-        ;
-    close(fd);
-}
-
 /* Our pid as the caller numbers it (its /proc, ours still), on `fd`, then
  * close it: the caller knows the sandbox exists before it is set up. */
 static void report_started(struct sbx_ctx *c, int fd)

@@ -4,6 +4,8 @@
 #include "exitlike.h"
 
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,4 +27,15 @@ _Noreturn void exit_like(int status)
 _Noreturn void exit_like_returncode(int32_t returncode)
 {
     exit_like(returncode >= 0 ? (returncode & 0xff) << 8 : (-returncode) & 0x7f);
+}
+
+void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("sandbox: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(125);
 }

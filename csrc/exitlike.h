@@ -12,4 +12,7 @@ _Noreturn void exit_like(int status);
 /* The same for a Popen-style returncode: N >= 0 an exit code, -N signal N. */
 _Noreturn void exit_like_returncode(int32_t returncode);
 
+/* One "sandbox: ..." line on stderr, then exit 125 (a setup failure): sandbox-launch's. */
+void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...);
+
 #endif

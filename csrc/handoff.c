@@ -1,6 +1,7 @@
 /* handoff.c: sandbox-launch's side of the handoff (see handoff.h). */
 #define _GNU_SOURCE
 #include "handoff.h"
+#include "exitlike.h"
 #include "internal.h"
 
 #include <errno.h>

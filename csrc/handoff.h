@@ -41,7 +41,4 @@ int take_ticket(int keep);
  * server says so), with the ticket wiped. */
 void try_handoff(char **argv);
 
-/* From launcher.c: one "sandbox: ..." line and exit 125. */
-void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...);
-
 #endif

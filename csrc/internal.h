@@ -209,7 +209,7 @@ int sbx_proc_chmod(const struct sbx_ctx *c, const char *rel, unsigned mode);
 /* idmap.c */
 void sbx_setup_userns(struct sbx_ctx *c);
 void sbx_nested_userns(struct sbx_ctx *c);
-void sbx_block_on(int fd); /* child.c: read one byte or EOF, then close */
+void sbx_block_on(int fd); /* util.c: read one byte or EOF, then close */
 
 /* sources.c */
 /* Destinations and per-call sources resolve as if the root they are

@@ -20,6 +20,7 @@
  */
 #include "internal.h"
 #include "errtext.h"
+#include "exitlike.h"
 #include "handoff.h"
 #include "runplan.h"
 
@@ -70,18 +71,6 @@ static void *b64_decode(const char *s, size_t *len)
     }
     *len = o;
     return out;
-}
-
-/* One "sandbox: ..." line on stderr, then exit 125 (a setup failure). */
-void __attribute__((format(printf, 1, 2), noreturn)) die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("sandbox: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    exit(125);
 }
 
 /* O_PATH fd of sandbox-init, which is installed next to this executable. */

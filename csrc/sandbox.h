@@ -653,6 +653,10 @@ struct handoff_frame {
  * struct sbx_session_request carrying SCM_RIGHTS [call socket, stdin,
  * stdout, stderr], then `size` bytes of NUL-terminated strings: the search
  * PATH, the cwd ("" : the session's), argc argv strings, envc env strings.
+ * With SBX_SESSION_USER the call process takes the request's ids (ids of
+ * the session's user namespace, which the caller checked are mapped)
+ * before the command exists; it needs a pid 1 started with the commands'
+ * capability mask (csrc/session_user.c).
  * On the call socket (SOCK_SEQPACKET, one per command) the session's call
  * process and the caller exchange struct sbx_session_frame: STARTED (unless
  * the request is SBX_SESSION_QUIET; pid:
@@ -663,11 +667,16 @@ struct handoff_frame {
  * the command running. */
 #define SBX_SESSION_MAGIC 0x53534253 /* "SBSS" */
 #define SBX_SESSION_MAX_STRINGS 4194304
+#define SBX_SESSION_MAX_GROUPS 64
 struct sbx_session_request {
     uint32_t magic, size, argc, envc;
-    uint32_t flags; /* SBX_SESSION_QUIET: no STARTED frame (the caller waits for the end only) */
+    uint32_t flags; /* SBX_SESSION_QUIET: no STARTED frame (the caller waits for the end only);
+                     * SBX_SESSION_USER: run as uid, gid and the n_groups supplementary groups */
+    uint32_t uid, gid, n_groups;
+    uint32_t groups[SBX_SESSION_MAX_GROUPS];
 };
 #define SBX_SESSION_QUIET 1
+#define SBX_SESSION_USER 2
 enum sbx_session_kind {
     SBX_SESSION_STARTED = 1,
     SBX_SESSION_FAILED = 2,

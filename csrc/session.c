@@ -1,6 +1,6 @@
 /* session.c: sandbox-session, the pid 1 of a sandbox.Session.
  *
- *     sandbox-session ERR_FD STATUS_FD PATH --[MASK] NAME SOCK_FD
+ *     sandbox-session ERR_FD STATUS_FD PATH --[MASK] NAME SOCK_FD [KEEP_CAPS]
  * (sandbox-init's argv, csrc/init.c: the native spawn execs it in init's
  * place). It takes requests on SOCK_FD (the session's control socket, the
  * caller's socket pair: csrc/sandbox.h's session wire) through a call
@@ -147,7 +147,8 @@ static int receive_header(int sock, struct sbx_session_request *r, int *fds)
     if ((size_t)n < sizeof *r && read_full(sock, (char *)r + n, sizeof *r - (size_t)n) < 0)
         return -1;
     if (r->magic != SBX_SESSION_MAGIC || r->size > SBX_SESSION_MAX_STRINGS || r->argc > r->size ||
-        r->envc > r->size || (r->flags & ~(uint32_t)SBX_SESSION_QUIET))
+        r->envc > r->size || (r->flags & ~(uint32_t)(SBX_SESSION_QUIET | SBX_SESSION_USER)) ||
+        r->n_groups > SBX_SESSION_MAX_GROUPS)
         return -1;
     return 1;
 }
@@ -158,13 +159,15 @@ static int receive_header(int sock, struct sbx_session_request *r, int *fds)
 /* A standby call process, made ahead of the next request: it alone reads
  * the control socket, takes one request whole, tells pid 1 (which makes
  * the next standby meanwhile) and becomes that command's call process. */
-static _Noreturn void standby(int sock, int note, const sigset_t *mask, int proc_fd)
+static _Noreturn void standby(int sock, int note, const sigset_t *mask, int proc_fd, const uint64_t *keep)
 {
     struct sbx_session_request r = {0};
     int fds[N_FDS] = {-1, -1, -1, -1};
     int got = receive_header(sock, &r, fds);
     struct session_call call = {.sock = fds[0], .stdio = {fds[1], fds[2], fds[3]}, .mask = *mask,
-                                .proc_fd = proc_fd, .flags = r.flags};
+                                .proc_fd = proc_fd, .flags = r.flags, .uid = r.uid, .gid = r.gid,
+                                .n_groups = r.n_groups, .setid = keep != NULL, .keep = keep ? *keep : 0};
+    memcpy(call.groups, r.groups, sizeof call.groups);
     if (got > 0) {
         call.buf = malloc((size_t)r.size + 1);
         got = call.buf && read_full(sock, call.buf, r.size) == 0 && split_strings(&call, &r) == 0 ? 1 : -1;
@@ -179,14 +182,14 @@ static _Noreturn void standby(int sock, int note, const sigset_t *mask, int proc
 
 /* Fork the next standby: its pid, or -1 (tried again on a timer). */
 static pid_t make_standby(int sock, int note_rd, int note_wr, int sfd, int status_fd, const sigset_t *mask,
-                          int proc_fd)
+                          int proc_fd, const uint64_t *keep)
 {
     pid_t pid = fork();
     if (pid == 0) {
         close(note_rd);
         close(sfd);
         close(status_fd);
-        standby(sock, note_wr, mask, proc_fd);
+        standby(sock, note_wr, mask, proc_fd, keep);
     }
     return pid;
 }
@@ -203,8 +206,12 @@ static int reap_all(pid_t standby_pid)
 
 int main(int argc, char **argv)
 {
-    if (argc != 7 || strncmp(argv[4], "--", 2) != 0)
+    if ((argc != 7 && argc != 8) || strncmp(argv[4], "--", 2) != 0)
         return 125;
+    /* KEEP_CAPS (hex), with several ids mapped: we hold CAP_SETUID, CAP_SETGID
+     * and CAP_SETPCAP beyond the Spec's; each call drops to KEEP (session_user.c) */
+    uint64_t keep_caps = argc == 8 ? strtoull(argv[7], NULL, 16) : 0;
+    const uint64_t *keep = argc == 8 ? &keep_caps : NULL;
     int err_fd = parse_fd(argv[1]), status_fd = parse_fd(argv[2]), sock = parse_fd(argv[6]);
     if (err_fd < 0 || status_fd < 0 || sock < 0)
         return 125;
@@ -238,7 +245,7 @@ int main(int argc, char **argv)
         return 125;
     }
     close(err_fd); /* EOF (no standby may hold it): the caller's spawn returns, the session is up */
-    pid_t next = make_standby(sock, note[0], note[1], sfd, status_fd, &mask, proc_fd);
+    pid_t next = make_standby(sock, note[0], note[1], sfd, status_fd, &mask, proc_fd, keep);
     struct pollfd fds[3] = {{note[0], POLLIN, 0}, {sfd, POLLIN, 0}, {status_fd, 0, 0}};
     nfds_t watched = 2; /* 3 once the spawning thread is gone: then POLLERR there ends us too */
     for (;;) {
@@ -263,6 +270,6 @@ int main(int argc, char **argv)
                 finish(status_fd);
         }
         if (next <= 0)
-            next = make_standby(sock, note[0], note[1], sfd, status_fd, &mask, proc_fd);
+            next = make_standby(sock, note[0], note[1], sfd, status_fd, &mask, proc_fd, keep);
     }
 }

@@ -3,6 +3,8 @@
  *   session.c       the session's pid 1: its request loop (sandbox.Session)
  *   session_call.c  one command's call process: a subreaper that runs the
  *                   command and ends its whole tree when asked
+ *   session_user.c  the ids and capabilities a call process takes before
+ *                   its command exists (a session with several ids mapped)
  *
  * sandbox-session is exec'd in place of sandbox-init by the native spawn of
  * the Session's Spec (same argv, csrc/init.c): by then the setup child has
@@ -32,11 +34,18 @@ struct session_call {
     char **argv, **envp, **sh_argv;
     sigset_t mask; /* the command's signal mask (as sandbox-init's --MASK) */
     int proc_fd;   /* the session's procfs root, -1 if it has none */
-    uint32_t flags; /* the request's (SBX_SESSION_QUIET) */
+    uint32_t flags; /* the request's (SBX_SESSION_QUIET, SBX_SESSION_USER) */
+    uint32_t uid, gid, n_groups, groups[SBX_SESSION_MAX_GROUPS]; /* with SBX_SESSION_USER */
+    int setid;      /* pid 1 holds CAP_SETUID/SETGID/SETPCAP beyond `keep`: drop them */
+    uint64_t keep;  /* with setid: the capabilities a command keeps (the Spec's) */
 };
 
 /* Run one call in the process forked for it; never returns. */
 _Noreturn void session_call_main(struct session_call *call);
+
+/* Take the call's ids and drop what the command must not hold: 0, or -1
+ * with errno and the failed step in *step. */
+int session_take_user(const struct session_call *call, int *step);
 
 /* write(2) all of it: 0, or -1. */
 int session_write_all(int fd, const void *buf, size_t len);

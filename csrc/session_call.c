@@ -214,6 +214,11 @@ _Noreturn void session_call_main(struct session_call *call)
         send_frame(call->sock, SBX_SESSION_FAILED, errno, 0, SBX_STEP_SESSION, -1);
         _exit(125);
     }
+    int step = 0;
+    if (session_take_user(call, &step) < 0) {
+        send_frame(call->sock, SBX_SESSION_FAILED, errno, 0, step, -1);
+        _exit(125);
+    }
     size_t argc = 0;
     while (call->argv[argc])
         argc++;

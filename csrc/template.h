@@ -2,7 +2,8 @@
  *
  *   template.c          the server: main, its poll loop, requests it serves
  *                       itself (SBX_MODE_TEMPLATE) and the stored blob
- *   template_request.c  a request message: receive, parse, the sandbox's input
+ *   template_request.c  a request message: receive, parse, the sandbox's input;
+ *                       the server's fds a sandbox closes first
  *   template_trees.c    trees the server clones from the host's for a sandbox
  *   template_schedule.c the standby schedule: notes, reaping, replacements
  *   standby.c           a standby sandbox itself (SBX_MODE_STANDBY)
@@ -116,10 +117,6 @@ struct tpl_sandbox {
 };
 #define TPL_SANDBOX(ctx) ((struct tpl_sandbox *)((char *)(ctx) - offsetof(struct tpl_sandbox, c)))
 
-/* Close the server's own fds in a sandbox; a standby keeps the standbys'
- * request socket and the notify socket. */
-void tpl_close_server_fds(struct tpl_server *s, int standby);
-
 /* template_request.c */
 /* One request, parsed: pointers into msg (or the stored blob) and the received fds. */
 struct request {
@@ -153,6 +150,9 @@ void request_input(struct sbx_input *in, const struct request *q, const int *pas
 void tpl_enter_cgroups(struct sbx_ctx *c);
 /* Close the cgroup sets kept for standbys to come (in a sandbox: none is its own). */
 void tpl_close_cgroup_sets(struct tpl_server *s);
+/* Close the server's own fds in a sandbox (the cgroup sets and leases too); a standby keeps the standbys'
+ * request socket and the notify socket. */
+void tpl_close_server_fds(struct tpl_server *s, int standby);
 /* Of a request with SBX_REQ_CGROUP_NEXT in cgroup mode, the set for a
  * standby to come: its last cgroup_k entry fds, taken out of the request
  * (q->n_cgroup is then that of the request's own) into `out`; 0, or -1 if

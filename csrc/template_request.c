@@ -173,3 +173,23 @@ void tpl_close_cgroup_sets(struct tpl_server *s)
         close_all(s->cgroups[k], s->cgroup_k);
     s->n_cgroups = 0;
 }
+
+void tpl_close_server_fds(struct tpl_server *s, int standby)
+{
+    close(s->sock_fd);
+    close(s->notify_rd);
+    close(s->sig_fd);
+    close(s->own_netns);
+    close(s->host_tree);
+    if (s->null_master >= 0 && !(standby && s->reset_blob)) /* a recycled one clones its masks from it */
+        close(s->null_master);
+    if (!standby) {
+        close(s->fast_fd);
+        close(s->notify_wr);
+    }
+    tpl_close_cgroup_sets(s);
+    /* the leases waiting for standbys to come: other sandboxes' network
+     * namespaces (a fork-style clone: this is the child's own copy) */
+    close_all(s->leases, s->n_leases);
+    s->n_leases = 0;
+}

@@ -362,3 +362,15 @@ int sbx_proc_chmod(const struct sbx_ctx *c, const char *rel, unsigned mode)
     sbx_stpcpy(sbx_stpcpy(path, "/proc/"), rel);
     return chmod(path, mode);
 }
+
+/* The caller's read of an fd: until one byte or EOF (a signal or an error
+ * ends the wait too, as bwrap's read), then the fd is closed. */
+void sbx_block_on(int fd)
+{
+    char b;
+    if (fd < 0)
+        return;
+    while (read(fd, &b, 1) < 0 && errno == EINTR)
+        ;
+    close(fd);
+}

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         IsolationError,
         SandboxError,
         SessionError,
+        SessionUserError,
         SetupError,
         SpecError,
         TimeoutExpired,
@@ -68,7 +69,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "from_bwrap_args": ("bwrap", "from_bwrap_args"),
     **{name: ("errors", name) for name in (
         "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SessionError",
-        "SetupError", "SpecError", "TimeoutExpired", "UnavailableError")},
+        "SessionUserError", "SetupError", "SpecError", "TimeoutExpired", "UnavailableError")},
     "explain": ("explain", "explain"),
     "presets": ("presets", None),
     "probe": ("probe", None),
@@ -120,7 +121,7 @@ __all__ = [
     "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
     "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount", "Mqueue",
     "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
-    "Seccomp", "Session", "SessionError", "SetupError", "Spec", "SpecError", "Symlink", "Template",
+    "Seccomp", "Session", "SessionError", "SessionUserError", "SetupError", "Spec", "SpecError", "Symlink", "Template",
     "TimeoutExpired", "Tmpfs", "UnavailableError", "WorkerPool", "explain", "from_bwrap_args", "presets", "probe",
     "run", "spawn",
 ]

@@ -123,9 +123,10 @@ def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
     if command == "probe":
         return probe(rest)
     if command == "serve":
+        from . import cli
         from .cliserver import serve_command
 
-        return serve_command(rest)
+        return serve_command(rest, cli)
     if command in ("session", "exec"):
         from .session import climain
 

@@ -155,6 +155,12 @@ class SessionError(SandboxError):
     pid 1 was killed from outside, or could not start a command's process)."""
 
 
+class SessionUserError(SessionError, ValueError):
+    """The `user=` of a Session call names no user of the session's own
+    /etc/passwd, or an id (uid, gid) its user namespace does not map: the
+    message names the user, or the id and the mapped range."""
+
+
 _Arg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 

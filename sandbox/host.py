@@ -74,15 +74,26 @@ class PoolInfo:
         default, once it holds a ready namespace (the first spawns of a
         process do not wait for it to fill). Only reads: starting the pool is
         the executor's (sandbox.backends.host_for)."""
-        from . import netpool  # the pool is a runtime service above these facts: read it only here
-
-        if not netpool.serves_network_none():
-            return _NOT_SERVING
-        pool = netpool.shared_pool()
-        return _SERVING if pool is not None and pool.has_idle() else _NOT_SERVING
+        return _SERVING if _pool_serves_none() else _NOT_SERVING
 
 
 _SERVING, _NOT_SERVING = PoolInfo(serves_none=True), PoolInfo(serves_none=False)  # immutable: shared
+
+
+def _no_pool() -> bool:
+    return False
+
+
+# The pool (sandbox.netpool) is a runtime service above these facts: it says how to read it when it is
+# imported (read_pool_with), and before that no pool exists in this process, so none serves.
+_pool_serves_none: Callable[[], bool] = _no_pool
+
+
+def read_pool_with(serves_none: Callable[[], bool]) -> None:
+    """How PoolInfo.current reads whether the process-wide pool serves network="none" now: set by
+    sandbox.netpool when it is imported, so that these facts never import the pool."""
+    global _pool_serves_none
+    _pool_serves_none = serves_none
 
 
 @dataclass(frozen=True)

@@ -474,7 +474,8 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
 
 
 def _compile_seccomp(policy: Seccomp | None) -> bytes:
-    """The BPF program of `policy`, b"" for none (the compiler is imported only for a policy)."""
+    """The BPF program of `policy`, b"" for none (the compiler is imported only for a policy: test_cold_path's
+    plain run loads no seccomp module)."""
     if policy is None:
         return b""
     from .seccomp.compile import compile_policy

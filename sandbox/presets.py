@@ -20,15 +20,15 @@ directories, and are left out where absent.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import SpecError
+from .host_system import system_mounts
 from .paths import is_under
-from .spec import Bind, Dev, Mount, Overlay, Proc, RemountRo, RoBind, Spec, Symlink, Tmpfs
+from .spec import Bind, Dev, Mount, Overlay, Proc, RemountRo, RoBind, Spec, Tmpfs
 from .validate import StrPath, as_text, check_items, check_text
 
 if TYPE_CHECKING:
@@ -36,26 +36,12 @@ if TYPE_CHECKING:
 
 __all__ = ["host_view", "image", "minimal_system", "python_interpreter", "python_mounts", "system_mounts"]
 
-TOP_LEVEL_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 # A preset's /tmp holds at most this many bytes, whatever the host's RAM (a tmpfs's default is half of it,
 # and what is written there is memory; a sandbox's memory limit, where there is one, counts it too).
 TMP_SIZE = 512 << 20
 # What a program expects beside its files: a process list, devices, a private /tmp.
 RUNTIME_MOUNTS: tuple[Mount, ...] = (Proc(), Dev(), Tmpfs("/tmp", size=TMP_SIZE))
-
-
-def system_mounts() -> tuple[Mount, ...]:
-    """The distribution's programs and libraries, read-only: /usr and the top-level
-    links into it (or the directories themselves on a host without a merged /usr)."""
-    mounts: list[Mount] = [RoBind("/usr")]
-    for name in TOP_LEVEL_LINKS:
-        path = "/" + name
-        if os.path.islink(path):
-            mounts.append(Symlink(os.readlink(path), path))
-        elif os.path.isdir(path):
-            mounts.append(RoBind(path))
-    return tuple(mounts)
 
 
 def minimal_system(*mounts: Mount, **fields: Any) -> Spec:
@@ -119,6 +105,7 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
     "overlay". A Template serves either warm (sandbox.warm_overlay: each of
     its sandboxes its own writable layer; no `writable=DIR`); a WorkerPool
     runs the image's own Python (sandbox.images.python)."""
+    # here, not at the top: `import sandbox.presets` (minimal_system and the rest) does not load the image store
     from .images import Image, ImageStore, roots
 
     if root not in ("auto", "overlay", "merged"):
@@ -153,24 +140,14 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
     return Spec(mounts=(top, *RUNTIME_MOUNTS, *mounts, *tail), **fields)
 
 
-@functools.cache
 def overlay_works() -> bool:
-    """Whether an overlayfs of the store's kind mounts in a sandbox here: tried
-    once per process, in a real sandbox (the kernel, its user namespaces, the
-    executor `backend="auto"` picks)."""
-    import tempfile
+    """Whether an overlayfs of the store's kind mounts in a sandbox here (in one of minimal_system()): a
+    fact tried once per process, by sandbox.probe.overlay_works."""
+    # here, not at the top: `import sandbox.presets` does not load sandbox.probe, which loads the executors
+    # (`python -X importtime`, median of 15, a loaded 2-CPU VM: presets alone 64 ms, with probe 163 ms)
+    from .probe import overlay_works as probed
 
-    from .api import run
-    from .errors import SandboxError
-
-    with tempfile.TemporaryDirectory(prefix="sandbox-overlay-probe.") as tmp:
-        lower = os.path.join(tmp, "l")
-        os.mkdir(lower)
-        spec = minimal_system(Overlay("/mnt", [lower]))
-        try:
-            return run(["true"], spec).returncode == 0
-        except SandboxError:
-            return False
+    return probed(minimal_system())
 
 
 def _image_user(img: Image, user: str) -> tuple[int, int] | None:

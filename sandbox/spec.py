@@ -309,6 +309,7 @@ class Spec:
         if self.seccomp is None:
             return
         if isinstance(self.seccomp, _DefaultPolicy):
+            # here, not at the top: a Spec without a filter loads no seccomp (test_cold_path's plain run)
             from .seccomp import DEFAULT_POLICY
 
             object.__setattr__(self, "seccomp", DEFAULT_POLICY)

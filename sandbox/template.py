@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import backends
-from .api import Stdio, StdioArg, check_pass_fds, run_with
+from .api import run_with
 from .backends.template import Server, launch_in
 from .errors import SpecError, UnavailableError
 from .output import DEFAULT_MAX_OUTPUT, check_cap
@@ -40,6 +40,7 @@ from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
 from .refusal import refusal
 from .spec import Bind, Limits, Spec
+from .stdio import Stdio, StdioArg, check_pass_fds
 from .validate import StrPath, check_env, check_items, check_path
 from .warm_plan import plan_for_call, recycle_plan, recycle_refusal, template_plans
 

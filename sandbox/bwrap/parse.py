@@ -307,7 +307,8 @@ def _namespaces(st: ParseState, base: S.Spec | None, uid: int) -> S.Namespaces:
 def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
     """`--seccomp FD`'s raw program, else the default policy with
     `--seccomp-default`, else the starting Spec's, else none (as bwrap).
-    The seccomp package is imported only here, for a command line that asks for a filter."""
+    The seccomp package is imported only here, for a command line that asks for a filter (test_cold_path's
+    plain run loads no seccomp module)."""
     if st.seccomp_programs:
         programs = [p for p in st.seccomp_programs if p]
         if len(programs) < len(st.seccomp_programs) or any(len(p) // 8 > BPF_MAXINSNS for p in programs):

@@ -26,7 +26,25 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class CommandLine(Protocol):
+    """What the workers use of the command line they run (sandbox.cli, the module): handed to `serve_command` by
+    the command line itself, so that this package, below it, never imports it."""
+
+    HIDDEN_FDS: set[int]
+    DIE_WITH_PARENT_HOOK: Callable[[], bool] | None
+    PARSED_HOOK: Callable[[tuple[str, ...]], None] | None
+    WAIT_READERS: dict[int, Callable[[], bool]]
+
+    def run_command_line(self, args: Sequence[str], argv0: str, one_shot: bool) -> int:
+        """Run one command line, as `sandbox.cli.run_command_line`."""
+        ...
+
+
+COMMAND_LINE: CommandLine | None = None  # set by serve_command: what the workers run
 
 SERVE_HELP = """\
 usage: sandbox-py serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE]
@@ -67,8 +85,11 @@ def socket_path(client_dir: str) -> str:
     return f"{directory}/cli-{h:016x}.sock"
 
 
-def serve_command(args: Sequence[str]) -> int:
-    """`serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE] [--after PIDFD]`."""
+def serve_command(args: Sequence[str], cli: CommandLine) -> int:
+    """`serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS] [--log FILE] [--after PIDFD]`; the
+    workers run the command line `cli` (sandbox.cli)."""
+    global COMMAND_LINE
+    COMMAND_LINE = cli
     from .server import IDLE_SECONDS
     from .start import run_server
 

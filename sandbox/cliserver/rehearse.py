@@ -39,8 +39,8 @@ from ..bwrap import memo
 from ..bwrap.parse import parse_bwrap_args
 from ..plan_cache import compiled_plan
 from ..refusal import refusal
+from .clientstate import F_OWNER_TID, F_SETOWN_EX, client_limits
 from .peer import controlling_tty, remember_own, status_fields
-from .worker import F_OWNER_TID, F_SETOWN_EX, client_limits
 
 REHEARSE_AFTER = 0.01  # seconds without a client before the rehearsal starts
 SAMPLE = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"]

@@ -99,7 +99,7 @@ def _terminate(signum: int, frame: object) -> None:
 def warm() -> None:
     """Import and compute once what each `run` needs, so that a plan is mostly looked up and a
     worker only forks."""
-    from .. import api, cli, netpool, process  # noqa: F401
+    from .. import api, netpool, process  # noqa: F401  (sandbox.cli started this server: imported already)
     from ..backends import choose, host_for
     from ..bwrap import memo, monitor, parse  # noqa: F401
     from ..probe import probe

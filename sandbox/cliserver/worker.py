@@ -25,16 +25,12 @@ import sys
 from typing import Any, NoReturn
 
 from . import wire
+from .clientstate import F_OWNER_TID, F_SETOWN_EX, Fallback, client_limits, read_at
 from .peer import Peer, status_fields
 
-F_SETOWN_EX, F_OWNER_TID = 15, 0  # <asm-generic/fcntl.h>: SIGIO for one thread
 LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
 ACK_POLL = 0.002  # seconds between looks for the client's ACK (see _Frames.ack)
 FALLBACK_EXIT = 0  # the worker's exit status after a FALLBACK (the server sends nothing more)
-
-
-class Fallback(Exception):
-    """The worker cannot be what the client's Python CLI would be: the client runs it itself."""
 
 
 def run(conn: socket.socket, peer: Peer, request: wire.Request, fds: list[int], notes: int = -1,
@@ -129,34 +125,7 @@ def _close_all_but(keep: list[int]) -> None:
 
 # ---------------------------------------------------------------- the client's process state
 
-LIMITS = {  # /proc/PID/limits' names, and their RLIMIT_* numbers (<asm-generic/resource.h>)
-    "Max cpu time": 0, "Max file size": 1, "Max data size": 2, "Max stack size": 3, "Max core file size": 4,
-    "Max resident set": 5, "Max processes": 6, "Max open files": 7, "Max locked memory": 8,
-    "Max address space": 9, "Max file locks": 10, "Max pending signals": 11, "Max msgqueue size": 12,
-    "Max nice priority": 13, "Max realtime priority": 14, "Max realtime timeout": 15,
-}
 IOPRIO_WHO_PROCESS = 1  # <linux/ioprio.h>
-
-
-def client_limits(proc: int) -> dict[int, tuple[int, int]]:
-    """The rlimits (soft, hard) of the process whose /proc entry's fd is `proc`."""
-    out = {}
-    for line in _read_at(proc, "limits").splitlines()[1:]:
-        name = line[:26].strip()
-        if name in LIMITS:
-            soft, hard = line[26:].split()[:2]
-            out[LIMITS[name]] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v) for v in (soft, hard))
-    if len(out) != len(LIMITS):
-        raise Fallback(f"the client's /proc limits list {len(out)} of {len(LIMITS)} limits")
-    return out  # type: ignore[return-value]
-
-
-def _read_at(proc: int, name: str) -> str:
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-    try:
-        return os.read(fd, 1 << 16).decode(errors="surrogateescape")
-    finally:
-        os.close(fd)
 
 
 def _take_on(peer: Peer, sigmask: int) -> None:
@@ -178,13 +147,13 @@ def _take_on_from(pid: int, proc: int, sigmask: int) -> None:
         if _above(hard, our_hard):
             raise Fallback(f"the client's limit {which} is above the server's")
         resource.setrlimit(which, (soft, hard))
-    stat = _read_at(proc, "stat")
+    stat = read_at(proc, "stat")
     nice = int(stat[stat.rindex(")") + 2:].split()[16])
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)
         _take_scheduling(pid)
         os.sched_setaffinity(0, os.sched_getaffinity(pid))
-        oom = _read_at(proc, "oom_score_adj")
+        oom = read_at(proc, "oom_score_adj")
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write(oom)
     except OSError as exc:
@@ -255,7 +224,9 @@ def _take_signals(blocked: int, ignored: int) -> None:
 def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socket.socket | None, notes: int,
              pending: tuple[int, ...]) -> int:
     """`notes`: the notes' fd (or /dev/null's), never the command's; `pending`: signals relayed so far."""
-    from .. import cli
+    from . import COMMAND_LINE as cli  # sandbox.cli, which started this server: handed down, not imported
+
+    assert cli is not None, "the CLI server runs only as `sandbox serve`, which hands it the command line"
 
     os.environb.clear()
     for entry in request.environ:

@@ -33,6 +33,7 @@ is its parent.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hmac
 import os
@@ -501,3 +502,6 @@ def close() -> None:
         server, _handoff = _handoff, None
     if server is not None and server._pid == os.getpid():
         server.close()
+
+
+atexit.register(close)  # an interpreter that exits normally removes its server's socket directory

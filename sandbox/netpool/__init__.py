@@ -92,6 +92,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import NetnsPoolError
 from ..forksafe import fresh_in_child
+from ..host import read_pool_with
 
 if TYPE_CHECKING:
     from .factory import FACTORY_MARKER
@@ -194,6 +195,17 @@ def serves_network_none() -> bool:
     if _for_none is not None:
         return _for_none
     return os.environ.get(POOL_ENV, "1") != "0"
+
+
+def _serves_none_now() -> bool:
+    """Whether network="none" leases from the pool right now: it serves it and holds a ready namespace."""
+    if not serves_network_none():
+        return False
+    pool = shared_pool()
+    return pool is not None and pool.has_idle()
+
+
+read_pool_with(_serves_none_now)  # sandbox.host's PoolInfo.current reads the pool through it
 
 
 def pool_for(network: str) -> NetnsPool | None:

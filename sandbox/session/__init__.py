@@ -8,11 +8,13 @@
 The files: session.py (the Session), launch.py (its sandbox: the Spec's
 plan, spawned natively with sandbox-session as pid 1), wire.py (the
 messages, csrc/sandbox.h), call.py (one command's handle), files.py
-(read_file/write_file in the session's root), aio.py (asyncio); the
-command line: climain.py (`sandbox session ...`, `sandbox exec`),
-holder.py (the process that keeps a session across command lines),
-clisock.py (their socket). The names are imported on first use, so the
-command line pays only for what it runs.
+(read_file/write_file in the session's root), aio.py (asyncio), cow.py
+(the copy-on-write root: the Spec's read-only mounts as overlays), with
+cow_host.py (the host facts it reads) and cow_upper.py (a kept upper
+directory, checked); the command line: climain.py (`sandbox session
+...`, `sandbox exec`), holder.py (the process that keeps a session across
+command lines), clisock.py (their socket). The names are imported on
+first use, so the command line pays only for what it runs.
 """
 
 from __future__ import annotations

@@ -8,36 +8,51 @@ setup child execs last: sandbox-session (csrc/session.c) in sandbox-init's
 place, with sandbox-init's argv. By then the child has taken every step of
 the plan, so the session's pid 1, and every command it forks, lives under
 exactly the confinement a fresh sandbox of the Spec gives its command.
+
+With several ids mapped (session/ids.py) the plan also carries a Sync: the
+setup child reports its pid and waits while a thread here writes its id
+maps; pid 1 then keeps CAP_SETUID, CAP_SETGID and CAP_SETPCAP beyond the
+Spec's capabilities, and gets the Spec's set as its last argument: each of
+its call processes drops to that set before its command exists.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import signal
 import socket
+import threading
 from dataclasses import dataclass
 
 from .. import backends
 from ..backends.native.core import BIN_DIR_STR
 from ..errors import SpecError, UnavailableError
 from ..host import HostInfo
-from ..plan import Plan
+from ..plan import Plan, compile_plan
 from ..plan_cache import compiled_plan
 from ..process import SandboxProcess
 from ..refusal import refusal
 from ..spec import Spec
+from ..sync import Sync
+from .ids import SessionIds, session_ids, without_pool, write_maps
 
 SESSION_PATH = os.path.join(BIN_DIR_STR, "sandbox-session")
+CAP_SETGID, CAP_SETUID, CAP_SETPCAP = 6, 7, 8
+SETID_CAPS = 1 << CAP_SETGID | 1 << CAP_SETUID | 1 << CAP_SETPCAP  # pid 1's, with several ids
 
 
 @dataclass
 class Launched:
     """A started session: its pid 1 (`proc`), the caller's end of its control
-    socket, the plan it runs and the host it was planned for."""
+    socket, the plan it runs, the host it was planned for and the ids its
+    user namespace maps."""
 
     proc: SandboxProcess
     control: socket.socket
     plan: Plan
     host: HostInfo
+    ids: SessionIds
 
 
 def plan_for(spec: Spec) -> tuple[Plan, HostInfo]:
@@ -60,27 +75,91 @@ def plan_for(spec: Spec) -> tuple[Plan, HostInfo]:
 def launch(spec: Spec) -> Launched:
     """Start the session's sandbox; return once its pid 1 takes requests."""
     plan, host = plan_for(spec)
+    plan, ids = without_pool(spec, plan, host, session_ids(plan, host))
     try:
         exe = os.open(SESSION_PATH, os.O_PATH | os.O_CLOEXEC)
     except OSError as exc:
         raise UnavailableError(f"sandbox-session is missing at {SESSION_PATH} ({exc.strerror}); "
                                "reinstall the package") from None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    null = -1
     try:
-        from ..backends import native
-
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        fd = theirs.fileno()
-        handle = native.launch(plan, ["sandbox-session", str(fd)], (null, null, null), (fd,), exec_fd=exe)
+        proc, plan = _spawn(spec, plan, host, ids, theirs.fileno(), exe)
     except BaseException:
         ours.close()
         raise
     finally:
         os.close(exe)
         theirs.close()
-        if null >= 0:
-            os.close(null)
+    return Launched(proc, ours, plan, host, ids)
+
+
+def _spawn(spec: Spec, plan: Plan, host: HostInfo, ids: SessionIds, fd: int, exe: int) -> tuple[SandboxProcess, Plan]:
+    """The native spawn of pid 1 (its control socket `fd`), with its id maps
+    written meanwhile when it maps several: its process and the plan run."""
+    from ..backends import native
+
+    argv = ["sandbox-session", str(fd)]
+    writer = MapWriter(ids) if ids.several else None
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    handle = None
+    try:
+        if writer is not None:
+            argv.append(format(plan.keep_caps, "x"))
+            plan = dataclasses.replace(compile_plan(spec, host, writer.sync), network=plan.network,
+                                       recycle_lease=plan.recycle_lease, keep_caps=plan.keep_caps | SETID_CAPS)
+        handle = native.launch(plan, argv, (null, null, null), (fd,), exec_fd=exe)
+    finally:
+        os.close(null)
+        if writer is not None:
+            writer.finish()
+            if writer.error is not None and handle is None:
+                raise writer.error  # why the spawn failed: the child was killed for it
     proc = SandboxProcess(["sandbox-session"], handle, backend="native", backend_reason="a Session",
                           network=plan.network)
-    return Launched(proc, ours, plan, host)
+    if writer is not None and writer.error is not None:  # its kill failed: never serve that session
+        proc.kill()
+        proc.wait()
+        raise writer.error
+    return proc, plan
+
+
+class MapWriter:
+    """The thread that writes a starting session's id maps: it reads the
+    setup child's pid (the Sync's started_fd), writes the maps, and lets the
+    child go on (userns_block_fd); if they cannot be written it kills the
+    child instead, so nothing runs with ids other than planned."""
+
+    def __init__(self, ids: SessionIds) -> None:
+        self.error: BaseException | None = None
+        self._started_r, started_w = os.pipe2(os.O_CLOEXEC)
+        block_r, self._block_w = os.pipe2(os.O_CLOEXEC)
+        self._child_fds = (started_w, block_r)
+        self.sync = Sync(started_fd=started_w, userns_block_fd=block_r)
+        self._thread = threading.Thread(target=self._run, args=(ids,), name="sandbox-session-idmap", daemon=True)
+        self._thread.start()
+
+    def _run(self, ids: SessionIds) -> None:
+        pid = -1
+        try:
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = os.read(self._started_r, 32)
+                if not chunk:
+                    return  # the child never started: launch raises why
+                line += chunk
+            pid = int(line)
+            write_maps(pid, ids)
+            os.write(self._block_w, b"m")
+        except BaseException as exc:
+            self.error = exc
+            if pid > 0:
+                os.kill(pid, signal.SIGKILL)  # our unreaped child: the pid is still its
+        finally:
+            os.close(self._block_w)
+            os.close(self._started_r)
+
+    def finish(self) -> None:
+        """Once the spawn has returned (or raised): close the child's ends, wait for the thread."""
+        for fd in self._child_fds:
+            os.close(fd)
+        self._thread.join()

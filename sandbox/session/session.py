@@ -17,9 +17,10 @@ from ..plan import Plan, check_argv, compile_plan
 from ..process import CompletedProcess, SandboxProcess
 from ..spec import Spec
 from ..validate import StrPath
-from . import call, wire
+from . import call, cow, wire
 from .files import Root
 from .launch import launch
+from .users import resolve
 
 if TYPE_CHECKING:
     from .aio import AsyncProcess
@@ -46,14 +47,34 @@ class Session:
     its caller (its pid 1 sees its control socket close). Raises what
     `sandbox.spawn` raises for the Spec; `SpecError` when the Spec has no
     pid namespace or asks for `as_pid_1`.
+
+    The root is copy-on-write (`writable_root=True`, the default): the
+    Spec's read-only binds and overlays are overlaid for the session, so a
+    package install into /usr or a write to /etc (as the ids mapped allow)
+    lands in the session's own layer and never on the host
+    (sandbox.session.cow says what each mount becomes). Those writes live
+    in tmpfs, gone with the session, or, with `upper=DIR`, in one
+    subdirectory of the host directory DIR per overlaid mount, kept after
+    `close()` (one session at a time: another raises SessionError while
+    this one lives; a planted link there is a SpecError).
+    `writable_root=False` runs the Spec as it is: its read-only mounts stay
+    read-only. `spec` is the caller's Spec; `effective_spec` is the one the
+    session runs.
     """
 
-    def __init__(self, spec: Spec) -> None:
-        started = launch(spec)
+    def __init__(self, spec: Spec, *, writable_root: bool = True, upper: StrPath | None = None) -> None:
+        self._cow = cow.session_root(spec, writable_root, upper)
+        try:
+            started = launch(self._cow.spec)
+        except BaseException:
+            self._cow.release()
+            raise
         self.spec = spec
+        self.effective_spec = self._cow.spec
         self.plan: Plan = started.plan
         self._host = started.host
         self._proc = started.proc
+        self.ids = started.ids  # what its user namespace maps (session/ids.py)
         self._control = started.control
         self._send_lock = threading.Lock()
         self._closed = False
@@ -75,7 +96,8 @@ class Session:
 
     def start(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
               stderr: StdioArg = None, cwd: StrPath | None = None, env: Mapping[str, str] | None = None,
-              max_output: int | None = None, on_overflow: str = "tail") -> SandboxProcess:
+              max_output: int | None = None, on_overflow: str = "tail",
+              user: str | int | None = None) -> SandboxProcess:
         """Start `argv` in the session; return once it has exec'd.
 
         stdin/stdout/stderr take what subprocess.Popen takes. `cwd` (inside
@@ -87,18 +109,22 @@ class Session:
         process's `kill()` ends its whole process tree; `pid` is its host pid.
         `max_output` and `on_overflow` cap what its communicate() keeps of
         each stream, as sandbox.spawn's do (sandbox.output; "kill" and
-        "raise" end the command's tree).
+        "raise" end the command's tree). `user`: a name of the session's
+        own /etc/passwd or a uid to run as (its gid and groups from the
+        session's /etc/passwd and /etc/group); SessionUserError if there is
+        no such user or its ids are not mapped (`ids`).
         """
         check_cap(max_output, on_overflow)
         return self._start(argv, stdin, stdout, stderr, cwd, env, quiet=False, max_output=max_output,
-                           on_overflow=on_overflow)
+                           on_overflow=on_overflow, user=user)
 
     def _start(self, argv: Sequence[str], stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
                cwd: StrPath | None, env: Mapping[str, str] | None, *, quiet: bool,
-               max_output: int | None = None, on_overflow: str = "tail") -> SandboxProcess:
+               max_output: int | None = None, on_overflow: str = "tail",
+               user: str | int | None = None) -> SandboxProcess:
         """start(); `quiet`: return at once, the command's start unconfirmed
         (its failure is raised by the process's wait, as exec needs it)."""
-        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet)
+        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet, user)
         handle = call.Call(sock, args, where, self._ended)
         if not quiet:
             try:
@@ -113,7 +139,7 @@ class Session:
              timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
              stdout: StdioArg = None, stderr: StdioArg = None, cwd: StrPath | None = None,
              env: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
-             on_overflow: str = "tail") -> CompletedProcess:
+             on_overflow: str = "tail", user: str | int | None = None) -> CompletedProcess:
         """Run `argv` in the session and wait, like subprocess.run: the
         result's returncode is the command's (-N if signal N ended it); on
         `timeout` its whole process tree is killed and
@@ -121,18 +147,19 @@ class Session:
         `max_output` bytes are kept (default 64 MiB, as sandbox.run; the
         result's `stdout_dropped`/`stderr_dropped` say what was not), by
         `on_overflow` ("tail", "head", "kill", "raise": sandbox.output).
-        Raises what `start` raises."""
+        `user` as in `start`. Raises what `start` raises."""
         check_cap(max_output, on_overflow)
 
         def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> SandboxProcess:
             return self._start(argv, i, o, e, cwd, env, quiet=True, max_output=max_output,
-                               on_overflow=on_overflow)
+                               on_overflow=on_overflow, user=user)
 
         return run_with(begin, input=input, capture_output=capture_output, timeout=timeout, check=check, text=text,
                         stdin=stdin, stdout=stdout, stderr=stderr)
 
     async def astart(self, argv: Sequence[str], *, stdin: StdioArg = None, stdout: StdioArg = None,
-                     stderr: StdioArg = None, cwd: StrPath | None = None, env: Mapping[str, str] | None = None,
+                     stderr: StdioArg = None, cwd: StrPath | None = None,
+                     env: Mapping[str, str] | None = None, user: str | int | None = None,
                      max_output: int | None = None, on_overflow: str = "tail") -> AsyncProcess:
         """`start`, awaited: an AsyncProcess (await wait(), communicate()).
         No thread: the event loop waits on the call socket and the pipes.
@@ -141,14 +168,14 @@ class Session:
         from . import aio
 
         check_cap(max_output, on_overflow)
-        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet=False)
+        args, sock, stdio, where = self._request(argv, stdin, stdout, stderr, cwd, env, quiet=False, user=user)
         return await aio.started(call.Call(sock, args, where), stdio, max_output, on_overflow)
 
     async def aexec(self, argv: Sequence[str], *, input: bytes | str | None = None, capture_output: bool = False,
                     timeout: float | None = None, check: bool = False, text: bool = False, stdin: StdioArg = None,
                     stdout: StdioArg = None, stderr: StdioArg = None, cwd: StrPath | None = None,
-                    env: Mapping[str, str] | None = None, max_output: int | None = DEFAULT_MAX_OUTPUT,
-                    on_overflow: str = "tail") -> CompletedProcess:
+                    env: Mapping[str, str] | None = None, user: str | int | None = None,
+                    max_output: int | None = DEFAULT_MAX_OUTPUT, on_overflow: str = "tail") -> CompletedProcess:
         """`exec`, awaited, with its output caps (`max_output`, default
         64 MiB per captured stream, and `on_overflow`, as `exec`'s).
         Cancelling the awaiting task kills the command's tree."""
@@ -157,7 +184,7 @@ class Session:
         check_cap(max_output, on_overflow)
 
         async def begin(i: StdioArg, o: StdioArg, e: StdioArg) -> AsyncProcess:
-            args, sock, stdio, where = self._request(argv, i, o, e, cwd, env, quiet=True)
+            args, sock, stdio, where = self._request(argv, i, o, e, cwd, env, quiet=True, user=user)
             return aio.AsyncProcess(args, call.Call(sock, args, where, self._ended), stdio.parent, max_output,
                                     on_overflow)
 
@@ -166,11 +193,11 @@ class Session:
 
     def _request(self, argv: Sequence[str], stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
                  cwd: StrPath | None, env: Mapping[str, str] | None,
-                 quiet: bool) -> tuple[list[str], socket.socket, Stdio, str]:
+                 quiet: bool, user: str | int | None = None) -> tuple[list[str], socket.socket, Stdio, str]:
         """Send one command's request: (argv, the call socket, its stdio, its cwd)."""
         args = check_argv(argv)
         path, where, environ = self._options(cwd, env)
-        data = wire.request(path, where, args, environ, quiet)
+        data = wire.request(path, where, args, environ, quiet, self._user_ids(user))
         stdio = Stdio(stdin, stdout, stderr)
         try:
             sock = self._send(data, stdio.child)
@@ -179,6 +206,16 @@ class Session:
             raise
         stdio.started()
         return args, sock, stdio, where
+
+    def _user_ids(self, user: str | int | None) -> tuple[int, int, tuple[int, ...]] | None:
+        """The ids a call's `user` runs as, for its request (None: pid 1's own)."""
+        if user is None:
+            return None
+        self._check_open()
+        found = resolve(user, self._root, self.ids)
+        if not self.ids.several:  # one id, which is pid 1's: nothing to switch
+            return None
+        return found.uid, found.gid, found.groups
 
     def _options(self, cwd: StrPath | None, env: Mapping[str, str] | None) -> tuple[str, str, tuple[str, ...]]:
         """(PATH, cwd, environment) of a call: the Spec's, or with the call's
@@ -269,6 +306,7 @@ class Session:
             if hasattr(self, "_root"):
                 self._root.close()
             os.close(self._null)
+            self._cow.release()
 
     def __enter__(self) -> Session:
         return self

@@ -36,10 +36,13 @@ class Frame:
     step: int
 
 
-def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str], quiet: bool = False) -> bytes:
+def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str], quiet: bool = False,
+            ids: tuple[int, int, Sequence[int]] | None = None) -> bytes:
     """The bytes of one request (its fds travel beside its first byte):
     the header, then PATH, cwd, argv and env as NUL-terminated strings.
-    `quiet`: no STARTED frame (the caller waits only for the end)."""
+    `quiet`: no STARTED frame (the caller waits only for the end). `ids`:
+    (uid, gid, supplementary groups) the command runs as, ids of the
+    session's namespace already checked to be mapped."""
     strings = b"".join(os.fsencode(s) + b"\0" for s in (path, cwd, *argv, *env))
     if len(strings) > MAX_STRINGS:
         raise SpecError("argv", f"{len(strings)} bytes of argv and env",
@@ -50,6 +53,13 @@ def request(path: str, cwd: str, argv: Sequence[str], env: Sequence[str], quiet:
     head.argc = len(argv)
     head.envc = len(env)
     head.flags = lib.SBX_SESSION_QUIET if quiet else 0
+    if ids is not None:
+        uid, gid, groups = ids
+        if len(groups) > lib.SBX_SESSION_MAX_GROUPS:
+            raise SpecError("user", f"{len(groups)} groups", f"must be at most {lib.SBX_SESSION_MAX_GROUPS}")
+        head.flags |= lib.SBX_SESSION_USER
+        head.uid, head.gid, head.n_groups = uid, gid, len(groups)
+        head.groups[0:len(groups)] = list(groups)
     return bytes(ffi.buffer(head)) + strings
 
 

@@ -56,7 +56,7 @@ import stat
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import SandboxError, SpecError, UnavailableError
 from ..plan import resolve_env
@@ -76,6 +76,15 @@ REQUEST_TIMEOUT = 10.0  # seconds a connection has to send its request
 if TYPE_CHECKING:
     from .nested import NestedProcess
     from .run import TaskProcess
+
+
+class StartHere(Protocol):
+    """How the broker starts a sandbox in this process: sandbox.task.run.start_here, handed in by its caller
+    (run.py, which makes a broker for every sandbox it starts), so that the broker never imports run.py."""
+
+    def __call__(self, args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str], popen: dict[str, Any],
+                 pinned: Mapping[str, str] | None = None) -> TaskProcess:
+        ...
 
 
 def descends(pid: int, ancestor: int) -> bool:
@@ -119,8 +128,10 @@ class Broker:
     listening on `listening` (made here if not given): bind its `host_path` into the sandbox at
     broker_socket.INSIDE, start the sandbox, then attach() its first process."""
 
-    def __init__(self, sb: Sandbox, compiled: Compiled, backend: str, listening: BrokerSocket | None = None) -> None:
+    def __init__(self, sb: Sandbox, compiled: Compiled, backend: str, listening: BrokerSocket | None = None, *,
+                 start: StartHere) -> None:
         self.parent, self.compiled, self.backend = sb, compiled, backend
+        self._start_here = start
         self._socket = listening if listening is not None else BrokerSocket()
         self._socket.sock.setblocking(False)
         self._pid = 0
@@ -302,8 +313,6 @@ class Broker:
             wire.send(conn, wire.error_message(exc))
 
     def _relay(self, chan: socket.socket, proc: TaskProcess | NestedProcess) -> None:
-        from .launcher import forward_signal  # under bwrap, to the command itself
-
         def control() -> None:
             while True:
                 try:
@@ -322,7 +331,7 @@ class Broker:
                     if msg.get("kill"):
                         proc.kill()
                     elif isinstance(msg.get("signal"), int):
-                        forward_signal(proc, msg["signal"])
+                        proc.send_signal(msg["signal"])  # its handle knows how it reaches the command
 
         try:
             wire.send(chan, {"pid": proc.pid, "record": self.inside(proc.record)})
@@ -353,8 +362,6 @@ class Broker:
     # ------------------------------------------------------------ one request
 
     def _start(self, msg: Mapping[str, Any], stdio: list[int]) -> TaskProcess:
-        from .run import start_here
-
         argv, environ = msg.get("argv"), msg.get("environ")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             raise SpecError("argv", argv, "must be a non-empty list of strings")
@@ -375,7 +382,7 @@ class Broker:
                     if path not in pins:
                         pins[path] = pin(field, path)
             popen = {"stdin": stdio[0], "stdout": stdio[1], "stderr": stdio[2], "pass_fds": ()}
-            return start_here(self._reverse.argv(argv), sb, self.backend, host_env, popen,
+            return self._start_here(self._reverse.argv(argv), sb, self.backend, host_env, popen,
                               {path: f"/proc/self/fd/{fd}" for path, fd in pins.items()})
         finally:
             for fd in pins.values():

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..errors import SpecError
+from ..host_system import system_mounts
 from ..mounts import Mount
-from ..presets import system_mounts
 from .description import Sandbox
 from .pyenv import PythonFacts, locate, package_paths
 

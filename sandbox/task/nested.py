@@ -30,8 +30,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
-from ..api import inheritable
 from ..errors import SpecError, UnavailableError
+from ..stdio import inheritable
 from . import wire
 
 StdioArg = int | IO[Any] | None

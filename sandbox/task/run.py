@@ -235,7 +235,7 @@ def _start(args: list[str], sb: Sandbox, name: str, facts: Facts, env_in: dict[s
     listening = BrokerSocket()  # the socket of its broker of nested sandboxes, bound inside
     try:
         compiled = compile_task(sb, facts, env_in, proxy.port if proxy else None, pinned, listening.path)
-        broker = Broker(sb, compiled, name, listening)
+        broker = Broker(sb, compiled, name, listening, start=start_here)
     except BaseException:
         listening.close()
         raise

@@ -129,15 +129,3 @@ def zygote_spec(spec: S.Spec) -> S.Spec:
     wanted = [PACKAGE_ROOT, CLOUDPICKLE_ROOT] if own_root(spec) else interpreter_paths()
     extra = [S.RoBind(p) for p in dict.fromkeys(wanted) if not _covered(p, spec.mounts)]
     return spec.replace(mounts=(*spec.mounts, *extra), as_pid_1=False)
-
-
-def zygote_python(spec: S.Spec, native: str) -> str:
-    """The interpreter the zygote of `spec` runs: the caller's own; in a root
-    of its own (an image: sandbox.images.python), that root's Python of the
-    caller's version, once a real start there showed it loads the C core
-    (`native`), else UnavailableError saying why not."""
-    if not own_root(spec):
-        return sys.executable
-    from ..images.python import image_python
-
-    return image_python(zygote_spec(spec), native, (CLOUDPICKLE_ROOT,))

@@ -18,21 +18,22 @@ from .. import backends, cgroups
 from .. import spec as S
 from ..backends.native import ffi, lib, serialize, setup_error
 from ..backends.walls import new_cgroup
-from ..capabilities import ALL, Capability, Traits
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo
 from ..netpool.factory import FACTORY_PATH
 from ..output import check_cap
 from ..plan import NETWORK_CAPS, compile_mount, compile_plan
+from ..probe import image_python
 from ..process import SandboxProcess
 from ..refusal import refusal
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
 from . import channel as ch
 from .calls import pickle_call
 from .engine import Engine
-from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, zygote_python, zygote_spec
+from .interpreter import CLOUDPICKLE_ROOT, ZYGOTE_SCRIPT, own_root, zygote_spec
 from .results import BrokenWorkerPool, ReplyLoader, TaskFuture
 from .task import Task
+from .traits import TRAITS as TRAITS  # re-exported: the WorkerPool's traits were defined here
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -44,8 +45,6 @@ DEFAULT_MAX_OUTPUT = 16 * MiB
 # backend's capabilities but the process-wide pool's network namespaces (the
 # zygote never uses its own, and holds no capability over that pool's owner:
 # its tasks lease from the WorkerPool's own supply, slots.py, or make a fresh one).
-TRAITS = Traits("workerpool", "a WorkerPool", ALL - {Capability.HANDED_NAMESPACES, Capability.JOIN_POOLED_NETNS},
-                because={Capability.JOIN_POOLED_NETNS: "its tasks lease network namespaces from a supply of its own"})
 _POOLS = object()  # a per-task cap left to the pool's
 # Set to 0 to give every task a fresh network namespace (benchmarks/workerpool.py's "before").
 LEASE_ENV = "SANDBOX_WORKERPOOL_NETNS_POOL"
@@ -137,7 +136,7 @@ class WorkerPool(Executor):
         refused = refusal(plan, host)
         if refused is not None:
             raise refused
-        python = zygote_python(spec, _native_path())
+        python = _zygote_python(spec, _native_path())
         zygote = zygote_plan(plan)
         self._task_plan = task_plan(plan, zygote)
         self._task_blob = serialize(self._task_plan, "/")
@@ -323,6 +322,16 @@ def _start_zygote(template: Any, task_blob: bytes, preload: list[str], spares: i
             raise BrokenWorkerPool(f"the WorkerPool's zygote did not start: {exc}") from exc
         raise
     return ctl, err_r, proc, factory
+
+
+def _zygote_python(spec: S.Spec, native: str) -> str:
+    """The interpreter the zygote of `spec` runs: the caller's own; in a root
+    of its own (an image: sandbox.images.python), that root's Python of the
+    caller's version, once a real start there showed it loads the C core
+    (`native`), else UnavailableError saying why not (sandbox.probe.image_python)."""
+    if not own_root(spec):
+        return sys.executable
+    return image_python(zygote_spec(spec), native, (CLOUDPICKLE_ROOT,))
 
 
 def _native_path() -> str:

@@ -174,9 +174,13 @@ HARNESS = textwrap.dedent("""
 """)
 
 
-def test_killing_the_harness_kills_launcher_and_sandbox(box: NativeSandbox, ws: Path, no_leftovers: str) -> None:
+def test_killing_the_harness_kills_launcher_and_sandbox(box: NativeSandbox, ws: Path, no_leftovers: str,
+                                                        tmp_path: Path) -> None:
+    # A SIGKILLed harness cannot remove its handoff directory: it makes it in this test's own tmp_path
+    scratch = tmp_path / "harness-tmp"
+    scratch.mkdir()
     harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(ws), no_leftovers], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     try:
         launcher = int(harness.stdout.readline())  # type: ignore[union-attr]
         assert wait_until(lambda: len(sleepers(no_leftovers)) == 1, timeout=TIMEOUT)

@@ -62,10 +62,11 @@ def test_errors(session: sandbox.Session) -> None:
     session.write_file("/tmp/file", b"1234567890")
     with pytest.raises(NotADirectoryError):
         session.read_file("/tmp/file/below")
-    with pytest.raises(PermissionError):
-        session.write_file("/usr/new", b"")  # a read-only bind
-    with pytest.raises(PermissionError):
-        session.write_file("/usr/bin/sh", b"")
+    with sandbox.Session(make_base_spec(), writable_root=False) as readonly:
+        with pytest.raises(PermissionError):
+            readonly.write_file("/usr/new", b"")  # a read-only bind
+        with pytest.raises(PermissionError):
+            readonly.write_file("/usr/bin/sh", b"")
     with pytest.raises(OSError) as info:
         session.read_file("/tmp/file", max_bytes=4)
     assert info.value.errno == E.EFBIG

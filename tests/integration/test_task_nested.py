@@ -25,6 +25,7 @@ from task_helpers import PY, pyrun, task_backend  # noqa: F401  (task_backend: t
 from sandbox import UnavailableError, task
 from sandbox.task import Sandbox
 from sandbox.task.broker import Broker
+from sandbox.task.run import start_here
 
 pytestmark = pytest.mark.integration
 
@@ -211,7 +212,7 @@ REQUEST = ("import os, sys\nos.environ['SANDBOX_TASK_BROKER'] = sys.argv[1]\nfro
 
 def test_the_broker_refuses_another_sandbox_and_has_no_name(backend: str) -> None:
     sb = Sandbox()
-    broker = Broker(sb, task.compile(sb), backend)
+    broker = Broker(sb, task.compile(sb), backend, start=start_here)
     sock = broker._socket.sock
     assert sock.getsockname() == broker.host_path  # a path, never an abstract name; gone once attached
     target = task.spawn(["sleep", "1000"], sb, backend=backend)
@@ -243,7 +244,7 @@ def test_the_broker_refuses_another_user(backend: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("only root can run a process as another user")
     sb = Sandbox()
-    broker = Broker(sb, task.compile(sb), backend)
+    broker = Broker(sb, task.compile(sb), backend, start=start_here)
     target = task.spawn(["sleep", "1000"], sb, backend=backend)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:

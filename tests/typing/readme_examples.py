@@ -248,6 +248,29 @@ def docs_session_example_5() -> None:
         asyncio.run(main(s))
 
 
+def docs_session_example_6() -> None:
+    import sandbox
+
+    spec = sandbox.presets.minimal_system(sandbox.RoBind("/etc"))
+    with sandbox.Session(spec, upper="/var/tmp/my-session") as session:     # omit upper: the writes are in memory
+        session.exec(["sh", "-c", "echo 'tool:x:1001:1001::/tmp:/bin/sh' >> /etc/passwd"], check=True)
+        session.write_file("/usr/local/bin/tool", b"#!/bin/sh\necho installed\n", mode=0o755)
+        print(session.exec(["tool"], capture_output=True, text=True).stdout)   # "installed\n"
+    # the host's /etc/passwd and /usr/local/bin are unchanged; the writes are in /var/tmp/my-session
+
+
+def docs_session_example_7() -> None:
+    import sandbox
+
+    passwd = "root:x:0:0::/root:/bin/sh\nalice:x:1000:1000::/tmp:/bin/sh\n"
+    spec = sandbox.presets.minimal_system(sandbox.File("/etc/passwd", passwd, perms=0o644),
+                                          sandbox.File("/etc/group", "root:x:0:\nalice:x:1000:\n", perms=0o644))
+    with sandbox.Session(spec) as session:
+        print(session.ids.words())                   # "range 65536 (root)", "range 65537 (newuidmap)" or "one id"
+        done = session.exec(["id"], user="alice", capture_output=True, text=True, timeout=10)
+        print(done.stdout)                           # uid=1000(alice) gid=1000(alice) groups=1000(alice)
+
+
 def docs_task_example_1() -> None:
     import os
 
@@ -280,6 +303,19 @@ def docs_template_example_1() -> None:
 
 
 def docs_template_example_2() -> None:
+    import concurrent.futures
+
+    with sandbox.Template(spec) as t, concurrent.futures.ThreadPoolExecutor(8) as threads:
+        results = list(threads.map(lambda task: t.run(["python3", "-c", task], capture_output=True), tasks))
+
+
+def docs_template_example_3() -> None:
+    with sandbox.Template(spec) as t:
+        r = t.run(["python3", "-c", "print('x' * 10**7)"], capture_output=True, max_output=1 << 20)
+        print(len(r.stdout), r.stdout_dropped)   # 1048576 and the rest counted
+
+
+def docs_template_example_4() -> None:
     with sandbox.Template(spec, recycle=True) as t:
         for task in tasks:
             t.run(["python3", "-c", task], capture_output=True, timeout=60)

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import netpool
-from ...api import inheritable
 from ...cgroups import Walls
 from ...errors import RequestTooLargeError, SandboxError, SetupError
 from ...netpool import Lease
 from ...plan import OpFlag, Plan
 from ...reaper import after_exit
+from ...stdio import inheritable
 from ...warm_plan import net_kept_plan
 from .. import ExitSource
 from ..handle import ProcessHandle
@@ -434,7 +434,7 @@ def _open(opened: list[int], path: str, flags: int) -> int:
 
 def _stdio(stdio: tuple[int, int, int]) -> tuple[list[int], int]:
     """The fds to send for the sandbox's stdio (-1: the caller's own fd i, if
-    a command it execs would get it: api.inheritable) and the mask of those
+    a command it execs would get it: stdio.inheritable) and the mask of those
     present (the server's own fds stand in for the rest)."""
     out, mask = [], 0
     for i, fd in enumerate(stdio):

@@ -1,0 +1,153 @@
+"""Attack: a Session's `user=` as a way up or out. A command plants entries in
+the session's own /etc/passwd (writable here, as a copy-on-write root makes
+it) so that a name the caller trusts means uid 0 or an id the session does
+not map; a command run as another user tries to take root back with
+setuid(); the caller's `user=` (or a forged request) names an id outside the
+mapped range, to reach a host id the session was not given.
+
+What holds: names resolve in the session only to ids it maps, the session's
+uid 0 is the caller itself and holds no capability a fresh sandbox's
+command lacks (pid 1's CAP_SETUID/SETGID/SETPCAP are dropped, bounding set
+included, before the command exists), an id outside the range is refused by
+the library and by the kernel, and no session id is a host user of the same
+number.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from conftest import make_base_spec  # tests/, on sys.path (rootdir)
+
+import sandbox
+from sandbox import File, Tmpfs
+from sandbox.session import call, wire
+
+pytestmark = pytest.mark.integration
+
+PASSWD = "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/work:/bin/sh\n"
+GROUP = "root:x:0:\nalice:x:1000:\n"
+CAPS = "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status"
+SETUID_BACK = """
+import os
+for name, call in [("setuid", lambda: os.setuid(0)), ("setresuid", lambda: os.setresuid(0, 0, 0)),
+                   ("seteuid", lambda: os.seteuid(0)), ("setgid", lambda: os.setgid(0)),
+                   ("setgroups", lambda: os.setgroups([0])), ("setresuid-own", lambda: os.setresuid(-1, 0, -1))]:
+    try:
+        call()
+        print(name, "done", os.getresuid())
+    except OSError as exc:
+        print(name, exc.strerror)
+"""
+
+
+def attack_spec() -> sandbox.Spec:
+    """A session whose /etc/passwd and /etc/group any of its users may rewrite."""
+    return make_base_spec(File("/etc/passwd", PASSWD, perms=0o666), File("/etc/group", GROUP, perms=0o666),
+                          Tmpfs("/work", perms=0o1777))
+
+
+@pytest.fixture
+def session(require_native: None) -> Iterator[sandbox.Session]:
+    with sandbox.Session(attack_spec()) as s:
+        if not s.ids.several:
+            pytest.skip(f"this caller maps one id ({sandbox.probe().ids}): no other user to attack through")
+        yield s
+
+
+def sh(s: sandbox.Session, script: str, **kw: object) -> sandbox.CompletedProcess:
+    return s.exec(["sh", "-c", script], capture_output=True, text=True, timeout=60, **kw)  # type: ignore[arg-type]
+
+
+def plant(s: sandbox.Session, line: str, where: str = "/etc/passwd") -> None:
+    assert sh(s, f"echo '{line}' >> {where}", user="alice").returncode == 0
+
+
+def host_uid(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/status") as f:
+        return next(line.split()[1:] for line in f if line.startswith("Uid:"))
+
+
+def test_a_planted_name_for_uid_0_gains_no_capability(session: sandbox.Session) -> None:
+    plant(session, "evil:x:0:0::/:/bin/sh")
+    fresh = sandbox.run(["sh", "-c", CAPS], attack_spec().replace(uid=0, gid=0), capture_output=True, text=True,
+                        timeout=60)
+    assert fresh.returncode == 0, fresh.stderr
+    inside = sh(session, f"id -u; {CAPS}", user="evil")
+    assert inside.stdout == "0\n" + fresh.stdout
+    assert "CapBnd:\t0000000000000000" in inside.stdout  # not even pid 1's setid capabilities
+    proc = session.start(["sleep", "60"], user="evil")
+    try:  # the session's uid 0 is the host id the map gives it: the caller's own (root) or its range's first
+        assert host_uid(proc.pid) == [str(session.ids.uids.host_id(0))] * 4
+        assert session.ids.uids.host_id(0) == (os.getuid() if session.ids.uids.own == 0 else session.ids.uids.base)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_planted_name_for_an_unmapped_id_is_refused(session: sandbox.Session) -> None:
+    plant(session, "ghost:x:4000000:1000::/:/bin/sh")
+    plant(session, "ghoul:x:1000:4000000::/:/bin/sh")
+    plant(session, "alice:x:4000000:", "/etc/group")  # an unmapped supplementary group: left out
+    with pytest.raises(sandbox.SessionUserError, match=r"'ghost': uid 4000000 is not mapped .*its uids: 0-"):
+        session.exec(["true"], user="ghost")
+    with pytest.raises(sandbox.SessionUserError, match=r"'ghoul': gid 4000000 is not mapped .*its gids: 0-"):
+        session.exec(["true"], user="ghoul")
+    assert sh(session, "id -G", user="alice").stdout == "1000\n"
+
+
+def test_no_setuid_back_to_root_after_user(session: sandbox.Session) -> None:
+    done = session.exec(["python3", "-c", SETUID_BACK], user="alice", capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"{name} Operation not permitted" for name in
+                                        ("setuid", "setresuid", "seteuid", "setgid", "setgroups", "setresuid-own")]
+    assert sh(session, "id -u", user="alice").stdout == "1000\n"
+
+
+def test_user_reaches_no_host_id_outside_the_range(session: sandbox.Session) -> None:
+    ids = session.ids.uids
+    for outside in (ids.count + 1, 2**31, 2**32 - 2, 2**32 - 1, str(2**32 - 1)):
+        with pytest.raises(sandbox.SessionUserError, match=str(outside)):
+            session.exec(["true"], user=outside)
+    mapped = {ids.host} | set(range(ids.base, ids.base + ids.count))
+    for inside in (0, 1, 1000, ids.count):
+        proc = session.start(["sleep", "60"], user=inside)
+        try:
+            (uid,) = set(host_uid(proc.pid))
+            assert int(uid) in mapped
+            if inside != ids.own:
+                assert int(uid) != inside  # not the host user of that number
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_forged_request_for_an_unmapped_id_is_refused_by_the_kernel(session: sandbox.Session) -> None:
+    """Past the library's check (a caller's bug): the call process's setresgid fails, nothing runs."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        data = wire.request(session.plan.path, "", ["true"], session.plan.env, ids=(4000000, 4000000, ()))
+        sock = session._send(data, (null, null, null))
+    finally:
+        os.close(null)
+    with pytest.raises(sandbox.SessionError, match="gid_map failed with EINVAL"):
+        call.Call(sock, ["true"], "").take_started()
+    assert sh(session, "echo still serving").stdout == "still serving\n"
+
+
+def test_a_planted_fifo_or_huge_passwd_is_a_typed_error(require_native: None) -> None:
+    """The lookup opens nothing but a regular file, and reads at most 4 MiB of it: no hang, no flood."""
+    spec = make_base_spec(Tmpfs("/etc", perms=0o777))
+    with sandbox.Session(spec) as s:
+        s.write_file("/etc/passwd", PASSWD)
+        assert sh(s, "rm /etc/passwd && mkfifo /etc/passwd").returncode == 0
+        with pytest.raises(sandbox.SessionUserError, match="/etc/passwd cannot be read: .*FIFO"):
+            s.exec(["true"], user="alice")
+        assert sh(s, "rm /etc/passwd && head -c 5000000 /dev/zero | tr '\\\\0' x > /etc/passwd").returncode == 0
+        with pytest.raises(sandbox.SessionUserError, match="/etc/passwd cannot be read: larger than 4 MiB"):
+            s.exec(["true"], user="alice")
+        assert sh(s, "rm /etc/passwd && ln -s /proc/1/root/etc/shadow /etc/passwd").returncode == 0
+        with pytest.raises(sandbox.SessionUserError):
+            s.exec(["true"], user="alice")  # resolved in the session: its own /proc/1 is pid 1, no passwd there

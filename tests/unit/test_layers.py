@@ -1,0 +1,90 @@
+"""HACKING.md's layer table, enforced: no upward import, no import cycle in sandbox/, no cycle of C files in csrc/.
+
+The table ("## Where code goes") is the single source: each row is a layer, the rows go up the stack, and a module
+may import only modules of its own row or of the rows above it. The imports are read with `ast`
+(tools/import_graph.py), module-level and function-level alike (only `if TYPE_CHECKING:` imports are left out: they
+never run), so an import hidden in a function counts. A module no row names fails, so the table stays complete.
+
+It reads the checkout (sandbox/, HACKING.md, csrc/ and tools/), not the installed package: where the tests run
+from a staged copy without them (run-tests.sh's unprivileged run), it skips. Which user runs it changes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+TOOL = CHECKOUT / "tools" / "import_graph.py"
+
+if not (TOOL.exists() and (CHECKOUT / "HACKING.md").exists() and (CHECKOUT / "sandbox").is_dir()):
+    pytest.skip("no checkout here (tools/, HACKING.md, sandbox/): a staged copy of the tests", allow_module_level=True)
+
+
+def _tool() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("import_graph", TOOL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("import_graph", module)  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+G = _tool()
+TABLE = G.layer_table(CHECKOUT / "HACKING.md")
+MODULES = G.modules(CHECKOUT / "sandbox")
+EDGES = G.graph(CHECKOUT / "sandbox")
+RUNNING = [e for e in EDGES if e.kind != "typing"]
+
+
+def _where(e: Any) -> str:
+    return f"{e.source}:{e.line} imports {e.target} ({e.kind}-level)"
+
+
+def test_the_table_is_read() -> None:
+    names = [name for name, _ in TABLE]
+    assert names[:2] == ["foundation", "description"] and "faces" in names, names
+    assert all(paths for name, paths in TABLE if name != "C core"), TABLE
+
+
+def test_every_module_has_a_layer() -> None:
+    _, missing = G.layers(MODULES, TABLE)
+    assert not missing, f"modules HACKING.md's layer table does not name (add each to its row): {missing}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    layer, _ = G.layers(MODULES, TABLE)
+    up = [f"{_where(e)}: {TABLE[layer[e.source]][0]} -> {TABLE[layer[e.target]][0]}"
+          for e in G.upward(RUNNING, layer)]
+    assert not up, "imports of a higher layer (move the code to the layer it belongs to):\n" + "\n".join(up)
+
+
+def test_no_import_cycle() -> None:
+    found = G.cycles(RUNNING)
+    detail = [_where(e) for cycle in found for e in RUNNING if e.source in cycle and e.target in cycle]
+    assert not found, f"import cycles: {found}\n" + "\n".join(detail)
+
+
+def test_no_cycle_of_c_files() -> None:
+    edges = G.c_graph(CHECKOUT / "csrc")
+    assert any(e.kind == "call" and e.source == "child.c" for e in edges), "the C reader found no calls"
+    found = G.cycles(edges)
+    detail = [f"{e.source}:{e.line} -> {e.target} ({e.kind})" for cycle in found for e in edges
+              if e.source in cycle and e.target in cycle]
+    assert not found, f"cycles of C files (by #include or by call): {found}\n" + "\n".join(detail)
+
+
+def test_the_reader_sees_what_a_module_hides() -> None:
+    """A function-level import, a relative one, `from package import module`, and a TYPE_CHECKING one, each as
+    Python would resolve it: the classes the layer and cycle checks rely on."""
+    by = {(e.source, e.target): e.kind for e in EDGES}
+    assert by[("sandbox.presets", "sandbox.probe")] == "function"  # inside overlay_works
+    assert by[("sandbox.api", "sandbox.stdio")] == "module"
+    assert by[("sandbox.probe", "sandbox.backends.bwrap")] == "module"  # `from .backends import bwrap as ...`
+    assert by[("sandbox.presets", "sandbox.images")] == "function"
+    assert "typing" in by.values()

@@ -6,7 +6,10 @@ a ratio to posix_spawn's and to bwrap's: `Session.exec(["true"])` (the
 subprocess.run-shaped call), `Session.start(...).wait()`, a recycled
 Template's spawn+wait, sandbox.spawn, posix_spawn and bwrap per command
 (latency.py's flatpak-like config; the Session's and the Templates' Spec is
-the same mounts; its exec with writable_root=False too). Then: a Session's
+the same mounts; its exec with writable_root=False too), and command line
+against command line: `sandbox exec ID` into a session `sandbox session
+start` keeps, and `podman exec` into a running container where root's
+podman runs (benchmarks/containers.py). Then: a Session's
 start and close, with the Spec as it is and with a writable root (the
 default), read_file of 4 KiB and write_file of 4 KiB, and the scale rows:
 memory per idle session (the PSS of its processes, and MemAvailable's drop
@@ -22,6 +25,7 @@ from 0 to 1000 sessions alive.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -29,10 +33,11 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from containers import running_container  # noqa: E402
 from latency import BWRAP_ARGS, MOUNTS  # noqa: E402
 from timing import measure, p99  # noqa: E402
 
@@ -43,6 +48,8 @@ BWRAP = "bwrap per command (same config)"
 EXEC = "Session.exec(['true'])"
 EXEC_RO = "Session.exec(['true']), writable_root=False"
 START = "Session.start(['true']).wait()"
+CLI_EXEC = "sandbox exec ID /bin/true (command line, session kept)"
+CONTAINER_EXEC = "podman exec NAME /bin/true (running container)"
 RECYCLED = "Template(recycle=True).spawn+wait"
 SPEC = sandbox.Spec(mounts=MOUNTS, env={"PATH": "/usr/bin:/bin"})
 
@@ -72,6 +79,27 @@ def variants(session: sandbox.Session, readonly: sandbox.Session,
     if bwrap:
         out[BWRAP] = lambda: subprocess.run([bwrap, *BWRAP_ARGS, "/bin/true"], check=True)
     return out
+
+
+@contextlib.contextmanager
+def command_line_rows() -> Iterator[dict[str, Callable[[], object]]]:
+    """`sandbox exec ID /bin/true` into a session kept by `sandbox session start`, and
+    `podman exec` into a running container where one runs here: command line against command line."""
+    rows: dict[str, Callable[[], object]] = {}
+    cli = os.path.join(os.path.dirname(sys.executable), "sandbox")
+    started = subprocess.run([cli, "session", "start", "--spec", SPEC.to_json()], capture_output=True, text=True,
+                             check=True, timeout=60)
+    name = started.stdout.strip()
+    rows[CLI_EXEC] = lambda: subprocess.run([cli, "exec", name, "--", "/bin/true"], check=True)
+    try:
+        with running_container() as container:
+            if container.exec is None:
+                print(f"# no container row: {container.reason}")
+            else:
+                rows[CONTAINER_EXEC] = container.exec
+            yield rows
+    finally:
+        subprocess.run([cli, "session", "stop", name], check=False, timeout=60)
 
 
 def latency_table(times: dict[str, list[float]]) -> str:
@@ -178,8 +206,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     with (sandbox.Session(SPEC) as session, sandbox.Session(SPEC, writable_root=False) as readonly,
-          sandbox.Template(SPEC, recycle=True) as recycled):
-        times = measure(variants(session, readonly, recycled), args.n)
+          sandbox.Template(SPEC, recycle=True) as recycled, command_line_rows() as rows):
+        times = measure({**variants(session, readonly, recycled), **rows}, args.n)
     print(latency_table(times))
     files = lifetime_and_files(args.n)
     print("\n| what | median ms |\n|---|---|")

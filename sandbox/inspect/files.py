@@ -46,7 +46,7 @@ def read_file(session: Session, path: str, text: bool) -> str | bytes:
     except OSError as exc:
         if exc.errno == errno.EFBIG:
             raise OutputLimitExceededError(SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, None) from None
-        raise
+        raise _named(exc, path) from None
     return data.decode("utf-8") if text else data
 
 
@@ -55,4 +55,15 @@ def write_file(session: Session, path: str, contents: str | bytes) -> None:
     if _denied(session, path, ">>"):
         raise PermissionError(errno.EACCES, "Permission denied (in the session)", path)
     data = contents.encode("utf-8") if isinstance(contents, str) else contents
-    session.write_file(path, data, parents=True)
+    try:
+        session.write_file(path, data, parents=True)
+    except OSError as exc:
+        raise _named(exc, path) from None
+
+
+def _named(exc: OSError, path: str) -> OSError:
+    """`exc` with the path Inspect's callers look for in its message (the Session's
+    open of the file itself, past the lookup, raises without one)."""
+    if exc.filename is not None or exc.errno is None:
+        return exc
+    return type(exc)(exc.errno, f"{exc.strerror or os.strerror(exc.errno)} (in the session)", path)

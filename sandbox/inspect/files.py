@@ -63,7 +63,7 @@ def write_file(session: Session, path: str, contents: str | bytes) -> None:
 
 def _named(exc: OSError, path: str) -> OSError:
     """`exc` with the path Inspect's callers look for in its message (the Session's
-    open of the file itself, past the lookup, raises without one)."""
-    if exc.filename is not None or exc.errno is None:
+    open of the file itself, past the lookup, names the caller's /proc/self/fd/N instead)."""
+    if exc.errno is None or (exc.filename is not None and not str(exc.filename).startswith("/proc/self/fd/")):
         return exc
     return type(exc)(exc.errno, f"{exc.strerror or os.strerror(exc.errno)} (in the session)", path)

@@ -66,8 +66,8 @@ def _image_spec(env: EnvironmentConfig, workdir: str, binds: tuple[Mount, ...], 
     from ..images import ImageError, ImageStore
 
     assert env.image is not None
-    store = ImageStore()
     try:
+        store = ImageStore()
         img = store.load(env.image) if os.path.exists(env.image) else store.get(env.image)
     except ImageError as exc:
         raise ConfigError(f"{where}: image: {exc} (pull it first: sandbox.images.ImageStore().pull(ref), "

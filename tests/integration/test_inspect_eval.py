@@ -53,7 +53,9 @@ def contains_all() -> Scorer:
     return score
 
 
-def test_eval_of_20_samples_with_bash_session_and_text_editor(tmp_path: Path) -> None:
+def test_eval_of_20_samples_with_bash_session_and_text_editor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):  # Inspect's traces, not the user's HOME
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
     dataset = [Sample(input="go", target=["fresh", f"doubled={2 * n}", "42"], metadata={"n": n}, id=n)
                for n in range(SAMPLES)]
     task = Task(dataset=dataset, solver=scripted(), scorer=contains_all(), sandbox="nsbox")

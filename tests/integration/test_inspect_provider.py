@@ -54,6 +54,14 @@ async def env() -> AsyncIterator[NsboxSandboxEnvironment]:
         assert lifecycle.open_count() == 0
 
 
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 async def _alive(env: SandboxEnvironment, marker: str) -> bool:
     ps = await env.exec(["sh", "-c", f"ps -eo args | grep -v grep | grep -c {marker}"])
     return ps.stdout.strip() != "0"
@@ -118,8 +126,20 @@ async def test_output_past_the_limit_raises_and_kills(env: NsboxSandboxEnvironme
     assert len(small.stdout) == 5000
 
 
+async def test_exec_results_as_a_shell_gives_them(env: NsboxSandboxEnvironment) -> None:
+    missing = await env.exec(["no-such-program"])
+    assert (missing.success, missing.returncode) == (False, 127)
+    nowhere = await env.exec(["true"], cwd="/no/such/dir")
+    assert not nowhere.success and "/no/such/dir" in nowhere.stderr
+    with pytest.raises(PermissionError):
+        await env.exec(["/etc/passwd"])
+    here = await env.exec(["sh", "-c", "pwd; echo $HOME $EXTRA"], env={"EXTRA": "added"}, cwd=".")
+    assert here.stdout == "/workspace\n/root added\n"
+
+
 async def test_a_session_killed_from_outside_is_unavailable(env: NsboxSandboxEnvironment) -> None:
     os.kill(env.session.pid, signal.SIGKILL)
+    assert wait_until(lambda: _dead(env.session.pid))  # the kill is delivered after os.kill returns
     with pytest.raises(SandboxUnavailableError, match="default"):
         await env.exec(["true"])
 

@@ -12,7 +12,9 @@ call runs inside that sample's sandbox: exec (execute.py), exec_remote
 
 from __future__ import annotations
 
+import os
 import posixpath
+import threading
 from typing import Any, Literal, overload
 
 import anyio
@@ -115,6 +117,10 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
                    env: dict[str, str] | None = None, user: str | None = None, timeout: int | None = None,
                    timeout_retry: bool = True, concurrency: bool = True) -> ExecResult[str]:
         """Run `cmd` in this sample's sandbox (SandboxEnvironment.exec's contract)."""
+        return await self._run(cmd, input, cwd, env, user, timeout)
+
+    async def _run(self, cmd: list[str], input: str | bytes | None, cwd: str | None, env: dict[str, str] | None,
+                   user: str | None, timeout: float | None) -> ExecResult[str]:
         options = user_option(user)
         data = input.encode("utf-8") if isinstance(input, str) else input
         try:
@@ -142,8 +148,7 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
         opts: ExecRemoteCommonOptions = options or ExecRemoteStreamingOptions()
         if not stream:
             timeout = opts.timeout if isinstance(opts, ExecRemoteAwaitableOptions) else None
-            return await self.exec(cmd, input=opts.input, cwd=opts.cwd, env=opts.env, user=opts.user,
-                                   timeout=None if timeout is None else int(timeout + 0.999))
+            return await self._run(cmd, opts.input, opts.cwd, opts.env, opts.user, timeout)
         options_ = user_option(opts.user)
         keep_stdin = isinstance(opts, ExecRemoteStreamingOptions) and opts.stdin_open
         try:
@@ -186,11 +191,39 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
 
 
 def specs(config: SandboxEnvironmentConfigType | None) -> dict[str, Spec]:
-    """The Spec of each environment of the config, by name (the default first)."""
+    """The Spec of each environment of the config, by name (the default first): built once per
+    config (a file: per its path, size and mtime), since an image's is loaded from the store."""
+    key = _config_key(config)
+    with _specs_lock:
+        found = _specs.get(key)
+    if found is not None:
+        return found
     parsed: NsboxConfig = load_config(config)
     where = f"the nsbox config file {config}" if isinstance(config, str) else "the nsbox config"
-    return {name: build_spec(env, f"{where}: environments.{name}" if parsed.environments else where)
-            for name, env in parsed.named().items()}
+    built = {name: build_spec(env, f"{where}: environments.{name}" if parsed.environments else where)
+             for name, env in parsed.named().items()}
+    with _specs_lock:
+        if len(_specs) >= MAX_CACHED_CONFIGS:
+            _specs.pop(next(iter(_specs)))
+        _specs[key] = built
+    return built
+
+
+MAX_CACHED_CONFIGS = 16
+_specs: dict[str, dict[str, Spec]] = {}
+_specs_lock = threading.Lock()
+
+
+def _config_key(config: SandboxEnvironmentConfigType | None) -> str:
+    if isinstance(config, BaseModel):
+        return f"{type(config).__qualname__}:{config.model_dump_json()}"
+    if isinstance(config, str):
+        try:
+            st = os.stat(config)
+        except OSError:
+            return f"file:{config}"  # load_config raises the error naming it
+        return f"file:{os.path.abspath(config)}:{st.st_size}:{st.st_mtime_ns}"
+    return repr(config)
 
 
 async def _close(task_name: str, environments: dict[str, SandboxEnvironment]) -> list[BaseException]:

@@ -26,7 +26,8 @@ def anyio_backend() -> str:
 @pytest.fixture
 def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("SANDBOX_IMAGES", str(tmp_path / "store"))  # ImageStore()'s default, for this test
-    image = TestImage([runnable_layer(), layer(member("srv/", DIRTYPE, mode=0o755), member("srv/marker", data=b"from the image\n"))],
+    top = layer(member("srv/", DIRTYPE, mode=0o755), member("srv/marker", data=b"from the image\n"))
+    image = TestImage([runnable_layer(), top],
                       env=["PATH=/usr/bin:/bin", "GREETING=hi"], working_dir="/srv")
     path = str(tmp_path / "layout")
     write_layout(path, [(image, "example.test/tool:1")])

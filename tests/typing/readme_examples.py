@@ -353,3 +353,20 @@ def readme_inline_examples() -> None:
     sandbox.Spec(seccomp=sandbox.Seccomp(deny=["ptrace"], errno="EPERM", errnos={"clone3": "ENOSYS"},
                                          rules=[sandbox.ArgRule("ioctl", 1, "eq", 0x5412)]))
     sandbox.Spec(seccomp=sandbox.Seccomp(allow=["read", "write", "exit_group"], default="kill"))
+
+
+def docs_inspect_example_1() -> None:
+    from inspect_ai import Task, eval
+    from inspect_ai.dataset import Sample
+    from inspect_ai.scorer import includes
+    from inspect_ai.solver import generate, use_tools
+    from inspect_ai.tool import bash_session, text_editor
+
+    task = Task(
+        dataset=[Sample(input="Write hello.py printing 'hello', run it, and answer with its output.",
+                        target="hello")],
+        solver=[use_tools(bash_session(), text_editor()), generate()],
+        scorer=includes(),
+        sandbox=("nsbox", "nsbox.yaml"),     # or sandbox="nsbox": the defaults below
+    )
+    eval(task, model="openai/gpt-4o")

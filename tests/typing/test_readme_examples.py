@@ -90,9 +90,9 @@ def test_readme_examples_pass_mypy_strict(tmp_path: Path) -> None:
         env["MYPYPATH"] = str(where)
     # As a user's checker sees the package: its own findings are not the user's (follow_imports = silent, as
     # for anything installed); ray is an extra: without it, RayPool's example is checked against sandbox.ray's
-    # own types only.
+    # own types only; so is inspect-ai (the inspect extra) for docs/inspect.md's task.
     (tmp_path / "mypy.ini").write_text("[mypy]\nstrict = True\nfollow_imports = silent\n\n"
-                                       "[mypy-ray,ray.*]\nignore_missing_imports = True\n")
+                                       "[mypy-ray,ray.*,inspect_ai,inspect_ai.*]\nignore_missing_imports = True\n")
     result = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir",
          str(tmp_path / "cache"), "--no-error-summary", str(EXAMPLES), str(ATTRIBUTES)],

@@ -8,11 +8,12 @@ OutputLimitExceededError; text is UTF-8, newlines kept as they are.
 
 One difference needs a check of its own: the file API acts with the
 caller's rights, and a root caller's CAP_DAC_OVERRIDE reads and writes
-files whose modes deny the sandbox's own root (which holds no capability).
-For a root caller, a regular file that exists is first opened for reading (or
-appending, which changes nothing) by a shell inside, as the sandbox's user,
-so the answer is the one a command there gets (`test -r` would not do: shells
-answer it from the uid alone for root).
+files whose modes deny the sandbox's own root (whose mode checks Inspect's
+contract expects to bind). For a root caller, a regular file that exists is
+first opened for reading (or appending, which changes nothing) by a shell
+inside, as the sandbox's user without CAP_DAC_OVERRIDE, so the answer is the
+one the file's mode gives (`test -r` would not do: shells answer it from the
+uid alone for root).
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ from inspect_ai.util import OutputLimitExceededError, SandboxEnvironmentLimits
 from ..process import DEVNULL
 from ..session import Session
 
+# The open is tried without the two capabilities that skip a file's mode (nsbox's commands hold docker's
+# default set, CAP_DAC_OVERRIDE among them): util-linux's setpriv drops them from every set before the
+# shell that opens the file runs. A root without setpriv in its /usr opens it with them.
+NO_OVERRIDE = "setpriv --inh-caps=-all --ambient-caps=-all --bounding-set=-dac_override,-dac_read_search"
+
 
 def _denied(session: Session, path: str, redirect: str) -> bool:
-    """Whether opening the regular file `path` inside fails (root callers only)."""
+    """Whether opening the regular file `path` inside fails for the sandbox's user (root callers only)."""
     if os.geteuid() != 0:
         return False
-    script = f'[ -f "$1" ] || exit 0; : {redirect} "$1"'
+    opening = f': {redirect} "$1"'
+    script = (f'[ -f "$1" ] || exit 0; command -v setpriv >/dev/null 2>&1 && '
+              f"exec {NO_OVERRIDE} /bin/sh -c '{opening}' sh \"$1\"; {opening}")
     done = session.exec(["/bin/sh", "-c", script, "sh", path], stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL,
                         timeout=60)
     return done.returncode != 0

@@ -32,13 +32,13 @@ from inspect_ai.util import (
 from inspect_ai.util._sandbox.exec_remote import ExecRemoteCommonOptions
 from pydantic import BaseModel
 
-from ..errors import SessionError, SetupError
+from ..errors import SessionError, SessionUserError, SetupError
 from ..session import Session
 from ..spec import Spec
 from . import execute, files, lifecycle
 from .config import NsboxConfig, load_config, parse_config
 from .remote import SessionRemoteProcess
-from .users import user_option
+from .users import unknown_user_result, user_option
 from .world import build_spec
 
 PROVIDER = "nsbox"
@@ -130,6 +130,8 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
             if exc.step != "cwd":
                 raise
             return ExecResult(success=False, returncode=1, stdout="", stderr=f"nsbox: {exc}\n")
+        except SessionUserError as exc:
+            return unknown_user_result(user, exc)
         except SessionError as exc:
             raise SandboxUnavailableError(f"the nsbox sandbox {self.name!r} cannot run commands: {exc}") from exc
 
@@ -154,6 +156,8 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
         try:
             proc = await execute.start(self.session, cmd, stdin=keep_stdin or bool(opts.input),
                                        cwd=self._cwd(opts.cwd), env=self._environ(opts.env), user=options_)
+        except SessionUserError:
+            raise  # a ValueError naming the user: the caller's mistake, not a sandbox gone
         except SessionError as exc:
             raise SandboxUnavailableError(f"the nsbox sandbox {self.name!r} cannot run commands: {exc}") from exc
         remote = SessionRemoteProcess(proc, cmd, opts)

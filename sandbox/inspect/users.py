@@ -1,31 +1,23 @@
-"""`user=` of Inspect's exec: which users a Session can run a command as.
+"""`user=` of Inspect's exec: the keyword a Session takes for it.
 
-Every command runs as the sandbox's own user (root of its user namespace,
-with no capability) unless the Session can switch users: `Session.exec`
-with a `user` parameter (issue 37's users). Until then a command for another
-user raises SandboxUserUnsupportedError, which Inspect's contract names for
-"this configuration cannot run as that user" (its tools then run as the
-default user). `SESSION_HAS_USERS` is the one place that decides it.
+A name or uid is resolved by the Session in the sandbox's own /etc/passwd
+(`Session.exec(user=)`, docs/session.md); a name it does not know is a
+failed command (exit 126, as `docker exec --user` reports it), not an
+exception, as Inspect's contract asks (`unknown_user_result`).
 """
 
 from __future__ import annotations
 
-import inspect
+from inspect_ai.util import ExecResult
 
-from inspect_ai.util import SandboxUserUnsupportedError
-
-from ..session import Session
-
-SESSION_HAS_USERS = "user" in inspect.signature(Session.astart).parameters
-DEFAULT_USERS = frozenset({"root", "0"})
+from ..errors import SessionUserError
 
 
 def user_option(user: str | None) -> dict[str, str]:
     """The keyword to pass the Session for `user` (none for the default user)."""
-    if user is None or user in DEFAULT_USERS:
-        return {}
-    if SESSION_HAS_USERS:
-        return {"user": user}
-    raise SandboxUserUnsupportedError(
-        f"nsbox cannot run a command as {user!r}: its sessions run every command as root of the sandbox's "
-        "user namespace (uid 0, no capability); another user needs Session.exec(user=)")
+    return {} if user is None else {"user": user}
+
+
+def unknown_user_result(user: str | None, exc: SessionUserError) -> ExecResult[str]:
+    """What a command for a user the sandbox cannot run as returns."""
+    return ExecResult(success=False, returncode=126, stdout="", stderr=f"unable to find user {user}: {exc}\n")

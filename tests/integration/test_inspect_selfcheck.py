@@ -21,14 +21,10 @@ from inspect_ai.util import SandboxEnvironment  # noqa: E402
 from inspect_ai.util._sandbox.self_check import *  # noqa: E402, F403
 
 from sandbox.inspect import NsboxSandboxEnvironment  # noqa: E402
-from sandbox.inspect.users import SESSION_HAS_USERS  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio, pytest.mark.usefixtures("require_native")]
 
-XFAIL: dict[str, str] = {}
-if not SESSION_HAS_USERS:  # remove with issue 37's users: Session.exec(user=)
-    XFAIL["test_exec_as_user"] = ("a Session runs every command as one user (root of its user namespace, no "
-                                  "capability): adduser and exec(user=...) need Session.exec(user=)")
+XFAIL: dict[str, str] = {}  # test name -> why the provider cannot pass it (none now)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ A submodule is also reached as an attribute (`sandbox.spec`, `sandbox.plan`).
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
     from . import presets
+    from .aio import AsyncProcess, arun, aspawn
     from .api import run, spawn
     from .bwrap import from_bwrap_args
     from .errors import (
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         Mount,
         Mqueue,
         Namespaces,
+        Overlay,
         Proc,
         RemountRo,
         RoBind,
@@ -66,6 +68,7 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 # submodule `explain`, in case it is imported before the function is asked for here.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     **{name: ("api", name) for name in ("run", "spawn")},
+    **{name: ("aio", name) for name in ("AsyncProcess", "arun", "aspawn")},
     "from_bwrap_args": ("bwrap", "from_bwrap_args"),
     **{name: ("errors", name) for name in (
         "ExecError", "ExecNotFoundError", "ExecPermissionError", "IsolationError", "SandboxError", "SessionError",
@@ -118,10 +121,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "DEVNULL", "PIPE", "STDOUT", "ArgRule", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind", "Dir",
-    "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount", "Mqueue",
-    "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
-    "Seccomp", "Session", "SessionError", "SessionUserError", "SetupError", "Spec", "SpecError", "Symlink", "Template",
-    "TimeoutExpired", "Tmpfs", "UnavailableError", "WorkerPool", "explain", "from_bwrap_args", "presets", "probe",
-    "run", "spawn",
+    "DEVNULL", "PIPE", "STDOUT", "ArgRule", "AsyncProcess", "Bind", "Chmod", "CompletedProcess", "Dev", "DevBind",
+    "Dir", "ExecError", "ExecNotFoundError", "ExecPermissionError", "File", "IsolationError", "Limits", "Mount",
+    "Mqueue", "Namespaces", "Overlay", "ProbeResult", "Proc", "RemountRo", "RoBind", "SandboxError", "SandboxProcess",
+    "Seccomp", "Session", "SessionError", "SessionUserError", "SetupError", "Spec", "SpecError", "Symlink",
+    "Template", "TimeoutExpired", "Tmpfs", "UnavailableError", "WorkerPool", "explain", "from_bwrap_args", "presets",
+    "probe", "arun", "aspawn", "run", "spawn",
 ]

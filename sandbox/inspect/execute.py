@@ -19,9 +19,9 @@ from typing import IO, Any
 
 from inspect_ai.util import ExecResult, OutputLimitExceededError, SandboxEnvironmentLimits
 
+from ..aio import readable
 from ..process import DEVNULL, PIPE
 from ..session import AsyncProcess, Session
-from ..session.aio import readable
 
 CHUNK = 65536
 

@@ -23,8 +23,8 @@ from inspect_ai.util import ExecCompleted, ExecRemoteProcess, ExecRemoteStreamin
 from inspect_ai.util import SandboxEnvironmentLimits as Limits
 from inspect_ai.util._sandbox.exec_remote import ExecOutput, ExecRemoteCommonOptions
 
+from ..aio import readable
 from ..session import AsyncProcess
-from ..session.aio import readable
 from .execute import CHUNK, _exit_status, wake
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
-    from .aio import AsyncProcess
+    from ..aio import AsyncProcess
     from .session import Session
 
 __all__ = ["AsyncProcess", "Session"]
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> object:
 
         return Session
     if name == "AsyncProcess":
-        from .aio import AsyncProcess
+        from ..aio import AsyncProcess
 
         return AsyncProcess
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

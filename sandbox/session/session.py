@@ -23,7 +23,7 @@ from .launch import launch
 from .users import resolve
 
 if TYPE_CHECKING:
-    from .aio import AsyncProcess
+    from ..aio import AsyncProcess
 
 MAX_OPTION_PLANS = 32  # the plans of a call's own cwd/env, kept per session
 
@@ -179,7 +179,7 @@ class Session:
         """`exec`, awaited, with its output caps (`max_output`, default
         64 MiB per captured stream, and `on_overflow`, as `exec`'s).
         Cancelling the awaiting task kills the command's tree."""
-        from . import aio
+        from .. import aio
 
         check_cap(max_output, on_overflow)
 

@@ -165,6 +165,22 @@ def docs_python_api_example_2() -> None:
     )
 
 
+def docs_python_api_example_3() -> None:
+    import asyncio
+
+    import sandbox
+
+
+    async def main() -> None:
+        spec = sandbox.presets.minimal_system()
+        done = await sandbox.arun(["sh", "-c", "echo hi"], spec, capture_output=True, text=True, timeout=10)
+        proc = await sandbox.aspawn(["cat"], spec, stdin=sandbox.PIPE, stdout=sandbox.PIPE)
+        out, _ = await proc.communicate(b"fed")       # an AsyncProcess: await wait(), communicate()
+        print(done.stdout, out, proc.returncode)
+
+
+    asyncio.run(main())
+
 def docs_ray_example_1() -> None:
     import ray
 

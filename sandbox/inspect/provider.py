@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shlex
+import sys
 import threading
 from typing import Any, Literal, overload
 
@@ -51,6 +53,8 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
     def __init__(self, session: Session, spec: Spec, name: str) -> None:
         super().__init__()
         self.session = session
+        self._published: str | None = None  # the session's ID for `sandbox exec`, once connection() asked
+        self._publish_lock = threading.Lock()
         self.spec = spec
         self.name = name
         self._env = dict(spec.env)
@@ -189,10 +193,19 @@ class NsboxSandboxEnvironment(SandboxEnvironment):
         return await anyio.to_thread.run_sync(files.read_file, self.session, file, text)
 
     async def connection(self, *, user: str | None = None) -> SandboxConnection:
-        """Not yet: a Session made in this process cannot be reached by `sandbox exec ID`."""
-        raise NotImplementedError("nsbox: connecting to a sample's sandbox needs `sandbox exec ID` into an "
-                                  "in-process Session, which sandbox.Session does not offer yet")
-
+        """`sandbox exec ID -- bash -l` into this sample's sandbox, from a terminal of the same
+        user while the sample runs: the Session is published (Session.publish) on first ask."""
+        try:
+            with self._publish_lock:
+                if self._published is None:
+                    self._published = self.session.publish()
+        except SessionError as exc:
+            raise SandboxUnavailableError(f"the nsbox sandbox {self.name!r} cannot be reached: {exc}") from exc
+        client = os.path.join(os.path.dirname(sys.executable), "sandbox")
+        who = ["--user", user] if user is not None else []
+        command = shlex.join([client if os.path.exists(client) else "sandbox", "exec", *who, self._published,
+                              "--", "bash", "-l"])
+        return SandboxConnection(type="nsbox", command=command, container=self._published)
 
 def specs(config: SandboxEnvironmentConfigType | None) -> dict[str, Spec]:
     """The Spec of each environment of the config, by name (the default first): built once per

@@ -130,12 +130,14 @@ class Holder:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self.why_stopped = ""
         self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None  # publish()'s: the thread serving it
 
     # ------------------------------------------------------------ the main thread
 
-    def serve(self) -> None:
-        """Accept and serve connections until stopped, then end the session."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
+    def serve(self, signals: bool = True) -> None:
+        """Accept and serve connections until stopped, then end the session.
+        `signals`: SIGTERM and SIGINT stop it (the holder process's main thread)."""
+        for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
             signal.signal(sig, lambda signum, frame: self.stop(f"signal {signal.Signals(signum).name}"))
         pidfd = os.pidfd_open(self.session.pid)
         try:
@@ -380,6 +382,20 @@ def starter(session: Session, user: str | None) -> Callable[..., SandboxProcess]
 
 
 # ---------------------------------------------------------------- the process
+
+
+def publish(session: Session, name: str | None = None) -> Holder:
+    """Serve `session` (of this process) at a socket of the per-user directory, as a holder
+    process serves its own, on a thread of this process: `sandbox exec ID` then reaches it.
+    The returned Holder's `ident` is the ID; it stops when the session ends (its pid 1's pidfd
+    says so), or with `stop()`, and ends the session then, removing its socket."""
+    directory = clisock.open_dir(create=True)
+    listener, ident, socket_id = bind(directory, name)
+    holder = Holder(session, listener, directory, ident, socket_id, Log(-1), None)
+    holder.thread = threading.Thread(target=holder.serve, kwargs={"signals": False}, daemon=True,
+                                     name=f"sandbox-session-{ident}")
+    holder.thread.start()
+    return holder
 
 
 def main(args: Sequence[str]) -> int:

@@ -24,6 +24,7 @@ from .users import resolve
 
 if TYPE_CHECKING:
     from ..aio import AsyncProcess
+    from .holder import Holder
 
 MAX_OPTION_PLANS = 32  # the plans of a call's own cwd/env, kept per session
 
@@ -78,6 +79,7 @@ class Session:
         self._control = started.control
         self._send_lock = threading.Lock()
         self._closed = False
+        self._published: Holder | None = None  # publish()'s server
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._plans_lock = threading.Lock()
         self._null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -292,6 +294,23 @@ class Session:
 
     # ------------------------------------------------------------ lifetime
 
+    def publish(self, name: str | None = None) -> str:
+        """Let `sandbox exec ID -- CMD` (and `sandbox session list/stop`) reach
+        this session from a command line of the same user, as if `sandbox
+        session start` had made it; return its ID (`name`, if given). A thread
+        of this process serves it, with the holder's checks (only this
+        user, in this process's namespaces); its socket goes with `close()`,
+        and `sandbox session stop ID` closes the session. Once per session."""
+        from . import holder
+
+        with self._send_lock:
+            if self._closed:
+                raise SessionError("the session is closed")
+            if self._published is not None:
+                raise SessionError(f"the session is already published as {self._published.ident}")
+            self._published = holder.publish(self, name)
+        return self._published.ident
+
     def close(self) -> None:
         """End every process of the session and wait until its pid 1 has gone
         (the kernel then tears its namespaces and mounts down). Idempotent."""
@@ -300,6 +319,11 @@ class Session:
                 return
             self._closed = True
             self._control.close()  # pid 1 sees EOF: kill(-1), reap, exit
+        published, self._published = self._published, None
+        if published is not None and published.thread is not threading.current_thread():
+            published.stop("the session was closed")
+            assert published.thread is not None
+            published.thread.join()  # its socket is removed before close() returns
         try:
             self._proc.wait()
         finally:

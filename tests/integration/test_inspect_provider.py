@@ -246,3 +246,17 @@ def test_a_killed_eval_leaves_nothing() -> None:
     assert wait_until(lambda: not os.path.exists(f"/proc/{pid1}"), timeout=10)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert "sleep 1004" not in ps
+
+
+async def test_connection_is_a_shell_into_the_samples_sandbox(env: NsboxSandboxEnvironment, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANDBOX_SESSION_DIR", str(tmp_path / "sessions"))  # this test's own per-user directory
+    await env.write_file("/tmp/mark", "this sample\n")
+    connection = await env.connection()
+    assert connection.type == "nsbox" and connection.command.endswith("-- bash -l")
+    assert (await env.connection()).command == connection.command  # published once
+    shell = await asyncio.to_thread(subprocess.run, connection.command, shell=True, input="cat /tmp/mark; exit 3\n",
+                                    capture_output=True, text=True, timeout=60)
+    assert (shell.returncode, shell.stdout) == (3, "this sample\n"), shell.stderr
+    env.session.close()  # the sample ends: its socket goes with it
+    assert not list((tmp_path / "sessions").glob("session-*.sock"))

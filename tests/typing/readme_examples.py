@@ -287,6 +287,13 @@ def docs_session_example_7() -> None:
         print(done.stdout)                           # uid=1000(alice) gid=1000(alice) groups=1000(alice)
 
 
+def docs_session_example_8() -> None:
+    import sandbox
+
+    with sandbox.Session(sandbox.presets.minimal_system()) as session:
+        ident = session.publish()                     # now: sandbox exec IDENT -- bash -l, from your shell
+        input(f"sandbox exec {ident} -- bash -l; press Enter to close it ")
+
 def docs_task_example_1() -> None:
     import os
 

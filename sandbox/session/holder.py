@@ -34,10 +34,9 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..cliserver.owndir import fresh_file
 from . import clisock
 from .clisock import Refused
 
@@ -263,11 +262,11 @@ class Holder:
 
     def _exec(self, conn: socket.socket, message: dict[str, Any], fds: list[int], who: str) -> None:
         argv, cwd, env, user = exec_request(message, fds)
-        start = starter(self.session, user)
         from ..errors import ExecError, ExecNotFoundError, SandboxError
 
         try:
-            proc = start(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2], cwd=cwd, env=self._environ(env))
+            proc = self.session.start(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2], cwd=cwd,
+                                      env=self._environ(env), user=_user(user))
         except (SandboxError, OSError) as exc:
             status = 127 if isinstance(exc, ExecNotFoundError) else 126 if isinstance(exc, ExecError) else 125
             self.log(f"{who}: exec {argv[0]!r} failed: {exc}")
@@ -333,6 +332,11 @@ def _reply(conn: socket.socket, message: dict[str, Any]) -> None:
         clisock.send(conn, message)
 
 
+def _user(user: str | None) -> str | int | None:
+    """`--user`'s word as Session.start takes it: a uid as a number, else the name."""
+    return int(user) if user is not None and user.isdigit() else user
+
+
 def exec_request(message: dict[str, Any], fds: Sequence[int]) -> tuple[list[str], str | None,
                                                                         dict[str, str] | None, str | None]:
     """(argv, cwd, extra environment, user) of an exec request, checked; Refused naming the field."""
@@ -357,30 +361,6 @@ def exec_request(message: dict[str, Any], fds: Sequence[int]) -> tuple[list[str]
     return argv, cwd, env, user
 
 
-def supports_user() -> bool:
-    """Whether this installation's Session.exec/start take `user=`."""
-    import inspect
-
-    from .session import Session
-
-    return "user" in inspect.signature(Session.start).parameters
-
-
-def starter(session: Session, user: str | None) -> Callable[..., SandboxProcess]:
-    """`session.start`, with `user=` bound when asked for (Refused if this Session lacks it)."""
-    if user is None:
-        return session.start
-    if not supports_user():
-        raise Refused("--user needs Session.start(user=...), which this installation's sandbox.Session "
-                      "does not have yet")
-    start: Callable[..., SandboxProcess] = session.start
-
-    def with_user(*args: Any, **kwargs: Any) -> SandboxProcess:
-        return start(*args, user=int(user) if user.isdigit() else user, **kwargs)
-
-    return with_user
-
-
 # ---------------------------------------------------------------- the process
 
 
@@ -396,69 +376,3 @@ def publish(session: Session, name: str | None = None) -> Holder:
                                      name=f"sandbox-session-{ident}")
     holder.thread.start()
     return holder
-
-
-def main(args: Sequence[str]) -> int:
-    """`session _hold --spec-fd N --status-fd N [--name NAME] [--idle-timeout S]`: as
-    climain.start runs it. Reads the Spec's JSON from the spec fd, writes one JSON line to the
-    status fd once the session takes requests ({"id", "pid", "session_pid"}) or failed
-    ({"error"}), then serves until stopped."""
-    opts = dict(zip(args[::2], args[1::2], strict=False))
-    for sig in (signal.SIGHUP, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_IGN)
-    holder = _start(opts, int(opts["--status-fd"]))
-    if holder is None:
-        return clisock.EXIT_SETUP
-    try:
-        holder.serve()
-    except BaseException as exc:  # the session is closed and the socket removed all the same (serve's finally)
-        holder.log(f"the holder failed: {type(exc).__name__}: {exc}")
-        raise
-    return 0
-
-
-def _start(opts: dict[str, str], status: int) -> Holder | None:
-    """The Holder of a new session, its id reported on fd `status`; None once the error is."""
-    try:
-        directory = clisock.open_dir(create=True)
-        listener, ident, socket_id = bind(directory, opts.get("--name"))
-    except (OSError, Refused) as exc:
-        _report(status, {"error": str(exc)})
-        return None
-    log = Log(-1)
-    try:
-        log = Log(fresh_file(directory, clisock.log_name(ident), os.O_WRONLY | os.O_APPEND))
-        session = _session(int(opts["--spec-fd"]))
-    except Exception as exc:  # reported to the starter, which exits 125 with it: nothing is left
-        if owns_name(directory, ident, socket_id):
-            os.unlink(clisock.socket_name(ident), dir_fd=directory)
-        if log.fd >= 0:
-            os.unlink(clisock.log_name(ident), dir_fd=directory)
-        _report(status, {"error": str(exc)})
-        return None
-    idle = float(opts["--idle-timeout"]) if opts.get("--idle-timeout") else None
-    holder = Holder(session, listener, directory, ident, socket_id, log, idle)
-    log(f"session {ident} started: its pid 1 is {session.pid}")
-    _report(status, {"id": ident, "pid": os.getpid(), "session_pid": session.pid})
-    return holder
-
-
-def _session(spec_fd: int) -> Session:
-    from .. import netpool
-    from ..spec import Spec
-    from .session import Session
-
-    netpool.disable()  # one sandbox in this process's life: a pool of network namespaces would only cost
-
-    with open(spec_fd, "rb") as f:
-        text = f.read(clisock.MAX_MESSAGE + 1)
-    if len(text) > clisock.MAX_MESSAGE:
-        raise Refused(f"the Spec is more than {clisock.MAX_MESSAGE} bytes")
-    return Session(Spec.from_json(text))
-
-
-def _report(fd: int, message: dict[str, Any]) -> None:
-    import json
-
-    with contextlib.suppress(OSError), open(fd, "wb") as f:
-        f.write(json.dumps(message).encode() + b"\n")

@@ -35,14 +35,8 @@ def test_the_exec_command_line() -> None:
     assert command_line(["s1", "true"]) == ({"op": "exec", "argv": ["true"]}, "s1")
 
 
-def test_user_is_passed_or_refused_by_what_session_has() -> None:
-    from sandbox.session.holder import supports_user
-
-    if supports_user():
-        assert command_line(["--user", "nobody", "s1", "true"])[0]["user"] == "nobody"
-    else:
-        with pytest.raises(Refused, match="does not have yet"):
-            command_line(["--user", "nobody", "s1", "true"])
+def test_user_is_passed() -> None:
+    assert command_line(["--user", "nobody", "s1", "true"])[0]["user"] == "nobody"
 
 
 @pytest.mark.parametrize(("args", "words"), [

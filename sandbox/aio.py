@@ -20,6 +20,7 @@ import os
 import select
 import signal
 import subprocess
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import IO
 
@@ -31,6 +32,8 @@ from .process import CompletedProcess
 from .spec import Spec
 from .stdio import StdioArg
 from .sync import NO_SYNC, Sync
+
+REAP_AFTER_KILL = 5.0  # seconds a cancelled wait blocks, at most, for a killed sandbox to be reaped
 
 
 async def readable(fd: int) -> None:
@@ -119,9 +122,32 @@ class AsyncProcess:
                     break
                 woken = await _news(self._handle.wait_fds())
         except asyncio.CancelledError:
-            self.kill()
+            self._kill_and_reap()
             raise
         return self.returncode
+
+    def _kill_and_reap(self) -> None:
+        """Kill, then reap before a cancellation goes on: a killed sandbox goes in moments, and a task
+        that waited for it later would itself be cancelled with the loop, leaving it unreaped."""
+        self.kill()
+        deadline = time.monotonic() + REAP_AFTER_KILL
+        woken = False
+        while self.returncode is None:
+            ended = self._handle.reap(self._caller_end, woken)
+            if ended is not None:
+                self.returncode, self.killed_by, self.usage = ended.returncode, ended.killed_by, ended.usage
+                return
+            fds = self._handle.wait_fds()
+            left = deadline - time.monotonic()
+            if not fds or left <= 0:
+                for fd in fds:
+                    os.close(fd)
+                return
+            try:
+                woken = len(select.select(fds, [], [], left)[0]) == len(fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
 
     async def communicate(self, input: bytes | None = None) -> tuple[bytes | None, bytes | None]:
         """Send `input`, read stdout and stderr to EOF, wait. Cancelled: the
@@ -134,7 +160,7 @@ class AsyncProcess:
                                                self._drain(self.stderr, caps[1]))
             await self.wait()
         except asyncio.CancelledError:
-            self.kill()
+            self._kill_and_reap()
             raise
         finally:
             for f in (self.stdin, self.stdout, self.stderr):

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from conftest import make_base_spec, new_marker, sleep_cmd, sleepers, wait_until  # tests/, on sys.path (rootdir)
+from conftest import child_pids, make_base_spec, new_marker, sleep_cmd, sleepers, wait_until  # tests/, on sys.path
 
 import sandbox
 from sandbox.output import OutputLimitError
@@ -84,6 +84,7 @@ def test_a_timeout_kills_the_whole_sandbox(backend: str) -> None:
 
 def test_cancelling_the_task_kills_the_sandbox(backend: str) -> None:
     marker = new_marker()
+    before = child_pids()
 
     async def main() -> None:
         task = asyncio.create_task(sandbox.arun(["sh", "-c", f"setsid {sleep_cmd(marker)} & {sleep_cmd(marker)}"],
@@ -94,7 +95,8 @@ def test_cancelling_the_task_kills_the_sandbox(backend: str) -> None:
             await task
 
     asyncio.run(main())
-    assert wait_until(lambda: not sleepers(marker), timeout=10)
+    assert not sleepers(marker)
+    assert not (child_pids() - before)  # reaped before the cancellation went on: no zombie is left
 
 
 def test_an_output_cap_raises_and_kills(backend: str) -> None:

@@ -127,6 +127,7 @@ class Holder:
         self._last = time.monotonic()
         self._running = 0  # exec'd commands not ended yet
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._wake_lock = threading.RLock()  # stop() comes from any thread, or a signal handler in the main one
         self.why_stopped = ""
         self.stopped = threading.Event()
         self.thread: threading.Thread | None = None  # publish()'s: the thread serving it
@@ -157,8 +158,9 @@ class Holder:
         """Make the main thread end the session (any thread, or a signal handler)."""
         if not self.why_stopped:
             self.why_stopped = why
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        with self._wake_lock, contextlib.suppress(OSError):
+            if self._wake_w >= 0:  # not yet closed by _end: the number is still this pipe's
+                os.write(self._wake_w, b"x")
 
     def _idle_left(self) -> float | None:
         if self.idle_timeout is None:
@@ -200,6 +202,13 @@ class Holder:
         if self.why_stopped.startswith(STOPPED_BY):  # asked for: nothing is left to explain
             with contextlib.suppress(OSError):
                 os.unlink(clisock.log_name(self.ident), dir_fd=self.directory)
+        with contextlib.suppress(OSError):
+            os.close(self.directory)  # the per-user directory: a published session's process goes on
+        with self._wake_lock:  # forgotten first, closed after: stop() never writes to a reused number
+            wake = (self._wake_r, self._wake_w)
+            self._wake_r = self._wake_w = -1
+        for fd in wake:
+            os.close(fd)
 
     def _finish_connections(self) -> None:
         deadline = time.monotonic() + CLOSE_GRACE

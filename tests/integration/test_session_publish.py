@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,10 @@ def sessions_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     yield str(path)
 
 
-def test_a_published_session_is_reached_by_sandbox_exec(require_native: None, sessions_dir: str) -> None:
+def test_a_published_session_is_reached_by_sandbox_exec(require_native: None, sessions_dir: str,
+                                                         fd_count: Callable[[], int]) -> None:
+    sandbox.Session(make_base_spec()).close()  # warm up: the backend keeps one fd of sandbox-init
+    before = fd_count()
     with sandbox.Session(make_base_spec()) as session:
         ident = session.publish()
         session.write_file("/tmp/note", b"from the caller\n")
@@ -34,6 +37,7 @@ def test_a_published_session_is_reached_by_sandbox_exec(require_native: None, se
         with pytest.raises(sandbox.SessionError):
             session.publish()
     assert left_in(sessions_dir) == []  # its socket went with close()
+    assert fd_count() == before  # and every fd of its server: the directory's too
     assert cli("exec", ident, "--", "true").returncode != 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 
 from sandbox import Chmod, Dir, RemountRo, RoBind, SetupError, Spec, Tmpfs, UnavailableError
@@ -22,6 +24,19 @@ def test_last_bwrap_line() -> None:
     data = b"noise\nbwrap: first\nmore\nbwrap: Can't mkdir /x: Read-only file system\n"
     assert last_bwrap_line(data) == "Can't mkdir /x: Read-only file system"
     assert last_bwrap_line(b"nothing here\n") is None
+
+
+@pytest.mark.parametrize("data", [
+    # bwrap's init and its child both fail prctl(PR_SET_SECCOMP): their writes interleave (seen under load)
+    b"bwrap: prctl(PR_SET_SECCOMP): Input/output error\nbwrap: prctl(PR_SET_SECCOMP)",  # child killed mid-line
+    b"bwrap: prctl(PR_SET_SECCOMP)bwrap: : Input/output error\nprctl(PR_SET_SECCOMP): Input/output error\n",
+    b"bwrap: bwrap: prctl(PR_SET_SECCOMP): Input/output error\nprctl(PR_SET_SECCOMP): Input/output error\n",
+])
+def test_two_bwraps_dying_at_once_still_name_step_and_errno(data: bytes) -> None:
+    message = last_bwrap_line(data)
+    assert message == "prctl(PR_SET_SECCOMP): Input/output error"
+    error = _error_from(message, _plan(), ["true"], setup_done=True)
+    assert (getattr(error, "step", None), getattr(error, "errno", None)) == ("seccomp", errno.EIO)
 
 
 def _plan(*mounts: object) -> Plan:

@@ -81,9 +81,20 @@ class _StderrTap:
 
 
 def last_bwrap_line(data: bytes) -> str | None:
-    """The last line of `data` that bwrap wrote ("bwrap: ..."), without the prefix."""
-    lines = [ln for ln in data.decode(errors="replace").splitlines() if ln.startswith("bwrap: ")]
-    return lines[-1][len("bwrap: "):] if lines else None
+    """The last line of `data` that bwrap wrote ("bwrap: ..."), without the prefix.
+
+    Two bwrap processes can die of the same step at once: with a pid
+    namespace bwrap's init applies the seccomp program as its child does.
+    Each writes "bwrap: ", the message and ": error\n" as separate writes to
+    an unbuffered stderr, so their words interleave, and the kernel kills
+    the child mid-message when init exits. A finished line is preferred to
+    an unfinished one, and a prefix written into the middle of a line is
+    dropped."""
+    text = data.decode(errors="replace")
+    lines = text.split("\n")
+    finished = [ln for ln in lines[:-1] if ln.startswith("bwrap: ")]
+    chosen = finished or [ln for ln in lines[-1:] if ln.startswith("bwrap: ")]
+    return chosen[-1].replace("bwrap: ", "") if chosen else None
 
 
 class _Diagnose:

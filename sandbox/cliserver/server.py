@@ -19,6 +19,23 @@ the worker's process group, as a caller killing the client's group would
 have ended the Python CLI and every process of the sandbox still in that
 group; and to send the status of a worker killed by a signal. Each client's
 outcome, and why, is a line of the notes (`log`).
+
+Data flow (one client; AF_UNIX SOCK_SEQPACKET, fds by SCM_RIGHTS):
+
+  client (csrc/cliclient.c)        server (this loop)              spare / worker (fork)
+  -------------------------        ------------------              ---------------------
+  connect, request {argv, cwd,
+   env, stdio + --args fds} ---->  peer.py: the peer's uid
+                                   MSG_PEEK the request
+                                   fastpath.py decides:
+                    <---- PLAN {blob} (a plan carries it: the client
+  runs the plan itself             runs it; the server is done)
+                    <---- FALLBACK (nothing used yet: the client runs the command line directly)
+                                   else: hand the connection ---->  takes the request,
+                                   to the spare, fork the next      runs the Python CLI
+  SIGNAL (one it received) ----------------------------------------> to the command
+                    <----------------------------------------------- STATUS {returncode}
+  the client dies: EPOLLRDHUP ---> kill the worker's group
 """
 
 from __future__ import annotations

@@ -7,6 +7,20 @@ leftover sockets and rereads its counters (/proc/net/snmp, netstat, snmp6,
 dev): clean and untouched, it is leased again; anything else (a tenant that
 sent even one packet), it is destroyed and a refill thread makes a
 replacement.
+
+Data flow (the factory: SOCK_SEQPACKET, fds by SCM_RIGHTS; leases: in this process):
+
+  factory process (_factory_main.py)     NetnsPool (refill thread)         tenants (sandboxes)
+  ----------------------------------     -------------------------         -------------------
+  "ready" (+ its userns fd) ---------->
+                      <--------------- "new"
+  unshare(CLONE_NEWNET), back home
+  "ok" + [netns, rtnl, diag] --------->  lo up, baseline taken (rtnl,
+                                         diag: no setns needed) -> free
+                                         lease() ----------------------->  setns(netns) at start
+                                         release() <---------------------  the sandbox ended
+                                         unchanged: free again; else
+                                         destroyed, "new" for another
 """
 
 from __future__ import annotations

@@ -20,6 +20,19 @@ its request, never one of the holder's. When the holder ends it closes the
 Session (every process of it gone) and removes its socket if the name
 still names it; its log stays for the owner to read, unless the owner
 stopped it.
+
+Data flow (one `sandbox exec ID -- CMD`; AF_UNIX SOCK_STREAM, length-prefixed JSON, fds by SCM_RIGHTS):
+
+  client (climain.py)             holder (a thread per connection)     the Session's pid 1
+  -------------------             --------------------------------     -------------------
+  connect ---------------------->  check_peer: owner's uid, same ns
+  {"op": "exec", argv, cwd, env,
+   user} + its stdin/out/err ---->  Session.start(argv, stdio=those) ->  forks a call process,
+                                                                         which execs CMD with
+                   <---- {"started": pid}                                the client's own fds
+  {"signal": N} (relayed) ------->  proc.send_signal(N) -------------->
+                   <---- {"exit": status, "killed_by"} <----------------  CMD ends
+  the client goes away ---------->  proc.kill(): CMD's tree ends
 """
 
 from __future__ import annotations

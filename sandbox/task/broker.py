@@ -37,6 +37,21 @@ record out. When the requester goes away (its connection closes: it died,
 or the whole outer sandbox did), the child is killed; when the parent
 sandbox ends, every child is.
 
+Data flow (one nested sandbox; SOCK_SEQPACKET, SO_PASSCRED on every message):
+
+  parent task sandbox                  broker (the caller's process)         child sandbox
+  -------------------                  -----------------------------         -------------
+  task.spawn inside --- request {inner ---> credentials checked, paths
+   (nested.py)          description,        translated to the host's,
+                        argv, env} + 3      narrowed(parent, child) ---SpecError back
+                        stdio fds           task.spawn on the parent's
+                                            backend ------------------------> starts, stdio
+                   <--- started {pid} ---                                    straight to the
+                   ---- signal / kill ----> relayed ------------------------> requester's fds
+                   <--- exit status, record <------------------------------- ends
+  connection closed ----------------------> child killed
+  parent's pid 1 ends (pidfd) ------------> broker stops, every child killed
+
 What a nested sandbox cannot take from its parent: a path it does not show
 (or write where it only reads), a network, port, socket or proxy host it
 lacks, an environment pattern beyond its allowlist, the framework package

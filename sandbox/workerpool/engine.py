@@ -1,5 +1,22 @@
 """The caller's side of a WorkerPool: starting tasks, and one I/O thread that finishes them.
 
+Data flow (control: SOCK_SEQPACKET struct sbx_zmsg; task: a socketpair and two pipes):
+
+  caller threads          I/O thread                 zygote (C loop)           task sandbox
+  --------------          ----------                 ---------------           ------------
+  submit(fn) -> future                               forks spares ahead ------> waits on its
+     | socketpair+pipes   <-- SPARE {pid; socket, pidfd}                       channel
+     '-- task's ends ----------- (to the spare's socket, straight) -----------> reads env + pickled
+                                                                               (fn, args, kwargs)
+                          <------------ reply (u64 length + pickle) ----------- runs, writes
+                          <------------ stdout / stderr ----------------------- (pipes)
+                          -- TAKEN {pid, id} ------>   a spare now runs task id
+                          -- SLOT {cgroup, netns fds}  for the next spares
+                          -- SPAWN {plan memfd, slot} ->  forks one for a task
+                          -- KILL {id} (timeout) ---->   kills its pid 1
+                          <- STARTED / FAILED / EXITED {id, status}
+     future.set_result <--'  (reply whole, channels at EOF, or EXITED without a reply)
+
 Per task the caller makes a socketpair (the task reads its payload from it and
 writes its reply) and two pipes (its stdout and stderr), hands the task's ends
 to a spare sandbox the zygote forked ahead (or to the zygote with SPAWN, which

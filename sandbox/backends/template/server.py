@@ -1,5 +1,24 @@
 """One sandbox-template process: started by the native core in the root it
-prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket."""
+prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket.
+
+Data flow (one request; every arrow a SOCK_SEQPACKET message, fds by SCM_RIGHTS):
+
+  caller (Server.spawn)                 sandbox-template (csrc/template.c), pid 1
+  ---------------------                 ------------------------------------------
+  request: blob|"", argv, env,  ----->  _sock: clone a sandbox from the prepared
+   stdio, pass_fds, netns, cgroups       root (per-call binds cloned here)
+   + a fresh report socket     ----->  _fast: a standby (csrc/standby.c), set up
+                                         ahead, takes it and execs; the server
+                                         makes its replacement
+                                               |
+  _started(report) <---- STARTED {pidfd, pid, stamps, netns inode, cgroup tag}
+                   <---- FAILED {step, op, errno, detail}   (or EOF: it died)
+  status: a pipe, or with a reaper the report socket itself: the exit status
+
+A request too large for one message travels in a memfd (SBX_REQ_IN_MEMFD).
+Closing both sockets (close(), or the caller's death) ends the server, and
+with it (pid 1 of their pid namespace) every sandbox it made.
+"""
 
 from __future__ import annotations
 

@@ -29,27 +29,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox import (
-    ArgRule,
-    Bind,
-    Chmod,
-    Dev,
-    DevBind,
-    Dir,
-    File,
-    Limits,
-    Mqueue,
-    Namespaces,
-    Proc,
-    RemountRo,
-    RoBind,
-    Seccomp,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-    task,
-)
+from sandbox import Limits, Namespaces, Spec, task
+from sandbox.errors import SpecError
+from sandbox.mounts import Bind, Chmod, Dev, DevBind, Dir, File, Mqueue, Proc, RemountRo, RoBind, Symlink, Tmpfs
+from sandbox.seccomp import ArgRule, Seccomp
 
 SCALE = int(os.environ.get("SANDBOX_FUZZ_SCALE", "1"))
 FUZZ = settings(max_examples=300 * SCALE, deadline=None, database=None, suppress_health_check=list(HealthCheck))

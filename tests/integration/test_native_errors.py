@@ -11,24 +11,9 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox import (
-    Bind,
-    Chmod,
-    Dir,
-    ExecError,
-    ExecNotFoundError,
-    ExecPermissionError,
-    File,
-    Namespaces,
-    RemountRo,
-    RoBind,
-    SandboxError,
-    SetupError,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Namespaces, Spec
+from sandbox.errors import ExecError, ExecNotFoundError, ExecPermissionError, SandboxError, SetupError, SpecError
+from sandbox.mounts import Bind, Chmod, Dir, File, RemountRo, RoBind, Symlink, Tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("require_native")]
 

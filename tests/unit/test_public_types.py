@@ -24,28 +24,12 @@ from typing import Any
 import pytest
 
 import sandbox
-from sandbox import (
-    ArgRule,
-    Bind,
-    Chmod,
-    Dev,
-    DevBind,
-    Dir,
-    File,
-    Mqueue,
-    Proc,
-    RemountRo,
-    RoBind,
-    Seccomp,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-    task,
-)
+from sandbox import Spec, task
 from sandbox.api import check_pass_fds, with_call_options
-from sandbox.errors import shown
+from sandbox.errors import SpecError, shown
+from sandbox.mounts import Bind, Chmod, Dev, DevBind, Dir, File, Mqueue, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import check_argv
+from sandbox.seccomp import ArgRule, Seccomp
 
 HAND_WRITTEN = [Spec, Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Mqueue, Dir, Symlink, File, RemountRo, Chmod,
                 Seccomp, ArgRule, task.Sandbox, task.Bind, task.Layout, task.Proxy]

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from forkbomb import FORK_BOMB
 
 import sandbox
 from sandbox import Limits, UnavailableError
@@ -100,21 +101,6 @@ def test_touching_300_mb_under_memory_100_is_killed_by_memory(executor: str) -> 
     assert r.usage is not None and r.usage.memory_peak_mb is not None and r.usage.memory_peak_mb <= 100.5
 
 
-FORK_BOMB = textwrap.dedent("""
-    import os, sys, time
-    n = 0
-    while n < 500:
-        try:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-        except OSError:
-            break
-        n += 1
-    print(n, flush=True)
-""")
-
-
 @needs
 def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) -> None:
     marker = procs.new_marker()  # type: ignore[attr-defined]
@@ -143,7 +129,7 @@ def test_nproc_1_beside_the_sandbox_pid_1_fails_with_a_hint(executor: str) -> No
 
 @needs
 def test_a_fork_bomb_that_fails_is_killed_by_pids(executor: str) -> None:
-    bomb = FORK_BOMB + "sys.exit(3)\n"
+    bomb = FORK_BOMB + "raise SystemExit(3)\n"
     r = sandbox.run([PY, "-c", bomb], spec(nproc=8), capture_output=True, backend=executor, timeout=60)
     assert (r.returncode, r.killed_by) == (3, "pids")
 

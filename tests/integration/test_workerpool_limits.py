@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import pytest
 from conftest import make_base_spec
+from forkbomb import fork_bomb_counted
 
 import sandbox
 from sandbox import Limits
@@ -72,23 +73,6 @@ def touch(mb: int) -> int:
     return mb
 
 
-def fork_bomb(limit: int) -> tuple[int, int]:
-    """Fork sleepers until a fork fails: (how many, how many processes its cgroup then held, by pid ns)."""
-    import os
-    import time
-
-    n = 0
-    while n < limit:
-        try:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-        except OSError:
-            break
-        n += 1
-    return n, len([p for p in os.listdir("/proc") if p.isdigit()])
-
-
 def spin(seconds: float) -> float:
     import time
 
@@ -125,7 +109,7 @@ def test_touching_300_mb_under_memory_100_fails_killed_by_memory_and_the_pool_go
 @needs
 def test_a_fork_bomb_under_nproc_32_stays_at_32(spares: int) -> None:
     with pool(spares, nproc=32) as p:
-        f = p.submit(fork_bomb, 500)
+        f = p.submit(fork_bomb_counted, 500)
         forked, seen = f.result(timeout=60)
     assert 0 < forked <= 31 and seen <= 32, (forked, seen)  # the task itself counts too
     assert f.usage is not None and f.usage.pids_peak is not None and f.usage.pids_peak <= 32
@@ -135,7 +119,7 @@ def test_a_fork_bomb_under_nproc_32_stays_at_32(spares: int) -> None:
 @needs
 def test_each_task_has_its_own_nproc_32(spares: int) -> None:
     with pool(spares, nproc=32) as p:
-        futures = [p.submit(fork_bomb, 20) for _ in range(4)]
+        futures = [p.submit(fork_bomb_counted, 20) for _ in range(4)]
         assert [f.result(timeout=60)[0] for f in futures] == [20] * 4  # 4 x 21 > 32: not one shared wall
 
 
@@ -237,7 +221,7 @@ def test_many_tasks_at_once_each_in_its_own_cgroup(spares: int) -> None:
     """Spares taken, spares claimed while set up, forks per task: every task
     is walled and counted, and no cgroup outlives the pool."""
     with pool(spares, memory_mb=64, nproc=16) as p:
-        futures = [p.submit(fork_bomb, 3) for _ in range(12)]
+        futures = [p.submit(fork_bomb_counted, 3) for _ in range(12)]
         assert [f.result(timeout=60)[0] for f in futures] == [3] * 12
         usages = [f.usage for f in futures]
     assert all(u is not None and u.mechanism == INFO.mechanism and u.pids_peak == 4 for u in usages), usages

@@ -18,10 +18,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 
 import pytest
-from conftest import make_base_spec
+from conftest import make_base_spec, wait_until
 from forkbomb import fork_bomb_counted
 
 import sandbox
@@ -48,19 +47,10 @@ def mine(paths: list[str], pid: int | None = None) -> list[str]:
     return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 @pytest.fixture(autouse=True)
 def no_cgroup_left() -> object:
     yield
-    assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
+    assert wait_until(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 def touch(mb: int) -> int:
@@ -150,7 +140,7 @@ def test_the_tasks_cgroups_are_removed_as_they_end(spares: int) -> None:
             assert p.submit(touch, 1).result(timeout=60) == 1
         # only those made ahead, for spares (and the first fork's) are left; no task's
         assert len(mine(leftovers())) <= (2 * max(spares, 1) + 1) * len(INFO.hierarchies)
-    assert wait_for(lambda: not mine(leftovers()), 5.0)
+    assert wait_until(lambda: not mine(leftovers()), 5.0)
 
 
 @needs
@@ -171,7 +161,7 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(spares: int) -> None:
     child = subprocess.Popen([sys.executable, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == INFO.mechanism.encode()
-    assert wait_for(lambda: bool(mine(leftovers(), child.pid)), 5.0)
+    assert wait_until(lambda: bool(mine(leftovers(), child.pid)), 5.0)
     child.kill()
     child.wait()
     # the next cgroup made (another process's) sweeps what a dead owner left
@@ -180,7 +170,7 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(spares: int) -> None:
                             f"sandbox.run([{sys.executable!r}, '-c', 'pass'], "
                             "python_interpreter(limits=Limits(nproc=8)))"], timeout=60)
     assert later.returncode == 0
-    assert wait_for(lambda: not mine(leftovers(), child.pid), 10.0), mine(leftovers(), child.pid)
+    assert wait_until(lambda: not mine(leftovers(), child.pid), 10.0), mine(leftovers(), child.pid)
 
 
 def test_without_cgroups_a_task_has_rlimits_and_says_so(spares: int, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -218,9 +218,9 @@ def test_hermetic_env_backend(clean_env: pytest.MonkeyPatch) -> None:
     assert callable(limited.preexec_fn)
 
 
-def test_bwrap_argv_without_network() -> None:
-    spec = Bwrap().prepare(ARGV, CWD)
-    assert spec.argv == [
+def bwrap_argv(*unshare: str) -> list[str]:
+    """What Bwrap().prepare(ARGV, CWD) gives, with `unshare` before the command."""
+    return [
         "bwrap", "--die-with-parent",
         "--ro-bind", "/", "/",
         "--dev", "/dev",
@@ -228,25 +228,21 @@ def test_bwrap_argv_without_network() -> None:
         "--tmpfs", "/tmp",
         "--bind", "/work/space", "/work/space",
         "--chdir", "/work/space",
-        "--unshare-net",
+        *unshare,
         *ARGV,
     ]
+
+
+def test_bwrap_argv_without_network() -> None:
+    spec = Bwrap().prepare(ARGV, CWD)
+    assert spec.argv == bwrap_argv("--unshare-net")
     assert spec.env == hermetic_env(os.environ)
     assert spec.preexec_fn is None
 
 
 def test_bwrap_argv_with_network() -> None:
     spec = Bwrap(allow_network=True, rlimits=RLimits()).prepare(ARGV, CWD)
-    assert spec.argv == [
-        "bwrap", "--die-with-parent",
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        "--bind", "/work/space", "/work/space",
-        "--chdir", "/work/space",
-        *ARGV,
-    ]
+    assert spec.argv == bwrap_argv()
     assert "--unshare-net" not in spec.argv
     assert callable(spec.preexec_fn)
 

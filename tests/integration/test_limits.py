@@ -70,6 +70,18 @@ def mine(paths: list[str], pid: int | None = None) -> list[str]:
     return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
 
 
+def cgroup_of(p: sandbox.SandboxProcess, procs: object, marker: str) -> set[int]:
+    """The pids in the cgroup of `p`, which runs INSIDE with `marker`: once it has said it holds no fd
+    of its cgroup and its child runs."""
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
+    assert wait_until(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
+    walls = p._handle.walls  # type: ignore[attr-defined]
+    assert walls is not None and walls.cgroup is not None
+    return {int(pid) for _, path in walls.cgroup.dirs
+            for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+
+
 @pytest.fixture(autouse=True)
 def no_cgroup_left() -> object:
     yield
@@ -254,13 +266,7 @@ def test_every_process_of_a_template_sandbox_is_in_its_cgroup_and_holds_no_fd_of
     marker = procs.new_marker()  # type: ignore[attr-defined]
     with sandbox.Template(python_interpreter(limits=Limits(nproc=16), as_pid_1=as_pid_1)) as t:
         with t.spawn([PY, "-c", INSIDE, marker], stdout=subprocess.PIPE) as p:
-            assert p.stdout is not None
-            assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
-            assert wait_until(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
-            walls = p._handle.walls  # type: ignore[attr-defined]
-            assert walls is not None and walls.cgroup is not None
-            inside = {int(pid) for _, path in walls.cgroup.dirs
-                      for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+            inside = cgroup_of(p, procs, marker)
             assert set(procs.with_marker(marker)) <= inside  # type: ignore[attr-defined]
             assert len(inside) == (2 if as_pid_1 else 3)  # and its resident pid 1, if it has one
             p.kill()

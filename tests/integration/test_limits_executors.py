@@ -27,19 +27,13 @@ import cli_helpers as cli
 import pytest
 from cli_helpers import SYSTEM, Installation, cli_install  # noqa: F401  (cli_install: the fixture `install`)
 from conftest import wait_until
-from test_limits import FORK_BOMB, INFO, TOUCH, leftovers, mine, needs
+from test_limits import FORK_BOMB, INFO, TOUCH, leftovers, mine, needs, no_cgroup_left  # noqa: F401
 
 from sandbox import task
 from sandbox.cgroups import PARENT_ENV, detect
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
-
-
-@pytest.fixture(autouse=True)
-def no_cgroup_left() -> object:
-    yield
-    assert wait_until(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 # ---------------------------------------------------------------- the task layer

@@ -11,11 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 from conftest import wait_until
-from test_limits import FORK_BOMB, INSIDE, TOUCH, leftovers, mine, needs
+from test_limits import FORK_BOMB, INSIDE, TOUCH, cgroup_of, leftovers, mine, needs, no_cgroup_left  # noqa: F401
 
 import sandbox
 from sandbox import Limits
@@ -24,12 +23,6 @@ from sandbox.presets import python_interpreter
 pytestmark = pytest.mark.integration
 PY = sys.executable
 PID_NS = ["readlink", "/proc/self/ns/pid"]
-
-
-@pytest.fixture(autouse=True)
-def no_cgroup_left() -> Iterator[None]:
-    yield
-    assert wait_until(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 def recycled(**limits: int) -> sandbox.Template:
@@ -91,13 +84,7 @@ def test_only_the_command_is_in_its_cgroup_and_it_holds_no_fd_of_it(procs: objec
     with recycled(nproc=16) as t:
         t.run(["true"], timeout=60)
         with t.spawn([PY, "-c", INSIDE, marker], stdout=subprocess.PIPE) as p:
-            assert p.stdout is not None
-            assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
-            assert wait_until(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
-            walls = p._handle.walls  # type: ignore[attr-defined]
-            assert walls is not None and walls.cgroup is not None
-            inside = {int(pid) for _, path in walls.cgroup.dirs
-                      for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+            inside = cgroup_of(p, procs, marker)
             assert inside == set(procs.with_marker(marker))  # type: ignore[attr-defined]
             p.kill()
         assert p.returncode == -signal.SIGKILL and p.killed_by is None

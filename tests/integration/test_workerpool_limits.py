@@ -12,7 +12,6 @@ the fallback's are run.
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -22,35 +21,19 @@ import time
 import pytest
 from conftest import make_base_spec, wait_until
 from forkbomb import fork_bomb_counted
+from test_limits import INFO, leftovers, mine, needs, no_cgroup_left  # noqa: F401  (no_cgroup_left: autouse)
 
 import sandbox
 from sandbox import Limits
-from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
+from sandbox.cgroups import PARENT_ENV
 from sandbox.workerpool import TaskError, TaskTimeoutError
 
-INFO = host_cgroups()
-needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
-                           reason=f"no cgroup limits for this caller: {INFO.reason}")
 pytestmark = [pytest.mark.skipif(not sandbox.probe().native, reason="native backend unavailable"),
               pytest.mark.parametrize("spares", [0, 2], ids=["fork-per-task", "spares"])]
 
 
 def pool(spares: int, **limits: object) -> sandbox.WorkerPool:
     return sandbox.WorkerPool(make_base_spec(limits=Limits(**limits)), 2, spares=spares)  # type: ignore[arg-type]
-
-
-def leftovers() -> list[str]:
-    return [p for h in INFO.hierarchies for p in glob.glob(os.path.join(h.parent, PREFIX + "*"))]
-
-
-def mine(paths: list[str], pid: int | None = None) -> list[str]:
-    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
-
-
-@pytest.fixture(autouse=True)
-def no_cgroup_left() -> object:
-    yield
-    assert wait_until(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 def touch(mb: int) -> int:

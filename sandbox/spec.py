@@ -50,9 +50,9 @@ from .validate import (
     check_positive,
     check_text,
     init_fields,
+    json_object,
     normalize_path,
     parse_json,
-    reject_unknown,
     replaced,
 )
 
@@ -394,11 +394,7 @@ class Spec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Spec:
         """Build a Spec from `to_dict` output; unknown keys raise SpecError by name."""
-        if not isinstance(data, Mapping):
-            raise SpecError("spec", data, "must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        reject_unknown("spec", data, known)
-        kwargs = dict(data)
+        kwargs = json_object("spec", data, {f.name for f in dataclasses.fields(cls)})
         if "mounts" in kwargs:
             if not isinstance(kwargs["mounts"], (list, tuple)):
                 raise SpecError("mounts", kwargs["mounts"], "must be a list")
@@ -484,7 +480,4 @@ def _cap_name(name: str) -> str:
 
 
 def _sub_from_dict(where: str, klass: type[_D], data: object) -> _D:
-    if not isinstance(data, Mapping):
-        raise SpecError(where, data, "must be a JSON object")
-    reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
-    return klass(**data)
+    return klass(**json_object(where, data, {f.name for f in dataclasses.fields(klass)}))

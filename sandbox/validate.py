@@ -176,6 +176,15 @@ def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None
         raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
 
 
+def json_object(where: str, data: object, known: set[str]) -> dict[str, Any]:
+    """`data` as a dict, if it is a JSON object with no key outside `known`; SpecError naming `where`
+    (or the unknown key) if not."""
+    if not isinstance(data, Mapping):
+        raise SpecError(where, data, "must be a JSON object")
+    reject_unknown(where, data, known)
+    return dict(data)
+
+
 def replaced(obj: _D, where: str, changes: Mapping[str, Any]) -> _D:
     """dataclasses.replace(obj, **changes), validated again; SpecError naming an unknown field."""
     reject_unknown(where, changes, {f.name for f in dataclasses.fields(obj)})

@@ -29,9 +29,9 @@ from ..validate import (
     check_positive,
     check_text,
     init_fields,
+    json_object,
     normalize_path,
     parse_json,
-    reject_unknown,
     replaced,
 )
 
@@ -272,10 +272,7 @@ class Sandbox:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Sandbox:
         """Build from the JSON form; unknown keys raise SpecError naming the key."""
-        if not isinstance(data, Mapping):
-            raise SpecError("sandbox", data, "must be a JSON object")
-        reject_unknown("sandbox", data, {f.name for f in dataclasses.fields(cls)})
-        kw = dict(data)
+        kw = json_object("sandbox", data, {f.name for f in dataclasses.fields(cls)})
         if "binds" in kw:
             kw["binds"] = tuple(_sub(f"binds[{i}]", Bind, b) for i, b in enumerate(_list("binds", kw["binds"])))
         if kw.get("layout") is not None:
@@ -301,13 +298,11 @@ def check_sandbox(value: object, field_name: str = "sandbox") -> Sandbox:
 
 
 def _sub(where: str, klass: type[_D], data: object) -> _D:
-    if not isinstance(data, Mapping):
-        raise SpecError(where, data, "must be a JSON object")
-    reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
+    kw = json_object(where, data, {f.name for f in dataclasses.fields(klass)})
     try:
-        return klass(**data)
+        return klass(**kw)
     except TypeError as exc:
-        raise SpecError(where, dict(data), f"missing a required key: {exc}") from None
+        raise SpecError(where, kw, f"missing a required key: {exc}") from None
     except SpecError as exc:
         tail = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
         raise SpecError(f"{where}.{tail}", exc.value, exc.problem) from None

@@ -1,6 +1,6 @@
 """A Session with users of its own (an /etc/passwd and /etc/group written into it): the world of the tests of
 Session users (tests/integration/test_session_users.py) and of their attacks
-(tests/adversarial/test_session_user_attacks.py)."""
+(tests/adversarial/test_session_user_attacks.py); `sh`, a shell line in a Session (test_session.py's too)."""
 
 from __future__ import annotations
 

@@ -155,6 +155,20 @@ def foreground_signals() -> Iterator[None]:
         yield
 
 
+class BytesPath:
+    """An os.PathLike of bytes: not a path the public constructors take."""
+
+    def __fspath__(self) -> bytes:
+        return b"/tmp"
+
+
+class BadPath:
+    """An os.PathLike whose __fspath__ returns neither str nor bytes."""
+
+    def __fspath__(self) -> int:
+        return 3
+
+
 # ---------------------------------------------------------------- processes
 
 def new_marker() -> str:

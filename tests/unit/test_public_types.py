@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+from conftest import BadPath, BytesPath
 
 import sandbox
 from sandbox import Spec, task
@@ -39,20 +40,6 @@ def spec_error(build: Any) -> SpecError:
     with pytest.raises(SpecError) as info:
         build()
     return info.value
-
-
-class BytesPath:
-    """An os.PathLike of bytes: not a path these constructors take."""
-
-    def __fspath__(self) -> bytes:
-        return b"/tmp"
-
-
-class BadPath:
-    """An os.PathLike whose __fspath__ returns neither str nor bytes."""
-
-    def __fspath__(self) -> int:
-        return 3
 
 
 # ---------------------------------------------------------------- __init__ against the fields

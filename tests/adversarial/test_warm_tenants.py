@@ -126,11 +126,13 @@ def search(prefix: str, digest: str) -> list[str]:
 
 
 def tenant_source() -> str:
-    """plant() and search() as a script for python3 inside a sandbox: argv[1] picks one."""
+    """plant() and search() (with readable_memory) as a script for python3 inside a sandbox: argv[1] picks one."""
     import inspect
 
     return "\n".join([
-        f"PREFIX, SYSV_KEY = {PREFIX!r}, {SYSV_KEY}", inspect.getsource(plant), inspect.getsource(search),
+        "from __future__ import annotations",  # readable_memory's annotations name what the script lacks
+        f"PREFIX, SYSV_KEY = {PREFIX!r}, {SYSV_KEY}", inspect.getsource(plant), inspect.getsource(readable_memory),
+        inspect.getsource(search),
         "import sys",
         "if sys.argv[1] == 'plant':\n    print(plant(sys.argv[2]))\n    import time; time.sleep(0.2)",
         "else:\n    print('\\n'.join(search(sys.argv[2], sys.argv[3])) or 'clean')",

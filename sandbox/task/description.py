@@ -9,16 +9,16 @@ naming the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 from ..errors import SpecError, shown
 from ..validate import (
+    JsonForm,
     StrPath,
     check_bool,
     check_env,
@@ -31,7 +31,6 @@ from ..validate import (
     init_fields,
     json_object,
     normalize_path,
-    parse_json,
     replaced,
 )
 
@@ -132,12 +131,14 @@ _LIMITS = Limits()
 
 
 @dataclass(frozen=True, init=False)
-class Sandbox:
+class Sandbox(JsonForm):
     """One sandbox of a framework, described (see the module docstring for the JSON form).
 
     Construction takes what a caller naturally has (lists or any iterable, a
     dict for `env` and `sockets`, a pathlib.Path for a path) and keeps it
     frozen: tuples (`env` and `sockets` as sorted pairs) and str paths."""
+
+    json_name: ClassVar[str] = "sandbox"
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
@@ -265,10 +266,6 @@ class Sandbox:
             "probes": list(self.probes), "role": self.role,
         }
 
-    def to_json(self, indent: int | None = None) -> str:
-        """Serialize to JSON text."""
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Sandbox:
         """Build from the JSON form; unknown keys raise SpecError naming the key."""
@@ -285,11 +282,6 @@ class Sandbox:
             if name in kw:
                 kw[name] = _list(name, kw[name])
         return cls(**kw)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Sandbox:
-        """Parse the JSON form."""
-        return cls.from_dict(parse_json("sandbox", text))
 
 
 def check_sandbox(value: object, field_name: str = "sandbox") -> Sandbox:

@@ -38,9 +38,7 @@ why, where it is not.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -57,11 +55,11 @@ import sandbox
 if __package__:
     from . import flatpak_app
     from .latency import BWRAP_ARGS
-    from .timing import measure, p99
+    from .timing import arguments, measure, p99, write_json
 else:  # run as a script (or imported by one): benchmarks/ is sys.path[0]
     import flatpak_app
     from latency import BWRAP_ARGS
-    from timing import measure, p99
+    from timing import arguments, measure, p99, write_json
 
 TRUE = ["/bin/true"]
 BWRAP = "bwrap <flatpak-like> /bin/true"
@@ -329,9 +327,7 @@ def table(times: dict[str, list[float]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=100, help="runs per row (default 100)")
-    ap.add_argument("--json", help="also write the raw per-run times here")
+    ap = arguments(__doc__, 100, "runs per row")
     ap.add_argument("--compare", type=Path,
                     help="also the warm, direct and cold rows of the installation in this bin directory")
     args = ap.parse_args()
@@ -361,9 +357,7 @@ def main() -> int:
             for server in servers:
                 server.stop()
     print(table(times))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(times, f)
+    write_json(args.json, times)
     return 0
 
 

@@ -12,8 +12,6 @@ one leased from sandbox.netpool for the network=pool row).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -25,9 +23,9 @@ import sandbox
 from sandbox import netpool
 
 if __package__:
-    from .timing import measure, p99
+    from .timing import arguments, measure, p99, write_json
 else:  # run as a script (or imported by one): benchmarks/ is sys.path[0]
-    from timing import measure, p99
+    from timing import arguments, measure, p99, write_json
 
 MOUNTS = [
     sandbox.RoBind("/usr"),
@@ -93,18 +91,14 @@ def table(times: dict[str, list[float]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=500, help="runs per variant (default 500)")
-    ap.add_argument("--json", help="also write the raw per-run times here")
+    ap = arguments(__doc__, 500)
     args = ap.parse_args()
     print(f"# spawn+wait of /bin/true, n={args.n}, uid={os.getuid()}, python {sys.version.split()[0]}, "
           f"kernel {os.uname().release}")
     print(f"# {sandbox.probe().native_reason}")
     times = measure(variants(), args.n)
     print(table(times))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(times, f)
+    write_json(args.json, times)
     return 0
 
 

@@ -24,8 +24,6 @@ benchmarks/tradeoffs.py (the whole machine's, or this process tree's).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -39,7 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from latency import BWRAP_ARGS, MOUNTS  # noqa: E402
-from timing import calls_per_second, measure, p99  # noqa: E402
+from timing import arguments, calls_per_second, measure, p99, write_json  # noqa: E402
 
 import sandbox  # noqa: E402
 from sandbox import netpool  # noqa: E402
@@ -233,12 +231,10 @@ def caller_table(pooled: sandbox.Template, recycled: sandbox.Template, n: int) -
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=500, help="runs per variant (default 500)")
+    ap = arguments(__doc__, 500, json_what="the raw per-run times and rates")
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput run (default 5)")
     ap.add_argument("--binds", default="10,100,1000", help="extra bind counts for the binds table ('' skips it)")
     ap.add_argument("--bind-runs", type=int, default=50, help="runs per variant and bind count (default 50)")
-    ap.add_argument("--json", help="also write the raw per-run times and rates here")
     ap.add_argument("--caller", action="store_true",
                     help="only the caller's own thread time per spawn and per wait (n calls each, interleaved)")
     args = ap.parse_args()
@@ -275,9 +271,7 @@ def main() -> int:
           f"p99 {p99(times[RECYCLED]):.2f} ms (<= 2.5)"
           + (f", sustained {rates[RECYCLED] / rates[BWRAP]:.2f}x bwrap (>= 4x)" if BWRAP in rates else "")
           + "; its CPU against posix_spawn's: the table above (<= 1.3x)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"times": times, "rates": rates}, f)
+    write_json(args.json, {"times": times, "rates": rates})
     return 0
 
 

@@ -5,6 +5,8 @@ both as `benchmarks.timing` and, run on its own, as `timing`.
 
 from __future__ import annotations
 
+import argparse
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -67,3 +69,20 @@ def percentile(xs: list[float], q: float) -> float:
 def p99(xs: list[float]) -> float:
     """The 99th percentile of `xs` (see percentile)."""
     return percentile(xs, 0.99)
+
+
+def arguments(doc: str | None, runs: int, what: str = "runs per variant",
+              json_what: str = "the raw per-run times") -> argparse.ArgumentParser:
+    """The command line a benchmark starts from: its docstring as --help, -n (`what`, `runs` by
+    default) and --json (where to write `json_what` too); it adds its own options."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-n", type=int, default=runs, help=f"{what} (default {runs})")
+    ap.add_argument("--json", help=f"also write {json_what} here")
+    return ap
+
+
+def write_json(path: str | None, figures: object) -> None:
+    """--json's: `figures` as JSON in `path` (None: nowhere)."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(figures, f)

@@ -33,8 +33,6 @@ after-fork work in the child.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
 import shutil
@@ -49,9 +47,9 @@ from sandbox.workerpool.interpreter import zygote_spec
 from sandbox.workerpool.pool import LEASE_ENV
 
 if __package__:
-    from .timing import calls_per_second, measure, p99
+    from .timing import arguments, calls_per_second, measure, p99, write_json
 else:  # run as a script: benchmarks/ is sys.path[0]
-    from timing import calls_per_second, measure, p99
+    from timing import arguments, calls_per_second, measure, p99, write_json
 
 PRELOAD = ["json", "asyncio", "subprocess"]
 CODE = "import json, asyncio, subprocess"
@@ -295,10 +293,8 @@ def table(times: dict[str, list[float]]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("-n", type=int, default=100, help="runs per variant (default 100)")
+    ap = arguments(__doc__, 100)
     ap.add_argument("--seconds", type=float, default=5.0, help="length of the sustained run (default 5)")
-    ap.add_argument("--json", help="also write the raw per-run times here")
     args = ap.parse_args()
     print(f"# {CODE!r} per task, n={args.n}, uid={os.getuid()}, python {sys.version.split()[0]}, "
           f"kernel {os.uname().release}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
@@ -329,9 +325,7 @@ def main() -> int:
           f"{full[0]:.2f}, {full[1]:.2f} ({full[2]:.0f}); without the hooks, PyOS_AfterFork_Child's own work only "
           f"{own[0]:.2f}, {own[1]:.2f} ({own[2]:.0f}); without CPython's after-fork {bare[0]:.2f}, {bare[1]:.2f} "
           f"({bare[2]:.0f})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(times, f)
+    write_json(args.json, times)
     return 0
 
 

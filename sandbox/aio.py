@@ -21,7 +21,7 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import IO
 
 from .api import decoded, run_stdio, spawn
@@ -33,6 +33,7 @@ from .spec import Spec
 from .stdio import StdioArg
 from .sync import NO_SYNC, Sync
 
+CHUNK = 65536  # bytes one read or write of a pipe moves, at most
 REAP_AFTER_KILL = 5.0  # seconds a cancelled wait blocks, at most, for a killed sandbox to be reaped
 
 
@@ -45,6 +46,38 @@ async def readable(fd: int) -> None:
         await done
     finally:
         loop.remove_reader(fd)
+
+
+async def chunks(fd: int) -> AsyncIterator[bytes]:
+    """What the pipe `fd` (made non-blocking) gives, read by read as it comes, to EOF."""
+    os.set_blocking(fd, False)
+    while True:
+        try:
+            block = os.read(fd, CHUNK)
+        except BlockingIOError:
+            await readable(fd)
+            continue
+        if not block:
+            return
+        yield block
+
+
+async def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to the pipe `fd` (made non-blocking), waiting while it is full
+    (the running loop's add_writer). BrokenPipeError: the reader closed its end."""
+    os.set_blocking(fd, False)
+    view = memoryview(data)
+    loop = asyncio.get_running_loop()
+    while view:
+        try:
+            view = view[os.write(fd, view[:CHUNK]):]
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_writer(fd, _wake, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_writer(fd)
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -174,42 +207,21 @@ class AsyncProcess:
     async def _feed(self, data: bytes | None) -> None:
         if self.stdin is None:
             return
-        fd = self.stdin.fileno()
-        view = memoryview(data or b"")
-        os.set_blocking(fd, False)
-        loop = asyncio.get_running_loop()
         try:
-            while view:
-                try:
-                    view = view[os.write(fd, view[:65536]):]
-                except BlockingIOError:
-                    ready = loop.create_future()
-                    loop.add_writer(fd, _wake, ready)
-                    try:
-                        await ready
-                    finally:
-                        loop.remove_writer(fd)
-                except BrokenPipeError:
-                    break
+            await write_all(self.stdin.fileno(), data or b"")
+        except BrokenPipeError:
+            pass  # the command closed its stdin: what it did not read is dropped, as subprocess does
         finally:
             self.stdin.close()
 
     async def _drain(self, f: IO[bytes] | None, cap: OutputCap) -> bytes | None:
         if f is None:
             return None
-        fd = f.fileno()
-        os.set_blocking(fd, False)
-        while True:
-            try:
-                block = os.read(fd, 65536)
-            except BlockingIOError:
-                await readable(fd)
-                continue
-            if not block:
-                return cap.kept()
+        async for block in chunks(f.fileno()):
             if cap.feed(block):
                 self._caller_end = "output"
                 self._handle.signal(signal.SIGKILL)
+        return cap.kept()
 
 
 async def run(start: Callable[[StdioArg, StdioArg, StdioArg], Awaitable[AsyncProcess]], *,

@@ -104,7 +104,20 @@ class DevBind(Bind):
 
 
 @dataclass(frozen=True, init=False)
-class Tmpfs(Mount):
+class _AtDest(Mount):
+    """A mount whose target is its `dest` (the only field of a Proc, Dev, Mqueue)."""
+
+    dest: str
+
+    def validate(self, where: str) -> None:
+        self._path(where, "dest")
+
+    def target(self) -> str:
+        return self.dest
+
+
+@dataclass(frozen=True, init=False)
+class Tmpfs(_AtDest):
     """A fresh tmpfs at `dest` (nosuid, nodev), `size` in bytes, mode `perms`."""
 
     dest: str
@@ -116,25 +129,9 @@ class Tmpfs(Mount):
         init_fields(self, dest=dest, size=size, perms=perms)
 
     def validate(self, where: str) -> None:
-        self._path(where, "dest")
+        super().validate(where)
         check_positive(f"{where}.size", self.size)
         check_perms(f"{where}.perms", self.perms)
-
-    def target(self) -> str:
-        return self.dest
-
-
-@dataclass(frozen=True, init=False)
-class _AtDest(Mount):
-    """A filesystem whose only field is where it goes."""
-
-    dest: str
-
-    def validate(self, where: str) -> None:
-        self._path(where, "dest")
-
-    def target(self) -> str:
-        return self.dest
 
 
 # The sets of /proc entries a Proc may cover (sandbox.plan.proc_covers says what each holds).
@@ -195,7 +192,7 @@ class Mqueue(_AtDest):
 
 
 @dataclass(frozen=True, init=False)
-class Dir(Mount):
+class Dir(_AtDest):
     """A directory at `dest` with mode `perms` (an existing one keeps its mode)."""
 
     dest: str
@@ -206,11 +203,8 @@ class Dir(Mount):
         init_fields(self, dest=dest, perms=perms)
 
     def validate(self, where: str) -> None:
-        self._path(where, "dest")
+        super().validate(where)
         check_perms(f"{where}.perms", self.perms)
-
-    def target(self) -> str:
-        return self.dest
 
 
 @dataclass(frozen=True, init=False)
@@ -235,7 +229,7 @@ class Symlink(Mount):
 
 
 @dataclass(frozen=True, init=False)
-class File(Mount):
+class File(_AtDest):
     """A regular file at `dest` holding `data` (bytes, or a str written as UTF-8),
     mode `perms`; `readonly` binds it read-only."""
 
@@ -249,7 +243,7 @@ class File(Mount):
         init_fields(self, dest=dest, data=data, perms=perms, readonly=readonly)
 
     def validate(self, where: str) -> None:
-        self._path(where, "dest")
+        super().validate(where)
         if isinstance(self.data, str):
             try:
                 object.__setattr__(self, "data", self.data.encode())
@@ -260,12 +254,9 @@ class File(Mount):
         check_perms(f"{where}.perms", self.perms)
         check_bool(f"{where}.readonly", self.readonly)
 
-    def target(self) -> str:
-        return self.dest
-
 
 @dataclass(frozen=True, init=False)
-class RemountRo(Mount):
+class RemountRo(_AtDest):
     """Make the mount at `dest` read-only (also nosuid, nodev), not recursively."""
 
     dest: str
@@ -273,12 +264,6 @@ class RemountRo(Mount):
 
     def __init__(self, dest: StrPath) -> None:
         init_fields(self, dest=dest)
-
-    def validate(self, where: str) -> None:
-        self._path(where, "dest")
-
-    def target(self) -> str:
-        return self.dest
 
     def creates(self) -> bool:
         return False

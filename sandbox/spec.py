@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -39,6 +39,7 @@ from .mounts import (
     mount_to_dict,
 )
 from .validate import (
+    JsonForm,
     StrPath,
     as_text,
     check_bool,
@@ -50,9 +51,8 @@ from .validate import (
     check_positive,
     check_text,
     init_fields,
+    json_object,
     normalize_path,
-    parse_json,
-    reject_unknown,
     replaced,
 )
 
@@ -202,7 +202,7 @@ _DEFAULT_POLICY: Seccomp = _DefaultPolicy()  # type: ignore[assignment]
 
 
 @dataclass(frozen=True, init=False)
-class Spec:
+class Spec(JsonForm):
     """What a sandboxed command sees. Pure data; validated on construction.
 
     The defaults are the safe ones: every namespace, no network but loopback,
@@ -213,6 +213,8 @@ class Spec:
     and keeps it frozen: tuples (`env` and `forward` as sorted pairs) and str
     paths. A wrong value raises SpecError naming the field and what it accepts.
     """
+
+    json_name: ClassVar[str] = "spec"
 
     mounts: tuple[Mount, ...] = ()
     namespaces: Namespaces = field(default_factory=Namespaces)
@@ -385,20 +387,10 @@ class Spec:
             out[f.name] = value
         return out
 
-    def to_json(self, indent: int | None = None) -> str:
-        """Serialize to JSON text."""
-        import json  # only here: a run of the command line never writes JSON
-
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Spec:
         """Build a Spec from `to_dict` output; unknown keys raise SpecError by name."""
-        if not isinstance(data, Mapping):
-            raise SpecError("spec", data, "must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
-        reject_unknown("spec", data, known)
-        kwargs = dict(data)
+        kwargs = json_object("spec", data, {f.name for f in dataclasses.fields(cls)})
         if "mounts" in kwargs:
             if not isinstance(kwargs["mounts"], (list, tuple)):
                 raise SpecError("mounts", kwargs["mounts"], "must be a list")
@@ -412,11 +404,6 @@ class Spec:
 
             kwargs["seccomp"] = Seccomp.from_dict(kwargs["seccomp"], where="seccomp")
         return cls(**kwargs)
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Spec:
-        """Parse JSON text produced by `to_json`."""
-        return cls.from_dict(parse_json("spec", text))
 
 
 def _link_target(path: str, made: Mapping[str, tuple[int, Mount]], depth: int = 0) -> str | None:
@@ -484,7 +471,4 @@ def _cap_name(name: str) -> str:
 
 
 def _sub_from_dict(where: str, klass: type[_D], data: object) -> _D:
-    if not isinstance(data, Mapping):
-        raise SpecError(where, data, "must be a JSON object")
-    reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
-    return klass(**data)
+    return klass(**json_object(where, data, {f.name for f in dataclasses.fields(klass)}))

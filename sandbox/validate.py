@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeAlias, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -174,6 +174,42 @@ def reject_unknown(where: str, data: Mapping[str, Any], known: set[str]) -> None
     unknown = sorted(set(data) - known, key=str)  # a mapping's keys need not all be str
     if unknown:
         raise SpecError(where, unknown[0], f"unknown key (known: {', '.join(sorted(known))})")
+
+
+class JsonForm:
+    """`to_json` and `from_json` of a description whose JSON form is its `to_dict` / `from_dict`
+    (a Spec, a task's Sandbox); `json_name` is what an error calls text that is not JSON."""
+
+    json_name: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, as a dict."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Build from `to_dict` output; unknown keys raise SpecError naming the key."""
+        raise NotImplementedError
+
+    def to_json(self, indent: int | None = None) -> str:
+        """Serialize to JSON text."""
+        import json  # only here: a run of the command line never writes JSON
+
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Self:
+        """Parse JSON text produced by `to_json`."""
+        return cls.from_dict(parse_json(cls.json_name, text))
+
+
+def json_object(where: str, data: object, known: set[str]) -> dict[str, Any]:
+    """`data` as a dict, if it is a JSON object with no key outside `known`; SpecError naming `where`
+    (or the unknown key) if not."""
+    if not isinstance(data, Mapping):
+        raise SpecError(where, data, "must be a JSON object")
+    reject_unknown(where, data, known)
+    return dict(data)
 
 
 def replaced(obj: _D, where: str, changes: Mapping[str, Any]) -> _D:

@@ -26,15 +26,18 @@ The others are requested by name.
 - `procs`: helpers to look at processes through /proc (markers, children,
   /proc/PID/stat, polling with a deadline).
 - `require_native`: skip when this host cannot run the native backend.
+- `signal_state`: signal dispositions and this thread's mask, set while
+  inside (what `foreground_signals` does for every test).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,18 +133,40 @@ FOREGROUND_SIGNALS: dict[signal.Signals, Any] = {
 }  # (not SIGHUP, which nohup ignores: a test that needs it sets it, and nohup's run survives a hangup)
 
 
+@contextlib.contextmanager
+def signal_state(handlers: Mapping[int, Any], how: int, mask: Iterable[int]) -> Iterator[None]:
+    """While inside: the dispositions `handlers` set, and this thread's mask changed by
+    pthread_sigmask(how, mask); both as they were again after."""
+    saved = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    old_mask = signal.pthread_sigmask(how, mask)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 @pytest.fixture(autouse=True)
 def foreground_signals() -> Iterator[None]:
     """The test runs with FOREGROUND_SIGNALS and no signal blocked; what was
     set before is restored after it."""
-    saved = {sig: signal.signal(sig, handler) for sig, handler in FOREGROUND_SIGNALS.items()}
-    mask = signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    try:
+    with signal_state(FOREGROUND_SIGNALS, signal.SIG_SETMASK, set()):
         yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+
+
+class BytesPath:
+    """An os.PathLike of bytes: not a path the public constructors take."""
+
+    def __fspath__(self) -> bytes:
+        return b"/tmp"
+
+
+class BadPath:
+    """An os.PathLike whose __fspath__ returns neither str nor bytes."""
+
+    def __fspath__(self) -> int:
+        return 3
 
 
 # ---------------------------------------------------------------- processes

@@ -16,16 +16,15 @@ from __future__ import annotations
 import asyncio
 import codecs
 import collections
-import os
 from typing import IO
 
 from inspect_ai.util import ExecCompleted, ExecRemoteProcess, ExecRemoteStreamingOptions, ExecStderr, ExecStdout
 from inspect_ai.util import SandboxEnvironmentLimits as Limits
 from inspect_ai.util._sandbox.exec_remote import ExecOutput, ExecRemoteCommonOptions
 
-from ..aio import readable
+from ..aio import chunks, write_all
 from ..session import AsyncProcess
-from .execute import CHUNK, _exit_status, wake
+from .execute import _exit_status
 
 
 class SessionRemoteProcess(ExecRemoteProcess):
@@ -76,23 +75,17 @@ class SessionRemoteProcess(ExecRemoteProcess):
     async def _read(self, f: IO[bytes] | None, kind: type[ExecStdout] | type[ExecStderr]) -> None:
         if f is None:
             return
-        fd = f.fileno()
-        os.set_blocking(fd, False)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         try:
-            while True:
-                try:
-                    block = os.read(fd, CHUNK)
-                except BlockingIOError:
-                    await readable(fd)
-                    continue
-                text = decoder.decode(block, final=not block)
-                if text:
-                    self._push(kind(data=text), len(text))
-                if not block:
-                    return
+            async for block in chunks(f.fileno()):
+                self._push_text(kind, decoder.decode(block))
+            self._push_text(kind, decoder.decode(b"", final=True))
         finally:
             f.close()
+
+    def _push_text(self, kind: type[ExecStdout] | type[ExecStderr], text: str) -> None:
+        if text:
+            self._push(kind(data=text), len(text))
 
     def _push(self, event: ExecOutput, size: int) -> None:
         self._events.append(event)
@@ -148,22 +141,10 @@ class SessionRemoteProcess(ExecRemoteProcess):
         f = self._proc.stdin
         if f is None or f.closed:
             raise RuntimeError("Cannot write to stdin: it is closed")
-        fd = f.fileno()
-        os.set_blocking(fd, False)
-        view = memoryview(data)
-        loop = asyncio.get_running_loop()
-        while view:
-            try:
-                view = view[os.write(fd, view[:CHUNK]):]
-            except BlockingIOError:
-                ready = loop.create_future()
-                loop.add_writer(fd, wake, ready)
-                try:
-                    await ready
-                finally:
-                    loop.remove_writer(fd)
-            except BrokenPipeError:
-                raise RuntimeError("Cannot write to stdin: the process closed it") from None
+        try:
+            await write_all(f.fileno(), data)
+        except BrokenPipeError:
+            raise RuntimeError("Cannot write to stdin: the process closed it") from None
 
     async def kill(self) -> None:
         """End the command's whole process tree; output not yet taken stays to iterate."""

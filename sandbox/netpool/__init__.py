@@ -93,6 +93,7 @@ from typing import TYPE_CHECKING
 from ..errors import NetnsPoolError
 from ..forksafe import fresh_in_child
 from ..host import read_pool_with
+from ..lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .factory import FACTORY_MARKER
@@ -105,15 +106,7 @@ if TYPE_CHECKING:
 _EXPORTS = {"FACTORY_MARKER": "factory", "Lease": "lease", "ReleaseResult": "lease", "NetnsPool": "pool"}
 
 
-def __getattr__(name: str) -> object:
-    from importlib import import_module
-
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
 
 __all__ = [
     "FACTORY_MARKER", "POOL_ENV", "Lease", "NetnsPool", "NetnsPoolError", "ReleaseResult", "disable", "enable",

@@ -14,6 +14,8 @@ a syscall newer than those headers cannot be named and falls to the default.
 
 from __future__ import annotations
 
+from ..lazy import lazy_getattr
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
     from .bpf import (
@@ -84,19 +86,6 @@ _FROM = {
     "default": ("CLONE_NEWUSER", "DEFAULT_POLICY", "DEFAULT_POLICY_ALLOWED", "DEFAULT_POLICY_REASONS", "policy_table"),
     "policy": ("ARG32", "MAX_ERRNO", "OPS", "Action", "ArgRule", "Seccomp", "check_errno"),
 }
-_EXPORTS = {name: module for module, names in _FROM.items() for name in names}
-
-
-def __getattr__(name: str) -> object:
-    """A name of `__all__`, imported from its submodule on first use (then kept here)."""
-    from importlib import import_module
-
-    module = _EXPORTS.get(name, "bpf" if name in __all__ else None)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
 
 
 def __dir__() -> list[str]:
@@ -178,3 +167,7 @@ __all__ = [
     "policy_table",
     "seccomp_data",
 ]
+
+# a name of __all__ that no other submodule defines is the assembler's (bpf)
+__getattr__ = lazy_getattr(__name__, {name: "bpf" for name in __all__} | {
+    name: module for module, names in _FROM.items() for name in names})

@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from .. import syscalls
 from ..errors import SpecError
-from ..validate import check_items, init_fields, reject_unknown, replaced
+from ..validate import check_items, init_fields, json_object, replaced
 from .bpf import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS, check_program
 
 MAX_ERRNO = 4095
@@ -194,7 +194,7 @@ class ArgRule:
     @classmethod
     def from_dict(cls, data: object, where: str = "rule") -> ArgRule:
         """Build an ArgRule from `to_dict` output; unknown keys raise SpecError."""
-        body = _checked_keys(where, data, {f.name for f in dataclasses.fields(cls)})
+        body = json_object(where, data, {f.name for f in dataclasses.fields(cls)})
         return _construct(cls, body, "rule", where)
 
 
@@ -324,7 +324,7 @@ class Seccomp:
     def from_dict(cls, data: object, where: str = "seccomp") -> Seccomp:
         """Build a policy from `to_dict` output; unknown keys raise SpecError by name."""
         known = {f.name for f in dataclasses.fields(cls)} - {"raw"} | {"raw_base64"}
-        body = _checked_keys(where, data, known)
+        body = json_object(where, data, known)
         raw = body.pop("raw_base64", None)
         if raw is not None:
             import base64
@@ -349,11 +349,4 @@ def _construct(cls: type[_T], body: dict[str, Any], own: str, where: str) -> _T:
     except SpecError as exc:
         field = where + exc.field[len(own):] if exc.field.startswith(own) else exc.field
         raise SpecError(field, exc.value, exc.problem) from None
-
-
-def _checked_keys(where: str, data: object, known: set[str]) -> dict[str, Any]:
-    if not isinstance(data, Mapping):
-        raise SpecError(where, data, "must be a JSON object")
-    reject_unknown(where, data, known)
-    return dict(data)
 

@@ -9,16 +9,16 @@ naming the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 from ..errors import SpecError, shown
 from ..validate import (
+    JsonForm,
     StrPath,
     check_bool,
     check_env,
@@ -29,9 +29,8 @@ from ..validate import (
     check_positive,
     check_text,
     init_fields,
+    json_object,
     normalize_path,
-    parse_json,
-    reject_unknown,
     replaced,
 )
 
@@ -132,12 +131,14 @@ _LIMITS = Limits()
 
 
 @dataclass(frozen=True, init=False)
-class Sandbox:
+class Sandbox(JsonForm):
     """One sandbox of a framework, described (see the module docstring for the JSON form).
 
     Construction takes what a caller naturally has (lists or any iterable, a
     dict for `env` and `sockets`, a pathlib.Path for a path) and keeps it
     frozen: tuples (`env` and `sockets` as sorted pairs) and str paths."""
+
+    json_name: ClassVar[str] = "sandbox"
 
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
@@ -265,17 +266,10 @@ class Sandbox:
             "probes": list(self.probes), "role": self.role,
         }
 
-    def to_json(self, indent: int | None = None) -> str:
-        """Serialize to JSON text."""
-        return json.dumps(self.to_dict(), indent=indent, sort_keys=True)
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Sandbox:
         """Build from the JSON form; unknown keys raise SpecError naming the key."""
-        if not isinstance(data, Mapping):
-            raise SpecError("sandbox", data, "must be a JSON object")
-        reject_unknown("sandbox", data, {f.name for f in dataclasses.fields(cls)})
-        kw = dict(data)
+        kw = json_object("sandbox", data, {f.name for f in dataclasses.fields(cls)})
         if "binds" in kw:
             kw["binds"] = tuple(_sub(f"binds[{i}]", Bind, b) for i, b in enumerate(_list("binds", kw["binds"])))
         if kw.get("layout") is not None:
@@ -289,11 +283,6 @@ class Sandbox:
                 kw[name] = _list(name, kw[name])
         return cls(**kw)
 
-    @classmethod
-    def from_json(cls, text: str | bytes) -> Sandbox:
-        """Parse the JSON form."""
-        return cls.from_dict(parse_json("sandbox", text))
-
 
 def check_sandbox(value: object, field_name: str = "sandbox") -> Sandbox:
     """`value` if it is a task description."""
@@ -301,13 +290,11 @@ def check_sandbox(value: object, field_name: str = "sandbox") -> Sandbox:
 
 
 def _sub(where: str, klass: type[_D], data: object) -> _D:
-    if not isinstance(data, Mapping):
-        raise SpecError(where, data, "must be a JSON object")
-    reject_unknown(where, data, {f.name for f in dataclasses.fields(klass)})
+    kw = json_object(where, data, {f.name for f in dataclasses.fields(klass)})
     try:
-        return klass(**data)
+        return klass(**kw)
     except TypeError as exc:
-        raise SpecError(where, dict(data), f"missing a required key: {exc}") from None
+        raise SpecError(where, kw, f"missing a required key: {exc}") from None
     except SpecError as exc:
         tail = exc.field.split(".", 1)[1] if "." in exc.field else exc.field
         raise SpecError(f"{where}.{tail}", exc.value, exc.problem) from None

@@ -37,6 +37,13 @@ def require(backend: str) -> None:
         pytest.skip(f"{backend} backend unavailable: {reason}")
 
 
+def require_template_python() -> None:
+    """require("template"), and skip where PYTHON, which the attack runs in the sandbox, is missing."""
+    require("template")
+    if not os.access(PYTHON, os.X_OK):
+        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+
+
 def require_spawnable(backend: str) -> None:
     """require(backend), and skip a backend sandbox.spawn(backend=...) has not: a recycled Template's sandboxes are
     run() alone's."""

@@ -21,17 +21,16 @@ import struct
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import wait_until
+from warm_handoff import served, warm_box  # noqa: F401  (warm_box: the fixture `box`)
 
 import sandbox
 from sandbox import Dev, Proc, RoBind
 from sandbox.compat import handoff
-from sandbox.compat.avatar import ExecSpec, NativeSandbox, SandboxUnavailable
-from sandbox.errors import SandboxError
+from sandbox.compat.avatar import ExecSpec, NativeSandbox
 
 from .attack import PYTHON, require
 
@@ -109,25 +108,6 @@ def ws(tmp_path: Path) -> Path:
     path.mkdir()
     path.chmod(0o755)
     return path
-
-
-@pytest.fixture
-def box(ws: Path) -> Iterator[NativeSandbox]:
-    """A warm NativeSandbox for `ws`; the handoff server closed afterwards."""
-    try:
-        warm = NativeSandbox(warm=True)
-        warm.prewarm(ws)
-    except (SandboxUnavailable, SandboxError) as exc:
-        handoff.close()
-        pytest.skip(f"no warm template here: {exc}")
-    try:
-        yield warm
-    finally:
-        handoff.close()
-
-
-def served() -> int:
-    return handoff.handoff().served
 
 
 def prepared(box: NativeSandbox, argv: list[str], ws: Path) -> ExecSpec:

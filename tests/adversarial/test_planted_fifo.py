@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from leakcheck import children
 
 import sandbox
 from sandbox import Bind, File, Tmpfs
@@ -76,20 +77,6 @@ def test_planted_fifo_fails_fast(backend: str, reader: bool, tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("SetupError /box/config "), done.stdout
     assert elapsed < 20
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            out += [int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 def _comm(pid: int) -> str:
@@ -148,9 +135,9 @@ def _stop_a_setup(caller: subprocess.Popen[bytes], backend: str) -> list[int]:
     as a stopped one would not notice its caller's death); their pidfds."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        procs = _children(caller.pid)
+        procs = children(caller.pid)
         for _ in range(2):  # native: caller, its sandbox-template, the setup child
-            procs = sorted(set(procs + [g for k in procs for g in _children(k)]))
+            procs = sorted(set(procs + [g for k in procs for g in children(k)]))
         if backend == "native":
             procs = [p for p in procs if _inner(p) and _comm(p) not in ("", "sandbox-init", "true")]
         else:

@@ -18,7 +18,6 @@ seccomp policy (which refuses some of these calls) and none.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import threading
 
@@ -27,7 +26,7 @@ import pytest
 import sandbox
 from sandbox import Dev, Tmpfs
 
-from .attack import PYTHON, make_base_spec, require
+from .attack import make_base_spec, require_template_python
 from .recycled import Tenants
 
 pytestmark = pytest.mark.integration
@@ -92,9 +91,7 @@ def spec(**fields: object) -> sandbox.Spec:
 
 @pytest.mark.parametrize("seccomp", ["default", "none"])
 def test_a_tenant_cannot_change_what_the_next_command_inherits(seccomp: str) -> None:
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
     fields = {"seccomp": None} if seccomp == "none" else {}
     changed = []
     with sandbox.Template(spec(**fields), recycle=True) as t:
@@ -140,9 +137,7 @@ PENDING = textwrap.dedent("""
 def test_signals_to_what_outlives_a_command_reach_no_later_tenant(what: str) -> None:
     """Whatever a command signals that outlives it (a recycled sandbox's pid 1, its command maker),
     the next tenants' commands start and run: no signal queued for their uid, nothing stopped."""
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
     seen: list[object] = []
 
     def later_tenants() -> None:

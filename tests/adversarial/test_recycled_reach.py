@@ -15,7 +15,6 @@ kernel). As root and unprivileged.
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 
 import pytest
@@ -23,7 +22,7 @@ import pytest
 import sandbox
 from sandbox import Tmpfs
 
-from .attack import PYTHON, make_base_spec, require
+from .attack import make_base_spec, require_template_python
 from .recycled import WHERE, Tenants
 
 pytestmark = pytest.mark.integration
@@ -64,9 +63,7 @@ REACH = textwrap.dedent(f"""
 
 @pytest.mark.parametrize("seccomp", ["default", "none"])
 def test_a_recycled_command_holds_and_takes_no_fd_of_what_outlives_it(seccomp: str) -> None:
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
     fields = {"seccomp": None} if seccomp == "none" else {}
     with sandbox.Template(make_base_spec(Tmpfs("/var/scratch"), **fields), recycle=True) as t:  # type: ignore[arg-type]
         tenants = Tenants(t)

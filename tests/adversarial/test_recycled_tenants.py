@@ -16,7 +16,6 @@ unprivileged.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import textwrap
 import time
@@ -26,7 +25,7 @@ import pytest
 import sandbox
 from sandbox import Mqueue, Tmpfs, UnavailableError
 
-from .attack import PYTHON, make_base_spec, require
+from .attack import make_base_spec, require, require_template_python
 from .recycled import IS_MAKER, Tenants
 
 pytestmark = pytest.mark.integration
@@ -141,9 +140,7 @@ def check(tenants: Tenants, secret: str, recycled: bool = True) -> dict[str, obj
 @pytest.mark.parametrize("net", ["time-wait", "listener-only"])
 @pytest.mark.parametrize("seccomp", ["default", "none"])
 def test_the_next_tenant_of_a_recycled_sandbox_finds_nothing(seccomp: str, net: str) -> None:
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
     fields = {"seccomp": None} if seccomp == "none" else {}
     with sandbox.Template(spec(**fields), recycle=True) as t:
         tenants = Tenants(t)
@@ -232,9 +229,7 @@ CHECK_ROOTS = textwrap.dedent("""
 def test_a_kept_tmpfs_root_carries_nothing_to_the_next_tenant() -> None:
     """A Tmpfs the command left empty and unchanged is kept (not made again); one whose root it
     changed (mode, an xattr or its times, one at a time: nothing written inside) is made again."""
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
 
     def roots() -> dict[str, object]:
         return json.loads(tenants.recycled(CHECK_ROOTS))["roots"]  # type: ignore[no-any-return]
@@ -293,9 +288,7 @@ CHECK_IPC = textwrap.dedent("""
 def test_a_kept_ipc_namespace_holds_nothing_of_the_last_tenant(mqueue_mounted: bool) -> None:
     """An IPC namespace the command left without an object is kept; one SysV segment, queue or
     semaphore set, or POSIX queue (made, or made and removed again) has it made again."""
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
     extra = (Mqueue("/dev/mqueue"),) if mqueue_mounted else ()
     with sandbox.Template(make_base_spec(*extra), recycle=True) as t:
         tenants = Tenants(t)
@@ -340,9 +333,7 @@ CHECK_PTS = textwrap.dedent("""
 def test_a_kept_devpts_carries_nothing_to_the_next_tenant() -> None:
     """A devpts the command left as it was is kept; one whose root or ptmx it changed, or where a pty
     outlives the command (its master in flight in a socket), is made again."""
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
 
     def look() -> dict[str, object]:
         return json.loads(tenants.recycled(CHECK_PTS))  # type: ignore[no-any-return]
@@ -373,9 +364,7 @@ def test_an_untouched_devpts_is_kept_from_one_request_to_the_next() -> None:
     check (it lists the root's entries) must not move what its next check compares (the root's atime),
     or the devpts is unmounted and mounted again every other request. A sandbox's first reset makes it
     again (nothing was recorded before it): the devpts from its second request on are compared."""
-    require("template")
-    if not os.access(PYTHON, os.X_OK):
-        pytest.skip(f"{PYTHON} is needed inside the sandbox")
+    require_template_python()
     with sandbox.Template(make_base_spec(), recycle=True) as t:
         tenants = Tenants(t)
         seen: dict[str, list[str]] = {}

@@ -20,9 +20,10 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import make_base_spec  # tests/, on sys.path (rootdir)
+from users_world import several_ids, sh, users_world
 
 import sandbox
-from sandbox import File, Tmpfs
+from sandbox import Tmpfs
 from sandbox.session import call, wire
 
 pytestmark = pytest.mark.integration
@@ -45,20 +46,13 @@ for name, call in [("setuid", lambda: os.setuid(0)), ("setresuid", lambda: os.se
 
 def attack_spec() -> sandbox.Spec:
     """A session whose /etc/passwd and /etc/group any of its users may rewrite."""
-    return make_base_spec(File("/etc/passwd", PASSWD, perms=0o666), File("/etc/group", GROUP, perms=0o666),
-                          Tmpfs("/work", perms=0o1777))
+    return users_world(PASSWD, GROUP, 0o666)
 
 
 @pytest.fixture
 def session(require_native: None) -> Iterator[sandbox.Session]:
-    with sandbox.Session(attack_spec()) as s:
-        if not s.ids.several:
-            pytest.skip(f"this caller maps one id ({sandbox.probe().ids}): no other user to attack through")
+    with several_ids(attack_spec(), "no other user to attack through") as s:
         yield s
-
-
-def sh(s: sandbox.Session, script: str, **kw: object) -> sandbox.CompletedProcess:
-    return s.exec(["sh", "-c", script], capture_output=True, text=True, timeout=60, **kw)  # type: ignore[arg-type]
 
 
 def plant(s: sandbox.Session, line: str, where: str = "/etc/passwd") -> None:

@@ -19,7 +19,7 @@ import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -75,6 +75,22 @@ def plant(secret: str) -> str:
     return "planted"
 
 
+def readable_memory(maps: IO[str], mem: IO[bytes]) -> Iterator[tuple[str, bytes]]:
+    """Each readable mapping of a process, from its /proc/PID/maps and mem (open): (its line of maps, its
+    bytes). What cannot be read is passed over. (A task's code: sent by value with search.)"""
+    for line in maps:
+        fields = line.split()
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
+            continue
+        try:
+            mem.seek(start)
+            data = mem.read(end - start)
+        except OSError:
+            continue
+        yield line.strip(), data
+
+
 def search(prefix: str, digest: str) -> list[str]:
     """Every place in this task's world and memory where PREFIX + digits with sha256 `digest` is found."""
     import hashlib as _hashlib
@@ -88,17 +104,7 @@ def search(prefix: str, digest: str) -> list[str]:
 
     found = [f"env {k}" for k, v in _os.environ.items() if holds(f"{k}={v}".encode())]
     with open("/proc/self/maps") as maps, open("/proc/self/mem", "rb", buffering=0) as mem:
-        for line in maps:
-            fields = line.split()
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
-                continue
-            try:
-                mem.seek(start)
-                if holds(mem.read(end - start)):
-                    found.append(f"memory {line.strip()}")
-            except OSError:
-                pass
+        found += [f"memory {line}" for line, data in readable_memory(maps, mem) if holds(data)]
     for top in ("/tmp", "/dev/shm", "/run", "/var/tmp"):
         for root, _, files in _os.walk(top):
             for name in files:
@@ -120,11 +126,13 @@ def search(prefix: str, digest: str) -> list[str]:
 
 
 def tenant_source() -> str:
-    """plant() and search() as a script for python3 inside a sandbox: argv[1] picks one."""
+    """plant() and search() (with readable_memory) as a script for python3 inside a sandbox: argv[1] picks one."""
     import inspect
 
     return "\n".join([
-        f"PREFIX, SYSV_KEY = {PREFIX!r}, {SYSV_KEY}", inspect.getsource(plant), inspect.getsource(search),
+        "from __future__ import annotations",  # readable_memory's annotations name what the script lacks
+        f"PREFIX, SYSV_KEY = {PREFIX!r}, {SYSV_KEY}", inspect.getsource(plant), inspect.getsource(readable_memory),
+        inspect.getsource(search),
         "import sys",
         "if sys.argv[1] == 'plant':\n    print(plant(sys.argv[2]))\n    import time; time.sleep(0.2)",
         "else:\n    print('\\n'.join(search(sys.argv[2], sys.argv[3])) or 'clean')",
@@ -172,17 +180,7 @@ def zygote_holds(pool: sandbox.WorkerPool, needle: str) -> list[str]:
     except PermissionError as exc:
         pytest.skip(f"this user cannot read the zygote's memory: {exc}")
     with maps, mem:
-        for line in maps:
-            fields = line.split()
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            if not fields[1].startswith("r") or fields[-1] in ("[vvar]", "[vsyscall]", "[vvar_vclock]"):
-                continue
-            try:
-                mem.seek(start)
-                if needle.encode() in mem.read(end - start):
-                    hits.append(line.strip())
-            except OSError:
-                pass
+        hits += [line for line, data in readable_memory(maps, mem) if needle.encode() in data]
     return hits
 
 

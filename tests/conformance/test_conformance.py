@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import SYSTEM_MOUNTS, child_pids
+from conftest import SYSTEM_MOUNTS, child_pids, signal_state
 
 import sandbox
 from sandbox import backends, errors
@@ -185,17 +185,9 @@ def scratch_dir(case: Case, ctx: Mapping[str, Any]) -> Iterator[Mapping[str, Any
         shutil.rmtree(root)
 
 
-@contextlib.contextmanager
-def caller_signals(ignore: tuple[int, ...], block: tuple[int, ...]) -> Iterator[None]:
+def caller_signals(ignore: tuple[int, ...], block: tuple[int, ...]) -> contextlib.AbstractContextManager[None]:
     """While the case runs: the test process ignores `ignore` and this thread blocks `block`."""
-    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore}
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, block)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    return signal_state(dict.fromkeys(ignore, signal.SIG_IGN), signal.SIG_BLOCK, block)
 
 
 @contextlib.contextmanager

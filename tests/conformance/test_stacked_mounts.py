@@ -186,6 +186,26 @@ def differences(want: dict[str, Any], got: dict[str, Any], executor: str, lower:
             for key in sorted(set(want) | set(got)) if key not in skip and want.get(key) != got.get(key)]
 
 
+def agree(native: dict[str, Any], executors: tuple[str, ...], lower: str, upper: str, kinds: tuple[str, ...],
+          seen_on: Callable[[str], dict[str, Any]]) -> None:
+    """Each available executor saw (`seen_on(executor)`) what native saw, or refused with the error REFUSED
+    declares for one of the mount `kinds` it was given; a KNOWN difference is an xfail, any other a failure."""
+    failures, known = [], []
+    for executor in executors:
+        if not available(executor)[0]:
+            continue
+        seen = seen_on(executor)
+        refused = {REFUSED[executor][kind][0] for kind in kinds if kind in REFUSED.get(executor, {})}
+        if refused:
+            found = [] if seen.get("error") in refused else [f"{executor}: should refuse with {refused}: {seen}"]
+        else:
+            found = differences(native, seen, executor, lower, upper)
+        (known if (executor, lower, upper) in KNOWN else failures).extend(found)
+    assert not failures, f"native saw {native}\n" + "\n".join(failures)
+    if known:
+        pytest.xfail("; ".join(KNOWN[(e, lower, upper)] for e in executors if (e, lower, upper) in KNOWN))
+
+
 PAIRS = [(lower, upper) for lower in MAKERS for upper in (*MAKERS, *UPPER_ONLY) if accepted(lower, upper)]
 
 
@@ -194,20 +214,7 @@ def test_stack_agrees(lower: str, upper: str, host: str) -> None:
     require("native")
     spec = build(lower, upper, host)
     native = observe(report_on("native", spec))
-    failures, known = [], []
-    for executor in EXECUTORS:
-        if not available(executor)[0]:
-            continue
-        seen = observe(report_on(executor, spec))
-        refused = {REFUSED[executor][kind][0] for kind in (lower, upper) if kind in REFUSED.get(executor, {})}
-        if refused:
-            found = [] if seen.get("error") in refused else [f"{executor}: should refuse with {refused}: {seen}"]
-        else:
-            found = differences(native, seen, executor, lower, upper)
-        (known if (executor, lower, upper) in KNOWN else failures).extend(found)
-    assert not failures, f"native saw {native}\n" + "\n".join(failures)
-    if known:
-        pytest.xfail("; ".join(KNOWN[(e, lower, upper)] for e in EXECUTORS if (e, lower, upper) in KNOWN))
+    agree(native, EXECUTORS, lower, upper, (lower, upper), lambda executor: observe(report_on(executor, spec)))
 
 
 def test_declarations_name_executors_and_types() -> None:
@@ -235,17 +242,6 @@ def test_a_calls_bind_over_a_spec_mount_agrees(lower: str, upper: str, host: str
     spec = build(lower, upper, host)
     native = observe(report_on("native", spec))
     below = spec.replace(mounts=spec.mounts[:-1])
-    failures, known = [], []
-    for executor in TAKE_BINDS:
-        if not available(executor)[0]:
-            continue
-        seen = observe(report_on(executor, below, (MAKERS[upper]("upper", host),)))  # type: ignore[arg-type]
-        refused = {REFUSED[executor][lower][0]} if lower in REFUSED.get(executor, {}) else set()
-        if refused:
-            found = [] if seen.get("error") in refused else [f"{executor}: should refuse with {refused}: {seen}"]
-        else:
-            found = differences(native, seen, executor, lower, upper)
-        (known if (executor, lower, upper) in KNOWN else failures).extend(found)
-    assert not failures, f"native saw {native}\n" + "\n".join(failures)
-    if known:
-        pytest.xfail("; ".join(KNOWN[(e, lower, upper)] for e in TAKE_BINDS if (e, lower, upper) in KNOWN))
+    bind = MAKERS[upper]("upper", host)
+    agree(native, TAKE_BINDS, lower, upper, (lower,),
+          lambda executor: observe(report_on(executor, below, (bind,))))  # type: ignore[arg-type]

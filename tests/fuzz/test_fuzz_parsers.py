@@ -30,25 +30,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox import (
-    Bind,
-    Chmod,
-    Dev,
-    Dir,
-    File,
-    Limits,
-    Namespaces,
-    Proc,
-    RemountRo,
-    RoBind,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Limits, Namespaces, Spec
 from sandbox.bwrap.grammar import OPTIONS
 from sandbox.bwrap.parse import parse_bwrap_args
+from sandbox.errors import SpecError
 from sandbox.host import HostInfo
+from sandbox.mounts import Bind, Chmod, Dev, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import compile_plan
 
 SCALE = int(os.environ.get("SANDBOX_FUZZ_SCALE", "1"))

@@ -26,30 +26,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+from conftest import BadPath, BytesPath
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox import (
-    ArgRule,
-    Bind,
-    Chmod,
-    Dev,
-    DevBind,
-    Dir,
-    File,
-    Limits,
-    Mqueue,
-    Namespaces,
-    Proc,
-    RemountRo,
-    RoBind,
-    Seccomp,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-    task,
-)
+from sandbox import Limits, Namespaces, Spec, task
+from sandbox.errors import SpecError
+from sandbox.mounts import Bind, Chmod, Dev, DevBind, Dir, File, Mqueue, Proc, RemountRo, RoBind, Symlink, Tmpfs
+from sandbox.seccomp import ArgRule, Seccomp
 
 SCALE = int(os.environ.get("SANDBOX_FUZZ_SCALE", "1"))
 FUZZ = settings(max_examples=300 * SCALE, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -59,16 +43,6 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=12,
 )
-
-
-class BytesPath:
-    def __fspath__(self) -> bytes:
-        return b"/tmp"
-
-
-class FailingPath:
-    def __fspath__(self) -> int:
-        return 3
 
 
 class Unequal:
@@ -81,7 +55,7 @@ class Unequal:
 
 
 ODD = st.sampled_from([
-    object(), Unequal(), BytesPath(), FailingPath(), Path("/tmp"), Path("relative"), Path("/a/../b"), math.nan,
+    object(), Unequal(), BytesPath(), BadPath(), Path("/tmp"), Path("relative"), Path("/a/../b"), math.nan,
     math.inf, -math.inf, 2**64, -(2**64), b"/tmp", bytearray(b"/tmp"), memoryview(b"/tmp"), "\ud800",
     "/\ud800", "x\0y", "9" * 5000, "²", "٣", frozenset({"a"}), {1, 2}, {1: "a"}, {("a", "b"): 1}, (("A", "b"),),
     [("A", "b")], ((8080, 80),), [[8080, "/s"]], RoBind("/usr"), Tmpfs("/tmp"), Namespaces(), Limits(),
@@ -173,28 +147,28 @@ def _replaced(doc: Any, where: tuple[Any, ...], value: object) -> Any:
     return doc
 
 
+def _any_value_anywhere(cls: Any, valid: dict[str, Any], data: st.DataObject) -> None:
+    """`cls.from_dict` of the form `valid` with one value replaced by any Python value: SpecError, or a
+    description that round-trips through JSON."""
+    where = data.draw(st.sampled_from(_places(valid)[1:]))
+    form = _replaced(valid, where, data.draw(PY))
+    try:
+        built = cls.from_dict(form)
+    except SpecError:
+        return
+    assert cls.from_json(built.to_json()) == built
+
+
 @FUZZ
 @given(st.data())
 def test_spec_from_dict_with_any_value_anywhere(data: st.DataObject) -> None:
-    where = data.draw(st.sampled_from(_places(SPEC_FORM)[1:]))
-    form = _replaced(SPEC_FORM, where, data.draw(PY))
-    try:
-        spec = Spec.from_dict(form)
-    except SpecError:
-        return
-    assert Spec.from_json(spec.to_json()) == spec
+    _any_value_anywhere(Spec, SPEC_FORM, data)
 
 
 @FUZZ
 @given(st.data())
 def test_task_from_dict_with_any_value_anywhere(data: st.DataObject) -> None:
-    where = data.draw(st.sampled_from(_places(TASK_FORM)[1:]))
-    form = _replaced(TASK_FORM, where, data.draw(PY))
-    try:
-        sb = task.Sandbox.from_dict(form)
-    except SpecError:
-        return
-    assert task.Sandbox.from_json(sb.to_json()) == sb
+    _any_value_anywhere(task.Sandbox, TASK_FORM, data)
 
 
 # ---------------------------------------------------------------- task description JSON (as the Spec's)

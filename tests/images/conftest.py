@@ -1,5 +1,5 @@
 """Fixtures of the image store's tests: a fresh store, images built from this
-host's files, and a real registry (Debian's docker-registry) on 127.0.0.1."""
+host's files, a host file no image may reach, and a real registry (Debian's docker-registry) on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,6 +14,14 @@ from sandbox.images import ImageStore
 
 from .image_helpers import DIRTYPE, JSON_ARC, JSON_DIR, TestImage, layer, layer_from_dir, member
 from .registry_server import REGISTRY_BIN, start_registry
+
+
+@pytest.fixture(scope="module")
+def canary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A host file no image should reach."""
+    path = tmp_path_factory.mktemp("canary") / "secret"
+    path.write_text("host secret\n")
+    return path
 
 
 @pytest.fixture

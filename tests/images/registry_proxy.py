@@ -6,11 +6,12 @@ its download short. Nothing else is changed: the registry's own answers
 from __future__ import annotations
 
 import http.server
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from http_serving import serving
 
 
 class Tamper:
@@ -58,12 +59,5 @@ def proxy(upstream: str, tamper: Tamper) -> Iterator[str]:
                 return
             self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as port:
+        yield f"127.0.0.1:{port}"

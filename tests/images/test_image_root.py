@@ -25,14 +25,6 @@ needs_overlay = pytest.mark.skipif(not presets.overlay_works(), reason="no overl
 
 
 @pytest.fixture(scope="module")
-def canary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A host file no image should reach."""
-    path = tmp_path_factory.mktemp("canary") / "secret"
-    path.write_text("host secret\n")
-    return path
-
-
-@pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory, canary: Path) -> Image:
     """Two layers: this host's programs with data files, then a layer that
     deletes a file, makes a directory opaque, replaces a file, and plants

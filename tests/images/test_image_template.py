@@ -22,13 +22,6 @@ pytestmark = pytest.mark.skipif(not presets.overlay_works(), reason="no overlayf
 
 
 @pytest.fixture(scope="module")
-def canary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("canary") / "secret"
-    path.write_text("host secret\n")
-    return path
-
-
-@pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
     """This host's programs, then a layer that deletes a file and replaces another."""
     base = runnable_layer((member("etc/", DIRTYPE, mode=0o755), member("etc/image-file", data=b"base\n"),

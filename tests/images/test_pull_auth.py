@@ -9,13 +9,13 @@ import http.server
 import json
 import shutil
 import subprocess
-import threading
 import time
 import warnings
 from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from http_serving import serving
 
 from sandbox.images import AuthError, ImageStore
 
@@ -83,15 +83,8 @@ class TokenServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield f"http://127.0.0.1:{server.server_address[1]}/token"
-        finally:
-            server.shutdown()
-            server.server_close()
-            thread.join()
+        with serving(Handler) as port:
+            yield f"http://127.0.0.1:{port}/token"
 
 
 def _binary() -> str:

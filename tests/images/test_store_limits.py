@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from http_serving import serving
 
 from sandbox.images import ImageStore
 
@@ -174,17 +175,11 @@ def stalling_registry(image: TestImage, stall: str) -> Iterator[tuple[str, threa
                 return
             self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}/killed:1", release
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serving(Handler) as port:
+        try:
+            yield f"127.0.0.1:{port}/killed:1", release
+        finally:
+            release.set()  # the held request ends
 
 
 def test_a_load_killed_midway_leaves_nothing_used(tmp_path: Path) -> None:

@@ -29,11 +29,12 @@ RIGGED_CHECK = ["/bin/sh", "-c", 'test "$RIGGED" = 1']  # 0 only when RIGGED=1 i
 
 
 def harness_run(
-    sandbox: Sandbox, argv: list[str], cwd: Path, timeout: float = TIMEOUT
+    sandbox: Sandbox, argv: list[str], cwd: Path, timeout: float = TIMEOUT, *, preexec: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """Run `argv` exactly as the harness does."""
+    """Run `argv` exactly as the harness does (`preexec` False: the prepared launch has no preexec_fn)."""
     spec = sandbox.prepare(argv, cwd)
     assert isinstance(spec, ExecSpec)
+    assert preexec or spec.preexec_fn is None
     return subprocess.run(spec.argv, cwd=cwd, env=spec.env, preexec_fn=spec.preexec_fn, timeout=timeout,
                           capture_output=True, text=True, check=False)
 

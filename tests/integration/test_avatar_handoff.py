@@ -16,15 +16,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import pids_with_marker, sleep_cmd, sleepers, wait_until  # tests/, on sys.path (rootdir)
+from warm_handoff import served, warm_box  # noqa: F401  (warm_box: the fixture `box`)
 
 from sandbox.compat import handoff
 from sandbox.compat.avatar import ExecSpec, NativeSandbox, SandboxUnavailable
-from sandbox.errors import SandboxError
 
 pytestmark = pytest.mark.integration
 
@@ -37,26 +36,6 @@ def ws(tmp_path: Path) -> Path:
     path = tmp_path / "workspace"
     path.mkdir()
     return path
-
-
-@pytest.fixture
-def box(ws: Path) -> Iterator[NativeSandbox]:
-    """A warm NativeSandbox with its Template for `ws` built; the handoff
-    server (and its Templates) closed afterwards."""
-    try:
-        warm = NativeSandbox(warm=True)
-        warm.prewarm(ws)
-    except (SandboxUnavailable, SandboxError) as exc:
-        handoff.close()
-        pytest.skip(f"no warm template here: {exc}")
-    try:
-        yield warm
-    finally:
-        handoff.close()
-
-
-def served() -> int:
-    return handoff.handoff().served
 
 
 def prepared(box: NativeSandbox, argv: list[str], ws: Path) -> ExecSpec:

@@ -20,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from test_avatar_exec import RIGGED_CHECK, TIMEOUT
+from test_avatar_exec import harness_run as exec_harness_run
 
 from sandbox.compat.avatar import (
-    ExecSpec,
     NativeSandbox,
     RLimits,
     Sandbox,
@@ -32,8 +33,6 @@ from sandbox.compat.avatar import (
 
 pytestmark = pytest.mark.integration
 
-TIMEOUT = 60
-RIGGED_CHECK = ["/bin/sh", "-c", 'test "$RIGGED" = 1']  # 0 only when RIGGED=1 is inherited
 
 
 def native(**kwargs: object) -> NativeSandbox:
@@ -47,12 +46,8 @@ def native(**kwargs: object) -> NativeSandbox:
 def harness_run(
     sandbox: Sandbox, argv: list[str], cwd: Path, timeout: float = TIMEOUT
 ) -> subprocess.CompletedProcess[str]:
-    """Run `argv` exactly as the harness does."""
-    spec = sandbox.prepare(argv, cwd)
-    assert isinstance(spec, ExecSpec)
-    assert spec.preexec_fn is None
-    return subprocess.run(spec.argv, cwd=cwd, env=spec.env, preexec_fn=spec.preexec_fn, timeout=timeout,
-                          capture_output=True, text=True, check=False)
+    """Run `argv` exactly as the harness does (test_avatar_exec's); a native launch has no preexec_fn."""
+    return exec_harness_run(sandbox, argv, cwd, timeout, preexec=False)
 
 
 def interfaces(net_dev: str) -> set[str]:

@@ -199,15 +199,19 @@ class TestSignalsAndDeath:
         assert proc.stdout.readline() == "ready\n"
         return proc
 
-    def test_sigterm_reaches_the_command(self, served, path):
-        proc = self._start(served, *path, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
+    def _sigterm(self, inst: Installation, path: list[str]) -> tuple[int, str]:
+        """SIGTERM to the client of a command that traps it: (the client's status, the command's output)."""
+        proc = self._start(inst, *path, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
                            'while :; do sleep 0.05; done')
         try:
             proc.send_signal(signal.SIGTERM)
             out, _ = proc.communicate(timeout=TIMEOUT)
         finally:
             kill_trees({proc.pid, *descendants(proc.pid)})
-        assert (proc.returncode, out) == (9, "got-term\n")
+        return proc.returncode, out
+
+    def test_sigterm_reaches_the_command(self, served, path):
+        assert self._sigterm(served, path) == (9, "got-term\n")
         assert _took(served, path)
 
     def test_sigterm_reaches_the_command_every_time(self, served, path):
@@ -215,14 +219,7 @@ class TestSignalsAndDeath:
         # its caller gave it (sent in the request), not what /proc showed then, which once lost a
         # SIGTERM in about 1 run of 20 (the worker ran with every signal blocked)
         for _ in range(8):
-            proc = self._start(served, *path, "sh", "-c", 'trap "echo got-term; exit 9" TERM; echo ready; '
-                               'while :; do sleep 0.05; done')
-            try:
-                proc.send_signal(signal.SIGTERM)
-                out, _ = proc.communicate(timeout=TIMEOUT)
-            finally:
-                kill_trees({proc.pid, *descendants(proc.pid)})
-            assert (proc.returncode, out) == (9, "got-term\n")
+            assert self._sigterm(served, path) == (9, "got-term\n")
         assert _took(served, path, 8)
 
     def test_a_signal_that_ends_the_command(self, served, path):

@@ -17,10 +17,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import textwrap
 from collections.abc import Iterator
 
 import pytest
+from forkbomb import FORK_BOMB, fork_bomb
 
 import sandbox
 from sandbox import Limits
@@ -35,19 +35,6 @@ needs_cgroups = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"}
 PY = sys.executable
 SPIN = "while True: pass"
 TOUCH = "x = b'x' * (300 << 20)\nprint('touched')"  # 300 MB, every page written
-FORK_BOMB = textwrap.dedent("""
-    import os, time
-    n = 0
-    while n < 500:
-        try:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-        except OSError:
-            break
-        n += 1
-    print(n, flush=True)
-""")  # returns 0 once a fork is refused
 
 
 @pytest.fixture(autouse=True)
@@ -162,22 +149,6 @@ def touch_in_a_child() -> str:
 
     subprocess.run([sys.executable, "-c", "x = b'x' * (300 << 20)"], check=False)
     return "survived"
-
-
-def fork_bomb() -> int:
-    import os
-    import time
-
-    n = 0
-    while n < 500:
-        try:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-        except OSError:
-            break
-        n += 1
-    return n
 
 
 def loud() -> None:

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from conftest import wait_until
+from forkbomb import FORK_BOMB
 
 import sandbox
 from sandbox import Limits, UnavailableError
@@ -68,19 +70,22 @@ def mine(paths: list[str], pid: int | None = None) -> list[str]:
     return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
 
 
+def cgroup_of(p: sandbox.SandboxProcess, procs: object, marker: str) -> set[int]:
+    """The pids in the cgroup of `p`, which runs INSIDE with `marker`: once it has said it holds no fd
+    of its cgroup and its child runs."""
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
+    assert wait_until(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
+    walls = p._handle.walls  # type: ignore[attr-defined]
+    assert walls is not None and walls.cgroup is not None
+    return {int(pid) for _, path in walls.cgroup.dirs
+            for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+
+
 @pytest.fixture(autouse=True)
 def no_cgroup_left() -> object:
     yield
-    assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
-
-
-def wait_for(predicate: object, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    assert wait_until(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 @needs
@@ -100,21 +105,6 @@ def test_touching_300_mb_under_memory_100_is_killed_by_memory(executor: str) -> 
     assert r.usage is not None and r.usage.memory_peak_mb is not None and r.usage.memory_peak_mb <= 100.5
 
 
-FORK_BOMB = textwrap.dedent("""
-    import os, sys, time
-    n = 0
-    while n < 500:
-        try:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-        except OSError:
-            break
-        n += 1
-    print(n, flush=True)
-""")
-
-
 @needs
 def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) -> None:
     marker = procs.new_marker()  # type: ignore[attr-defined]
@@ -126,7 +116,7 @@ def test_a_fork_bomb_under_nproc_32_stays_at_32(executor: str, procs: object) ->
     assert r.usage is not None and r.usage.pids_peak is not None and r.usage.pids_peak <= 32
     # nothing of the sandbox is left: every fork of the bomb carries the marker (not a count of the
     # host's processes, where other work comes and goes)
-    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    assert wait_until(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
 
 
 @needs
@@ -143,7 +133,7 @@ def test_nproc_1_beside_the_sandbox_pid_1_fails_with_a_hint(executor: str) -> No
 
 @needs
 def test_a_fork_bomb_that_fails_is_killed_by_pids(executor: str) -> None:
-    bomb = FORK_BOMB + "sys.exit(3)\n"
+    bomb = FORK_BOMB + "raise SystemExit(3)\n"
     r = sandbox.run([PY, "-c", bomb], spec(nproc=8), capture_output=True, backend=executor, timeout=60)
     assert (r.returncode, r.killed_by) == (3, "pids")
 
@@ -169,9 +159,9 @@ def test_kill_reaches_every_process_of_the_cgroup_without_a_pid_namespace(execut
     script = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)\n"
     s = python_interpreter(limits=Limits(nproc=16), namespaces=sandbox.Namespaces(pid=False))
     with sandbox.spawn([PY, "-c", script, marker], s, backend=executor) as p:
-        assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
+        assert wait_until(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
         p.kill()
-    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    assert wait_until(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
     assert p.killed_by is None  # the caller's kill, not a limit
 
 
@@ -219,7 +209,7 @@ def _next_start_sweeps(made: set[str], within: float) -> None:
                             f"sandbox.run([{PY!r}, '-c', 'pass'], python_interpreter(limits=Limits(nproc=8)))"],
                            timeout=60)
     assert later.returncode == 0
-    assert wait_for(lambda: not (made & set(leftovers())), within), made & set(leftovers())
+    assert wait_until(lambda: not (made & set(leftovers())), within), made & set(leftovers())
 
 
 def test_require_cgroups_without_them_names_why(executor: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,18 +266,12 @@ def test_every_process_of_a_template_sandbox_is_in_its_cgroup_and_holds_no_fd_of
     marker = procs.new_marker()  # type: ignore[attr-defined]
     with sandbox.Template(python_interpreter(limits=Limits(nproc=16), as_pid_1=as_pid_1)) as t:
         with t.spawn([PY, "-c", INSIDE, marker], stdout=subprocess.PIPE) as p:
-            assert p.stdout is not None
-            assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
-            assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
-            walls = p._handle.walls  # type: ignore[attr-defined]
-            assert walls is not None and walls.cgroup is not None
-            inside = {int(pid) for _, path in walls.cgroup.dirs
-                      for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+            inside = cgroup_of(p, procs, marker)
             assert set(procs.with_marker(marker)) <= inside  # type: ignore[attr-defined]
             assert len(inside) == (2 if as_pid_1 else 3)  # and its resident pid 1, if it has one
             p.kill()
         assert p.returncode == -signal.SIGKILL and p.killed_by is None
-    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    assert wait_until(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
 
 
 def _populated(path: str) -> list[int]:
@@ -301,7 +285,7 @@ def test_a_template_with_spec_limits_keeps_its_standbys_in_cgroups_made_ahead() 
     with sandbox.Template(python_interpreter(limits=Limits(memory_mb=100, nproc=16))) as t:
         placed = t._server.placed  # type: ignore[attr-defined]
         assert placed is not None and t._server.standby  # type: ignore[attr-defined]
-        assert wait_for(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
+        assert wait_until(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
         waiting = {c.dirs[0][1] for c in placed._sent.values() if _populated(c.dirs[0][1])}
         for cgroup in placed._sent.values():
             h, path = next((h, p) for h, p in cgroup.dirs if "pids" in h.controllers)
@@ -316,7 +300,7 @@ def test_a_template_with_spec_limits_keeps_its_standbys_in_cgroups_made_ahead() 
         r = t.run([PY, "-c", FORK_BOMB], capture_output=True, timeout=60)
         assert 0 < int(r.stdout) <= 15 and r.usage is not None and r.usage.pids_peak == 16
         # a call with other limits: a standby moves into a cgroup made for them, and its own goes
-        assert wait_for(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
+        assert wait_until(lambda: sum(bool(_populated(c.dirs[0][1])) for c in placed._sent.values()) == 2, 10.0)
         standbys = {pid for c in placed._sent.values() for pid in _populated(c.dirs[0][1])}
         with t.spawn([PY, "-c", "import time; time.sleep(30)"], limits=Limits(memory_mb=50, nproc=8)) as p:
             walls = p._handle.walls  # type: ignore[attr-defined]
@@ -325,7 +309,7 @@ def test_a_template_with_spec_limits_keeps_its_standbys_in_cgroups_made_ahead() 
             assert open(os.path.join(path, "pids.max")).read().strip() == "8"
             assert p.pid in _populated(path)
             p.kill()
-        assert wait_for(lambda: len(placed._sent) == 2, 5.0), len(placed._sent)  # the one it left, removed
+        assert wait_until(lambda: len(placed._sent) == 2, 5.0), len(placed._sent)  # the one it left, removed
         r = t.run([PY, "-c", TOUCH, "60"], limits=Limits(memory_mb=40), capture_output=True)
         assert (r.returncode, r.killed_by) == (-signal.SIGKILL, "memory"), r.stderr
         r = t.run([PY, "-c", TOUCH, "150"], limits=Limits(memory_mb=300), capture_output=True)
@@ -344,7 +328,7 @@ def test_a_failed_call_does_not_leave_its_standbys_cgroup_behind(monkeypatch: py
             with pytest.raises(sandbox.SandboxError):
                 t.run(["/nonexistent/command"])
         assert t.run([PY, "-c", "pass"]).returncode == 0
-        assert wait_for(lambda: len(placed._sent) == 2, 10.0), len(placed._sent)  # the standbys' alone
+        assert wait_until(lambda: len(placed._sent) == 2, 10.0), len(placed._sent)  # the standbys' alone
 
 
 @needs

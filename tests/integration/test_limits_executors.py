@@ -26,19 +26,14 @@ import time
 import cli_helpers as cli
 import pytest
 from cli_helpers import SYSTEM, Installation, cli_install  # noqa: F401  (cli_install: the fixture `install`)
-from test_limits import FORK_BOMB, INFO, TOUCH, leftovers, mine, needs, wait_for
+from conftest import wait_until
+from test_limits import FORK_BOMB, INFO, TOUCH, leftovers, mine, needs, no_cgroup_left  # noqa: F401
 
 from sandbox import task
 from sandbox.cgroups import PARENT_ENV, detect
 
 pytestmark = pytest.mark.integration
 PY = sys.executable
-
-
-@pytest.fixture(autouse=True)
-def no_cgroup_left() -> object:
-    yield
-    assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 # ---------------------------------------------------------------- the task layer
@@ -121,7 +116,7 @@ def test_the_cli_stops_a_fork_bomb_at_limit_nproc(cli_run: object, procs: object
     r = cli_run("--limit-nproc", "32", "--", SYSTEM_PY, "-c", FORK_BOMB, marker)  # type: ignore[operator]
     assert r.returncode == 0, r.stderr
     assert 0 < int(r.stdout) <= 31, r.stdout  # the bomb itself counts
-    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    assert wait_until(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
 
 
 @needs

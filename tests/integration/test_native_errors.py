@@ -11,26 +11,11 @@ from pathlib import Path
 import pytest
 
 import sandbox
-from sandbox import (
-    Bind,
-    Chmod,
-    Dir,
-    ExecError,
-    ExecNotFoundError,
-    ExecPermissionError,
-    File,
-    Namespaces,
-    RemountRo,
-    RoBind,
-    SandboxError,
-    SetupError,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Namespaces, Spec
+from sandbox.errors import ExecError, ExecNotFoundError, ExecPermissionError, SandboxError, SetupError, SpecError
+from sandbox.mounts import Bind, Chmod, Dir, File, RemountRo, RoBind, Symlink, Tmpfs
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("require_native")]
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("require_native", "clean")]
 
 BaseSpec = Callable[..., Spec]
 
@@ -62,7 +47,6 @@ def setup_error(spec: Spec, argv: list[str] | None = None, **kwargs: object) -> 
 # ---------------------------------------------------------------- setup failures
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("mount", [Bind, RoBind])
 def test_missing_bind_source(base_spec: BaseSpec, tmp_path: Path, mode: str, mount: type) -> None:
@@ -72,7 +56,6 @@ def test_missing_bind_source(base_spec: BaseSpec, tmp_path: Path, mode: str, mou
     assert missing in str(err)
 
 
-@pytest.mark.usefixtures("clean")
 def test_optional_missing_source_is_skipped(base_spec: BaseSpec, tmp_path: Path) -> None:
     missing = str(tmp_path / "no-such-dir")
     r = sandbox.run(["sh", "-c", "test -e /data || echo absent"], base_spec(Bind(missing, "/data", optional=True)),
@@ -80,7 +63,6 @@ def test_optional_missing_source_is_skipped(base_spec: BaseSpec, tmp_path: Path)
     assert (r.returncode, r.stdout) == (0, b"absent\n")
 
 
-@pytest.mark.usefixtures("clean")
 def test_optional_present_source_is_bound(base_spec: BaseSpec, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("here\n")
     r = sandbox.run(["cat", "/data/f"], base_spec(RoBind(str(tmp_path), "/data", optional=True)),
@@ -88,7 +70,6 @@ def test_optional_present_source_is_bound(base_spec: BaseSpec, tmp_path: Path) -
     assert r.stdout == b"here\n"
 
 
-@pytest.mark.usefixtures("clean")
 def test_symlink_conflict(base_spec: BaseSpec, tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("somewhere")
     (tmp_path / "file").write_text("x")
@@ -101,7 +82,6 @@ def test_symlink_conflict(base_spec: BaseSpec, tmp_path: Path) -> None:
     assert (tmp_path / "file").read_text() == "x"
 
 
-@pytest.mark.usefixtures("clean")
 def test_an_identical_symlink_is_fine(base_spec: BaseSpec, tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to("somewhere")
     r = sandbox.run(["readlink", "/w/link"], base_spec(Bind(str(tmp_path), "/w"), Symlink("somewhere", "/w/link")),
@@ -109,7 +89,6 @@ def test_an_identical_symlink_is_fine(base_spec: BaseSpec, tmp_path: Path) -> No
     assert r.stdout == b"somewhere\n"
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 def test_bad_cwd(base_spec: BaseSpec, mode: str) -> None:
     err = setup_error(base_spec(cwd="/no/such/dir", **MODES[mode]))
@@ -118,7 +97,6 @@ def test_bad_cwd(base_spec: BaseSpec, mode: str) -> None:
     assert (err.step, err.path, err.errno) == ("cwd", "/usr/bin/env", errno.ENOTDIR)
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize(
     ("extra", "step", "path", "err"),
     [
@@ -139,14 +117,12 @@ def test_op_failures_name_step_and_path(base_spec: BaseSpec, extra: tuple[object
     assert path in str(e)
 
 
-@pytest.mark.usefixtures("clean")
 def test_bind_onto_a_file_under_a_read_only_mount(base_spec: BaseSpec, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     e = setup_error(base_spec(RoBind(str(tmp_path / "f"), "/usr/new-file")))
     assert (e.step, e.path, e.errno) == ("bind", "/usr/new-file", errno.EROFS)
 
 
-@pytest.mark.usefixtures("clean")
 def test_a_failed_sandbox_closes_the_callers_pipes(base_spec: BaseSpec, tmp_path: Path) -> None:
     for _ in range(5):
         setup_error(base_spec(Bind(str(tmp_path / "missing"), "/x")), capture_output=True, input=b"data")
@@ -155,7 +131,6 @@ def test_a_failed_sandbox_closes_the_callers_pipes(base_spec: BaseSpec, tmp_path
 # ---------------------------------------------------------------- exec failures
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("command", ["no-such-command", "/usr/bin/no-such-command", "/nodir/cmd"])
 def test_missing_command(base_spec: BaseSpec, mode: str, command: str) -> None:
@@ -167,7 +142,6 @@ def test_missing_command(base_spec: BaseSpec, mode: str, command: str) -> None:
     assert command in str(err)
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 def test_command_that_is_not_executable(base_spec: BaseSpec, mode: str) -> None:
     spec = base_spec(File("/opt/script", data=b"#!/bin/sh\necho ran\n", perms=0o644), Dir("/opt/dir"),
@@ -180,7 +154,6 @@ def test_command_that_is_not_executable(base_spec: BaseSpec, mode: str) -> None:
         assert (err.errno, err.filename) == (errno.EACCES, command)
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 def test_non_executable_match_on_path_is_eacces(base_spec: BaseSpec, mode: str) -> None:
     spec = base_spec(File("/opt/bin/tool", data=b"#!/bin/sh\n", perms=0o644),
@@ -190,7 +163,6 @@ def test_non_executable_match_on_path_is_eacces(base_spec: BaseSpec, mode: str) 
     assert info.value.filename == "tool"
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 def test_path_search_skips_non_executables_and_finds_the_next(base_spec: BaseSpec, mode: str) -> None:
     spec = base_spec(File("/opt/a/tool", data=b"#!/bin/sh\necho wrong\n", perms=0o644),
@@ -200,14 +172,12 @@ def test_path_search_skips_non_executables_and_finds_the_next(base_spec: BaseSpe
     assert (r.returncode, r.stdout) == (0, b"right\n")
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 def test_exit_127_from_the_command_is_not_an_exec_error(base_spec: BaseSpec, mode: str) -> None:
     r = sandbox.run(["sh", "-c", "exit 127"], base_spec(**MODES[mode]), backend="native", timeout=60)
     assert r.returncode == 127
 
 
-@pytest.mark.usefixtures("clean")
 def test_a_broken_interpreter_is_reported(base_spec: BaseSpec) -> None:
     spec = base_spec(File("/opt/script", data=b"#!/no/such/interpreter\n", perms=0o755))
     with pytest.raises(ExecNotFoundError) as info:
@@ -215,7 +185,6 @@ def test_a_broken_interpreter_is_reported(base_spec: BaseSpec) -> None:
     assert info.value.filename == "/opt/script"
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("mode", MODES)
 def test_a_script_without_shebang_runs_with_sh_like_bwrap(base_spec: BaseSpec, mode: str) -> None:
     spec = base_spec(File("/opt/script", data=b"echo ran\n", perms=0o755), **MODES[mode])
@@ -226,7 +195,6 @@ def test_a_script_without_shebang_runs_with_sh_like_bwrap(base_spec: BaseSpec, m
 # ---------------------------------------------------------------- refused before anything runs
 
 
-@pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("argv", [[], [""], ["a\0b"], "sh"])
 def test_bad_argv_is_a_spec_error(base_spec: BaseSpec, argv: object) -> None:
     with pytest.raises(SpecError) as info:
@@ -234,14 +202,12 @@ def test_bad_argv_is_a_spec_error(base_spec: BaseSpec, argv: object) -> None:
     assert info.value.field.startswith("argv")
 
 
-@pytest.mark.usefixtures("clean")
 def test_spec_must_be_a_spec() -> None:
     with pytest.raises(SpecError) as info:
         sandbox.run(["true"], {"mounts": []}, backend="native")  # type: ignore[arg-type]
     assert info.value.field == "spec"
 
 
-@pytest.mark.usefixtures("clean")
 def test_bad_stdio_arguments(base_spec: BaseSpec) -> None:
     with pytest.raises(SpecError) as info:
         sandbox.run(["true"], base_spec(), stdout=sandbox.STDOUT, backend="native")
@@ -253,14 +219,12 @@ def test_bad_stdio_arguments(base_spec: BaseSpec) -> None:
         sandbox.run(["true"], base_spec(), stdout=-5, backend="native")
 
 
-@pytest.mark.usefixtures("clean")
 def test_unknown_backend_name() -> None:
     with pytest.raises(ValueError):
         sandbox.run(["true"], Spec(), backend="docker")
 
 
 @pytest.mark.skipif(os.getuid() == 0, reason="host root may create namespaces without a user namespace")
-@pytest.mark.usefixtures("clean")
 def test_no_user_namespace_without_privileges_is_a_clone_error(base_spec: BaseSpec) -> None:
     e = setup_error(base_spec(namespaces=Namespaces(user=False)))
     assert e.step == "clone"

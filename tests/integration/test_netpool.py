@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 
 from sandbox import isolation, netpool
 from sandbox.errors import IsolationError
@@ -218,15 +219,6 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X") and (not cmdline or FACTORY_MARKER.encode() in cmdline)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def open_fds() -> dict[int, str]:
@@ -422,7 +414,7 @@ def test_deferred_releases_from_threads_are_each_checked_and_never_lease_twice(
 
     in_threads(worker, 4)
     assert not errors
-    assert wait_for(lambda: all(lease.result is not None for lease in leases)), pool.stats()
+    assert wait_until(lambda: all(lease.result is not None for lease in leases), 10.0), pool.stats()
     stats = pool.stats()
     assert stats["leased"] == 160 and stats["in_use"] == 0 and stats["unchecked"] == 0, stats
     assert stats["recycled"] + stats["destroyed"] == 160, stats
@@ -448,7 +440,7 @@ def test_gathered_releases_are_checked_before_they_are_leased_again(make_pool: C
     assert not any(lease.fresh for lease in second)  # each waited for a checked one, none was made
     for lease in second:
         lease.release(wait=False)  # the first of these wakes the thread; the rest gather
-    assert wait_for(lambda: all(lease.result is not None for lease in second))
+    assert wait_until(lambda: all(lease.result is not None for lease in second), 10.0)
     stats = pool.stats()
     assert stats["unchecked"] == 0 and stats["in_use"] == 0 and stats["recycled"] == 16, stats
     assert pool.wait_filled(TIMEOUT)
@@ -601,12 +593,12 @@ def test_release_without_waiting_checks_in_the_background(make_pool: Callable[..
     assert lease.release(wait=False) is None and lease.released
     with pytest.raises(NetnsPoolError):
         lease.netns_fd  # noqa: B018 - released, even if not checked yet
-    assert wait_for(lambda: lease.result is not None) and lease.result is not None and lease.result.recycled
+    assert wait_until(lambda: lease.result is not None, 10.0) and lease.result is not None and lease.result.recycled
     lease = pool.lease(timeout=TIMEOUT)
     assert not lease.fresh
     dirty_extra_address(lease)
     lease.release(wait=False)
-    assert wait_for(lambda: lease.result is not None) and lease.result is not None
+    assert wait_until(lambda: lease.result is not None, 10.0) and lease.result is not None
     assert lease.result.reasons == ("addresses", "routes")
     assert pool.wait_filled(TIMEOUT)
     with pool.lease() as lease:
@@ -715,7 +707,7 @@ def test_factory_killed_is_restarted(make_pool: Callable[..., NetnsPool]) -> Non
     pid = pool.factory_pid
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    assert wait_for(lambda: not pid_alive(pid))
+    assert wait_until(lambda: not pid_alive(pid), 10.0)
     pooled = pool.lease()
     with pool.lease() as lease:  # needs a new namespace: a new factory makes it
         assert lease.fresh
@@ -771,7 +763,7 @@ if {ending!r} == "killed":
         if ending == "killed":
             proc.kill()
         assert proc.wait(TIMEOUT) in (0, -signal.SIGKILL)
-    assert wait_for(lambda: not pid_alive(pid)), f"factory {pid} survived its owner"
+    assert wait_until(lambda: not pid_alive(pid), 10.0), f"factory {pid} survived its owner"
 
 
 def test_pool_as_context_manager_and_stats(owner: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from conftest import make_base_spec, new_marker, sleep_cmd, sleepers, wait_until  # tests/, on sys.path (rootdir)
+from users_world import sh
 
 import sandbox
 from sandbox import Limits
@@ -41,10 +42,6 @@ print(c.recv(100).decode())
 def session(require_native: None) -> Iterator[sandbox.Session]:
     with sandbox.Session(make_base_spec()) as s:
         yield s
-
-
-def sh(s: sandbox.Session, script: str, **kw: object) -> sandbox.CompletedProcess:
-    return s.exec(["sh", "-c", script], capture_output=True, text=True, timeout=60, **kw)  # type: ignore[arg-type]
 
 
 def test_exec_reports_like_run(session: sandbox.Session) -> None:

@@ -18,10 +18,10 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import make_base_spec, wait_until  # tests/, on sys.path (rootdir)
+from conftest import wait_until  # tests/, on sys.path (rootdir)
+from users_world import several_ids, sh, users_world
 
 import sandbox
-from sandbox import File, Tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -34,20 +34,13 @@ RANGELESS_USER = "sbxnoids"  # a system user without an /etc/subuid range, made 
 
 def users_spec(**fields: object) -> sandbox.Spec:
     """The base world with a passwd and group of its own and a shared sticky /work."""
-    return make_base_spec(File("/etc/passwd", PASSWD, perms=0o644), File("/etc/group", GROUP, perms=0o644),
-                          Tmpfs("/work", perms=0o1777), **fields)  # type: ignore[arg-type]
+    return users_world(PASSWD, GROUP, 0o644, **fields)
 
 
 @pytest.fixture
 def session(require_native: None) -> Iterator[sandbox.Session]:
-    with sandbox.Session(users_spec()) as s:
-        if not s.ids.several:
-            pytest.skip(f"this caller maps one id ({sandbox.probe().ids}): test_one_id_* cover it")
+    with several_ids(users_spec(), "test_one_id_* cover it") as s:
         yield s
-
-
-def sh(s: sandbox.Session, script: str, **kw: object) -> sandbox.CompletedProcess:
-    return s.exec(["sh", "-c", script], capture_output=True, text=True, timeout=60, **kw)  # type: ignore[arg-type]
 
 
 def test_probe_says_which(require_native: None) -> None:

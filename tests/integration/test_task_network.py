@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from http_serving import serving
 from task_helpers import PY, pyrun, task_backend  # noqa: F401  (task_backend: the fixture `backend`)
 
 from sandbox import IsolationError, task
@@ -38,15 +39,8 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def http_server() -> Iterator[int]:
     """An HTTP server on the host's 127.0.0.1; yields its port."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield srv.server_address[1]
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join()
+    with serving(_Hello) as port:
+        yield port
 
 
 GET = ("import os, sys, urllib.request\n"

@@ -11,10 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
-from test_limits import FORK_BOMB, INSIDE, TOUCH, leftovers, mine, needs, wait_for
+from conftest import wait_until
+from test_limits import FORK_BOMB, INSIDE, TOUCH, cgroup_of, leftovers, mine, needs, no_cgroup_left  # noqa: F401
 
 import sandbox
 from sandbox import Limits
@@ -23,12 +23,6 @@ from sandbox.presets import python_interpreter
 pytestmark = pytest.mark.integration
 PY = sys.executable
 PID_NS = ["readlink", "/proc/self/ns/pid"]
-
-
-@pytest.fixture(autouse=True)
-def no_cgroup_left() -> Iterator[None]:
-    yield
-    assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 def recycled(**limits: int) -> sandbox.Template:
@@ -90,18 +84,12 @@ def test_only_the_command_is_in_its_cgroup_and_it_holds_no_fd_of_it(procs: objec
     with recycled(nproc=16) as t:
         t.run(["true"], timeout=60)
         with t.spawn([PY, "-c", INSIDE, marker], stdout=subprocess.PIPE) as p:
-            assert p.stdout is not None
-            assert p.stdout.readline() == b"[0, 1, 2]\n"  # no entry file of its cgroup, nothing of pid 1's
-            assert wait_for(lambda: len(procs.with_marker(marker)) == 2, 10.0)  # type: ignore[attr-defined]
-            walls = p._handle.walls  # type: ignore[attr-defined]
-            assert walls is not None and walls.cgroup is not None
-            inside = {int(pid) for _, path in walls.cgroup.dirs
-                      for pid in open(os.path.join(path, "cgroup.procs")).read().split()}
+            inside = cgroup_of(p, procs, marker)
             assert inside == set(procs.with_marker(marker))  # type: ignore[attr-defined]
             p.kill()
         assert p.returncode == -signal.SIGKILL and p.killed_by is None
         assert t.run(["true"], timeout=60).returncode == 0
-    assert wait_for(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
+    assert wait_until(lambda: not procs.with_marker(marker), 5.0)  # type: ignore[attr-defined]
 
 
 @needs
@@ -112,5 +100,5 @@ def test_each_requests_cgroup_goes_when_it_ends_not_when_the_template_does() -> 
         for _ in range(20):
             assert t.run(["true"], timeout=60).returncode == 0
         # its pid 1 lives on: nothing of a request may wait for it to exit (its cgroup, a pidfd)
-        assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups of ended requests: {mine(leftovers())}"
+        assert wait_until(lambda: not mine(leftovers()), 5.0), f"cgroups of ended requests: {mine(leftovers())}"
         assert len(os.listdir("/proc/self/fd")) <= fds

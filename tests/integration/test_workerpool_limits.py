@@ -12,54 +12,28 @@ the fallback's are run.
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 
 import pytest
-from conftest import make_base_spec
+from conftest import make_base_spec, wait_until
+from forkbomb import fork_bomb_counted
+from test_limits import INFO, leftovers, mine, needs, no_cgroup_left  # noqa: F401  (no_cgroup_left: autouse)
 
 import sandbox
 from sandbox import Limits
-from sandbox.cgroups import PARENT_ENV, PREFIX, host_cgroups
+from sandbox.cgroups import PARENT_ENV
 from sandbox.workerpool import TaskError, TaskTimeoutError
 
-INFO = host_cgroups()
-needs = pytest.mark.skipif(INFO.controllers != {"memory", "pids", "cpu"},
-                           reason=f"no cgroup limits for this caller: {INFO.reason}")
 pytestmark = [pytest.mark.skipif(not sandbox.probe().native, reason="native backend unavailable"),
               pytest.mark.parametrize("spares", [0, 2], ids=["fork-per-task", "spares"])]
 
 
 def pool(spares: int, **limits: object) -> sandbox.WorkerPool:
     return sandbox.WorkerPool(make_base_spec(limits=Limits(**limits)), 2, spares=spares)  # type: ignore[arg-type]
-
-
-def leftovers() -> list[str]:
-    return [p for h in INFO.hierarchies for p in glob.glob(os.path.join(h.parent, PREFIX + "*"))]
-
-
-def mine(paths: list[str], pid: int | None = None) -> list[str]:
-    return [p for p in paths if os.path.basename(p).startswith(f"{PREFIX}{pid or os.getpid()}-")]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-@pytest.fixture(autouse=True)
-def no_cgroup_left() -> object:
-    yield
-    assert wait_for(lambda: not mine(leftovers()), 5.0), f"cgroups left behind: {mine(leftovers())}"
 
 
 def touch(mb: int) -> int:
@@ -70,23 +44,6 @@ def touch(mb: int) -> int:
     for i in range(0, mb << 20, 4096):
         m[i] = 1
     return mb
-
-
-def fork_bomb(limit: int) -> tuple[int, int]:
-    """Fork sleepers until a fork fails: (how many, how many processes its cgroup then held, by pid ns)."""
-    import os
-    import time
-
-    n = 0
-    while n < limit:
-        try:
-            if os.fork() == 0:
-                time.sleep(30)
-                os._exit(0)
-        except OSError:
-            break
-        n += 1
-    return n, len([p for p in os.listdir("/proc") if p.isdigit()])
 
 
 def spin(seconds: float) -> float:
@@ -125,7 +82,7 @@ def test_touching_300_mb_under_memory_100_fails_killed_by_memory_and_the_pool_go
 @needs
 def test_a_fork_bomb_under_nproc_32_stays_at_32(spares: int) -> None:
     with pool(spares, nproc=32) as p:
-        f = p.submit(fork_bomb, 500)
+        f = p.submit(fork_bomb_counted, 500)
         forked, seen = f.result(timeout=60)
     assert 0 < forked <= 31 and seen <= 32, (forked, seen)  # the task itself counts too
     assert f.usage is not None and f.usage.pids_peak is not None and f.usage.pids_peak <= 32
@@ -135,7 +92,7 @@ def test_a_fork_bomb_under_nproc_32_stays_at_32(spares: int) -> None:
 @needs
 def test_each_task_has_its_own_nproc_32(spares: int) -> None:
     with pool(spares, nproc=32) as p:
-        futures = [p.submit(fork_bomb, 20) for _ in range(4)]
+        futures = [p.submit(fork_bomb_counted, 20) for _ in range(4)]
         assert [f.result(timeout=60)[0] for f in futures] == [20] * 4  # 4 x 21 > 32: not one shared wall
 
 
@@ -166,7 +123,7 @@ def test_the_tasks_cgroups_are_removed_as_they_end(spares: int) -> None:
             assert p.submit(touch, 1).result(timeout=60) == 1
         # only those made ahead, for spares (and the first fork's) are left; no task's
         assert len(mine(leftovers())) <= (2 * max(spares, 1) + 1) * len(INFO.hierarchies)
-    assert wait_for(lambda: not mine(leftovers()), 5.0)
+    assert wait_until(lambda: not mine(leftovers()), 5.0)
 
 
 @needs
@@ -187,7 +144,7 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(spares: int) -> None:
     child = subprocess.Popen([sys.executable, "-c", caller], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout is not None
     assert child.stdout.readline().strip() == INFO.mechanism.encode()
-    assert wait_for(lambda: bool(mine(leftovers(), child.pid)), 5.0)
+    assert wait_until(lambda: bool(mine(leftovers(), child.pid)), 5.0)
     child.kill()
     child.wait()
     # the next cgroup made (another process's) sweeps what a dead owner left
@@ -196,7 +153,7 @@ def test_no_cgroup_is_left_after_the_caller_is_sigkilled(spares: int) -> None:
                             f"sandbox.run([{sys.executable!r}, '-c', 'pass'], "
                             "python_interpreter(limits=Limits(nproc=8)))"], timeout=60)
     assert later.returncode == 0
-    assert wait_for(lambda: not mine(leftovers(), child.pid), 10.0), mine(leftovers(), child.pid)
+    assert wait_until(lambda: not mine(leftovers(), child.pid), 10.0), mine(leftovers(), child.pid)
 
 
 def test_without_cgroups_a_task_has_rlimits_and_says_so(spares: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,7 +194,7 @@ def test_many_tasks_at_once_each_in_its_own_cgroup(spares: int) -> None:
     """Spares taken, spares claimed while set up, forks per task: every task
     is walled and counted, and no cgroup outlives the pool."""
     with pool(spares, memory_mb=64, nproc=16) as p:
-        futures = [p.submit(fork_bomb, 3) for _ in range(12)]
+        futures = [p.submit(fork_bomb_counted, 3) for _ in range(12)]
         assert [f.result(timeout=60)[0] for f in futures] == [3] * 12
         usages = [f.usage for f in futures]
     assert all(u is not None and u.mechanism == INFO.mechanism and u.pids_peak == 4 for u in usages), usages

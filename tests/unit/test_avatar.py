@@ -218,9 +218,9 @@ def test_hermetic_env_backend(clean_env: pytest.MonkeyPatch) -> None:
     assert callable(limited.preexec_fn)
 
 
-def test_bwrap_argv_without_network() -> None:
-    spec = Bwrap().prepare(ARGV, CWD)
-    assert spec.argv == [
+def bwrap_argv(*unshare: str) -> list[str]:
+    """What Bwrap().prepare(ARGV, CWD) gives, with `unshare` before the command."""
+    return [
         "bwrap", "--die-with-parent",
         "--ro-bind", "/", "/",
         "--dev", "/dev",
@@ -228,25 +228,21 @@ def test_bwrap_argv_without_network() -> None:
         "--tmpfs", "/tmp",
         "--bind", "/work/space", "/work/space",
         "--chdir", "/work/space",
-        "--unshare-net",
+        *unshare,
         *ARGV,
     ]
+
+
+def test_bwrap_argv_without_network() -> None:
+    spec = Bwrap().prepare(ARGV, CWD)
+    assert spec.argv == bwrap_argv("--unshare-net")
     assert spec.env == hermetic_env(os.environ)
     assert spec.preexec_fn is None
 
 
 def test_bwrap_argv_with_network() -> None:
     spec = Bwrap(allow_network=True, rlimits=RLimits()).prepare(ARGV, CWD)
-    assert spec.argv == [
-        "bwrap", "--die-with-parent",
-        "--ro-bind", "/", "/",
-        "--dev", "/dev",
-        "--proc", "/proc",
-        "--tmpfs", "/tmp",
-        "--bind", "/work/space", "/work/space",
-        "--chdir", "/work/space",
-        *ARGV,
-    ]
+    assert spec.argv == bwrap_argv()
     assert "--unshare-net" not in spec.argv
     assert callable(spec.preexec_fn)
 
@@ -261,6 +257,20 @@ def test_sandbox_exec_argv() -> None:
     assert callable(allowed.preexec_fn)
 
 
+def container_argv(runtime: str, network: str, pids: str, *rest: str) -> list[str]:
+    """What Container(...).prepare gives for CWD: `runtime run` with its fixed options, then `rest`."""
+    return [
+        runtime, "run", "--rm", "-i",
+        "--network", network,
+        "--read-only",
+        "--tmpfs", "/tmp",
+        "--pids-limit", pids,
+        "-v", "/work/space:/workspace:rw",
+        "-w", "/workspace",
+        *rest,
+    ]
+
+
 def test_container_argv_and_env_ordering(clean_env: pytest.MonkeyPatch) -> None:
     # Insertion order deliberately differs from the expected -e order.
     clean_env.setenv("LC_TIME", "en_GB.UTF-8")
@@ -269,21 +279,15 @@ def test_container_argv_and_env_ordering(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("LANG", "fr_FR.UTF-8")
     clean_env.setenv("SECRET_TOKEN", "s")
     spec = Container(image="python:3.11").prepare(ARGV, CWD)
-    assert spec.argv == [
-        "podman", "run", "--rm", "-i",
-        "--network", "none",
-        "--read-only",
-        "--tmpfs", "/tmp",
-        "--pids-limit", "1024",
-        "-v", "/work/space:/workspace:rw",
-        "-w", "/workspace",
+    assert spec.argv == container_argv(
+        "podman", "none", "1024",
         "-e", "LANG=fr_FR.UTF-8",
         "-e", "TZ=Europe/Paris",
         "-e", "LC_ALL=C.UTF-8",
         "-e", "LC_TIME=en_GB.UTF-8",
         "python:3.11",
         *ARGV,
-    ]
+    )
     assert "SECRET_TOKEN=s" not in spec.argv
     assert spec.env == dict(os.environ)
     assert spec.preexec_fn is None
@@ -291,16 +295,7 @@ def test_container_argv_and_env_ordering(clean_env: pytest.MonkeyPatch) -> None:
 
 def test_container_network_runtime_pids(clean_env: pytest.MonkeyPatch) -> None:
     spec = Container(image="img", runtime="docker", allow_network=True, rlimits=RLimits(pids=7)).prepare(["id"], CWD)
-    assert spec.argv == [
-        "docker", "run", "--rm", "-i",
-        "--network", "bridge",
-        "--read-only",
-        "--tmpfs", "/tmp",
-        "--pids-limit", "7",
-        "-v", "/work/space:/workspace:rw",
-        "-w", "/workspace",
-        "img", "id",
-    ]
+    assert spec.argv == container_argv("docker", "bridge", "7", "img", "id")
 
 
 def test_container_needs_an_image() -> None:

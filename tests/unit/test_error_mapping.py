@@ -14,29 +14,14 @@ from typing import Any
 
 import pytest
 
-from sandbox import (
-    Bind,
-    Chmod,
-    Dev,
-    Dir,
-    ExecError,
-    ExecNotFoundError,
-    ExecPermissionError,
-    File,
-    IsolationError,
-    Proc,
-    RemountRo,
-    RoBind,
-    SetupError,
-    Spec,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Spec
 from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.backends.native.core import BIN_DIR, OP_KIND_NAMES, STEP_NAMES
 from sandbox.backends.native.messages import describe, setup_error
+from sandbox.errors import ExecError, ExecNotFoundError, ExecPermissionError, IsolationError, SetupError
 from sandbox.host import HostInfo
+from sandbox.mounts import Bind, Chmod, Dev, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import OpKind, Plan, compile_plan
 
 HOST = HostInfo(executor=NATIVE, uid=1000, gid=1000, cwd="/home/u", environ={"HOME": "/home/u"})

@@ -7,26 +7,12 @@ import resource
 
 import pytest
 
-from sandbox import (
-    Bind,
-    Chmod,
-    Dev,
-    DevBind,
-    Dir,
-    File,
-    Limits,
-    Namespaces,
-    Proc,
-    RemountRo,
-    RoBind,
-    Spec,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Limits, Namespaces, Spec
 from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.cgroups import CgroupInfo, CgroupLimits
 from sandbox.errors import UnavailableError
 from sandbox.host import LIMITED_RESOURCES, HostInfo, hard_limits
+from sandbox.mounts import Bind, Chmod, Dev, DevBind, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import (
     DEFAULT_PATH,
     DEV_MODE,

@@ -22,30 +22,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+from conftest import BadPath, BytesPath
 
 import sandbox
-from sandbox import (
-    ArgRule,
-    Bind,
-    Chmod,
-    Dev,
-    DevBind,
-    Dir,
-    File,
-    Mqueue,
-    Proc,
-    RemountRo,
-    RoBind,
-    Seccomp,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-    task,
-)
+from sandbox import Spec, task
 from sandbox.api import check_pass_fds, with_call_options
-from sandbox.errors import shown
+from sandbox.errors import SpecError, shown
+from sandbox.mounts import Bind, Chmod, Dev, DevBind, Dir, File, Mqueue, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import check_argv
+from sandbox.seccomp import ArgRule, Seccomp
 
 HAND_WRITTEN = [Spec, Bind, RoBind, DevBind, Tmpfs, Proc, Dev, Mqueue, Dir, Symlink, File, RemountRo, Chmod,
                 Seccomp, ArgRule, task.Sandbox, task.Bind, task.Layout, task.Proxy]
@@ -55,20 +40,6 @@ def spec_error(build: Any) -> SpecError:
     with pytest.raises(SpecError) as info:
         build()
     return info.value
-
-
-class BytesPath:
-    """An os.PathLike of bytes: not a path these constructors take."""
-
-    def __fspath__(self) -> bytes:
-        return b"/tmp"
-
-
-class BadPath:
-    """An os.PathLike whose __fspath__ returns neither str nor bytes."""
-
-    def __fspath__(self) -> int:
-        return 3
 
 
 # ---------------------------------------------------------------- __init__ against the fields

@@ -7,23 +7,9 @@ from typing import Any
 
 import pytest
 
-from sandbox import (
-    Bind,
-    Chmod,
-    Dev,
-    DevBind,
-    Dir,
-    File,
-    Limits,
-    Namespaces,
-    Proc,
-    RemountRo,
-    RoBind,
-    Spec,
-    SpecError,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Limits, Namespaces, Spec
+from sandbox.errors import SpecError
+from sandbox.mounts import Bind, Chmod, Dev, DevBind, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import check_argv
 from sandbox.spec import MAX_ID
 

@@ -12,24 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox import (
-    Bind,
-    Chmod,
-    Dev,
-    Dir,
-    File,
-    Limits,
-    Namespaces,
-    Proc,
-    RemountRo,
-    RoBind,
-    Spec,
-    Symlink,
-    Tmpfs,
-)
+from sandbox import Limits, Namespaces, Spec
 from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo
+from sandbox.mounts import Bind, Chmod, Dev, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import OpKind, Plan, compile_plan
 from sandbox.spec import Overlay
 

@@ -1,6 +1,6 @@
 """Render a compiled Plan as the options the bwrap backend gives /usr/bin/bwrap (0.8.0).
 
-The options are spelled by `sandbox.bwrap.argv`, as the CLI's unparser
+The options are spelled by `sandbox.bwrap.argv` (`spell`), as the CLI's unparser
 spells them. What this module adds is the Plan's decisions, where bwrap's
 own rules would decide otherwise: explicit parent directories where bwrap's
 mode rule differs from the plan's, /dev/shm's mode, exact capabilities and
@@ -15,18 +15,8 @@ import posixpath
 from collections.abc import Collection, Sequence
 
 from ... import spec as S
-from ...bwrap.argv import (
-    BwrapArgv,
-    bind_args,
-    cap_args,
-    chmod_args,
-    dir_args,
-    env_args,
-    file_args,
-    seccomp_args,
-    tmpfs_args,
-    unshare_args,
-)
+from ...bwrap import argv as spell
+from ...bwrap.argv import BwrapArgv
 from ...errors import SpecError
 from ...plan import DEV_MODE, DEV_SHM_MODE, Op, OpFlag, OpKind, Plan, parent_mode_for
 from ...proc_covers import Cover
@@ -64,7 +54,7 @@ def _parents(op: Op) -> list[str]:
         return []
     out: list[str] = []
     for parent in _ancestors(op.dest):
-        out += dir_args(parent, op.parent_mode)
+        out += spell.dir_args(parent, op.parent_mode)
     return out
 
 
@@ -77,9 +67,9 @@ def _dev_options(op: Op, match_native: bool) -> list[str]:
         return ["--dev", op.dest]
     out = ["--dev", op.dest]
     if op.mode != BWRAP_DEV_MODE:
-        out += chmod_args(op.dest, op.mode)
+        out += spell.chmod_args(op.dest, op.mode)
     if op.shm_mode != BWRAP_DEV_SHM_MODE:
-        out += chmod_args(op.dest.rstrip("/") + "/shm", op.shm_mode)
+        out += spell.chmod_args(op.dest.rstrip("/") + "/shm", op.shm_mode)
     return out
 
 
@@ -129,10 +119,10 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
         if not op.flags & OpFlag.NOSUID:
             raise SpecError("mounts", op.dest, "bwrap always binds nosuid")
         src = _fd_source(op.src) if op.flags & OpFlag.FD_SOURCE else op.src
-        return bind_args(src, op.dest, readonly=bool(op.flags & OpFlag.RDONLY),
+        return spell.bind_args(src, op.dest, readonly=bool(op.flags & OpFlag.RDONLY),
                          devices=not op.flags & OpFlag.NODEV, optional=bool(op.flags & OpFlag.OPTIONAL))
     if kind is OpKind.TMPFS:
-        return tmpfs_args(op.dest, op.mode, op.size)
+        return spell.tmpfs_args(op.dest, op.mode, op.size)
     if kind is OpKind.PROC:
         return _proc_options(op, match_native)
     if kind is OpKind.DEV:
@@ -140,17 +130,17 @@ def render_op(op: Op, fds: list[int], match_native: bool = False) -> list[str]:
     if kind is OpKind.MQUEUE:
         return ["--mqueue", op.dest]
     if kind is OpKind.DIR:
-        return dir_args(op.dest, op.mode)
+        return spell.dir_args(op.dest, op.mode)
     if kind is OpKind.SYMLINK:
         return ["--symlink", op.src, op.dest]
     if kind is OpKind.FILE:
-        return file_args(op.dest, op.data, op.mode, bool(op.flags & OpFlag.RDONLY), fds)
+        return spell.file_args(op.dest, op.data, op.mode, bool(op.flags & OpFlag.RDONLY), fds)
     if kind is OpKind.REMOUNT_RO:
         if op.flags != REMOUNT_RO_FLAGS:
             raise SpecError("mounts", op.dest, "bwrap's --remount-ro always sets ro, nodev and nosuid")
         return ["--remount-ro", op.dest]
     if kind is OpKind.CHMOD:
-        return chmod_args(op.dest, op.mode)
+        return spell.chmod_args(op.dest, op.mode)
     if kind is OpKind.OVERLAY:
         return overlay_args(op)
     raise SpecError("mounts", op.kind, "operation bwrap cannot express")
@@ -221,7 +211,7 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int]
     """
     fds: list[int] = []
     try:
-        args = unshare_args(user=plan.user_ns, pid=plan.pid_ns, net=plan.net_ns, ipc=plan.ipc_ns,
+        args = spell.unshare_args(user=plan.user_ns, pid=plan.pid_ns, net=plan.net_ns, ipc=plan.ipc_ns,
                             uts=plan.uts_ns, cgroup=plan.cgroup_ns)
         args += _sync_args(plan, fds)
         if plan.user_ns and plan.sync.userns_block_fd < 0:  # else the caller maps the ids
@@ -231,9 +221,9 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int]
         if plan.hostname is not None:
             args += ["--hostname", plan.hostname]
         if not plan.mount_ns:
-            args += bind_args("/", "/", readonly=False, devices=True, optional=False)
+            args += spell.bind_args("/", "/", readonly=False, devices=True, optional=False)
         args += render_ops(plan.ops, fds, skip=skip)
-        args += env_args((name, value) for name, _, value in (e.partition("=") for e in plan.env))
+        args += spell.env_args((name, value) for name, _, value in (e.partition("=") for e in plan.env))
         if plan.cwd_strict:
             args += ["--chdir", plan.cwd_candidates[0]]
         if plan.die_with_parent:
@@ -245,11 +235,11 @@ def render_plan(plan: Plan, seccomp_fd: int | None = None, skip: Collection[int]
         # no option where bwrap's default is the plan's (root: its own set; others: none), since bwrap
         # then changes no capability set (inheritable and ambient stay as they were)
         if not (plan.caps_as_caller or (not plan.keep_caps and os.getuid() != 0)):
-            args += cap_args(_cap_names(plan.keep_caps))
+            args += spell.cap_args(_cap_names(plan.keep_caps))
         if seccomp_fd is not None:
             args += ["--seccomp", str(seccomp_fd)]
         elif plan.seccomp:
-            args += seccomp_args(plan.seccomp, fds)
+            args += spell.seccomp_args(plan.seccomp, fds)
     except BaseException:
         BwrapArgv((), fds).close()
         raise

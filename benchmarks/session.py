@@ -19,7 +19,11 @@ Targets (issue 37): exec into a session at most a recycled Template's
 spawn+wait; read_file of 4 KiB at most 0.2 ms; exec latency flat within 1.5x
 from 0 to 1000 sessions alive.
 
-    python benchmarks/session.py [-n 300] [--alive 0,100,1000] [--json out.json]
+    python benchmarks/session.py [-n 300] [--alive 0,100,1000] [--readonly-root] [--before BIN] [--json out.json]
+
+`--before BIN` adds a row of exec into a session whose pid 1 is BIN, a
+sandbox-session built from an earlier commit (the same wire), for a before
+and after side by side in one run.
 """
 
 from __future__ import annotations
@@ -35,7 +39,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+_here = os.path.dirname(os.path.abspath(__file__))
+# The standard library's inspect (dataclasses imports it), before this folder's inspect.py could
+# shadow it: imported, that file drops this folder from sys.path.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+import inspect  # noqa: E402,F401
+
+sys.path.insert(0, _here)
 
 from containers import running_container  # noqa: E402
 from latency import BWRAP_ARGS, MOUNTS  # noqa: E402
@@ -51,6 +61,7 @@ START = "Session.start(['true']).wait()"
 CLI_EXEC = "sandbox exec ID /bin/true (command line, session kept)"
 CONTAINER_EXEC = "podman exec NAME /bin/true (running container)"
 RECYCLED = "Template(recycle=True).spawn+wait"
+EXEC_BEFORE = "Session.exec(['true']), pid 1 of --before"
 SPEC = sandbox.Spec(mounts=MOUNTS, env={"PATH": "/usr/bin:/bin"})
 
 
@@ -64,9 +75,9 @@ def _checked(rc: int) -> None:
         raise RuntimeError(f"sandboxed /bin/true exited {rc}")
 
 
-def variants(session: sandbox.Session, readonly: sandbox.Session,
-             recycled: sandbox.Template) -> dict[str, Callable[[], object]]:
-    """name -> one command of /bin/true, waited for."""
+def variants(session: sandbox.Session, readonly: sandbox.Session, recycled: sandbox.Template,
+             before: sandbox.Session | None = None) -> dict[str, Callable[[], object]]:
+    """name -> one command of /bin/true, waited for (`before`: a session run by another build's pid 1)."""
     out: dict[str, Callable[[], object]] = {
         POSIX: _posix_spawn,
         EXEC: lambda: _checked(session.exec(["/bin/true"]).returncode),
@@ -75,10 +86,29 @@ def variants(session: sandbox.Session, readonly: sandbox.Session,
         RECYCLED: lambda: _checked(recycled.spawn(["/bin/true"]).wait()),
         "sandbox.spawn+wait (fresh sandbox)": lambda: _checked(sandbox.spawn(["/bin/true"], SPEC).wait()),
     }
+    if before is not None:
+        out[EXEC_BEFORE] = lambda: _checked(before.exec(["/bin/true"]).returncode)
     bwrap = shutil.which("bwrap")
     if bwrap:
         out[BWRAP] = lambda: subprocess.run([bwrap, *BWRAP_ARGS, "/bin/true"], check=True)
     return out
+
+
+@contextlib.contextmanager
+def session_of(binary: str | None) -> Iterator[sandbox.Session | None]:
+    """A Session whose pid 1 is `binary` (sandbox-session of another build, its wire the same), or None."""
+    if binary is None:
+        yield None
+        return
+    from sandbox.session import launch
+
+    mine, launch.SESSION_PATH = launch.SESSION_PATH, os.path.abspath(binary)
+    try:
+        session = sandbox.Session(SPEC)
+    finally:
+        launch.SESSION_PATH = mine
+    with session:
+        yield session
 
 
 @contextlib.contextmanager
@@ -171,18 +201,19 @@ def _available_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
 
 
-def scale(alive: list[int], n: int) -> tuple[str, dict[str, float]]:
+def scale(alive: list[int], n: int, writable_root: bool = True) -> tuple[str, dict[str, float]]:
     """Exec latency with `alive` other sessions, and the memory an idle one takes."""
     rows = ["| sessions alive | exec(['true']) median ms | p99 ms | / with 0 alive |", "|---|---|---|---|"]
     figures: dict[str, float] = {}
     others: list[sandbox.Session] = []
     base = None
     try:
-        with sandbox.Session(SPEC) as probe:
+        with sandbox.Session(SPEC, writable_root=writable_root) as probe:
+            rows.insert(0, f"sessions: writable_root={writable_root}, ids: {probe.ids.words()}\n")
             for count in sorted(alive):
                 before, had = _available_kib(), len(others)
                 while len(others) < count:
-                    others.append(sandbox.Session(SPEC))
+                    others.append(sandbox.Session(SPEC, writable_root=writable_root))
                 time.sleep(3)  # the network namespace pool refills behind the sessions' leases (the probe's too)
                 if count and count == max(alive):
                     added = count - had
@@ -203,18 +234,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=300)
     parser.add_argument("--alive", default="0,100,1000", help="numbers of idle sessions for the scale rows")
+    parser.add_argument("--readonly-root", action="store_true",
+                        help="the scale rows' sessions with writable_root=False (default: the copy-on-write root)")
+    parser.add_argument("--before", metavar="BIN",
+                        help="a sandbox-session built from another commit: a row of exec into a session it runs")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     with (sandbox.Session(SPEC) as session, sandbox.Session(SPEC, writable_root=False) as readonly,
-          sandbox.Template(SPEC, recycle=True) as recycled, command_line_rows() as rows):
-        times = measure({**variants(session, readonly, recycled), **rows}, args.n)
+          sandbox.Template(SPEC, recycle=True) as recycled, session_of(args.before) as before,
+          command_line_rows() as rows):
+        times = measure({**variants(session, readonly, recycled, before), **rows}, args.n)
     print(latency_table(times))
     files = lifetime_and_files(args.n)
     print("\n| what | median ms |\n|---|---|")
     for name, ms in files.items():
         print(f"| {name} | {ms:.3f} |")
     alive = [int(x) for x in args.alive.split(",") if x]
-    table, figures = scale(alive, max(50, args.n // 3))
+    table, figures = scale(alive, max(50, args.n // 3), not args.readonly_root)
     print()
     print(table)
     for name, value in figures.items():

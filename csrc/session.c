@@ -163,10 +163,13 @@ static _Noreturn void standby(int sock, int note, const sigset_t *mask, int proc
 {
     struct sbx_session_request r = {0};
     int fds[N_FDS] = {-1, -1, -1, -1};
+    int sfd = -1;
+    int ready_err = session_call_ready(&sfd);
     int got = receive_header(sock, &r, fds);
     struct session_call call = {.sock = fds[0], .stdio = {fds[1], fds[2], fds[3]}, .mask = *mask,
                                 .proc_fd = proc_fd, .flags = r.flags, .uid = r.uid, .gid = r.gid,
-                                .n_groups = r.n_groups, .setid = keep != NULL, .keep = keep ? *keep : 0};
+                                .n_groups = r.n_groups, .setid = keep != NULL, .keep = keep ? *keep : 0,
+                                .ready_err = ready_err, .sfd = sfd};
     memcpy(call.groups, r.groups, sizeof call.groups);
     if (got > 0) {
         call.buf = malloc((size_t)r.size + 1);
@@ -229,6 +232,10 @@ int main(int argc, char **argv)
     signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD would reap our children for us */
     if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
         report_failure(err_fd, SBX_STEP_EXEC_INIT, errno);
+        return 125;
+    }
+    if (keep && session_shrink_bounding(*keep) < 0) {
+        report_failure(err_fd, SBX_STEP_CAPS, errno);
         return 125;
     }
     int sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);

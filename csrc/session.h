@@ -38,7 +38,13 @@ struct session_call {
     uint32_t uid, gid, n_groups, groups[SBX_SESSION_MAX_GROUPS]; /* with SBX_SESSION_USER */
     int setid;      /* pid 1 holds CAP_SETUID/SETGID/SETPCAP beyond `keep`: drop them */
     uint64_t keep;  /* with setid: the capabilities a command keeps (the Spec's) */
+    int ready_err;  /* session_call_ready's errno, 0 if it succeeded */
+    int sfd;        /* its signalfd of SIGCHLD */
 };
+
+/* What a standby does before its request comes (off the caller's path):
+ * a session of its own, a subreaper, a signalfd for SIGCHLD. 0, or errno. */
+int session_call_ready(int *sfd);
 
 /* Run one call in the process forked for it; never returns. */
 _Noreturn void session_call_main(struct session_call *call);
@@ -46,6 +52,9 @@ _Noreturn void session_call_main(struct session_call *call);
 /* Take the call's ids and drop what the command must not hold: 0, or -1
  * with errno and the failed step in *step. */
 int session_take_user(const struct session_call *call, int *step);
+
+/* Drop from the bounding set every capability outside `keep` (pid 1, once): 0, or -1 with errno. */
+int session_shrink_bounding(uint64_t keep);
 
 /* write(2) all of it: 0, or -1. */
 int session_write_all(int fd, const void *buf, size_t len);

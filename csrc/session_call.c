@@ -77,7 +77,7 @@ static int command_main(void *arg)
         failed.err = errno;
         _exit(126);
     }
-    signal(SIGCHLD, SIG_DFL);
+    /* SIGCHLD is at SIG_DFL already (pid 1 set it, and a disposition is inherited) */
     sigprocmask(SIG_SETMASK, &call->mask, NULL);
     int err = sbx_exec_path(call->argv[0], call->argv, call->envp, call->path, plain_execve, call->sh_argv);
     failed.step = SBX_STEP_EXEC;
@@ -168,10 +168,7 @@ static int kill_tree(const struct session_call *call, pid_t command, int *status
 /* Wait for the command's end, or the caller's word: the command's status. */
 static int serve(const struct session_call *call, pid_t command)
 {
-    sigset_t chld;
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    int sfd = call->sfd;
     struct pollfd fds[2] = {{call->sock, POLLIN, 0}, {sfd, POLLIN, 0}};
     int status = 0;
     for (;;) {
@@ -206,12 +203,21 @@ static int serve(const struct session_call *call, pid_t command)
     }
 }
 
+int session_call_ready(int *sfd)
+{
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+        return errno;
+    *sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    return *sfd < 0 ? errno : 0;
+}
+
 _Noreturn void session_call_main(struct session_call *call)
 {
-    sigset_t none;
-    sigemptyset(&none);
-    if (setsid() < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0) {
-        send_frame(call->sock, SBX_SESSION_FAILED, errno, 0, SBX_STEP_SESSION, -1);
+    if (call->ready_err) {
+        send_frame(call->sock, SBX_SESSION_FAILED, call->ready_err, 0, SBX_STEP_SESSION, -1);
         _exit(125);
     }
     int step = 0;

@@ -210,13 +210,14 @@ class Session:
         return args, sock, stdio, where
 
     def _user_ids(self, user: str | int | None) -> tuple[int, int, tuple[int, ...]] | None:
-        """The ids a call's `user` runs as, for its request (None: pid 1's own)."""
+        """The ids a call's `user` runs as, for its request (None: pid 1's own,
+        with the Spec's capabilities; given, a uid other than 0 holds none)."""
         if user is None:
             return None
         self._check_open()
         found = resolve(user, self._root, self.ids)
-        if not self.ids.several:  # one id, which is pid 1's: nothing to switch
-            return None
+        if not self.ids.several:  # one id, pid 1's: nothing to switch, but a uid other than 0 drops its capabilities
+            return found.uid, found.gid, ()
         return found.uid, found.gid, found.groups
 
     def _options(self, cwd: StrPath | None, env: Mapping[str, str] | None) -> tuple[str, str, tuple[str, ...]]:

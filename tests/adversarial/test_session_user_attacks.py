@@ -81,6 +81,53 @@ def test_a_planted_name_for_uid_0_gains_no_capability(session: sandbox.Session) 
         proc.wait()
 
 
+GRANTED = ("CAP_CHOWN", "CAP_NET_BIND_SERVICE")
+CHOWN = "touch /work/mine && chown 1001 /work/mine && echo chowned"
+
+
+def cap_lines(out: str) -> dict[str, str]:
+    """The Cap* lines of CAPS's output: {"CapEff": "0000...", ...}."""
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in out.splitlines()) if k.startswith("Cap")}
+
+
+def test_a_user_holds_none_of_the_specs_capabilities(require_native: None) -> None:
+    """docker's rule: a command run as a uid other than 0 holds no capability (permitted, effective,
+    inheritable, ambient), though the Spec grants some; only its bounding set stays the Spec's. Before
+    the rule, alice held CAP_CHOWN as an ambient capability and could give her file to bob."""
+    spec = attack_spec().replace(cap_add=GRANTED)
+    fresh = sandbox.run(["sh", "-c", CAPS], spec.replace(uid=0, gid=0), capture_output=True, text=True, timeout=60)
+    assert fresh.returncode == 0, fresh.stderr
+    with sandbox.Session(spec) as s:
+        if not s.ids.several:
+            pytest.skip(f"this caller maps one id ({sandbox.probe().ids}): no other user to attack through")
+        alice = cap_lines(sh(s, CAPS, user="alice").stdout)
+        assert alice == {"CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16,
+                         "CapBnd": cap_lines(fresh.stdout)["CapBnd"], "CapAmb": "0" * 16}
+        denied = sh(s, CHOWN, user="alice")
+        assert denied.returncode != 0 and "Operation not permitted" in denied.stderr
+        assert sh(s, "stat -c %u /work/mine").stdout == "1000\n"
+        assert sh(s, CHOWN.replace("mine", "roots"), user="root").stdout == "chowned\n"  # uid 0: the Spec's set
+        assert sh(s, CAPS, user="root").stdout == fresh.stdout
+
+
+def test_one_id_user_holds_none_of_the_specs_capabilities(require_native: None) -> None:
+    """The same rule where the session maps one id, its own uid 1000 (disable_userns): `user=1000` drops
+    the Spec's capabilities (CAP_DAC_OVERRIDE no longer reads a mode-000 file); a call without `user=`
+    keeps what a fresh sandbox of the Spec gives uid 1000."""
+    spec = attack_spec().replace(cap_add=(*GRANTED, "CAP_DAC_OVERRIDE"), uid=1000, gid=1000, disable_userns=True)
+    fresh = sandbox.run(["sh", "-c", CAPS], spec, capture_output=True, text=True, timeout=60)
+    assert fresh.returncode == 0, fresh.stderr
+    with sandbox.Session(spec) as s:
+        assert not s.ids.several and s.ids.uids.own == 1000
+        assert cap_lines(sh(s, CAPS, user="alice").stdout) == {
+            "CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16,
+            "CapBnd": cap_lines(fresh.stdout)["CapBnd"], "CapAmb": "0" * 16}
+        assert sh(s, "echo secret > /work/f && chmod 000 /work/f && cat /work/f").stdout == "secret\n"
+        denied = sh(s, "cat /work/f", user=1000)
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr
+        assert sh(s, CAPS).stdout == fresh.stdout
+
+
 def test_a_planted_name_for_an_unmapped_id_is_refused(session: sandbox.Session) -> None:
     plant(session, "ghost:x:4000000:1000::/:/bin/sh")
     plant(session, "ghoul:x:1000:4000000::/:/bin/sh")

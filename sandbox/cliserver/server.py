@@ -29,11 +29,11 @@ import os
 import select
 import signal
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
 
+from .._core.fdpass import recv_fds, send_fds
 from . import fastpath, spare, wire
 from .peer import Peer, Unverified, controlling_tty
 
@@ -285,7 +285,7 @@ class Server:
     def _request(self, client: _Client) -> None:
         """The client's request came (or the client went): answer it, or hand it to a worker."""
         try:  # a look only: the request stays queued for a worker, its fds come as copies
-            data, fds, flags = wire.recv_fds(client.conn, wire.MAX_REQUEST + 1, wire.MAX_FDS,
+            data, fds, flags = recv_fds(client.conn, wire.MAX_REQUEST + 1, wire.MAX_FDS,
                                              socket.MSG_PEEK | socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
@@ -362,7 +362,7 @@ class Server:
         are dropped by the kernel, never installed here."""
         while True:
             try:
-                data, _, _, _ = conn.recvmsg(1, 0, socket.MSG_DONTWAIT)
+                data, _, _ = recv_fds(conn, 1, 0, socket.MSG_DONTWAIT)
             except OSError:
                 return
             if not data:
@@ -381,9 +381,8 @@ class Server:
 
     def _send_plan(self, conn: socket.socket, answer: fastpath.Answer) -> None:
         """Send the answer (with sandbox-init's fd when the plan has a reaper); Worker if it cannot go."""
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", self._init_fd()))] if answer.reaper else []
         try:
-            conn.sendmsg([answer.data], ancillary, socket.MSG_DONTWAIT)
+            send_fds(conn, answer.data, [self._init_fd()] if answer.reaper else [], socket.MSG_DONTWAIT)
         except OSError as exc:
             if exc.errno != errno.EMSGSIZE:
                 raise
@@ -408,7 +407,7 @@ class Server:
         w = self.spare
         assert w is not None and w.ctrl is not None
         try:
-            socket.send_fds(w.ctrl, [b"C"], [conn.fileno()])
+            send_fds(w.ctrl, b"C", [conn.fileno()])
         except OSError:
             self._answer_fallback(conn)
             return
@@ -443,7 +442,7 @@ class Server:
         (for the next spare), or its end."""
         assert w.ctrl is not None
         try:
-            msg, fds, _ = wire.recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
+            msg, fds, _ = recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         except OSError:

@@ -9,10 +9,8 @@ header and checks every size, offset and constant against this reading.
 
 from __future__ import annotations
 
-import array
 import os
 import re
-import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,14 +142,3 @@ def plan_answer(blob: bytes, argv: list[bytes], env: list[bytes], pass_fds: list
     fds = ffi.new("int32_t[]", pass_fds) if pass_fds else b""
     return b"".join((bytes(ffi.buffer(head)), bytes(ffi.buffer(fds)) if pass_fds else b"", blob, strings, before,
                      after))
-
-
-def recv_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0) -> tuple[bytes, list[int], int]:
-    """socket.recv_fds with its `flags` applied (MSG_PEEK, MSG_CMSG_CLOEXEC...: Python 3.11's
-    ignores them): (data, fds, msg_flags)."""
-    fds = array.array("i")
-    data, ancdata, msg_flags, _ = sock.recvmsg(bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), flags)
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    return data, list(fds), msg_flags

@@ -41,13 +41,14 @@ import secrets
 import selectors
 import socket
 import stat
-import struct
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.fdpass import recv_fds
+from .._core.peer import Peer, Unverified
 from ..backends.native import ffi, lib
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
@@ -65,7 +66,6 @@ ENV = "SANDBOX_HANDOFF"  # the launcher's ticket: "ID:SECRET:PATH"
 MAX_REQUEST = 1 << 20  # the launcher falls back on its own beyond what the socket takes
 MAX_TICKETS = 4096  # tickets issued and not yet used; beyond, the oldest is dropped (its launch falls back)
 MAX_PENDING = 64  # accepted connections whose request has not come yet; beyond, a new one falls back
-CREDENTIALS = struct.Struct("<3i")
 
 __all__ = ["Handoff", "close", "handoff"]
 
@@ -283,7 +283,7 @@ class Handoff:
         self._sel.unregister(conn)
         self._pending_requests -= 1
         try:
-            msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+            msg, fds, _ = recv_fds(conn, MAX_REQUEST, 3, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             conn.close()
             return
@@ -449,18 +449,20 @@ def _request_head(msg: bytes) -> Any:
 
 
 def _our_child(conn: socket.socket) -> bool:
-    """Whether the peer (by SO_PEERCRED) is a same-uid child of this process,
-    as every launcher the harness starts is (not enough on its own: so is a
-    sandbox this process started with `as_pid_1`; the ticket decides)."""
-    pid, uid, _ = CREDENTIALS.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size))
-    if uid != os.getuid():
+    """Whether the peer is a same-uid child of this process (its pidfd confirming what /proc said),
+    as every launcher the harness starts is (not enough on its own: so is a sandbox this process
+    started with `as_pid_1`; the ticket decides)."""
+    try:
+        peer = Peer.of(conn)
+    except (Unverified, OSError):
         return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        peer.check_owner()
+        return peer.parent() == os.getpid()
+    except (Unverified, OSError, ValueError, IndexError):
         return False
-    return int(stat.rsplit(b")", 1)[1].split()[1]) == os.getpid()
+    finally:
+        peer.close()
 
 
 def _gone(pid: int) -> bool:

@@ -13,11 +13,13 @@ the Python CLI's words.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import re
 import signal
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 from cffi import FFI
@@ -91,15 +93,17 @@ CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing", *supported_flags(co
 HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
 
 
-def read_cdef(header: Path) -> str:
-    """The text between the CDEF BEGIN/END markers of `header`."""
-    if not header.is_file():
-        raise RuntimeError(f"{header} is missing: the source tree is incomplete (an sdist must carry csrc/)")
-    text = header.read_text()
-    match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
-    if not match:
-        raise RuntimeError(f"{header}: no CDEF BEGIN/END region")
-    return match.group(1)
+def _cdef_reader() -> Callable[[Path], str]:
+    """sandbox/_core/cdef.py's read_cdef, loaded by path: the package is not importable while it is built."""
+    spec = importlib.util.spec_from_file_location("_sandbox_cdef", HERE / "sandbox" / "_core" / "cdef.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reader: Callable[[Path], str] = module.read_cdef
+    return reader
+
+
+read_cdef = _cdef_reader()  # the one reader of a CDEF region
 
 
 def enum_members(header: Path, enum: str) -> list[str]:

@@ -188,7 +188,7 @@ static void signal_name(int sig, char *out, size_t size)
 }
 
 /* The failure in the Python CLI's words and status (sandbox/cli.py's _execute,
- * sandbox/backends/native/messages.py's setup_error). */
+ * sandbox/_core/report.py's setup_error). */
 static _Noreturn void spawn_failed(const struct sbx_result *res, const struct answer *a)
 {
     if (res->step == SBX_STEP_EXEC) {

@@ -16,21 +16,13 @@ from typing import Any
 
 from cffi import FFI  # type: ignore[import-untyped]
 
+from .._core.cdef import read_cdef
+
 HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "cliwire.h")
 
 
 class WireError(ValueError):
     """A request that does not follow csrc/cliwire.h (the server drops it)."""
-
-
-def cdef_text(path: str = HEADER) -> str:
-    """The CDEF region of the header at `path`."""
-    with open(path) as f:
-        text = f.read()
-    match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
-    if not match:
-        raise RuntimeError(f"{path}: no CDEF BEGIN/END region")
-    return match.group(1)
 
 
 def _proof_prefix(path: str = HEADER) -> str:
@@ -43,7 +35,7 @@ def _proof_prefix(path: str = HEADER) -> str:
 
 
 ffi = FFI()
-ffi.cdef(cdef_text())
+ffi.cdef(read_cdef(HEADER))
 lib: Any = ffi.dlopen(None)  # the header's constants and enum values (no symbols are looked up)
 
 MAGIC: int = lib.SBX_CLI_MAGIC

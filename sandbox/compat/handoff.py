@@ -47,9 +47,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core.binding import ffi, lib
 from .._core.fdpass import recv_fds
 from .._core.peer import Peer, Unverified
-from ..backends.native import ffi, lib
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
 from ..spec import Spec

@@ -15,8 +15,9 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._core.binding import ffi, lib
 from .._core.fdpass import recv_fds, send_fds
-from ..backends.native import ffi, lib, setup_error
+from .._core.report import setup_error
 from . import channel as ch
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import ExecError, IsolationError, SandboxError, SetupError, signal_name
-from .core import OP_KIND_NAMES, STEP_NAMES, ffi, lib
-from .wire import op_kind
+from ..errors import ExecError, IsolationError, SandboxError, SetupError, signal_name
+from .binding import OP_KIND_NAMES, STEP_NAMES, ffi, lib
+from .blob import op_kind
 
 
 def describe(res: Any, blob: bytes, command: str | None = None) -> tuple[str, str | None]:

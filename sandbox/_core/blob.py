@@ -15,9 +15,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ...errors import SandboxError
-from ...plan import Op, OpKind, Plan
-from .core import ABI_VERSION, ffi, lib
+from ..errors import SandboxError
+from ..plan import Op, OpKind, Plan
+from .binding import ABI_VERSION, ffi, lib
 
 HEADER_SIZE = ffi.sizeof("struct sbx_header")
 OP_SIZE = ffi.sizeof("struct sbx_op")

@@ -1,4 +1,5 @@
-"""The compiled core (sandbox._native), checked against the ABI this code speaks."""
+"""The C core's binding: the compiled module (sandbox._native), checked against the ABI this code speaks,
+its executables' directory, and the names of its steps, ops and stamps."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     INIT_PATH: Path  # pathlib costs a run of the command line more than everything this module does)
 
 try:
-    from ..._native import ffi, lib
+    from .._native import ffi, lib
 except ImportError as exc:  # pragma: no cover - depends on the build
     raise ImportError(
         f"sandbox: the compiled core (sandbox._native) is missing ({exc}); build it with `pip install .` "
@@ -27,7 +28,7 @@ if lib.SBX_ABI_VERSION != ABI_VERSION:  # pragma: no cover - depends on the buil
         "rebuild it with `pip install .` (or `pip install -e .`) from the same source tree"
     )
 
-BIN_DIR_STR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))), "_bin")
+BIN_DIR_STR = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "_bin")
 INIT_PATH_STR = os.path.join(BIN_DIR_STR, "sandbox-init")
 
 

@@ -59,13 +59,14 @@ EXECUTABLES = {
     # a sandbox.Session's pid 1, exec'd in sandbox-init's place (static: nothing of it need be inside)
     "sandbox-session": (["session.c", "session_call.c", "session_user.c"], ["-static"]),
     # exec'd per command by harnesses (sandbox.launcher, the avatar's handoff): static, as sandbox-cli
-    "sandbox-launch": (["launcher.c", "handoff.c", "runplan.c", "exitlike.c", *LIB_SOURCES], ["-static"]),
+    "sandbox-launch": (["launcher.c", "handoff.c", "clirequest.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
+                       ["-static"]),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "template_recycle.c", "template_maker.c", "template_kept.c", "template_inherited.c",
                           "resident.c", *LIB_SOURCES], ["-static"]),
     # the installed `sandbox` command (CLIENT_SCRIPT): static, it execs in a fraction of a dynamic one's time
-    "sandbox-cli": (["cliclient.c", "clipeer.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
+    "sandbox-cli": (["cliclient.c", "clipeer.c", "clirequest.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
                     ["-static", *_client_defines()]),
 }
 # Built with musl where it is installed (client_libc): glibc's start-up runs ~70 CPUID

@@ -20,7 +20,9 @@
  * checks are clipeer.c.
  */
 #include "cliclient.h"
-#include "internal.h" /* sbx_recv_fds */
+#include "internal.h" /* sbx_send_fds, sbx_recv_fds */
+
+_Static_assert(SBX_CLI_MAX_FDS <= SBX_MAX_FDS_PER_MESSAGE, "every fd of a request fits one message");
 #include "errtext.h"
 #include "exitlike.h"
 
@@ -276,7 +278,7 @@ static void hand_off(int argc, char **argv, pid_t parent)
         if (sigismember(&old, sig) == 1)
             mask |= 1ULL << (sig - 1);
     memcpy(msg + offsetof(struct sbx_cli_request, sigmask), &mask, sizeof mask);
-    int sent = send_fds(fd, msg, size, fds, nfds);
+    int sent = sbx_send_fds(fd, msg, size, fds, nfds);
     free(msg);
     if (sent < 0) {
         sigprocmask(SIG_SETMASK, &old, NULL);

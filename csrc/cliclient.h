@@ -31,9 +31,6 @@ void prove(int sock, pid_t pid);
 char *build_request(int argc, char **argv, const char *cwd, const struct stat *exe, int conn, int *fds, int *nfds,
                     size_t *size);
 
-/* sendmsg of `msg` with `fds` in SCM_RIGHTS (up to SBX_CLI_MAX_FDS); 0 or -1. */
-int send_fds(int sock, const void *msg, size_t len, const int *fds, int nfds);
-
 /* Run the server's PLAN answer `msg` (`len` bytes; `init_fd` the fd that
  * came with it, or -1) for a request that listed `fds`, as the Python CLI
  * would run that command line; `parent` is our caller, `as_bwrap` whether

@@ -11,6 +11,7 @@
  * recycled pid cannot stand in for it.
  */
 #include "cliclient.h"
+#include "clirequest.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,17 +20,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77 /* Linux 6.5 */
-#endif
 
-extern char **environ;
 
 /* ------------------------------------------------------------------ the socket */
 
@@ -136,32 +132,15 @@ static int same_confinement(pid_t pid, int pidfd)
     return !strcmp(ours, theirs);
 }
 
+static int serves_as_we_are(pid_t pid, int pidfd, void *arg)
+{
+    (void)arg;
+    return same_confinement(pid, pidfd);
+}
+
 int connect_server(const char *path)
 {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        int err = errno;
-        close(fd);
-        return err == ENOENT || err == ECONNREFUSED ? -2 : -1;
-    }
-    struct ucred cred;
-    socklen_t len = sizeof cred;
-    int pidfd = -1;
-    socklen_t plen = sizeof pidfd;
-    int ok = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == getuid() &&
-             getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &plen) == 0 && pidfd >= 0 &&
-             same_confinement(cred.pid, pidfd);
-    if (pidfd >= 0)
-        close(pidfd);
-    if (!ok) {
-        close(fd);
-        return -1;
-    }
-    return fd;
+    return cli_connect(path, serves_as_we_are, NULL);
 }
 
 /* A worker's CHALLENGE: the link of its fd named SBX_CLI_PROOF_PREFIX...,
@@ -214,74 +193,11 @@ static int open_fds(int conn, int *fds)
     return n;
 }
 
-static size_t add(char *out, size_t at, const char *s)
-{
-    size_t n = strlen(s) + 1;
-    if (out)
-        memcpy(out + at, s, n);
-    return at + n;
-}
-
 char *build_request(int argc, char **argv, const char *cwd, const struct stat *exe, int conn, int *fds, int *nfds,
                     size_t *size)
 {
     *nfds = open_fds(conn, fds);
     if (*nfds < 0)
         return NULL;
-    struct sbx_cli_request h = {.magic = SBX_CLI_MAGIC, .version = SBX_CLI_VERSION, .argc = (uint32_t)argc,
-                                .nfds = (uint32_t)*nfds, .exe_dev = exe->st_dev, .exe_ino = exe->st_ino,
-                                .exe_mtime = (int64_t)exe->st_mtim.tv_sec * 1000000000LL + exe->st_mtim.tv_nsec};
-    for (int r = 0; r < SBX_CLI_N_RLIMITS; r++) { /* the plan's limits are clamped to them */
-        struct rlimit lim;
-        h.rlim_max[r] = getrlimit(r, &lim) == 0 ? (uint64_t)lim.rlim_max : (uint64_t)RLIM_INFINITY;
-    }
-    size_t at = add(NULL, add(NULL, 0, argv[0]), cwd);
-    for (int i = 1; i < argc; i++)
-        at = add(NULL, at, argv[i]);
-    for (; environ[h.envc]; h.envc++)
-        at = add(NULL, at, environ[h.envc]);
-    size_t head = sizeof h + (size_t)*nfds * sizeof(int32_t);
-    if (head + at > SBX_CLI_MAX_REQUEST)
-        return NULL;
-    h.size = (uint32_t)at;
-    char *out = malloc(head + at);
-    if (!out)
-        return NULL;
-    memcpy(out, &h, sizeof h);
-    for (int i = 0; i < *nfds; i++) {
-        int32_t v = fds[i];
-        memcpy(out + sizeof h + (size_t)i * sizeof v, &v, sizeof v);
-    }
-    char *s = out + head;
-    at = add(s, add(s, 0, argv[0]), cwd);
-    for (int i = 1; i < argc; i++)
-        at = add(s, at, argv[i]);
-    for (uint32_t i = 0; i < h.envc; i++)
-        at = add(s, at, environ[i]);
-    *size = head + at;
-    return out;
-}
-
-int send_fds(int sock, const void *msg, size_t len, const int *fds, int nfds)
-{
-    static union {
-        char buf[CMSG_SPACE(SBX_CLI_MAX_FDS * sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (nfds > 0) {
-        memset(&u, 0, sizeof u);
-        m.msg_control = u.buf;
-        m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
-        memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
-    }
-    ssize_t sent;
-    while ((sent = sendmsg(sock, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-        ;
-    return sent == (ssize_t)len ? 0 : -1;
+    return cli_request(argc, argv, cwd, exe, fds, *nfds, 0, NULL, SBX_CLI_MAX_REQUEST, size);
 }

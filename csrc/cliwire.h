@@ -4,6 +4,13 @@
  * reads it through cffi's cdef (sandbox/cliserver/wire.py), and
  * tests/unit/test_cliwire.py compiles it to check that both sides agree.
  *
+ * Two clients speak it: the installed command (with every fd of its own)
+ * and sandbox-launch handing its command to a warm Template held by its
+ * caller (csrc/handoff.c, sandbox/compat/handoff.py: its fds 0, 1 and 2,
+ * and the launch's ticket, which only that server reads; the CLI sends
+ * none: `ticket` 0 and `secret` zero). The handoff's server answers with
+ * STATUS, ERROR or FALLBACK frames and takes SIGNAL frames.
+ *
  * One SOCK_SEQPACKET connection per command. The client sends one request:
  * struct sbx_cli_request, then `nfds` int32 fd numbers, then the strings
  * "ARGV0\0" "CWD\0" argv[1..]\0 environ[i]\0 (`size` bytes of strings in
@@ -42,12 +49,13 @@
 
 /* CDEF BEGIN */
 #define SBX_CLI_MAGIC 0x4c434253 /* "SBCL" */
-#define SBX_CLI_VERSION 4
+#define SBX_CLI_VERSION 5
 #define SBX_CLI_MAX_FDS 253 /* the kernel's SCM_MAX_FD: more open fds, and the client runs directly */
 #define SBX_CLI_MAX_REQUEST 196608 /* bytes; a larger request runs directly */
 #define SBX_CLI_MAX_ANSWER 262144  /* bytes; a larger plan is run by a worker (a larger answer is refused) */
 #define SBX_CLI_N_RLIMITS 16       /* RLIM_NLIMITS */
 #define SBX_CLI_MAX_PROOF 200      /* bytes of a PROOF's text (a memfd's link: "/memfd:" NAME " (deleted)") */
+#define SBX_CLI_SECRET_SIZE 32     /* bytes of a handoff ticket's secret */
 
 struct sbx_cli_request {
     uint32_t magic, version;
@@ -55,6 +63,9 @@ struct sbx_cli_request {
     uint32_t envc;
     uint32_t nfds;  /* fd numbers (int32) that follow this header */
     uint32_t size;  /* bytes of strings after the fd numbers */
+    uint32_t ticket; /* sandbox-launch's handoff: the ID of its ticket (the CLI: 0) */
+    uint32_t reserved; /* 0 */
+    uint8_t secret[32]; /* SBX_CLI_SECRET_SIZE: the ticket's SECRET (the CLI: zero) */
     uint64_t exe_dev, exe_ino;
     int64_t exe_mtime; /* nanoseconds */
     uint64_t sigmask;  /* the client's signal mask (bit N-1: signal N), before it blocked all to send this */
@@ -70,6 +81,7 @@ enum sbx_cli_kind {
     SBX_CLI_PLAN = 6,            /* server: run this plan yourself (struct sbx_cli_plan) */
     SBX_CLI_CHALLENGE = 7,       /* server: value is the worker's pid: prove ptrace access to it */
     SBX_CLI_PROOF = 8,           /* client: value bytes of the proof's text follow the frame */
+    SBX_CLI_ERROR = 9,           /* server: value is the exit code (125, 126, 127); the message follows */
 };
 
 struct sbx_cli_frame {

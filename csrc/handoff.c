@@ -1,6 +1,7 @@
 /* handoff.c: sandbox-launch's side of the handoff (see handoff.h). */
 #define _GNU_SOURCE
 #include "handoff.h"
+#include "clirequest.h"
 #include "exitlike.h"
 #include "internal.h"
 
@@ -23,7 +24,7 @@ static volatile int handoff_fd = -1;
 static struct {
     int ok;
     uint32_t id;
-    uint8_t secret[HANDOFF_SECRET_SIZE];
+    uint8_t secret[SBX_CLI_SECRET_SIZE];
     char path[sizeof ((struct sockaddr_un *)0)->sun_path];
 } ticket;
 
@@ -44,7 +45,7 @@ static int parse_ticket(const char *s)
     if (p == s || *p++ != ':' || id > UINT32_MAX)
         return 0;
     ticket.id = (uint32_t)id;
-    for (size_t i = 0; i < HANDOFF_SECRET_SIZE; i++, p += 2) {
+    for (size_t i = 0; i < SBX_CLI_SECRET_SIZE; i++, p += 2) {
         int hi = hex_value((unsigned char)p[0]), lo = hi < 0 ? -1 : hex_value((unsigned char)p[1]);
         if (lo < 0)
             return 0;
@@ -83,7 +84,7 @@ static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUS
 static void relay(int sig)
 {
     int saved = errno;
-    struct handoff_frame f = {HANDOFF_SIGNAL, sig};
+    struct sbx_cli_frame f = {SBX_CLI_SIGNAL, sig};
     if (handoff_fd >= 0)
         send(handoff_fd, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
     errno = saved;
@@ -98,89 +99,47 @@ static void set_handlers(void (*handler)(int))
         sigaction(forwarded[i], &sa, NULL);
 }
 
-/* A connection to `path`, served by our parent, or -1. SO_PEERCRED names
- * the process that listened: a socket left behind by another process, or a
- * caller that has died since (we would have been reparented), is not used. */
-static int connect_to(const char *path)
+/* Whether the server is our parent. The peer is the process that listened:
+ * a socket left behind by another process, or a caller that has died since
+ * (we would have been reparented), is not used. */
+static int is_parent(pid_t pid, int pidfd, void *arg)
 {
-    struct sockaddr_un addr = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof addr.sun_path)
-        return -1;
-    strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct ucred cred;
-    socklen_t len = sizeof cred;
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0 ||
-        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.pid != getppid() ||
-        cred.uid != getuid()) {
-        close(fd);
-        return -1;
-    }
-    return fd;
+    (void)pidfd, (void)arg;
+    return pid == getppid();
 }
 
-static size_t add(char *out, size_t at, const char *s)
-{
-    size_t n = strlen(s) + 1;
-    if (out)
-        memcpy(out + at, s, n);
-    return at + n;
-}
+static const int stdio_fds[3] = {0, 1, 2};
 
-/* The request: header (with the ticket), then cwd, argv and environ, each NUL-terminated. */
+/* The request (cliwire.h): the command, our stdio, the ticket; no limit but the socket's. */
 static char *build_request(const char *cwd, char **argv, size_t *size)
 {
-    struct handoff_request h = {HANDOFF_MAGIC, HANDOFF_VERSION, 0, 0, 0, ticket.id, {0}};
-    size_t at = add(NULL, 0, cwd);
-    for (; argv[h.argc]; h.argc++)
-        at = add(NULL, at, argv[h.argc]);
-    for (; environ[h.envc]; h.envc++)
-        at = add(NULL, at, environ[h.envc]);
-    h.size = (uint32_t)at;
-    char *out = malloc(sizeof h + at);
-    if (!out)
-        return NULL;
-    memcpy(h.secret, ticket.secret, sizeof h.secret);
-    memcpy(out, &h, sizeof h);
-    explicit_bzero(h.secret, sizeof h.secret);
-    at = add(out + sizeof h, 0, cwd);
-    for (uint32_t i = 0; i < h.argc; i++)
-        at = add(out + sizeof h, at, argv[i]);
-    for (uint32_t i = 0; i < h.envc; i++)
-        at = add(out + sizeof h, at, environ[i]);
-    *size = sizeof h + at;
-    return out;
-}
-
-static int send_request(int fd, const char *msg, size_t size)
-{
-    const int stdio[3] = {0, 1, 2};
-    return sbx_send_fds(fd, msg, size, stdio, 3);
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    return cli_request(argc, argv, cwd, NULL, stdio_fds, 3, ticket.id, ticket.secret, SIZE_MAX, size);
 }
 
 /* Wait for the server's answer; act on it, or return to fall back. */
 static void await_answer(int fd)
 {
-    char buf[sizeof(struct handoff_frame) + 4096];
+    char buf[sizeof(struct sbx_cli_frame) + 4096];
     for (;;) {
         ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
         if (n < 0 && errno == EINTR)
             continue;
-        if (n < (ssize_t)sizeof(struct handoff_frame))
+        if (n < (ssize_t)sizeof(struct sbx_cli_frame))
             die("the process holding the sandbox's template closed the handoff before the command ended");
-        struct handoff_frame f;
+        struct sbx_cli_frame f;
         memcpy(&f, buf, sizeof f);
         buf[n] = 0;
         const char *text = buf + sizeof f;
-        if (f.kind == HANDOFF_STATUS)
+        if (f.kind == SBX_CLI_STATUS)
             exit_like_returncode(f.value);
-        if (f.kind == HANDOFF_ERROR) {
+        if (f.kind == SBX_CLI_ERROR) {
             fprintf(stderr, "sandbox: %s\n", text);
             exit(f.value);
         }
-        if (f.kind == HANDOFF_FALLBACK)
+        if (f.kind == SBX_CLI_FALLBACK)
             return;
     }
 }
@@ -195,14 +154,14 @@ static void handoff(char **argv)
     char cwd[PATH_MAX];
     if (!getcwd(cwd, sizeof cwd))
         return;
-    int fd = connect_to(ticket.path);
+    int fd = cli_connect(ticket.path, is_parent, NULL);
     if (fd < 0)
         return;
     size_t size;
     char *msg = build_request(cwd, argv, &size);
-    int sent = msg ? send_request(fd, msg, size) : -1;
+    int sent = msg ? sbx_send_fds(fd, msg, size, stdio_fds, 3) : -1;
     if (msg)
-        explicit_bzero(msg, sizeof(struct handoff_request));
+        explicit_bzero(msg, sizeof(struct sbx_cli_request));
     free(msg);
     if (sent < 0) {
         close(fd);

@@ -11,24 +11,23 @@
  * hands off or not: the command never sees it. A ticket is good for one
  * command; the server answers FALLBACK to one it does not hold.
  *
- * One SOCK_SEQPACKET connection per command. The launcher sends one
- * request: a struct handoff_request (with its ticket), then the payload
- * "CWD\0" argv[i]\0... environ[i]\0..., with its fds 0, 1 and 2 in
- * SCM_RIGHTS. Then frames (struct handoff_frame, then text for ERROR and
- * FALLBACK) go both ways: SIGNAL from the launcher (a signal it received,
- * for the command); one of STATUS, ERROR or FALLBACK from the server. The
- * server kills the sandbox when the connection closes before the command
- * has ended.
+ * The wire is the CLI's (cliwire.h): one SOCK_SEQPACKET connection per
+ * command, one request (struct sbx_cli_request with the ticket, the fd
+ * numbers 0, 1 and 2 with those fds in SCM_RIGHTS, then argv[0], the cwd,
+ * argv[1..] and the environment), then frames (struct sbx_cli_frame, and
+ * text after ERROR and FALLBACK) both ways: SIGNAL from the launcher (a
+ * signal it received, for the command); one of STATUS, ERROR or FALLBACK
+ * from the server. The server kills the sandbox when the connection closes
+ * before the command has ended.
  */
 #ifndef SANDBOX_HANDOFF_H
 #define SANDBOX_HANDOFF_H
 
-#include "exitlike.h"
-#include "sandbox.h" /* the messages: struct handoff_request, struct handoff_frame (in the cdef) */
+#include "cliwire.h"
 
 #define HANDOFF_ENV "SANDBOX_HANDOFF"
 
-_Static_assert(sizeof(((struct handoff_request *)0)->secret) == HANDOFF_SECRET_SIZE, "the secret's size");
+_Static_assert(sizeof(((struct sbx_cli_request *)0)->secret) == SBX_CLI_SECRET_SIZE, "the secret's size");
 
 /* Take HANDOFF_ENV out of the environment (every copy; the bytes of its
  * value zeroed) and, if `keep`, keep its ticket for try_handoff; returns 1

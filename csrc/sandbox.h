@@ -627,27 +627,6 @@ struct sbx_template_answer {
 int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int nfds, int *report);
 int sbx_template_report(int report, struct sbx_template_answer *out);
 
-/* sandbox-launch's handoff to a warm Template held by its caller: the
- * protocol is csrc/handoff.h's; these are its messages, read and written by
- * field name on both sides (sandbox/compat/handoff.py through this cdef). */
-#define HANDOFF_MAGIC 0x48584253 /* "SBXH" */
-#define HANDOFF_VERSION 2
-#define HANDOFF_SECRET_SIZE 32
-struct handoff_request {
-    uint32_t magic, version, argc, envc, size; /* size: bytes of payload that follow */
-    uint32_t ticket;                           /* ID of HANDOFF_ENV */
-    uint8_t secret[32];                        /* SECRET of HANDOFF_ENV: HANDOFF_SECRET_SIZE bytes */
-};
-enum handoff_kind {
-    HANDOFF_STATUS = 1,   /* value: the returncode (-N: killed by signal N) */
-    HANDOFF_ERROR = 2,    /* value: the exit code (125, 126, 127); text: the message */
-    HANDOFF_FALLBACK = 3, /* the server will not start it (stale template, unknown ticket): run the plan */
-    HANDOFF_SIGNAL = 4,   /* launcher -> server; value: the signal number */
-};
-struct handoff_frame {
-    int32_t kind, value;
-};
-
 /* A Session's wire (sandbox/session, csrc/session.c). On the session's
  * control socket (SOCK_STREAM), the caller sends one request per command: a
  * struct sbx_session_request carrying SCM_RIGHTS [call socket, stdin,

@@ -97,30 +97,56 @@ void sbx_reap_failed_setup(pid_t pid, const struct sbx_report *r, struct sbx_res
 
 int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fds)
 {
-    int keep[4], n = 0;
-    for (int k = 0; k < n_fds && n < 4; k++)
-        if (fds[k] >= 0)
-            keep[n++] = fds[k];
     union {
-        char buf[CMSG_SPACE(sizeof keep)];
+        char buf[CMSG_SPACE(SBX_MAX_FDS_PER_MESSAGE * sizeof(int))];
         struct cmsghdr align;
     } u;
-    memset(&u, 0, sizeof u);
     struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
     struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
+    size_t n = 0;
+    if (n_fds < 0 || n_fds > SBX_MAX_FDS_PER_MESSAGE) {
+        errno = EINVAL;
+        return -1;
+    }
+    m.msg_control = u.buf;
+    m.msg_controllen = CMSG_SPACE((size_t)n_fds * sizeof(int));
+    memset(u.buf, 0, m.msg_controllen);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    for (int k = 0; k < n_fds; k++)
+        if (fds[k] >= 0) {
+            memcpy(CMSG_DATA(cm) + n * sizeof(int), &fds[k], sizeof(int));
+            n++;
+        }
     if (n) {
-        m.msg_control = u.buf;
-        m.msg_controllen = CMSG_SPACE(n * sizeof(int));
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
         cm->cmsg_len = CMSG_LEN(n * sizeof(int));
-        memcpy(CMSG_DATA(cm), keep, n * sizeof(int));
+        m.msg_controllen = CMSG_SPACE(n * sizeof(int));
+    } else {
+        m.msg_control = NULL;
+        m.msg_controllen = 0;
     }
     ssize_t sent;
     while ((sent = sendmsg(sock, &m, MSG_NOSIGNAL)) < 0 && errno == EINTR)
         ;
+    if (sent >= 0 && sent != (ssize_t)len)
+        errno = EPIPE; /* a message cut short: the other end cannot use it */
     return sent == (ssize_t)len ? 0 : -1;
+}
+
+int sbx_peer_of(int sock, pid_t *pid, int *pidfd)
+{
+    struct ucred cred;
+    socklen_t len = sizeof cred, plen = sizeof *pidfd;
+    *pidfd = -1;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 || cred.uid != getuid() || cred.pid <= 0)
+        return -1;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, pidfd, &plen) < 0 || *pidfd < 0) {
+        *pidfd = -1;
+        return -1;
+    }
+    *pid = cred.pid;
+    return 0;
 }
 
 ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated)

@@ -205,6 +205,8 @@ int sbx_check_store(const void *msg, size_t len, int nfds)
  * with a reaper its status comes on it later. SO_PASSCRED on our end makes the
  * kernel attach the sender's pid as we see it to each message (SCM_CREDENTIALS:
  * the kernel's word, which the sender cannot forge but for its own pid). */
+_Static_assert(SBX_REQ_MAX_FDS <= SBX_MAX_FDS_PER_MESSAGE, "a request's fds fit one message");
+
 int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int nfds, int *report)
 {
     int pair[2], one = 1;
@@ -219,25 +221,13 @@ int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int
         close(pair[1]);
         return -err;
     }
-    union {
-        char buf[CMSG_SPACE(SBX_REQ_MAX_FDS * sizeof(int))];
-        struct cmsghdr align;
-    } u;
-    size_t fd_bytes = (size_t)(nfds + 1) * sizeof(int);
-    struct iovec iov = {.iov_base = (void *)msg, .iov_len = len};
-    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = CMSG_SPACE(fd_bytes)};
-    memset(u.buf, 0, CMSG_SPACE(fd_bytes));
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(fd_bytes);
-    memcpy(CMSG_DATA(cm), &pair[1], sizeof(int));
-    if (nfds)
-        memcpy(CMSG_DATA(cm) + sizeof(int), fds, (size_t)nfds * sizeof(int));
-    ssize_t sent;
-    while ((sent = sendmsg(sock, &h, MSG_NOSIGNAL)) < 0 && errno == EINTR)
-        ;
-    int err = sent < 0 ? errno : sent != (ssize_t)len ? EPIPE : 0;
+    int all[SBX_REQ_MAX_FDS] = {pair[1]}; /* the report socket's end first, then the request's fds */
+    int err = 0;
+    for (int i = 0; i < nfds; i++)
+        if ((all[i + 1] = fds[i]) < 0) /* sbx_send_fds would leave it out, and the rest would move up */
+            err = EBADF;
+    if (!err && sbx_send_fds(sock, msg, len, all, nfds + 1) < 0)
+        err = errno;
     close(pair[1]); /* the server holds its own copy now, or never will */
     if (err) {
         close(pair[0]);

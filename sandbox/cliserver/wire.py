@@ -53,6 +53,8 @@ PLAN: int = lib.SBX_CLI_PLAN
 PLAN_DIE_WITH_PARENT: int = lib.SBX_CLI_PLAN_DIE_WITH_PARENT
 CHALLENGE: int = lib.SBX_CLI_CHALLENGE
 PROOF: int = lib.SBX_CLI_PROOF
+ERROR: int = lib.SBX_CLI_ERROR
+SECRET_SIZE: int = lib.SBX_CLI_SECRET_SIZE
 MAX_PROOF: int = lib.SBX_CLI_MAX_PROOF
 PROOF_PREFIX: str = _proof_prefix()
 REQUEST_SIZE: int = ffi.sizeof("struct sbx_cli_request")
@@ -97,6 +99,17 @@ def parse_request(data: bytes) -> Request:
     return Request(argv=argv, cwd=strings[1], environ=strings[h.argc + 1:-1], fd_numbers=numbers,
                    exe=(int(h.exe_dev), int(h.exe_ino), int(h.exe_mtime)), sigmask=int(h.sigmask),
                    rlim_max=tuple(int(v) for v in h.rlim_max))
+
+
+def ticket_of(data: bytes) -> tuple[int, bytes]:
+    """The (ticket, secret) a request in `data` carries (sandbox-launch's handoff; the CLI's are 0 and
+    zeros). WireError if `data` is not a request of this version."""
+    if len(data) < REQUEST_SIZE:
+        raise WireError(f"a request of {len(data)} bytes is shorter than its header ({REQUEST_SIZE})")
+    h = ffi.cast("struct sbx_cli_request *", ffi.from_buffer(data))
+    if h.magic != MAGIC or h.version != VERSION:
+        raise WireError(f"magic/version {h.magic:#x}/{h.version} (expected {MAGIC:#x}/{VERSION})")
+    return int(h.ticket), bytes(ffi.buffer(h.secret))
 
 
 def announced_fds(data: bytes) -> int:

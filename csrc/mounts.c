@@ -323,18 +323,25 @@ static void op_bind(struct sbx_ctx *c, int i, const struct sbx_op *op)
     c->in.src_fds[i] = -1;
 }
 
+/* A new filesystem (fresh_fs's `type`, `kv`, `attrs`) attached at op->dest: its mount's fd. */
+static int fresh_at_dest(struct sbx_ctx *c, int i, const struct sbx_op *op, const char *type, const char *const *kv,
+                         unsigned attrs)
+{
+    const char *dest = sbx_str(c, op->dest);
+    int fd = mountpoint(c, i, dest, 1, op->parent_mode);
+    int mnt = fresh_fs(c, i, type, kv, attrs);
+    attach(c, i, mnt, fd, dest);
+    close(fd);
+    return mnt;
+}
+
 static void op_tmpfs(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
     char mode[16], size[32];
     const char *kv[] = {"mode", mode, op->size ? "size" : NULL, size, NULL};
     sbx_fmt_uint(mode, op->mode, 8);
     sbx_fmt_uint(size, op->size, 10);
-    const char *dest = sbx_str(c, op->dest);
-    int fd = mountpoint(c, i, dest, 1, op->parent_mode);
-    int mnt = fresh_fs(c, i, "tmpfs", kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-    attach(c, i, mnt, fd, dest);
-    close(mnt);
-    close(fd);
+    close(fresh_at_dest(c, i, op, "tmpfs", kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV));
 }
 
 /* A mask of a Template's sandbox: one of the /dev/null clones its server
@@ -409,11 +416,7 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
     char mode[16];
     const char *tmpfs_kv[] = {"mode", mode, NULL};
     sbx_fmt_uint(mode, op->mode, 8);
-    const char *dest = sbx_str(c, op->dest);
-    int fd = mountpoint(c, i, dest, 1, op->parent_mode);
-    int dev = fresh_fs(c, i, "tmpfs", tmpfs_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
-    attach(c, i, dev, fd, dest);
-    close(fd);
+    int dev = fresh_at_dest(c, i, op, "tmpfs", tmpfs_kv, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
     for (size_t k = 0; k < sizeof dev_nodes / sizeof *dev_nodes; k++) {
         char host[32];
         sbx_stpcpy(sbx_stpcpy(host, "/dev/"), dev_nodes[k]);
@@ -448,12 +451,7 @@ static void op_dev(struct sbx_ctx *c, int i, const struct sbx_op *op)
  * namespace too (else EPERM, as under bwrap). No flags, as bwrap mounts it. */
 static void op_mqueue(struct sbx_ctx *c, int i, const struct sbx_op *op)
 {
-    const char *dest = sbx_str(c, op->dest);
-    int fd = mountpoint(c, i, dest, 1, op->parent_mode);
-    int mnt = fresh_fs(c, i, "mqueue", NULL, 0);
-    attach(c, i, mnt, fd, dest);
-    close(mnt);
-    close(fd);
+    close(fresh_at_dest(c, i, op, "mqueue", NULL, 0));
 }
 
 static void op_dir(struct sbx_ctx *c, int i, const struct sbx_op *op)

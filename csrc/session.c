@@ -36,19 +36,23 @@
 
 #define N_FDS 4 /* the call socket, stdin, stdout, stderr */
 
-int session_write_all(int fd, const void *buf, size_t len)
+/* All `len` bytes written from `out`, or (`out` NULL) read into `in`: 0, or -1 (an error, or the end of the file). */
+static int transfer_all(int fd, char *in, const char *out, size_t len)
 {
-    const char *p = buf;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
+    for (size_t done = 0; done < len;) {
+        ssize_t n = out ? write(fd, out + done, len - done) : read(fd, in + done, len - done);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0)
             return -1;
-        p += n;
-        len -= (size_t)n;
+        done += (size_t)n;
     }
     return 0;
+}
+
+int session_write_all(int fd, const void *buf, size_t len)
+{
+    return transfer_all(fd, NULL, buf, len);
 }
 
 static int parse_fd(const char *s)
@@ -77,17 +81,7 @@ static _Noreturn void finish(int status_fd)
 
 static int read_full(int fd, void *buf, size_t len)
 {
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
+    return transfer_all(fd, buf, NULL, len);
 }
 
 /* The strings of a request, split into the call: 0, or -1 (malformed). */

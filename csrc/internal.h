@@ -185,6 +185,8 @@ int sbx_peer_of(int sock, pid_t *pid, int *pidfd);
  * with errno: no fd); *truncated, if not NULL: the message or its fds did
  * not fit (MSG_TRUNC, MSG_CTRUNC). */
 ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated);
+/* sbx_recv_fds with recvmsg's `flags` added (MSG_DONTWAIT: -1 with EAGAIN when nothing is queued). */
+ssize_t sbx_recv_fds_flags(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated, int flags);
 /* Close every fd from `from` up but those in `keep` (n of them, sorted here
  * in place; -1: none), one close_range() per gap: syscalls only. */
 void sbx_close_all_but(int *keep, int n, unsigned from);

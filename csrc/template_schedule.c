@@ -146,21 +146,11 @@ void read_notes(struct tpl_server *s)
             struct standby_note note;
             struct sbx_report failure;
         } m;
-        char control[CMSG_SPACE(SBX_REQ_MAX_CGROUP * sizeof(int))];
-        struct iovec iov = {.iov_base = &m, .iov_len = sizeof m};
-        struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
-        ssize_t n = recvmsg(s->notify_rd, &h, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-        if (n < 0 && errno == EINTR)
-            continue;
+        int fds[SBX_REQ_MAX_CGROUP], nfds = 0;
+        ssize_t n = sbx_recv_fds_flags(s->notify_rd, &m, sizeof m, fds, SBX_REQ_MAX_CGROUP, &nfds, NULL, MSG_DONTWAIT);
         if (n <= 0)
             return;
-        int fds[SBX_REQ_MAX_CGROUP], nfds = 0, fd = -1;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&h);
-        if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-            nfds = (int)((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            memcpy(fds, CMSG_DATA(cm), (size_t)nfds * sizeof(int));
-            fd = fds[0];
-        }
+        int fd = nfds ? fds[0] : -1;
         if (n == sizeof m.note && m.note.kind == NOTE_CGROUP) {
             add_cgroup_set(s, fds, nfds); /* a replacement's cgroups (kept or closed) */
             nfds = 0;

@@ -151,6 +151,11 @@ int sbx_peer_of(int sock, pid_t *pid, int *pidfd)
 
 ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated)
 {
+    return sbx_recv_fds_flags(sock, buf, len, fds, max, n_fds, truncated, 0);
+}
+
+ssize_t sbx_recv_fds_flags(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated, int flags)
+{
     union {
         char buf[CMSG_SPACE(SBX_REQ_MAX_FDS * sizeof(int))]; /* SCM_MAX_FD: all one message can carry */
         struct cmsghdr align;
@@ -158,7 +163,7 @@ ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
     ssize_t n;
-    while ((n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
+    while ((n = recvmsg(sock, &h, MSG_CMSG_CLOEXEC | flags)) < 0 && errno == EINTR)
         ;
     *n_fds = 0;
     if (truncated)

@@ -52,6 +52,6 @@ def _names(table: Any, count: int) -> dict[int, str]:
     return {i: ffi.string(table[i]).decode() for i in range(count) if table[i] != ffi.NULL}
 
 
-STEP_NAMES = _names(lib.sbx_step_names, lib.sbx_n_steps)  # "uid_map", ...: the names in csrc/sandbox.h
+STEP_NAMES = _names(lib.sbx_step_names, lib.sbx_n_steps)  # "uid_map", ...: the names in csrc/core/sandbox.h
 OP_KIND_NAMES = _names(lib.sbx_op_kind_names, lib.sbx_n_op_kinds)  # "bind", "tmpfs", ...
 STAMP_NAMES = {getattr(lib, n): n[len("SBX_T_"):].lower() for n in dir(lib) if n.startswith("SBX_T_")}

@@ -1,11 +1,11 @@
 """The wire format: a Plan serialized into the C core's blob.
 
-The blob layout is `struct sbx_header` of csrc/sandbox.h followed by the op
+The blob layout is `struct sbx_header` of csrc/core/sandbox.h followed by the op
 array, the cwd candidates, the rlimits, the Landlock rules, the probe paths,
 the forwarded ports, the seccomp program and a string area; every reference
 is a byte offset from the start. Every struct is built through cffi from the
-cdef (csrc/sandbox.h), field by field by name, so its layout has one source;
-csrc/wire.c checks the result before anything trusts it.
+cdef (csrc/core/sandbox.h), field by field by name, so its layout has one source;
+csrc/core/wire.c checks the result before anything trusts it.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _u32s(values: Iterable[int]) -> bytes:
 
 def _op_data(op: Op) -> bytes:
     """An op's data area: a FILE's contents; a PROC's covers, each its tag and
-    path, NUL-terminated (csrc/mounts.c op_proc reads them in order); an
+    path, NUL-terminated (csrc/core/mounts.c op_proc reads them in order); an
     OVERLAY's lower directories, top first, each NUL-terminated."""
     if op.kind is OpKind.PROC:
         return b"".join(cover.value.encode() + os.fsencode(path) + b"\0" for path, cover in op.covers)

@@ -1,8 +1,8 @@
 """The one reader of a header's CDEF region: the text cffi is given, for the core and the client's wire alike.
 
 A header of csrc/ that Python reads marks the declarations cffi takes between
-`/* CDEF BEGIN */` and `/* CDEF END */`: csrc/sandbox.h (the compiled core,
-read by build_ffi.py at build time) and csrc/cliwire.h (installed beside the
+`/* CDEF BEGIN */` and `/* CDEF END */`: csrc/core/sandbox.h (the compiled core,
+read by build_ffi.py at build time) and csrc/client/cliwire.h (installed beside the
 executables and read at run time by cliserver/wire.py). build_ffi.py loads
 this file by path, so it imports nothing of the package.
 """

@@ -1,7 +1,7 @@
 """The C core's failure record turned into typed exceptions.
 
 The words (bwrap's wording) and the path a failure concerns come from the C
-core (csrc/messages.c), which sandbox-launch prints too; this module only
+core (csrc/core/messages.c), which sandbox-launch prints too; this module only
 chooses the exception class and names the step.
 """
 

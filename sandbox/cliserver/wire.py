@@ -1,4 +1,4 @@
-"""The client's wire (csrc/cliwire.h), read through cffi from the header itself.
+"""The client's wire (csrc/client/cliwire.h), read through cffi from the header itself.
 
 The header is installed beside the executables (sandbox/_bin/cliwire.h) and
 its CDEF region is the one definition of the request and the frames: this
@@ -22,7 +22,7 @@ HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 
 
 class WireError(ValueError):
-    """A request that does not follow csrc/cliwire.h (the server drops it)."""
+    """A request that does not follow csrc/client/cliwire.h (the server drops it)."""
 
 
 def _proof_prefix(path: str = HEADER) -> str:

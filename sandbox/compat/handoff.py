@@ -1,4 +1,4 @@
-"""The harness process's side of sandbox-launch's handoff (csrc/handoff.h; its wire is the CLI's, csrc/cliwire.h).
+"""The harness process's side of sandbox-launch's handoff (csrc/client/handoff.h; its wire: cliwire.h).
 
 A harness that execs `sandbox-launch` per command pays for a whole sandbox
 setup every time. When the harness process holds a warm `sandbox.Template`
@@ -54,7 +54,7 @@ from ..process import SandboxProcess
 from ..spec import Spec
 from ..template import Template
 
-# The wire is the CLI client's (csrc/cliwire.h: struct sbx_cli_request with the launch's ticket, struct
+# The wire is the CLI client's (csrc/client/cliwire.h: struct sbx_cli_request with the launch's ticket, struct
 # sbx_cli_frame), read and written by field name through cliserver/wire.py: never retyped here.
 SECRET_SIZE = wire.SECRET_SIZE
 STATUS, ERROR, FALLBACK, SIGNAL = wire.STATUS, wire.ERROR, wire.FALLBACK, wire.SIGNAL

@@ -42,7 +42,7 @@ TIMEOUT = 60
 ENV = "SANDBOX_HANDOFF"  # the launcher's ticket (handoff.ENV)
 
 # A forged request for each form the server might take: the handoff's own wire
-# from before, and the one it shares with the CLI now (csrc/cliwire.h), with
+# from before, and the one it shares with the CLI now (csrc/client/cliwire.h), with
 # the launch's number and a made-up secret, or a zero one.
 # Each asks the warm template to write WS/pwned-N; it prints the reply's kind
 # (the first int of the frame), or "closed".

@@ -188,8 +188,8 @@ class ReaperStatus:
 
 class SandboxStatus(ReaperStatus):
     """The command's wait status, as a reaper writes it once every other
-    process of the sandbox has gone (sandbox-init, csrc/init.c; a Template's
-    resident pid 1, csrc/resident.c): the wait may end when it arrives (an
+    process of the sandbox has gone (sandbox-init, csrc/init/init.c; a Template's
+    resident pid 1, csrc/template/resident.c): the wait may end when it arrives (an
     EarlyStatus), before the reaper's own exit."""
 
     def __init__(self, fd: int) -> None:
@@ -233,7 +233,7 @@ T_START = lib.SBX_T_START
 
 @functools.lru_cache(maxsize=64)
 def _c_env(env: tuple[str, ...]) -> tuple[object, list[object]]:
-    """cstrings(env), made once per environment: the C core only reads it (csrc/sandbox.h)."""
+    """cstrings(env), made once per environment: the C core only reads it (csrc/core/sandbox.h)."""
     return cstrings(env)
 
 

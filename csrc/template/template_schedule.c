@@ -1,6 +1,6 @@
 /* template_schedule.c: the server's standby schedule and its children.
  *
- * The server keeps N_STANDBY standby sandboxes (csrc/standby.c; N_RECYCLED
+ * The server keeps N_STANDBY standby sandboxes (csrc/template/standby.c; N_RECYCLED
  * recycled ones) of the stored blob ready on the standbys' request socket, and replaces each one
  * that takes a request once its command runs (or, while another standby is
  * ready, up to REPLACE_DELAY_NS later). Standbys talk to the server on the

@@ -7,7 +7,7 @@
  * objects of each message); so it serves from here and never returns to
  * Python between two forks: it writes only this file's state and its stack.
  *
- * It serves csrc/sandbox.h's messages (struct sbx_zmsg): spares forked
+ * It serves csrc/core/sandbox.h's messages (struct sbx_zmsg): spares forked
  * ahead of their tasks and handed to the caller (SPARE), all that are
  * missing at once when half are gone (forks in a row share the faults of
  * one interval) and the rest when idle; a sandbox per SPAWN (a plan of its

@@ -1,5 +1,5 @@
 /* template_request.c: one request message of a Template's caller (struct
- * sbx_request, csrc/sandbox.h), as the server and its standbys receive it:
+ * sbx_request, csrc/core/sandbox.h), as the server and its standbys receive it:
  * the header, the blob (or the stored one), the fd targets, argv and the
  * environment, with its fds (SCM_RIGHTS) in the order the header says.
  * wire.c checks it (sbx_parse_request); this file receives and splits it. */

@@ -5,7 +5,7 @@
  * reaped, and reads what the kernel keeps about the object itself (a
  * directory's stat, a namespace's counters), never a path a command could
  * have planted; anything it cannot prove unchanged is made again
- * (csrc/template_recycle.c, reset). What a command can still hold there
+ * (csrc/template/template_recycle.c, reset). What a command can still hold there
  * without a process (an fd in flight in a socket's queue, which the kernel
  * collects later) shows in the same counters: an open inode in a tmpfs's
  * inode count, a socket in the namespace's sockets, a pty in its devpts.

@@ -1,4 +1,4 @@
-/* runplan.h: start a serialized plan (csrc/sandbox.h's blob) as a child of
+/* runplan.h: start a serialized plan (csrc/core/sandbox.h's blob) as a child of
  * this process, pass the signals this process receives on to it, and wait
  * for its command's status. What sandbox-launch (launcher.c) and the CLI
  * client running a plan its server compiled (cliplan.c) share. Runs in a

@@ -14,9 +14,9 @@
  *   of the server's, so neither ptrace nor /proc/1/mem, fd or environ may
  *   be open to the command (it holds no capability over the user namespace
  *   this memory belongs to, the server's);
- * - it sends the started message (csrc/sandbox.h) with a pidfd of itself,
+ * - it sends the started message (csrc/core/sandbox.h) with a pidfd of itself,
  *   clears the request its memory still holds, and then behaves as
- *   sandbox-init (csrc/init.c): every signal stays blocked and is taken with
+ *   sandbox-init (csrc/init/init.c): every signal stays blocked and is taken with
  *   sigtimedwait; one from outside the sandbox (si_pid 0: an ancestor pid
  *   namespace) is forwarded to the command, one from inside already reached
  *   its targets; orphans are reaped; when the command ends, whatever is left
@@ -129,7 +129,7 @@ static _Noreturn void reap(pid_t pid, int report)
             ;
     }
     /* Every process of the sandbox is reaped: RUSAGE_CHILDREN covers them
-     * all, and nothing of this process's own setup (csrc/sandbox.h). */
+     * all, and nothing of this process's own setup (csrc/core/sandbox.h). */
     struct sbx_end_status end = {.status = status, .utime_us = -1, .stime_us = -1, .maxrss_kb = -1};
     struct rusage ru;
     if (getrusage(RUSAGE_CHILDREN, &ru) == 0) {

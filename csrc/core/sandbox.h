@@ -336,7 +336,7 @@ int sbx_fork_ready(int report_fd, int pid, struct sbx_result *res);
  * errno. */
 int sbx_task_death_notes(int note_fd, uint64_t died_base);
 
-/* A WorkerPool zygote's serve loop (csrc/zygote.c): once its Python side
+/* A WorkerPool zygote's serve loop (csrc/core/zygote.c): once its Python side
  * has started (INIT, its imports, READY), the zygote forks, reports and
  * reaps in C, never returning to Python between two forks (every page its
  * interpreter writes while a child shares it is a copy-on-write fault).
@@ -476,7 +476,7 @@ extern const int sbx_n_steps;
 extern const char *const sbx_op_kind_names[];
 extern const int sbx_n_op_kinds;
 
-/* A Template (csrc/template.c, the sandbox-template server) takes one
+/* A Template (csrc/template/template.c, the sandbox-template server) takes one
  * request per sandbox on a SOCK_SEQPACKET socket: this header, then the
  * per-sandbox blob (blob_len bytes, padded to 8; blob_len 0: the blob the
  * server stored with SBX_REQ_STORE_BLOB), then uint32_t[n_pass] (the numbers
@@ -490,7 +490,7 @@ extern const int sbx_n_op_kinds;
  * the request runs (the caller made them with the request's limits), the
  * stdio fds present in stdio_mask (bit i: fd i), then the pass_fds. Requests
  * on the server's second socket are taken by its standby sandboxes
- * (csrc/standby.c), in the same format; a request with per-call binds goes to
+ * (csrc/template/standby.c), in the same format; a request with per-call binds goes to
  * the server itself. A standby already in a leased network namespace of its
  * own passes the request's on to the server, for its replacement. No reply:
  * everything comes on the report socket. */
@@ -608,7 +608,7 @@ struct sbx_stamps_report {
 };
 
 /* The caller's end of a request, in C so that a spawn costs the caller two
- * calls (csrc/wire.c). sbx_template_send: a fresh report socket (its end in
+ * calls (csrc/core/wire.c). sbx_template_send: a fresh report socket (its end in
  * *report, close-on-exec, SO_PASSCRED set) goes first with `fds` beside `msg`
  * on `sock`; 0, or -errno (nothing left open). sbx_template_report: one
  * message of a report socket, checked whole (enum sbx_answer, or -errno). */
@@ -627,7 +627,7 @@ struct sbx_template_answer {
 int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int nfds, int *report);
 int sbx_template_report(int report, struct sbx_template_answer *out);
 
-/* A Session's wire (sandbox/session, csrc/session.c). On the session's
+/* A Session's wire (sandbox/session, csrc/session/session.c). On the session's
  * control socket (SOCK_STREAM), the caller sends one request per command: a
  * struct sbx_session_request carrying SCM_RIGHTS [call socket, stdin,
  * stdout, stderr], then `size` bytes of NUL-terminated strings: the search
@@ -635,7 +635,7 @@ int sbx_template_report(int report, struct sbx_template_answer *out);
  * With SBX_SESSION_USER the call process takes the request's ids (ids of
  * the session's user namespace, which the caller checked are mapped)
  * before the command exists; it needs a pid 1 started with the commands'
- * capability mask (csrc/session_user.c).
+ * capability mask (csrc/session/session_user.c).
  * On the call socket (SOCK_SEQPACKET, one per command) the session's call
  * process and the caller exchange struct sbx_session_frame: STARTED (unless
  * the request is SBX_SESSION_QUIET; pid:
@@ -666,7 +666,7 @@ enum sbx_session_kind {
 struct sbx_session_frame {
     int32_t kind, value, pid, step;
 };
-/* openat2(2) (csrc/util.c): a Session's file API resolves in its root. */
+/* openat2(2) (csrc/core/util.c): a Session's file API resolves in its root. */
 int sbx_openat2(int dfd, const char *path, uint64_t flags, uint64_t mode, uint64_t resolve);
 
 /* Syscall numbers of this architecture, from the kernel headers at build time. */

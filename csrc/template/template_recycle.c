@@ -1,13 +1,13 @@
 /* template_recycle.c: a recycled standby (sandbox.Template(spec, recycle=True)).
  *
- * A standby (csrc/standby.c) builds its world before any request; a
+ * A standby (csrc/template/standby.c) builds its world before any request; a
  * recycled one then serves request after request in the same pid, mount,
  * user-owned and network namespaces, instead of exiting after one. For that
  * its pid 1 never takes the command's identity: it stays in the server's
  * user namespace with the server's capabilities over the sandbox's
  * namespaces, non-dumpable. Its command children are made ahead of each
  * request by its maker where the commands' identity is the same for all
- * (csrc/template_maker.c: it takes that identity once); else each is pid
+ * (csrc/template/template_maker.c: it takes that identity once); else each is pid
  * 1's own clone (sharing its memory until exec, CLONE_VM, while pid 1
  * waits on a socket pair), which takes what belongs to the command as a
  * standby does, before the request (sbx_command_identity: a session keyring

@@ -4,7 +4,7 @@
  * differs is data, the executor's struct sbx_mode (internal.h): the native
  * spawn's child, which shares the caller's memory (CLONE_VM) while the
  * caller's thread waits (CLONE_VFORK); a Template's sandbox and standby,
- * cloned fork-style by the sandbox-template server (csrc/template.c,
+ * cloned fork-style by the sandbox-template server (csrc/template/template.c,
  * standby.c) into a copy of its prepared root; a sandbox forked from a warm
  * process (forksandbox.c), which returns into its caller's code instead of
  * exec'ing. So every step is async-signal-safe and reads only the prepared
@@ -371,7 +371,7 @@ static void last_privileged_steps(struct sbx_ctx *c)
 
 /* The table of contents: every step, in order, for every executor (the
  * mode's calls are what differs; nsjail's containProc has this shape).
- * A standby of a Template (csrc/standby.c) is cloned ahead of any request
+ * A standby of a Template (csrc/template/standby.c) is cloned ahead of any request
  * into every namespace but its user namespace: it builds its world while it
  * still holds its server's capabilities over them, then joins its user
  * namespace, a child of the server's made ahead (sbx_prepare_userns), takes

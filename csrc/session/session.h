@@ -7,7 +7,7 @@
  *                   its command exists (a session with several ids mapped)
  *
  * sandbox-session is exec'd in place of sandbox-init by the native spawn of
- * the Session's Spec (same argv, csrc/init.c): by then the setup child has
+ * the Session's Spec (same argv, csrc/init/init.c): by then the setup child has
  * taken every step of the Spec's plan (namespaces, root, cwd, rlimits, no
  * capability, no new privileges, Landlock, seccomp), so every process this
  * pid 1 forks inherits exactly the confinement a fresh sandbox of that Spec

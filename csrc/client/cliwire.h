@@ -1,4 +1,4 @@
-/* cliwire.h: the wire between the command-line client (csrc/cliclient.c,
+/* cliwire.h: the wire between the command-line client (csrc/client/cliclient.c,
  * the installed `sandbox` and `bwrap` commands) and the per-user CLI server
  * (sandbox/cliserver/). This header is its one definition: the server
  * reads it through cffi's cdef (sandbox/cliserver/wire.py), and
@@ -6,7 +6,7 @@
  *
  * Two clients speak it: the installed command (with every fd of its own)
  * and sandbox-launch handing its command to a warm Template held by its
- * caller (csrc/handoff.c, sandbox/compat/handoff.py: its fds 0, 1 and 2,
+ * caller (csrc/client/handoff.c, sandbox/compat/handoff.py: its fds 0, 1 and 2,
  * and the launch's ticket, which only that server reads; the CLI sends
  * none: `ticket` 0 and `secret` zero). The handoff's server answers with
  * STATUS, ERROR or FALLBACK frames and takes SIGNAL frames.
@@ -25,7 +25,7 @@
  *
  * The server's first answer is one of:
  * - PLAN (struct sbx_cli_plan, below): the client runs the sandbox itself,
- *   from the plan the server compiled (csrc/cliplan.c), and the
+ *   from the plan the server compiled (csrc/client/cliplan.c), and the
  *   conversation is over;
  * - FALLBACK, sent only before the server has read or used anything of the
  *   request's: the client runs the command line itself (the Python CLI,
@@ -90,7 +90,7 @@ struct sbx_cli_frame {
 
 /* PLAN: this header, then `npass` int32 fd numbers of the client's to pass
  * to the command (each one the request listed), then `blob_size` bytes of
- * the native plan (csrc/sandbox.h's blob, checked by sbx_check_blob), then
+ * the native plan (csrc/core/sandbox.h's blob, checked by sbx_check_blob), then
  * `argc` and `envc` NUL-terminated strings (the command and its whole
  * environment), then `before_size` bytes to write on stderr before the
  * sandbox starts (the CLI's warnings) and `after_size` bytes once it has

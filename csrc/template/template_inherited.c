@@ -2,7 +2,7 @@
  * the process that makes them, and that a command could change there.
  *
  * A recycled standby's commands are children of a process that outlives
- * each of them (csrc/template_recycle.c). The kernel lets a process change
+ * each of them (csrc/template/template_recycle.c). The kernel lets a process change
  * some attributes of another process that has its uid, without any
  * capability, and a child inherits them at fork (and across its exec):
  * - its resource limits (prlimit64 on another pid: the caller's uid must

@@ -1,9 +1,9 @@
 /* session.c: sandbox-session, the pid 1 of a sandbox.Session.
  *
  *     sandbox-session ERR_FD STATUS_FD PATH --[MASK] NAME SOCK_FD [KEEP_CAPS]
- * (sandbox-init's argv, csrc/init.c: the native spawn execs it in init's
+ * (sandbox-init's argv, csrc/init/init.c: the native spawn execs it in init's
  * place). It takes requests on SOCK_FD (the session's control socket, the
- * caller's socket pair: csrc/sandbox.h's session wire) through a call
+ * caller's socket pair: csrc/core/sandbox.h's session wire) through a call
  * process made ahead of each (a standby: it alone reads the socket, takes
  * one request whole and says so, and pid 1 forks the next meanwhile, off
  * the caller's path), which runs the command in this sandbox's namespaces

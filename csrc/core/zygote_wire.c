@@ -1,5 +1,5 @@
-/* zygote_wire.c: a serving zygote's messages (struct sbx_zmsg, csrc/sandbox.h)
- * and a forked task's way out of the loop (csrc/zygote.c has the loop).
+/* zygote_wire.c: a serving zygote's messages (struct sbx_zmsg, csrc/core/sandbox.h)
+ * and a forked task's way out of the loop (csrc/core/zygote.c has the loop).
  *
  * The zygote reports to the caller and reads its requests here; a spare,
  * set up and waiting, reads its task's channels here (spare_wait), and

@@ -104,7 +104,7 @@ struct sbx_mode {
      * user namespace and the command's identity: a command child made ahead
      * takes them, then the request (sbx_command_identity, _request), and
      * pid 1 keeps what it needs to reset the sandbox for another request (a
-     * recycled Template sandbox, csrc/template_recycle.c). */
+     * recycled Template sandbox, csrc/template/template_recycle.c). */
     int resident_before_identity;
     /* Fill in the command's side of the context: nothing when it came with
      * the clone; a standby waits for a request (sbx_ctx_take_input). */
@@ -294,7 +294,7 @@ int sbx_fork_task(const void *blob, size_t len, const int stdio[3], const int *p
 void sbx_python_before_fork(void);
 void sbx_python_after_parent(void);
 
-/* zygote_wire.c: a serving zygote's messages (csrc/zygote.c's loop). */
+/* zygote_wire.c: a serving zygote's messages (csrc/core/zygote.c's loop). */
 void sbx_close_fds(const int *fds, int n); /* those >= 0 */
 void sbx_zmsg_init(struct sbx_zmsg *m, uint32_t kind, int64_t id, pid_t pid, int slot);
 /* To the caller; a failure to send means it is gone, which EOF on the
@@ -321,7 +321,7 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c);
 int sbx_serve_command(pid_t pid);
 
 /* child.c */
-/* The message that says a Template's sandbox is running (csrc/sandbox.h,
+/* The message that says a Template's sandbox is running (csrc/core/sandbox.h,
  * struct sbx_stamps_report): the stamps and the Landlock ABI, with a pidfd
  * of the calling process (the sandbox's pid 1) and, implicitly, its
  * credentials. 0, or -1 with errno. */

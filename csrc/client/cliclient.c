@@ -16,7 +16,7 @@
  * the same way before it sends it anything (a process that took the
  * socket's place would otherwise get our fds). A worker also asks us to
  * prove that no Landlock domain confines us (CHALLENGE: we read its
- * /proc/PID/fd, which a domain may not). The wire is csrc/cliwire.h; the
+ * /proc/PID/fd, which a domain may not). The wire is csrc/client/cliwire.h; the
  * checks are clipeer.c.
  */
 #include "cliclient.h"

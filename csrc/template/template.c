@@ -16,15 +16,15 @@
  * where this process may clone trees (the caller, unprivileged, may not in
  * its own mount namespace), and only the declared subtree reaches a sandbox.
  *
- * Requests (struct sbx_request, csrc/sandbox.h) on FAST_FD are taken by
- * standby sandboxes, cloned and set up ahead of them (csrc/standby.c); the
+ * Requests (struct sbx_request, csrc/core/sandbox.h) on FAST_FD are taken by
+ * standby sandboxes, cloned and set up ahead of them (csrc/template/standby.c); the
  * server keeps N_STANDBY of them, and serves FAST_FD itself only if a
  * standby cannot be made. Per request on SOCK_FD it clones a
  * sandbox fork-style (no CLONE_VM: its page tables are tiny, and the
- * sandbox stays resident on its own copy, csrc/resident.c) with the
+ * sandbox stays resident on its own copy, csrc/template/resident.c) with the
  * per-sandbox plan's namespace flags, into a leased network namespace when
  * one comes with the request (setns before the clone, back after). The
- * child runs the native child's step sequence (csrc/child.c) on the copy of
+ * child runs the native child's step sequence (csrc/core/child.c) on the copy of
  * the prepared root its mount namespace starts with and reports on the
  * request's report socket; the server sends nothing unless it fails before
  * the sandbox exists, and never waits for it. Being pid 1, it reaps every
@@ -61,7 +61,7 @@ static int parse_fd(const char *s)
 
 /* SBX_REQ_STORE_BLOB (argc 0, one fd: its report socket): keep the blob
  * (with SBX_REQ_RECYCLE, as the reset blob: the standbys to come are
- * recycled, csrc/template_recycle.c);
+ * recycled, csrc/template/template_recycle.c);
  * with SBX_REQ_STANDBY, start the standbys and answer once one is ready;
  * with SBX_REQ_JOIN_NETNS as well, N_STANDBY leases follow the report
  * socket, one for each standby (leases mode); with n_cgroup k, N_STANDBY

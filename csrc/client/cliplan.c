@@ -1,5 +1,5 @@
 /* cliplan.c: the CLI client runs a command line's sandbox itself, from the
- * plan its server compiled (SBX_CLI_PLAN, csrc/cliwire.h), as the Python
+ * plan its server compiled (SBX_CLI_PLAN, csrc/client/cliwire.h), as the Python
  * CLI run directly would (sandbox/cli.py's run and _execute): the CLI's
  * warnings first, --die-with-parent on this process too, SIGINT, SIGTERM
  * and SIGHUP passed to the sandbox and every other signal left as a fresh

@@ -1,7 +1,7 @@
 /* launcher.c: sandbox-launch, a native launcher for harnesses that run
  * `subprocess.run(argv, env=..., preexec_fn=None)`:
  *     sandbox-launch --plan BASE64 -- COMMAND [ARGS...]
- * BASE64 is a serialized plan (csrc/sandbox.h, from sandbox.launcher);
+ * BASE64 is a serialized plan (csrc/core/sandbox.h, from sandbox.launcher);
  * COMMAND gets the launcher's own environment. Exit status contract: the
  * command's own exit code; killed by signal N -> the launcher kills itself
  * with N (the caller sees returncode -N); 127 command not found inside,
@@ -15,7 +15,7 @@
  * With `--handoff` first (sandbox.compat.handoff), the launcher asks the
  * caller's process, which holds a warm sandbox.Template, to start the
  * command instead, with the ticket in its SANDBOX_HANDOFF variable
- * (csrc/handoff.h); if nobody there answers, it runs the plan itself. The
+ * (csrc/client/handoff.h); if nobody there answers, it runs the plan itself. The
  * variable never reaches the command, with or without `--handoff`.
  */
 #include "internal.h"
@@ -86,7 +86,7 @@ static int open_init(void)
     return open(self, O_PATH | O_CLOEXEC);
 }
 
-/* The failure in the backend's own words (csrc/messages.c). A command that
+/* The failure in the backend's own words (csrc/core/messages.c). A command that
  * could not be exec'd exits like a shell's: 127 not found, 126 otherwise. */
 static _Noreturn void report_failure(const struct sbx_result *res, const void *blob, size_t len, const char *cmd)
 {

@@ -1,6 +1,6 @@
 """cffi build script (out-of-line API mode) for the C core in csrc/.
 
-The cdef is the CDEF region of csrc/sandbox.h, read here, never retyped.
+The cdef is the CDEF region of csrc/core/sandbox.h, read here, never retyped.
 Two tables are generated at build time: the syscall table, from the kernel
 headers of the build host (the preprocessor lists the __NR_* names and the C
 compiler resolves them), and the names of sandbox.h's enums (names_source;
@@ -13,17 +13,25 @@ the Python CLI's words.
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
 import re
 import signal
 import subprocess
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 CSRC = HERE / "csrc"
+# csrc/ has a folder per program: core (the library the Python module and every program but
+# sandbox-init and sandbox-session link), client (sandbox-cli, sandbox-launch), template
+# (sandbox-template), session (sandbox-session), init (sandbox-init). A file is named by its bare
+# name (csrc_path finds its folder); every folder is on the include path.
+PROGRAM_DIRS = ("core", "client", "template", "session", "init")
+INCLUDE_DIRS = [CSRC / d for d in PROGRAM_DIRS]
 LIB_SOURCES = [
     "util.c", "wire.c", "idmap.c", "net.c", "sources.c", "mounts.c", "limits.c", "landlock.c", "child.c",
     "vmclone.c", "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "zygote.c", "zygote_wire.c",
@@ -88,18 +96,26 @@ def supported_flags(cc: str, flags: list[str]) -> list[str]:
 
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-fno-strict-aliasing", *supported_flags(compiler(), WARNING_FLAGS)]
 # Every header of csrc/: the module depends on them (a header-only change rebuilds it).
-HEADERS = sorted(p.name for p in CSRC.glob("*.h"))
+HEADERS = sorted(str(p.relative_to(HERE)) for p in CSRC.glob("*/*.h"))
 
 
-def read_cdef(header: Path) -> str:
-    """The text between the CDEF BEGIN/END markers of `header`."""
-    if not header.is_file():
-        raise RuntimeError(f"{header} is missing: the source tree is incomplete (an sdist must carry csrc/)")
-    text = header.read_text()
-    match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
-    if not match:
-        raise RuntimeError(f"{header}: no CDEF BEGIN/END region")
-    return match.group(1)
+def csrc_path(name: str) -> Path:
+    """The file of csrc/ named `name` (a bare name: each is in one program's folder), as
+    csrc/core/`name` if no folder has it (the caller reports it missing)."""
+    return next((d / name for d in INCLUDE_DIRS if (d / name).is_file()), CSRC / "core" / name)
+
+
+def _cdef_reader() -> Callable[[Path], str]:
+    """sandbox/_core/cdef.py's read_cdef, loaded by path: the package is not importable while it is built."""
+    spec = importlib.util.spec_from_file_location("_sandbox_cdef", HERE / "sandbox" / "_core" / "cdef.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    reader: Callable[[Path], str] = module.read_cdef
+    return reader
+
+
+read_cdef = _cdef_reader()  # the one reader of a CDEF region
 
 
 def enum_members(header: Path, enum: str) -> list[str]:
@@ -118,7 +134,7 @@ def names_table(header: Path, enum: str, prefix: str, table: str, count: str) ->
             f"const int {count} = sizeof {table} / sizeof *{table};\n")
 
 
-def names_source(header: Path = CSRC / "sandbox.h") -> str:
+def names_source(header: Path = CSRC / "core" / "sandbox.h") -> str:
     """The C source of sbx_step_names and sbx_op_kind_names, from `header`'s enums."""
     return (f'#include "{header.name}"\n'
             + names_table(header, "sbx_step", "SBX_STEP_", "sbx_step_names", "sbx_n_steps")
@@ -134,7 +150,7 @@ def words_source() -> str:
     errnos Python knows) and sbx_signal_names (number -> signal.Signals'
     name, "SIGRTMIN" included): the Python CLI's words, which come from the
     libc Python runs on (glibc's here), for executables built with another
-    libc (csrc/errtext.h)."""
+    libc (csrc/core/errtext.h)."""
     texts = ",\n    ".join(f"[{n}] = {_c_string(os.strerror(n))}" for n in sorted(set(errno.errorcode)))
     names = ",\n    ".join(f'[{int(s)}] = "{s.name}"' for s in sorted(set(signal.Signals), key=int))
     return ("#include \"errtext.h\"\n"
@@ -180,14 +196,14 @@ def make_ffibuilder() -> FFI:
     """The FFI builder for `sandbox._native`."""
     cc = compiler()
     builder = FFI()
-    builder.cdef(read_cdef(CSRC / "sandbox.h"))
+    builder.cdef(read_cdef(CSRC / "core" / "sandbox.h"))
     builder.set_source(
         "sandbox._native",
         # cffi defines the module's init function without a prototype (-Werror=missing-prototypes)
         "PyMODINIT_FUNC PyInit__native(void);\n" + names_source() + syscall_table_or_error(cc),
-        sources=[f"csrc/{s}" for s in LIB_SOURCES],
-        include_dirs=["csrc"],
-        depends=[f"csrc/{h}" for h in HEADERS],
+        sources=[str(csrc_path(s).relative_to(HERE)) for s in LIB_SOURCES],
+        include_dirs=[f"csrc/{d}" for d in PROGRAM_DIRS],
+        depends=HEADERS,
         extra_compile_args=CFLAGS,
     )
     return builder

@@ -26,15 +26,14 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import SetupError as DistutilsSetupError
 
 HERE = Path(__file__).resolve().parent
-CSRC = HERE / "csrc"
 sys.path.insert(0, str(HERE))
 if not (HERE / "build_ffi.py").is_file():
     raise SystemExit(f"{HERE}: build_ffi.py is missing: the source tree is incomplete (see MANIFEST.in)")
 from build_ffi import CFLAGS as LIB_CFLAGS  # noqa: E402
-from build_ffi import LIB_SOURCES, compiler, musl_flags, names_source, words_source  # noqa: E402
+from build_ffi import INCLUDE_DIRS, LIB_SOURCES, compiler, csrc_path, musl_flags, names_source, words_source  # noqa: E402
 
-CFLAGS = [*LIB_CFLAGS, f"-I{CSRC}"]
-# sandbox-init is freestanding on x86_64 (see csrc/init.c), static libc elsewhere.
+CFLAGS = [*LIB_CFLAGS, *(f"-I{d}" for d in INCLUDE_DIRS)]
+# sandbox-init is freestanding on x86_64 (see csrc/init/init.c), static libc elsewhere.
 INIT_FLAGS = (
     ["-static", "-nostdlib", "-fno-stack-protector", "-fno-builtin", "-fno-asynchronous-unwind-tables"]
     if platform.machine() == "x86_64"
@@ -59,13 +58,14 @@ EXECUTABLES = {
     # a sandbox.Session's pid 1, exec'd in sandbox-init's place (static: nothing of it need be inside)
     "sandbox-session": (["session.c", "session_call.c", "session_user.c"], ["-static"]),
     # exec'd per command by harnesses (sandbox.launcher, the avatar's handoff): static, as sandbox-cli
-    "sandbox-launch": (["launcher.c", "handoff.c", "runplan.c", "exitlike.c", *LIB_SOURCES], ["-static"]),
+    "sandbox-launch": (["launcher.c", "handoff.c", "clirequest.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
+                       ["-static"]),
     # static: every sandbox is a fork-style copy of it, and fewer mappings copy and fault faster
     "sandbox-template": (["template.c", "template_request.c", "template_trees.c", "template_schedule.c", "standby.c",
                           "template_recycle.c", "template_maker.c", "template_kept.c", "template_inherited.c",
                           "resident.c", *LIB_SOURCES], ["-static"]),
     # the installed `sandbox` command (CLIENT_SCRIPT): static, it execs in a fraction of a dynamic one's time
-    "sandbox-cli": (["cliclient.c", "clipeer.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
+    "sandbox-cli": (["cliclient.c", "clipeer.c", "clirequest.c", "cliplan.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
                     ["-static", *_client_defines()]),
 }
 # Built with musl where it is installed (client_libc): glibc's start-up runs ~70 CPUID
@@ -86,7 +86,7 @@ def toolchain_problems(cc: str) -> list[str]:
     Python headers, the kernel's UAPI headers. Each line says what to install."""
     problems = []
     sources = _with_headers({*LIB_SOURCES, *(s for srcs, _ in EXECUTABLES.values() for s in srcs)})
-    missing = sorted(s for s in sources if not (CSRC / s).is_file())
+    missing = sorted(s for s in sources if not csrc_path(s).is_file())
     if missing:
         problems.append(f"csrc/ lacks {', '.join(missing)}: the source tree is incomplete "
                         "(an sdist must carry csrc/*.c and csrc/*.h; see MANIFEST.in)")
@@ -112,8 +112,8 @@ def toolchain_problems(cc: str) -> list[str]:
 
 
 def _includes(name: str, pattern: str) -> list[str]:
-    """The #include targets in csrc/`name` that match `pattern` (none if it is missing)."""
-    path = CSRC / name
+    """The #include targets in csrc/'s `name` that match `pattern` (none if it is missing)."""
+    path = csrc_path(name)
     return re.findall(rf"^#include {pattern}", path.read_text(), re.M) if path.is_file() else []
 
 
@@ -169,13 +169,13 @@ class BuildWithExecutables(build_ext):
                       f"(${CLIENT_LIBC_ENV}=glibc|musl chooses; musl: musl-gcc, from musl-tools)", level=3)
         musl = ["musl-gcc", *musl_flags(cc, Path(self.build_temp) / "musl-uapi")] if libc == "musl" else []
         for name, (sources, extra) in EXECUTABLES.items():
-            paths = [str(CSRC / s) for s in sources] + ([str(names), str(words)] if "messages.c" in sources else [])
+            paths = [str(csrc_path(s)) for s in sources] + ([str(names), str(words)] if "messages.c" in sources else [])
             compile_with = musl if name in CLIENT_EXECUTABLES and musl else cc.split()
             cmd = [*compile_with, *CFLAGS, *extra, "-o", str(out_dir / name), *paths]
             self.announce(" ".join(cmd), level=2)
             if subprocess.run(cmd).returncode != 0:
                 raise BuildError(f"linking {name} failed (the compiler's message is above): {' '.join(cmd)}")
-        shutil.copy(CSRC / "cliwire.h", out_dir / "cliwire.h")  # the client's wire, read by sandbox.cliserver
+        shutil.copy(csrc_path("cliwire.h"), out_dir / "cliwire.h")  # the client's wire, read by sandbox.cliserver
         (HERE / CLIENT_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(out_dir / "sandbox-cli", HERE / CLIENT_SCRIPT)
 

@@ -34,6 +34,7 @@ import struct
 import threading
 from collections.abc import Mapping, Sequence
 
+from ._core.fdpass import recv_fds
 from .paths import root_holding
 
 Target = int | str  # a host loopback TCP port, or a Unix socket path
@@ -45,7 +46,7 @@ def receive_listeners(sock: socket.socket, count: int) -> list[socket.socket]:
     """The `count` listening sockets the setup child sent over `sock`."""
     out: list[socket.socket] = []
     while len(out) < count:
-        _, fds, _, _ = socket.recv_fds(sock, 1, count - len(out))
+        _, fds, _ = recv_fds(sock, 1, count - len(out))
         if not fds:
             raise ConnectionError("the sandbox's setup child sent fewer listening sockets than asked")
         out += [socket.socket(fileno=fd) for fd in fds]

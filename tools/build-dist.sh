@@ -31,7 +31,7 @@ python -m build --outdir "$work/dist" "$src" > "$work/build.log" 2>&1 || { cat "
 sdist=$(ls "$work"/dist/sandbox-*.tar.gz)
 wheel=$(ls "$work"/dist/sandbox-*.whl)
 tar tzf "$sdist" > "$work/sdist.txt"
-for need in build_ffi.py csrc/sandbox.h csrc/init.c csrc/launcher.c tests/conftest.py LICENSE; do
+for need in build_ffi.py csrc/core/sandbox.h csrc/init/init.c csrc/client/launcher.c tests/conftest.py LICENSE; do
     grep -q "^sandbox-[^/]*/$need\$" "$work/sdist.txt" || { echo "the sdist lacks $need" >&2; exit 1; }
 done
 case "$wheel" in *-cp311-abi3-linux_*.whl) ;; *) echo "not an abi3 wheel: $wheel" >&2; exit 1 ;; esac
@@ -64,12 +64,12 @@ mkdir "$work/tree" && tar xzf "$sdist" -C "$work/tree" && tree=$(ls -d "$work"/t
 build_ext() { (cd "$tree" && python setup.py build_ext "$@" > "$work/ext.log" 2>&1); }
 build_ext || { cat "$work/ext.log"; exit 1; }
 build_ext && ! grep -q "building 'sandbox._native'" "$work/ext.log" || { echo "an unchanged tree rebuilt the core" >&2; exit 1; }
-touch "$tree/csrc/internal.h"
+touch "$tree/csrc/core/internal.h"
 build_ext && grep -q "building 'sandbox._native'" "$work/ext.log" || { echo "a header change did not rebuild the core" >&2; exit 1; }
 echo "a header-only change rebuilds the core: yes"
-mv "$tree/csrc/init.c" "$work/init.c"
+mv "$tree/csrc/init/init.c" "$work/init.c"
 ! build_ext && grep -q "csrc/ lacks init.c" "$work/ext.log" || { cat "$work/ext.log"; echo "a missing source did not fail the build" >&2; exit 1; }
-mv "$work/init.c" "$tree/csrc/init.c"
+mv "$work/init.c" "$tree/csrc/init/init.c"
 ! CC=no-such-cc build_ext && grep -q "no C compiler ('no-such-cc' is not on PATH): install gcc" "$work/ext.log" \
     || { cat "$work/ext.log"; echo "a missing compiler did not fail the build" >&2; exit 1; }
 echo "a missing source or compiler fails the build, saying what to install: yes"

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The static stage: what can be found without building or running anything,
 # in seconds, so that CI (.ci/run) fails on it before its slow stages.
-#   1. C: every csrc/*.c, the generated enum-name table and the cffi module's
+#   1. C: every csrc/*/*.c, the generated enum-name table and the cffi module's
 #      generated C (sandbox._native), checked with gcc and with clang
 #      (-fsyntax-only) under the build's flags (build_ffi.CFLAGS: bubblewrap's
 #      -Werror= set) and -Werror for every other warning; sandbox-init both
 #      freestanding and with libc, as setup.py builds it on and off x86_64;
-#      and every csrc/*.c again against musl (musl-gcc, and clang with musl's
+#      and every csrc/*/*.c again against musl (musl-gcc, and clang with musl's
 #      headers), as setup.py builds the client and the launcher where
 #      musl-gcc is installed;
 #   2. ruff check . (pyproject.toml [tool.ruff]);
@@ -65,17 +65,17 @@ build_ffi.ffibuilder.emit_c_code(str(work / "sandbox._native.c"))
 EOF
     local jobs=() f
     for cc in gcc clang gcc-musl clang-musl; do
-        for f in csrc/*.c "$work/sbx_names.c" "$work/sbx_words.c"; do
+        for f in csrc/*/*.c "$work/sbx_names.c" "$work/sbx_words.c"; do
             jobs+=("$cc|$f|")
         done
-        jobs+=("$cc|csrc/init.c|-DSBX_INIT_LIBC")
+        jobs+=("$cc|csrc/init/init.c|-DSBX_INIT_LIBC")
     done
     jobs+=("gcc|$work/sandbox._native.c|-I$(cat "$work/include")" "clang|$work/sandbox._native.c|-I$(cat "$work/include")")
     # one compiler run per line, as many at a time as there are CPUs; a failure names its command
     printf '%s\n' "${jobs[@]}" | CSRC="$src/csrc" WORK="$work" xargs -d '\n' -n 1 -P "$(nproc)" bash -c '
         IFS="|" read -r cc file extra <<< "$1"
         mapfile -t flags < "$WORK/$cc.flags"  # the compiler, then its options
-        cmd=("${flags[@]}" -Werror -I"$CSRC" ${extra:+"$extra"} -fsyntax-only "$file")
+        cmd=("${flags[@]}" -Werror -I"$CSRC"/{core,client,template,session,init} ${extra:+"$extra"} -fsyntax-only "$file")
         "${cmd[@]}" || { echo "FAILED: ${cmd[*]}" >&2; exit 1; }' _
     local rc=$?
     rm -rf "$work"
@@ -85,7 +85,7 @@ EOF
 for stage in "$@"; do
     t0=$EPOCHREALTIME
     case $stage in
-        C) say "C: csrc/*.c and the generated C, gcc and clang, glibc and musl, bubblewrap's -Werror= set and -Werror"
+        C) say "C: csrc/*/*.c and the generated C, gcc and clang, glibc and musl, bubblewrap's -Werror= set and -Werror"
            check_c || failed+=(C) ;;
         ruff) say "ruff check ."
            "$venv/bin/ruff" check . || failed+=(ruff) ;;

@@ -137,16 +137,19 @@ def _c_text(path: Path) -> str:
 
 
 def c_graph(csrc: Path = ROOT / "csrc") -> list[Edge]:
-    """The edges between the C files of `csrc`, by file name: `#include "b.h"` in a.c or a.h makes an edge to b.h
-    (kind "include"); a.c calling a function that b.c defines (not static) makes `a.c -> b.c` (kind "call", the
-    first call's line). A function defined by more than one file (each program's `main`) makes no edge."""
+    """The edges between the C files of `csrc` (in its program folders, csrc/*/), by file name: `#include "b.h"` in
+    a.c or a.h makes an edge to b.h (kind "include"); a.c calling a function that b.c defines (not static) makes
+    `a.c -> b.c` (kind "call", the first call's line). A function defined by more than one file (each program's
+    `main`) makes no edge."""
     edges: list[Edge] = []
-    for path in sorted([*csrc.glob("*.c"), *csrc.glob("*.h")]):
+    files = sorted([*csrc.glob("*/*.c"), *csrc.glob("*/*.h")])
+    names = {path.name for path in files}
+    for path in files:
         text = path.read_text()
         for match in INCLUDE.finditer(text):
-            if (csrc / match.group(1)).exists():
+            if match.group(1) in names:
                 edges.append(Edge(path.name, match.group(1), text.count("\n", 0, match.start()) + 1, "include"))
-    texts = {path.name: _c_text(path) for path in sorted(csrc.glob("*.c"))}
+    texts = {path.name: _c_text(path) for path in files if path.suffix == ".c"}
     defined: dict[str, set[str]] = {stem: set() for stem in texts}
     definers: dict[str, list[str]] = {}
     for stem, text in texts.items():

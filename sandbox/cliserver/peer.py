@@ -32,19 +32,16 @@ cannot.
 from __future__ import annotations
 
 import os
-import socket
-import struct
 import time
 
-SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
+from .._core.peer import Peer as _Peer
+from .._core.peer import Unverified, read_proc, status_fields
+
+__all__ = ["Peer", "Unverified", "controlling_tty", "fingerprint", "own", "remember_own", "status_fields"]
+
 STATUS_KEYS = ("Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapBnd:", "CapAmb:", "NoNewPrivs:",
                "TracerPid:", "Seccomp:", "Seccomp_filters:")
 NAMESPACES = ("cgroup", "ipc", "mnt", "net", "pid", "pid_for_children", "time", "time_for_children", "user", "uts")
-UCRED = struct.Struct("3i")
-
-
-class Unverified(Exception):
-    """The client could not be shown to be confined as the server is: it runs directly."""
 
 
 def fingerprint(proc: str) -> tuple[str, ...]:
@@ -52,28 +49,17 @@ def fingerprint(proc: str) -> tuple[str, ...]:
     through one fd of that directory (a pid reused meanwhile is another directory: its reads fail)."""
     d = os.open(proc, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        status = tuple(line for line in _read(d, "status").splitlines() if line.startswith(STATUS_KEYS))
+        status = tuple(line for line in read_proc(d, "status").splitlines() if line.startswith(STATUS_KEYS))
         ns = tuple(os.readlink(f"ns/{name}", dir_fd=d) for name in NAMESPACES)
         try:
-            label = _read(d, "attr/current")
+            label = read_proc(d, "attr/current")
         except OSError as exc:  # no LSM: the same error for both sides
             label = f"-{exc.errno}"
-        cgroup = _read(d, "cgroup")
+        cgroup = read_proc(d, "cgroup")
         root = os.stat("root", dir_fd=d)
     finally:
         os.close(d)
     return (*status, *ns, label, cgroup, f"root {root.st_dev}:{root.st_ino}")
-
-
-def _read(d: int, name: str) -> str:
-    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=d)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode(errors="surrogateescape")
 
 
 _own: tuple[str, ...] | None = None
@@ -99,11 +85,6 @@ def own() -> tuple[str, ...]:
     return _own_read[1]
 
 
-def status_fields(proc: int) -> dict[str, str]:
-    """The fields of the status file of the /proc entry whose fd is `proc`."""
-    return dict(line.split(":", 1) for line in _read(proc, "status").splitlines() if ":" in line)
-
-
 def controlling_tty(pid: int) -> int:
     """The tty_nr of `pid` (0: no controlling terminal)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
@@ -111,30 +92,14 @@ def controlling_tty(pid: int) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[4])
 
 
-class Peer:
-    """The process at the other end of a client's connection (a plain class: the session
-    commands import this module, and dataclasses costs a command line ~15 ms)."""
-
-    def __init__(self, pid: int, uid: int, pidfd: int) -> None:
-        self.pid = pid
-        self.uid = uid
-        self.pidfd = pidfd  # owned: close() it
-
-    @classmethod
-    def of(cls, conn: socket.socket) -> Peer:
-        """The peer of `conn` (Unverified if the kernel does not say)."""
-        pid, uid, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
-        try:
-            pidfd = conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
-        except OSError as exc:
-            raise Unverified(f"no pidfd for the client ({exc.strerror})") from None
-        return cls(pid=pid, uid=uid, pidfd=pidfd)
+class Peer(_Peer):
+    """The client at the other end of a connection, with what the CLI server asks of it beyond
+    _core.peer's owner check."""
 
     def check(self, allow_tty: bool = False) -> None:
         """Unverified unless the peer is our uid and confined exactly as this process is, and
         (unless `allow_tty`) has no controlling terminal."""
-        if self.uid != os.getuid() or self.pid <= 0:
-            raise Unverified(f"the client is uid {self.uid}, pid {self.pid}")
+        self.check_owner()
         try:
             theirs = fingerprint(f"/proc/{self.pid}")
             ours = own()
@@ -147,18 +112,6 @@ class Peer:
             raise Unverified(f"the client is confined otherwise: {diff}")
         if tty and not allow_tty:  # the command would be in the client's session, with its terminal: only a
             raise Unverified("the client has a controlling terminal")  # run of the client's own can be
-
-    def open_proc(self) -> int:
-        """An fd of the peer's /proc entry, pinned: opened, then the peer confirmed alive, so the
-        directory is its (a pid reused later is another directory; this one's reads then fail).
-        OSError if it cannot be."""
-        d = os.open(f"/proc/{self.pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            self.confirm()
-        except OSError:
-            os.close(d)
-            raise
-        return d
 
     def check_for_worker(self) -> None:
         """Unverified unless a worker may act for the peer as far as /proc can tell: no seccomp
@@ -177,15 +130,3 @@ class Peer:
             raise Unverified("the client runs under a seccomp filter, which a worker cannot prove it has")
         if fields.get("NoNewPrivs", "").strip() != "0":
             raise Unverified("the client has no_new_privs (it may be under a Landlock domain a worker would not have)")
-
-    def confirm(self) -> None:
-        """OSError unless the peer is still alive (so /proc/PID read so far was its)."""
-        import signal
-
-        signal.pidfd_send_signal(self.pidfd, 0)
-
-    def close(self) -> None:
-        """Close the pidfd (idempotent)."""
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1

@@ -46,11 +46,11 @@ import os
 import select
 import signal
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
 
+from .._core.fdpass import recv_fds, send_fds
 from . import fastpath, spare, wire
 from .peer import Peer, Unverified, controlling_tty
 
@@ -302,7 +302,7 @@ class Server:
     def _request(self, client: _Client) -> None:
         """The client's request came (or the client went): answer it, or hand it to a worker."""
         try:  # a look only: the request stays queued for a worker, its fds come as copies
-            data, fds, flags = wire.recv_fds(client.conn, wire.MAX_REQUEST + 1, wire.MAX_FDS,
+            data, fds, flags = recv_fds(client.conn, wire.MAX_REQUEST + 1, wire.MAX_FDS,
                                              socket.MSG_PEEK | socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
         except (BlockingIOError, InterruptedError):
             return
@@ -379,7 +379,7 @@ class Server:
         are dropped by the kernel, never installed here."""
         while True:
             try:
-                data, _, _, _ = conn.recvmsg(1, 0, socket.MSG_DONTWAIT)
+                data, _, _ = recv_fds(conn, 1, 0, socket.MSG_DONTWAIT)
             except OSError:
                 return
             if not data:
@@ -398,9 +398,8 @@ class Server:
 
     def _send_plan(self, conn: socket.socket, answer: fastpath.Answer) -> None:
         """Send the answer (with sandbox-init's fd when the plan has a reaper); Worker if it cannot go."""
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", self._init_fd()))] if answer.reaper else []
         try:
-            conn.sendmsg([answer.data], ancillary, socket.MSG_DONTWAIT)
+            send_fds(conn, answer.data, [self._init_fd()] if answer.reaper else [], socket.MSG_DONTWAIT)
         except OSError as exc:
             if exc.errno != errno.EMSGSIZE:
                 raise
@@ -410,7 +409,7 @@ class Server:
         """sandbox-init (O_PATH), opened once: the server's own, not the native backend's cached
         one (a worker, forked from the server, closes every fd it did not get from its client)."""
         if self._init < 0:
-            from ..backends.native import INIT_PATH
+            from .._core.binding import INIT_PATH
 
             self._init = os.open(INIT_PATH, os.O_PATH | os.O_CLOEXEC)
         return self._init
@@ -425,7 +424,7 @@ class Server:
         w = self.spare
         assert w is not None and w.ctrl is not None
         try:
-            socket.send_fds(w.ctrl, [b"C"], [conn.fileno()])
+            send_fds(w.ctrl, b"C", [conn.fileno()])
         except OSError:
             self._answer_fallback(conn)
             return
@@ -460,7 +459,7 @@ class Server:
         (for the next spare), or its end."""
         assert w.ctrl is not None
         try:
-            msg, fds, _ = wire.recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
+            msg, fds, _ = recv_fds(w.ctrl, LEARNED_MAX, 1, socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         except OSError:

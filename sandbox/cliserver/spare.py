@@ -35,6 +35,7 @@ import socket
 import threading
 from typing import NoReturn
 
+from .._core.fdpass import recv_fds
 from . import rehearse, wire, worker
 from .peer import Peer, Unverified
 
@@ -54,7 +55,7 @@ def run(listener: socket.socket, ctrl: socket.socket, client: tuple[int, int, in
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         ctrl.setblocking(True)
         rehearse.until_client(ctrl, lambda: rehearse.rehearse(learned))
-        msg, fds, _ = wire.recv_fds(ctrl, 16, 1, socket.MSG_CMSG_CLOEXEC)
+        msg, fds, _ = recv_fds(ctrl, 16, 1, socket.MSG_CMSG_CLOEXEC)
         if msg != b"C" or len(fds) != 1:  # the server is gone (or says something else): so is the spare
             os._exit(1)
         _serve(socket.socket(fileno=fds[0]), ctrl, client, notes)
@@ -112,7 +113,7 @@ def _serve(conn: socket.socket, ctrl: socket.socket, client: tuple[int, int, int
     try:
         peer = Peer.of(conn)
         pid = peer.pid
-        data, fds, flags = wire.recv_fds(conn, wire.MAX_REQUEST + 1, wire.MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+        data, fds, flags = recv_fds(conn, wire.MAX_REQUEST + 1, wire.MAX_FDS, socket.MSG_CMSG_CLOEXEC)
         request = wire.parse_request(data)
         if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC) or len(fds) != len(request.fd_numbers):
             raise wire.WireError(f"{len(fds)} fds came, {len(request.fd_numbers)} were announced")

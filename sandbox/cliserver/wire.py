@@ -1,4 +1,4 @@
-"""The client's wire (csrc/cliwire.h), read through cffi from the header itself.
+"""The client's wire (csrc/client/cliwire.h), read through cffi from the header itself.
 
 The header is installed beside the executables (sandbox/_bin/cliwire.h) and
 its CDEF region is the one definition of the request and the frames: this
@@ -9,30 +9,20 @@ header and checks every size, offset and constant against this reading.
 
 from __future__ import annotations
 
-import array
 import os
 import re
-import socket
 from dataclasses import dataclass
 from typing import Any
 
 from cffi import FFI  # type: ignore[import-untyped]
 
+from .._core.cdef import read_cdef
+
 HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "cliwire.h")
 
 
 class WireError(ValueError):
-    """A request that does not follow csrc/cliwire.h (the server drops it)."""
-
-
-def cdef_text(path: str = HEADER) -> str:
-    """The CDEF region of the header at `path`."""
-    with open(path) as f:
-        text = f.read()
-    match = re.search(r"/\* CDEF BEGIN \*/(.*)/\* CDEF END \*/", text, re.S)
-    if not match:
-        raise RuntimeError(f"{path}: no CDEF BEGIN/END region")
-    return match.group(1)
+    """A request that does not follow csrc/client/cliwire.h (the server drops it)."""
 
 
 def _proof_prefix(path: str = HEADER) -> str:
@@ -45,7 +35,7 @@ def _proof_prefix(path: str = HEADER) -> str:
 
 
 ffi = FFI()
-ffi.cdef(cdef_text())
+ffi.cdef(read_cdef(HEADER))
 lib: Any = ffi.dlopen(None)  # the header's constants and enum values (no symbols are looked up)
 
 MAGIC: int = lib.SBX_CLI_MAGIC
@@ -63,6 +53,8 @@ PLAN: int = lib.SBX_CLI_PLAN
 PLAN_DIE_WITH_PARENT: int = lib.SBX_CLI_PLAN_DIE_WITH_PARENT
 CHALLENGE: int = lib.SBX_CLI_CHALLENGE
 PROOF: int = lib.SBX_CLI_PROOF
+ERROR: int = lib.SBX_CLI_ERROR
+SECRET_SIZE: int = lib.SBX_CLI_SECRET_SIZE
 MAX_PROOF: int = lib.SBX_CLI_MAX_PROOF
 PROOF_PREFIX: str = _proof_prefix()
 REQUEST_SIZE: int = ffi.sizeof("struct sbx_cli_request")
@@ -109,6 +101,17 @@ def parse_request(data: bytes) -> Request:
                    rlim_max=tuple(int(v) for v in h.rlim_max))
 
 
+def ticket_of(data: bytes) -> tuple[int, bytes]:
+    """The (ticket, secret) a request in `data` carries (sandbox-launch's handoff; the CLI's are 0 and
+    zeros). WireError if `data` is not a request of this version."""
+    if len(data) < REQUEST_SIZE:
+        raise WireError(f"a request of {len(data)} bytes is shorter than its header ({REQUEST_SIZE})")
+    h = ffi.cast("struct sbx_cli_request *", ffi.from_buffer(data))
+    if h.magic != MAGIC or h.version != VERSION:
+        raise WireError(f"magic/version {h.magic:#x}/{h.version} (expected {MAGIC:#x}/{VERSION})")
+    return int(h.ticket), bytes(ffi.buffer(h.secret))
+
+
 def announced_fds(data: bytes) -> int:
     """How many fds the request in `data` announces (its header's nfds): checked against the fds
     that came before anything else looks at it. WireError if `data` is shorter than a header."""
@@ -144,14 +147,3 @@ def plan_answer(blob: bytes, argv: list[bytes], env: list[bytes], pass_fds: list
     fds = ffi.new("int32_t[]", pass_fds) if pass_fds else b""
     return b"".join((bytes(ffi.buffer(head)), bytes(ffi.buffer(fds)) if pass_fds else b"", blob, strings, before,
                      after))
-
-
-def recv_fds(sock: socket.socket, bufsize: int, maxfds: int, flags: int = 0) -> tuple[bytes, list[int], int]:
-    """socket.recv_fds with its `flags` applied (MSG_PEEK, MSG_CMSG_CLOEXEC...: Python 3.11's
-    ignores them): (data, fds, msg_flags)."""
-    fds = array.array("i")
-    data, ancdata, msg_flags, _ = sock.recvmsg(bufsize, socket.CMSG_SPACE(maxfds * fds.itemsize), flags)
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    return data, list(fds), msg_flags

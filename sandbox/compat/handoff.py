@@ -1,4 +1,4 @@
-"""The harness process's side of sandbox-launch's handoff (csrc/handoff.h).
+"""The harness process's side of sandbox-launch's handoff (csrc/client/handoff.h; its wire: cliwire.h).
 
 A harness that execs `sandbox-launch` per command pays for a whole sandbox
 setup every time. When the harness process holds a warm `sandbox.Template`
@@ -41,31 +41,27 @@ import secrets
 import selectors
 import socket
 import stat
-import struct
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..backends.native import ffi, lib
+from .._core.fdpass import recv_fds
+from .._core.peer import Peer, Unverified
+from ..cliserver import wire
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
 from ..spec import Spec
 from ..template import Template
 
-# The messages are csrc/sandbox.h's (struct handoff_request, struct handoff_frame), read and written by
-# field name through the compiled core's cdef: never retyped here.
-SECRET_SIZE = lib.HANDOFF_SECRET_SIZE
-REQUEST_SIZE = ffi.sizeof("struct handoff_request")
-FRAME_SIZE = ffi.sizeof("struct handoff_frame")
-MAGIC, VERSION = lib.HANDOFF_MAGIC, lib.HANDOFF_VERSION
-STATUS, ERROR, FALLBACK, SIGNAL = lib.HANDOFF_STATUS, lib.HANDOFF_ERROR, lib.HANDOFF_FALLBACK, lib.HANDOFF_SIGNAL
+# The wire is the CLI client's (csrc/client/cliwire.h: struct sbx_cli_request with the launch's ticket, struct
+# sbx_cli_frame), read and written by field name through cliserver/wire.py: never retyped here.
+SECRET_SIZE = wire.SECRET_SIZE
+STATUS, ERROR, FALLBACK, SIGNAL = wire.STATUS, wire.ERROR, wire.FALLBACK, wire.SIGNAL
 ENV = "SANDBOX_HANDOFF"  # the launcher's ticket: "ID:SECRET:PATH"
 MAX_REQUEST = 1 << 20  # the launcher falls back on its own beyond what the socket takes
 MAX_TICKETS = 4096  # tickets issued and not yet used; beyond, the oldest is dropped (its launch falls back)
 MAX_PENDING = 64  # accepted connections whose request has not come yet; beyond, a new one falls back
-CREDENTIALS = struct.Struct("<3i")
 
 __all__ = ["Handoff", "close", "handoff"]
 
@@ -283,7 +279,7 @@ class Handoff:
         self._sel.unregister(conn)
         self._pending_requests -= 1
         try:
-            msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+            msg, fds, _ = recv_fds(conn, MAX_REQUEST, 3, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             conn.close()
             return
@@ -300,15 +296,15 @@ class Handoff:
     def _admit(self, warm: _Warm, msg: bytes) -> bool:
         """Whether `msg` carries a ticket issued for `warm` and not used yet
         (the secret compared in constant time); the ticket is used up."""
-        head = _request_head(msg)
-        if head is None or head.magic != MAGIC or head.version != VERSION:
+        try:
+            number, secret = wire.ticket_of(msg)
+        except wire.WireError:
             return False
-        secret = bytes(ffi.buffer(head.secret))
         with self._lock:
-            ticket = self._tickets.get(head.ticket)
+            ticket = self._tickets.get(number)
             if ticket is None or ticket.warm is not warm or not hmac.compare_digest(ticket.secret, secret):
                 return False
-            del self._tickets[head.ticket]
+            del self._tickets[number]
         return True
 
     def _start(self, conn: socket.socket, warm: _Warm, msg: bytes, fds: list[int]) -> None:
@@ -349,15 +345,15 @@ class Handoff:
 
     def _from_launcher(self, running: _Running) -> None:
         try:
-            data = running.conn.recv(FRAME_SIZE)
+            data = running.conn.recv(wire.FRAME_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             data = b""
-        if len(data) == FRAME_SIZE:
-            frame = ffi.from_buffer("struct handoff_frame *", data)
-            if frame.kind == SIGNAL and 0 < frame.value < 65:
-                running.proc.send_signal(frame.value)
+        if len(data) == wire.FRAME_SIZE:
+            kind, value = wire.parse_frame(data)
+            if kind == SIGNAL and 0 < value < 65:
+                running.proc.send_signal(value)
             return
         # The connection closed: after its status (done), or because the launcher has gone (the harness's
         # timeout killed it, or anyone did): then so does its sandbox.
@@ -420,47 +416,33 @@ def _remove_own_dir(path: str, fd: int) -> None:
 
 
 def _parse(msg: bytes) -> tuple[str, list[str], dict[str, str]]:
-    """(cwd, argv, env) from an admitted request; ValueError if it is malformed."""
-    head = _request_head(msg)
-    if head is None:
-        raise ValueError("short request")
-    argc, envc = head.argc, head.envc
-    if head.magic != MAGIC or head.version != VERSION or head.size != len(msg) - REQUEST_SIZE or argc < 1:
-        raise ValueError(f"not a version {VERSION} handoff request")
-    parts = msg[REQUEST_SIZE:].split(b"\0")
-    if len(parts) != 2 + argc + envc or parts[-1]:
-        raise ValueError("field count does not match")
-    strs = [os.fsdecode(p) for p in parts[:-1]]
+    """(cwd, argv, env) from an admitted request; ValueError (wire.WireError) if it is malformed."""
+    request = wire.parse_request(msg)
+    if request.fd_numbers != [0, 1, 2]:
+        raise wire.WireError(f"fds {request.fd_numbers}, not the launcher's stdio")
     env = {}
-    for item in strs[1 + argc:]:
+    for item in map(os.fsdecode, request.environ):
         name, sep, value = item.partition("=")
         if sep and name and name != ENV:  # (the launcher took it out already)
             env[name] = value
-    return strs[0], strs[1:1 + argc], env
-
-
-def _request_head(msg: bytes) -> Any:
-    """The struct handoff_request at the start of `msg` (a copy), or None if it is shorter."""
-    if len(msg) < REQUEST_SIZE:
-        return None
-    head = ffi.new("struct handoff_request *")
-    ffi.memmove(head, msg, REQUEST_SIZE)
-    return head
+    return os.fsdecode(request.cwd), [os.fsdecode(a) for a in request.argv], env
 
 
 def _our_child(conn: socket.socket) -> bool:
-    """Whether the peer (by SO_PEERCRED) is a same-uid child of this process,
-    as every launcher the harness starts is (not enough on its own: so is a
-    sandbox this process started with `as_pid_1`; the ticket decides)."""
-    pid, uid, _ = CREDENTIALS.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, CREDENTIALS.size))
-    if uid != os.getuid():
+    """Whether the peer is a same-uid child of this process (its pidfd confirming what /proc said),
+    as every launcher the harness starts is (not enough on its own: so is a sandbox this process
+    started with `as_pid_1`; the ticket decides)."""
+    try:
+        peer = Peer.of(conn)
+    except (Unverified, OSError):
         return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
+        peer.check_owner()
+        return peer.parent() == os.getpid()
+    except (Unverified, OSError, ValueError, IndexError):
         return False
-    return int(stat.rsplit(b")", 1)[1].split()[1]) == os.getpid()
+    finally:
+        peer.close()
 
 
 def _gone(pid: int) -> bool:
@@ -474,8 +456,7 @@ def _gone(pid: int) -> bool:
 
 def _reply(conn: socket.socket, kind: int, value: int, text: str = "") -> None:
     try:
-        frame = ffi.new("struct handoff_frame *", {"kind": kind, "value": value})
-        conn.send(bytes(ffi.buffer(frame)) + text.encode()[:4000])
+        conn.send(wire.frame(kind, value) + text.encode()[:4000])
     except OSError:
         pass  # the launcher has gone: nobody to tell
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .._core.fdpass import recv_fds
 from ..errors import NetnsPoolError
 from ._factory_main import COUNTER_FILES, SOCKSTAT_FILES
 
@@ -41,11 +41,7 @@ def _recv_fds(chan: socket.socket, maxfds: int) -> tuple[bytes, list[int]]:
     (socket.recv_fds would leave them inheritable until we fix them up, and
     a concurrent spawn could leak namespace fds into a child.)
     """
-    msg, ancdata, flags, _ = chan.recvmsg(4096, socket.CMSG_SPACE(maxfds * 4), socket.MSG_CMSG_CLOEXEC)
-    fds: list[int] = []
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
+    msg, fds, flags = recv_fds(chan, 4096, maxfds, socket.MSG_CMSG_CLOEXEC)
     if flags & (socket.MSG_CTRUNC | socket.MSG_TRUNC):
         _close_all(fds)
         raise NetnsPoolError("factory message truncated")

@@ -20,8 +20,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from .._core.binding import STEP_NAMES, lib
 from ..backends.contract import Ended
-from ..backends.native.core import STEP_NAMES, lib
 from ..errors import ExecError, SandboxError, SessionError, SetupError
 from ..killedby import killed_by
 from . import wire

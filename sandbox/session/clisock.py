@@ -31,7 +31,6 @@ label (the CLI server's worker path goes further: cliserver/peer.py).
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import re
@@ -39,8 +38,9 @@ import socket
 import stat
 import struct
 
+from .._core.fdpass import recv_fds, send_fds
+from .._core.peer import Peer, Unverified, status_fields
 from ..cliserver.owndir import open_own_dir
-from ..cliserver.peer import Peer, Unverified, status_fields
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
@@ -127,10 +127,10 @@ def check_peer(sock: socket.socket) -> Peer:
     except Unverified as exc:
         raise Refused(str(exc)) from None
     try:
-        if peer.uid != os.getuid():
-            raise Refused(f"uid {peer.uid} (pid {peer.pid}) is not the owner, uid {os.getuid()}")
-        if peer.pid <= 0:
-            raise Refused(f"uid {peer.uid}: its pid is outside our pid namespace")
+        try:
+            peer.check_owner()
+        except Unverified as exc:
+            raise Refused(str(exc)) from None
         theirs, ours = _world(peer), _world(None)
         for (what, value), (_, own) in zip(theirs, ours, strict=True):
             if value != own:
@@ -171,8 +171,7 @@ def send(sock: socket.socket, message: dict[str, Any], fds: tuple[int, ...] = ()
     if len(body) > MAX_MESSAGE:
         raise Refused(f"the message is {len(body)} bytes, more than {MAX_MESSAGE}")
     data = HEAD.pack(len(body)) + body
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sent = sock.sendmsg([data], ancillary)
+    sent = send_fds(sock, data, fds)
     if sent < len(data):
         sock.sendall(memoryview(data)[sent:])
 
@@ -190,17 +189,14 @@ def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | Non
     """One message (None at EOF before one starts) and the fds that came with it (the caller
     closes them); Refused for a malformed or oversized one, or more than `max_fds` fds, which
     are closed then."""
-    fds = array.array("i")
+    fds: list[int] = []
     head = b""
     while len(head) < HEAD.size:
-        try:
-            data, ancillary, flags, _ = sock.recvmsg(HEAD.size - len(head), socket.CMSG_SPACE(
-                (MAX_FDS + 1) * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+        try:  # room for one fd more than may come, so that one too many shows
+            data, more, flags = recv_fds(sock, HEAD.size - len(head), MAX_FDS + 1, socket.MSG_CMSG_CLOEXEC)
         except ConnectionResetError:
-            data, ancillary, flags = b"", [], 0
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+            data, more, flags = b"", [], 0
+        fds += more
         if len(fds) > max_fds or flags & socket.MSG_CTRUNC:
             _close(fds)
             raise Refused(f"a message came with {len(fds)} fds or more, not at most {max_fds}")
@@ -211,7 +207,7 @@ def receive(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any] | Non
             return None, []
         head += data
     try:
-        return _body(sock, HEAD.unpack(head)[0]), list(fds)
+        return _body(sock, HEAD.unpack(head)[0]), fds
     except BaseException:
         _close(fds)
         raise
@@ -236,6 +232,6 @@ def _body(sock: socket.socket, size: int) -> dict[str, Any]:
     return message
 
 
-def _close(fds: array.array[int]) -> None:
+def _close(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)

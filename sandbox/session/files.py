@@ -18,7 +18,7 @@ import posixpath
 import stat
 from collections.abc import Callable
 
-from ..backends.native.core import ffi, lib
+from .._core.binding import ffi, lib
 from ..errors import SpecError
 
 RESOLVE_NO_MAGICLINKS = 0x02  # linux/openat2.h

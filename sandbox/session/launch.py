@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass
 
 from .. import backends
-from ..backends.native.core import BIN_DIR_STR
+from .._core.binding import BIN_DIR_STR
 from ..errors import SpecError, UnavailableError
 from ..host import HostInfo
 from ..plan import Plan, compile_plan

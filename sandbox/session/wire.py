@@ -12,7 +12,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..backends.native.core import ffi, lib
+from .._core.binding import ffi, lib
 from ..errors import SpecError
 
 STARTED = lib.SBX_SESSION_STARTED

@@ -21,21 +21,19 @@ whose text names the problem.
 
 from __future__ import annotations
 
-import array
 import json
 import os
 import re
 import socket
-import struct
 from typing import Any
 
 from .. import errors as E
+from .._core.fdpass import recv_with_credentials, send_fds
 
 BROKER_ENV = "SANDBOX_TASK_BROKER"  # inside a task sandbox: the path of its broker's socket
 MAX_MESSAGE = 1 << 20  # bytes of one message
 MAX_DEPTH = 16  # nesting of arrays and objects in one message (a request needs 4)
 MAX_FDS = 8
-_UCRED = struct.Struct("iII")  # pid, uid, gid
 # A JSON string, to its closing quote or to the end of the text (so never scanned twice).
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
@@ -104,22 +102,13 @@ def parse(data: bytes) -> dict[str, Any]:
 
 def send(sock: socket.socket, data: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
     """Send `data` as one message, with `fds` (duplicated into the receiver)."""
-    anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
-    sock.sendmsg([json.dumps(data).encode()], anc)
+    send_fds(sock, json.dumps(data).encode(), fds)
 
 
 def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int], tuple[int, int, int] | None]:
     """(message or None at the end, fds received, (pid, uid, gid) of the sender or None).
     A message that was cut short, or is not one bounded JSON object, raises MessageError (its fds closed)."""
-    space = socket.CMSG_SPACE(MAX_FDS * 4) + socket.CMSG_SPACE(_UCRED.size)
-    msg, anc, flags, _ = sock.recvmsg(MAX_MESSAGE + 1, space)
-    fds: list[int] = []
-    creds = None
-    for level, kind, data in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds += array.array("i", data[: len(data) - len(data) % 4]).tolist()
-        elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            creds = _UCRED.unpack(data[: _UCRED.size])
+    msg, fds, flags, creds = recv_with_credentials(sock, MAX_MESSAGE + 1, MAX_FDS)
     if not msg and not fds:
         return None, [], creds
     try:

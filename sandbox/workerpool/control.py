@@ -10,13 +10,14 @@ handle() is what the engine's I/O thread does with each.
 
 from __future__ import annotations
 
-import array
 import os
 import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..backends.native import ffi, lib, setup_error
+from .._core.binding import ffi, lib
+from .._core.fdpass import recv_fds, send_fds
+from .._core.report import setup_error
 from . import channel as ch
 
 if TYPE_CHECKING:
@@ -33,18 +34,13 @@ FROM_ZYGOTE = frozenset({SPARE, STARTED, FAILED, EXITED})
 def send(sock: socket.socket, kind: int, fds: list[int] | tuple[int, ...] = (), **fields: int) -> None:
     """One message of `kind` with `fields` set by name (id and slot default to -1: none) and `fds`."""
     message = ffi.new("struct sbx_zmsg *", {"id": -1, "slot": -1, **fields, "kind": kind})
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
-    sock.sendmsg([ffi.buffer(message)], ancillary)
+    send_fds(sock, bytes(ffi.buffer(message)), fds)
 
 
 def recv(sock: socket.socket) -> tuple[Any, list[int]] | None:
     """One message from the zygote (a struct sbx_zmsg, by name) and its fds;
     None at EOF. ValueError for anything else (its fds closed)."""
-    data, ancillary, flags, _ = sock.recvmsg(SIZE, socket.CMSG_SPACE(MAX_FDS * 4))
-    fds = array.array("i")
-    for level, type_, payload in ancillary:
-        if level == socket.SOL_SOCKET and type_ == socket.SCM_RIGHTS:
-            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    data, fds, flags = recv_fds(sock, SIZE, MAX_FDS)
     message = ffi.new("struct sbx_zmsg *")
     if data and len(data) == SIZE and not flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
         ffi.memmove(message, data, SIZE)
@@ -54,7 +50,7 @@ def recv(sock: socket.socket) -> tuple[Any, list[int]] | None:
         if not data:
             return None
         raise ValueError(f"a control message from the zygote that is not one ({len(data)} bytes, flags {flags})")
-    return message, list(fds)
+    return message, fds
 
 
 def stamps(message: Any, names: tuple[str, ...]) -> dict[str, float]:

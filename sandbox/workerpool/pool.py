@@ -16,7 +16,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from .. import backends, cgroups
 from .. import spec as S
-from ..backends.native import ffi, lib, serialize, setup_error
+from .._core.binding import ffi, lib
+from .._core.blob import serialize
+from .._core.report import setup_error
 from ..backends.walls import new_cgroup
 from ..errors import SandboxError, SetupError, SpecError
 from ..host import HostInfo

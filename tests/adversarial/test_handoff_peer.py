@@ -29,6 +29,7 @@ from warm_handoff import served, warm_box  # noqa: F401  (warm_box: the fixture 
 
 import sandbox
 from sandbox import Dev, Proc, RoBind
+from sandbox.cliserver import wire
 from sandbox.compat import handoff
 from sandbox.compat.avatar import ExecSpec, NativeSandbox
 
@@ -39,29 +40,34 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 60
 ENV = "SANDBOX_HANDOFF"  # the launcher's ticket (handoff.ENV)
 
-# A forged request for each form the server might take: the old one with no
-# ticket, and the current one with the launch's number and a made-up secret.
+# A forged request for each form the server might take: the handoff's own wire
+# from before, and the one it shares with the CLI now (csrc/client/cliwire.h), with
+# the launch's number and a made-up secret, or a zero one.
 # Each asks the warm template to write WS/pwned-N; it prints the reply's kind
 # (the first int of the frame), or "closed".
 FORGE = textwrap.dedent("""
     import os, socket, struct, sys
     path, ws, number = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    MAGIC = 0x48584253
-    def payload(n):
-        parts = [ws, "sh", "-c", f"echo pwned > {ws}/pwned-{n}", "PATH=/usr/bin:/bin"]
+    OLD, MAGIC, VERSION = 0x48584253, 0x4c434253, 5  # the handoff's own wire before, the CLI's (cliwire.h) now
+    def payload(n, old):
+        parts = [ws, "sh"] if old else ["sh", ws]  # cwd and argv[0], in the order each wire has them
+        parts += ["-c", f"echo pwned > {ws}/pwned-{n}", "PATH=/usr/bin:/bin"]
         return b"".join(p.encode() + b"\\0" for p in parts)
+    def request(body, secret):  # struct sbx_cli_request with the launch's number, then fds 0, 1 and 2
+        head = struct.pack("<8I32s2QqQ16Q", MAGIC, VERSION, 3, 1, 3, len(body), number, 0, secret, 0, 0, 0, 0,
+                           *[(1 << 64) - 1] * 16)
+        return head + struct.pack("<3i", 0, 1, 2) + body
     forms = [
-        lambda body: struct.pack("<5I", MAGIC, 1, 3, 1, len(body)),
-        lambda body: struct.pack("<6I32s", MAGIC, 2, 3, 1, len(body), number, os.urandom(32)),
-        lambda body: struct.pack("<6I32s", MAGIC, 2, 3, 1, len(body), number, bytes(32)),
+        lambda: struct.pack("<6I32s", OLD, 2, 3, 1, len(payload(0, True)), number, os.urandom(32)) + payload(0, True),
+        lambda: request(payload(1, False), os.urandom(32)),
+        lambda: request(payload(2, False), bytes(32)),
     ]
-    for n, header in enumerate(forms):
-        body = payload(n)
+    for n, message in enumerate(forms):
         try:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             s.settimeout(30)
             s.connect(path)
-            s.sendmsg([header(body) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+            s.sendmsg([message()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
             reply = s.recv(4096)
             print(n, struct.unpack_from("<i", reply)[0] if len(reply) >= 8 else "closed", flush=True)
         except OSError as exc:
@@ -280,5 +286,11 @@ def test_the_launchers_proc_environ_does_not_show_the_secret(box: NativeSandbox,
 def test_forged_frames_are_the_documented_ones() -> None:
     """The forgeries above speak the wire format handoff.py defines (so a
     refusal is the ticket's doing, not a malformed request's)."""
-    assert struct.calcsize("<6I32s") == handoff.REQUEST_SIZE and handoff.VERSION == 2
+    assert struct.calcsize("<8I32s2QqQ16Q") == wire.REQUEST_SIZE and (wire.MAGIC, wire.VERSION) == (0x4c434253, 5)
+    body = b"sh\0/ws\0-c\0true\0PATH=/usr/bin:/bin\0"
+    forged = struct.pack("<8I32s2QqQ16Q", wire.MAGIC, wire.VERSION, 3, 1, 3, len(body), 7, 0, b"s" * 32, 0, 0, 0, 0,
+                         *[(1 << 64) - 1] * 16) + struct.pack("<3i", 0, 1, 2) + body
+    assert wire.ticket_of(forged) == (7, b"s" * 32)
+    request = wire.parse_request(forged)
+    assert (request.argv, request.cwd, request.fd_numbers) == ([b"sh", b"-c", b"true"], b"/ws", [0, 1, 2])
     assert handoff.ENV == ENV

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 import sandbox
-from sandbox.backends.native import ffi, lib
+from sandbox._core.binding import ffi, lib
 
 from .attack import make_base_spec
 

@@ -150,7 +150,8 @@ def test_bwrap_argv_parser(argv: list[str]) -> None:
 # ---------------------------------------------------------------- native wire format
 
 native = pytest.importorskip("sandbox.backends.native")
-ffi, lib, wire = native.ffi, native.lib, native.wire
+wire = pytest.importorskip("sandbox._core.blob")
+ffi, lib = wire.ffi, wire.lib
 HOST = HostInfo(executor=native.TRAITS, uid=1000, gid=1001, cwd="/home/u/project",
                 environ={"HOME": "/home/u", "PATH": "/host/bin"})
 BLOBS = tuple(wire.serialize(compile_plan(s, HOST), "/tmp") for s in SPECS)

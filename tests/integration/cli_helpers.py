@@ -42,6 +42,7 @@ UNIT_TESTS = str(Path(__file__).resolve().parents[1] / "unit")  # PYTHONPATH for
 # `answer` (the file's bytes) for what follows.
 FAKE_SERVER_ACCEPT = """
 import array, socket, sys
+from sandbox._core.fdpass import recv_fds
 from sandbox.cliserver import wire
 path, answer = sys.argv[1], open(sys.argv[2], 'rb').read()
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -49,7 +50,7 @@ s.bind(path)
 s.listen()
 print('ready', flush=True)
 c, _ = s.accept()
-wire.recv_fds(c, wire.MAX_REQUEST + 1, wire.MAX_FDS)
+recv_fds(c, wire.MAX_REQUEST + 1, wire.MAX_FDS)
 """
 
 

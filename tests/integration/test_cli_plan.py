@@ -230,7 +230,7 @@ def _plan(tmp_path: Path, marker: Path, extra: tuple[str, ...] = ()) -> bytes:
 
 
 def _with_opts(blob: bytes, bits: int) -> bytes:
-    from sandbox.backends.native import ffi
+    from sandbox._core.binding import ffi
 
     at = ffi.offsetof("struct sbx_header", "opts")
     opts = int.from_bytes(blob[at:at + 4], "little") | bits
@@ -288,11 +288,11 @@ class TestForgedAnswers:
         elif damage == "stdio fd":
             pass_fds = [1]
         elif damage == "sync fds":
-            from sandbox.backends.native import lib
+            from sandbox._core.binding import lib
 
             blob = _with_opts(blob, lib.SBX_OPT_SYNC)
         elif damage == "exec fd":
-            from sandbox.backends.native import lib
+            from sandbox._core.binding import lib
 
             blob = _with_opts(blob, lib.SBX_OPT_EXEC_FD)
         elif damage == "reaper without its fd":

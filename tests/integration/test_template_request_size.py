@@ -19,7 +19,7 @@ from conftest import make_base_spec
 
 import sandbox
 from sandbox import Bind
-from sandbox.backends.native import ffi, lib
+from sandbox._core.binding import ffi, lib
 from sandbox.backends.template import wire
 from sandbox.errors import RequestTooLargeError
 

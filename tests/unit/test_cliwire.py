@@ -1,4 +1,4 @@
-"""The client's wire (csrc/cliwire.h) as the server reads it (sandbox.cliserver.wire) and as C compiles it.
+"""The client's wire (csrc/client/cliwire.h) as the server reads it (sandbox.cliserver.wire) and as C compiles it.
 
 The server parses the header itself through cffi; this compiles the same
 header with the C compiler and compares every struct size, field offset and
@@ -17,7 +17,7 @@ import pytest
 
 from sandbox.cliserver import wire
 
-HEADER = Path(__file__).resolve().parents[2] / "csrc" / "cliwire.h"
+HEADER = Path(__file__).resolve().parents[2] / "csrc" / "client" / "cliwire.h"
 STRUCTS = {"sbx_cli_request": ["magic", "version", "argc", "envc", "nfds", "size", "exe_dev", "exe_ino", "exe_mtime",
                                "sigmask", "rlim_max"],
            "sbx_cli_frame": ["kind", "value"],
@@ -65,7 +65,7 @@ def test_the_proofs_prefix_is_the_headers():
 
 def request(argv=(b"sandbox", b"run", b"true"), cwd=b"/tmp", environ=(b"A=1",), fds=(0, 1, 2, 9),
             exe=(1, 2, 3)) -> bytes:
-    """A request laid out as csrc/clipeer.c's build_request lays it out."""
+    """A request laid out as csrc/client/clipeer.c's build_request lays it out."""
     strings = b"".join(s + b"\0" for s in (argv[0], cwd, *argv[1:], *environ))
     head = wire.ffi.new("struct sbx_cli_request *", {
         "magic": wire.MAGIC, "version": wire.VERSION, "argc": len(argv), "envc": len(environ), "nfds": len(fds),
@@ -93,7 +93,7 @@ def test_the_request_carries_the_clients_hard_limits():
 
 
 def test_a_plan_answer_is_laid_out_as_its_header_says():
-    """csrc/cliplan.c reads it back: the header, the fd numbers, the blob, the strings, the two texts."""
+    """csrc/client/cliplan.c reads it back: the header, the fd numbers, the blob, the strings, the two texts."""
     blob = bytes(range(16))
     data = wire.plan_answer(blob, [b"sh", b"-c", b"x"], [b"A=1"], [5, 9], die_with_parent=True, before=b"w\n",
                             after=b"v\n")

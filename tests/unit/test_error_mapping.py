@@ -1,5 +1,5 @@
 """The C core's failure records turned into exceptions and words
-(csrc/messages.c through sandbox.backends.native.messages): fabricated
+(csrc/messages.c through sandbox._core.report): fabricated
 `struct sbx_result` records for every step and every op detail, mapped to
 the exception class, the step name, the path and bwrap's wording. Nothing
 runs in a namespace and nothing needs privileges."""
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from sandbox import Spec
+from sandbox._core import blob as wire
+from sandbox._core.binding import BIN_DIR, OP_KIND_NAMES, STEP_NAMES, ffi, lib
+from sandbox._core.report import describe, setup_error
 from sandbox.backends.native import TRAITS as NATIVE
-from sandbox.backends.native import ffi, lib, wire
-from sandbox.backends.native.core import BIN_DIR, OP_KIND_NAMES, STEP_NAMES
-from sandbox.backends.native.messages import describe, setup_error
 from sandbox.errors import ExecError, ExecNotFoundError, ExecPermissionError, IsolationError, SetupError
 from sandbox.host import HostInfo
 from sandbox.mounts import Bind, Chmod, Dev, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs

@@ -15,8 +15,9 @@ import errno
 import os
 
 from sandbox import Dev, Proc, RoBind, Spec, Symlink, Tmpfs
+from sandbox._core.binding import ffi, lib
+from sandbox._core.blob import serialize
 from sandbox.backends.native import TRAITS as NATIVE
-from sandbox.backends.native import ffi, lib, serialize
 from sandbox.host import HostInfo
 from sandbox.plan import compile_plan
 from sandbox.warm_plan import task_plan, zygote_plan

@@ -88,3 +88,13 @@ def test_the_reader_sees_what_a_module_hides() -> None:
     assert by[("sandbox.probe", "sandbox.backends.bwrap")] == "module"  # `from .backends import bwrap as ...`
     assert by[("sandbox.presets", "sandbox.images")] == "function"
     assert "typing" in by.values()
+
+
+def test_the_core_of_csrc_uses_no_program() -> None:
+    """csrc/core/ (the library every program links) includes no header of a program's folder and calls none of
+    their functions: the programs are built on the core, never the other way."""
+    folder = {path.name: path.parent.name for path in (CHECKOUT / "csrc").glob("*/*.[ch]")}
+    edges = G.c_graph(CHECKOUT / "csrc")
+    up = [f"{e.source}:{e.line} -> {e.target} ({e.kind})" for e in edges
+          if folder[e.source] == "core" and folder[e.target] != "core"]
+    assert folder and not up, "csrc/core/ reaches into a program's folder:\n" + "\n".join(up)

@@ -1,5 +1,5 @@
 """The Overlay mount kind: its validation and JSON form (sandbox.mounts), its
-Plan op (sandbox.plan), its blob (backends/native/wire.py) and the C check of
+Plan op (sandbox.plan), its blob (_core/blob.py) and the C check of
 it (csrc/wire.c). Pure: nothing runs."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from sandbox import Proc, Spec
+from sandbox._core import blob as wire
+from sandbox._core.binding import ffi, lib
 from sandbox.backends.native import TRAITS as NATIVE
-from sandbox.backends.native import ffi, lib, wire
 from sandbox.errors import SpecError
 from sandbox.host import HostInfo
 from sandbox.mounts import MAX_OVERLAY_LOWERS

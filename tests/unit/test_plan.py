@@ -153,8 +153,8 @@ def test_ops_keep_order_and_origin() -> None:
 
 
 def test_op_kind_numbers_match_the_c_enum() -> None:
-    native = pytest.importorskip("sandbox.backends.native", reason="the compiled core is not built")
-    lib = native.lib
+    binding = pytest.importorskip("sandbox._core.binding", reason="the compiled core is not built")
+    lib = binding.lib
     for kind in OpKind:
         assert getattr(lib, f"SBX_OP_{kind.name}") == kind.value
     for flag in OpFlag:

@@ -57,7 +57,8 @@ def test_a_bind_of_a_callers_fd_is_marked_and_not_for_a_template():
 
 
 def test_the_blob_carries_the_fds_only_when_set():
-    from sandbox.backends.native import lib, wire
+    from sandbox._core import blob as wire
+    from sandbox._core.binding import lib
 
     plain = wire.header(wire.serialize(compile_plan(S.Spec(), host()), "/tmp"))
     assert not plain.opts & lib.SBX_OPT_SYNC

@@ -9,9 +9,10 @@ import stat
 import pytest
 
 from sandbox import Proc, Spec
+from sandbox._core import blob as wire
+from sandbox._core.binding import ffi, lib
 from sandbox.backends.bwrap.render import NEWROOT_SOURCE, render_op
 from sandbox.backends.native import TRAITS as NATIVE
-from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo, root_only_proc_files
 from sandbox.plan import OpKind, compile_plan
 from sandbox.proc_covers import PROC_MASKED_FOR_ROOT, Cover, proc_covers

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.backends.native.core import ffi, lib
+from sandbox._core.binding import ffi, lib
 from sandbox.errors import SpecError
 from sandbox.session import wire
 

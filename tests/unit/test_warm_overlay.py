@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from sandbox import spec as S
-from sandbox.backends.native.wire import header
+from sandbox._core.blob import header
 from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.backends.template.wire import sandbox_blob
 from sandbox.errors import SpecError

@@ -1,4 +1,4 @@
-"""The wire format (sandbox.backends.native.wire, csrc/wire.c): real plans
+"""The wire format (sandbox._core.blob, csrc/wire.c): real plans
 serialized, read back by field name, and checked by the C core's own
 validator, which must refuse every truncation and every out-of-range offset
 or count. Nothing runs and nothing needs privileges: only the compiled module."""
@@ -13,8 +13,9 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox import Limits, Namespaces, Spec
+from sandbox._core import blob as wire
+from sandbox._core.binding import ffi, lib
 from sandbox.backends.native import TRAITS as NATIVE
-from sandbox.backends.native import ffi, lib, wire
 from sandbox.host import HostInfo
 from sandbox.mounts import Bind, Chmod, Dev, Dir, File, Proc, RemountRo, RoBind, Symlink, Tmpfs
 from sandbox.plan import OpKind, Plan, compile_plan

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from sandbox import Spec
-from sandbox.backends.native import ffi, lib
+from sandbox._core.binding import ffi, lib
 from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.backends.template import wire
 from sandbox.host import HostInfo
@@ -382,7 +382,7 @@ def test_a_refused_plan_calls_no_fork_hook() -> None:
     code = textwrap.dedent("""
         import ctypes, sys
         import sandbox._native as native
-        from sandbox.backends.native import ffi, lib
+        from sandbox._core.binding import ffi, lib
         from sandbox.workerpool import forkcall
         calls = []
         kinds = [ctypes.CFUNCTYPE(None)(lambda name=name: calls.append(name)) for name in ("b", "p", "c")]

@@ -10,6 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ... import isolation, netpool
+from ..._core.binding import INIT_PATH_STR, STAMP_NAMES, STEP_NAMES, ffi, lib
+from ..._core.blob import blob_for
+from ..._core.report import setup_error
 from ...capabilities import ALL, Capability, Traits
 from ...errors import SandboxError
 from ...forksafe import fresh_in_child
@@ -18,27 +21,9 @@ from ...plan import Plan
 from ..contract import ExitSource, WaitStatus
 from ..handle import ProcessHandle
 from ..walls import walls_for
-from .core import INIT_PATH_STR, STAMP_NAMES, STEP_NAMES, ffi, lib
-from .messages import setup_error
-from .wire import blob_for, newroot_dir, serialize
 
-__all__ = ["BIN_DIR", "INIT_PATH", "STAMP_NAMES", "STEP_NAMES", "SandboxStatus", "Started", "blob_for", "ffi", "lib",
-           "newroot_dir", "serialize", "setup_error", "spawn_blob", "launch", "available", "BACKEND"]
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING, without the import (type checkers read the name)
-if TYPE_CHECKING:
-    from .core import BIN_DIR, INIT_PATH
-
-
-def __getattr__(name: str) -> object:
-    """BIN_DIR and INIT_PATH (pathlib Paths), from .core on first use: pathlib is not imported before."""
-    if name not in ("BIN_DIR", "INIT_PATH"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import core
-
-    value: object = getattr(core, name)
-    globals()[name] = value
-    return value
+__all__ = ["BACKEND", "TRAITS", "ReaperStatus", "SandboxStatus", "Started", "available", "blob_for", "launch",
+           "spawn_blob"]
 
 
 _init_fd_lock = threading.Lock()
@@ -203,8 +188,8 @@ class ReaperStatus:
 
 class SandboxStatus(ReaperStatus):
     """The command's wait status, as a reaper writes it once every other
-    process of the sandbox has gone (sandbox-init, csrc/init.c; a Template's
-    resident pid 1, csrc/resident.c): the wait may end when it arrives (an
+    process of the sandbox has gone (sandbox-init, csrc/init/init.c; a Template's
+    resident pid 1, csrc/template/resident.c): the wait may end when it arrives (an
     EarlyStatus), before the reaper's own exit."""
 
     def __init__(self, fd: int) -> None:
@@ -248,7 +233,7 @@ T_START = lib.SBX_T_START
 
 @functools.lru_cache(maxsize=64)
 def _c_env(env: tuple[str, ...]) -> tuple[object, list[object]]:
-    """cstrings(env), made once per environment: the C core only reads it (csrc/sandbox.h)."""
+    """cstrings(env), made once per environment: the C core only reads it (csrc/core/sandbox.h)."""
     return cstrings(env)
 
 

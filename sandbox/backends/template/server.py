@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import netpool
+from ..._core.binding import BIN_DIR, STAMP_NAMES, ffi, lib
+from ..._core.report import setup_error
 from ...cgroups import Walls
 from ...errors import RequestTooLargeError, SandboxError, SetupError
 from ...netpool import Lease
@@ -41,7 +43,6 @@ from ...stdio import inheritable
 from ...warm_plan import net_kept_plan
 from .. import ExitSource
 from ..handle import ProcessHandle
-from ..native import BIN_DIR, STAMP_NAMES, ffi, lib, setup_error
 from ..native import launch as native_launch
 from .placed import PlacedCgroups
 from .wire import FAILURE_SIZE, INLINE_MAX, REQUEST_SIZE, in_memfd, parse_failure, request, sandbox_blob, store_request

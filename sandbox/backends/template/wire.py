@@ -5,7 +5,7 @@ The caller sends a request and reads its sandbox's report through C
 report whole).
 
 Every struct is the cdef's, built and read through cffi by field name, as
-the native blob is (backends/native/wire.py): its layout has one source.
+the native blob is (_core/blob.py): its layout has one source.
 The server checks a request whole (csrc/wire.c, sbx_parse_request and
 sbx_check_store, which tests/unit/test_wire_template.py calls on what this
 module builds); its version (SBX_REQ_VERSION) says what follows the header.
@@ -19,10 +19,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from ..._core.binding import ffi, lib
+from ..._core.blob import serialize
 from ...errors import RequestTooLargeError
 from ...plan import Plan
 from ...warm_overlay import sandbox_newroot
-from ..native import ffi, lib, serialize
 
 REQUEST_SIZE = ffi.sizeof("struct sbx_request")
 # Requests larger than this go in a memfd (SBX_REQ_IN_MEMFD) rather than in

@@ -1,0 +1,7 @@
+"""The C core's binding and the helpers every executor and server shares.
+
+Kept apart from any one executor (psutil's split of its C extension from its
+platform logic): `fdpass` (fds and credentials over Unix sockets) and `peer`
+(who is at the other end of one) import nothing of the compiled core, so a
+command line that only talks to a server loads neither cffi nor the core.
+"""

@@ -19,6 +19,7 @@ from .capabilities import Capability as C
 from .errors import SandboxError, SetupError, SpecError, UnavailableError
 from .host import HostInfo
 from .plan import OpFlag, OpKind, Plan
+from .sync import FD_FIELDS
 
 # Capability numbers (bits of Plan.keep_caps and HostInfo.effective_caps).
 CAP_SYS_ADMIN = S.CAPABILITIES.index("CAP_SYS_ADMIN")  # creating a namespace without a user namespace
@@ -66,9 +67,18 @@ def _unavailable(what: str) -> Callable[[str, str, Plan, HostInfo], SandboxError
     return lambda title, why, plan, host: UnavailableError(f"{title} {what}{why}")
 
 
+def _field(field: str, what: str) -> Callable[[str, str, Plan, HostInfo], SandboxError]:
+    return lambda title, why, plan, host: UnavailableError(f"{field}: {title} {what}{why}")
+
+
 def _outside_work(plan: Plan) -> list[str]:
     return [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
                                     ("forward", plan.forward), ("check", plan.check_network)) if used]
+
+
+def _sync_refusal(title: str, why: str, plan: Plan, host: HostInfo) -> SandboxError:
+    used = [f"sync.{name}" for name in (*FD_FIELDS, "lock_files") if getattr(plan.sync, name) not in (-1, ())]
+    return UnavailableError(f"{', '.join(used)}: {title} cannot report to or wait on the caller's sync fds{why}")
 
 
 def _rdonly_dev_bind(plan: Plan) -> tuple[int, str] | None:
@@ -88,6 +98,7 @@ NEEDS: tuple[Need, ...] = (
      lambda title, why, plan, host: UnavailableError(
          f"sync.userns_fd and sync.pidns_fd: {title} cannot create its namespaces inside ones it is handed{why} "
          "(natively, the caller joins them itself before it starts the sandbox)")),
+    (C.SYNC_FDS, lambda p, h: p.sync.active, _sync_refusal),
     (C.WITHOUT_USER_NS, lambda p, h: not p.user_ns, _unavailable("needs a user namespace")),
     (C.WITHOUT_MOUNT_NS, lambda p, h: not p.mount_ns, _unavailable("needs a mount namespace")),
     (C.WITHOUT_PID_NS, lambda p, h: not p.pid_ns, _unavailable("needs a pid namespace")),
@@ -97,6 +108,9 @@ NEEDS: tuple[Need, ...] = (
      _unavailable("cannot bind a caller's fd")),
     (C.KEEP_SYS_ADMIN, lambda p, h: bool(p.keep_caps >> CAP_SYS_ADMIN & 1),
      _unavailable("cannot keep CAP_SYS_ADMIN")),
+    (C.KEEP_CAPS, lambda p, h: p.keep_caps != 0, _field("cap_add", "cannot let the command keep a capability")),
+    (C.COMMAND_AS_PID_1, lambda p, h: not p.reaper,
+     _field("as_pid_1=True", "cannot run the command as its sandbox's pid 1")),
     (C.TMPFS_ROOT, lambda p, h: any(op.dest == "/" and op.kind is OpKind.TMPFS for op in p.ops),
      _unavailable("cannot make a Tmpfs at /")),
     (C.SELF_CONTAINED_SETUP, lambda p, h: bool(_outside_work(p) and h.core_missing),
@@ -109,6 +123,9 @@ NEEDS: tuple[Need, ...] = (
     (C.OVERLAY, lambda p, h: any(op.kind is OpKind.OVERLAY for op in p.ops),
      _unavailable("cannot mount an Overlay (an image root: sandbox.presets.image(..., root='merged') "
                   "binds a merged tree instead)")),
+    (C.JOIN_POOLED_NETNS, lambda p, h: p.network == "pool",
+     _unavailable("cannot join a network namespace leased from the process-wide pool")),
+    (C.CGROUPS, lambda p, h: p.cgroup is not None, _unavailable("cannot place the sandbox in a cgroup of its own")),
 )
 
 

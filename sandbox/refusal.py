@@ -67,10 +67,6 @@ def _unavailable(what: str) -> Callable[[str, str, Plan, HostInfo], SandboxError
     return lambda title, why, plan, host: UnavailableError(f"{title} {what}{why}")
 
 
-def _field(field: str, what: str) -> Callable[[str, str, Plan, HostInfo], SandboxError]:
-    return lambda title, why, plan, host: UnavailableError(f"{field}: {title} {what}{why}")
-
-
 def _outside_work(plan: Plan) -> list[str]:
     return [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
                                     ("forward", plan.forward), ("check", plan.check_network)) if used]
@@ -108,9 +104,9 @@ NEEDS: tuple[Need, ...] = (
      _unavailable("cannot bind a caller's fd")),
     (C.KEEP_SYS_ADMIN, lambda p, h: bool(p.keep_caps >> CAP_SYS_ADMIN & 1),
      _unavailable("cannot keep CAP_SYS_ADMIN")),
-    (C.KEEP_CAPS, lambda p, h: p.keep_caps != 0, _field("cap_add", "cannot let the command keep a capability")),
+    (C.KEEP_CAPS, lambda p, h: p.keep_caps != 0, _unavailable("cannot let the command keep a capability: cap_add")),
     (C.COMMAND_AS_PID_1, lambda p, h: not p.reaper,
-     _field("as_pid_1=True", "cannot run the command as its sandbox's pid 1")),
+     _unavailable("cannot run the command as pid 1 of its sandbox: as_pid_1=True")),
     (C.TMPFS_ROOT, lambda p, h: any(op.dest == "/" and op.kind is OpKind.TMPFS for op in p.ops),
      _unavailable("cannot make a Tmpfs at /")),
     (C.SELF_CONTAINED_SETUP, lambda p, h: bool(_outside_work(p) and h.core_missing),

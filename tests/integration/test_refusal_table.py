@@ -10,6 +10,7 @@ of its own is tried on its executor with a real plan, and must be the typed erro
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -110,7 +111,8 @@ def test_the_clients_plan_is_refused_by_the_blob_executors_traits(blob: None) ->
     assert pooled.network == "pool"
     with pytest.raises(fastpath.Worker, match="sandbox-launch cannot join a network namespace leased from the "):
         fastpath._check_runnable(pooled, host)
-    fastpath._check_runnable(compiled_plan(make_base_spec(), host), host)  # nothing beyond it: no worker
+    alone = dataclasses.replace(host, pool=None)  # a pool serving "none" would take in a plan of network "none"
+    fastpath._check_runnable(compiled_plan(make_base_spec(), alone), alone)  # nothing beyond it: no worker
     limited = compiled_plan(make_base_spec(limits=sandbox.Limits(nproc=64)), host)
     if limited.cgroup is None:
         pytest.skip(f"no cgroups for this caller: {host.cgroups.reason}")
@@ -132,9 +134,9 @@ def test_a_template_refuses_sync_fds(template: None, sync_pipe: int) -> None:
 
 
 @pytest.mark.parametrize(("fields", "words"), [
-    ({"as_pid_1": True}, "as_pid_1=True: Template(recycle=True) cannot run the command as its sandbox's pid 1 "
+    ({"as_pid_1": True}, "Template(recycle=True) cannot run the command as pid 1 of its sandbox: as_pid_1=True "
                          "(a recycled sandbox's pid 1 is the reaper that resets it)"),
-    ({"cap_add": ("CAP_NET_RAW",)}, "cap_add: Template(recycle=True) cannot let the command keep a capability "
+    ({"cap_add": ("CAP_NET_RAW",)}, "Template(recycle=True) cannot let the command keep a capability: cap_add "
                                     "(a command that keeps a capability is cloned per request, never by a standby)"),
 ])
 def test_a_recycled_template_refuses_what_its_pid_1_cannot_reset(template: None, fields: dict[str, object],

@@ -169,10 +169,10 @@ def recycle_refusal(host: HostInfo = USER, **fields: object) -> str:
 
 def test_what_recycling_refuses_and_resets() -> None:
     assert recycle_refusal() == ""
-    assert recycle_refusal(as_pid_1=True) == ("as_pid_1=True: Template(recycle=True) cannot run the command as its "
-                                              "sandbox's pid 1 (a recycled sandbox's pid 1 is the reaper that "
-                                              "resets it)")
-    assert recycle_refusal(cap_add=["CAP_NET_RAW"]).startswith("cap_add: Template(recycle=True) cannot let the ")
+    assert recycle_refusal(as_pid_1=True) == ("Template(recycle=True) cannot run the command as pid 1 of its sandbox: "
+                                              "as_pid_1=True (a recycled sandbox's pid 1 is the reaper that resets it)")
+    assert recycle_refusal(cap_add=["CAP_NET_RAW"]).startswith("Template(recycle=True) cannot let the command keep a "
+                                                               "capability: cap_add (")
     assert recycle_refusal(dataclasses.replace(USER, cgroups=CGROUPS), limits=S.Limits(nproc=8)) == ""
     # a Template's own refusals come first, in its words
     assert recycle_refusal(forward={8080: 80}).startswith("a Template does not forward ports")

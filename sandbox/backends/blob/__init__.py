@@ -27,7 +27,7 @@ import time
 from ...capabilities import ALL, Capability, Traits
 from ...errors import SpecError
 from ...plan import Plan
-from ..contract import Handle, WaitStatus
+from ..contract import Backend, FunctionsBackend, Handle, WaitStatus
 from ..handle import ProcessHandle
 
 __all__ = ["BACKEND", "LAUNCHER_NAME", "TRAITS", "available", "launch", "launcher_path"]
@@ -104,13 +104,4 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     return _LaunchedHandle(pid, WaitStatus(), timings)
 
 
-class _Blob:
-    """The blob executor (the Backend protocol of sandbox.backends)."""
-
-    name = TRAITS.name
-    traits = TRAITS
-    available = staticmethod(available)
-    launch = staticmethod(launch)
-
-
-BACKEND = _Blob()
+BACKEND: Backend = FunctionsBackend(TRAITS, available, launch)

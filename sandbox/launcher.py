@@ -24,7 +24,7 @@ from .backends.blob import LAUNCHER_NAME as LAUNCHER_NAME
 from .backends.blob import TRAITS
 from .backends.blob import launcher_path as launcher_path
 from .forksafe import fresh_in_child
-from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, read_text, userns_sysctls
+from .host import DISABLE_NATIVE_ENV, HostInfo, effective_caps_mask, hard_limits, read_text, userns_sysctls
 from .plan import check_argv
 from .plan_cache import compiled_plan
 from .refusal import refusal
@@ -66,8 +66,11 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     command = check_argv(argv)
     path = launcher_path()
     if native_ok() and os.access(path, os.X_OK):
+        # the caller as it is (root may make namespaces without a user namespace), but its cwd and environment:
+        # the launcher's own when it runs, not this process's
         host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, executor=TRAITS,
-                        hard_limits=hard_limits(), pool=None)
+                        hard_limits=hard_limits(), pool=None, is_root=os.geteuid() == 0,
+                        effective_caps=effective_caps_mask())
         plan = compiled_plan(spec, host)
         if refusal(plan, host) is None:
             blob = native.blob_for(plan)

@@ -113,17 +113,20 @@ def test_the_clients_plan_is_refused_by_the_blob_executors_traits(blob: None) ->
         fastpath._check_runnable(pooled, host)
     alone = dataclasses.replace(host, pool=None)  # a pool serving "none" would take in a plan of network "none"
     fastpath._check_runnable(compiled_plan(make_base_spec(), alone), alone)  # nothing beyond it: no worker
-    limited = compiled_plan(make_base_spec(limits=sandbox.Limits(nproc=64)), host)
+    limited = compiled_plan(make_base_spec(limits=sandbox.Limits(nproc=64)), alone)
     if limited.cgroup is None:
         pytest.skip(f"no cgroups for this caller: {host.cgroups.reason}")
     with pytest.raises(fastpath.Worker, match="sandbox-launch cannot place the sandbox in a cgroup of its own"):
-        fastpath._check_runnable(limited, host)
+        fastpath._check_runnable(limited, alone)
 
 
 def test_launcher_argv_of_a_spec_sandbox_launch_refuses_runs_the_python_cli(blob: None) -> None:
     assert launcher.launcher_argv(make_base_spec(), ["/bin/true"], "/")[0] == launcher.launcher_path()
     argv = launcher.launcher_argv(make_base_spec(forward={8080: 80}), ["/bin/true"], "/")
     assert argv[:5] == [sys.executable, "-m", "sandbox", "run", "--close-fds"]  # it forwards the port
+    # namespaces without a user namespace: root's to make, natively or through sandbox-launch alike
+    no_userns = launcher.launcher_argv(make_base_spec(namespaces=sandbox.Namespaces(user=False)), ["/bin/true"], "/")
+    assert (no_userns[0] == launcher.launcher_path()) == (os.geteuid() == 0)
 
 
 # ---------------------------------------------------------------- a Template, recycled or not

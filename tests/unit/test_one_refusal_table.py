@@ -126,7 +126,7 @@ def test_every_function_that_compiles_a_plan_asks_refusal() -> None:
     assert unrefused == []
 
 
-def test_the_scan_finds_the_lists_that_were() -> None:
+def test_the_scan_finds_the_lists_that_were(tmp_path: Path) -> None:
     """The scan sees what it must: the fast path's list, recycle_refusal's, plan_for_call's check."""
     source = '''
 def _check_runnable(plan):
@@ -143,13 +143,5 @@ def plan_for_call(limits, fallback):
     if limits.require_cgroups and fallback:
         raise UnavailableError("limits.require_cgroups")
 '''
-    root = Path(__file__).parent / "__refusal_scan__"
-    try:
-        root.mkdir()
-        (root / "old.py").write_text(source)
-        assert refusal_lists(root) == ["old.py:3", "old.py:8", "old.py:13"]
-    finally:
-        for f in root.glob("*"):
-            f.unlink()
-        if root.exists():
-            root.rmdir()
+    (tmp_path / "old.py").write_text(source)
+    assert refusal_lists(tmp_path) == ["old.py:3", "old.py:8", "old.py:13"]

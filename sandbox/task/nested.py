@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import stat
@@ -30,7 +31,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ..backends.contract import Ended
 from ..errors import SpecError, UnavailableError
+from ..killedby import killed_by
 from ..stdio import inheritable
 from . import wire
 
@@ -237,6 +240,14 @@ def request(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: Stdi
             stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Sequence[int] = (),
             environ: Mapping[str, str] | None = None) -> NestedProcess:
     """Ask the broker listening at `path` for a nested sandbox (`body`: the kind and the description)."""
+    chan, reply, stdio = ask(path, body, argv, stdin, stdout, stderr, pass_fds, environ)
+    return NestedProcess(list(argv), chan, reply, stdio)
+
+
+def ask(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: StdioArg = None,
+        stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Sequence[int] = (),
+        environ: Mapping[str, str] | None = None) -> tuple[socket.socket, dict[str, Any], _Stdio]:
+    """request()'s conversation up to the broker's reply: (the request's socket, the reply, the stdio)."""
     if tuple(pass_fds):
         raise SpecError("pass_fds", tuple(pass_fds), "a nested sandbox gets its stdio only (no other fds)")
     stdio = _Stdio(stdin, stdout, stderr)
@@ -265,4 +276,54 @@ def request(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: Stdi
         chan.close()
         stdio.abort()
         wire.raise_error(reply)
-    return NestedProcess(list(argv), chan, reply, stdio)
+    return chan, reply, stdio
+
+
+class NestedHandle:
+    """A nested sandbox as a contract.Handle: the request's socket is what is
+    waited on (the broker sends the exit there, or closes it when its own
+    sandbox is taken down), signals go to the broker as messages, and the
+    broker's record comes with the exit. `pid` is the child's pid on the host."""
+
+    def __init__(self, chan: socket.socket, reply: Mapping[str, Any]) -> None:
+        self.pid = self.sandbox_pid = int(reply.get("pid", 0))
+        self.timings: dict[str, float] = {}  # measured beside this sandbox, not in it
+        self.isolation: dict[str, Any] = {}
+        self.record: dict[str, Any] = dict(reply.get("record") or {})
+        self._chan: socket.socket | None = chan
+
+    def wait_fds(self) -> list[int]:
+        """A copy of the request's socket, readable once the exit (or the broker's end) is there."""
+        return [os.dup(self._chan.fileno())] if self._chan is not None else []
+
+    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
+        """The exit the broker sent, once it is there (never blocks)."""
+        if self._chan is None:
+            return None
+        if not woken and not select.select([self._chan], [], [], 0)[0]:
+            return None
+        try:
+            msg, fds, _ = wire.recv(self._chan)
+            for fd in fds:
+                os.close(fd)
+        except (OSError, ValueError):
+            msg = None
+        if msg is not None and isinstance(msg.get("exit"), int):
+            self.record = dict(msg.get("record") or self.record)
+            returncode = int(msg["exit"])
+        else:  # the broker went away without a word: its sandbox was taken down
+            returncode = -signal.SIGKILL
+        self.close()
+        return Ended(returncode, None, killed_by(returncode, None, None, caller_end))
+
+    def signal(self, sig: int) -> None:
+        """`sig` to the nested command; SIGKILL ends the whole nested sandbox."""
+        if self._chan is not None:
+            with contextlib.suppress(OSError):
+                wire.send(self._chan, {"kill": True} if sig == signal.SIGKILL else {"signal": int(sig)})
+
+    def close(self) -> None:
+        """Close the request's socket (the broker then ends the nested sandbox if it still runs)."""
+        if self._chan is not None:
+            self._chan.close()
+            self._chan = None

@@ -126,28 +126,26 @@ class NestedProcess:
     def __init__(self, args: list[str], chan: socket.socket, reply: dict[str, Any], stdio: _Stdio) -> None:
         self.args = args
         self.pid = int(reply.get("pid", 0))
-        self.record: dict[str, Any] = dict(reply.get("record") or {})
+        self._handle = NestedHandle(chan, reply)
+        self.record: dict[str, Any] = self._handle.record
         self.record_path: str | None = None
         self.stdin, self.stdout, self.stderr = stdio.ours
-        self._chan = chan
         self._rc: int | None = None
         self._ended = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._listen, name="sandbox-task-nested", daemon=True).start()
 
     def _listen(self) -> None:
+        fds = self._handle.wait_fds()
         try:
-            msg, fds, _ = wire.recv(self._chan)
+            select.select(fds, [], [])
+        finally:
             for fd in fds:
                 os.close(fd)
-        except (OSError, ValueError):
-            msg = None
-        if msg is not None and isinstance(msg.get("exit"), int):
-            self.record = dict(msg.get("record") or self.record)
-            self.record_path = msg.get("record_path")
-            self._rc = int(msg["exit"])
-        else:  # the broker went away without a word: its sandbox was taken down
-            self._rc = -signal.SIGKILL
+        with self._lock:
+            ended = self._handle.reap(woken=True)
+        self.record, self.record_path = self._handle.record, self._handle.record_path
+        self._rc = ended.returncode if ended is not None else -signal.SIGKILL
         self._ended.set()
 
     @property
@@ -173,9 +171,6 @@ class NestedProcess:
         """Wait for the end (subprocess.TimeoutExpired after `timeout` seconds)."""
         if not self._ended.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        with self._lock:
-            with contextlib.suppress(OSError):
-                self._chan.close()
         assert self._rc is not None
         return self._rc
 
@@ -205,16 +200,11 @@ class NestedProcess:
             t.join(timeout)
         return (out.get(1) if self.stdout is not None else None, out.get(2) if self.stderr is not None else None)
 
-    def _tell(self, msg: dict[str, Any]) -> None:
-        with self._lock:
-            if self._ended.is_set():
-                return
-            with contextlib.suppress(OSError):
-                wire.send(self._chan, msg)
-
     def send_signal(self, sig: int) -> None:
-        """Send `sig` to the nested command."""
-        self._tell({"signal": int(sig)})
+        """Send `sig` to the nested command (SIGKILL: end the whole nested sandbox)."""
+        with self._lock:
+            if not self._ended.is_set():
+                self._handle.signal(sig)
 
     def terminate(self) -> None:
         """SIGTERM."""
@@ -222,7 +212,7 @@ class NestedProcess:
 
     def kill(self) -> None:
         """End the whole nested sandbox now."""
-        self._tell({"kill": True})
+        self.send_signal(signal.SIGKILL)
 
     def __enter__(self) -> NestedProcess:
         return self
@@ -290,6 +280,7 @@ class NestedHandle:
         self.timings: dict[str, float] = {}  # measured beside this sandbox, not in it
         self.isolation: dict[str, Any] = {}
         self.record: dict[str, Any] = dict(reply.get("record") or {})
+        self.record_path: str | None = None
         self._chan: socket.socket | None = chan
 
     def wait_fds(self) -> list[int]:
@@ -310,6 +301,7 @@ class NestedHandle:
             msg = None
         if msg is not None and isinstance(msg.get("exit"), int):
             self.record = dict(msg.get("record") or self.record)
+            self.record_path = msg.get("record_path")
             returncode = int(msg["exit"])
         else:  # the broker went away without a word: its sandbox was taken down
             returncode = -signal.SIGKILL

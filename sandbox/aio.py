@@ -16,6 +16,7 @@ sandbox or process tree before the cancellation goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import select
 import signal
@@ -28,7 +29,7 @@ from .api import decoded, run_stdio, spawn
 from .backends.contract import Handle
 from .cgroups import Usage
 from .output import DEFAULT_MAX_OUTPUT, OutputCap, OutputLimitError, check_cap, limit_error
-from .process import CompletedProcess
+from .process import CompletedProcess, HandleSignals
 from .spec import Spec
 from .stdio import StdioArg
 from .sync import NO_SYNC, Sync
@@ -104,7 +105,7 @@ async def _news(fds: list[int]) -> bool:
             os.close(fd)
 
 
-class AsyncProcess:
+class AsyncProcess(HandleSignals):
     """A sandboxed command, for asyncio (`aspawn`, `Session.astart`): `pid`
     (host), `returncode`, `stdin`/`stdout`/`stderr` (the caller's ends of
     PIPEs, as files), `backend` (what ran it), and once it has ended
@@ -128,21 +129,7 @@ class AsyncProcess:
         self.stdout_dropped = self.stderr_dropped = 0
         self._handle = handle
         self._caller_end: str | None = None
-
-    def send_signal(self, sig: int) -> None:
-        """Pass `sig` to the command; SIGKILL ends its whole process tree."""
-        if self.returncode is None:
-            if sig == signal.SIGKILL:
-                self._caller_end = self._caller_end or "kill"
-            self._handle.signal(sig)
-
-    def terminate(self) -> None:
-        """SIGTERM to the command."""
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """End the command's whole process tree."""
-        self.send_signal(signal.SIGKILL)
+        self._lock = contextlib.nullcontext()  # one event loop reaps and signals it
 
     async def wait(self) -> int:
         """Wait for the command's end: its returncode. Cancelled: the tree is killed."""

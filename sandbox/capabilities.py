@@ -33,6 +33,9 @@ class Capability(enum.Enum):
     SELF_CONTAINED_SETUP = "applies limits, probes, forwards and checks without the compiled core's outside helpers"
     CGROUPS = "places each sandbox in a cgroup of its own"
     OVERLAY = "mounts an overlayfs of host directories (an Overlay mount; an image root)"
+    SYNC_FDS = "reports to and waits on the caller's sync fds (sandbox.sync: info, status, block fds, lock files)"
+    COMMAND_AS_PID_1 = "runs the command as its sandbox's pid 1, with no reaper above it (as_pid_1)"
+    KEEP_CAPS = "lets the command keep a capability (cap_add)"
 
 
 ALL = frozenset(Capability)

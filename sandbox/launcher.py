@@ -20,19 +20,15 @@ import threading
 from collections.abc import Sequence
 
 from . import backends
-from .capabilities import ALL, Capability, Traits
+from .backends.blob import LAUNCHER_NAME as LAUNCHER_NAME
+from .backends.blob import TRAITS
+from .backends.blob import launcher_path as launcher_path
 from .forksafe import fresh_in_child
-from .host import DISABLE_NATIVE_ENV, HostInfo, hard_limits, read_text, userns_sysctls
+from .host import DISABLE_NATIVE_ENV, HostInfo, effective_caps_mask, hard_limits, read_text, userns_sysctls
 from .plan import check_argv
 from .plan_cache import compiled_plan
+from .refusal import refusal
 from .spec import Spec
-
-LAUNCHER_NAME = "sandbox-launch"
-
-
-def launcher_path() -> str:
-    """Where the package build put sandbox-launch (it may be missing)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bin", LAUNCHER_NAME)
 
 
 def available() -> tuple[bool, str]:
@@ -52,28 +48,33 @@ def available() -> tuple[bool, str]:
     return False, f"native: {result.native_reason}; bwrap: {result.bwrap_reason}"
 
 
-# sandbox-launch runs the native core's setup in a process of its own, for the
-# caller it replaces: it makes its own namespaces (it cannot join a pooled one),
-# makes no cgroups, and is handed no namespaces to create its own in.
-LAUNCHER_TRAITS = Traits("native", "sandbox-launch", ALL - {
-    Capability.JOIN_POOLED_NETNS, Capability.CGROUPS, Capability.HANDED_NAMESPACES})
-
+# sandbox-launch runs the plan in a process of its own, for the caller it
+# replaces: the blob executor (sandbox.backends.blob), whose traits say what it
+# cannot do; a plan it must refuse runs as `python -m sandbox run` instead.
 
 def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     """The argv that runs `argv` in `spec` (pure: no files, no processes).
 
     `cwd` stands for the caller's working directory when the plan is made
-    (it is the sandbox's cwd unless `spec.cwd` says otherwise).
+    (it is the sandbox's cwd unless `spec.cwd` says otherwise). The
+    sandbox-launch argv where it is installed, the native core works here,
+    and the plan is one it runs (sandbox.refusal, with its traits); else
+    `python -m sandbox run`, which runs what the Python API runs.
     """
     from .backends import native
 
     command = check_argv(argv)
     path = launcher_path()
     if native_ok() and os.access(path, os.X_OK):
-        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, executor=LAUNCHER_TRAITS,
-                        hard_limits=hard_limits(), pool=None)
-        blob = native.blob_for(compiled_plan(spec, host))
-        return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
+        # the caller as it is (root may make namespaces without a user namespace), but its cwd and environment:
+        # the launcher's own when it runs, not this process's
+        host = HostInfo(uid=os.getuid(), gid=os.getgid(), cwd=cwd, environ={}, executor=TRAITS,
+                        hard_limits=hard_limits(), pool=None, is_root=os.geteuid() == 0,
+                        effective_caps=effective_caps_mask())
+        plan = compiled_plan(spec, host)
+        if refusal(plan, host) is None:
+            blob = native.blob_for(plan)
+            return [path, "--plan", base64.b64encode(blob).decode(), "--", *command]
     return [sys.executable, "-m", "sandbox", "run", "--close-fds", "--spec", spec.to_json(), "--", *command]
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import threading
 import time
+from contextlib import AbstractContextManager
 from typing import IO, Any
 
 from .backends.contract import Handle
@@ -43,7 +44,38 @@ class CompletedProcess(subprocess.CompletedProcess[Any]):
         self.isolation = isolation or {}  # what the isolation checks established
 
 
-class SandboxProcess:
+class HandleSignals:
+    """Popen's send_signal, terminate and kill over a contract.Handle, once for
+    every process class over one (SandboxProcess, aio.AsyncProcess): a SIGKILL
+    the caller sends is remembered as its end ("kill", unless a timeout or the
+    output cap ended it first), and nothing is sent once the sandbox has ended
+    (its pid may be another process's by then). `_lock` serializes it with the
+    reaping of the class that uses it."""
+
+    returncode: int | None
+    _caller_end: str | None
+    _handle: Handle
+    _lock: AbstractContextManager[object]
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the sandbox (its reaper forwards it to the command).
+        SIGKILL ends every process of the sandbox."""
+        with self._lock:
+            if self.returncode is None:
+                if sig == signal.SIGKILL:
+                    self._caller_end = self._caller_end or "kill"
+                self._handle.signal(sig)
+
+    def terminate(self) -> None:
+        """Ask the command to stop (SIGTERM)."""
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """End the whole sandbox now (SIGKILL to its pid 1: the kernel kills the rest)."""
+        self.send_signal(signal.SIGKILL)
+
+
+class SandboxProcess(HandleSignals):
     """A running sandbox, shaped like subprocess.Popen.
 
     `pid` is the host pid of the sandbox's first process (its pid 1, the
@@ -135,25 +167,6 @@ class SandboxProcess:
             for fd in fds:
                 os.close(fd)
         return None if n == 0 else n == len(fds)
-
-    # ------------------------------------------------------------ signals
-
-    def send_signal(self, sig: int) -> None:
-        """Send `sig` to the sandbox (its reaper forwards it to the command).
-        SIGKILL ends every process of the sandbox."""
-        with self._lock:
-            if self.returncode is None:
-                if sig == signal.SIGKILL:
-                    self._caller_end = self._caller_end or "kill"
-                self._handle.signal(sig)
-
-    def terminate(self) -> None:
-        """Ask the command to stop (SIGTERM)."""
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        """End the whole sandbox now (SIGKILL to its pid 1: the kernel kills the rest)."""
-        self.send_signal(signal.SIGKILL)
 
     def _timed_out(self) -> None:
         """The caller's timeout ends it: killed_by says "timeout"."""

@@ -19,6 +19,7 @@ from .capabilities import Capability as C
 from .errors import SandboxError, SetupError, SpecError, UnavailableError
 from .host import HostInfo
 from .plan import OpFlag, OpKind, Plan
+from .sync import FD_FIELDS
 
 # Capability numbers (bits of Plan.keep_caps and HostInfo.effective_caps).
 CAP_SYS_ADMIN = S.CAPABILITIES.index("CAP_SYS_ADMIN")  # creating a namespace without a user namespace
@@ -71,6 +72,11 @@ def _outside_work(plan: Plan) -> list[str]:
                                     ("forward", plan.forward), ("check", plan.check_network)) if used]
 
 
+def _sync_refusal(title: str, why: str, plan: Plan, host: HostInfo) -> SandboxError:
+    used = [f"sync.{name}" for name in (*FD_FIELDS, "lock_files") if getattr(plan.sync, name) not in (-1, ())]
+    return UnavailableError(f"{', '.join(used)}: {title} cannot report to or wait on the caller's sync fds{why}")
+
+
 def _rdonly_dev_bind(plan: Plan) -> tuple[int, str] | None:
     for op in plan.ops:
         if op.kind is OpKind.BIND and op.flags & OpFlag.RDONLY and not op.flags & OpFlag.NODEV:
@@ -88,6 +94,7 @@ NEEDS: tuple[Need, ...] = (
      lambda title, why, plan, host: UnavailableError(
          f"sync.userns_fd and sync.pidns_fd: {title} cannot create its namespaces inside ones it is handed{why} "
          "(natively, the caller joins them itself before it starts the sandbox)")),
+    (C.SYNC_FDS, lambda p, h: p.sync.active, _sync_refusal),
     (C.WITHOUT_USER_NS, lambda p, h: not p.user_ns, _unavailable("needs a user namespace")),
     (C.WITHOUT_MOUNT_NS, lambda p, h: not p.mount_ns, _unavailable("needs a mount namespace")),
     (C.WITHOUT_PID_NS, lambda p, h: not p.pid_ns, _unavailable("needs a pid namespace")),
@@ -97,6 +104,9 @@ NEEDS: tuple[Need, ...] = (
      _unavailable("cannot bind a caller's fd")),
     (C.KEEP_SYS_ADMIN, lambda p, h: bool(p.keep_caps >> CAP_SYS_ADMIN & 1),
      _unavailable("cannot keep CAP_SYS_ADMIN")),
+    (C.KEEP_CAPS, lambda p, h: p.keep_caps != 0, _unavailable("cannot let the command keep a capability: cap_add")),
+    (C.COMMAND_AS_PID_1, lambda p, h: not p.reaper,
+     _unavailable("cannot run the command as pid 1 of its sandbox: as_pid_1=True")),
     (C.TMPFS_ROOT, lambda p, h: any(op.dest == "/" and op.kind is OpKind.TMPFS for op in p.ops),
      _unavailable("cannot make a Tmpfs at /")),
     (C.SELF_CONTAINED_SETUP, lambda p, h: bool(_outside_work(p) and h.core_missing),
@@ -109,6 +119,9 @@ NEEDS: tuple[Need, ...] = (
     (C.OVERLAY, lambda p, h: any(op.kind is OpKind.OVERLAY for op in p.ops),
      _unavailable("cannot mount an Overlay (an image root: sandbox.presets.image(..., root='merged') "
                   "binds a merged tree instead)")),
+    (C.JOIN_POOLED_NETNS, lambda p, h: p.network == "pool",
+     _unavailable("cannot join a network namespace leased from the process-wide pool")),
+    (C.CGROUPS, lambda p, h: p.cgroup is not None, _unavailable("cannot place the sandbox in a cgroup of its own")),
 )
 
 

@@ -28,13 +28,14 @@ sandbox it made.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from . import backends
 from .api import run_with
-from .backends.template import Server, launch_in
-from .errors import SpecError, UnavailableError
+from .backends.template import RECYCLE_TRAITS, Server, launch_in
+from .errors import SpecError
 from .output import DEFAULT_MAX_OUTPUT, check_cap
 from .plan import check_argv, compile_plan
 from .process import CompletedProcess, SandboxProcess
@@ -42,7 +43,7 @@ from .refusal import refusal
 from .spec import Bind, Limits, Spec
 from .stdio import Stdio, StdioArg, check_pass_fds
 from .validate import StrPath, check_env, check_items, check_path
-from .warm_plan import plan_for_call, recycle_plan, recycle_refusal, template_plans
+from .warm_plan import plan_for_call, recycle_plan, template_plans
 
 __all__ = ["Template"]
 
@@ -71,15 +72,15 @@ class Template:
         host = backends.host_for("template")
         plan = compile_plan(spec, host)
         refused = refusal(plan, host)
+        if refused is None and recycle:  # what a recycled sandbox's pid 1 could not reset is refused too
+            host = dataclasses.replace(host, executor=RECYCLE_TRAITS)
+            plan = recycle_plan(plan)
+            refused = refusal(plan, host)
         if refused is not None:
             raise refused
         self.spec = spec
-        self._hard_limits = host.hard_limits
-        self._cgroups = host.cgroups
-        self._plans = template_plans(recycle_plan(plan) if recycle else plan)
-        why = recycle_refusal(self._plans.sandbox) if recycle else None
-        if why is not None:
-            raise UnavailableError(f"Template(recycle=True): {why}")
+        self._host = host
+        self._plans = template_plans(plan)
         self.recycle = recycle
         # a recycled sandbox's reset makes every mount of the sandbox plan again: its blob is the reset blob
         self._server = Server(self._plans.shared, self._plans.sandbox,
@@ -106,9 +107,8 @@ class Template:
         fds = check_pass_fds(pass_fds) if pass_fds else ()
         plan = self._plans.sandbox
         if env is not None or cwd is not None or limits is not None or binds:
-            plan = plan_for_call(plan, env=_check_env(env), cwd=_check_cwd(cwd), limits=_check_limits(limits),
-                                 binds=_check_binds(binds), hard_limits=self._hard_limits,
-                                 cgroups=self._cgroups, recycled=self.recycle)
+            plan = plan_for_call(plan, self._host, env=_check_env(env), cwd=_check_cwd(cwd),
+                                 limits=_check_limits(limits), binds=_check_binds(binds), recycled=self.recycle)
         stdio = Stdio.of(stdin, stdout, stderr)
         try:
             launched = launch_in(self._server, plan, args, stdio.child, fds)

@@ -29,8 +29,9 @@ __all__ = ["NAMES", "Backend", "Ended", "ExitSource", "Handle", "ProcessHandle",
            "choose", "get", "host_for", "launch"]
 
 NAMES = ("native", "bwrap")  # the order "auto" tries them in
-EXPLICIT = ("template",)  # chosen only by name (sandbox.Template's executor)
-_CHOICES = ", ".join(repr(n) for n in ("auto", *NAMES)) + f" or {EXPLICIT[0]!r}"
+# chosen only by name: sandbox.Template's executor; a process of its own running the blob (sandbox-launch)
+EXPLICIT = ("template", "blob")
+_CHOICES = ", ".join(repr(n) for n in ("auto", *NAMES, *EXPLICIT[:-1])) + f" or {EXPLICIT[-1]!r}"
 
 
 class _Missing:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -114,3 +115,17 @@ class Backend(Protocol):
         Raises SetupError, ExecError, IsolationError or UnavailableError.
         """
         ...
+
+
+@dataclass
+class FunctionsBackend:
+    """A Backend made of an executor's module-level functions: its `traits`,
+    `available` and `launch` (its name is its traits')."""
+
+    traits: Traits
+    available: Callable[[], tuple[bool, str]]
+    launch: Callable[[Plan, list[str], tuple[int, int, int], tuple[int, ...]], Handle]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.traits.name

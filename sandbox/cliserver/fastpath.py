@@ -207,7 +207,7 @@ def _compile(request: wire.Request, args: list[str], as_bwrap: bool, files: dict
         if extras.replay is None or extras.show_help or extras.show_version or extras.dry_run:
             raise Worker("an option of its --args file is not carried by a plan")
         name, reason = backends.choose(extras.backend)
-        if name != "native":
+        if name != "native":  # the backend chosen: the client runs the native core's plans only
             raise Worker(f"the {name} backend runs it")
         limits = {r: request.rlim_max[r] for r in LIMITED_RESOURCES if request.rlim_max[r] != wire.RLIM_INFINITY}
         host = dataclasses.replace(backends.host_for(name), cwd=cwd, environ=env, hard_limits=limits)
@@ -218,7 +218,7 @@ def _compile(request: wire.Request, args: list[str], as_bwrap: bool, files: dict
         raise Worker(f"the Python CLI says: {exc}") from None
     if refused is not None:
         raise Worker(f"the Python CLI refuses it: {refused}")
-    _check_runnable(plan)
+    _check_runnable(plan, host)
     held = {f.number for f in files.values()}
     pass_fds = [] if extras.close_fds else sorted(n for n in request.fd_numbers if n > 2 and n not in held)
     prefix = "bwrap" if as_bwrap else "sandbox"
@@ -231,15 +231,15 @@ def _compile(request: wire.Request, args: list[str], as_bwrap: bool, files: dict
     return Answer(data=data, reaper=plan.reaper)
 
 
-def _check_runnable(plan: Any) -> None:
-    """Worker unless the client can start the plan alone, as sandbox-launch would (nothing to do after the spawn)."""
-    if plan.sync.active:
-        raise Worker("its sync fds are the Python CLI's to serve")
-    for why, needs in (("a pooled network namespace", plan.network == "pool"), ("forwarded ports", bool(plan.forward)),
-                       ("a check of its network", plan.check_network), ("a cgroup of its own", plan.cgroup is not None),
-                       ("an executable fd", plan.exec_fd)):
-        if needs:
-            raise Worker(f"its plan needs {why}")
+def _check_runnable(plan: Any, host: Any) -> None:
+    """Worker unless the client can start the plan alone, as sandbox-launch would (nothing to do after the
+    spawn): unless the blob executor (sandbox.backends.blob) accepts it (sandbox.refusal, by its traits)."""
+    from ..backends.blob import TRAITS as BLOB
+    from ..refusal import refusal
+
+    refused = refusal(plan, dataclasses.replace(host, executor=BLOB))
+    if refused is not None:
+        raise Worker(f"the client cannot run it alone: {refused}")
 
 
 def _parse(args: list[str], files: dict[int, ArgsFile], env: dict[str, str], cwd: str) -> tuple[Any, list[str], Any]:

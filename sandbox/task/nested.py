@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import stat
@@ -30,7 +31,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
 
+from ..backends.contract import Ended
 from ..errors import SpecError, UnavailableError
+from ..killedby import killed_by
 from ..stdio import inheritable
 from . import wire
 
@@ -123,28 +126,26 @@ class NestedProcess:
     def __init__(self, args: list[str], chan: socket.socket, reply: dict[str, Any], stdio: _Stdio) -> None:
         self.args = args
         self.pid = int(reply.get("pid", 0))
-        self.record: dict[str, Any] = dict(reply.get("record") or {})
+        self._handle = NestedHandle(chan, reply)
+        self.record: dict[str, Any] = self._handle.record
         self.record_path: str | None = None
         self.stdin, self.stdout, self.stderr = stdio.ours
-        self._chan = chan
         self._rc: int | None = None
         self._ended = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._listen, name="sandbox-task-nested", daemon=True).start()
 
     def _listen(self) -> None:
+        fds = self._handle.wait_fds()
         try:
-            msg, fds, _ = wire.recv(self._chan)
+            select.select(fds, [], [])
+        finally:
             for fd in fds:
                 os.close(fd)
-        except (OSError, ValueError):
-            msg = None
-        if msg is not None and isinstance(msg.get("exit"), int):
-            self.record = dict(msg.get("record") or self.record)
-            self.record_path = msg.get("record_path")
-            self._rc = int(msg["exit"])
-        else:  # the broker went away without a word: its sandbox was taken down
-            self._rc = -signal.SIGKILL
+        with self._lock:
+            ended = self._handle.reap(woken=True)
+        self.record, self.record_path = self._handle.record, self._handle.record_path
+        self._rc = ended.returncode if ended is not None else -signal.SIGKILL
         self._ended.set()
 
     @property
@@ -170,9 +171,6 @@ class NestedProcess:
         """Wait for the end (subprocess.TimeoutExpired after `timeout` seconds)."""
         if not self._ended.wait(timeout):
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
-        with self._lock:
-            with contextlib.suppress(OSError):
-                self._chan.close()
         assert self._rc is not None
         return self._rc
 
@@ -202,16 +200,11 @@ class NestedProcess:
             t.join(timeout)
         return (out.get(1) if self.stdout is not None else None, out.get(2) if self.stderr is not None else None)
 
-    def _tell(self, msg: dict[str, Any]) -> None:
-        with self._lock:
-            if self._ended.is_set():
-                return
-            with contextlib.suppress(OSError):
-                wire.send(self._chan, msg)
-
     def send_signal(self, sig: int) -> None:
-        """Send `sig` to the nested command."""
-        self._tell({"signal": int(sig)})
+        """Send `sig` to the nested command (SIGKILL: end the whole nested sandbox)."""
+        with self._lock:
+            if not self._ended.is_set():
+                self._handle.signal(sig)
 
     def terminate(self) -> None:
         """SIGTERM."""
@@ -219,7 +212,7 @@ class NestedProcess:
 
     def kill(self) -> None:
         """End the whole nested sandbox now."""
-        self._tell({"kill": True})
+        self.send_signal(signal.SIGKILL)
 
     def __enter__(self) -> NestedProcess:
         return self
@@ -237,6 +230,14 @@ def request(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: Stdi
             stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Sequence[int] = (),
             environ: Mapping[str, str] | None = None) -> NestedProcess:
     """Ask the broker listening at `path` for a nested sandbox (`body`: the kind and the description)."""
+    chan, reply, stdio = ask(path, body, argv, stdin, stdout, stderr, pass_fds, environ)
+    return NestedProcess(list(argv), chan, reply, stdio)
+
+
+def ask(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: StdioArg = None,
+        stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Sequence[int] = (),
+        environ: Mapping[str, str] | None = None) -> tuple[socket.socket, dict[str, Any], _Stdio]:
+    """request()'s conversation up to the broker's reply: (the request's socket, the reply, the stdio)."""
     if tuple(pass_fds):
         raise SpecError("pass_fds", tuple(pass_fds), "a nested sandbox gets its stdio only (no other fds)")
     stdio = _Stdio(stdin, stdout, stderr)
@@ -265,4 +266,56 @@ def request(path: str, body: Mapping[str, Any], argv: Sequence[str], stdin: Stdi
         chan.close()
         stdio.abort()
         wire.raise_error(reply)
-    return NestedProcess(list(argv), chan, reply, stdio)
+    return chan, reply, stdio
+
+
+class NestedHandle:
+    """A nested sandbox as a contract.Handle: the request's socket is what is
+    waited on (the broker sends the exit there, or closes it when its own
+    sandbox is taken down), signals go to the broker as messages, and the
+    broker's record comes with the exit. `pid` is the child's pid on the host."""
+
+    def __init__(self, chan: socket.socket, reply: Mapping[str, Any]) -> None:
+        self.pid = self.sandbox_pid = int(reply.get("pid", 0))
+        self.timings: dict[str, float] = {}  # measured beside this sandbox, not in it
+        self.isolation: dict[str, Any] = {}
+        self.record: dict[str, Any] = dict(reply.get("record") or {})
+        self.record_path: str | None = None
+        self._chan: socket.socket | None = chan
+
+    def wait_fds(self) -> list[int]:
+        """A copy of the request's socket, readable once the exit (or the broker's end) is there."""
+        return [os.dup(self._chan.fileno())] if self._chan is not None else []
+
+    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
+        """The exit the broker sent, once it is there (never blocks)."""
+        if self._chan is None:
+            return None
+        if not woken and not select.select([self._chan], [], [], 0)[0]:
+            return None
+        try:
+            msg, fds, _ = wire.recv(self._chan)
+            for fd in fds:
+                os.close(fd)
+        except (OSError, ValueError):
+            msg = None
+        if msg is not None and isinstance(msg.get("exit"), int):
+            self.record = dict(msg.get("record") or self.record)
+            self.record_path = msg.get("record_path")
+            returncode = int(msg["exit"])
+        else:  # the broker went away without a word: its sandbox was taken down
+            returncode = -signal.SIGKILL
+        self.close()
+        return Ended(returncode, None, killed_by(returncode, None, None, caller_end))
+
+    def signal(self, sig: int) -> None:
+        """`sig` to the nested command; SIGKILL ends the whole nested sandbox."""
+        if self._chan is not None:
+            with contextlib.suppress(OSError):
+                wire.send(self._chan, {"kill": True} if sig == signal.SIGKILL else {"signal": int(sig)})
+
+    def close(self) -> None:
+        """Close the request's socket (the broker then ends the nested sandbox if it still runs)."""
+        if self._chan is not None:
+            self._chan.close()
+            self._chan = None

@@ -37,7 +37,7 @@ from ..spec import Limits as SLimits
 from ..spec import Namespaces, Spec
 from .description import Bind, Limits, Sandbox
 from .facts import ETC_FILES
-from .nested import NestedProcess, broker_path, request
+from .nested import NestedHandle, ask, broker_path
 from .translate import _under
 
 StdioArg = int | IO[Any] | None
@@ -90,59 +90,15 @@ def description_of(spec: Spec) -> Sandbox:
         limits=Limits(**{n: getattr(spec.limits, n) for n in _TASK_LIMITS}))
 
 
-class BrokeredProcess(SandboxProcess):
-    """A nested sandbox started through the broker, as a sandbox.SandboxProcess."""
-
-    def __init__(self, nested: NestedProcess, network: str) -> None:  # noqa: D107
-        # Not SandboxProcess.__init__: there is no launch here, only the relay.
-        self._nested = nested
-        self.args, self.pid, self.sandbox_pid = nested.args, nested.pid, nested.pid
-        self.backend = str(nested.record.get("backend") or "native")
-        self.backend_reason = "nested: started beside this sandbox by the sandbox.task broker"
-        self.timings: dict[str, float] = {}
-        self.stdin, self.stdout, self.stderr = nested.stdin, nested.stdout, nested.stderr
-        self.returncode = None
-        self.network = network
-        self.isolation: dict[str, Any] = {}
-        self.usage = None
-        self.killed_by = None
-        self._pidfd = -1
-
-    def poll(self) -> int | None:
-        """The return code if it has ended, else None."""
-        self.returncode = self._nested.poll()
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the end (subprocess.TimeoutExpired after `timeout` seconds)."""
-        self.returncode = self._nested.wait(timeout)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        """Send `sig` to the nested command."""
-        self._nested.send_signal(sig)
-
-    def kill(self) -> None:
-        """End the whole nested sandbox now."""
-        self._nested.kill()
-
-    def _timed_out(self) -> None:
-        self.killed_by = "timeout"
-        self.kill()
-
-    def communicate(self, input: bytes | None = None,
-                    timeout: float | None = None) -> tuple[bytes | None, bytes | None]:
-        """Send `input`, read stdout/stderr to EOF, wait; like Popen.communicate."""
-        out, err = self._nested.communicate(input, timeout)
-        self.returncode = self._nested.returncode
-        return out, err
-
-
 def spawn_brokered(argv: Sequence[str], spec: Spec, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
                    pass_fds: Sequence[int]) -> SandboxProcess:
     """Start `spec` through this sandbox's broker (api.spawn's path when SANDBOX_TASK_BROKER is set)."""
     path = broker_path()
     assert path is not None  # the caller saw the variable
     sb = description_of(spec)
-    nested = request(path, {"kind": "task", "sandbox": sb.to_dict()}, argv, stdin, stdout, stderr, pass_fds)
-    return BrokeredProcess(nested, "host" if sb.network == "open" else "none")
+    chan, reply, stdio = ask(path, {"kind": "task", "sandbox": sb.to_dict()}, argv, stdin, stdout, stderr, pass_fds)
+    handle = NestedHandle(chan, reply)
+    return SandboxProcess(list(argv), handle, backend=str(handle.record.get("backend") or "native"),
+                          backend_reason="nested: started beside this sandbox by the sandbox.task broker",
+                          network="host" if sb.network == "open" else "none",
+                          pipes=(stdio.ours[0], stdio.ours[1], stdio.ours[2]))

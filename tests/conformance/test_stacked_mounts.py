@@ -95,7 +95,7 @@ DIFFERS: list[tuple[tuple[str, ...], str, str, tuple[str, ...], str]] = [
 REFUSED: dict[str, dict[str, tuple[str, str]]] = {
     "bwrap": {"overlay": ("UnavailableError", "bubblewrap mounts no overlayfs of host directories")},
     "template-recycle": {"overlay": ("UnavailableError", "a recycled sandbox's pid 1 cannot make its overlay root "
-                                                         "again (warm_plan.recycle_refusal)")},
+                                                         "again (refusal.NEEDS, backends.template.RECYCLE_TRAITS)")},
 }
 # Known disagreements, written down until fixed: (executor, lower, upper) -> what.
 KNOWN: dict[tuple[str, str, str], str] = {

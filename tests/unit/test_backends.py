@@ -36,7 +36,7 @@ def test_nothing_available_names_every_reason(hosts: dict[str, tuple[bool, str]]
 
 
 def test_unknown_backend_is_a_value_error() -> None:
-    with pytest.raises(SpecError, match="backend='docker': must be 'auto', 'native', 'bwrap' or 'template'"):
+    with pytest.raises(SpecError, match="backend='docker': must be 'auto', 'native', 'bwrap', 'template' or 'blob'"):
         backends.choose("docker")
     with pytest.raises(SpecError, match=r"backend=\['native'\]: must be 'auto'"):
         backends.choose(["native"])  # type: ignore[arg-type]

@@ -12,20 +12,21 @@ import dataclasses
 import pytest
 
 from sandbox import spec as S
+from sandbox.backends.blob import TRAITS as BLOB
 from sandbox.backends.bwrap import TRAITS as BWRAP
 from sandbox.backends.native import TRAITS as NATIVE
+from sandbox.backends.template import RECYCLE_TRAITS
 from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.capabilities import ALL, Capability, Traits
 from sandbox.cgroups import CgroupInfo
 from sandbox.errors import SandboxError
 from sandbox.host import HostInfo, PoolInfo, executor_cgroups
-from sandbox.launcher import LAUNCHER_TRAITS
 from sandbox.plan import OpFlag, Plan, compile_plan
 from sandbox.refusal import NEEDS, refusal
 from sandbox.sync import Sync
 from sandbox.workerpool.pool import TRAITS as WORKERPOOL
 
-EXECUTORS = {t.name + ":" + t.title: t for t in (NATIVE, BWRAP, TEMPLATE, WORKERPOOL, LAUNCHER_TRAITS)}
+EXECUTORS = {t.name + ":" + t.title: t for t in (NATIVE, BWRAP, TEMPLATE, RECYCLE_TRAITS, WORKERPOOL, BLOB)}
 WORLD = (S.RoBind("/usr", "/usr"), S.Proc("/proc"))
 ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, executor=NATIVE, is_root=True, pool=None)
 
@@ -47,6 +48,15 @@ NEEDING: dict[Capability, tuple[S.Spec, Sync, dict[str, object]]] = {
     Capability.SELF_CONTAINED_SETUP: (S.Spec(mounts=WORLD, limits=S.Limits(nofile=64)), Sync(),
                                       {"core_missing": "not built"}),
     Capability.OVERLAY: (S.Spec(mounts=(S.Overlay("/", ["/srv/layer0", "/srv/layer1"]), *WORLD)), Sync(), {}),
+    Capability.SYNC_FDS: (S.Spec(mounts=WORLD), Sync(info_fd=5), {}),
+    Capability.KEEP_CAPS: (S.Spec(mounts=WORLD, cap_add=("CAP_NET_RAW",)), Sync(), {}),
+    Capability.COMMAND_AS_PID_1: (S.Spec(mounts=WORLD, as_pid_1=True), Sync(), {}),
+    # planning makes these only for a host that offers them (HostInfo.current of an executor that can):
+    # here the host offers them to every executor, as the CLI server's plan for the native backend is
+    # offered to the blob executor (sandbox.cliserver.fastpath)
+    Capability.JOIN_POOLED_NETNS: (S.Spec(mounts=WORLD, network="pool"), Sync(), {"pool": PoolInfo()}),
+    Capability.CGROUPS: (S.Spec(mounts=WORLD, limits=S.Limits(nproc=8)), Sync(),
+                         {"cgroups": CgroupInfo(mechanism="cgroup2", controllers=frozenset({"pids"}), reason="")}),
 }
 
 

@@ -7,15 +7,17 @@ import dataclasses
 import pytest
 
 from sandbox import spec as S
+from sandbox.backends.template import RECYCLE_TRAITS
 from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.cgroups import CgroupInfo
 from sandbox.errors import UnavailableError
 from sandbox.host import HostInfo, PoolInfo
 from sandbox.plan import OpFlag, OpKind, compile_plan
 from sandbox.refusal import CAP_NET_ADMIN, CAP_SETFCAP, CAP_SYS_ADMIN, refusal
-from sandbox.warm_plan import net_kept_plan, plan_for_call, recycle_plan, recycle_refusal, template_plans
+from sandbox.warm_plan import net_kept_plan, plan_for_call, recycle_plan, template_plans
 
 USER = HostInfo(executor=TEMPLATE, uid=1000, gid=1000, cwd="/", environ={}, pool=PoolInfo())
+RECYCLING = dataclasses.replace(USER, executor=RECYCLE_TRAITS)
 ROOT = HostInfo(executor=TEMPLATE, uid=0, gid=0, cwd="/", environ={}, is_root=True, pool=PoolInfo())
 WORLD = (S.RoBind("/usr"), S.Symlink("usr/bin", "/bin"), S.Proc(), S.Dev(), S.Tmpfs("/tmp"),
          S.Bind("/srv", "/tmp/srv"), S.File("/etc/rw", b"x"), S.File("/etc/ro", b"y", readonly=True),
@@ -101,7 +103,7 @@ def test_the_sandbox_plan_keeps_the_command_side() -> None:
 
 def test_per_call_overrides() -> None:
     base = plans(landlock=True).sandbox
-    call = plan_for_call(base, env={"PATH": "/x"}, cwd="/work", limits=S.Limits(nofile=5),
+    call = plan_for_call(base, USER, env={"PATH": "/x"}, cwd="/work", limits=S.Limits(nofile=5),
                          binds=[S.RoBind("/data", "/tmp/data")])
     assert (call.env, call.path, call.cwd_candidates, call.cwd_strict) == (("PATH=/x",), "/x", ("/work",), True)
     assert call.rlimits == ((7, 5),)
@@ -109,13 +111,13 @@ def test_per_call_overrides() -> None:
     assert (extra.kind, extra.src, extra.dest) == (OpKind.BIND, "/data", "/tmp/data")
     assert extra.flags & OpFlag.FROM_FD and extra.flags & OpFlag.RDONLY
     assert ("/tmp/data", False) in call.landlock_rules
-    assert plan_for_call(base) is base
+    assert plan_for_call(base, USER) is base
 
 
 @pytest.mark.parametrize("env", [{"PATH": ""}, {"PATH": "/x"}, {}], ids=["empty", "set", "unset"])
 def test_a_calls_path_is_planned_as_spawn_plans_it(env: dict[str, str]) -> None:
     """execvp's rule in one place: an empty PATH is the current directory, an unset one glibc's default."""
-    call = plan_for_call(plans().sandbox, env=env)
+    call = plan_for_call(plans().sandbox, USER, env=env)
     assert call.path == compile_plan(S.Spec(mounts=WORLD, env=env), USER).path
 
 
@@ -139,15 +141,16 @@ CGROUPS = CgroupInfo(mechanism="cgroup2", controllers=frozenset({"memory", "pids
 
 def test_a_calls_limits_get_their_cgroup_and_the_rest_as_rlimits() -> None:
     base = plans().sandbox
-    call = plan_for_call(base, limits=S.Limits(memory_mb=64, nproc=8, nofile=5), cgroups=CGROUPS)
+    call = plan_for_call(base, dataclasses.replace(USER, cgroups=CGROUPS), limits=S.Limits(memory_mb=64, nproc=8,
+                                                                                           nofile=5))
     assert call.cgroup is not None and (call.cgroup.memory_bytes, call.cgroup.pids) == (64 << 20, 8)
     assert (call.limits_mechanism, call.limits_fallback, call.rlimits) == ("cgroup2", (), ((7, 5),))
     # no cgroups for this caller: memory and processes fall back to rlimits, or the call is refused
-    bare = plan_for_call(base, limits=S.Limits(memory_mb=64, nproc=8))
+    bare = plan_for_call(base, USER, limits=S.Limits(memory_mb=64, nproc=8))
     assert bare.cgroup is None and bare.limits_mechanism == "rlimit" and set(bare.limits_fallback) == {
         "memory_mb", "nproc"}
-    with pytest.raises(UnavailableError, match="require_cgroups.*memory_mb"):
-        plan_for_call(base, limits=S.Limits(memory_mb=64, require_cgroups=True))
+    with pytest.raises(UnavailableError, match="require_cgroups.*memory_mb.*a Template"):
+        plan_for_call(base, USER, limits=S.Limits(memory_mb=64, require_cgroups=True))
 
 
 def test_the_template_itself_is_in_no_sandbox_cgroup() -> None:
@@ -157,18 +160,31 @@ def test_the_template_itself_is_in_no_sandbox_cgroup() -> None:
     assert split.shared.limits_mechanism == "rlimit"
 
 
+def recycle_refusal(host: HostInfo = USER, **fields: object) -> str:
+    """Why Template(recycle=True) refuses a Spec of `fields` (sandbox.template's two questions), or ""."""
+    plan = compile_plan(S.Spec(mounts=WORLD, **fields), host)  # type: ignore[arg-type]
+    refused = refusal(plan, host) or refusal(recycle_plan(plan), dataclasses.replace(host, executor=RECYCLE_TRAITS))
+    return str(refused or "")
+
+
 def test_what_recycling_refuses_and_resets() -> None:
-    assert recycle_refusal(plans().sandbox) is None
-    assert "as_pid_1" in (recycle_refusal(plans(as_pid_1=True).sandbox) or "")
-    assert "cap_add" in (recycle_refusal(plans(cap_add=["CAP_NET_RAW"]).sandbox) or "")
+    assert recycle_refusal() == ""
+    assert recycle_refusal(as_pid_1=True) == ("Template(recycle=True) cannot run the command as pid 1 of its sandbox: "
+                                              "as_pid_1=True (a recycled sandbox's pid 1 is the reaper that resets it)")
+    assert recycle_refusal(cap_add=["CAP_NET_RAW"]).startswith("Template(recycle=True) cannot let the command keep a "
+                                                               "capability: cap_add (")
+    assert recycle_refusal(dataclasses.replace(USER, cgroups=CGROUPS), limits=S.Limits(nproc=8)) == ""
+    # a Template's own refusals come first, in its words
+    assert recycle_refusal(forward={8080: 80}).startswith("a Template does not forward ports")
     limited = template_plans(compile_plan(S.Spec(mounts=WORLD, limits=S.Limits(nproc=8)),
                                           dataclasses.replace(USER, cgroups=CGROUPS)))
-    assert recycle_refusal(limited.sandbox) is None  # each request's command gets a cgroup of its own
     assert limited.sandbox.cgroup is not None and limited.sandbox.cgroup.pids == 8
     recycled = recycle_plan(limited.sandbox)  # its pid 1 stays out of that cgroup: one process fewer
     assert recycled.cgroup is not None and recycled.cgroup.pids == 7
     pooled = compile_plan(S.Spec(mounts=WORLD, network="pool"), USER)
     assert pooled.network == "pool" and recycle_plan(pooled).network == "none"
+    assert refusal(recycle_plan(pooled), RECYCLING) is None
+    assert "leased from the process-wide pool" in str(refusal(pooled, RECYCLING))
     kept = net_kept_plan(plans().sandbox)
     assert OpKind.PROC not in {op.kind for op in kept.ops}
     assert [op for op in plans().sandbox.ops if op.kind is not OpKind.PROC] == list(kept.ops)

@@ -10,13 +10,15 @@ import pytest
 
 from sandbox import spec as S
 from sandbox._core.blob import header
+from sandbox.backends.template import RECYCLE_TRAITS
 from sandbox.backends.template import TRAITS as TEMPLATE
 from sandbox.backends.template.wire import sandbox_blob
-from sandbox.errors import SpecError
+from sandbox.errors import SpecError, UnavailableError
 from sandbox.host import HostInfo
 from sandbox.plan import OpFlag, OpKind, Plan, compile_plan
+from sandbox.refusal import refusal
 from sandbox.warm_overlay import WARM_DIR, WARM_NEWROOT, sandbox_newroot
-from sandbox.warm_plan import TemplatePlans, recycle_refusal, template_plans, zygote_plan
+from sandbox.warm_plan import TemplatePlans, recycle_plan, template_plans, zygote_plan
 
 HOST = HostInfo(uid=1000, gid=1000, cwd="/", environ={}, executor=TEMPLATE, is_root=False, pool=None)
 
@@ -64,7 +66,9 @@ def test_a_kept_upper_and_recycling_are_refused_naming_why() -> None:
     with pytest.raises(SpecError, match=r"mounts\[0\].*shared by its sandboxes"):
         _plans(S.Overlay("/", ["/srv/l0"], upper="/srv/keep"), S.Proc())
     _, _, plans = _plans(S.Overlay("/", ["/srv/l0"]), S.Proc())
-    assert "Overlay" in (recycle_refusal(dataclasses.replace(plans.sandbox, reaper=True)) or "")
+    recycling = dataclasses.replace(HOST, executor=RECYCLE_TRAITS)
+    refused = refusal(recycle_plan(dataclasses.replace(plans.sandbox, reaper=True)), recycling)
+    assert isinstance(refused, UnavailableError) and "Overlay" in str(refused) and "recycle=True" in str(refused)
 
 
 def test_a_workerpool_zygotes_overlays_are_read_only_for_its_tasks() -> None:

@@ -29,7 +29,7 @@ from ..walls import walls_for, walls_in
 from .placed import PlacedCgroups
 from .server import TEMPLATE_PATH, Server, Started, launched
 
-__all__ = ["BACKEND", "KEPT_MARKER", "TRAITS", "Server", "available", "launch_in"]
+__all__ = ["BACKEND", "KEPT_MARKER", "RECYCLE_TRAITS", "TRAITS", "Server", "available", "launch_in"]
 
 
 def available() -> tuple[bool, str]:
@@ -163,7 +163,8 @@ KEPT_MARKER = "sandbox-template-kept"
 # from a copy of one prepared root that all of them share.
 TRAITS = Traits("template", "a Template", frozenset({
     Capability.CGROUPS, Capability.JOIN_POOLED_NETNS, Capability.LANDLOCK, Capability.OVERLAY,
-    Capability.RDONLY_DEV_BIND, Capability.SELF_CONTAINED_SETUP}), because={
+    Capability.RDONLY_DEV_BIND, Capability.SELF_CONTAINED_SETUP, Capability.COMMAND_AS_PID_1,
+    Capability.KEEP_CAPS}), because={
     Capability.WITHOUT_USER_NS: "its sandboxes are cloned by an unprivileged process",
     Capability.WITHOUT_MOUNT_NS: "each sandbox starts in a copy of the template's root",
     Capability.WITHOUT_PID_NS: "without one its sandboxes would share the template's and see each other",
@@ -171,6 +172,21 @@ TRAITS = Traits("template", "a Template", frozenset({
     Capability.KEEP_SYS_ADMIN: "a sandbox could unmount what covers the template's shared mounts",
     Capability.TMPFS_ROOT: "the root is the template's, shared by its sandboxes",
     Capability.HANDED_NAMESPACES: "its sandboxes are cloned into the template's own",
+    Capability.SYNC_FDS: "its sandboxes are cloned by the template's process, which does not hold the caller's fds",
+})
+
+# Template(spec, recycle=True): a standby whose command has ended is reset by
+# its pid 1 and serves the next request; what that pid 1 could not make again,
+# or would have to give up to reset the sandbox, is refused (sandbox.refusal).
+# Each request's command enters a cgroup made for that request alone (pid 1
+# stays out of it), so cgroup limits are no reason.
+RECYCLE_TRAITS = Traits("template-recycle", "Template(recycle=True)", TRAITS.capabilities - {
+    Capability.COMMAND_AS_PID_1, Capability.KEEP_CAPS, Capability.OVERLAY, Capability.JOIN_POOLED_NETNS}, because={
+    **TRAITS.because,
+    Capability.COMMAND_AS_PID_1: "a recycled sandbox's pid 1 is the reaper that resets it",
+    Capability.KEEP_CAPS: "a command that keeps a capability is cloned per request, never by a standby",
+    Capability.OVERLAY: "each sandbox pivots into an overlay root of its own, which its pid 1 cannot make again",
+    Capability.JOIN_POOLED_NETNS: "its pid 1 makes a fresh network namespace after each request",
 })
 
 

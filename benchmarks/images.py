@@ -51,7 +51,7 @@ from contextlib import contextmanager
 
 import sandbox
 from sandbox.images import ImageStore
-from sandbox.images.fsutil import remove_tree
+from sandbox.images.treewalk import remove_entry
 
 PULL = "pull (fresh store)"
 LOAD = "load of the OCI layout (fresh store)"
@@ -156,6 +156,15 @@ def push(addr: str, repo: str, manifest: bytes, blobs: dict[str, bytes]) -> None
     urllib.request.urlopen(req).close()
 
 
+def _remove_tree(path: str) -> None:
+    """Remove `path`, a tree the store wrote (a layer may have read-only directories)."""
+    parent = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        remove_entry(parent, os.path.basename(path))
+    finally:
+        os.close(parent)
+
+
 def variants(work: str, layout: str, ref: str | None, blob_path: str) -> dict[str, Callable[[], object]]:
     """name -> one run (each into fresh directories under `work`, removed after)."""
     count = iter(range(1 << 30))
@@ -169,7 +178,7 @@ def variants(work: str, layout: str, ref: str | None, blob_path: str) -> dict[st
             try:
                 fn(ImageStore(path))
             finally:
-                remove_tree(path)  # the store's own removal: a layer may have read-only directories
+                _remove_tree(path)
         return run
 
     out: dict[str, Callable[[], object]] = {}

@@ -39,19 +39,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 
-_here = os.path.dirname(os.path.abspath(__file__))
-# The standard library's inspect (dataclasses imports it), before this folder's inspect.py could
-# shadow it: imported, that file drops this folder from sys.path.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-import inspect  # noqa: E402,F401
+from containers import running_container
+from latency import BWRAP_ARGS, MOUNTS
+from timing import measure, p99
 
-sys.path.insert(0, _here)
-
-from containers import running_container  # noqa: E402
-from latency import BWRAP_ARGS, MOUNTS  # noqa: E402
-from timing import measure, p99  # noqa: E402
-
-import sandbox  # noqa: E402
+import sandbox
 
 POSIX = "posix_spawn /bin/true"
 BWRAP = "bwrap per command (same config)"

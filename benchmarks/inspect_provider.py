@@ -12,29 +12,21 @@ Docker is measured only where `docker info` answers; otherwise its rows say
 why not. Target (issue 38): set-up and clean-up under 5 ms each with a warm
 Template behind the session (a Session starts its own sandbox today).
 
-    python benchmarks/inspect.py [-n 200] [--samples 40] [--tool-samples 8] [--rounds 3] [--json out.json]
+    python benchmarks/inspect_provider.py [-n 200] [--samples 40] [--tool-samples 8] [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's folder comes first on sys.path, and this file's name would
-# hide the standard library's `inspect` from every module imported after it.
-_here = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import shutil  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Awaitable, Callable  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 Step = Callable[[], Awaitable[object]]
 

@@ -2,7 +2,7 @@
 
 Every row is a fresh process, what a program that runs the command line pays
 for each command, started with subprocess.run and timed to its exit. The
-installed `sandbox` command is the CLI server's client (csrc/cliclient.c,
+installed `sandbox` command is the CLI server's client (csrc/client/cliclient.c,
 docs/cli.md): this copies it (and its `sandbox-py`) into two private
 installations, so each has a server of its own:
 

@@ -29,7 +29,7 @@
  * is a child of Q: the task has no capability over N (it cannot set lo's
  * flags, nor join N or Q again). The package does this now: the factory
  * is sandbox/workerpool/nsfactory.py, the caller's NetnsPool adopts it
- * (slots.py), and sbx_fork_sandbox_ns (csrc/forksandbox.c) joins a lease. */
+ * (slots.py), and sbx_fork_sandbox_ns (csrc/core/forksandbox.c) joins a lease. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

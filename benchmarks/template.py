@@ -59,7 +59,7 @@ def _wait(proc: sandbox.SandboxProcess, stages: list[dict[str, float]] | None = 
 
 
 def stage_table(stages: list[dict[str, float]]) -> str:
-    """Median µs from the caller's start to each stamp of a Template's sandbox (csrc/sandbox.h, enum
+    """Median µs from the caller's start to each stamp of a Template's sandbox (csrc/core/sandbox.h, enum
     sbx_stamp; "clone": a standby took the request, "return": the command has exec'd, "exec": the
     caller knows it)."""
     order = ("clone", "child", "idmap", "mounts", "ready", "return", "exec")

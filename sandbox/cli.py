@@ -102,7 +102,7 @@ def run_command_line(args: Sequence[str], argv0: str, one_shot: bool) -> int:
     _PARENT = os.getppid()
     _ONE_SHOT = one_shot
     args = list(args)
-    if args[:1] == ["--as-bwrap"] and len(args) >= 2:  # how the client (csrc/cliclient.c) says its name
+    if args[:1] == ["--as-bwrap"] and len(args) >= 2:  # how the client (csrc/client/cliclient.c) says its name
         args, argv0 = args[2:], args[1]
     if os.path.basename(argv0) == BWRAP_NAME:
         return run_as_bwrap(args, argv0)

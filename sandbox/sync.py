@@ -77,5 +77,5 @@ class Sync:
 
 
 FD_FIELDS = tuple(f.name for f in fields(Sync) if f.name != "lock_files")
-MAX_LOCK_FILES = 64  # csrc/sandbox.h's SBX_MAX_LOCK_FILES
+MAX_LOCK_FILES = 64  # csrc/core/sandbox.h's SBX_MAX_LOCK_FILES
 NO_SYNC = Sync()

@@ -179,7 +179,7 @@ def with_task_binds(plan: Plan, binds: Sequence[S.Bind]) -> Plan:
     return replace(plan, ops=plan.ops + tuple(extra), landlock_rules=tuple(rules.items()) if plan.landlock else ())
 
 
-# sandbox.Template: a resident sandbox-template process clones each sandbox (csrc/template.c).
+# sandbox.Template: a resident sandbox-template process clones each sandbox (csrc/template/template.c).
 
 @dataclass(frozen=True)
 class TemplatePlans:
@@ -246,7 +246,7 @@ def recycle_plan(plan: Plan) -> Plan:
     """`plan` for a Template whose sandboxes are recycled: a network namespace
     of its own rather than one leased from the pool ("pool" serves "none": the
     same loopback-only namespace), since its pid 1 makes a fresh one after each
-    request and mounts its proc again in it (csrc/template_recycle.c); its
+    request and mounts its proc again in it (csrc/template/template_recycle.c); its
     cgroup limits as recycled_cgroup says."""
     plan = replace(plan, network="none", recycle_lease=False) if plan.network == "pool" else plan
     return recycled_cgroup(plan)
@@ -267,7 +267,7 @@ def net_kept_plan(plan: Plan) -> Plan:
     """What a recycled sandbox makes again when it keeps its network
     namespace (no socket left in it): every mount of `plan` but its proc,
     which shows the same pid and network namespaces, nothing of it the
-    command's to write (csrc/template_recycle.c); but a proc at or beneath
+    command's to write (csrc/template/template_recycle.c); but a proc at or beneath
     another of its mounts, which goes when that one is made again."""
     mounts = [op.dest for op in plan.ops if op.kind in MOUNTING and op.kind is not OpKind.PROC]
     return replace(plan, ops=tuple(op for op in plan.ops if op.kind is not OpKind.PROC

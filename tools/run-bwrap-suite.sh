@@ -7,7 +7,7 @@
 #
 # ours: our CLI (auto backend: native where the host allows it); ours-bwrap:
 # our CLI with --backend bwrap; ours-warm: the installed `sandbox` command
-# (the CLI server's client, csrc/cliclient.c) under the name bwrap, as a
+# (the CLI server's client, csrc/client/cliclient.c) under the name bwrap, as a
 # drop-in is installed, so every command goes through the warm server once
 # one runs (its notes, in the socket's directory, say which did); bwrap:
 # the real bwrap on PATH.

@@ -28,7 +28,7 @@ A sandbox's cgroup (`SandboxCgroup`) is made in the caller before the clone:
 a directory per hierarchy, named ``sbx-<pid>-<start time>-<n>`` after its
 owner, its limits written, and each ``cgroup.procs`` opened, so that the
 sandbox's first process only writes "0" to those fds before any other step
-(csrc/child.c: no untrusted code runs outside). When the sandbox ends its
+(csrc/core/child.c: no untrusted code runs outside). When the sandbox ends its
 usage is read and the directories removed (after its pid 1 is reaped); a
 cgroup whose owner died (SIGKILL) is removed by the next process that makes
 one (`sweep`).

@@ -1,11 +1,11 @@
 """The per-user CLI server: `sandbox run` and `bwrap` without the interpreter's start.
 
 The installed `sandbox` command (and `bwrap`, when installed under that
-name) is a small static client (csrc/cliclient.c). For a `run` it connects
+name) is a small static client (csrc/client/cliclient.c). For a `run` it connects
 to this server, which has the Python side imported and warm, and hands it
 the command line with its fds, working directory and environment. The
 server answers most command lines with the plan it compiled, which the
-client runs itself (csrc/cliplan.c); for the others it forks a worker that
+client runs itself (csrc/client/cliplan.c); for the others it forks a worker that
 runs `sandbox.cli` as the client's own Python CLI would have, and sends
 back its exit status. Without a server (first use) the client starts one
 and runs the command line directly; the server exits when idle. docs/cli.md has the whole story: where the socket lives,
@@ -18,7 +18,7 @@ turn it off.
 - `peer.py`: what must be equal between a client and the server;
 - `spare.py`, `worker.py`: the worker forked ahead that becomes a client's Python CLI;
   `rehearse.py`: what it makes ready while it waits;
-- `wire.py`: the request, the plan and the frames, read from csrc/cliwire.h through cffi.
+- `wire.py`: the request, the plan and the frames, read from csrc/client/cliwire.h through cffi.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ usage: sandbox-py serve [--socket PATH] [--client DEV:INO:MTIME] [--idle SECONDS
                        [--after PIDFD]
 
 Serve `run` command lines handed over by the installed `sandbox` command
-(csrc/cliclient.c) at the socket PATH (default: this installation's, see
+(csrc/client/cliclient.c) at the socket PATH (default: this installation's, see
 socket_path), until no client came for SECONDS (default 120). --client is
 the identity of the client executable served; a request from another one is
 handed back and the server exits. --log notes each client's outcome (handed
@@ -63,7 +63,7 @@ starts this itself.
 
 
 def socket_dir() -> str:
-    """The directory of this user's sockets (as the client computes it: csrc/clipeer.c): in the
+    """The directory of this user's sockets (as the client computes it: csrc/client/clipeer.c): in the
     user's runtime directory, else root's in /run (never in the shared temporary directory, where
     a sandbox given a bind of it would reach root's server's files), else /tmp/sandbox-cli-UID."""
     uid = os.getuid()
@@ -77,7 +77,7 @@ def socket_dir() -> str:
 
 def socket_path(client_dir: str) -> str:
     """The socket of the installation whose client executable is in
-    `client_dir` (as the client computes it: csrc/clipeer.c)."""
+    `client_dir` (as the client computes it: csrc/client/clipeer.c)."""
     directory = socket_dir()
     h = 0xCBF29CE484222325
     for byte in os.fsencode(client_dir):

@@ -1,7 +1,7 @@
 """The server's one decision: does the client run its sandbox itself, from a plan, or does a worker?
 
 A command line whose whole behaviour a plan carries is answered with that
-plan (wire.PLAN): the client (csrc/cliplan.c) starts the sandbox as its own
+plan (wire.PLAN): the client (csrc/client/cliplan.c) starts the sandbox as its own
 child, waits, and exits as the Python CLI would. No worker, no Python on
 the client's side: the server parses the command line as the Python CLI
 would (with the client's cwd, environment and hard limits), compiles the

@@ -22,7 +22,7 @@ outcome, and why, is a line of the notes (`log`).
 
 Data flow (one client; AF_UNIX SOCK_SEQPACKET, fds by SCM_RIGHTS):
 
-  client (csrc/cliclient.c)        server (this loop)              spare / worker (fork)
+  client (csrc/client/cliclient.c)        server (this loop)              spare / worker (fork)
   -------------------------        ------------------              ---------------------
   connect, request {argv, cwd,
    env, stdio + --args fds} ---->  peer.py: the peer's uid

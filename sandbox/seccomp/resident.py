@@ -1,13 +1,13 @@
 """Whether a Template's resident pid 1 may run under its sandbox's own filter.
 
 A Template's standby sandbox takes the command's identity before any
-request comes (csrc/standby.c). If the seccomp filter allows everything
+request comes (csrc/template/standby.c). If the seccomp filter allows everything
 that pid 1 still does after it (take the request, apply its cwd, limits and
 fds, vfork the command, report, reap), the standby installs the filter on
 itself then, and the command inherits it: the same filter, off the
 request's path (loading one costs ~50-90 µs here, mostly its JIT). Else the
 command installs it alone, just before its exec, as on every other path.
-A recycled sandbox's command maker (csrc/template_maker.c) takes it once
+A recycled sandbox's command maker (csrc/template/template_maker.c) takes it once
 for all its commands: the filter must then also allow what the maker does
 (compare what its commands would inherit, clone each as its parent's
 child) and what each command child does before its exec (its session).
@@ -93,7 +93,7 @@ def refuses_keyrings(prog: bytes) -> bool:
     arguments, on every ABI: its verdict for each is not SECCOMP_RET_ALLOW, and reaching it read
     nothing of seccomp_data but the syscall number and arch (not the instruction pointer or an
     argument), so no argument can change it. Then no command can reach a user keyring, and a
-    recycled Template sandbox may keep its commands' user namespace (csrc/template_recycle.c)."""
+    recycled Template sandbox may keep its commands' user namespace (csrc/template/template_recycle.c)."""
     if not prog or syscalls.arch() != syscalls.AUDIT_ARCH_X86_64:
         return False
     insns = _insns(prog)

@@ -7,7 +7,7 @@
 
 The files: session.py (the Session), launch.py (its sandbox: the Spec's
 plan, spawned natively with sandbox-session as pid 1), wire.py (the
-messages, csrc/sandbox.h), call.py (one command's handle), files.py
+messages, csrc/core/sandbox.h), call.py (one command's handle), files.py
 (read_file/write_file in the session's root), aio.py (asyncio), cow.py
 (the copy-on-write root: the Spec's read-only mounts as overlays), with
 cow_host.py (the host facts it reads) and cow_upper.py (a kept upper

@@ -1,6 +1,6 @@
 """One command of a Session: its call socket, as a backend contract.Handle.
 
-The session's pid 1 forks a call process per command (csrc/session_call.c);
+The session's pid 1 forks a call process per command (csrc/session/session_call.c);
 the caller holds the other end of that call's socket. STARTED comes once the
 command has exec'd (with its pidfd: its host pid; none for a quiet request,
 whose caller waits only for the end), FAILED instead if it could not be,

@@ -30,7 +30,7 @@ def prepare_upper(upper: str, names: Iterable[str]) -> int:
     """Make the kept directory `upper` (if missing) and its subdirectories
     `names`, refusing what could redirect the session's writes: `upper`
     owned by another user or writable by others, a subdirectory that is a
-    symlink or not a directory. overlayfs (csrc/mounts.c) then opens each
+    symlink or not a directory. overlayfs (csrc/core/mounts.c) then opens each
     subdirectory by path; only its owner could swap it meanwhile. Returns
     an fd of `upper` holding an exclusive flock: two overlays sharing an
     upper directory are undefined behaviour to the kernel (it only warns),

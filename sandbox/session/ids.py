@@ -28,7 +28,7 @@ the session holds a capability the Spec does not grant: the setup child
 drops everything but the Spec's set and CAP_SETUID/CAP_SETGID/CAP_SETPCAP
 before exec'ing pid 1 (no_new_privs, Landlock and seccomp as in any
 sandbox), and each call process drops those three, bounding set included,
-before its command exists (csrc/session_user.c); a command can then own
+before its command exists (csrc/session/session_user.c); a command can then own
 no capability over the namespaces the session's user namespace owns.
 
 setgroups(2) stays allowed in a session with a range (root writes the maps;
@@ -144,7 +144,7 @@ def session_ids(plan: Plan, host: HostInfo) -> SessionIds:
 
 PR_SET_DUMPABLE, PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 4, 8, 24, 47
 PR_CAP_AMBIENT_RAISE, PR_CAP_AMBIENT_CLEAR_ALL = 2, 4
-# What a call process does under the session's filter to take a user (csrc/session_user.c).
+# What a call process does under the session's filter to take a user (csrc/session/session_user.c).
 SWITCH_CALLS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("prctl", (PR_CAPBSET_DROP, 0)), ("prctl", (PR_CAPBSET_DROP, 40)), ("prctl", (PR_SET_KEEPCAPS, 1)),
     ("prctl", (PR_SET_KEEPCAPS, 0)), ("prctl", (PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)),

@@ -4,7 +4,7 @@ spawn of that plan with sandbox-session as its pid 1.
 Nothing is decided here: the plan is compile_plan's (through plan_cache),
 refused as any spawn's would be (refusal.py), and run by the native
 executor. The one difference from `sandbox.spawn` is the executable the
-setup child execs last: sandbox-session (csrc/session.c) in sandbox-init's
+setup child execs last: sandbox-session (csrc/session/session.c) in sandbox-init's
 place, with sandbox-init's argv. By then the child has taken every step of
 the plan, so the session's pid 1, and every command it forks, lives under
 exactly the confinement a fresh sandbox of the Spec gives its command.

@@ -21,7 +21,7 @@ from .files import Root
 from .ids import SessionIds
 
 MAX_DB_BYTES = 4 << 20  # /etc/passwd or /etc/group larger than this is refused
-MAX_GROUPS = 64  # csrc/sandbox.h's SBX_SESSION_MAX_GROUPS
+MAX_GROUPS = 64  # csrc/core/sandbox.h's SBX_SESSION_MAX_GROUPS
 MAX_ID = 0xFFFFFFFE  # (uid_t)-1 means "unchanged" to the kernel
 
 

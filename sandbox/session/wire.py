@@ -1,9 +1,9 @@
 """A Session's wire: the request the caller sends its pid 1, and the frames of a call socket.
 
-Declared once, in the CDEF region of csrc/sandbox.h (struct sbx_session_request,
+Declared once, in the CDEF region of csrc/core/sandbox.h (struct sbx_session_request,
 struct sbx_session_frame, enum sbx_session_kind), and read here by name
-through cffi. The C side is csrc/session.c (requests) and
-csrc/session_call.c (frames).
+through cffi. The C side is csrc/session/session.c (requests) and
+csrc/session/session_call.c (frames).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ nothing a sandbox says more than JSON can).
     zygote -> caller  READY {pid, netns}                  fds: [the namespace factory's channel]
                       | ERROR {message, failure?}
 Once READY, the zygote serves in C, and every message is a struct sbx_zmsg
-(csrc/sandbox.h has them all; control.py is the caller's end).
+(csrc/core/sandbox.h has them all; control.py is the caller's end).
 
 Nothing of a task's own passes through the zygote, whose memory every later
 task inherits: it sees a task id, fds, and a per-task plan only as a memfd it

@@ -1,7 +1,7 @@
 """The caller's end of a serving zygote's control socket: one struct sbx_zmsg per message.
 
-Once READY, the zygote serves in C (csrc/zygote.c) and every message, both
-ways, is a struct sbx_zmsg of csrc/sandbox.h's cdef, with fds (SCM_RIGHTS);
+Once READY, the zygote serves in C (csrc/core/zygote.c) and every message, both
+ways, is a struct sbx_zmsg of csrc/core/sandbox.h's cdef, with fds (SCM_RIGHTS);
 its fields are read and written here by name through cffi, never by offset.
 A message from the zygote that is not one of its kinds, or not whole, is
 refused (ValueError): the caller trusts a sandbox no further than that.

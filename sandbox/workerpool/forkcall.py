@@ -1,8 +1,8 @@
 """The zygote's calls of the C core's forks: loaded by path in the zygote (stdlib only).
 
-ZygoteLoop is the zygote's serve loop (csrc/zygote.c: sbx_zygote_check and
+ZygoteLoop is the zygote's serve loop (csrc/core/zygote.c: sbx_zygote_check and
 sbx_zygote_serve), ForkCall one fork of sbx_fork_sandbox_ns
-(csrc/forksandbox.c). Both are called through ctypes.PyDLL, which keeps the
+(csrc/core/forksandbox.c). Both are called through ctypes.PyDLL, which keeps the
 GIL across the call as os.fork() does (cffi releases it around every call);
 the C forks call CPython's before- and after-fork hooks themselves
 (sbx_fork_python_hooks), as os.fork() does, rather than Python calling them
@@ -23,7 +23,7 @@ CTYPES_SCALARS = {"int": "c_int", "unsigned int": "c_uint", "size_t": "c_size_t"
 
 def ctypes_prototype(ffi: Any, func: Any) -> tuple[Any, list[Any]]:
     """The ctypes restype and argtypes of `func`, a function of the C core,
-    derived from its cffi type: the cdef (csrc/sandbox.h) is its one
+    derived from its cffi type: the cdef (csrc/core/sandbox.h) is its one
     definition."""
     import ctypes
 

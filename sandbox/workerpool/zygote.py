@@ -7,14 +7,14 @@ library, cloudpickle and the pool's `preload` modules. Here, in Python, it
 only starts: INIT (load the C core by path, start the network namespace
 factory, import `preload`, freeze the heap), one sandbox forked and set up as
 a check of the plan (sbx_zygote_check), READY. Then it serves in C
-(sbx_zygote_serve, csrc/zygote.c) and never returns to Python between two
+(sbx_zygote_serve, csrc/core/zygote.c) and never returns to Python between two
 forks: every page an interpreter writes while a child shares it is a
 copy-on-write fault, and its smallest loop writes dozens. The C loop forks
 spares ahead of their tasks (a socket to each and a pidfd go to the
 caller, which sends a task's channels straight to it), a sandbox per SPAWN
 (a task with a plan of its own, or no spare at hand), reports their
-setup and their end, and reaps them; csrc/sandbox.h (struct sbx_zmsg) has
-its messages, csrc/zygote.c its policy (spares, slots).
+setup and their end, and reaps them; csrc/core/sandbox.h (struct sbx_zmsg) has
+its messages, csrc/core/zygote.c its policy (spares, slots).
 
 Each sandbox is a fork of this process (sbx_fork_task), which returns
 twice: in the zygote, and in the sandbox, set up (its own namespaces, fresh
@@ -35,7 +35,7 @@ with READY; the caller's NetnsPool adopts it and leases one per slot. At
 its first leased fork the zygote joins Q for good (it holds every capability
 there already, by the owner rule) and makes a namespace of its own there;
 each leased fork enters the lease's namespace, clones, and goes back
-(SBX_FORK_STAY, csrc/forksandbox.c).
+(SBX_FORK_STAY, csrc/core/forksandbox.c).
 """
 
 from __future__ import annotations

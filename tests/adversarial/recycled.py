@@ -21,7 +21,7 @@ from .attack import PYTHON
 # The first thing each script prints: which sandbox it ran in.
 WHERE = 'os.readlink("/proc/self/ns/mnt")'
 
-# Whether /proc/<p> is the sandbox's command maker (csrc/template_maker.c: where a recycled sandbox's
+# Whether /proc/<p> is the sandbox's command maker (csrc/template/template_maker.c: where a recycled sandbox's
 # commands are made by one, a child of pid 1 and a copy of the template process, as pid 1 is), for the
 # scripts that list the processes left. What the attacks plant runs python3.
 IS_MAKER = ('(lambda p: (lambda stat: stat.startswith(f"{p} (sandbox-templat) ")'

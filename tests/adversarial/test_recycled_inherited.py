@@ -1,7 +1,7 @@
 """Attack: a tenant of a recycled Template sandbox changes what the next tenant's command inherits.
 
 A recycled sandbox's commands are children of a process that outlives each
-of them (its pid 1, csrc/template_recycle.c). The kernel lets a process of
+of them (its pid 1, csrc/template/template_recycle.c). The kernel lets a process of
 the same uid change some of another process's attributes without any
 capability, and a child inherits them: its resource limits (prlimit), its
 nice value, scheduling policy, CPU affinity and I/O priority (where the
@@ -11,7 +11,7 @@ and core dump filter. Request N changes one of them on every other process
 it sees (pid 1 is the sandbox's), each standby in turn; request N+1, served
 by a recycled sandbox, must still start with a fresh sandbox's values (a
 changed maker ends, and a fresh standby replaces it:
-csrc/template_inherited.c). As root and unprivileged, with the default
+csrc/template/template_inherited.c). As root and unprivileged, with the default
 seccomp policy (which refuses some of these calls) and none.
 """
 

@@ -1,7 +1,7 @@
 """Attack: a command of a recycled Template sandbox reaches for the processes that outlive it.
 
-A recycled sandbox's pid 1 (csrc/template_recycle.c) keeps the server's
-capabilities over the sandbox, and its command maker (csrc/template_maker.c)
+A recycled sandbox's pid 1 (csrc/template/template_recycle.c) keeps the server's
+capabilities over the sandbox, and its command maker (csrc/template/template_maker.c)
 outlives every command it makes. The command must hold no pidfd (nor any fd
 of theirs) and be unable to take one: it lists its own fds (a pidfd's fdinfo
 names a "Pid:"), reads and opens each of every other process's

@@ -1,7 +1,7 @@
 """Attack: one tenant of a recycled Template sandbox against the next (Template(spec, recycle=True)).
 
 A recycled sandbox serves request after request in the same namespaces; its
-pid 1 resets it in between (csrc/template_recycle.c). Request N plants a
+pid 1 resets it in between (csrc/template/template_recycle.c). Request N plants a
 secret everywhere a command can write or create: files in every Tmpfs and
 /dev/shm, SysV shared memory, message queues and semaphores, a POSIX message
 queue, an abstract socket, a TCP listener and a connection left in

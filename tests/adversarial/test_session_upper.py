@@ -7,7 +7,7 @@ next session over the same directory.
 
 Each case checks the victim directory stays empty, and the first shows the
 naive use of the same plant (an Overlay whose kept upper is the planted
-path, which csrc/mounts.c opens by path, links followed) writing into the
+path, which csrc/core/mounts.c opens by path, links followed) writing into the
 victim, so the test would fail on a Session that did not check the
 directory (sandbox.session.cow.prepare_upper)."""
 

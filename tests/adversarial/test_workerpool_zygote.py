@@ -1,6 +1,6 @@
 """Attack: a WorkerPool task against the zygote that forked it, which serves in C.
 
-The zygote forks, reports and reaps in a C loop (csrc/zygote.c) that holds
+The zygote forks, reports and reaps in a C loop (csrc/core/zygote.c) that holds
 the control socket to the caller, a socket to every spare it has not yet
 handed over, a pidfd of every sandbox, the slots' cgroup.procs and
 namespace fds; a spare holds its socket until its task arrives. A task is a

@@ -99,7 +99,7 @@ class Greater(Matcher):
 @dataclass(frozen=True)
 class CountedOn(Matcher):
     """[1, n] or [1, m, n], n > 2: pid 1, where there is one its command maker (m), and a command whose
-    pid number kept counting (a recycled Template sandbox's, csrc/template_maker.c)."""
+    pid number kept counting (a recycled Template sandbox's, csrc/template/template_maker.c)."""
 
     def matches(self, value: Any, ctx: Mapping[str, Any]) -> bool:
         return isinstance(value, list) and len(value) in (2, 3) and value[0] == 1 and value[-1] > 2 and (

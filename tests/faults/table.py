@@ -4,7 +4,7 @@ Each `Fault` names the syscall (or, with `rules`, the one use of it) that a
 seccomp filter fails with EIO (`errno`), the world (tests/faults/inject.py)
 whose start makes that call, and per backend the exception class and the
 SetupError step expected, the step names being the native core's
-(csrc/sandbox.h SBX_STEP_*, op kinds for operations). `None` for a backend
+(csrc/core/sandbox.h SBX_STEP_*, op kinds for operations). `None` for a backend
 means it never makes that call: the start must then simply succeed (the
 filter is no excuse for anything else to break).
 """

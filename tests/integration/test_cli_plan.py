@@ -1,4 +1,4 @@
-"""The installed `sandbox` command running a plan its CLI server compiled (csrc/cliplan.c, cliserver/fastpath.py).
+"""The installed `sandbox` command running a plan its CLI server compiled (client/cliplan.c, fastpath.py).
 
 What is checked: which command lines the client runs itself and which need
 a worker, and the server's notes say why; that a plan's run is the Python

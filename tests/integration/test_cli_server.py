@@ -1,4 +1,4 @@
-"""The installed `sandbox` command (csrc/cliclient.c) and the CLI server (sandbox.cliserver).
+"""The installed `sandbox` command (csrc/client/cliclient.c) and the CLI server (sandbox.cliserver).
 
 Each test gets an installation of its own: a copy of the client executable
 and of the `sandbox-py` script beside it in a temporary directory, so its

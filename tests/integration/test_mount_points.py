@@ -1,7 +1,7 @@
 """Mount points the native core creates below links and missing directories land where the links lead.
 
 The core resolves each destination under the sandbox's new root
-(csrc/mounts.c), so a link leads where it would for the command inside (a
+(csrc/core/mounts.c), so a link leads where it would for the command inside (a
 link to "..", out of a bound directory, to the sandbox's root, never the
 host's). The links are the host's, in a bound directory (a Spec refuses mounts below
 links it makes). Each case is checked from inside (where the mounts, files

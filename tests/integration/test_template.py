@@ -354,7 +354,7 @@ def test_a_recycled_template_serves_while_every_standby_runs(require_native: Non
 
     with sandbox.Template(make_base_spec(), recycle=True) as t:
         standbys = len(_children(t.pid))
-        assert standbys == 3, standbys  # csrc/template.h, N_RECYCLED: one ready while two callers' reset
+        assert standbys == 3, standbys  # csrc/template/template.h, N_RECYCLED: one ready while two callers' reset
         running = [t.spawn(["sleep", "1000"]) for _ in range(standbys)]
         third: list[sandbox.SandboxProcess] = []
         starter = threading.Thread(target=lambda: third.append(t.spawn(["sleep", "1000"])), daemon=True)

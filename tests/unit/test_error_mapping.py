@@ -1,5 +1,5 @@
 """The C core's failure records turned into exceptions and words
-(csrc/messages.c through sandbox._core.report): fabricated
+(csrc/core/messages.c through sandbox._core.report): fabricated
 `struct sbx_result` records for every step and every op detail, mapped to
 the exception class, the step name, the path and bwrap's wording. Nothing
 runs in a namespace and nothing needs privileges."""

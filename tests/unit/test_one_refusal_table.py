@@ -30,7 +30,7 @@ COMPILERS = {"compile_plan", "compiled_plan"}  # warm_plan.plan_for_call asks re
 PLANNED_AROUND = {Capability.JOIN_POOLED_NETNS, Capability.CGROUPS}
 # code that tests a Plan's fields and raises, and why it is no refusal list (or whose it is to move)
 NOT_REFUSALS = {
-    # sandbox/session/'s (another helper's files): a Session's pid 1 is its own (csrc/session.c), so it
+    # sandbox/session/'s (another helper's files): a Session's pid 1 is its own (csrc/session/session.c), so it
     # refuses as_pid_1; to move into NEEDS as Traits of its own without COMMAND_AS_PID_1
     "session/launch.py": "a Session's own refusal of as_pid_1, to become its Traits",
 }

@@ -1,6 +1,6 @@
 """The Overlay mount kind: its validation and JSON form (sandbox.mounts), its
 Plan op (sandbox.plan), its blob (_core/blob.py) and the C check of
-it (csrc/wire.c). Pure: nothing runs."""
+it (csrc/core/wire.c). Pure: nothing runs."""
 
 from __future__ import annotations
 

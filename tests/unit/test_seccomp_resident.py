@@ -26,7 +26,7 @@ def test_a_policy_that_denies_what_pid_1_does_keeps_the_filter_on_the_command() 
 
 
 def test_a_policy_that_denies_what_a_recycled_sandboxs_maker_does_keeps_the_filter_on_the_command() -> None:
-    """A recycled sandbox's maker takes the filter for all its commands (csrc/template_maker.c): it must allow
+    """A recycled sandbox's maker takes the filter for all its commands (csrc/template/template_maker.c): it must allow
     the maker's checks of what its commands inherit, each command child's session and the maker's clone."""
     for name in ("setsid", "pread64", "sched_getattr", "sched_getaffinity", "ioprio_get"):
         assert not allows_resident(compile_policy(sandbox.Seccomp(deny=(name,)))), name

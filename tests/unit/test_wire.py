@@ -1,4 +1,4 @@
-"""The wire format (sandbox._core.blob, csrc/wire.c): real plans
+"""The wire format (sandbox._core.blob, csrc/core/wire.c): real plans
 serialized, read back by field name, and checked by the C core's own
 validator, which must refuse every truncation and every out-of-range offset
 or count. Nothing runs and nothing needs privileges: only the compiled module."""

@@ -1,4 +1,4 @@
-"""The Template's wire (sandbox.backends.template.wire <-> csrc/wire.c): the
+"""The Template's wire (sandbox.backends.template.wire <-> csrc/core/wire.c): the
 requests Python builds, read back by the C core's own reader
 (sbx_parse_request, sbx_check_store, which the server uses), field by field
 and fd by fd; every truncation, trailing byte, wrong magic, version or fd
@@ -99,7 +99,7 @@ def test_every_request_is_read_back_whole_by_the_c_reader(reaper: bool, join: bo
     assert bytes(ffi.buffer(view.blob, len(blob))) == blob
     assert [view.targets[k] for k in range(len(targets))] == list(targets)
     assert strings(view, len(ARGV) + len(ENV)) == [*ARGV, *ENV]
-    # the fds in the order csrc/sandbox.h gives: report, status, netns, cgroups, stdio, pass
+    # the fds in the order csrc/core/sandbox.h gives: report, status, netns, cgroups, stdio, pass
     order = ["report"] + ([] if reaper else ["status"]) + (["netns"] if join else [])
     assert view.cgroup_at == len(order)
     order += [f"cgroup{i}" for i in range(n_cgroup)]

@@ -1,8 +1,8 @@
 """The blob executor: a process of its own runs the serialized plan.
 
-`sandbox-launch --plan BASE64 -- COMMAND` (csrc/launcher.c, for harnesses
+`sandbox-launch --plan BASE64 -- COMMAND` (csrc/client/launcher.c, for harnesses
 that run an argv themselves: sandbox.launcher) and the CLI client answered
-with a plan (csrc/cliplan.c, sandbox.cliserver.fastpath) both start a
+with a plan (csrc/client/cliplan.c, sandbox.cliserver.fastpath) both start a
 sandbox from the native core's blob, as their own child, and then only pass
 it signals and wait: nothing of the caller's Python runs after the spawn.
 What needs that Python (a relay of forwarded ports, the network check, the

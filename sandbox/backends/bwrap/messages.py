@@ -177,7 +177,7 @@ _STEPS = (
     ("loopback:", "loopback"), ("Can't set hostname", "hostname"), ("unshare user ns", "nested_userns"),
     ("creation of new user namespaces", "disable_userns"), ("Can't read seccomp", "seccomp"),
     ("prctl(PR_SET_SECCOMP)", "seccomp"), ("execvp", "exec"),
-    # the steps below carry the native backend's names (csrc/sandbox.h, SBX_STEP_*)
+    # the steps below carry the native backend's names (csrc/core/sandbox.h, SBX_STEP_*)
     ("Failed to make / slave", "mount_private"), ("Failed to mount tmpfs", "newroot"),
     ("Creating newroot failed", "newroot"), ("Creating oldroot failed", "newroot"), ("chdir base_path", "newroot"),
     ("pivot_root", "pivot"), ("fchdir to oldroot", "pivot"), ("unmount old root", "pivot"),

@@ -1,7 +1,7 @@
 """The Template backend: a third executor of the same Plan.
 
 A Plan is split (sandbox.warm_plan.template_plans) into what a resident process,
-sandbox-template (csrc/template.c), prepares once and what each sandbox it
+sandbox-template (csrc/template/template.c), prepares once and what each sandbox it
 clones does on a copy of that root. This module starts such servers and asks
 them for sandboxes: per call it clones the extra binds' source trees, leases
 a network namespace when the plan runs in the pool, and hands both over with

@@ -5,7 +5,7 @@ of its standby sandboxes enters a fresh cgroup of its own as its first step,
 before any request: made by the caller with those limits already written,
 off the request path, and handed to the server with the store request (one
 set per standby) and then one with every request, for the standby that
-replaces the one taking it (csrc/standby.c, SBX_REQ_CGROUP_NEXT). A request
+replaces the one taking it (csrc/template/standby.c, SBX_REQ_CGROUP_NEXT). A request
 then pays neither the cgroup's making nor the kernel's first move of the
 standby into it.
 

@@ -3,11 +3,11 @@ prepares, asked for one sandbox per request over a SOCK_SEQPACKET socket.
 
 Data flow (one request; every arrow a SOCK_SEQPACKET message, fds by SCM_RIGHTS):
 
-  caller (Server.spawn)                 sandbox-template (csrc/template.c), pid 1
+  caller (Server.spawn)                 sandbox-template (csrc/template/template.c), pid 1
   ---------------------                 ------------------------------------------
   request: blob|"", argv, env,  ----->  _sock: clone a sandbox from the prepared
    stdio, pass_fds, netns, cgroups       root (per-call binds cloned here)
-   + a fresh report socket     ----->  _fast: a standby (csrc/standby.c), set up
+   + a fresh report socket     ----->  _fast: a standby (csrc/template/standby.c), set up
                                          ahead, takes it and execs; the server
                                          makes its replacement
                                                |
@@ -74,7 +74,7 @@ class Server:
     it made dies with it. `default` is the sandbox plan without per-call
     overrides: its blob is stored in the server once. When its command keeps
     no capability, the server keeps standby sandboxes of it, set up ahead of
-    any request (csrc/standby.c): requests without per-call binds go to
+    any request (csrc/template/standby.c): requests without per-call binds go to
     them, on a socket of their own; the rest, to the server. Requests from
     several threads go out one at a time; each sandbox answers on a socket
     of its own.
@@ -88,7 +88,7 @@ class Server:
 
     With `recycle` (the plan whose mounts a reset makes again), its standbys
     are recycled: each serves request after request, reset in between
-    (csrc/template_recycle.c).
+    (csrc/template/template_recycle.c).
 
     When the default plan has cgroup limits and its standbys are not
     recycled, they are placed in cgroups made ahead (`placed`, cgroup mode:
@@ -141,7 +141,7 @@ class Server:
         self.placed = (PlacedCgroups(default.cgroup) if default.cgroup is not None and recycle is None
                        and default.keep_caps == 0 else None)
         try:
-            if recycle is not None:  # its standbys serve request after request (csrc/template_recycle.c)
+            if recycle is not None:  # its standbys serve request after request (csrc/template/template_recycle.c)
                 self._store(recycle, standby=False, flags=lib.SBX_REQ_RECYCLE)
                 self._store(net_kept_plan(recycle), standby=False,
                             flags=lib.SBX_REQ_RECYCLE | lib.SBX_REQ_RECYCLE_NET_KEPT)
@@ -296,7 +296,7 @@ class Server:
             os.close(memfd)
 
     def _send_message(self, sock: socket.socket, msg: bytes, fds: list[int]) -> int:
-        """Send one message (csrc/wire.c): our end of its report socket, or
+        """Send one message (csrc/core/wire.c): our end of its report socket, or
         -EMSGSIZE when it is larger than one message can carry."""
         out = ffi.new("int *")
         with self._lock:
@@ -310,7 +310,7 @@ class Server:
         return int(out[0])
 
     def _started(self, report: int, plan: Plan, argv: Sequence[str]) -> tuple[Any, Lease | None]:
-        """Wait for the sandbox's word on `report` (csrc/wire.c checks it):
+        """Wait for the sandbox's word on `report` (csrc/core/wire.c checks it):
         its struct sbx_template_answer and lease once its command runs; raise
         why it did not (having released the lease that came back with the
         failure)."""

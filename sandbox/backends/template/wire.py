@@ -1,12 +1,12 @@
-"""The Template server's protocol (csrc/sandbox.h, struct sbx_request and
+"""The Template server's protocol (csrc/core/sandbox.h, struct sbx_request and
 after): one request message per sandbox, and the server's answer to a store.
 The caller sends a request and reads its sandbox's report through C
-(csrc/wire.c: sbx_template_send, sbx_template_report, which check each
+(csrc/core/wire.c: sbx_template_send, sbx_template_report, which check each
 report whole).
 
 Every struct is the cdef's, built and read through cffi by field name, as
 the native blob is (_core/blob.py): its layout has one source.
-The server checks a request whole (csrc/wire.c, sbx_parse_request and
+The server checks a request whole (csrc/core/wire.c, sbx_parse_request and
 sbx_check_store, which tests/unit/test_wire_template.py calls on what this
 module builds); its version (SBX_REQ_VERSION) says what follows the header.
 """
@@ -29,7 +29,7 @@ REQUEST_SIZE = ffi.sizeof("struct sbx_request")
 # Requests larger than this go in a memfd (SBX_REQ_IN_MEMFD) rather than in
 # the message itself: one SOCK_SEQPACKET message carries at most the send
 # buffer (net.core.wmem_default, 208 KiB by default), the server reads at
-# most MAX_MSG (256 KiB, csrc/template.h). A smaller one refused for its size
+# most MAX_MSG (256 KiB, csrc/template/template.h). A smaller one refused for its size
 # (a host with a smaller send buffer) is sent so too.
 INLINE_MAX = 128 * 1024
 FAILURE_SIZE = ffi.sizeof("struct sbx_report")
@@ -55,7 +55,7 @@ def header(*, blob_len: int, argc: int = 0, envc: int = 0, n_pass: int = 0, flag
 
 def request(blob: bytes, argv: Sequence[str], env: tuple[str, ...], targets: Sequence[int], *,
             join_netns: bool, stdio_mask: int, n_cgroup: int = 0, cgroup_next: bool = False) -> bytes:
-    """One request message (the fds travel beside it, see csrc/sandbox.h).
+    """One request message (the fds travel beside it, see csrc/core/sandbox.h).
     An empty `blob` names the one the server stored; `n_cgroup` entry fds of
     the sandbox's cgroups come after the network namespace's (`cgroup_next`:
     of the standby that replaces the one taking it, SBX_REQ_CGROUP_NEXT)."""
@@ -104,7 +104,7 @@ def in_memfd(msg: bytes) -> tuple[bytes, int]:
         view = memoryview(msg)
         while view:
             view = view[os.write(fd, view):]
-        # the server takes a memfd whose size and content are fixed (csrc/template_request.c)
+        # the server takes a memfd whose size and content are fixed (csrc/template/template_request.c)
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
                     | fcntl.F_SEAL_SEAL)
     except BaseException:

@@ -145,9 +145,10 @@ int sbx_started_by_exec(struct sbx_ctx *c)
     return 0;
 }
 
-void sbx_no_step(struct sbx_ctx *c)
+static void optional_step(void (*step)(struct sbx_ctx *c), struct sbx_ctx *c)
 {
-    (void)c;
+    if (step)
+        step(c);
 }
 
 /* Just before the exec. A Template's sandbox (memory of its own, not the
@@ -385,13 +386,13 @@ void sbx_child_steps(struct sbx_ctx *c)
     map_ids(c);
     setup_world(c);
     if (m->resident_before_identity) {
-        m->take_request(c);
+        optional_step(m->take_request, c);
         m->stay_resident(c); /* its command children take the requests (sbx_command_identity) */
     }
     join_prepared_userns(c);
     if (m->identity_before_request)
         take_identity(c, 0);
-    m->take_request(c);
+    optional_step(m->take_request, c);
     last_privileged_steps(c);
     sbx_enter_cwd(c);
     sbx_check_probe_paths(c);

@@ -138,10 +138,7 @@ static void return_ready(struct sbx_ctx *c)
 const struct sbx_mode SBX_MODE_FORK = {
     .name = "fork",
     .start = fork_start,
-    .take_request = sbx_no_step,
     .fd_table = task_fds,
-    .stay_resident = NULL,
-    .on_running = sbx_no_step,
     .report_started = sbx_started_by_exec,
     .run = return_ready,
 };

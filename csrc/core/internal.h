@@ -87,7 +87,7 @@ struct sbx_input {
  * SBX_MODE_TEMPLATE and SBX_MODE_STANDBY in sandbox-template's files). Every
  * sandbox's first process runs one sequence of steps (child.c,
  * sbx_child_steps); each step that differs is a call through its mode.
- * No hook is NULL but stay_resident. */
+ * take_request, stay_resident and on_running may be NULL: no such step. */
 struct sbx_mode {
     const char *name;
     /* The first moments, before the id maps: signals, the parent-death
@@ -107,7 +107,7 @@ struct sbx_mode {
      * recycled Template sandbox, csrc/template/template_recycle.c). */
     int resident_before_identity;
     /* Fill in the command's side of the context: nothing when it came with
-     * the clone; a standby waits for a request (sbx_ctx_take_input). */
+     * the clone (NULL); a standby waits for a request (sbx_ctx_take_input). */
     void (*take_request)(struct sbx_ctx *c);
     /* The fd table the command gets. */
     void (*fd_table)(struct sbx_ctx *c);
@@ -115,7 +115,7 @@ struct sbx_mode {
      * for a child with memory of its own) instead of exec'ing sandbox-init.
      * NULL: exec it. Does not return. */
     void (*stay_resident)(struct sbx_ctx *c);
-    /* The resident reaper's command runs. */
+    /* The resident reaper's command runs (NULL: nothing to do then). */
     void (*on_running)(struct sbx_ctx *c);
     /* Just before the exec: tell the caller the sandbox runs (0), or -1
      * with errno. Natively the report pipe's close at exec says so. */
@@ -345,7 +345,6 @@ void sbx_child_start(struct sbx_ctx *c); /* signals, parent death, sync fds */
 void sbx_command_fds(struct sbx_ctx *c); /* sbx_place_fds, then stdio and the kept fds */
 void sbx_exec_command(struct sbx_ctx *c); /* sandbox-init, the EXEC_FD executable, or the command */
 int sbx_started_by_exec(struct sbx_ctx *c); /* report_started: nothing to send (0) */
-void sbx_no_step(struct sbx_ctx *c);
 /* Whether this sandbox's first process stays resident as its pid 1. */
 int sbx_stays_resident(const struct sbx_ctx *c);
 /* The user namespace a standby's command will live in, made ahead (by its

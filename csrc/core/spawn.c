@@ -76,10 +76,7 @@ static void close_pipes(int errp[2], int statp[2])
 const struct sbx_mode SBX_MODE_SPAWN = {
     .name = "spawn",
     .start = sbx_child_start,
-    .take_request = sbx_no_step,
     .fd_table = sbx_command_fds,
-    .stay_resident = NULL,
-    .on_running = sbx_no_step,
     .report_started = sbx_started_by_exec,
     .run = sbx_exec_command,
 };

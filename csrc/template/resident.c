@@ -179,7 +179,8 @@ _Noreturn void sbx_resident_reaper(struct sbx_ctx *c)
      * starts at this word competes with the caller for the CPU. (A Template's
      * standby marked itself taken when the request came: if the caller
      * kills us first, the server does not take that for a crash.) */
-    c->mode->on_running(c);
+    if (c->mode->on_running)
+        c->mode->on_running(c);
     if (c->in.scrub)
         memset(c->in.scrub, 0, c->in.scrub_len);
     reap(pid, c->in.err_fd);

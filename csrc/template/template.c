@@ -110,10 +110,8 @@ static void template_start(struct sbx_ctx *c)
 const struct sbx_mode SBX_MODE_TEMPLATE = {
     .name = "template",
     .start = template_start,
-    .take_request = sbx_no_step,
     .fd_table = sbx_command_fds,
     .stay_resident = sbx_resident_reaper,
-    .on_running = sbx_no_step,
     .report_started = sbx_send_started,
     .run = sbx_exec_command,
 };

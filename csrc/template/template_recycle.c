@@ -453,11 +453,9 @@ const struct sbx_mode SBX_MODE_RECYCLE = {
     .name = "recycle",
     .start = recycle_start,
     .userns_ahead = 1,
-    .resident_before_identity = 1,
-    .take_request = sbx_no_step, /* its command child takes each request (command_main) */
+    .resident_before_identity = 1, /* no take_request: its command child takes each (command_main) */
     .fd_table = sbx_command_fds,
     .stay_resident = recycle_reaper,
-    .on_running = sbx_no_step,
     .report_started = sbx_send_started,
     .run = sbx_exec_command,
 };

@@ -77,6 +77,11 @@ def _sync_refusal(title: str, why: str, plan: Plan, host: HostInfo) -> SandboxEr
     return UnavailableError(f"{', '.join(used)}: {title} cannot report to or wait on the caller's sync fds{why}")
 
 
+def _pid_1_refusal(title: str, why: str, plan: Plan, host: HostInfo) -> SandboxError:
+    cause = "as_pid_1=True" if plan.pid_ns else "no pid namespace (Namespaces(pid=False))"
+    return UnavailableError(f"{title} cannot run the command as pid 1 of its sandbox: {cause}{why}")
+
+
 def _rdonly_dev_bind(plan: Plan) -> tuple[int, str] | None:
     for op in plan.ops:
         if op.kind is OpKind.BIND and op.flags & OpFlag.RDONLY and not op.flags & OpFlag.NODEV:
@@ -105,8 +110,7 @@ NEEDS: tuple[Need, ...] = (
     (C.KEEP_SYS_ADMIN, lambda p, h: bool(p.keep_caps >> CAP_SYS_ADMIN & 1),
      _unavailable("cannot keep CAP_SYS_ADMIN")),
     (C.KEEP_CAPS, lambda p, h: p.keep_caps != 0, _unavailable("cannot let the command keep a capability: cap_add")),
-    (C.COMMAND_AS_PID_1, lambda p, h: not p.reaper,
-     _unavailable("cannot run the command as pid 1 of its sandbox: as_pid_1=True")),
+    (C.COMMAND_AS_PID_1, lambda p, h: not p.reaper, _pid_1_refusal),
     (C.TMPFS_ROOT, lambda p, h: any(op.dest == "/" and op.kind is OpKind.TMPFS for op in p.ops),
      _unavailable("cannot make a Tmpfs at /")),
     (C.SELF_CONTAINED_SETUP, lambda p, h: bool(_outside_work(p) and h.core_missing),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .. import backends
 from .._core.binding import BIN_DIR_STR
+from ..capabilities import Capability, Traits
 from ..errors import SpecError, UnavailableError
 from ..host import HostInfo
 from ..plan import Plan, compile_plan
@@ -62,14 +63,17 @@ def plan_for(spec: Spec) -> tuple[Plan, HostInfo]:
     name, _ = backends.choose("native")
     host = backends.host_for(name)
     plan = compiled_plan(spec, host)
-    refused = refusal(plan, host)
+    refused = refusal(plan, dataclasses.replace(host, executor=session_traits(host.executor)))
     if refused is not None:
         raise refused
-    if not plan.reaper:
-        field = "as_pid_1" if spec.as_pid_1 else "namespaces"
-        raise SpecError(field, getattr(spec, field),
-                        "a Session needs a pid namespace whose pid 1 is the library's (as_pid_1=False)")
     return plan, host
+
+
+def session_traits(native: Traits) -> Traits:
+    """A Session's declaration: the native executor's, less running the command as pid 1."""
+    return Traits("session", "a Session", native.capabilities - {Capability.COMMAND_AS_PID_1},
+                  because={**native.because, Capability.COMMAND_AS_PID_1:
+                           "its pid 1 is sandbox-session, which forks every command"})
 
 
 def launch(spec: Spec) -> Launched:

@@ -186,8 +186,10 @@ def test_pid_1_killed_from_outside_gives_a_typed_error(require_native: None) -> 
 
 
 def test_a_session_needs_a_pid_namespace_of_its_own(require_native: None) -> None:
-    with pytest.raises(sandbox.SpecError, match="as_pid_1"):
+    with pytest.raises(sandbox.UnavailableError, match="a Session cannot run the command as pid 1.*as_pid_1=True"):
         sandbox.Session(make_base_spec(as_pid_1=True))
+    with pytest.raises(sandbox.UnavailableError, match="as pid 1 of its sandbox: no pid namespace"):
+        sandbox.Session(make_base_spec(namespaces=sandbox.Namespaces(pid=False)))
     with pytest.raises(sandbox.SpecError, match="spec"):
         sandbox.Session("not a spec")  # type: ignore[arg-type]
 

@@ -1,6 +1,6 @@
 """One refusal table: what an executor refuses is a row of sandbox.refusal.NEEDS, nowhere else.
 
-Every executor (the registry's, the WorkerPool, a recycled Template) declares its capabilities in its
+Every executor (the registry's, the WorkerPool, a recycled Template, a Session) declares its capabilities in its
 `Traits`; each capability one of them lacks is a row of NEEDS (or planning never makes such a plan for
 it), and every function that compiles a Plan asks refusal(). A decision that refuses a Plan by testing
 its fields anywhere else in sandbox/ (a list of its own, as the CLI server's fast path and Template
@@ -20,6 +20,7 @@ from sandbox.backends.template import RECYCLE_TRAITS
 from sandbox.capabilities import Capability, Traits
 from sandbox.plan import Plan
 from sandbox.refusal import NEEDS
+from sandbox.session.launch import session_traits
 from sandbox.workerpool.traits import TRAITS as WORKERPOOL
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sandbox"
@@ -29,11 +30,7 @@ COMPILERS = {"compile_plan", "compiled_plan"}  # warm_plan.plan_for_call asks re
 # than refusing: such a plan is refused only where it was made for another executor
 PLANNED_AROUND = {Capability.JOIN_POOLED_NETNS, Capability.CGROUPS}
 # code that tests a Plan's fields and raises, and why it is no refusal list (or whose it is to move)
-NOT_REFUSALS = {
-    # sandbox/session/'s (another helper's files): a Session's pid 1 is its own (csrc/session/session.c), so it
-    # refuses as_pid_1; to move into NEEDS as Traits of its own without COMMAND_AS_PID_1
-    "session/launch.py": "a Session's own refusal of as_pid_1, to become its Traits",
-}
+NOT_REFUSALS: dict[str, str] = {}
 # functions that compile a Plan without refusing it, and why
 UNREFUSED = {
     "plan_cache.py:compiled_plan": "the cache of compile_plan itself",
@@ -43,9 +40,9 @@ UNREFUSED = {
 
 
 def executors() -> list[Traits]:
-    """Every executor's declaration: the registry's, the WorkerPool's, a recycled Template's."""
+    """Every executor's declaration: the registry's, the WorkerPool's, a recycled Template's, a Session's."""
     declared = [backends.get(name).traits for name in (*backends.NAMES, *backends.EXPLICIT)]
-    return [*declared, WORKERPOOL, RECYCLE_TRAITS]
+    return [*declared, WORKERPOOL, RECYCLE_TRAITS, session_traits(backends.get("native").traits)]
 
 
 @pytest.mark.parametrize("traits", executors(), ids=lambda t: t.name)

@@ -12,7 +12,6 @@ session does). A SandboxProcess over a Call is what `Session.start` and
 
 from __future__ import annotations
 
-import array
 import errno as E
 import os
 import signal
@@ -20,6 +19,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from .._core import fdpass
 from .._core.binding import STEP_NAMES, lib
 from ..backends.contract import Ended
 from ..errors import ExecError, SandboxError, SessionError, SetupError
@@ -111,15 +111,11 @@ class Call:
 
 def receive(sock: socket.socket) -> tuple[wire.Frame | None, list[int]]:
     """One frame and the fds that came with it (None at EOF)."""
-    fds = array.array("i")
     try:
-        data, anc, _, _ = sock.recvmsg(wire.FRAME_SIZE, socket.CMSG_SPACE(fds.itemsize))
+        data, fds, _ = fdpass.recv_fds(sock, wire.FRAME_SIZE, 1, socket.MSG_CMSG_CLOEXEC)
     except ConnectionResetError:
         return None, []
-    for level, kind, payload in anc:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return wire.parse_frame(data), list(fds)
+    return wire.parse_frame(data), fds
 
 
 def host_pid(pidfd: int) -> int:

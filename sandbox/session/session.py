@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import array
 import os
 import socket
 import subprocess
@@ -10,6 +9,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._core import fdpass
 from ..api import Stdio, StdioArg, inheritable, run_with, with_call_options
 from ..errors import SessionError
 from ..output import DEFAULT_MAX_OUTPUT, check_cap
@@ -246,8 +246,7 @@ class Session:
             with self._send_lock:
                 if self._closed:
                     raise SessionError("the session is closed")
-                fds = array.array("i", [theirs.fileno(), *stdio])
-                n = self._control.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+                n = fdpass.send_fds(self._control, data, (theirs.fileno(), *stdio))
                 if n < len(data):
                     self._control.sendall(memoryview(data)[n:])
         except OSError as exc:

@@ -42,9 +42,15 @@ def test_run_reports_like_spawn(template: sandbox.Template) -> None:
 
 def test_each_sandbox_has_its_own_namespaces(template: sandbox.Template) -> None:
     script = "readlink /proc/self/ns/mnt /proc/self/ns/pid /proc/self/ns/ipc /proc/self/ns/user /proc/self/ns/net"
-    first, second = sh(template, script), sh(template, script)
-    a, b = first.stdout.split(), second.stdout.split()
-    assert len(a) == 5 and all(x != y for x, y in zip(a[:4], b[:4], strict=True))
+    # the first stays alive while the second runs: a namespace's number is freed with it, and reused
+    first = template.spawn(["sh", "-c", script + "; read x"], stdin=sandbox.PIPE, stdout=sandbox.PIPE)
+    try:
+        assert first.stdout is not None
+        a = [first.stdout.readline().decode().strip() for _ in range(5)]
+        b = sh(template, script).stdout.split()
+    finally:
+        first.communicate(b"", timeout=60)
+    assert len(b) == 5 and all(x != y for x, y in zip(a[:4], b[:4], strict=True)), (a, b)
     if first.network != "pool":  # a leased one is checked clean and leased again: the next may get it
         assert a[4] != b[4]
     assert a[4] != os.readlink("/proc/self/ns/net")

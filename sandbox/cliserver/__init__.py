@@ -29,6 +29,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from .owndir import own_dir
+
 
 class CommandLine(Protocol):
     """What the workers use of the command line they run (sandbox.cli, the module): handed to `serve_command` by
@@ -68,8 +70,6 @@ def socket_dir() -> str:
     a sandbox given a bind of it would reach root's server's files), else /tmp/sandbox-cli-UID."""
     uid = os.getuid()
     base = f"/run/user/{uid}"
-    from .owndir import own_dir
-
     if own_dir(base):
         return f"{base}/sandbox-cli"
     return "/run/sandbox-cli-0" if uid == 0 else f"/tmp/sandbox-cli-{uid}"
@@ -90,6 +90,7 @@ def serve_command(args: Sequence[str], cli: CommandLine) -> int:
     workers run the command line `cli` (sandbox.cli)."""
     global COMMAND_LINE
     COMMAND_LINE = cli
+    # lazy: `sandbox session` and `exec` import this package (socket_dir) but no server: 91 ms (-X importtime)
     from .server import IDLE_SECONDS
     from .start import run_server
 

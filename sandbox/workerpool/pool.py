@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
 
-from .. import backends, cgroups
+from .. import _native, backends, cgroups
 from .. import spec as S
 from .._core.binding import ffi, lib
 from .._core.blob import serialize
@@ -338,8 +338,6 @@ def _zygote_python(spec: S.Spec, native: str) -> str:
 
 def _native_path() -> str:
     """The compiled core's file, which the zygote loads by path."""
-    from .. import _native
-
     path: str | None = getattr(_native, "__file__", None)
     assert path is not None
     return path

@@ -27,7 +27,7 @@ from . import __version__
 # lazy imports: only what every invocation needs is imported here; the rest when it is used, so that each
 # command line loads only what its command uses (tests/unit/test_cold_path.py asserts which): `sandbox --version`
 # loads this module alone (20 ms against the interpreter's 15), where the parser would add 48 ms, the registry of
-# executors 55, the probe 208, explain 129 (`-X importtime`, each alone after this module, median of 7).
+# executors 55, the probe 208, explain 129 (each import timed alone after this module, median of 7).
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

@@ -105,7 +105,7 @@ def image(img: Image | str, *mounts: Mount, writable: StrPath | bool | None = No
     "overlay". A Template serves either warm (sandbox.warm_overlay: each of
     its sandboxes its own writable layer; no `writable=DIR`); a WorkerPool
     runs the image's own Python (sandbox.images.python)."""
-    # lazy: `import sandbox.presets` (minimal_system and the rest) loads no image store: 44 ms (-X importtime)
+    # lazy: `import sandbox.presets` (minimal_system, ...) loads no image store: 44 ms (import timed, median of 7)
     from .images import Image, ImageStore, roots
 
     if root not in ("auto", "overlay", "merged"):

@@ -90,7 +90,7 @@ def serve_command(args: Sequence[str], cli: CommandLine) -> int:
     workers run the command line `cli` (sandbox.cli)."""
     global COMMAND_LINE
     COMMAND_LINE = cli
-    # lazy: `sandbox session` and `exec` import this package (socket_dir) but no server: 91 ms (-X importtime)
+    # lazy: `sandbox session`/`exec` import this package (socket_dir), no server: 115 ms (import timed, median of 7)
     from .server import IDLE_SECONDS
     from .start import run_server
 

@@ -4,6 +4,7 @@ The table ("## Where code goes") is the single source: each row is a layer, the 
 may import only modules of its own row or of the rows above it. The imports are read with `ast`
 (tools/import_graph.py), module-level and function-level alike (only `if TYPE_CHECKING:` imports are left out: they
 never run), so an import hidden in a function counts. A module no row names fails, so the table stays complete.
+And an import of the package's own modules inside a function says why it is not at the top (`# lazy: ...`).
 
 It reads the checkout (sandbox/, HACKING.md, csrc/ and tools/), not the installed package: where the tests run
 from a staged copy without them (run-tests.sh's unprivileged run), it skips. Which user runs it changes nothing.

@@ -120,7 +120,7 @@ def ids_report() -> str:
 
 def _executors_without_cgroups() -> list[str]:
     """How messages name the executors that do not place their sandboxes in cgroups (their traits say)."""
-    # lazy: importing sandbox.workerpool loads 42 more modules (21 ms) (cloudpickle, the cffi backend,
+    # lazy: importing sandbox.workerpool loads 42 more modules, 21 ms (cloudpickle, the cffi backend,
     # logging, platform), and this module is imported for overlay_works and image_python without a report
     from .workerpool.traits import TRAITS as WORKERPOOL
 

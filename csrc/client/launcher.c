@@ -12,6 +12,15 @@
  * launcher itself also dies with its caller, so no process stands between a
  * dead caller and a live sandbox.
  *
+ * With `--report-fd N` before `--plan` (sandbox.backends.blob), fd N is
+ * the write end of a pipe the caller reads: the launcher makes it
+ * close-on-exec at once and writes one struct sbx_result to it, the
+ * sandbox's start (step 0: its pid, its timing stamps) or the failure record
+ * of its setup, which the caller turns into the typed error the native
+ * backend raises; that failure is then not printed on stderr. A failure of
+ * the launcher itself (a malformed plan) stays a "sandbox: ..." line and 125,
+ * and the pipe's end of file without a record tells the caller so.
+ *
  * With `--handoff` first (sandbox.compat.handoff), the launcher asks the
  * caller's process, which holds a warm sandbox.Template, to start the
  * command instead, with the ticket in its SANDBOX_HANDOFF variable
@@ -86,10 +95,40 @@ static int open_init(void)
     return open(self, O_PATH | O_CLOEXEC);
 }
 
+/* --report-fd: where the record goes (-1: none, the launcher's stderr). */
+static int report_fd = -1;
+
+/* Take N of `--report-fd N`: an open fd above stdio, made close-on-exec
+ * before anything else runs, so only this process ever holds it. */
+static void take_report_fd(const char *arg)
+{
+    char *end;
+    errno = 0;
+    long fd = strtol(arg, &end, 10);
+    if (errno || *end || end == arg || fd < 3 || fd > INT_MAX || fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0)
+        die("--report-fd %s: not an open fd above 2", arg);
+    report_fd = (int)fd;
+}
+
+/* The record, whole (one write below PIPE_BUF is atomic), then the pipe's
+ * end: a caller that has gone just misses it. */
+static void report(const struct sbx_result *res)
+{
+    ssize_t n;
+    while ((n = write(report_fd, res, sizeof *res)) < 0 && errno == EINTR)
+        ;
+    close(report_fd);
+    report_fd = -1;
+}
+
 /* The failure in the backend's own words (csrc/core/messages.c). A command that
  * could not be exec'd exits like a shell's: 127 not found, 126 otherwise. */
 static _Noreturn void report_failure(const struct sbx_result *res, const void *blob, size_t len, const char *cmd)
 {
+    if (report_fd >= 0) {
+        report(res);
+        exit(res->step != SBX_STEP_EXEC ? 125 : res->err == ENOENT ? 127 : 126);
+    }
     size_t size = 2 * len + strlen(cmd) + 256;
     char *text = malloc(size);
     if (!text)
@@ -121,8 +160,14 @@ int main(int argc, char **argv)
         argc -= 1;
         argv += 1;
     }
+    if (!handoff && argc >= 3 && !strcmp(argv[1], "--report-fd")) {
+        take_report_fd(argv[2]);
+        argv[2] = argv[0];
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
-        die("usage: %s [--handoff] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
+        die("usage: %s [--handoff | --report-fd N] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
     if (handoff) {
         /* the caller's thread that forked us ends: so do we (and the
          * sandbox its process started for us, when our connection closes) */
@@ -146,6 +191,8 @@ int main(int argc, char **argv)
     struct sbx_result res;
     if (sbx_run_plan(&run, &res) < 0)
         report_failure(&res, blob, len, argv[4]);
+    if (report_fd >= 0)
+        report(&res);
     int status = sbx_wait_plan(&res);
     if (status == -1)
         die("waitpid: %s", sbx_strerror(errno));

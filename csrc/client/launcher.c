@@ -19,7 +19,9 @@
  * of its setup, which the caller turns into the typed error the native
  * backend raises; that failure is then not printed on stderr. A failure of
  * the launcher itself (a malformed plan) stays a "sandbox: ..." line and 125,
- * and the pipe's end of file without a record tells the caller so.
+ * and the pipe's end of file without a record tells the caller so. Each
+ * `--pass-fd N` (there too) is an fd the command keeps at its number; the
+ * command gets no other fd but its stdio.
  *
  * With `--handoff` first (sandbox.compat.handoff), the launcher asks the
  * caller's process, which holds a warm sandbox.Template, to start the
@@ -98,16 +100,46 @@ static int open_init(void)
 /* --report-fd: where the record goes (-1: none, the launcher's stderr). */
 static int report_fd = -1;
 
-/* Take N of `--report-fd N`: an open fd above stdio, made close-on-exec
- * before anything else runs, so only this process ever holds it. */
-static void take_report_fd(const char *arg)
+/* N of `OPTION N`: an open fd above stdio. */
+static int take_fd(const char *option, const char *arg)
 {
     char *end;
     errno = 0;
     long fd = strtol(arg, &end, 10);
-    if (errno || *end || end == arg || fd < 3 || fd > INT_MAX || fcntl((int)fd, F_SETFD, FD_CLOEXEC) < 0)
-        die("--report-fd %s: not an open fd above 2", arg);
-    report_fd = (int)fd;
+    if (errno || *end || end == arg || fd < 3 || fd > INT_MAX || fcntl((int)fd, F_GETFD) < 0)
+        die("%s %s: not an open fd above 2", option, arg);
+    return (int)fd;
+}
+
+/* The options before --plan (none with --handoff, whose command another
+ * process starts): --report-fd N, made close-on-exec before anything else
+ * runs, so only this process ever holds it; --pass-fd N, each an fd the
+ * command keeps at its number, into `pass` (ascending, as sbx_spawn takes
+ * them), never the report's. Returns how many were taken off argv. */
+static int take_options(int argc, char **argv, int *pass, int *n_pass)
+{
+    int i = 1;
+    for (; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--report-fd")) {
+            report_fd = take_fd(argv[i], argv[i + 1]);
+            if (fcntl(report_fd, F_SETFD, FD_CLOEXEC) < 0)
+                die("--report-fd %s: %s", argv[i + 1], sbx_strerror(errno));
+        } else if (!strcmp(argv[i], "--pass-fd")) {
+            int fd = take_fd(argv[i], argv[i + 1]), k = *n_pass;
+            for (; k > 0 && pass[k - 1] > fd; k--)
+                pass[k] = pass[k - 1];
+            if (k > 0 && pass[k - 1] == fd)
+                die("--pass-fd %d: given twice", fd);
+            pass[k] = fd;
+            (*n_pass)++;
+        } else {
+            break;
+        }
+    }
+    for (int k = 0; k < *n_pass; k++)
+        if (pass[k] == report_fd)
+            die("--pass-fd %d: the report's fd is the launcher's alone", report_fd);
+    return i - 1;
 }
 
 /* The record, whole (one write below PIPE_BUF is atomic), then the pipe's
@@ -160,14 +192,17 @@ int main(int argc, char **argv)
         argc -= 1;
         argv += 1;
     }
-    if (!handoff && argc >= 3 && !strcmp(argv[1], "--report-fd")) {
-        take_report_fd(argv[2]);
-        argv[2] = argv[0];
-        argc -= 2;
-        argv += 2;
+    int *pass = malloc(sizeof *pass * (size_t)argc), n_pass = 0;
+    if (!pass)
+        die("out of memory");
+    int taken = handoff ? 0 : take_options(argc, argv, pass, &n_pass);
+    if (taken) {
+        argv[taken] = argv[0];
+        argc -= taken;
+        argv += taken;
     }
     if (argc < 5 || strcmp(argv[1], "--plan") || strcmp(argv[3], "--"))
-        die("usage: %s [--handoff | --report-fd N] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
+        die("usage: %s [--handoff | [--report-fd N] [--pass-fd N]...] --plan BASE64 -- COMMAND [ARGS...]", argv[0]);
     if (handoff) {
         /* the caller's thread that forked us ends: so do we (and the
          * sandbox its process started for us, when our connection closes) */
@@ -187,7 +222,8 @@ int main(int argc, char **argv)
 
     static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
     sbx_forward_signals(forwarded, sizeof forwarded / sizeof *forwarded);
-    struct sbx_plan_run run = {.blob = blob, .len = len, .argv = argv + 4, .envp = environ, .init_fd = init_fd};
+    struct sbx_plan_run run = {
+        .blob = blob, .len = len, .argv = argv + 4, .envp = environ, .pass_fds = pass, .n_pass = n_pass, .init_fd = init_fd};
     struct sbx_result res;
     if (sbx_run_plan(&run, &res) < 0)
         report_failure(&res, blob, len, argv[4]);

@@ -558,7 +558,7 @@ PROCESS_CASES = [
       for name, leak in (("only_stdio_is_open", False), ("inherited_fds_are_closed", True))),
     Case("pass_fds_keep_their_numbers", pass_fd=True,
          expect={("fds",): [0, 1, 2, PASSED_FD], ("fd_types", str(PASSED_FD)): "fifo"},
-         not_applicable={WP: WP_NO_PASS_FDS}, refused={"blob": "pass_fds"}),
+         not_applicable={WP: WP_NO_PASS_FDS}),
     Case("new_session", mounts=(S.Proc(), S.Dev()), spec={"as_pid_1": True},
          expect={("proc", "sid_is_pid"): True, ("proc", "tty"): OneOf(("ENXIO", "ENODEV"))}),
     Case("no_new_session", mounts=(S.Proc(),), spec={"as_pid_1": True, "new_session": False},

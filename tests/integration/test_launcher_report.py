@@ -3,7 +3,8 @@ end only the launcher holds, so the blob executor raises the native backend's ty
 
 - the record: a start (the sandbox's first process, its stamps) or the setup's failure, then the pipe's end;
   a failure is then not printed on the command's stderr; a bad fd number is refused;
-- the write end is never the command's: a command that writes to that number forges nothing;
+- the write end is never the command's: a command that writes to that number forges nothing, and it cannot
+  be passed on (`--pass-fd`, the fds the command keeps at their numbers);
 - the blob executor: SetupError / ExecError with their step, backend "blob", and no process or fd left behind;
 - without the option, sandbox-launch keeps its contract: 125 and one "sandbox: ..." line.
 """
@@ -55,10 +56,11 @@ def plan_words(spec: sandbox.Spec) -> list[str]:
     return ["--plan", base64.b64encode(blob_for(compiled_plan(spec, backends.host_for("blob")))).decode()]
 
 
-def launch(words: list[str], w: int) -> subprocess.CompletedProcess[bytes]:
-    """sandbox-launch WORDS with the pipe's write end at its own number; the caller's copy closed after."""
+def launch(words: list[str], w: int, *more: int) -> subprocess.CompletedProcess[bytes]:
+    """sandbox-launch WORDS with the pipe's write end (and `more`) at its own number; the caller's copy of
+    the write end closed after."""
     try:
-        return subprocess.run([launcher_path(), *words], pass_fds=(w,), capture_output=True, timeout=60,
+        return subprocess.run([launcher_path(), *words], pass_fds=(w, *more), capture_output=True, timeout=60,
                               env={"PATH": "/usr/bin:/bin"})
     finally:
         os.close(w)
@@ -112,6 +114,39 @@ def test_a_report_fd_that_is_no_open_fd_above_stdio_is_refused(number: str) -> N
     assert done.stderr == f"sandbox: --report-fd {number}: not an open fd above 2\n".encode()
 
 
+def test_a_passed_fd_is_the_commands_at_its_number(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    data_r, data_w = os.pipe()
+    try:
+        os.write(data_w, b"passed")
+        os.close(data_w)
+        script = f"import os\nprint(sorted(map(int, os.listdir('/proc/self/fd'))), os.read({data_r}, 9).decode())"
+        done = launch(["--report-fd", str(w), "--pass-fd", str(data_r), *plan_words(make_base_spec()), "--",
+                       "/usr/bin/python3", "-c", script], w, data_r)
+    finally:
+        os.close(data_r)
+    assert (done.returncode, done.stdout) == (0, f"[0, 1, 2, 3, {data_r}] passed\n".encode()), done.stderr
+    assert ffi.from_buffer("struct sbx_result *", records(r)).step == 0
+
+
+def test_the_reports_fd_cannot_be_passed_to_the_command(pipe: tuple[int, int]) -> None:
+    """The attack: a caller's bug (or a harness's argv) passing the report's write end on as well; the command
+    would hold it and could write a record of its own, a failure that never happened."""
+    r, w = pipe
+    forge = f"import os\nos.write({w}, bytes({RECORD}))"
+    done = launch(["--report-fd", str(w), "--pass-fd", str(w), *plan_words(make_base_spec()), "--",
+                   "/usr/bin/python3", "-c", forge], w)
+    assert done.returncode == 125
+    assert done.stderr == f"sandbox: --pass-fd {w}: the report's fd is the launcher's alone\n".encode()
+    assert records(r) == b""
+
+
+def test_an_fd_passed_twice_is_refused(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    done = launch(["--pass-fd", str(w), "--pass-fd", str(w), *plan_words(make_base_spec()), "--", "/bin/true"], w)
+    assert (done.returncode, done.stderr) == (125, f"sandbox: --pass-fd {w}: given twice\n".encode())
+
+
 def test_report_fd_with_handoff_is_a_usage_error(pipe: tuple[int, int]) -> None:
     r, w = pipe
     done = launch(["--handoff", "--report-fd", str(w), *plan_words(make_base_spec()), "--", "/bin/true"], w)
@@ -143,6 +178,19 @@ def test_the_blob_executor_raises_the_typed_error(argv: list[str], extra: tuple[
         sandbox.run(argv, make_base_spec(*extra), backend="blob", capture_output=True, timeout=60)
     assert getattr(raised.value, "step", None) == step and getattr(raised.value, "backend", None) == "blob"
     assert (child_pids(), open_fds()) == before
+
+
+def test_the_blob_executor_passes_fds_at_their_numbers() -> None:
+    r, w = os.pipe()
+    try:
+        os.write(w, b"passed")
+        os.close(w)
+        script = f"import os\nprint(sorted(map(int, os.listdir('/proc/self/fd'))), os.read({r}, 9).decode())"
+        done = sandbox.run(["/usr/bin/python3", "-c", script], make_base_spec(), backend="blob", pass_fds=(r,),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(r)
+    assert (done.returncode, done.stdout) == (0, f"[0, 1, 2, 3, {r}] passed\n"), done.stderr
 
 
 def test_the_blob_handle_reports_its_sandbox_and_its_stages() -> None:

@@ -99,11 +99,6 @@ def test_the_blob_executor_refuses_sync_fds(blob: None, sync_pipe: int) -> None:
                                   spec=make_base_spec(), backend="blob", sync=Sync(info_fd=sync_pipe))
 
 
-def test_the_blob_executor_gives_its_command_stdio_only(blob: None) -> None:
-    with pytest.raises(sandbox.SpecError, match="pass_fds"):
-        sandbox.spawn(["/bin/true"], make_base_spec(), backend="blob", pass_fds=(sys.stderr.fileno(),))
-
-
 def test_the_clients_plan_is_refused_by_the_blob_executors_traits(blob: None) -> None:
     """The CLI server compiles for the native backend: what that plan needs beyond the client is a worker's."""
     host = backends.host_for("native")

@@ -15,7 +15,7 @@ write end only the launcher holds (`--report-fd`, blob/report.py): through it
 the launcher reports the sandbox's start (its timing stamps) or its setup's
 failure record, so `launch` returns once the command has been exec'd, or
 raises the typed error the native backend raises (SetupError, ExecError,
-IsolationError). The command gets its stdio only.
+IsolationError). The command keeps its stdio and `pass_fds` (`--pass-fd`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import time
 
 from ... import isolation
 from ...capabilities import ALL, Capability, Traits
-from ...errors import SpecError
 from ...plan import Plan
 from ..contract import Backend, FunctionsBackend, Handle, WaitStatus
 from ..handle import ProcessHandle
@@ -86,17 +85,16 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     once the command has been exec'd, or raise its setup's typed error."""
     from ..native import blob_for  # here: sandbox.launcher reads TRAITS without the core
 
-    if pass_fds:
-        raise SpecError("pass_fds", pass_fds, f"{LAUNCHER_NAME} gives its command stdio only")
     blob = blob_for(plan)
+    kept = [fd for fd in pass_fds if fd >= 3]  # 0-2: the command's stdio, as natively
     r, w = os.pipe2(os.O_CLOEXEC)
     if w < 3:  # above stdio, which the spawn's dup2s overwrite
         w, low = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3), w
         os.close(low)
     try:
         since = time.monotonic_ns()
-        pid = _spawn([launcher_path(), "--report-fd", str(w), "--plan", base64.b64encode(blob).decode(), "--",
-                      *argv], plan, stdio, w)
+        words = [launcher_path(), "--report-fd", str(w), *(word for fd in kept for word in ("--pass-fd", str(fd)))]
+        pid = _spawn([*words, "--plan", base64.b64encode(blob).decode(), "--", *argv], plan, stdio, (w, *kept))
     except BaseException:
         os.close(r)
         raise
@@ -105,14 +103,14 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     from .report import read_record, started
 
     try:
-        with open(r, "rb", buffering=0, closefd=True) as pipe:
-            data = read_record(pipe.fileno())
+        data = read_record(r)
     except BaseException:  # interrupted: the sandbox, if it started, goes with its launcher
-        handle = _LaunchedHandle(pid, WaitStatus(), {})
-        handle.signal(signal.SIGKILL)
+        _LaunchedHandle(pid, WaitStatus(), {}).signal(signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
         raise
+    finally:
+        os.close(r)
     sandbox_pid, timings, landlock_abi = started(data, pid, blob, argv, since, LAUNCHER_NAME)
     findings = isolation.findings(plan, None)
     if plan.landlock:
@@ -120,8 +118,9 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     return _LaunchedHandle(pid, WaitStatus(), timings, isolation=findings, sandbox_pid=sandbox_pid)
 
 
-def _spawn(words: list[str], plan: Plan, stdio: tuple[int, int, int], report_fd: int) -> int:
-    """posix_spawn sandbox-launch: a vfork-like clone, never a copy of the caller's page tables."""
+def _spawn(words: list[str], plan: Plan, stdio: tuple[int, int, int], kept: tuple[int, ...]) -> int:
+    """posix_spawn sandbox-launch, with `kept` open at their numbers: a vfork-like clone, never a copy of the
+    caller's page tables."""
     env = dict(entry.split("=", 1) for entry in plan.env if "=" in entry)
     # -1: the caller's own, inherited as a command it execs would inherit it; a source that is another
     # stdio slot is copied above them first, so that no dup2 overwrites what a later one reads
@@ -130,7 +129,7 @@ def _spawn(words: list[str], plan: Plan, stdio: tuple[int, int, int], report_fd:
         actions = [(os.POSIX_SPAWN_DUP2, copy if copy >= 0 else fd, i)
                    for i, (fd, copy) in enumerate(zip(stdio, copies, strict=True)) if fd >= 0]
         # dup2 onto itself: the fd stays where it is, its close-on-exec cleared for this exec alone
-        actions.append((os.POSIX_SPAWN_DUP2, report_fd, report_fd))
+        actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in kept]
         return os.posix_spawn(words[0], words, env, file_actions=actions, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     finally:
         for copy in copies:

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -153,6 +154,36 @@ static void report(const struct sbx_result *res)
     report_fd = -1;
 }
 
+/* The kernel's disposition of `sig`, raw: libc's sigaction() refuses its own
+ * signals (32-34). `set`: make it the default (all zero: SIG_DFL, no flags). */
+static int ignored(int sig, int set)
+{
+    unsigned long cur[8] = {0}, dfl[8] = {0};
+    if (syscall(SYS_rt_sigaction, sig, NULL, cur, (NSIG - 1) / 8) < 0 || cur[0] != (unsigned long)SIG_IGN)
+        return 0;
+    if (set)
+        syscall(SYS_rt_sigaction, sig, dfl, NULL, (NSIG - 1) / 8);
+    return 1;
+}
+
+/* Which of `sigs` to pass on to the sandbox, into `out`. A plan that gives the
+ * command this process's dispositions (no SBX_OPT_RESET_SIGNALS) gives it the
+ * caller's: a signal the caller ignored stays ignored here (not passed on:
+ * the command ignores it too), and the libc's own signals, which glibc's and
+ * musl's posix_spawn leave ignored in the program they start (no caller can
+ * ignore them itself), are the default again, as across fork and exec. */
+static size_t to_forward(const struct sbx_header *h, const int *sigs, size_t n, int *out)
+{
+    size_t kept = 0;
+    int keep = !(h->opts & SBX_OPT_RESET_SIGNALS);
+    for (int sig = 32; keep && sig < 35 && sig < NSIG; sig++)
+        ignored(sig, 1);
+    for (size_t i = 0; i < n; i++)
+        if (!keep || !ignored(sigs[i], 0))
+            out[kept++] = sigs[i];
+    return kept;
+}
+
 /* The failure in the backend's own words (csrc/core/messages.c). A command that
  * could not be exec'd exits like a shell's: 127 not found, 126 otherwise. */
 static _Noreturn void report_failure(const struct sbx_result *res, const void *blob, size_t len, const char *cmd)
@@ -221,7 +252,8 @@ int main(int argc, char **argv)
         die("can't open sandbox-init next to %s: %s", argv[0], sbx_strerror(errno));
 
     static const int forwarded[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGCONT, SIGWINCH};
-    sbx_forward_signals(forwarded, sizeof forwarded / sizeof *forwarded);
+    int sigs[sizeof forwarded / sizeof *forwarded];
+    sbx_forward_signals(sigs, to_forward(h, forwarded, sizeof forwarded / sizeof *forwarded, sigs));
     struct sbx_plan_run run = {
         .blob = blob, .len = len, .argv = argv + 4, .envp = environ, .pass_fds = pass, .n_pass = n_pass, .init_fd = init_fd};
     struct sbx_result res;

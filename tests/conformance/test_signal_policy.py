@@ -31,9 +31,6 @@ def test_signals_kept_when_the_plan_says_so(spec: dict[str, Any], backend: str, 
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     if backend in ("template", "template-recycle"):
         pytest.skip("a Template's sandboxes are cloned by its server: the caller's signal state cannot be kept")
-    if backend == "blob":
-        pytest.skip("sandbox-launch stands between: it forwards SIGHUP, SIGUSR1... with handlers, which its exec "
-                    "of the sandbox resets, and glibc's posix_spawn leaves its own signals 32 and 33 ignored in it")
     if backend == "workerpool":
         pytest.skip("a WorkerPool's tasks are forks of its zygote, a fresh interpreter: the caller's signal state "
                     "cannot be kept")

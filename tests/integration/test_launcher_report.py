@@ -193,6 +193,18 @@ def test_the_blob_executor_passes_fds_at_their_numbers() -> None:
     assert (done.returncode, done.stdout) == (0, f"[0, 1, 2, 3, {r}] passed\n"), done.stderr
 
 
+def test_a_launcher_that_ends_without_a_record_is_a_setup_error_naming_its_status() -> None:
+    """No record (the launcher failed itself: a malformed plan, sandbox-init missing): its status, reaped."""
+    from sandbox.backends.blob import report
+
+    pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", "exit 125"], {})
+    with pytest.raises(sandbox.SetupError, match=r"^sandbox-launch ended \(exit status 125\) before it started "
+                                                 r"the sandbox \(its \"sandbox: \.\.\.\" line went to") as raised:
+        report.started(b"", pid, b"", ["/bin/true"], 0, "sandbox-launch")
+    assert (raised.value.step, raised.value.backend) == ("launch", "blob")
+    assert pid not in child_pids()
+
+
 def test_the_blob_handle_reports_its_sandbox_and_its_stages() -> None:
     with sandbox.spawn(["/bin/sh", "-c", "exit 3"], make_base_spec(), backend="blob") as proc:
         assert proc.sandbox_pid != proc.pid  # the launcher's child

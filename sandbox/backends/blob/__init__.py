@@ -88,10 +88,10 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     blob = blob_for(plan)
     kept = [fd for fd in pass_fds if fd >= 3]  # 0-2: the command's stdio, as natively
     r, w = os.pipe2(os.O_CLOEXEC)
-    if w < 3:  # above stdio, which the spawn's dup2s overwrite
-        w, low = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3), w
-        os.close(low)
     try:
+        if w < 3:  # above stdio, which the spawn's dup2s overwrite
+            w, low = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3), w
+            os.close(low)
         since = time.monotonic_ns()
         words = [launcher_path(), "--report-fd", str(w), *(word for fd in kept for word in ("--pass-fd", str(fd)))]
         pid = _spawn([*words, "--plan", base64.b64encode(blob).decode(), "--", *argv], plan, stdio, (w, *kept))

@@ -45,8 +45,9 @@ def started(data: bytes, pid: int, blob: bytes, argv: list[str], since_ns: int, 
     launcher reaped first) if it reports a failure, or none."""
     if len(data) != RECORD_SIZE:
         status = _reap(pid)
-        raise SetupError(f"{name} ended ({_ended(status)}) before it started the sandbox: "
-                         "its \"sandbox: ...\" line went to the command's stderr", step="launch", backend="blob")
+        said = " (its \"sandbox: ...\" line went to the command's stderr)" if status == 125 << 8 else ""
+        raise SetupError(f"{name} ended ({_ended(status)}) before it started the sandbox{said}", step="launch",
+                         backend="blob")
     res: Any = ffi.from_buffer("struct sbx_result *", data)
     if res.step != 0:
         _reap(pid)

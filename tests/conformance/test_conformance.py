@@ -49,7 +49,7 @@ BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=T
 # Template(recycle=True), in a sandbox recycled after earlier requests (declared
 # as "template"'s); workerpool: every case's probe as a task function
 # (probe.task) of a sandbox.WorkerPool
-BACKENDS = ("native", "bwrap", "template", "template-recycle", "workerpool")
+BACKENDS = ("native", "bwrap", "template", "template-recycle", "workerpool", "blob")
 DECLARED_AS = {"template-recycle": "template"}
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
@@ -57,6 +57,8 @@ NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 def available(backend: str) -> tuple[bool, str]:
     if backend in ("template", "template-recycle"):
         return backends.availability("template")
+    if backend == "blob":
+        return backends.availability("blob")
     result = sandbox.probe()
     if backend in ("native", "workerpool"):  # a WorkerPool's zygote is a native sandbox
         return result.native, result.native_reason

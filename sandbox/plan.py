@@ -15,7 +15,7 @@ import fnmatch
 import re
 import resource
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from . import spec as S
@@ -196,6 +196,9 @@ class Plan:
     limits_fallback: tuple[str, ...] = ()
     require_cgroups: bool = False
     limits_mechanism: str = "rlimit"  # "cgroup2", "cgroup1" or "rlimit": what walls memory, processes and CPU
+    # The Spec it was compiled from, for the one executor that hands a sandbox to another planner (the
+    # brokered one: a task sandbox's broker plans it again from a task description); no part of the decision.
+    source: S.Spec | None = field(default=None, compare=False, repr=False)
 
     @property
     def net_ns(self) -> bool:
@@ -470,6 +473,7 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         limits_fallback=fallback,
         require_cgroups=spec.limits.require_cgroups,
         limits_mechanism=host.cgroups.mechanism if cgroup is not None else "rlimit",
+        source=spec,
     )
 
 

@@ -1,7 +1,7 @@
-"""`sandbox.spawn`/`sandbox.run` of a Spec inside a task sandbox: sent to the broker as a task description.
+"""A Spec as the task description the broker starts (the brokered executor's one translation).
 
 A Spec inside a task sandbox cannot be started there (no user namespaces
-for untrusted code); api.spawn hands it here when a broker is reachable.
+for untrusted code); the brokered executor sends it to the broker instead.
 The Spec becomes the task description that shows what it asks for, in this
 sandbox's paths: binds become `read`, `write` and `binds`; the network
 `host` becomes `open` (anything else `isolated`); `env`, `env_inherit`,
@@ -13,11 +13,6 @@ description cannot express, or what would widen, is refused by name:
 another seccomp policy, capabilities, a uid, a hostname, namespaces turned
 off, device binds, files with data, landlock, other limits. The broker then
 checks the description like any other (it can only narrow).
-
-The process returned is a sandbox.SandboxProcess (so sandbox.run's
-timeouts, checks and results work as they do locally) that relays to the
-nested sandbox; `timings` and `usage` are empty: they are measured beside
-this sandbox, not in it.
 """
 
 from __future__ import annotations
@@ -25,22 +20,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
-from typing import IO, Any
 
-from ..errors import SpecError
-from ..mounts import Bind as SBind
-from ..mounts import DevBind, File, RoBind
-from ..process import SandboxProcess
-from ..seccomp import DEFAULT_POLICY
-from ..spec import Limits as SLimits
-from ..spec import Namespaces, Spec
-from .description import Bind, Limits, Sandbox
-from .facts import ETC_FILES
-from .nested import NestedHandle, ask, broker_path
-from .translate import _under
+from ...errors import SpecError
+from ...mounts import Bind as SBind
+from ...mounts import DevBind, File, RoBind
+from ...seccomp import DEFAULT_POLICY
+from ...spec import Limits as SLimits
+from ...spec import Namespaces, Spec
+from ...task.description import Bind, Limits, Sandbox
+from ...task.facts import ETC_FILES
+from ...task.translate import _under
 
-StdioArg = int | IO[Any] | None
 SHOWN_ANYWAY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", *ETC_FILES)
 _DEFAULTS: dict[str, object] = {"namespaces": Namespaces(), "hostname": None, "uid": None, "gid": None,
                                 "die_with_parent": True, "as_pid_1": False, "cap_add": (), "seccomp": DEFAULT_POLICY,
@@ -88,17 +78,3 @@ def description_of(spec: Spec) -> Sandbox:
         ports=[p for p, t in forward.items() if isinstance(t, int)],
         sockets={p: t for p, t in forward.items() if isinstance(t, str)},
         limits=Limits(**{n: getattr(spec.limits, n) for n in _TASK_LIMITS}))
-
-
-def spawn_brokered(argv: Sequence[str], spec: Spec, stdin: StdioArg, stdout: StdioArg, stderr: StdioArg,
-                   pass_fds: Sequence[int]) -> SandboxProcess:
-    """Start `spec` through this sandbox's broker (api.spawn's path when SANDBOX_TASK_BROKER is set)."""
-    path = broker_path()
-    assert path is not None  # the caller saw the variable
-    sb = description_of(spec)
-    chan, reply, stdio = ask(path, {"kind": "task", "sandbox": sb.to_dict()}, argv, stdin, stdout, stderr, pass_fds)
-    handle = NestedHandle(chan, reply)
-    return SandboxProcess(list(argv), handle, backend=str(handle.record.get("backend") or "native"),
-                          backend_reason="nested: started beside this sandbox by the sandbox.task broker",
-                          network="host" if sb.network == "open" else "none",
-                          pipes=(stdio.ours[0], stdio.ours[1], stdio.ours[2]))

@@ -1,4 +1,5 @@
-"""A Spec started inside a task sandbox becomes a task description (sandbox.task.nested_spec), or is refused by name."""
+"""A Spec started inside a task sandbox becomes a task description (sandbox.backends.brokered.description),
+or is refused by name."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import sys
 import pytest
 
 from sandbox import Bind, DevBind, File, Proc, RoBind, Spec, SpecError, Tmpfs
+from sandbox.backends.brokered.description import description_of
 from sandbox.presets import system_mounts
 from sandbox.spec import Limits, Namespaces
-from sandbox.task.nested_spec import description_of
 
 
 def test_binds_network_env_limits_probes_and_forwards_carry_over() -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
+from collections.abc import Iterator
 
 from ..capabilities import ALL, Capability, Traits
 from ..errors import SpecError, UnavailableError
@@ -97,9 +98,9 @@ def _applies(name: str) -> bool:
     return applies is None or bool(applies())
 
 
-def _candidates() -> tuple[str, ...]:
-    """The backends "auto" tries here, in order."""
-    return tuple(name for name in NAMES if _applies(name))
+def _candidates() -> Iterator[str]:
+    """The backends "auto" tries here, in order (each loaded only when the one before it is refused)."""
+    return (name for name in NAMES if _applies(name))
 
 
 def availability(name: str, refresh: bool = False) -> tuple[bool, str]:
@@ -146,7 +147,7 @@ def launch(name: str, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
     try:
         return get(name).launch(plan, argv, stdio, pass_fds)
     except UnavailableError as exc:
-        tried = _candidates()
+        tried = tuple(_candidates())
         others = {n: availability(n) for n in tried if n != name}
         if not others or any(ok for ok, _ in others.values()):
             raise

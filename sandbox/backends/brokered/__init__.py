@@ -33,20 +33,18 @@ __all__ = ["BACKEND", "BROKER_ENV", "TRAITS", "applies", "available", "broker_pa
 BROKER_ENV = "SANDBOX_TASK_BROKER"  # inside a task sandbox: the path of its broker's socket
 
 _NARROWS = "a nested sandbox can only narrow the task sandbox it is started from"
-TRAITS = Traits("brokered", "a nested sandbox", ALL - {
-    Capability.WITHOUT_USER_NS, Capability.WITHOUT_MOUNT_NS, Capability.WITHOUT_PID_NS,
-    Capability.KEEP_SYS_ADMIN, Capability.LANDLOCK, Capability.RDONLY_DEV_BIND, Capability.COMMAND_AS_PID_1,
-    Capability.FD_SOURCE, Capability.TMPFS_ROOT, Capability.OVERLAY, Capability.SYNC_FDS,
-    Capability.HANDED_NAMESPACES, Capability.JOIN_POOLED_NETNS, Capability.CGROUPS}, because={
-    Capability.WITHOUT_USER_NS: _NARROWS, Capability.WITHOUT_MOUNT_NS: _NARROWS, Capability.WITHOUT_PID_NS: _NARROWS,
-    Capability.KEEP_SYS_ADMIN: _NARROWS, Capability.LANDLOCK: _NARROWS, Capability.RDONLY_DEV_BIND: _NARROWS,
-    Capability.COMMAND_AS_PID_1: _NARROWS,
-    Capability.FD_SOURCE: "the broker takes the command's stdio only",
-    Capability.SYNC_FDS: "the broker takes the command's stdio only",
-    Capability.TMPFS_ROOT: "the broker builds the nested sandbox's root from a task description",
-    Capability.OVERLAY: "the broker builds the nested sandbox's root from a task description",
+_DESCRIBED = "the broker builds the nested sandbox's root from a task description"
+_STDIO_ONLY = "the broker takes the command's stdio only"
+_LACKS = {
+    Capability.WITHOUT_USER_NS: _NARROWS, Capability.WITHOUT_MOUNT_NS: _NARROWS,
+    Capability.WITHOUT_PID_NS: _NARROWS, Capability.KEEP_SYS_ADMIN: _NARROWS, Capability.KEEP_CAPS: _NARROWS,
+    Capability.LANDLOCK: _NARROWS, Capability.RDONLY_DEV_BIND: _NARROWS, Capability.COMMAND_AS_PID_1: _NARROWS,
+    Capability.TMPFS_ROOT: _DESCRIBED, Capability.OVERLAY: _DESCRIBED,
+    Capability.FD_SOURCE: _STDIO_ONLY, Capability.SYNC_FDS: _STDIO_ONLY, Capability.HANDED_NAMESPACES: _STDIO_ONLY,
+    Capability.JOIN_POOLED_NETNS: "the broker gives it a network namespace of its own",
     Capability.CGROUPS: "the broker places it in the cgroup it makes for it",
-})
+}
+TRAITS = Traits("brokered", "a nested sandbox", ALL - set(_LACKS), because=_LACKS)
 
 
 def applies() -> bool:

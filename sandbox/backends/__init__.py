@@ -106,8 +106,13 @@ def _candidates() -> Iterator[str]:
 def availability(name: str, refresh: bool = False) -> tuple[bool, str]:
     """`get(name).available()`, cached per process (`refresh=True` asks again), unless the backend is found
     from the environment (it has `applies`): that is read again at each call."""
-    if hasattr(get(name), "applies"):
-        return get(name).available()
+    backend = get(name)
+    if hasattr(backend, "applies"):
+        return backend.available()
+    return _cached_availability(name, refresh)
+
+
+def _cached_availability(name: str, refresh: bool = False) -> tuple[bool, str]:
     with _lock:
         if refresh:
             _availability.cache_clear()
@@ -128,10 +133,17 @@ def choose(requested: str) -> tuple[str, str]:
             raise UnavailableError(f"{requested} backend unavailable: {reason}")
         return requested, "requested"
     refused: list[tuple[str, str]] = []
-    for name in _candidates():
-        ok, reason = availability(name)
+    for name in NAMES:
+        backend = get(name)
+        applies = getattr(backend, "applies", None)
+        if applies is None:
+            ok, reason = _cached_availability(name)
+        elif applies():
+            ok, reason = backend.available()
+        else:
+            continue  # not where it serves: not named either
         if ok:
-            if hasattr(get(name), "applies"):  # found from the environment: its reason says where it is
+            if applies is not None:  # found from the environment: its reason says where it is
                 return name, f"auto: {reason}"
             if not refused:
                 return name, f"auto: this host allows the {name} path"

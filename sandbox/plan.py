@@ -239,7 +239,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
             flags |= OpFlag.OPTIONAL
         if FD_SOURCE.fullmatch(m.src):
             flags |= OpFlag.FD_SOURCE
-        return Op(OpKind.BIND, m.target(), src=m.src, flags=flags, origin=i)
+        return Op(OpKind.BIND, m.dest_path(), src=m.src, flags=flags, origin=i)
     if isinstance(m, S.Tmpfs):
         return Op(OpKind.TMPFS, m.dest, mode=m.perms, size=m.size or 0,
                   parent_mode=parent_mode_for(m.perms), flags=OpFlag.NODEV, origin=i)
@@ -362,7 +362,7 @@ def plan_network(spec: S.Spec, host: HostInfo) -> Network:
         return "host"
     if host.pool is None:
         return "none"
-    wants_check = spec.check or bool(spec.forward)
+    wants_check = spec.check_network or bool(spec.forward)
     if spec.network == "pool" or wants_check:
         return "pool"
     # A leased namespace is owned by the pool's user namespace, where the
@@ -466,7 +466,7 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         probe_paths=spec.probe_paths,
         forward=spec.forward,
         forward_writable=forward_writable(spec.forward, ops),
-        check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
+        check_network=spec.network != "host" and (spec.check_network or bool(spec.forward)),
         caps_as_caller=host.is_root and keep == host.effective_caps,
         sync=sync,
         cgroup=cgroup,

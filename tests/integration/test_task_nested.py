@@ -305,7 +305,9 @@ def test_sandbox_run_of_a_spec_inside_goes_through_the_broker(backend: str, tree
     assert r.returncode == 0, r.stderr
     lines = r.stdout.strip().split("\n")
     assert lines == ["spec: 5 ['all', 'all', 'no-top'] brokered True", "seccomp -> SpecError seccomp",
-                     "read -> SpecError read", "cap_add -> UnavailableError a nested sandbox cannot let the command keep a capability", "timeout timeout"], r.stdout + r.stderr
+                     "read -> SpecError read",
+                     "cap_add -> UnavailableError a nested sandbox cannot let the command keep a capability",
+                     "timeout timeout"], r.stdout + r.stderr
 
 
 def test_the_broker_variable_name_is_the_same_in_the_executor_and_the_wire() -> None:

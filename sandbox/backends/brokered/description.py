@@ -24,12 +24,12 @@ import sys
 from ...errors import SpecError
 from ...mounts import Bind as SBind
 from ...mounts import DevBind, File, RoBind
+from ...paths import is_under
 from ...seccomp import DEFAULT_POLICY
 from ...spec import Limits as SLimits
 from ...spec import Namespaces, Spec
 from ...task.description import Bind, Limits, Sandbox
 from ...task.facts import ETC_FILES
-from ...task.translate import _under
 
 SHOWN_ANYWAY = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", *ETC_FILES)
 _DEFAULTS: dict[str, object] = {"namespaces": Namespaces(), "hostname": None, "uid": None, "gid": None,
@@ -40,7 +40,7 @@ _TASK_LIMITS = ("memory_mb", "file_mb", "cpu_s")
 
 def _shown_anyway(path: str) -> bool:
     prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    return any(_under(path, p) for p in (*SHOWN_ANYWAY, *prefixes))
+    return any(is_under(path, p) for p in (*SHOWN_ANYWAY, *prefixes))
 
 
 def description_of(spec: Spec) -> Sandbox:
@@ -61,7 +61,7 @@ def description_of(spec: Spec) -> Sandbox:
             raise SpecError(f"mounts[{i}]", m, "a nested sandbox shows no devices and no files made of data")
         if not isinstance(m, SBind):
             continue  # /proc, /dev, tmpfs, directories, links, remounts: the task world has its own
-        dest = m.target()
+        dest = m.dest_path()
         if m.optional and not os.path.exists(m.src):
             continue
         writable = not isinstance(m, RoBind)

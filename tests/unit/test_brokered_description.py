@@ -76,16 +76,19 @@ def test_the_task_worlds_own_mount_over_an_earlier_one_is_refused(mount: Mount) 
     assert info.value.field == "mounts[1]" and "covers mounts[0]" in info.value.problem
 
 
-def test_without_a_cwd_the_callers_is_kept_where_the_spec_shows_it(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    shown, hidden = tmp_path / "shown", tmp_path / "hidden"
-    (shown / "sub").mkdir(parents=True)
-    hidden.mkdir()
-    spec = Spec(mounts=[RoBind(str(shown)), RoBind(str(tmp_path / "absent"), optional=True)])
+def test_without_a_cwd_the_start_is_decided_here_by_bwraps_rule(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # the broker runs in another process: its own cwd, were the choice left to it, would be the candidate
+    shown, home, hidden = tmp_path / "shown", tmp_path / "home", tmp_path / "hidden"
+    for d in (shown / "sub", home, hidden):
+        d.mkdir(parents=True)
+    spec = Spec(mounts=[RoBind(str(shown)), RoBind(str(home), "/home/me"), RoBind("/nowhere", "/w", optional=True)])
     monkeypatch.chdir(shown / "sub")
-    assert description_of(spec).chdir == str(shown / "sub")
+    assert description_of(spec).chdir == str(shown / "sub")  # the caller's, shown
     assert description_of(spec.replace(cwd="/usr")).chdir == "/usr"  # a given cwd wins
     monkeypatch.chdir(hidden)
-    assert description_of(spec).chdir is None  # the broker then tries HOME, then /
+    assert description_of(spec).chdir == "/"  # not shown, and no HOME
+    assert description_of(spec.replace(env={"HOME": "/home/me"})).chdir == "/home/me"  # HOME, through its bind
+    assert description_of(spec.replace(env={"HOME": "/w"})).chdir == "/"  # an optional bind of nothing
     os.rmdir(hidden)
-    assert description_of(spec).chdir is None
+    assert description_of(spec).chdir == "/"  # the caller's cwd is gone

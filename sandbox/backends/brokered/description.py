@@ -6,8 +6,9 @@ The Spec becomes the task description that shows what it asks for, in this
 sandbox's paths: binds become `read`, `write` and `binds`; the network
 `host` becomes `open` (anything else `isolated`); `env`, `env_inherit`,
 `cwd`, the memory, file and CPU limits, `probe_paths` and `forward` carry
-over; without a `cwd`, the caller's working directory where the Spec shows
-it (the broker, in another process, would not know it). Binds of what every
+over; without a `cwd`, where bwrap's rule starts the command is decided
+here (the caller's working directory if shown, else HOME if shown, else /):
+the broker is another process, with a working directory of its own. Binds of what every
 task sandbox shows anyway (the system under /usr and its links, the /etc
 files, this interpreter) are left to the task world, as are the mounts it
 makes itself: a /proc at /proc, a /dev at /dev, a tmpfs at /tmp (the task
@@ -34,6 +35,7 @@ from ...errors import SpecError
 from ...host_system import system_mounts
 from ...mounts import Bind as SBind
 from ...mounts import Dev, DevBind, Mount, Proc, RoBind, Symlink, Tmpfs
+from ...plan import resolve_env
 from ...seccomp import DEFAULT_POLICY
 from ...spec import Limits as SLimits
 from ...spec import Namespaces, Spec
@@ -74,16 +76,33 @@ def _check_world_mount(mounts: tuple[Mount, ...], i: int) -> None:
                             f"{dest} is the task world's own, mounted before every bind")
 
 
-def _callers_cwd(spec: Spec) -> str | None:
-    """This process's working directory if the nested sandbox shows it (under one of the Spec's binds, or
-    what every task sandbox shows), else None: the broker then tries the command's HOME, then /."""
-    try:
-        cwd = os.getcwd()
-    except OSError:
+def _host_dir(path: str, spec: Spec) -> str | None:
+    """Where `path` of the nested sandbox is in this one: through the Spec's most specific bind that shows it."""
+    found = None
+    for m in spec.mounts:
+        if isinstance(m, SBind) and not isinstance(m, DevBind) and _under(path, m.target()):
+            if found is None or len(m.target()) >= len(found.target()):
+                found = m
+    if found is None or (found.optional and not os.path.exists(found.src)):
         return None
-    shown = [m.target() for m in spec.mounts if isinstance(m, SBind) and not isinstance(m, DevBind)
-             and (not m.optional or os.path.exists(m.src))]
-    return cwd if any(_under(cwd, t) for t in shown) and os.path.isdir(cwd) else None
+    rest = path[len(found.target()):].lstrip("/")
+    return os.path.join(found.src, rest) if rest else found.src
+
+
+def _start_dir(spec: Spec) -> str:
+    """Where the command starts without a `cwd`, by bwrap's rule (sandbox.plan.cwd_candidates), decided here:
+    the broker is another process, whose own cwd is not the caller's. This process's working directory if
+    the nested sandbox shows it, else the command's HOME if it shows that, else /."""
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:
+        cwd = None
+    for candidate in (cwd, resolve_env(spec, os.environ).get("HOME")):
+        if candidate and candidate.startswith("/"):
+            host = _host_dir(candidate, spec)
+            if host is not None and os.path.isdir(host):
+                return candidate
+    return "/"
 
 
 def description_of(spec: Spec) -> Sandbox:
@@ -115,7 +134,7 @@ def description_of(spec: Spec) -> Sandbox:
             binds.append(Bind(m.src, dest, writable))
     forward = dict(spec.forward)
     return Sandbox(
-        read=read, write=write, binds=binds, chdir=spec.cwd if spec.cwd is not None else _callers_cwd(spec),
+        read=read, write=write, binds=binds, chdir=spec.cwd if spec.cwd is not None else _start_dir(spec),
         env_allow=spec.env_inherit, env=dict(spec.env),
         network="open" if spec.network == "host" else "isolated", probes=spec.probe_paths,
         ports=[p for p, t in forward.items() if isinstance(t, int)],

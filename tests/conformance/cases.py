@@ -621,6 +621,8 @@ BR_WORLD = ("the task world always has /proc, /dev, /tmp, the /etc files, the sy
 BR_ENV = ("the task world rebuilds PATH (the interpreter's directory first) and names its own broker "
           "(SANDBOX_TASK_BROKER: a nested sandbox may nest again)")
 BR_ENV_EXTRA = ("PATH", "SANDBOX_TASK_BROKER")
+BR_NESTS = ("the task world always has a /dev (a Dev): a command whose uid is not 0 then runs in a user namespace "
+            "nested in one that maps uid 0 (as uid_gid_with_dev_nests)")
 BROKERED: dict[str, dict[str, Any]] = {
     **{name: {"refused": "mounts[5]", "because": BR_MOUNT} for name in (
         "dev_bind_allows_devices", "tmpfs_size_and_perms", "tmpfs_default_mode_and_parents", "proc_only_elsewhere",
@@ -668,6 +670,8 @@ BROKERED: dict[str, dict[str, Any]] = {
                                            "why": BR_WORLD},
     **{case.name: {"expect_on": {("env",): Plus(case.expect[("env",)], BR_ENV_EXTRA)}, "why": BR_ENV}
        for case in ENV_CASES if ("env",) in case.expect},
+    "default_ids_are_the_callers": {"expect_on": {("ids", "uid_map"): ["{uid}", "0", "1"],
+                                                  ("ids", "gid_map"): ["{gid}", "0", "1"]}, "why": BR_NESTS},
     "umask_is_the_callers": {"known_bug": "the broker starts the nested sandbox with its own umask: the request "
                                           "(sandbox.task.wire) does not carry the caller's"},
 }

@@ -82,7 +82,8 @@ def test_without_a_cwd_the_start_is_decided_here_by_bwraps_rule(tmp_path: Path,
     shown, home, hidden = tmp_path / "shown", tmp_path / "home", tmp_path / "hidden"
     for d in (shown / "sub", home, hidden):
         d.mkdir(parents=True)
-    spec = Spec(mounts=[RoBind(str(shown)), RoBind(str(home), "/home/me"), RoBind("/nowhere", "/w", optional=True)])
+    spec = Spec(mounts=[RoBind(str(shown)), RoBind(str(home), "/home/me"), RoBind("/nowhere", "/w", optional=True),
+                        RoBind("/nowhere", f"{shown}/sub", optional=True)])
     monkeypatch.chdir(shown / "sub")
     assert description_of(spec).chdir == str(shown / "sub")  # the caller's, shown
     assert description_of(spec.replace(cwd="/usr")).chdir == "/usr"  # a given cwd wins

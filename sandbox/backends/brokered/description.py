@@ -80,10 +80,11 @@ def _host_dir(path: str, spec: Spec) -> str | None:
     """Where `path` of the nested sandbox is in this one: through the Spec's most specific bind that shows it."""
     found = None
     for m in spec.mounts:
-        if isinstance(m, SBind) and not isinstance(m, DevBind) and _under(path, m.target()):
+        if (isinstance(m, SBind) and not isinstance(m, DevBind) and _under(path, m.target())
+                and not (m.optional and not os.path.exists(m.src))):
             if found is None or len(m.target()) >= len(found.target()):
                 found = m
-    if found is None or (found.optional and not os.path.exists(found.src)):
+    if found is None:
         return None
     rest = path[len(found.target()):].lstrip("/")
     return os.path.join(found.src, rest) if rest else found.src

@@ -1,7 +1,8 @@
 """Every conformance case on the brokered executor: a Spec started inside a task sandbox, by its broker.
 
-One task sandbox (sandbox.task.run) runs one driver process
-(brokered_driver.py) for the whole batch: for each case it arranges the
+One task sandbox (sandbox.task.run) on each backend (native, bwrap: the
+broker starts the nested sandboxes on its own sandbox's) runs one driver
+process (brokered_driver.py) for the whole batch: for each case it arranges the
 caller's state (cwd, environment, umask, signals, fds) in itself and calls
 sandbox.run of the case's Spec with backend "auto", which inside a task
 sandbox is the brokered executor: the Spec becomes a task description
@@ -9,7 +10,8 @@ sandbox is the brokered executor: the Spec becomes a task description
 sandbox beside the task sandbox, and the driver prints what came back, one
 JSON line per case. A session fixture runs the batch; a test per case checks
 its line against the case's expectations for "brokered" (its `expect`,
-`differs`, `expect_on`, `refused`, `error` and `not_applicable`, cases.py).
+`differs`, `expect_on`, `refused`, `unavailable`, `error`, `known_bug` and
+`not_applicable`, cases.py; on bwrap, bwrap's own `differs` too).
 
 The base world is test_conformance's, except the probe: a description shows
 no file made of data (File), so the probe is bound read-only from the host

@@ -3,12 +3,15 @@ or is refused by name."""
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from sandbox import Bind, DevBind, File, Proc, RoBind, Spec, SpecError, Tmpfs
 from sandbox.backends.brokered.description import description_of
+from sandbox.mounts import Chmod, Dev, Dir, Mount, Mqueue, Overlay, RemountRo, Symlink
 from sandbox.presets import system_mounts
 from sandbox.spec import Limits, Namespaces
 
@@ -43,3 +46,50 @@ def test_what_a_description_cannot_express_is_refused_by_name(spec: Spec, field:
     with pytest.raises(SpecError) as info:
         description_of(spec)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("mount", [
+    Tmpfs("/scratch"), Tmpfs("/tmp/inner"), Proc("/view/proc"), Dev("/hostdev"), Dir("/made"),
+    Symlink("/usr/bin", "/tools"), Symlink("usr/bin", "/usrbin"), RemountRo("/data"), Chmod("/data", 0o700),
+    Mqueue(), Overlay("/o", ["/lower"]),
+])
+def test_a_mount_the_task_world_would_silently_lack_is_refused_by_name(mount: Mount) -> None:
+    # Left out, each would show something else than the Spec asks: a tmpfs over a bind (writes would reach the
+    # host), a remount (the bind would stay writable), a directory or link (absent), a proc or dev elsewhere.
+    with pytest.raises(SpecError) as info:
+        description_of(Spec(mounts=[*system_mounts(), Bind("/data"), mount]))
+    assert info.value.field == f"mounts[{len(system_mounts()) + 1}]"
+
+
+def test_the_task_worlds_own_mounts_are_left_to_it() -> None:
+    spec = Spec(mounts=[*system_mounts(), Proc(), Dev(), Tmpfs("/tmp", size=1 << 20, perms=0o700), Bind("/data")])
+    sb = description_of(spec)
+    assert sb.write == ("/data",) and sb.read == () and sb.binds == ()
+
+
+@pytest.mark.parametrize("mount", [Tmpfs("/tmp"), Proc(), Dev()])
+def test_the_task_worlds_own_mount_over_an_earlier_one_is_refused(mount: Mount) -> None:
+    # the task world mounts its /tmp, /proc and /dev before every bind: one the Spec covers would show
+    spec = Spec(mounts=[RoBind("/data", f"{mount.dest_path()}/data"), mount])
+    with pytest.raises(SpecError) as info:
+        description_of(spec)
+    assert info.value.field == "mounts[1]" and "covers mounts[0]" in info.value.problem
+
+
+def test_without_a_cwd_the_start_is_decided_here_by_bwraps_rule(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # the broker runs in another process: its own cwd, were the choice left to it, would be the candidate
+    shown, home, hidden = tmp_path / "shown", tmp_path / "home", tmp_path / "hidden"
+    for d in (shown / "sub", home, hidden):
+        d.mkdir(parents=True)
+    spec = Spec(mounts=[RoBind(str(shown)), RoBind(str(home), "/home/me"), RoBind("/nowhere", "/w", optional=True),
+                        RoBind("/nowhere", f"{shown}/sub", optional=True)])
+    monkeypatch.chdir(shown / "sub")
+    assert description_of(spec).chdir == str(shown / "sub")  # the caller's, shown
+    assert description_of(spec.replace(cwd="/usr")).chdir == "/usr"  # a given cwd wins
+    monkeypatch.chdir(hidden)
+    assert description_of(spec).chdir == "/"  # not shown, and no HOME
+    assert description_of(spec.replace(env={"HOME": "/home/me"})).chdir == "/home/me"  # HOME, through its bind
+    assert description_of(spec.replace(env={"HOME": "/w"})).chdir == "/"  # an optional bind of nothing
+    os.rmdir(hidden)
+    assert description_of(spec).chdir == "/"  # the caller's cwd is gone

@@ -1,6 +1,6 @@
 """The isolation check: what a sandbox's network namespace holds, seen from the host.
 
-With `Spec(check=True)` (and always when ports are forwarded) the sandbox runs
+With `Spec(check_network=True)` (and always when ports are forwarded) the sandbox runs
 in a leased namespace (sandbox.netpool), which is inspected with pyroute2
 through a netlink socket bound to it before the command starts. What pyroute2
 reads is held to the pool's own definition of loopback-only

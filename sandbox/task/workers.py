@@ -35,7 +35,7 @@ def worker_spec(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Any:
     compiled = compile_task(wider, Facts.gather(wider, env), env)
     if compiled.forward:
         raise SpecError("ports", [p for p, _ in compiled.forward], "forwarding is not available to WorkerPool tasks")
-    return compiled.spec.replace(check=False)
+    return compiled.spec.replace(check_network=False)
 
 
 def worker_pool(sb: Sandbox, preload: Sequence[str] = (), max_workers: int | None = None, *,

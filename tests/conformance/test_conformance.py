@@ -51,6 +51,7 @@ BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=T
 # (probe.task) of a sandbox.WorkerPool
 BACKENDS = ("native", "bwrap", "template", "template-recycle", "workerpool", "blob")
 DECLARED_AS = {"template-recycle": "template"}
+ELSEWHERE = ("brokered",)  # backends whose cases run in a suite of their own (test_brokered.py)
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
@@ -489,8 +490,9 @@ def test_declarations_name_backends_and_say_why() -> None:
     each "workerpool" difference says why (WorkerPool runs a function)."""
     sections = set(probe.gather({})) | {"host"}
     for case in CASES:
-        for declared in (case.differs, case.expect_on, case.why, case.refused, case.not_applicable, case.known_bug):
-            assert set(declared) <= set(BACKENDS), f"{case.name}: unknown backend in {declared}"
+        for declared in (case.differs, case.expect_on, case.why, case.refused, case.unavailable, case.not_applicable,
+                         case.known_bug):
+            assert set(declared) <= {*BACKENDS, *ELSEWHERE}, f"{case.name}: unknown backend in {declared}"
         if "workerpool" in case.differs or "workerpool" in case.expect_on:
             assert case.why.get("workerpool"), f"{case.name}: its workerpool difference does not say why"
         assert set(case.why) <= set(case.differs) | set(case.expect_on), f"{case.name}: a why without a difference"

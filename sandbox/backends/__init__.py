@@ -24,6 +24,7 @@ import importlib
 import threading
 from collections.abc import Iterator
 
+from .. import netpool
 from ..capabilities import ALL, Capability, Traits
 from ..errors import SpecError, UnavailableError
 from ..forksafe import fresh_in_child
@@ -77,8 +78,6 @@ def host_for(name: str) -> HostInfo:
     process-wide pool started, filling in the background (sandbox.netpool)."""
     traits = get(name).traits
     if traits.can(Capability.JOIN_POOLED_NETNS):
-        from .. import netpool
-
         netpool.pool_for("none")
     return HostInfo.current(traits)
 

@@ -101,16 +101,6 @@ def test_the_core_of_csrc_uses_no_program() -> None:
     assert folder and not up, "csrc/core/ reaches into a program's folder:\n" + "\n".join(up)
 
 
-# Function-level imports in files other people were changing when this test was written (the reason each would
-# give is in the report of the branch that added the test); each is its own statement, so a new one there fails.
-AWAITING_A_REASON = {
-    ("sandbox.api", "from .task.nested_spec import spawn_brokered"),
-    ("sandbox.backends", "from .. import netpool"),
-    ("sandbox.backends.blob", "from ..native import available as native_available"),
-    ("sandbox.backends.blob", "from ..native import blob_for"),
-}
-
-
 def test_every_function_level_import_says_why() -> None:
     """An import inside a function hides an edge from a reader of the module's head, so it is kept only where the
     top would cost a cold start something measured, or would not do (a module importable without the C core, a
@@ -118,8 +108,7 @@ def test_every_function_level_import_says_why() -> None:
     `# lazy imports: why` note (tools/import_graph.py, `lazy_imports`)."""
     found = G.lazy_imports(CHECKOUT / "sandbox")
     assert len(found) > 40, "the reader finds the function-level imports"
-    silent = [f"{item.module}:{item.line}: {item.text}" for item in found
-              if item.reason is None and (item.module, item.text) not in AWAITING_A_REASON]
+    silent = [f"{item.module}:{item.line}: {item.text}" for item in found if item.reason is None]
     assert not silent, ("function-level imports that do not say why (move each to the top, or add `# lazy: ...`"
                         " naming the cold-start gain measured or what the top would break):\n" + "\n".join(silent))
 

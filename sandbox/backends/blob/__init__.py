@@ -56,7 +56,7 @@ def launcher_path() -> str:
 
 def available() -> tuple[bool, str]:
     """The native core works here and sandbox-launch is installed."""
-    from ..native import available as native_available  # here: sandbox.launcher reads TRAITS without the core
+    from ..native import available as native_available  # lazy: sandbox.launcher reads TRAITS without the core
 
     ok, reason = native_available()
     if not ok:
@@ -83,7 +83,9 @@ class _LaunchedHandle(ProcessHandle):
 def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Handle:
     """Start sandbox-launch with the plan and `argv`, its stdio `stdio` and the plan's environment; return
     once the command has been exec'd, or raise its setup's typed error."""
-    from ..native import blob_for  # here: sandbox.launcher reads TRAITS without the core
+    # lazy: sandbox.launcher reads TRAITS without the core
+    from ..native import blob_for
+    from .report import read_record, started
 
     blob = blob_for(plan)
     kept = [fd for fd in pass_fds if fd >= 3]  # 0-2: the command's stdio, as natively
@@ -100,7 +102,6 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
         raise
     finally:
         os.close(w)
-    from .report import read_record, started
 
     try:
         data = read_record(r)

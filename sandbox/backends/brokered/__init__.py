@@ -84,7 +84,7 @@ def available() -> tuple[bool, str]:
 
 def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Handle:
     """Send the task description of `plan.source` to the broker; the handle waits on the request's socket."""
-    # here: `import sandbox.task` adds about 115 ms to `import sandbox` (python -X importtime), and only a
+    # lazy: `import sandbox.task` adds about 115 ms to `import sandbox` (python -X importtime), and only a
     # process inside a task sandbox that starts a sandbox pays it
     from .description import description_of
     from .handle import ask

@@ -46,7 +46,7 @@ import pytest
 from leakcheck import nothing_outlives_the_test  # noqa: F401  (autouse: registered by being here)
 
 import sandbox
-from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs, netpool
+from sandbox import Dev, Mount, Proc, RoBind, Spec, Symlink, Tmpfs, backends, netpool
 from sandbox.netpool import FACTORY_MARKER
 
 # The distribution's programs and libraries, read-only, and nothing else.
@@ -170,6 +170,15 @@ class BadPath:
 
 
 # ---------------------------------------------------------------- processes
+
+def usable_backend(name: str) -> str:
+    """`name`, for a fixture that runs each test on several backends; the test is skipped where the backend
+    cannot run here (sandbox.backends.availability says why)."""
+    ok, why = backends.availability(name)
+    if not ok:
+        pytest.skip(f"{name} backend unavailable: {why}")
+    return name
+
 
 def new_marker() -> str:
     """A unique token that is also a valid `sleep` operand (GNU sleep sums its

@@ -10,7 +10,15 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from conftest import child_pids, make_base_spec, new_marker, sleep_cmd, sleepers, wait_until  # tests/, on sys.path
+from conftest import (  # tests/, on sys.path
+    child_pids,
+    make_base_spec,
+    new_marker,
+    sleep_cmd,
+    sleepers,
+    usable_backend,
+    wait_until,
+)
 
 import sandbox
 from sandbox.output import OutputLimitError
@@ -20,12 +28,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(params=["native", "bwrap"])
 def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    try:
-        sandbox.run(["true"], make_base_spec(), backend=name, timeout=60)
-    except sandbox.UnavailableError as exc:
-        pytest.skip(f"{name} is not available here: {exc}")
-    return name
+    return usable_backend(request.param)
 
 
 def run_async(main: Callable[[], object]) -> object:

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import usable_backend
 
 import sandbox
 from sandbox import netpool
@@ -28,9 +29,7 @@ PY = "/usr/bin/python3"
 @pytest.fixture(params=["native", "bwrap"])
 def backend(request: pytest.FixtureRequest) -> str:
     """Each test runs on both backends: forwarding and the check must hold under bwrap too."""
-    if request.param == "bwrap" and not sandbox.probe().bwrap:
-        pytest.skip("bwrap is not available")
-    return request.param
+    return usable_backend(request.param)
 
 
 @contextlib.contextmanager

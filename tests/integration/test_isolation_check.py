@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import usable_backend
 
 import sandbox
 from sandbox import RoBind
@@ -14,10 +15,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(params=["native", "bwrap"])
 def backend(request: pytest.FixtureRequest) -> str:
-    """Each test runs on both backends."""
-    if request.param == "bwrap" and not sandbox.probe().bwrap:
-        pytest.skip("bwrap is not available")
-    return request.param
+    return usable_backend(request.param)
 
 
 def test_absent_probe_paths_let_the_command_run(base_spec, tmp_path: Path, backend: str) -> None:

@@ -13,7 +13,16 @@ import os
 import signal
 
 import pytest
-from conftest import child_pids, make_base_spec, new_marker, signal_state, sleep_cmd, sleepers, wait_until
+from conftest import (
+    child_pids,
+    make_base_spec,
+    new_marker,
+    signal_state,
+    sleep_cmd,
+    sleepers,
+    usable_backend,
+    wait_until,
+)
 
 import sandbox
 
@@ -24,12 +33,7 @@ ROUNDS = 10  # the race needs a few tries to show; before the fix most rounds lo
 
 @pytest.fixture(params=["native", "bwrap"])
 def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    try:
-        sandbox.run(["true"], make_base_spec(), backend=name, timeout=60)
-    except sandbox.UnavailableError as exc:
-        pytest.skip(f"{name} is not available here: {exc}")
-    return name
+    return usable_backend(request.param)
 
 
 @pytest.mark.parametrize("die_with_parent", [True, False])

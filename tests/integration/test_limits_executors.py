@@ -26,7 +26,7 @@ import time
 import cli_helpers as cli
 import pytest
 from cli_helpers import SYSTEM, Installation, cli_install  # noqa: F401  (cli_install: the fixture `install`)
-from conftest import wait_until
+from conftest import usable_backend, wait_until
 from test_limits import FORK_BOMB, INFO, TOUCH, leftovers, mine, needs, no_cgroup_left  # noqa: F401
 
 from sandbox import task
@@ -40,10 +40,7 @@ PY = sys.executable
 
 @pytest.fixture(params=["native", "bwrap"])
 def backend(request: pytest.FixtureRequest) -> str:
-    ok, why = __import__("sandbox").backends.availability(request.param)
-    if not ok:
-        pytest.skip(f"{request.param}: {why}")
-    return str(request.param)
+    return usable_backend(request.param)
 
 
 def task_box(**limits: int) -> task.Sandbox:

@@ -13,6 +13,7 @@ its command differently overrides `signal` (bwrap).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -24,7 +25,7 @@ from ..killedby import killed_by as decide_killed_by
 from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
-__all__ = ["ProcessHandle", "readable", "readable_count"]
+__all__ = ["ProcessHandle", "child_pidfd", "readable", "readable_count"]
 
 POLLIN = select.POLLIN
 
@@ -56,6 +57,25 @@ def _ms(timeout: float) -> int:
     return max(0, int(timeout * 1000 + 0.999))
 
 
+def child_pidfd(pid: int, parent: int) -> int:
+    """A pidfd of `pid` if it is a child of `parent`, else -1 (it has gone). `parent` is our child, not yet
+    reaped, so its pid is its own; a process found with it as parent after the pidfd was opened is the one
+    the pidfd names (its pid, once freed, would have to be taken by another child of `parent`)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return -1
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # after the name, which may hold anything
+    except (OSError, ValueError, IndexError):
+        ppid = -1
+    if ppid != parent:
+        os.close(fd)
+        return -1
+    return fd
+
+
 class ProcessHandle:
     """A started sandbox: `pid` is the host pid of its first process (the one
     to wait for and to signal); `exit` turns that process's wait status into
@@ -72,7 +92,16 @@ class ProcessHandle:
     reports none). `ended_fd`, when not -1, becomes readable once the command's
     status is in or its writer has gone: `exit` is then an EarlyStatus.
     `walls`, when set, holds the sandbox's cgroup (its usage, which limit ended
-    it; removed once the first process is reaped). The handle owns the fds."""
+    it; removed once the first process is reaped).
+
+    `first_pidfd`, when not -1, is a pidfd of `sandbox_pid`, the first process
+    inside, where `pid` is our child standing outside (bwrap's monitor,
+    sandbox-launch) and `sandbox_pid` its child. The sandbox has ended only
+    once that process has exited too: as a pid namespace's init it exits only
+    after every other process of the namespace has (the kernel kills them and
+    waits for them). When `pid` is killed, or exits without it, it is killed
+    too, so the sandbox ends with its command, as natively. The handle owns
+    the fds."""
 
     # whether the kernel's rusage of the first process (wait4's) covers every process of the sandbox
     counts_rusage = True
@@ -80,7 +109,7 @@ class ProcessHandle:
     def __init__(self, pid: int, exit: ExitSource, timings: dict[str, float], *,
                  isolation: dict[str, Any] | None = None, on_exit: Callable[[], None] | None = None,
                  pidfd: int = -1, ended_fd: int = -1, sandbox_pid: int | None = None,
-                 walls: Walls | None = None) -> None:
+                 walls: Walls | None = None, first_pidfd: int = -1) -> None:
         self.pid = pid
         self.exit = exit
         self.timings = timings
@@ -92,6 +121,8 @@ class ProcessHandle:
         self.sandbox_pid = sandbox_pid if sandbox_pid is not None else pid
         self.walls = walls
         self._rusage: tuple[float, float] | None = None  # (CPU s, peak RSS MiB) of a first process we waited for
+        self.first_pidfd = first_pidfd
+        self._first_killed = False
 
     # ------------------------------------------------------------ waiting
 
@@ -99,6 +130,13 @@ class ProcessHandle:
         """New fds (the caller closes them) of which one becomes readable once
         reap() may find the sandbox ended; [] if it cannot be waited for any
         more (it has gone: reap() says)."""
+        if self.first_pidfd >= 0 and not readable(self.first_pidfd):
+            # the first process inside, and `pid` until that one is killed (its exit is the cue)
+            first = [os.dup(self.first_pidfd)]
+            return first if self._first_killed else first + self._own_wait_fds()
+        return self._own_wait_fds()
+
+    def _own_wait_fds(self) -> list[int]:
         try:
             fds = [os.dup(self.pidfd) if self.pidfd >= 0 else os.pidfd_open(self.pid)]
         except OSError:
@@ -117,6 +155,13 @@ class ProcessHandle:
         `woken`: every fd of the last wait_fds() was just seen readable (so
         is `ended_fd`, of which one was a dup). Once it returns an Ended,
         what the sandbox held is released."""
+        if self.first_pidfd >= 0:
+            if not readable(self.first_pidfd):
+                if not self._first_killed and self._exited():
+                    self.end_first()
+                return None
+            os.close(self.first_pidfd)
+            self.first_pidfd = -1
         status, after = self._status(woken)
         if status is None:
             return None
@@ -163,6 +208,20 @@ class ProcessHandle:
             self._rusage = (ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024)
         return status, self.walls.remove if self.walls is not None else None
 
+    def _exited(self) -> bool:
+        """Whether `pid`, our child, has exited (left to be reaped)."""
+        try:
+            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:
+            return True
+
+    def end_first(self) -> None:
+        """SIGKILL the first process inside (through its pidfd), if there is one: the whole sandbox ends."""
+        if self.first_pidfd >= 0:
+            self._first_killed = True
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.first_pidfd, signal.SIGKILL)
+
     def _remove_walls_after_exit(self) -> Callable[[], None] | None:
         """Removing the cgroup of a first process known by its pidfd (not our
         child: another reaps it) once it has exited, which it does right after
@@ -190,6 +249,8 @@ class ProcessHandle:
             return
         if sig == signal.SIGKILL and self.walls is not None:
             self.walls.kill()
+        if sig == signal.SIGKILL:
+            self.end_first()
         try:
             if self.pidfd >= 0:
                 signal.pidfd_send_signal(self.pidfd, sig)
@@ -203,10 +264,12 @@ class ProcessHandle:
         self._close_pidfd()
 
     def _close_pidfd(self) -> None:
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
+        for name in ("pidfd", "first_pidfd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)
+                setattr(self, name, -1)
 
     def __del__(self) -> None:
-        if self.pidfd >= 0:
+        if self.pidfd >= 0 or self.first_pidfd >= 0:
             self.close()

@@ -31,7 +31,7 @@ from ... import isolation
 from ...capabilities import ALL, Capability, Traits
 from ...plan import Plan
 from ..contract import Backend, FunctionsBackend, Handle, WaitStatus
-from ..handle import ProcessHandle
+from ..handle import ProcessHandle, child_pidfd
 
 __all__ = ["BACKEND", "LAUNCHER_NAME", "TRAITS", "available", "launch", "launcher_path"]
 
@@ -66,20 +66,6 @@ def available() -> tuple[bool, str]:
     return True, f"native namespaces work and {LAUNCHER_NAME} is installed"
 
 
-class _LaunchedHandle(ProcessHandle):
-    """sandbox-launch as the sandbox's first process seen from here: it passes
-    signals on, but a SIGKILL would end it alone (its sandbox dies with it only
-    when the plan says die_with_parent), so its children are killed first."""
-
-    def signal(self, sig: int) -> None:
-        if sig == signal.SIGKILL and self.pid > 0:
-            with contextlib.suppress(OSError), open(f"/proc/{self.pid}/task/{self.pid}/children") as f:
-                for child in f.read().split():
-                    with contextlib.suppress(OSError):
-                        os.kill(int(child), signal.SIGKILL)
-        super().signal(sig)
-
-
 def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Handle:
     """Start sandbox-launch with the plan and `argv`, its stdio `stdio` and the plan's environment; return
     once the command has been exec'd, or raise its setup's typed error."""
@@ -106,9 +92,7 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     try:
         data = read_record(r)
     except BaseException:  # interrupted: the sandbox, if it started, goes with its launcher
-        _LaunchedHandle(pid, WaitStatus(), {}).signal(signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
+        _kill_launched(pid)
         raise
     finally:
         os.close(r)
@@ -116,7 +100,21 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     findings = isolation.findings(plan, None)
     if plan.landlock:
         findings["landlock_abi"] = landlock_abi  # 0: best-effort, and the kernel has none
-    return _LaunchedHandle(pid, WaitStatus(), timings, isolation=findings, sandbox_pid=sandbox_pid)
+    # sandbox-launch passes signals on; its child, the sandbox's pid 1, is the first process inside: a
+    # SIGKILL, which would end the launcher alone, reaches it too, and the sandbox has ended once it has gone
+    return ProcessHandle(pid, WaitStatus(), timings, isolation=findings, sandbox_pid=sandbox_pid,
+                         first_pidfd=child_pidfd(sandbox_pid, pid))
+
+
+def _kill_launched(pid: int) -> None:
+    """Kill sandbox-launch `pid` and its sandbox, whose pid is not known yet (its children), and reap it."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{pid}/children") as f:
+        for child in f.read().split():
+            with contextlib.suppress(OSError):
+                os.kill(int(child), signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _spawn(words: list[str], plan: Plan, stdio: tuple[int, int, int], kept: tuple[int, ...]) -> int:

@@ -51,8 +51,7 @@ from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError, UnavailableError, signal_name
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
-from ..contract import Ended
-from ..handle import ProcessHandle, readable
+from ..handle import ProcessHandle
 from ..walls import walls_for
 from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
@@ -358,8 +357,8 @@ class _Run:
         decoder = _Decoder(popen, status, self.command_pid)
         handle = _BwrapHandle(popen.pid, decoder, timings, isolation=isolated.findings if isolated else {},
                               on_exit=isolated.close if isolated else None, sandbox_pid=self.child_pid,
-                              walls=self.walls)
-        handle.first, self.child_pidfd = self.child_pidfd, -1
+                              walls=self.walls, first_pidfd=self.child_pidfd)
+        self.child_pidfd = -1  # the handle's now
         return handle
 
     # ------------------------------------------------------------ steps
@@ -492,56 +491,14 @@ class _Decoder:
 class _BwrapHandle(ProcessHandle):
     """The handle of a bwrap sandbox: `pid` is bwrap (our child, whose exit
     ends the sandbox); signals go to the command itself (_Decoder.signal).
-
-    The sandbox has ended once its first process inside (bwrap's child: with a
-    pid namespace, the namespace's init) has exited too: an init exits only
-    after every other process of its namespace has (the kernel kills them and
-    waits for them), so its exit is the whole sandbox's. bwrap's init outlives
-    the command while anything else runs in the sandbox, and dies only of its
-    parent-death signal when bwrap's monitor exits (never without
-    --die-with-parent). So, as natively, the sandbox ends with its command:
-    once the monitor has exited (or on SIGKILL) the init is killed through a
-    pidfd, and the handle waits for it."""
+    bwrap's child, the sandbox's init, is its `first_pidfd`: it outlives the
+    command while anything else runs in the sandbox, and would die only of
+    its parent-death signal (never without --die-with-parent)."""
 
     exit: _Decoder
     # bwrap's monitor exits with the command's status, not after reaping its child (the sandbox's pid 1):
     # its rusage is bwrap's own, not the sandbox's
     counts_rusage = False
-    first = -1  # a pidfd of the sandbox's first process inside (bwrap's child), -1 once it is known gone
-    _ending = False  # the first process has been killed: only its exit is left to wait for
-
-    def wait_fds(self) -> list[int]:
-        """The first process's pidfd (and bwrap's, until the first is killed) while it runs, then bwrap's."""
-        if self.first < 0 or readable(self.first):
-            return super().wait_fds()
-        if self._ending:
-            return [os.dup(self.first)]
-        return [os.dup(self.first), *super().wait_fds()]
-
-    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
-        """None until the first process inside has exited (killing it once bwrap's monitor has), then as
-        ProcessHandle.reap."""
-        if self.first >= 0 and not readable(self.first):
-            if not self._ending and self._monitor_exited():
-                self._end_first()
-            return None
-        ended = super().reap(caller_end, woken)
-        if ended is not None:
-            self._close_first()
-        return ended
-
-    def _monitor_exited(self) -> bool:
-        """Whether bwrap (our child) has exited, leaving it to be reaped."""
-        try:
-            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-        except ChildProcessError:
-            return True
-        return info is not None
-
-    def _end_first(self) -> None:
-        self._ending = True
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(self.first, signal.SIGKILL)
 
     def signal(self, sig: int) -> None:
         """Pass `sig` on to the command (bwrap passes none on itself); SIGKILL
@@ -550,21 +507,8 @@ class _BwrapHandle(ProcessHandle):
         if sig == signal.SIGKILL and self.walls is not None:
             self.walls.kill()
         self.exit.signal(sig)
-        if sig == signal.SIGKILL and self.first >= 0:
-            self._end_first()
-
-    def close(self) -> None:
-        """Release the fds without waiting."""
-        self._close_first()
-        super().close()
-
-    def _close_first(self) -> None:
-        _close(self.first)
-        self.first = -1
-
-    def __del__(self) -> None:
-        self._close_first()
-        super().__del__()
+        if sig == signal.SIGKILL:
+            self.end_first()
 
 
 def _pidfd(pid: int) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 O_ACCMODE, O_WRONLY = 3, 1
+FD_CLOEXEC = 1
 MS_NOSUID = 2
 SIGCHLD = 17
 PR_SET_PDEATHSIG, PR_SET_SECCOMP, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 22, 24, 38
@@ -46,6 +47,7 @@ class Fault:
     pool: bool = True  # False: network "none" sandboxes get fresh namespaces (no pool)
     capture: bool = True  # False: stdio on /dev/null (no pipes of the caller's)
     errno: int = EIO
+    unreported: tuple[str, ...] = ()  # backends whose error carries no errno (a launcher's own exit, 125)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def request(self, backend: str, marker: str) -> dict[str, Any]:
@@ -53,6 +55,10 @@ class Fault:
                 "capture": self.capture, "errnos": {name: self.errno for name in self.errnos},
                 "rules": [{"errno": self.errno or None, **rule} for rule in self.rules],
                 "refused": self.expect(backend) == REFUSED}
+
+    def expected_errno(self, backend: str) -> int:
+        """The errno the error must carry (0 for a kill: it is no errno)."""
+        return 0 if backend in self.unreported else self.errno
 
     def expect(self, backend: str) -> Expect:
         if backend == "blob":
@@ -128,9 +134,15 @@ FAULTS: tuple[Fault, ...] = (
     Fault("prctl(PR_SET_SECCOMP)", (SETUP, "seccomp"), (SETUP, "seccomp"), rules=(_arg("prctl", 0, PR_SET_SECCOMP),)),
     Fault("execveat (the reaper)", (SETUP, "exec_init"), None, errnos=("execveat",)),
     Fault("clone(SIGCHLD) (the reaper forks the command)", (SETUP, "fork"), None, rules=(_arg("clone", 0, SIGCHLD),)),
+    # calls of sandbox-launch alone: it dies ("sandbox: ..." and 125) before the core runs
+    Fault("fcntl(F_SETFD, FD_CLOEXEC) (the launcher's report fd)", None, None, (SETUP, "launch"),
+          rules=(_arg("fcntl", 2, FD_CLOEXEC),), unreported=("blob",)),
     # the setup process killed (SECCOMP_RET_KILL_PROCESS) instead of a failing call
     Fault("sethostname kills (SIGSYS)", (SETUP, "crashed"), (SETUP, "crashed"),
           rules=(_arg("sethostname", 0, 0, "ne", action="kill"),), errno=0),
+    # blob: the launcher itself killed, before any record (the report pipe's end of file)
+    Fault("prctl(PR_SET_PDEATHSIG) kills (SIGSYS)", (SETUP, "crashed"), (SETUP, "crashed"), (SETUP, "launch"),
+          rules=(_arg("prctl", 0, PR_SET_PDEATHSIG, action="kill"),), errno=0),
     Fault("execve (the command; bwrap itself; sandbox-launch itself)", ("ExecError", None), (SETUP, "exec_init"),
           (SETUP, "launch"), errnos=("execve",)),
     # stderr not a pipe of the caller's: bwrap's message is learned by a re-run (bwrap's messages.py)

@@ -19,7 +19,8 @@
  * of its setup, which the caller turns into the typed error the native
  * backend raises; that failure is then not printed on stderr. A failure of
  * the launcher itself (a malformed plan) stays a "sandbox: ..." line and 125,
- * and the pipe's end of file without a record tells the caller so. Each
+ * and the pipe's end of file without a record tells the caller so; but its
+ * own PR_SET_PDEATHSIG, the setup's pdeathsig step, is reported as one. Each
  * `--pass-fd N` (there too) is an fd the command keeps at its number; the
  * command gets no other fd but its stdio.
  *

@@ -15,7 +15,9 @@ write end only the launcher holds (`--report-fd`, blob/report.py): through it
 the launcher reports the sandbox's start (its timing stamps) or its setup's
 failure record, so `launch` returns once the command has been exec'd, or
 raises the typed error the native backend raises (SetupError, ExecError,
-IsolationError). The command keeps its stdio and `pass_fds` (`--pass-fd`).
+IsolationError). A launcher that cannot be started (its report pipe, its
+posix_spawn) or that ends before it reports is SetupError(step="launch").
+The command keeps its stdio and `pass_fds` (`--pass-fd`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ sandbox-init, the shared pool and its threads), takes a `Ledger`, then
 installs a seccomp filter on all its threads (SECCOMP_FILTER_FLAG_TSYNC)
 that fails the chosen syscalls with the chosen errno. Everything it starts
 afterwards inherits the filter: the native setup child (cloned from the
-calling thread), bwrap and what bwrap forks. Then it starts the sandbox
+calling thread), bwrap and what bwrap forks, sandbox-launch and its setup
+child. Then it starts the sandbox
 again, records what was raised, takes the ledger again and prints both.
 
 `rules` are ArgRule dicts (fail a syscall only for some arguments, e.g.

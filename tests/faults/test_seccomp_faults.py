@@ -2,8 +2,8 @@
 
 For each fault of table.FAULTS a helper process (inject.py) starts a
 sandbox once normally, then installs a filter failing one syscall with
-EIO and starts it again: the native setup child and bwrap inherit the
-filter, so exactly that step fails. The helper reports what was raised and
+EIO and starts it again: the native setup child, bwrap and sandbox-launch
+(the blob executor) inherit the filter, so exactly that step fails. The helper reports what was raised and
 its own ledger before and after (fds, threads, children, mounts, namespace
 fds, the pool's books). Here we check: the right typed error naming the
 step and the errno, nothing leaked in the helper, the command never ran and

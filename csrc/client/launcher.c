@@ -19,7 +19,8 @@
  * of its setup, which the caller turns into the typed error the native
  * backend raises; that failure is then not printed on stderr. A failure of
  * the launcher itself (a malformed plan) stays a "sandbox: ..." line and 125,
- * and the pipe's end of file without a record tells the caller so. Each
+ * and the pipe's end of file without a record tells the caller so; but its
+ * own PR_SET_PDEATHSIG, the setup's pdeathsig step, is reported as one. Each
  * `--pass-fd N` (there too) is an fd the command keeps at its number; the
  * command gets no other fd but its stdio.
  *
@@ -205,11 +206,24 @@ static _Noreturn void report_failure(const struct sbx_result *res, const void *b
 
 /* PR_SET_PDEATHSIG on the launcher itself. The signal comes only for a
  * parent that dies after the prctl: if the parent that exec'd us is gone
- * already, we were re-parented (to init or a subreaper), and we exit. */
+ * already, we were re-parented (to init or a subreaper), and we exit. Its
+ * failure, with --report-fd, is the record of the setup step that makes the
+ * same call in the sandbox's setup child, so the caller raises what the
+ * native backend raises for it. */
 static void die_with(pid_t parent)
 {
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) {
+        if (report_fd >= 0) {
+            struct sbx_result res;
+            memset(&res, 0, sizeof res);
+            res.step = SBX_STEP_PDEATHSIG;
+            res.pid = res.status_fd = res.op = -1;
+            res.err = errno;
+            report(&res);
+            exit(125);
+        }
         die("prctl(PR_SET_PDEATHSIG): %s", sbx_strerror(errno));
+    }
     if (getppid() != parent)
         kill(getpid(), SIGKILL);
 }

@@ -8,11 +8,14 @@ sandbox-init, the shared pool and its threads), takes a `Ledger`, then
 installs a seccomp filter on all its threads (SECCOMP_FILTER_FLAG_TSYNC)
 that fails the chosen syscalls with the chosen errno. Everything it starts
 afterwards inherits the filter: the native setup child (cloned from the
-calling thread), bwrap and what bwrap forks. Then it starts the sandbox
+calling thread), bwrap and what bwrap forks, sandbox-launch and its setup
+child. Then it starts the sandbox
 again, records what was raised, takes the ledger again and prints both.
 
 `rules` are ArgRule dicts (fail a syscall only for some arguments, e.g.
-prctl(PR_SET_NO_NEW_PRIVS) but not other prctl calls). The command of the
+prctl(PR_SET_NO_NEW_PRIVS) but not other prctl calls). `refused`: the
+backend refuses this world by capability (sandbox.refusal), the first start
+included, and that refusal is what is checked. The command of the
 sandbox carries `marker`, so the parent test can prove it never ran and no
 process of it survives.
 """
@@ -67,7 +70,7 @@ def world(name: str, backend: str) -> Spec:
                             sandbox.Chmod("/work/f", 0o600)),
                     hostname="box", cwd="/work", env=env, limits=Limits(nofile=256), disable_userns=True)
     if name == "landlock":
-        return Spec(mounts=BASE, env=env, landlock=True if backend == "native" else "best-effort")
+        return Spec(mounts=BASE, env=env, landlock="best-effort" if backend == "bwrap" else True)
     if name == "pool":  # a leased network namespace and a forwarded port
         return Spec(mounts=BASE, env=env, network="pool", forward=((18080, 1),))
     raise ValueError(f"unknown world {name!r}")
@@ -99,7 +102,9 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
     try:
         start(spec, backend, marker)  # warm: one-time state exists before the count
     except sandbox.UnavailableError as exc:
-        return {"skip": f"{backend} cannot run the {request['world']} world here: {exc}"}
+        if not request.get("refused"):
+            return {"skip": f"{backend} cannot run the {request['world']} world here: {exc}"}
+        # refused before anything runs, by capability: the start under the filter must be refused alike
     before = ledger.Ledger.take()
     rules = tuple(ArgRule(**r) for r in request.get("rules", ()))
     install_filter(compile_policy(Seccomp(errnos=request.get("errnos", {}), rules=rules)))

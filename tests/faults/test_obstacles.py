@@ -1,5 +1,5 @@
 """Setup steps made to fail by what the world holds, not by a filter: a prepared
-obstacle per step, on both backends, in this process.
+obstacle per step, on every backend, in this process.
 
 Each start must raise the typed error naming the step (and the path it
 concerns), and this process must hold afterwards what it held before
@@ -19,13 +19,12 @@ from conftest import make_base_spec
 from ledger import Ledger, leaks
 
 import sandbox
-from sandbox import Bind, File, netpool
+from sandbox import Bind, File, backends, netpool
 
-BACKENDS = ("native", "bwrap")
+BACKENDS = ("native", "bwrap", "blob")
 
 def require(backend: str) -> None:
-    result = sandbox.probe()
-    ok, reason = (result.native, result.native_reason) if backend == "native" else (result.bwrap, result.bwrap_reason)
+    ok, reason = backends.availability(backend)
     if not ok:
         pytest.skip(f"{backend} backend unavailable: {reason}")
 

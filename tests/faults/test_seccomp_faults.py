@@ -1,9 +1,9 @@
-"""Every setup step made to fail in turn, on both backends, by a seccomp filter.
+"""Every setup step made to fail in turn, on every backend, by a seccomp filter.
 
 For each fault of table.FAULTS a helper process (inject.py) starts a
 sandbox once normally, then installs a filter failing one syscall with
-EIO and starts it again: the native setup child and bwrap inherit the
-filter, so exactly that step fails. The helper reports what was raised and
+EIO and starts it again: the native setup child, bwrap and sandbox-launch
+(the blob executor) inherit the filter, so exactly that step fails. The helper reports what was raised and
 its own ledger before and after (fds, threads, children, mounts, namespace
 fds, the pool's books). Here we check: the right typed error naming the
 step and the errno, nothing leaked in the helper, the command never ran and
@@ -22,10 +22,10 @@ import pytest
 from conftest import new_marker, pids_with_marker, wait_until
 from table import FAULTS, Fault
 
-import sandbox
+from sandbox import backends
 
 HELPER = Path(__file__).with_name("inject.py")
-BACKENDS = ("native", "bwrap")
+BACKENDS = ("native", "bwrap", "blob")
 
 
 def inject(fault: Fault, backend: str, marker: str) -> dict:
@@ -38,8 +38,7 @@ def inject(fault: Fault, backend: str, marker: str) -> dict:
 
 
 def require(backend: str) -> None:
-    result = sandbox.probe()
-    ok, reason = (result.native, result.native_reason) if backend == "native" else (result.bwrap, result.bwrap_reason)
+    ok, reason = backends.availability(backend)
     if not ok:
         pytest.skip(f"{backend} backend unavailable: {reason}")
 
@@ -63,6 +62,8 @@ def test_a_failing_step_raises_its_typed_error_and_leaks_nothing(fault: Fault, b
     assert report["typed"], report
     if klass == "SetupError":
         assert report["step"] == step, report
-        assert report["errno"] == fault.errno, report  # 0 for a kill: it is no errno
+        assert report["errno"] == fault.expected_errno(backend), report
+    elif step == "refused":  # by capability (sandbox.refusal), before anything ran: it names the executor
+        assert report["message"].startswith(backends.get(backend).traits.title + " "), report
     elif klass == "ExecError":
-        assert report["errno"] == fault.errno, report
+        assert report["errno"] == fault.expected_errno(backend), report

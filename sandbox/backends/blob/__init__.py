@@ -15,7 +15,9 @@ write end only the launcher holds (`--report-fd`, blob/report.py): through it
 the launcher reports the sandbox's start (its timing stamps) or its setup's
 failure record, so `launch` returns once the command has been exec'd, or
 raises the typed error the native backend raises (SetupError, ExecError,
-IsolationError). The command keeps its stdio and `pass_fds` (`--pass-fd`).
+IsolationError). A launcher that cannot be started (its report pipe, its
+posix_spawn) or that ends before it reports is SetupError(step="launch").
+The command keeps its stdio and `pass_fds` (`--pass-fd`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import fcntl
 import os
 import signal
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ... import isolation
 from ...capabilities import ALL, Capability, Traits
+from ...errors import SetupError
 from ...plan import Plan
 from ..contract import Backend, FunctionsBackend, Handle, WaitStatus
 from ..handle import ProcessHandle, child_pidfd
@@ -36,6 +41,7 @@ from ..handle import ProcessHandle, child_pidfd
 __all__ = ["BACKEND", "LAUNCHER_NAME", "TRAITS", "available", "launch", "launcher_path"]
 
 LAUNCHER_NAME = "sandbox-launch"
+T = TypeVar("T")
 
 # What only the caller's Python could do once the sandbox has started, or
 # before (a pooled namespace it leases, a cgroup it makes): a process that
@@ -75,14 +81,16 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
 
     blob = blob_for(plan)
     kept = [fd for fd in pass_fds if fd >= 3]  # 0-2: the command's stdio, as natively
-    r, w = os.pipe2(os.O_CLOEXEC)
+    r, w = _launcher_call("pipe2 (its report pipe)", os.pipe2, os.O_CLOEXEC)
     try:
         if w < 3:  # above stdio, which the spawn's dup2s overwrite
-            w, low = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3), w
+            w, low = _launcher_call("fcntl(F_DUPFD_CLOEXEC) (its report pipe)", fcntl.fcntl, w,
+                                    fcntl.F_DUPFD_CLOEXEC, 3), w
             os.close(low)
         since = time.monotonic_ns()
         words = [launcher_path(), "--report-fd", str(w), *(word for fd in kept for word in ("--pass-fd", str(fd)))]
-        pid = _spawn([*words, "--plan", base64.b64encode(blob).decode(), "--", *argv], plan, stdio, (w, *kept))
+        pid = _launcher_call("posix_spawn", _spawn, [*words, "--plan", base64.b64encode(blob).decode(), "--", *argv],
+                             plan, stdio, (w, *kept))
     except BaseException:
         os.close(r)
         raise
@@ -115,6 +123,16 @@ def _kill_launched(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
+
+
+def _launcher_call(what: str, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, a step of starting sandbox-launch itself: its failure (the report pipe not made, the
+    launcher not spawned: nothing of the sandbox exists yet) is SetupError(step="launch") with its errno."""
+    try:
+        return call(*args)
+    except OSError as exc:
+        raise SetupError(f"{LAUNCHER_NAME} could not be started: {what}: {os.strerror(exc.errno or 0)}",
+                         step="launch", errno=exc.errno or 0, backend="blob") from exc
 
 
 def _spawn(words: list[str], plan: Plan, stdio: tuple[int, int, int], kept: tuple[int, ...]) -> int:

@@ -175,7 +175,7 @@ class BuildWithExecutables(build_ext):
             self.announce(" ".join(cmd), level=2)
             if subprocess.run(cmd).returncode != 0:
                 raise BuildError(f"linking {name} failed (the compiler's message is above): {' '.join(cmd)}")
-        shutil.copy(csrc_path("cliwire.h"), out_dir / "cliwire.h")  # the client's wire, read by sandbox.cliserver
+        shutil.copy(csrc_path("cliwire.h"), out_dir / "cliwire.h")  # the client's wire, read by sandbox._core.cliwire
         (HERE / CLIENT_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(out_dir / "sandbox-cli", HERE / CLIENT_SCRIPT)
 

@@ -39,7 +39,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from . import wire
+from .._core import cliwire as wire
 
 ARGS_MAX = 1 << 18  # bytes of an --args file read here; a larger one goes to a worker
 PIPE_PAGE = 1 << 16  # a pipe's default capacity

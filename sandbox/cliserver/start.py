@@ -25,7 +25,7 @@ import fcntl
 import os
 import signal
 
-from . import wire
+from .._core import cliwire as wire
 from .owndir import fresh_file, open_own, open_own_dir
 from .server import IDLE_SECONDS, Server
 

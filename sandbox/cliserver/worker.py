@@ -24,7 +24,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from . import wire
+from .._core import cliwire as wire
 from .clientstate import F_OWNER_TID, F_SETOWN_EX, Fallback, client_limits, read_at
 from .peer import Peer, status_fields
 

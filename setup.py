@@ -56,7 +56,7 @@ def _client_defines() -> list[str]:
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
     # a sandbox.Session's pid 1, exec'd in sandbox-init's place (static: nothing of it need be inside)
-    "sandbox-session": (["session.c", "session_call.c", "session_user.c"], ["-static"]),
+    "sandbox-session": (["session.c", "session_call.c", "session_user.c", "fdpass.c"], ["-static"]),
     # exec'd per command by harnesses (sandbox.launcher, the avatar's handoff): static, as sandbox-cli
     "sandbox-launch": (["launcher.c", "handoff.c", "clirequest.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
                        ["-static"]),

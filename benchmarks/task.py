@@ -56,9 +56,9 @@ def bwrap_argv(spec: S.Spec, argv: list[str]) -> list[str]:
     out = [shutil.which("bwrap") or "bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--clearenv"]
     for m in spec.mounts:
         if isinstance(m, S.RoBind):
-            out += ["--ro-bind-try" if m.optional else "--ro-bind", m.src, m.target()]
+            out += ["--ro-bind-try" if m.optional else "--ro-bind", m.src, m.dest_path()]
         elif isinstance(m, S.Bind):
-            out += ["--bind", m.src, m.target()]
+            out += ["--bind", m.src, m.dest_path()]
         elif isinstance(m, S.Symlink):
             out += ["--symlink", m.target_path, m.dest]
         elif isinstance(m, S.Proc):

@@ -155,7 +155,7 @@ def _bind_medians(count: int, runs: int, bwrap: str | None) -> dict[str, float]:
         for b in binds:
             os.mkdir(b.src)
         spec = sandbox.Spec(mounts=[*MOUNTS, *binds], network="pool")
-        bwrap_argv = [a for b in binds for a in ("--ro-bind", b.src, b.target())]
+        bwrap_argv = [a for b in binds for a in ("--ro-bind", b.src, b.dest_path())]
         with sandbox.Template(spec) as t:
             fns: dict[str, Callable[[], object]] = {
                 "spawn": lambda: _wait(sandbox.spawn(["/bin/true"], spec)),

@@ -70,7 +70,7 @@ def bwrap_args(spec: sandbox.Spec) -> list[str]:
     args: list[str] = []
     for m in spec.mounts:
         if isinstance(m, sandbox.RoBind):
-            args += ["--ro-bind", m.src, m.target()]
+            args += ["--ro-bind", m.src, m.dest_path()]
         elif isinstance(m, sandbox.Symlink):
             args += ["--symlink", m.target_path, m.dest]
         elif isinstance(m, sandbox.Proc):

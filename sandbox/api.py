@@ -24,8 +24,6 @@ from .stdio import inheritable as inheritable
 from .sync import NO_SYNC, Sync
 from .validate import StrPath
 
-BROKER_ENV = "SANDBOX_TASK_BROKER"  # sandbox.task.wire's, named here so that spawn() imports nothing more
-
 
 def with_call_options(spec: Spec, cwd: StrPath | None, env: Mapping[str, str] | None) -> Spec:
     """`spec` with a call's `cwd` and `env` applied: `cwd` replaces `spec.cwd` (a path
@@ -49,8 +47,9 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
 
     stdin/stdout/stderr take what subprocess.Popen takes (None inherits,
     PIPE, DEVNULL, STDOUT for stderr, an fd or a file). Only stdio and
-    `pass_fds` are open in the command. `backend` is "auto" (native where the
-    host allows it, else bwrap), "native" or "bwrap". `cwd` and `env` override
+    `pass_fds` are open in the command. `backend` is "auto" (inside a task
+    sandbox its broker, sandbox.backends.brokered; else native where the host
+    allows it, else bwrap), "native", "bwrap", "brokered" or "blob". `cwd` and `env` override
     the Spec's for this call (see `with_call_options`: `env` is the whole
     environment, as in subprocess). `sync`: fds of the caller at which the
     setup reports or waits, as bwrap's --block-fd and friends (sandbox.sync).
@@ -70,10 +69,6 @@ def spawn(argv: Sequence[str], spec: Spec, *, stdin: StdioArg = None, stdout: St
     check_cap(max_output, on_overflow)
     spec = with_call_options(spec, cwd, env)
     fds = check_pass_fds(pass_fds)
-    if BROKER_ENV in os.environ:  # inside a task sandbox: its broker starts the sandbox, beside it
-        from .task.nested_spec import spawn_brokered
-
-        return spawn_brokered(args, spec, stdin, stdout, stderr, fds)
     name, reason = backends.choose(backend)
     host = backends.host_for(name)
     if not isinstance(sync, Sync):

@@ -129,7 +129,7 @@ def describe_op(op: Op) -> str:
 def bwrap_command(plan: Plan, argv: Sequence[str]) -> str:
     """`bwrap OPTIONS -- ARGV` for `plan`, as the bwrap backend renders it, with a note
     on what each fd carries (numbered from 3 here; the backend passes memfds)."""
-    from .backends.bwrap.render import render_plan
+    from .backends.bwrap.render import render_plan  # lazy: the bwrap executor's renderer only here: 22 ms
 
     with render_plan(plan) as rendered:
         args = list(rendered)

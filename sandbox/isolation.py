@@ -1,6 +1,6 @@
 """The isolation check: what a sandbox's network namespace holds, seen from the host.
 
-With `Spec(check=True)` (and always when ports are forwarded) the sandbox runs
+With `Spec(check_network=True)` (and always when ports are forwarded) the sandbox runs
 in a leased namespace (sandbox.netpool), which is inspected with pyroute2
 through a netlink socket bound to it before the command starts. What pyroute2
 reads is held to the pool's own definition of loopback-only
@@ -26,6 +26,7 @@ def read_netns(ipr: Any) -> _State:
     """The namespace of `ipr` (a pyroute2 IPRoute bound to it), as the pool's snapshot rows."""
     import socket  # the check's machinery only when a namespace is checked (findings() is on every spawn)
 
+    # lazy: the check's machinery only when a namespace is checked: 5 ms, not on a plain run (test_cold_path)
     from .netpool.baseline import _State
     from .netpool.rtnetlink import addr_from_pyroute2, link_from_pyroute2, route_from_pyroute2, rule_from_pyroute2
 
@@ -40,7 +41,7 @@ def read_netns(ipr: Any) -> _State:
 def check_netns(ipr: Any) -> dict[str, Any]:
     """Inspect a network namespace through `ipr` (a pyroute2 IPRoute bound to
     it); raise IsolationError naming what should not be there."""
-    from .netpool.baseline import _verify_fresh
+    from .netpool.baseline import _verify_fresh  # lazy: as read_netns's: 5 ms, not on a plain run
 
     state = read_netns(ipr)
     problems = _verify_fresh(state)

@@ -36,7 +36,7 @@ def available() -> tuple[bool, str]:
 
     Only the native backend is probed while it works (bwrap only if not).
     """
-    from .probe import probe
+    from .probe import probe  # lazy: only where the native core fails: 47 ms
 
     if native_ok():
         if os.access(launcher_path(), os.X_OK):
@@ -61,7 +61,7 @@ def launcher_argv(spec: Spec, argv: Sequence[str], cwd: str) -> list[str]:
     and the plan is one it runs (sandbox.refusal, with its traits); else
     `python -m sandbox run`, which runs what the Python API runs.
     """
-    from .backends import native
+    from .backends import native  # lazy: this module is imported without the C core (launcher_path, available)
 
     command = check_argv(argv)
     path = launcher_path()
@@ -119,7 +119,7 @@ def _cache_key() -> dict[str, object] | None:
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-        from ._native import __file__ as core_path
+        from ._native import __file__ as core_path  # lazy: this module is imported without the C core
 
         core = os.stat(core_path)
         exe = os.stat(launcher_path())

@@ -43,12 +43,16 @@ class Mount:
         """Check and normalize the fields; raise SpecError naming `where`.field."""
         raise NotImplementedError
 
-    def target(self) -> str:
+    def dest_path(self) -> str:
         """The path inside the sandbox this operation creates or changes."""
         raise NotImplementedError
 
+    def target(self) -> str:
+        """dest_path(), by its old name (kept for callers that use it)."""
+        return self.dest_path()
+
     def creates(self) -> bool:
-        """True if the operation creates something at target() (not a modifier)."""
+        """True if the operation creates something at dest_path() (not a modifier)."""
         return True
 
     def _path(self, where: str, name: str) -> None:
@@ -83,7 +87,7 @@ class Bind(Mount):
         self._path(where, "dest")
         check_bool(f"{where}.optional", self.optional)
 
-    def target(self) -> str:
+    def dest_path(self) -> str:
         return self.dest or self.src
 
 
@@ -112,7 +116,7 @@ class _AtDest(Mount):
     def validate(self, where: str) -> None:
         self._path(where, "dest")
 
-    def target(self) -> str:
+    def dest_path(self) -> str:
         return self.dest
 
 
@@ -224,7 +228,7 @@ class Symlink(Mount):
             raise SpecError(f"{where}.target_path", self.target_path, "must not be empty")
         self._path(where, "dest")
 
-    def target(self) -> str:
+    def dest_path(self) -> str:
         return self.dest
 
 
@@ -284,7 +288,7 @@ class Chmod(Mount):
         self._path(where, "path")
         check_perms(f"{where}.perms", self.perms)
 
-    def target(self) -> str:
+    def dest_path(self) -> str:
         return self.path
 
     def creates(self) -> bool:
@@ -343,7 +347,7 @@ class Overlay(Mount):
         elif self.size is not None and not self.writable:
             raise SpecError(f"{where}.size", self.size, "a read-only overlay (writable=False) has no upper to size")
 
-    def target(self) -> str:
+    def dest_path(self) -> str:
         return self.dest
 
 

@@ -15,7 +15,7 @@ import fnmatch
 import re
 import resource
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from . import spec as S
@@ -196,6 +196,9 @@ class Plan:
     limits_fallback: tuple[str, ...] = ()
     require_cgroups: bool = False
     limits_mechanism: str = "rlimit"  # "cgroup2", "cgroup1" or "rlimit": what walls memory, processes and CPU
+    # The Spec it was compiled from, for the one executor that hands a sandbox to another planner (the
+    # brokered one: a task sandbox's broker plans it again from a task description); no part of the decision.
+    source: S.Spec | None = field(default=None, compare=False, repr=False)
 
     @property
     def net_ns(self) -> bool:
@@ -236,7 +239,7 @@ def compile_mount(i: int, m: S.Mount, pid_ns: bool, covers: tuple[tuple[str, Cov
             flags |= OpFlag.OPTIONAL
         if FD_SOURCE.fullmatch(m.src):
             flags |= OpFlag.FD_SOURCE
-        return Op(OpKind.BIND, m.target(), src=m.src, flags=flags, origin=i)
+        return Op(OpKind.BIND, m.dest_path(), src=m.src, flags=flags, origin=i)
     if isinstance(m, S.Tmpfs):
         return Op(OpKind.TMPFS, m.dest, mode=m.perms, size=m.size or 0,
                   parent_mode=parent_mode_for(m.perms), flags=OpFlag.NODEV, origin=i)
@@ -359,7 +362,7 @@ def plan_network(spec: S.Spec, host: HostInfo) -> Network:
         return "host"
     if host.pool is None:
         return "none"
-    wants_check = spec.check or bool(spec.forward)
+    wants_check = spec.check_network or bool(spec.forward)
     if spec.network == "pool" or wants_check:
         return "pool"
     # A leased namespace is owned by the pool's user namespace, where the
@@ -463,13 +466,14 @@ def compile_plan(spec: S.Spec, host: HostInfo, sync: Sync = NO_SYNC) -> Plan:
         probe_paths=spec.probe_paths,
         forward=spec.forward,
         forward_writable=forward_writable(spec.forward, ops),
-        check_network=spec.network != "host" and (spec.check or bool(spec.forward)),
+        check_network=spec.network != "host" and (spec.check_network or bool(spec.forward)),
         caps_as_caller=host.is_root and keep == host.effective_caps,
         sync=sync,
         cgroup=cgroup,
         limits_fallback=fallback,
         require_cgroups=spec.limits.require_cgroups,
         limits_mechanism=host.cgroups.mechanism if cgroup is not None else "rlimit",
+        source=spec,
     )
 
 
@@ -478,7 +482,7 @@ def _compile_seccomp(policy: Seccomp | None) -> bytes:
     plain run loads no seccomp module)."""
     if policy is None:
         return b""
-    from .seccomp.compile import compile_policy
+    from .seccomp.compile import compile_policy  # lazy: only for a policy (test_cold_path): 3.5 ms
 
     return compile_policy(policy)
 

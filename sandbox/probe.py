@@ -18,7 +18,7 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import backends
+from . import __version__, backends
 from .api import run
 from .backends import bwrap as bwrap_backend
 from .capabilities import Capability
@@ -29,6 +29,7 @@ from .host import BWRAP_ENV, DISABLE_NATIVE_ENV, userns_sysctls
 from .images.python import PROBE, python_name, required_glibc
 from .plan import CGROUP_LIMITS, FALLBACK_RLIMITS
 from .spec import Overlay, Spec
+from .subids import host_words
 
 __all__ = ["BWRAP_ENV", "DISABLE_NATIVE_ENV", "ProbeResult", "image_python", "overlay_works", "probe"]
 
@@ -114,14 +115,12 @@ def limits_report() -> str:
 
 def ids_report() -> str:
     """What a Session's user namespace maps for this caller (sandbox.session.ids)."""
-    from .subids import host_words
-
     return host_words(os.getuid(), os.getgid())
 
 
 def _executors_without_cgroups() -> list[str]:
     """How messages name the executors that do not place their sandboxes in cgroups (their traits say)."""
-    # here, not at the top: importing sandbox.workerpool loads 42 more modules (cloudpickle, the cffi backend,
+    # lazy: importing sandbox.workerpool loads 42 more modules, 21 ms (cloudpickle, the cffi backend,
     # logging, platform), and this module is imported for overlay_works and image_python without a report
     from .workerpool.traits import TRAITS as WORKERPOOL
 
@@ -130,8 +129,6 @@ def _executors_without_cgroups() -> list[str]:
 
 
 def _version() -> str:
-    from . import __version__
-
     return __version__
 
 

@@ -69,7 +69,7 @@ def _unavailable(what: str) -> Callable[[str, str, Plan, HostInfo], SandboxError
 
 def _outside_work(plan: Plan) -> list[str]:
     return [what for what, used in (("limits", plan.rlimits), ("probe_paths", plan.probe_paths),
-                                    ("forward", plan.forward), ("check", plan.check_network)) if used]
+                                    ("forward", plan.forward), ("check_network", plan.check_network)) if used]
 
 
 def _sync_refusal(title: str, why: str, plan: Plan, host: HostInfo) -> SandboxError:

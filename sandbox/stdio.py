@@ -6,9 +6,10 @@ executors that hand a caller's fd to another process (the Template's server, the
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import IO, Any
 
 from .errors import SpecError
@@ -103,6 +104,26 @@ def inheritable(fd: int) -> bool:
         return not fcntl.fcntl(fd, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
     except OSError:  # not open
         return False
+
+
+@contextlib.contextmanager
+def handed_fds(child: Sequence[int]) -> Iterator[list[int]]:
+    """The fds to hand another process (over a socket) as a child's stdio `child`: a slot left to inherit
+    (-1) is the caller's own fd when a command would inherit it (`inheritable`), else /dev/null, opened
+    here and closed when the block ends."""
+    null = -1
+    fds = []
+    try:
+        for i, fd in enumerate(child):
+            if fd < 0 and not inheritable(i):
+                if null < 0:
+                    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+                fd = null
+            fds.append(fd if fd >= 0 else i)
+        yield fds
+    finally:
+        if null >= 0:
+            os.close(null)
 
 
 def check_pass_fds(pass_fds: Iterable[int]) -> tuple[int, ...]:

@@ -81,7 +81,7 @@ def _pairs() -> tuple[tuple[str, int], ...]:
 def _from_native() -> list[tuple[str, int]] | None:
     """Read `sbx_syscall_names/_numbers/_n_syscalls` from the extension module, if built."""
     try:
-        from ._native import ffi, lib
+        from ._native import ffi, lib  # lazy: the C core may be missing: the headers give the table then
     except ImportError:
         return None
     try:

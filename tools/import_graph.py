@@ -15,8 +15,9 @@ In C (`c_graph`), `#include "b.h"` is an edge to b.h, and a call of a function t
 b.c (the cycles the review of issue 40 found were calls: child.c <-> idmap.c), read with regular expressions over
 csrc/'s one style (a definition's head at column 0, its brace on the next line).
 
-Used by tests/unit/test_layers.py, with HACKING.md's layer table (`layer_table`). Run it to see the cycles,
-the modules the table misses and the upward imports (with --edges, every edge):
+Used by tests/unit/test_layers.py, with HACKING.md's layer table (`layer_table`), and for the reasons the
+function-level imports give (`lazy_imports`). Run it to see the cycles, the modules the table misses, the upward
+imports and the function-level imports that give no reason (with --edges, every edge):
     python3 tools/import_graph.py [--edges]
 """
 
@@ -121,6 +122,69 @@ def graph(package: Path = ROOT / "sandbox") -> list[Edge]:
     """Every edge between the modules of `package`."""
     known = modules(package)
     return [edge for name, path in known.items() for edge in imports(name, path, known)]
+
+
+# A function-level import says why it is not at the top (HACKING.md: only where a cold start measures the gain, or
+# where the top would not do: a cycle, a module importable without the C core): a comment holding `lazy:` on one of
+# its lines or in the comment lines right above it (above the first of adjacent import lines, for all of them); or,
+# for every such import of a module, one note at column 0 of its top level, `# lazy imports: why`.
+LAZY_REASON = re.compile(r"#.*\blazy: *(\S.*)")
+LAZY_NOTE = re.compile(r"^# lazy imports: *(\S.*)", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A function-level import in `module` (at `line`) of the package itself: `text`, and the `reason` written for
+    it (None if none is)."""
+
+    module: str
+    line: int
+    text: str
+    reason: str | None
+
+
+def _own(node: ast.Import | ast.ImportFrom, package: str) -> bool:
+    """Whether `node` imports from `package` (relatively, or by its name): the compiled core and the package's own
+    names (`from . import __version__`) included, which no edge of `graph` shows."""
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] == package
+    return any(alias.name.split(".")[0] == package for alias in node.names)
+
+
+def _reason(lines: list[str], first: int, last: int, import_lines: set[int]) -> str | None:
+    """The `lazy:` reason on lines `first`..`last` (1-based) or in the comments above them, skipping up over
+    adjacent import lines (a group of imports shares the comment above it)."""
+    for number in range(first, last + 1):
+        found = LAZY_REASON.search(lines[number - 1])
+        if found:
+            return found.group(1)
+    number = first - 1
+    while number in import_lines:
+        number -= 1
+    while number >= 1 and lines[number - 1].lstrip().startswith("#"):
+        found = LAZY_REASON.search(lines[number - 1])
+        if found:
+            return found.group(1)
+        number -= 1
+    return None
+
+
+def lazy_imports(package: Path = ROOT / "sandbox") -> list[Lazy]:
+    """Every function-level import of the package's own modules in the modules of `package`, with its reason."""
+    found: list[Lazy] = []
+    for name, path in modules(package).items():
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text, str(path))
+        note = LAZY_NOTE.search(text)
+        nodes = list(_walk(tree.body, "module"))
+        import_lines = {n for node, _ in nodes for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+        for node, kind in nodes:
+            if kind != "function" or not _own(node, package.name):
+                continue
+            reason = _reason(lines, node.lineno, node.end_lineno or node.lineno, import_lines)
+            found.append(Lazy(name, node.lineno, ast.unparse(node), reason or (note.group(1) if note else None)))
+    return found
 
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -296,6 +360,11 @@ def main(argv: list[str]) -> int:
     for e in upward(running, layer):
         print(f"upward: {e.kind:8} {e.source}:{e.line} ({table[layer[e.source]][0]}) -> {e.target} "
               f"({table[layer[e.target]][0]})")
+    lazy = lazy_imports()
+    unexplained = [item for item in lazy if item.reason is None]
+    print(f"function-level imports of sandbox's own modules: {len(lazy)}, {len(unexplained)} without a reason")
+    for item in unexplained:
+        print(f"no reason: {item.module}:{item.line}: {item.text}")
     if "--edges" in argv:
         for e in sorted(edges, key=lambda e: (e.kind, e.source, e.line)):
             print(f"{e.kind:8} {e.source}:{e.line} -> {e.target}")

@@ -269,8 +269,7 @@ static void setup_world(struct sbx_ctx *c)
 {
     const struct sbx_header *h = c->h;
     sbx_setup_filesystem(c);
-    /* a forked task's leased netns is up already, and not the task's to change */
-    if ((h->ns & SBX_NS_NET) && !(c->mode == &SBX_MODE_FORK && c->in.join_netns_fd >= 0))
+    if ((h->ns & SBX_NS_NET) && !(c->mode->netns_ready && c->in.join_netns_fd >= 0))
         sbx_loopback_up(c);
     if (h->n_listen)
         sbx_make_listeners(c);
@@ -313,9 +312,13 @@ static int handed(const struct sbx_ctx *c)
 
 void sbx_command_fds(struct sbx_ctx *c)
 {
-    int hand = handed(c);
     sbx_place_fds(c);
-    sbx_setup_stdio_fds(c, hand ? c->in.err_fd : -1, hand ? c->in.status_fd : -1);
+    if (handed(c)) {
+        const int keep[] = {c->in.err_fd, c->in.status_fd};
+        sbx_setup_stdio_fds(c, keep, 2);
+    } else {
+        sbx_setup_stdio_fds(c, NULL, 0);
+    }
 }
 
 void sbx_exec_command(struct sbx_ctx *c)

@@ -138,6 +138,7 @@ static void return_ready(struct sbx_ctx *c)
 const struct sbx_mode SBX_MODE_FORK = {
     .name = "fork",
     .start = fork_start,
+    .netns_ready = 1,
     .fd_table = task_fds,
     .report_started = sbx_started_by_exec,
     .run = return_ready,

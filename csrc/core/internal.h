@@ -107,6 +107,10 @@ struct sbx_mode {
      * pid 1 keeps what it needs to reset the sandbox for another request (a
      * recycled Template sandbox, csrc/template/template_recycle.c). */
     int resident_before_identity;
+    /* A network namespace it joins (in.join_netns_fd) comes with its
+     * loopback up and is not the sandbox's to change: a forked task's lease,
+     * joined at the clone (forksandbox.c). */
+    int netns_ready;
     /* Fill in the command's side of the context: nothing when it came with
      * the clone (NULL); a standby waits for a request (sbx_ctx_take_input). */
     void (*take_request)(struct sbx_ctx *c);
@@ -239,7 +243,7 @@ int sbx_listen_loopback(uint16_t port);
 void sbx_enter_cgroups(struct sbx_ctx *c);
 void sbx_apply_rlimits(struct sbx_ctx *c);
 void sbx_place_fds(struct sbx_ctx *c);
-void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b);
+void sbx_setup_stdio_fds(struct sbx_ctx *c, const int *keep, int n);
 void sbx_drop_caps(struct sbx_ctx *c);
 void sbx_no_new_privs(struct sbx_ctx *c);
 void sbx_install_seccomp(struct sbx_ctx *c);

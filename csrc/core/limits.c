@@ -77,9 +77,9 @@ void sbx_place_fds(struct sbx_ctx *c)
 }
 
 /* Move the caller's stdio fds to 0-2 and leave open only those, the
- * pass_fds, and the two internal fds (keep_a, keep_b) until exec: every
+ * pass_fds, and the `n` internal fds of `keep` (-1: none) until exec: every
  * other fd is marked close-on-exec in one close_range() call per gap. */
-void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b)
+void sbx_setup_stdio_fds(struct sbx_ctx *c, const int *keep, int n)
 {
     int src[3];
     for (int i = 0; i < 3; i++) {
@@ -113,8 +113,7 @@ void sbx_setup_stdio_fds(struct sbx_ctx *c, int keep_a, int keep_b)
     }
     if (syscall(SYS_close_range, lo, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
         sbx_fail(c, SBX_STEP_FDS, -1, errno, SBX_D_NONE);
-    int keep[2] = {keep_a, keep_b};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < n; k++)
         if (keep[k] >= 0 && fcntl(keep[k], F_SETFD, 0) < 0)
             sbx_fail(c, SBX_STEP_FDS, keep[k], errno, SBX_D_NONE);
 }

@@ -39,15 +39,16 @@ def step_name(res: Any, blob: bytes) -> str:
     return STEP_NAMES.get(step, f"step {step}")
 
 
-def setup_error(res: Any, blob: bytes, argv: Sequence[str]) -> SandboxError:
-    """The typed exception for the C core's failure record `res` of a sandbox started from `blob`."""
+def setup_error(res: Any, blob: bytes, argv: Sequence[str], backend: str = "native") -> SandboxError:
+    """The typed exception for the C core's failure record `res` of a sandbox started from `blob` by
+    `backend` (the native core in-process, or sandbox-launch for the blob executor)."""
     step, err = res.step, res.err
     if step == lib.SBX_STEP_EXEC:
-        return ExecError.from_errno(err or E.ENOENT, argv[0])
+        return ExecError.from_errno(err or E.ENOENT, argv[0], backend)
     if step == lib.SBX_STEP_CRASHED:  # .err holds the signal that ended the setup child, not an errno
         return SetupError(f"the sandbox's setup process was killed by {signal_name(err)} before the command ran",
-                          step="crashed", backend="native")
+                          step="crashed", backend=backend)
     text, path = describe(res, blob, argv[0] if argv else None)
     if step == lib.SBX_STEP_ISOLATION:
         return IsolationError(text, path=path, errno=err)
-    return SetupError(text, step=step_name(res, blob), path=path, errno=err, backend="native")
+    return SetupError(text, step=step_name(res, blob), path=path, errno=err, backend=backend)

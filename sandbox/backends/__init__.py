@@ -9,6 +9,12 @@ the Plan and decides nothing (decisions are `sandbox.plan`'s, refusals
 line in `NAMES`. This module is the registry: it loads backends by name,
 chooses one, and reads the host as it is for one (`host_for`); backends
 import only the contract.
+
+A backend may serve only where the environment says it does, as anyio finds
+the running event loop: its `applies()` (optional) says whether this process
+is there, and its availability is then read at each choice, never cached.
+"auto" skips it where it does not apply, without naming it, and tries it
+first where it does: the brokered executor, inside a task sandbox.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
+from collections.abc import Iterator
 
+from .. import netpool
 from ..capabilities import ALL, Capability, Traits
 from ..errors import SpecError, UnavailableError
 from ..forksafe import fresh_in_child
@@ -28,7 +36,7 @@ from .handle import ProcessHandle
 __all__ = ["NAMES", "Backend", "Ended", "ExitSource", "Handle", "ProcessHandle", "WaitStatus", "availability",
            "choose", "get", "host_for", "launch"]
 
-NAMES = ("native", "bwrap")  # the order "auto" tries them in
+NAMES = ("brokered", "native", "bwrap")  # the order "auto" tries them in
 # chosen only by name: sandbox.Template's executor; a process of its own running the blob (sandbox-launch)
 EXPLICIT = ("template", "blob")
 _CHOICES = ", ".join(repr(n) for n in ("auto", *NAMES, *EXPLICIT[:-1])) + f" or {EXPLICIT[-1]!r}"
@@ -70,8 +78,6 @@ def host_for(name: str) -> HostInfo:
     process-wide pool started, filling in the background (sandbox.netpool)."""
     traits = get(name).traits
     if traits.can(Capability.JOIN_POOLED_NETNS):
-        from .. import netpool
-
         netpool.pool_for("none")
     return HostInfo.current(traits)
 
@@ -85,8 +91,27 @@ def _availability(name: str) -> tuple[bool, str]:
     return get(name).available()
 
 
+def _applies(name: str) -> bool:
+    """Whether the backend `name` serves this process (a backend without `applies` serves anywhere)."""
+    applies = getattr(get(name), "applies", None)
+    return applies is None or bool(applies())
+
+
+def _candidates() -> Iterator[str]:
+    """The backends "auto" tries here, in order (each loaded only when the one before it is refused)."""
+    return (name for name in NAMES if _applies(name))
+
+
 def availability(name: str, refresh: bool = False) -> tuple[bool, str]:
-    """`get(name).available()`, cached per process (`refresh=True` asks again)."""
+    """`get(name).available()`, cached per process (`refresh=True` asks again), unless the backend is found
+    from the environment (it has `applies`): that is read again at each call."""
+    backend = get(name)
+    if hasattr(backend, "applies"):
+        return backend.available()
+    return _cached_availability(name, refresh)
+
+
+def _cached_availability(name: str, refresh: bool = False) -> tuple[bool, str]:
     with _lock:
         if refresh:
             _availability.cache_clear()
@@ -108,8 +133,17 @@ def choose(requested: str) -> tuple[str, str]:
         return requested, "requested"
     refused: list[tuple[str, str]] = []
     for name in NAMES:
-        ok, reason = availability(name)
+        backend = get(name)
+        applies = getattr(backend, "applies", None)
+        if applies is None:
+            ok, reason = _cached_availability(name)
+        elif applies():
+            ok, reason = backend.available()
+        else:
+            continue  # not where it serves: not named either
         if ok:
+            if applies is not None:  # found from the environment: its reason says where it is
+                return name, f"auto: {reason}"
             if not refused:
                 return name, f"auto: this host allows the {name} path"
             return name, "auto: " + "; ".join(f"{n} refused ({why})" for n, why in refused)
@@ -124,10 +158,12 @@ def launch(name: str, plan: Plan, argv: list[str], stdio: tuple[int, int, int],
     try:
         return get(name).launch(plan, argv, stdio, pass_fds)
     except UnavailableError as exc:
-        others = {n: availability(n) for n in NAMES if n != name}
+        tried = tuple(_candidates())
+        others = {n: availability(n) for n in tried if n != name}
         if not others or any(ok for ok, _ in others.values()):
             raise
         prefix = f"{name} backend unavailable: "
         own = str(exc).removeprefix(prefix)
-        reasons = [f"{n}: {own if n == name else others[n][1]}" for n in NAMES]
+        named = tried if name in tried else (name, *tried)
+        reasons = [f"{n}: {own if n == name else others[n][1]}" for n in named]
         raise UnavailableError("no sandbox backend: " + "; ".join(reasons)) from None

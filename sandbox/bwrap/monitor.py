@@ -210,6 +210,7 @@ def join_namespaces(mon: Monitor) -> None:
     pid namespace needs CAP_SYS_ADMIN over its owner). setns(CLONE_NEWUSER)
     needs a single-threaded process: the network pool (a thread) is closed
     first, and it could not serve a sandbox in another user namespace."""
+    # lazy: only for --userns/--pidns: the pool and the probe, 38 + 75 ms, never on a plain run (test_cold_path)
     from .. import netpool
     from ..probe import probe
 

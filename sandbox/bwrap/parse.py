@@ -313,12 +313,14 @@ def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
         programs = [p for p in st.seccomp_programs if p]
         if len(programs) < len(st.seccomp_programs) or any(len(p) // 8 > BPF_MAXINSNS for p in programs):
             raise BwrapArgsError(SECCOMP_EINVAL, "--add-seccomp-fd", 0)
+        # lazy: seccomp only for a command line asking for a filter (test_cold_path): 2.6 ms, 4.7 with the default
         from ..seccomp import Seccomp
-        from ..seccomp.stack import stack  # only for --add-seccomp-fd
+        from ..seccomp.stack import stack
 
         return Seccomp(raw=stack(programs))
     if st.seccomp_fd is None:
         if "seccomp_default" in st.flags:
+            # lazy: seccomp only for a command line asking for a filter (test_cold_path): 2.6 ms, 4.7 with the default
             from ..seccomp import DEFAULT_POLICY
 
             return DEFAULT_POLICY
@@ -328,6 +330,7 @@ def _seccomp(st: ParseState, base: S.Spec | None) -> Seccomp | None:
         raise BwrapArgsError("Invalid seccomp data, must be multiple of 8", "--seccomp", len(data))
     if not 0 < len(data) // 8 <= BPF_MAXINSNS:  # what the kernel refuses, in bwrap's words
         raise BwrapArgsError(SECCOMP_EINVAL, "--seccomp", len(data))
+    # lazy: seccomp only for a command line asking for a filter (test_cold_path): 2.6 ms, 4.7 with the default
     from ..seccomp import Seccomp
 
     return Seccomp(raw=data)

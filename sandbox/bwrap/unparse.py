@@ -113,7 +113,7 @@ def _proc_covers(spec: S.Spec) -> list[str]:
 def _mount(m: S.Mount, fds: list[int]) -> list[str]:
     """The option for one Spec mount; a File's data goes into a new fd appended to `fds`."""
     if isinstance(m, S.Bind):
-        return bind_args(m.src, m.target(), readonly=m.readonly, devices=m.devices, optional=m.optional)
+        return bind_args(m.src, m.dest_path(), readonly=m.readonly, devices=m.devices, optional=m.optional)
     if isinstance(m, S.Tmpfs):
         return tmpfs_args(m.dest, m.perms, m.size)
     if isinstance(m, S.Dir):

@@ -39,7 +39,17 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from .. import backends
 from .._core import cliwire as wire
+from ..bwrap.grammar import BY_NAME
+from ..bwrap.memo import PURE
+from ..bwrap.parse import parse_bwrap_args
+from ..bwrap.values import split_args
+from ..errors import SandboxError
+from ..host import LIMITED_RESOURCES
+from ..plan import check_argv
+from ..plan_cache import compiled_plan
+from ..refusal import refusal
 
 ARGS_MAX = 1 << 18  # bytes of an --args file read here; a larger one goes to a worker
 PIPE_PAGE = 1 << 16  # a pipe's default capacity
@@ -161,8 +171,6 @@ def _top_level_args(args: list[str], numbers: list[int]) -> list[int]:
 def _screen_file(f: ArgsFile) -> None:
     """Worker unless every option of the --args file `f` is one a plan carries: parsing one that
     names an fd would read the server's fd of that number, not the client's."""
-    from ..bwrap.values import split_args
-
     where = f" in its --args {f.number} file"
     for _, name, _ in _options(split_args(f.data), where):
         if name == "--args":  # bwrap refuses it there: the Python CLI says so
@@ -173,9 +181,6 @@ def _options(args: list[str], where: str) -> list[tuple[int, str, list[str]]]:
     """The options at the front of `args` as the parser walks them (the grammar's arities): their
     index, name and values. Worker (saying `where`) for one that is not pure (nor --args), or
     that lacks its values: only the Python CLI, holding the client's fds, may apply it."""
-    from ..bwrap.grammar import BY_NAME
-    from ..bwrap.memo import PURE
-
     found = []
     i = 0
     while i < len(args) and args[i].startswith("-") and args[i] != "--":
@@ -192,13 +197,8 @@ def _options(args: list[str], where: str) -> list[tuple[int, str, list[str]]]:
 
 def _compile(request: wire.Request, args: list[str], as_bwrap: bool, files: dict[int, ArgsFile]) -> Answer:
     """Parse, plan and serialize as the Python CLI would for this client (Worker if a plan cannot carry it)."""
-    from .. import backends
+    # lazy: the server runs without the C core (bwrap only: every command line goes to a worker)
     from ..backends.native import blob_for
-    from ..errors import SandboxError
-    from ..host import LIMITED_RESOURCES
-    from ..plan import check_argv
-    from ..plan_cache import compiled_plan
-    from ..refusal import refusal
 
     env = _environment(request.environ)
     cwd = os.fsdecode(request.cwd)
@@ -234,8 +234,9 @@ def _compile(request: wire.Request, args: list[str], as_bwrap: bool, files: dict
 def _check_runnable(plan: Any, host: Any) -> None:
     """Worker unless the client can start the plan alone, as sandbox-launch would (nothing to do after the
     spawn): unless the blob executor (sandbox.backends.blob) accepts it (sandbox.refusal, by its traits)."""
+    # lazy: this module loads before the server's --after wait (serve_command), the blob executor with warm()
+    # after it: 1.2 ms (its import timed after server.py's, median of 15)
     from ..backends.blob import TRAITS as BLOB
-    from ..refusal import refusal
 
     refused = refusal(plan, dataclasses.replace(host, executor=BLOB))
     if refused is not None:
@@ -245,8 +246,6 @@ def _check_runnable(plan: Any, host: Any) -> None:
 def _parse(args: list[str], files: dict[int, ArgsFile], env: dict[str, str], cwd: str) -> tuple[Any, list[str], Any]:
     """parse_bwrap_args over `args`, each --args FD (`files`, by the index of its number in
     `args`) read from a copy of its content."""
-    from ..bwrap.parse import parse_bwrap_args
-
     args = list(args)
     copies: dict[int, tuple[int, int]] = {}
     try:

@@ -118,6 +118,6 @@ def _prepare(argv: list[str], cwd: str, env: dict[str, str]) -> None:
     host = backends.host_for(name)
     plan = compiled_plan(spec, host)
     if refusal(plan, host) is None and name == "native":
-        from ..backends.native import blob_for  # imported already: the server chose it (server.warm)
+        from ..backends.native import blob_for  # lazy: the server runs without the C core (bwrap only)
 
         blob_for(plan)

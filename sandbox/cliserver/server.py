@@ -410,7 +410,7 @@ class Server:
         """sandbox-init (O_PATH), opened once: the server's own, not the native backend's cached
         one (a worker, forked from the server, closes every fd it did not get from its client)."""
         if self._init < 0:
-            from .._core.binding import INIT_PATH
+            from .._core.binding import INIT_PATH  # lazy: the server runs without the C core (bwrap only)
 
             self._init = os.open(INIT_PATH, os.O_PATH | os.O_CLOEXEC)
         return self._init

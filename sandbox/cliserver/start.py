@@ -26,8 +26,12 @@ import os
 import signal
 
 from .._core import cliwire as wire
+from ..backends import choose, host_for
+from ..bwrap import memo, parse
 from .owndir import fresh_file, open_own, open_own_dir
+from .peer import controlling_tty, fingerprint
 from .server import IDLE_SECONDS, Server
+from .worker import ioprio_calls
 
 
 def _warm_wire() -> None:
@@ -36,8 +40,6 @@ def _warm_wire() -> None:
                                                      "nfds": 1, "size": 4})
     wire.parse_request(bytes(wire.ffi.buffer(head)) + b"\0\0\0\0" + b"a\0/\0")
     wire.parse_frame(wire.frame(wire.STATUS))
-    from .peer import controlling_tty, fingerprint
-
     fingerprint("/proc/self")
     controlling_tty(os.getpid())
 
@@ -99,9 +101,9 @@ def _terminate(signum: int, frame: object) -> None:
 def warm() -> None:
     """Import and compute once what each `run` needs, so that a plan is mostly looked up and a
     worker only forks."""
-    from .. import api, netpool, process  # noqa: F401  (sandbox.cli started this server: imported already)
-    from ..backends import choose, host_for
-    from ..bwrap import memo, monitor, parse  # noqa: F401
+    # lazy: serve_command imports this module before its --after wait, and warm() runs after it: at the top,
+    # these would load 52 ms of modules (import timed, median of 7) while the client's first command still runs
+    from .. import api, netpool, process  # noqa: F401
     from ..probe import probe
 
     netpool.disable()  # its refill thread would make the server multi-threaded; a one-shot CLI has no pool
@@ -110,8 +112,6 @@ def warm() -> None:
     parse.parse_bwrap_args(["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-all", "true"])
     host_for(name)  # the pool is disabled above: this only reads
     _warm_wire()
-    from .worker import ioprio_calls
-
     ioprio_calls()
     memo.enable()  # the Specs of command lines seen, by their words (fastpath.py answers from them)
     import gc

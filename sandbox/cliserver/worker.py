@@ -25,8 +25,10 @@ import sys
 from typing import Any, NoReturn
 
 from .._core import cliwire as wire
+from ..bwrap.grammar import BY_NAME
 from .clientstate import F_OWNER_TID, F_SETOWN_EX, Fallback, client_limits, read_at
 from .peer import Peer, status_fields
+from .rehearse import learned
 
 LOW_FD = 63  # the worker's own fds go above it and above the client's while those are put in place
 ACK_POLL = 0.002  # seconds between looks for the client's ACK (see _Frames.ack)
@@ -109,7 +111,7 @@ def _move_high(fds: list[int], base: int) -> list[int]:
 def _forget_closed_fds() -> None:
     """What the server's process kept open for later is closed now: forget it (the native
     backend's sandbox-init fd, opened again when this process needs it)."""
-    from ..backends import native
+    from ..backends import native  # lazy: the server runs without the C core (bwrap only)
 
     native._init_fd = None
 
@@ -186,6 +188,7 @@ def ioprio_calls() -> tuple[Any, int, int]:
     the server calls this as it warms up, and each worker, its fork, has them."""
     global _ioprio
     if _ioprio is None:
+        # lazy: the warm-up's (after --after's wait), not this module's import (before it): 0.7 ms
         from ..syscalls import number
 
         get, put = number("ioprio_get"), number("ioprio_set")
@@ -224,7 +227,8 @@ def _take_signals(blocked: int, ignored: int) -> None:
 def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socket.socket | None, notes: int,
              pending: tuple[int, ...]) -> int:
     """`notes`: the notes' fd (or /dev/null's), never the command's; `pending`: signals relayed so far."""
-    from . import COMMAND_LINE as cli  # sandbox.cli, which started this server: handed down, not imported
+    # lazy: read when a worker runs: serve_command sets it (sandbox.cli, handed down) after this module is imported
+    from . import COMMAND_LINE as cli
 
     assert cli is not None, "the CLI server runs only as `sandbox serve`, which hands it the command line"
 
@@ -248,8 +252,6 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socke
 
     def parsed(replay: tuple[str, ...]) -> None:
         if ctrl is not None and ctrl.fileno() >= 0:
-            from .rehearse import learned
-
             with contextlib.suppress(OSError):
                 ctrl.send(b"L" + learned(replay))
             ctrl.close()
@@ -269,8 +271,6 @@ def _run_cli(conn: socket.socket, peer: Peer, request: wire.Request, ctrl: socke
 def _asks_die_with_parent(argv: list[str]) -> bool:
     """Whether the options on the command line itself (not in an --args file) hold --die-with-parent,
     read with the grammar's arities; parsing proper comes after and decides everything else."""
-    from ..bwrap.grammar import BY_NAME
-
     args = argv[1:]
     if os.path.basename(argv[0]) != "bwrap":
         if args[:1] == ["--as-bwrap"]:

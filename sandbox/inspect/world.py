@@ -79,7 +79,7 @@ def host_world(workdir: str) -> tuple[Mount, ...]:
 
 def _image_spec(env: EnvironmentConfig, workdir: str, binds: tuple[Mount, ...], limits: Limits, network: str,
                 where: str) -> Spec:
-    from ..images import ImageError, ImageStore
+    from ..images import ImageError, ImageStore  # lazy: the image store only for an image: 10 ms
 
     assert env.image is not None
     try:

@@ -19,6 +19,7 @@ from .. import syscalls
 from ..errors import SpecError
 from ..validate import check_items, init_fields, json_object, replaced
 from .bpf import SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_KILL_PROCESS, check_program
+from .debug import describe_action
 
 MAX_ERRNO = 4095
 _T = TypeVar("_T")
@@ -175,8 +176,6 @@ class ArgRule:
         cond = f"args[{self.arg_index}] {op} {self.value:#x}" if op else \
             f"args[{self.arg_index}] & {self.mask:#x} == {self.value:#x}"
         low = " (low 32 bits)" if self.bits == 32 else ""
-        from .debug import describe_action  # the disassembler's wording; not needed to run a policy
-
         return f"{describe_action(self.word(policy_errno))} if {cond}{low}"
 
     def word(self, policy_errno: int) -> int:

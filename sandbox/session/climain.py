@@ -18,6 +18,9 @@ from collections.abc import Sequence
 from . import clisock
 from .clisock import EXIT_SETUP, Refused
 
+# lazy imports: each subcommand loads what it uses: `sandbox exec`, `session list` and `stop` load no Spec
+# (28 ms, import timed, median of 7) and no holder (7 ms); only `session start` and the holder process (`_hold`) do
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
 if TYPE_CHECKING:
     from typing import Any

@@ -40,6 +40,7 @@ import struct
 
 from .._core.fdpass import recv_fds, send_fds
 from .._core.peer import Peer, Unverified, status_fields
+from ..cliserver import socket_dir
 from ..cliserver.owndir import open_own_dir
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing (type checkers read the name)
@@ -91,8 +92,6 @@ def open_dir(create: bool) -> int:
 
 
 def _default_dir() -> str:
-    from ..cliserver import socket_dir
-
     return socket_dir()
 
 

@@ -114,7 +114,7 @@ class _Transform:
 
     def mount(self, m: Mount, before: list[Mount]) -> list[Mount]:
         if isinstance(m, Bind) and m.readonly and not FD_SOURCE.fullmatch(m.src):
-            return self.source(self.host.source(m.src), m.target(), m, before)
+            return self.source(self.host.source(m.src), m.dest_path(), m, before)
         if isinstance(m, Overlay) and (not m.writable or (m.upper is None and self.upper is not None)):
             return [self.overlay(m.dest, m.lowers, m.size if self.upper is None else None)]
         if isinstance(m, File) and m.readonly:
@@ -133,7 +133,7 @@ def _host_write_through(dest: str, before: list[Mount]) -> bool:
     it) is a writable host bind: a copy made there would be written to the
     host, and a RemountRo there protects the host."""
     for m in reversed(before):
-        if isinstance(m, MOUNTING) and is_under(dest, m.target()):
+        if isinstance(m, MOUNTING) and is_under(dest, m.dest_path()):
             return isinstance(m, Bind) and not m.readonly
     return False
 
@@ -146,7 +146,7 @@ def cow_mounts(mounts: Iterable[Mount], host: HostView,
     mounts = tuple(mounts)
     out: list[Mount] = []
     for i, m in enumerate(mounts):
-        t.later = tuple(n.target() for n in mounts[i + 1:] if isinstance(n, MOUNTING))
+        t.later = tuple(n.dest_path() for n in mounts[i + 1:] if isinstance(n, MOUNTING))
         out += t.mount(m, out)
     return tuple(out), t.uppers
 

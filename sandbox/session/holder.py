@@ -50,6 +50,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ExecError, ExecNotFoundError, SandboxError
 from . import clisock
 from .clisock import Refused
 
@@ -284,8 +285,6 @@ class Holder:
 
     def _exec(self, conn: socket.socket, message: dict[str, Any], fds: list[int], who: str) -> None:
         argv, cwd, env, user = exec_request(message, fds)
-        from ..errors import ExecError, ExecNotFoundError, SandboxError
-
         try:
             proc = self.session.start(argv, stdin=fds[0], stdout=fds[1], stderr=fds[2], cwd=cwd,
                                       env=self._environ(env), user=_user(user))

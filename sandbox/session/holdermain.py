@@ -69,6 +69,7 @@ def _start(opts: dict[str, str], status: int) -> Holder | None:
 
 
 def _session(spec_fd: int) -> Session:
+    # lazy: called inside _start's try, so that a failed import (no C core) is reported to the starter
     from .. import netpool
     from ..spec import Spec
     from .session import Session

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from .. import backends
 from .._core.binding import BIN_DIR_STR
+from ..backends import native
 from ..capabilities import Capability, Traits
 from ..errors import SpecError, UnavailableError
 from ..host import HostInfo
@@ -100,8 +101,6 @@ def launch(spec: Spec) -> Launched:
 def _spawn(spec: Spec, plan: Plan, host: HostInfo, ids: SessionIds, fd: int, exe: int) -> tuple[SandboxProcess, Plan]:
     """The native spawn of pid 1 (its control socket `fd`), with its id maps
     written meanwhile when it maps several: its process and the plan run."""
-    from ..backends import native
-
     argv = ["sandbox-session", str(fd)]
     writer = MapWriter(ids) if ids.several else None
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)

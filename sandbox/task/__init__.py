@@ -23,8 +23,8 @@ from .copy import sanitized_copy
 from .description import Bind, Layout, Limits, Proxy, Sandbox, check_sandbox
 from .facts import Facts
 from .narrow import narrowed
-from .nested import NestedProcess, broker_fds
-from .run import TaskProcess, TaskResult, run, spawn
+from .nested import broker_fds
+from .run import NestedProcess, TaskProcess, TaskResult, run, spawn
 from .translate import Translator
 from .workers import worker_pool, worker_spec
 

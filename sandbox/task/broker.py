@@ -93,7 +93,6 @@ MAX_PENDING = 64  # connections whose request is not answered yet: more are refu
 REQUEST_TIMEOUT = 10.0  # seconds a connection has to send its request
 
 if TYPE_CHECKING:
-    from .nested import NestedProcess
     from .run import TaskProcess
 
 
@@ -140,7 +139,7 @@ class Broker:
         self._socket.sock.setblocking(False)
         self._pid = 0
         self._pidfd = -1
-        self._children: list[TaskProcess | NestedProcess] = []
+        self._children: list[TaskProcess] = []
         self._starting = 0
         self._pending = 0
         self._lock = threading.Lock()
@@ -322,7 +321,7 @@ class Broker:
         with contextlib.suppress(OSError):
             wire.send(conn, wire.error_message(exc))
 
-    def _relay(self, chan: socket.socket, proc: TaskProcess | NestedProcess) -> None:
+    def _relay(self, chan: socket.socket, proc: TaskProcess) -> None:
         def control() -> None:
             while True:
                 try:

@@ -17,11 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .. import spec as S
+from ..paths import is_under
 from ..plan import resolve_env
 from .broker_socket import INSIDE as BROKER_INSIDE
 from .description import Sandbox
 from .facts import HIDE_ENV, Facts
-from .translate import Translator, _under
+from .translate import Translator
 
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")
@@ -68,11 +69,11 @@ def shown_binds(sb: Sandbox, facts: Facts) -> list[Shown]:
     # A link of the chain inside a directory bound at its own path is shown by that bind, as a link:
     # a bind of its own would follow it, in the new root, to a target not mounted yet (ENOENT).
     same = [*sb.read, *sb.write, *(b.source for b in sb.binds if b.source == b.target)]
-    shown = {link for link in py.executable_chain[:-1] if any(link != d and _under(link, d) for d in same)}
-    out = [Shown(p, p, False) for p in dict.fromkeys(python) if not _under(p, "/usr") and p not in shown]
+    shown = {link for link in py.executable_chain[:-1] if any(link != d and is_under(link, d) for d in same)}
+    out = [Shown(p, p, False) for p in dict.fromkeys(python) if not is_under(p, "/usr") and p not in shown]
     out += [Shown(p, p, False) for p in facts.packages]
     if sb.framework and sb.framework_package:
-        out += [Shown(p, p, False) for p in facts.framework_paths if any(_under(p, d) for d in py.site_dirs)]
+        out += [Shown(p, p, False) for p in facts.framework_paths if any(is_under(p, d) for d in py.site_dirs)]
     out += [Shown(p, p, False) for p in sb.read]
     out += [Shown(p, p, True) for p in sb.write]
     out += [Shown(b.source, b.target, b.writable) for b in sb.binds]
@@ -84,12 +85,12 @@ def names_of(path: str, binds: list[Shown], realpaths: Mapping[str, str]) -> lis
     path, and below each bind's target whose source holds it (or its link's end)."""
     real = realpaths.get(path, path)
     out = []
-    if _under(path, "/usr"):
+    if is_under(path, "/usr"):
         out.append(path)
     for b in binds:
         src_real = realpaths.get(b.source, b.source)
         for candidate, root in ((path, b.source), (real, b.source), (path, src_real), (real, src_real)):
-            if _under(candidate, root):
+            if is_under(candidate, root):
                 rest = candidate[len(root):].lstrip("/") if root != "/" else candidate.lstrip("/")
                 out.append(b.target if not rest else b.target.rstrip("/") + "/" + rest)
     return list(dict.fromkeys(out))
@@ -121,14 +122,14 @@ def build_env(sb: Sandbox, facts: Facts, environ: Mapping[str, str], tr: Transla
     # This interpreter's directory leads, so `#!/usr/bin/env python3` runs on it.
     path_dirs = [facts.python.bindir, *SYSTEM_PATH]
     for entry in environ.get("PATH", "").split(":"):
-        if entry.startswith("/") and any(_under(entry, b.source) for b in binds):
+        if entry.startswith("/") and any(is_under(entry, b.source) for b in binds):
             path_dirs.append(tr.path(entry))
     env["PATH"] = ":".join(dict.fromkeys(path_dirs))
     hidden = [n for n, _ in facts.hidden]
     if hidden:
         env[HIDE_ENV] = ",".join(hidden)
     extra = [os.path.dirname(p) for p in facts.packages
-             if not any(_under(p, d) for d in facts.python.site_dirs)]
+             if not any(is_under(p, d) for d in facts.python.site_dirs)]
     if extra:
         env["PYTHONPATH"] = ":".join(dict.fromkeys([*extra, *filter(None, env.get("PYTHONPATH", "").split(":"))]))
     if proxy_port is not None:
@@ -213,7 +214,7 @@ def compile_task(sb: Sandbox, facts: Facts, environ: Mapping[str, str], proxy_po
         mounts=tuple(mounts), network="none" if sb.network == "isolated" else "host", env=env,
         cwd=tr.path(sb.chdir) if sb.chdir else None,
         limits=S.Limits(memory_mb=sb.limits.memory_mb, file_mb=sb.limits.file_mb, cpu_s=sb.limits.cpu_s),
-        probe_paths=sb.probes, forward=tuple(sorted(forward.items())), check=sb.network == "isolated",
+        probe_paths=sb.probes, forward=tuple(sorted(forward.items())), check_network=sb.network == "isolated",
     )
     return Compiled(spec=spec, translator=tr, binds=tuple(binds), hidden=tuple(dict.fromkeys(hidden)),
                     emptied=tuple(emptied), env_names=tuple(sorted(env)), forward=spec.forward)

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from .description import Sandbox
-from .nested import NestedProcess
 from .run import TaskProcess, spawn
 
 USAGE = "usage: python -m sandbox.task [--backend auto|native|bwrap] SPEC -- CMD [ARG...]\n" \
@@ -49,7 +48,7 @@ def parse(argv: Sequence[str]) -> tuple[str, str, list[str]]:
     return backend, text, args[cut + 1:]
 
 
-def forward_signal(proc: TaskProcess | NestedProcess, sig: int) -> None:
+def forward_signal(proc: TaskProcess, sig: int) -> None:
     """Pass `sig` on to the command. Each executor's handle knows how it
     reaches the command (the native sandbox's pid 1 forwards what it gets;
     under bwrap, whose monitor and init pass nothing on, the command itself
@@ -83,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return rc if rc >= 0 else 128 - rc
 
 
-def wait_forwarding(proc: TaskProcess | NestedProcess) -> int:
+def wait_forwarding(proc: TaskProcess) -> int:
     """proc.wait(), with FORWARDED passed on to the command by a thread of its
     own that takes them with sigwait(): they stay blocked in every thread
     (main() blocked them before anything started), so one that comes at any

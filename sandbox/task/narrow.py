@@ -18,8 +18,8 @@ from __future__ import annotations
 import fnmatch
 
 from ..errors import SpecError
+from ..paths import is_under
 from .description import Limits, Sandbox, check_sandbox
-from .translate import _under
 
 
 def _parent_grants(parent: Sandbox) -> list[tuple[str, bool]]:
@@ -31,7 +31,7 @@ def _parent_grants(parent: Sandbox) -> list[tuple[str, bool]]:
 
 def _allowed(path: str, writable: bool, grants: list[tuple[str, bool]]) -> bool:
     """Whether the parent shows host `path` (writable, if asked): the most specific grant above it decides."""
-    deciding = [w for p, w in grants if _under(path, p)]
+    deciding = [w for p, w in grants if is_under(path, p)]
     return bool(deciding) and (deciding[-1] or not writable)
 
 

@@ -43,14 +43,17 @@ StdioArg = int | IO[Any] | None
 
 
 class TaskProcess:
-    """A started task sandbox, shaped like subprocess.Popen. When it ends the
-    record is written (`record_path`) and the proxy stopped."""
+    """A started task sandbox, shaped like subprocess.Popen: the record and the proxy around the process
+    (a sandbox.SandboxProcess, or a subprocess.Popen when unconfined). When it ends the record is written
+    (`record_path`) and the proxy stopped. Inside a task sandbox the broker writes the record of the nested
+    sandbox it starts (`brokered`: its handle), and this one takes it from there."""
 
     def __init__(self, proc: SandboxProcess | subprocess.Popen[bytes], record: dict[str, Any], sb: Sandbox,
                  environ: Mapping[str, str], proxy: AllowlistProxy | None, compiled: Compiled | None,
-                 broker: Broker | None = None) -> None:
+                 broker: Broker | None = None, brokered: nested.NestedHandle | None = None) -> None:
         self._proc = proc
         self._broker = broker
+        self._nested = brokered
         self.record = record
         self.record_path: str | None = None
         self.compiled = compiled
@@ -67,7 +70,7 @@ class TaskProcess:
     @property
     def confined(self) -> bool:
         """Whether the command runs in a sandbox."""
-        return bool(self.record["confined"])
+        return bool(self.record.get("confined", True))  # a broker's record may leave it out: it always confines
 
     @property
     def usage(self) -> Usage | None:
@@ -87,6 +90,9 @@ class TaskProcess:
         if self._finished or self._proc.returncode is None:
             return
         self._finished = True
+        if self._nested is not None:  # the broker wrote it, and sent it with the exit
+            self.record, self.record_path = self._nested.record, self._nested.record_path
+            return
         if self._broker is not None:
             self._broker.close()  # and with it every nested sandbox still running
         if self._proxy is not None:
@@ -183,12 +189,13 @@ def _unconfined(argv: list[str], sb: Sandbox, environ: Mapping[str, str], reason
 
 def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin: StdioArg = None,
           stdout: StdioArg = None, stderr: StdioArg = None, pass_fds: Iterable[int] = (),
-          environ: Mapping[str, str] | None = None) -> TaskProcess | nested.NestedProcess:
+          environ: Mapping[str, str] | None = None) -> TaskProcess:
     """Start `argv` (host paths, translated) under `sb`; return at once.
 
     Inside a task sandbox (SANDBOX_TASK_BROKER set) the request goes to the
     broker of that sandbox instead (sandbox.task.nested): `sb` is then in
-    this sandbox's paths, and may only narrow what this sandbox allows.
+    this sandbox's paths, and may only narrow what this sandbox allows; the
+    broker writes the record, and `record_path` says where once it ends.
 
     `environ` is the caller's environment the allowlist draws from (default
     os.environ). Raises UnavailableError under `enforce='required'` when no
@@ -202,10 +209,26 @@ def spawn(argv: Sequence[StrPath], sb: Sandbox, *, backend: str = "auto", stdin:
     env_in = dict(os.environ if environ is None else environ)
     path = nested.broker_path()
     if path is not None:
-        return nested.request(path, {"kind": "task", "sandbox": sb.to_dict()}, args, stdin, stdout, stderr,
-                              tuple(pass_fds), env_in)
+        return _nested(path, args, sb, api.Stdio.of(stdin, stdout, stderr), api.check_pass_fds(pass_fds), env_in)
     popen = {"stdin": stdin, "stdout": stdout, "stderr": stderr, "pass_fds": tuple(pass_fds)}
     return start_here(args, sb, backend, env_in, popen)
+
+
+def _nested(path: str, args: list[str], sb: Sandbox, stdio: api.Stdio, pass_fds: tuple[int, ...],
+            env_in: dict[str, str]) -> TaskProcess:
+    """`sb` (in this sandbox's paths) started beside this sandbox by its broker at `path`."""
+    try:
+        if pass_fds:
+            raise SpecError("pass_fds", pass_fds, "a nested sandbox gets its stdio only (no other fds)")
+        handle = nested.ask(path, {"kind": "task", "sandbox": sb.to_dict()}, args, stdio.child, env_in)
+    except BaseException:
+        stdio.abort()
+        raise
+    stdio.started()
+    proc = SandboxProcess(args, handle, backend="brokered", backend_reason="nested: started beside this sandbox by "
+                          "the sandbox.task broker", network="host" if sb.network == "open" else "none",
+                          pipes=stdio.parent)
+    return TaskProcess(proc, handle.record, sb, env_in, None, None, brokered=handle)
 
 
 def start_here(args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str], popen: dict[str, Any],
@@ -340,3 +363,6 @@ def run(argv: Sequence[StrPath], sb: Sandbox, *, input: bytes | str | None = Non
     result.stdout_dropped = getattr(inner, "stdout_dropped", 0)
     result.stderr_dropped = getattr(inner, "stderr_dropped", 0)
     return result
+
+
+NestedProcess = TaskProcess  # what task.spawn returned inside a task sandbox before it was one class

@@ -15,11 +15,8 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 
 from ..errors import SpecError
+from ..paths import is_under
 from .description import Sandbox, check_sandbox
-
-
-def _under(path: str, top: str) -> bool:
-    return top == "/" or path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _swap(path: str, old: str, new: str) -> str:
@@ -52,7 +49,7 @@ class Translator:
             return path
         norm = os.path.normpath(path)
         for src, dst in self.mapping:
-            if _under(norm, src):
+            if is_under(norm, src):
                 out = _swap(norm, src, dst)
                 return out + "/" if path.endswith("/") and out != "/" else out
         return path
@@ -85,11 +82,11 @@ class Translator:
             raise SpecError("layout", None, "relative() needs a layout")
         outside_root, inside_root = self.layout
         norm = os.path.normpath(host_path)
-        if _under(norm, outside_root):
+        if is_under(norm, outside_root):
             inside = _swap(norm, outside_root, inside_root)
         else:
             inside = self.path(norm)
-        if not _under(inside, inside_root):
+        if not is_under(inside, inside_root):
             raise SpecError("path", host_path, f"is not under the layout's root {outside_root}")
         return os.path.relpath(inside, inside_root)
 
@@ -106,13 +103,13 @@ class Translator:
         raw = "/" + "/".join(p for p in joined.split("/") if p and p != ".")
         norm = os.path.normpath(joined)
         for host_root, inside_root in self._reverse():
-            if not _under(raw, inside_root):
+            if not is_under(raw, inside_root):
                 continue
-            if not _under(norm, inside_root):
+            if not is_under(norm, inside_root):
                 raise SpecError("path", inside_path, f"escapes {inside_root} with '..'")
             host = _swap(norm, inside_root, host_root)
             real, real_root = os.path.realpath(host), os.path.realpath(host_root)
-            if not _under(real, real_root):
+            if not is_under(real, real_root):
                 raise SpecError("path", inside_path, f"leads out of {inside_root} through a link")
             return host
         raise SpecError("path", inside_path, "is under no bind or layout of this sandbox")

@@ -25,7 +25,7 @@ from .facts import Facts
 
 def worker_spec(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Any:
     """The Spec a WorkerPool runs `sb`'s tasks in."""
-    from ..workerpool.interpreter import interpreter_paths
+    from ..workerpool.interpreter import interpreter_paths  # lazy: the WorkerPool only for a pool: 50 ms
 
     if not check_sandbox(sb).enabled:
         raise SpecError("enabled", False, "a WorkerPool always confines its tasks")
@@ -35,13 +35,13 @@ def worker_spec(sb: Sandbox, environ: Mapping[str, str] | None = None) -> Any:
     compiled = compile_task(wider, Facts.gather(wider, env), env)
     if compiled.forward:
         raise SpecError("ports", [p for p, _ in compiled.forward], "forwarding is not available to WorkerPool tasks")
-    return compiled.spec.replace(check=False)
+    return compiled.spec.replace(check_network=False)
 
 
 def worker_pool(sb: Sandbox, preload: Sequence[str] = (), max_workers: int | None = None, *,
                 environ: Mapping[str, str] | None = None, **options: Any) -> Any:
     """A sandbox.WorkerPool whose every task runs in a fresh sandbox of `sb`
     (`options` as WorkerPool's: timeout, spares, trust_results, ...)."""
-    from ..workerpool import WorkerPool
+    from ..workerpool import WorkerPool  # lazy: the WorkerPool only for a pool: 49 ms
 
     return WorkerPool(worker_spec(sb, environ), preload=preload, max_workers=max_workers, **options)

@@ -44,7 +44,6 @@ LENGTH = struct.Struct("<Q")  # the length prefix on a task's result socket
 DIED = 0xFFFF_FFFF_FFFF_FF00  # a "length" of DIED + N: the task died of signal N
 MAX_MESSAGE = 60 * 1024
 MAX_FDS = 64
-STAMPS = ("start", "child", "idmap", "mounts", "pivot", "ready", "return", "done")  # enum sbx_stamp
 
 
 def _json(value: Any) -> str:

@@ -15,10 +15,9 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._core.binding import ffi, lib
+from .._core.binding import STAMP_NAMES, ffi, lib
 from .._core.fdpass import recv_fds, send_fds
 from .._core.report import setup_error
-from . import channel as ch
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -51,6 +50,9 @@ def recv(sock: socket.socket) -> tuple[Any, list[int]] | None:
             return None
         raise ValueError(f"a control message from the zygote that is not one ({len(data)} bytes, flags {flags})")
     return message, fds
+
+
+STAMPS = tuple(STAMP_NAMES[k] for k in sorted(STAMP_NAMES))  # enum sbx_stamp, in order
 
 
 def stamps(message: Any, names: tuple[str, ...]) -> dict[str, float]:
@@ -86,7 +88,7 @@ def handle(engine: Engine, m: Any, fds: list[int]) -> None:
         if slot is not None:
             task.slot = slot  # a spare's, which the task claimed while it was set up
         if not m.flags & CLAIMED:
-            task.future.timings.update({f"fork.{k}": v for k, v in stamps(m, ch.STAMPS).items()})
+            task.future.timings.update({f"fork.{k}": v for k, v in stamps(m, STAMPS).items()})
         task.future.timings["started"] = (time.monotonic() - task.t0) * 1e6
         return
     if m.kind == FAILED:

@@ -44,11 +44,6 @@ def interpreter_paths() -> list[str]:
     return [p for p in paths if not any(q != p and is_under(p, q) for q in paths)]
 
 
-def visible_roots() -> tuple[str, ...]:
-    """The directories the zygote's sandbox shows (read-only, at their host paths)."""
-    return tuple(p for p in interpreter_paths() if os.path.isdir(p))
-
-
 @functools.cache
 def import_dirs() -> frozenset[str]:
     """The directories the zygote imports top-level modules from: its
@@ -85,7 +80,7 @@ def _import_dir(top_file: str, package: bool) -> str:
 
 def _covered(path: str, mounts: Iterable[S.Mount]) -> bool:
     """A read-only bind of the Spec already shows `path` at its host path."""
-    return any(isinstance(m, S.Bind) and m.readonly and m.target() == m.src and is_under(path, m.src)
+    return any(isinstance(m, S.Bind) and m.readonly and m.dest_path() == m.src and is_under(path, m.src)
                for m in mounts)
 
 
@@ -96,8 +91,8 @@ def check_spec(spec: S.Spec) -> None:
         raise SpecError("namespaces", ns, "WorkerPool tasks always get user, mount, pid, ipc and uts namespaces")
     if spec.network == "host":
         raise SpecError("network", spec.network, "WorkerPool tasks always get a loopback-only network namespace")
-    if spec.forward or spec.check:
-        raise SpecError("forward" if spec.forward else "check", spec.forward or spec.check,
+    if spec.forward or spec.check_network:
+        raise SpecError("forward" if spec.forward else "check_network", spec.forward or spec.check_network,
                         "not supported by WorkerPool")
     if not spec.die_with_parent:
         raise SpecError("die_with_parent", False, "a WorkerPool and its tasks always die with the caller")
@@ -115,7 +110,7 @@ def own_root(spec: S.Spec) -> bool:
     tasks cannot run the caller's interpreter there (its libraries would be
     the root's), only the root's own."""
     for m in spec.mounts:
-        if m.target() == "/" and (isinstance(m, S.Overlay) or
+        if m.dest_path() == "/" and (isinstance(m, S.Overlay) or
                                   (isinstance(m, S.Bind) and os.path.realpath(m.src) != "/")):
             return True
     return False

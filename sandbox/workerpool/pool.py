@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any, ParamSpec, TypeVar
 
-from .. import backends, cgroups
+from .. import _native, backends, cgroups
 from .. import spec as S
 from .._core.binding import ffi, lib
 from .._core.blob import serialize
@@ -28,6 +28,7 @@ from ..plan import NETWORK_CAPS, compile_mount, compile_plan
 from ..probe import image_python
 from ..process import SandboxProcess
 from ..refusal import refusal
+from ..validate import check_env
 from ..warm_plan import task_plan, with_task_binds, zygote_plan
 from . import channel as ch
 from .calls import pickle_call
@@ -182,8 +183,7 @@ class WorkerPool(Executor):
         output stream, with what happens past the latter (`on_overflow`;
         default: the pool's; None: no cap)."""
         submitted = time.monotonic()
-        if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise SpecError("env", env, "must map strings to strings")
+        pairs = check_env("env", env) if env is not None else ()
         reply_cap = self._caps[0] if max_reply is _POOLS else _check_cap("max_reply", max_reply)
         output_cap = self._caps[1] if max_output is _POOLS else _check_cap("max_output", max_output)
         overflow = self._on_overflow if on_overflow is None else on_overflow
@@ -191,7 +191,7 @@ class WorkerPool(Executor):
         payload, sources = pickle_call(fn, tuple(args), dict(kwargs or {}))
         future: TaskFuture[T] = TaskFuture()
         task = Task(id=next(self._ids), future=future, payload=payload,
-                    timeout=self._timeout if timeout is None else timeout, env=dict(env) if env else None,
+                    timeout=self._timeout if timeout is None else timeout, env=dict(pairs) if pairs else None,
                     max_reply=reply_cap, max_output=output_cap, on_overflow=overflow, sources=sources,
                     submitted=submitted)
         if binds:
@@ -338,8 +338,6 @@ def _zygote_python(spec: S.Spec, native: str) -> str:
 
 def _native_path() -> str:
     """The compiled core's file, which the zygote loads by path."""
-    from .. import _native
-
     path: str | None = getattr(_native, "__file__", None)
     assert path is not None
     return path

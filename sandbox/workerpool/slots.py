@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from .. import cgroups
 from ..cgroups.walls import ended_usage
 from ..errors import NetnsPoolError, SetupError
+from ..netpool.factory import adopted
 from . import control
 from .task import Task
 
@@ -48,8 +49,7 @@ class CgroupSlots:
 
     def adopt(self, factory: socket.socket, size: int) -> None:
         """Lease from a NetnsPool of `size` whose factory is at the other end of `factory` (the zygote's)."""
-        from ..netpool.factory import adopted
-        from ..netpool.pool import NetnsPool
+        from ..netpool.pool import NetnsPool  # lazy: a pool of network namespaces only when adopted: 3 ms
 
         self.netns = NetnsPool(size, factory=adopted(factory))
 

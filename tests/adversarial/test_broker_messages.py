@@ -102,9 +102,9 @@ CONTROL = '''
 import socket
 from sandbox import task
 p = task.spawn(["sleep", "1000", "MARKER"], task.Sandbox())
-p._handle._chan.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+p._proc._handle._chan.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
 for junk in (b"[" * 200_000 + b"]" * 200_000, b"\\xff", b"[1]", b'{"signal": "TERM"}', b'{"signal": 99999}'):
-    p._handle._chan.send(junk)  # the connection the broker relays signals and kill on
+    p._proc._handle._chan.send(junk)  # the connection the broker relays signals and kill on
 p.kill()
 print("killed", p.wait(timeout=30), flush=True)
 '''

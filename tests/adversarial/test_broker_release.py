@@ -45,7 +45,8 @@ mine, theirs = socket.socketpair()
 p = task.spawn([{py!r}, "-c", {holder!r}], task.Sandbox(), stdin=theirs.fileno())
 theirs.close()
 # the socket to the broker on which the nested sandbox's end would be seen, handed to the nested sandbox itself
-mine.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [p._handle._chan.fileno()]).tobytes())])
+chan = p._proc._handle._chan
+mine.sendmsg([b"x"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [chan.fileno()]).tobytes())])
 print("handed", flush=True)
 import time
 time.sleep(1)

@@ -25,6 +25,7 @@ for a function is `not_applicable`, with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import errno as E
 import hashlib
 import signal
@@ -43,6 +44,7 @@ from .model import (
     HostValue,
     InHost,
     OneOf,
+    Plus,
     Prefix,
     SubsetOf,
     WithHost,
@@ -600,3 +602,95 @@ ERROR_CASES = [
 
 CASES: list[Case] = (MOUNT_CASES + DEV_CASES + NAMESPACE_CASES + IDENTITY_CASES + ENV_CASES + LIMIT_CASES
                      + PROCESS_CASES + SIGNAL_CASES + ERROR_CASES + seccomp_cases())
+
+
+# ---------------------------------------------------------------- brokered (test_brokered.py)
+# The "brokered" executor's declarations, kept here together: a Spec started inside a task sandbox becomes
+# a task description the broker starts beside it (sandbox/backends/brokered/description.py). What a
+# description cannot show is refused by name (SpecError: `refused`), what the executor lacks by
+# sandbox.refusal's table (UnavailableError: `unavailable`); the world it shows is the task world's.
+BR = "brokered"
+BR_TOPS = "brokered.tops"  # the entries of / in the task world (test_brokered.task_world_tops)
+BR_MOUNT = ("a nested sandbox shows binds of host paths and, of its own, /proc, /dev, /tmp and the system's links: "
+            "any other mount (device, file with data, tmpfs, proc, directory, link, remount, chmod) is refused")
+BR_NARROWS = "a nested sandbox shows only what its task sandbox shows (this path is not granted to the driver's)"
+BR_DEFAULT = "a Spec started through the broker keeps this field's default (a nested sandbox can only narrow)"
+BR_LIMITS = "a nested sandbox takes the memory_mb, file_mb and cpu_s limits only"
+BR_WORLD = ("the task world always has /proc, /dev, /tmp, the /etc files, the system's links, its broker's socket "
+            "under /run and the framework's interpreter (here under /opt): \"brokered.tops\"")
+BR_ENV = ("the task world rebuilds PATH (the interpreter's directory first) and names its own broker "
+          "(SANDBOX_TASK_BROKER: a nested sandbox may nest again)")
+BR_ENV_EXTRA = ("PATH", "SANDBOX_TASK_BROKER")
+BR_NESTS = ("the task world always has a /dev (a Dev): a command whose uid is not 0 then runs in a user namespace "
+            "nested in one that maps uid 0 (as uid_gid_with_dev_nests)")
+BROKERED: dict[str, dict[str, Any]] = {
+    **{name: {"refused": "mounts[5]", "because": BR_MOUNT} for name in (
+        "dev_bind_allows_devices", "tmpfs_size_and_perms", "tmpfs_default_mode_and_parents", "proc_only_elsewhere",
+        "dir_perms_and_parents", "dir_then_tmpfs_over_it", "symlinks",
+        "file_data_and_perms", "file_readonly", "file_empty_default_mode", "remount_ro_of_tmpfs_adds_nodev", "chmod",
+        "destination_through_an_absolute_symlink", "dir_perms_and_an_existing_dir_keeps_its_mode",
+        "file_binary_data_and_readonly_default_mode", "cwd_given_made_by_a_dir", "dir_on_read_only",
+        "chmod_on_read_only")},
+    **{name: {"refused": "mounts[6]", "because": BR_MOUNT} for name in (
+        "remount_ro", "remount_ro_leaves_the_host_writable", "tmpfs_hides_what_is_below_and_keeps_writes",
+        "missing_parent_modes")},
+    **{name: {"refused": "binds", "because": BR_NARROWS} for name in (
+        "ro_bind_reaches_submounts", "ro_bind_of_the_root_covers_every_host_mount", "missing_source")},
+    **{name: {"refused": "seccomp", "because": BR_DEFAULT} for name in (
+        "no_seccomp", "user_namespaces_allowed_without_seccomp", "disable_userns", "disable_userns_with_proc",
+        "seccomp_policy_with_a_distinct_errno")},
+    **{name: {"refused": "uid", "because": BR_DEFAULT} for name in (
+        "dev_is_usable_as_uid_1000", "dev_is_usable_as_root", "uid_gid", "uid_gid_with_dev_nests",
+        "uid_gid_with_dev_without_proc", "root_inside", "writes_as_another_uid_belong_to_the_caller",
+        "port_80_is_denied_without_the_capability_as_uid_0", "port_80_is_denied_without_the_capability_as_uid_1000")},
+    "shared_ipc_uts_cgroup": {"refused": "namespaces", "because": BR_DEFAULT},
+    "hostname": {"refused": "hostname", "because": BR_DEFAULT},
+    **{name: {"refused": f"limits.{field}", "because": BR_LIMITS} for name, field in (
+        ("rlimits", "nofile"), ("rlimit_file_bytes", "file_bytes"), ("rlimit_above_the_hard_limit_is_capped", "nofile"),
+        ("address_space_limit_fails_a_large_allocation", "address_space_mb"), ("nofile_limit", "nofile"),
+        ("nproc_limit", "nproc"))},
+    "pass_fds_keep_their_numbers": {"refused": "pass_fds", "because": "a nested sandbox gets its stdio only"},
+    **{name: {"unavailable": "WITHOUT_PID_NS"} for name in (
+        "proc_without_pid_namespace_is_the_hosts", "no_pid_namespace", "killed_without_pid_namespace",
+        "caller_signals_without_pid_namespace")},
+    **{name: {"unavailable": "COMMAND_AS_PID_1"} for name in (
+        "as_pid_1", "pid_1_cannot_kill_itself", "new_session", "no_new_session", "caller_signals_do_not_reach_pid_1")},
+    **{name: {"unavailable": "KEEP_CAPS"} for name in (
+        "cap_add", "cap_net_bind_service_as_uid_0", "cap_net_bind_service_as_uid_1000",
+        "nested_userns_caps_do_not_reach_the_network")},
+    "no_user_namespace_as_root": {"unavailable": "WITHOUT_USER_NS"},
+    "no_mount_namespace": {"unavailable": "WITHOUT_MOUNT_NS"},
+    "overlay_shows_its_lower_and_keeps_writes_inside": {"unavailable": "OVERLAY"},
+    "undeclared_paths_do_not_exist": {
+        "expect_on": {**{("paths", f"/{top}", "exists"): InHost(top, BR_TOPS)
+                         for top in ("etc", "home", "tmp", "proc", "dev", "root", "var", "opt", "sys", "run")},
+                      ("paths", "/", "entries"): WithHost((), BR_TOPS)},
+        "why": BR_WORLD},
+    "bind_try_missing_source_is_skipped": {"expect_on": {("paths", "/opt", "exists"): InHost("opt", BR_TOPS)},
+                                           "why": BR_WORLD},
+    **{case.name: {"expect_on": {("env",): Plus(case.expect[("env",)], BR_ENV_EXTRA)}, "why": BR_ENV}
+       for case in ENV_CASES if ("env",) in case.expect},
+    "default_ids_are_the_callers": {"expect_on": {("ids", "uid_map"): ["{uid}", "0", "1"],
+                                                  ("ids", "gid_map"): ["{gid}", "0", "1"]}, "why": BR_NESTS},
+    "umask_is_the_callers": {"known_bug": "the broker starts the nested sandbox with its own umask: the request "
+                                          "(sandbox.task.wire) does not carry the caller's"},
+}
+
+
+def declared(cases: list[Case], backend: str, table: dict[str, dict[str, Any]]) -> list[Case]:
+    """`cases` with `table`'s declarations for `backend` (case name -> refused, unavailable, expect_on with
+    its why, known_bug; "because": the refusal's reason, for the reader) added."""
+    missing = set(table) - {case.name for case in cases}
+    assert not missing, f"declarations for no case: {sorted(missing)}"
+    out = []
+    for case in cases:
+        entry = table.get(case.name, {})
+        changes = {name: {**getattr(case, name), backend: entry[key]}
+                   for name, key in (("refused", "refused"), ("unavailable", "unavailable"),
+                                     ("expect_on", "expect_on"), ("why", "why"), ("known_bug", "known_bug"))
+                   if key in entry}
+        out.append(dataclasses.replace(case, **changes) if changes else case)
+    return out
+
+
+CASES = declared(CASES, BR, BROKERED)

@@ -154,6 +154,18 @@ class OneOf(Matcher):
 
 
 @dataclass(frozen=True)
+class Plus(Matcher):
+    """A dict of exactly `items` plus the keys `extra` (whatever their values)."""
+
+    items: Mapping[str, Any]
+    extra: tuple[str, ...]
+
+    def matches(self, value: Any, ctx: Mapping[str, Any]) -> bool:
+        return (isinstance(value, dict) and set(value) == {*self.items, *self.extra}
+                and all(value[k] == v for k, v in self.items.items()))
+
+
+@dataclass(frozen=True)
 class AbsentOr(Matcher):
     """None (the thing observed does not exist on this host), or what `then` accepts."""
 
@@ -205,6 +217,9 @@ class Case:
     # backend -> the Spec field it refuses the case's Spec for, by design (it
     # raises SpecError naming that field; the case's expectations do not apply).
     refused: Mapping[str, str] = field(default_factory=dict)
+    # backend -> the capability (a sandbox.capabilities.Capability name) the case's Spec needs and the
+    # backend lacks: sandbox.refusal raises UnavailableError with the backend's reason, before anything runs.
+    unavailable: Mapping[str, str] = field(default_factory=dict)
     # backend -> why the case has no meaning there (it is skipped, saying why).
     not_applicable: Mapping[str, str] = field(default_factory=dict)
     # Known bugs: backend -> description; the case is expected to fail there (xfail, not strict).

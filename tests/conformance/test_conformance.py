@@ -49,14 +49,17 @@ BASE_WORLD = (*SYSTEM_MOUNTS, S.File("/probe.py", PROBE, perms=0o644, readonly=T
 # Template(recycle=True), in a sandbox recycled after earlier requests (declared
 # as "template"'s); workerpool: every case's probe as a task function
 # (probe.task) of a sandbox.WorkerPool
-BACKENDS = ("native", "bwrap", "template", "template-recycle", "workerpool")
+BACKENDS = ("native", "bwrap", "template", "template-recycle", "workerpool", "blob")
 DECLARED_AS = {"template-recycle": "template"}
+ELSEWHERE = ("brokered",)  # backends whose cases run in a suite of their own (test_brokered.py)
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
 def available(backend: str) -> tuple[bool, str]:
     if backend in ("template", "template-recycle"):
         return backends.availability("template")
+    if backend == "blob":
+        return backends.availability("blob")
     result = sandbox.probe()
     if backend in ("native", "workerpool"):  # a WorkerPool's zygote is a native sandbox
         return result.native, result.native_reason
@@ -487,8 +490,9 @@ def test_declarations_name_backends_and_say_why() -> None:
     each "workerpool" difference says why (WorkerPool runs a function)."""
     sections = set(probe.gather({})) | {"host"}
     for case in CASES:
-        for declared in (case.differs, case.expect_on, case.why, case.refused, case.not_applicable, case.known_bug):
-            assert set(declared) <= set(BACKENDS), f"{case.name}: unknown backend in {declared}"
+        for declared in (case.differs, case.expect_on, case.why, case.refused, case.unavailable, case.not_applicable,
+                         case.known_bug):
+            assert set(declared) <= {*BACKENDS, *ELSEWHERE}, f"{case.name}: unknown backend in {declared}"
         if "workerpool" in case.differs or "workerpool" in case.expect_on:
             assert case.why.get("workerpool"), f"{case.name}: its workerpool difference does not say why"
         assert set(case.why) <= set(case.differs) | set(case.expect_on), f"{case.name}: a why without a difference"

@@ -370,7 +370,7 @@ def readme_inline_examples() -> None:
     code = "print(1)"
     sandbox.run([sys.executable, "-c", code], sandbox.presets.python_interpreter())
     sandbox.presets.host_view(writable=["/home/me/work"])
-    sandbox.Spec(forward={8080: 9000, 5432: "/run/postgresql/.s.PGSQL.5432"}, check=True,
+    sandbox.Spec(forward={8080: 9000, 5432: "/run/postgresql/.s.PGSQL.5432"}, check_network=True,
                  probe_paths=["/etc/shadow", pathlib.Path.home() / ".ssh"])
     sandbox.Spec(mounts=[sandbox.Bind(pathlib.Path("/home/me/work"), "/work")], cwd=pathlib.Path("/work"))
     sandbox.Spec(seccomp=sandbox.Seccomp(deny=["ptrace"], errno="EPERM", errnos={"clone3": "ENOSYS"},

@@ -80,7 +80,7 @@ class TestGrammar:
     def test_options_end_at_double_dash(self):
         spec, argv, _ = parse("--dir", "/a", "--", "--dir", "/b")
         assert argv == ["--dir", "/b"]
-        assert [m.target() for m in spec.mounts] == ["/a"]
+        assert [m.dest_path() for m in spec.mounts] == ["/a"]
 
     def test_options_end_at_first_non_option(self):
         spec, argv, _ = parse("--dir", "/a", "sh", "-c", "--dir /b")
@@ -187,7 +187,7 @@ class TestMounts:
     def test_relative_destination_counts_from_root(self):
         spec = spec_of("--bind", "/a", "b/c", "--tmpfs", "t", "--dir", "d", "--symlink", "x", "s",
                        "--proc", "p", "--dev", "dv", "--remount-ro", "b/c", "--chmod", "700", "d")
-        assert [m.target() for m in spec.mounts] == ["/b/c", "/t", "/d", "/s", "/p", "/dv", "/b/c", "/d"]
+        assert [m.dest_path() for m in spec.mounts] == ["/b/c", "/t", "/d", "/s", "/p", "/dv", "/b/c", "/d"]
 
     def test_empty_source(self):
         assert spec_of("--bind-try", "", "/x").mounts == ()
@@ -382,7 +382,7 @@ class TestArgsFd:
     def test_args_are_spliced_in(self):
         fd = pipe_with(b"--dir\x00/tmp/hello\x00--setenv\x00X\x00a b\x00")
         spec, argv, extras = parse("--unshare-pid", "--args", str(fd), "--dir", "/after", "true")
-        assert [m.target() for m in spec.mounts] == ["/tmp/hello", "/after"]
+        assert [m.dest_path() for m in spec.mounts] == ["/tmp/hello", "/after"]
         assert spec.env_dict["X"] == "a b"
         assert argv == ["true"]
         assert is_closed(fd)
@@ -391,7 +391,7 @@ class TestArgsFd:
     def test_several_args_fds(self):
         fds = [pipe_with(f"--dir\x00/tmp/hello/world{i}\x00".encode()) for i in range(3)]
         args = [a for fd in fds for a in ("--args", str(fd))]
-        assert [m.target() for m in spec_of(*args).mounts] == [f"/tmp/hello/world{i}" for i in range(3)]
+        assert [m.dest_path() for m in spec_of(*args).mounts] == [f"/tmp/hello/world{i}" for i in range(3)]
 
     def test_final_nul_is_optional_and_empty_args_are_kept(self):
         fd = pipe_with(b"--setenv\x00A\x00\x00--setenv\x00B\x00b")
@@ -411,7 +411,7 @@ class TestArgsFd:
         # bwrap 0.8.0: parsing of the file stops there; the outer command runs
         fd = pipe_with(b"--dir\x00/a\x00echo\x00hi\x00")
         spec, argv, _ = parse("--args", str(fd), "--dir", "/b", "true")
-        assert [m.target() for m in spec.mounts] == ["/a", "/b"]
+        assert [m.dest_path() for m in spec.mounts] == ["/a", "/b"]
         assert argv == ["true"]
 
     def test_double_dash_inside_args_file_ends_only_the_file(self):

@@ -13,6 +13,7 @@ import pytest
 
 from sandbox import spec as S
 from sandbox.backends.blob import TRAITS as BLOB
+from sandbox.backends.brokered import TRAITS as BROKERED
 from sandbox.backends.bwrap import TRAITS as BWRAP
 from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.template import RECYCLE_TRAITS
@@ -26,7 +27,7 @@ from sandbox.refusal import NEEDS, refusal
 from sandbox.sync import Sync
 from sandbox.workerpool.pool import TRAITS as WORKERPOOL
 
-EXECUTORS = {t.name + ":" + t.title: t for t in (NATIVE, BWRAP, TEMPLATE, RECYCLE_TRAITS, WORKERPOOL, BLOB)}
+EXECUTORS = {t.name + ":" + t.title: t for t in (NATIVE, BWRAP, TEMPLATE, RECYCLE_TRAITS, WORKERPOOL, BLOB, BROKERED)}
 WORLD = (S.RoBind("/usr", "/usr"), S.Proc("/proc"))
 ROOT = HostInfo(uid=0, gid=0, cwd="/", environ={}, executor=NATIVE, is_root=True, pool=None)
 

@@ -23,8 +23,9 @@ def host(core_missing: str | None, backend: str = "bwrap") -> HostInfo:
 @pytest.mark.parametrize(("fields", "named"), [
     ({"limits": Limits(nofile=10)}, "limits"),
     ({"probe_paths": ("/root",)}, "probe_paths"),
-    ({"forward": {8080: 9000}}, "forward, check"),
-    ({"check": True}, "check"),
+    ({"forward": {8080: 9000}}, "forward, check_network"),
+    ({"check_network": True}, "check_network"),
+    ({"check": True}, "check_network"),  # its old name
 ])
 def test_bwrap_without_the_core_refuses_what_needs_it(fields: dict, named: str) -> None:
     h = host(MISSING)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.backends.blob import TRAITS as BLOB
+from sandbox.backends.brokered import TRAITS as BROKERED
 from sandbox.backends.bwrap import TRAITS as BWRAP
 from sandbox.backends.native import TRAITS as NATIVE
 from sandbox.backends.template import RECYCLE_TRAITS
@@ -21,7 +22,7 @@ from sandbox.refusal import NEEDS
 from sandbox.workerpool.pool import TRAITS as WORKERPOOL
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
-EXECUTORS: tuple[Traits, ...] = (NATIVE, BWRAP, TEMPLATE, RECYCLE_TRAITS, WORKERPOOL, BLOB)
+EXECUTORS: tuple[Traits, ...] = (NATIVE, BWRAP, TEMPLATE, RECYCLE_TRAITS, WORKERPOOL, BLOB, BROKERED)
 BEGIN, END = "<!-- refusals: generated from the executors' Traits -->", "<!-- /refusals -->"
 REFUSED = {capability for capability, _, _ in NEEDS}
 # what planning does instead for an executor without the capability (sandbox/host.py): it is refused only

@@ -4,6 +4,7 @@ The table ("## Where code goes") is the single source: each row is a layer, the 
 may import only modules of its own row or of the rows above it. The imports are read with `ast`
 (tools/import_graph.py), module-level and function-level alike (only `if TYPE_CHECKING:` imports are left out: they
 never run), so an import hidden in a function counts. A module no row names fails, so the table stays complete.
+And an import of the package's own modules inside a function says why it is not at the top (`# lazy: ...`).
 
 It reads the checkout (sandbox/, HACKING.md, csrc/ and tools/), not the installed package: where the tests run
 from a staged copy without them (run-tests.sh's unprivileged run), it skips. Which user runs it changes nothing.
@@ -98,3 +99,38 @@ def test_the_core_of_csrc_uses_no_program() -> None:
     up = [f"{e.source}:{e.line} -> {e.target} ({e.kind})" for e in edges
           if folder[e.source] == "core" and folder[e.target] != "core"]
     assert folder and not up, "csrc/core/ reaches into a program's folder:\n" + "\n".join(up)
+
+
+def test_every_function_level_import_says_why() -> None:
+    """An import inside a function hides an edge from a reader of the module's head, so it is kept only where the
+    top would cost a cold start something measured, or would not do (a module importable without the C core, a
+    value read when called), and it says which: `# lazy: why` on its line or right above it, or the module's one
+    `# lazy imports: why` note (tools/import_graph.py, `lazy_imports`)."""
+    found = G.lazy_imports(CHECKOUT / "sandbox")
+    assert len(found) > 40, "the reader finds the function-level imports"
+    silent = [f"{item.module}:{item.line}: {item.text}" for item in found if item.reason is None]
+    assert not silent, ("function-level imports that do not say why (move each to the top, or add `# lazy: ...`"
+                        " naming the cold-start gain measured or what the top would break):\n" + "\n".join(silent))
+
+
+def test_the_lazy_import_reader_finds_a_missing_reason(tmp_path: Path) -> None:
+    """The reader of the reasons, on a package of its own: a reason on the line, above a group of imports, and as
+    the module's note count; an import whose comment says nothing of why, or is stripped, does not."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text(
+        "import os\n\n\ndef f() -> None:\n"
+        "    from . import b  # lazy: b is heavy\n"
+        "    # lazy: c and d only here\n"
+        "    from . import c\n    from .d import e\n\n"
+        "    from . import b as again  # a comment, but no reason\n"
+        "    import os.path\n\n\n"
+        "def g() -> None:\n"
+        "    from .b import x\n")
+    (package / "n.py").write_text("# lazy imports: each call loads its own\n\n\ndef f() -> None:\n"
+                                  "    from . import b\n")
+    found = {(item.module, item.line): item.reason for item in G.lazy_imports(package)}
+    assert found == {("pkg.a", 5): "b is heavy", ("pkg.a", 7): "c and d only here",
+                     ("pkg.a", 8): "c and d only here", ("pkg.a", 10): None, ("pkg.a", 15): None,
+                     ("pkg.n", 5): "each call loads its own"}, found

@@ -24,7 +24,8 @@ from sandbox.session.launch import session_traits
 from sandbox.workerpool.traits import TRAITS as WORKERPOOL
 
 PACKAGE = Path(__file__).resolve().parents[2] / "sandbox"
-PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)} - {"ops"}  # a walk of the ops is no refusal list
+# a walk of the ops is no refusal list; the Spec a Plan came from (`source`) is no decision
+PLAN_FIELDS = {f.name for f in dataclasses.fields(Plan)} - {"ops", "source"}
 COMPILERS = {"compile_plan", "compiled_plan"}  # warm_plan.plan_for_call asks refusal() itself
 # a capability planning leaves out for an executor that lacks it (sandbox.host: no pool, no cgroups) rather
 # than refusing: such a plan is refused only where it was made for another executor

@@ -120,7 +120,7 @@ def test_what_tasks_cannot_be_given_is_refused_by_field(fields: dict, field: str
 def test_the_zygote_spec_adds_the_interpreter_read_only() -> None:
     spec = zygote_spec(Spec(mounts=(Proc(), Dev(), Tmpfs("/tmp"))))
     added = spec.mounts[3:]
-    assert all(isinstance(m, RoBind) and m.target() == m.src for m in added)
+    assert all(isinstance(m, RoBind) and m.dest_path() == m.src for m in added)
     assert {m.src for m in added} == set(interpreter_paths())
     assert any(os.path.realpath(sys.executable) == m.src or os.path.realpath(sys.executable).startswith(m.src + "/")
                for m in added)

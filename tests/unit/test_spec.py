@@ -193,7 +193,7 @@ def test_a_mount_follows_only_a_relative_link_that_stays_inside(target: str) -> 
 def test_conflicting_destinations(mounts: list[Any]) -> None:
     err = spec_error(lambda: Spec(mounts=mounts))
     assert err.field == f"mounts[{len(mounts) - 1}].dest"
-    assert err.value == mounts[-1].target()
+    assert err.value == mounts[-1].dest_path()
 
 
 @pytest.mark.parametrize(
@@ -515,3 +515,17 @@ def test_json_values_are_validated_too() -> None:
 def test_invalid_json_documents(text: str) -> None:
     err = spec_error(lambda: Spec.from_json(text))
     assert err.field == "spec"
+
+
+def test_check_is_check_networks_old_name() -> None:
+    """`Spec.check` became `check_network`: the old name is still taken by the constructor, `replace`,
+    `from_dict` and read as a property; the JSON form writes the new one; the two given apart must agree."""
+    spec = Spec(check=True)
+    assert spec.check_network is True and spec.check is True and spec == Spec(check_network=True)
+    assert spec.to_dict()["check_network"] is True and "check" not in spec.to_dict()
+    assert Spec.from_dict({"check": True}) == spec == Spec.from_json(spec.to_json())
+    assert Spec().replace(check=True) == spec and spec.replace(check=False).check_network is False
+    with pytest.raises(SpecError, match="check_network's old name"):
+        Spec(check=False, check_network=True)
+    with pytest.raises(SpecError, match="check_network's old name"):
+        Spec().replace(check=False, check_network=True)

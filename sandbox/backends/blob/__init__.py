@@ -10,22 +10,25 @@ caller's sync fds, a pooled network namespace, a cgroup made for the
 sandbox, namespaces handed over) is what its `TRAITS` leave out, so
 sandbox.refusal refuses such a plan before anything runs, by capability.
 
-`BACKEND.launch` runs sandbox-launch as the caller's child: a setup failure
-is its exit status 125 and one "sandbox: ..." line on the command's stderr
-(the launcher's contract), not a typed error, and the command gets its stdio
-only. The timings are the launcher's start alone: its stages are not reported.
+`BACKEND.launch` runs sandbox-launch as the caller's child with a pipe whose
+write end only the launcher holds (`--report-fd`, blob/report.py): through it
+the launcher reports the sandbox's start (its timing stamps) or its setup's
+failure record, so `launch` returns once the command has been exec'd, or
+raises the typed error the native backend raises (SetupError, ExecError,
+IsolationError). The command keeps its stdio and `pass_fds` (`--pass-fd`).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import os
 import signal
 import time
 
+from ... import isolation
 from ...capabilities import ALL, Capability, Traits
-from ...errors import SpecError
 from ...plan import Plan
 from ..contract import Backend, FunctionsBackend, Handle, WaitStatus
 from ..handle import ProcessHandle
@@ -53,7 +56,7 @@ def launcher_path() -> str:
 
 def available() -> tuple[bool, str]:
     """The native core works here and sandbox-launch is installed."""
-    from ..native import available as native_available  # here: sandbox.launcher reads TRAITS without the core
+    from ..native import available as native_available  # lazy: sandbox.launcher reads TRAITS without the core
 
     ok, reason = native_available()
     if not ok:
@@ -78,30 +81,61 @@ class _LaunchedHandle(ProcessHandle):
 
 
 def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: tuple[int, ...]) -> Handle:
-    """Start sandbox-launch with the plan and `argv`, its stdio `stdio` and the plan's environment."""
-    from ..native import blob_for  # here: sandbox.launcher reads TRAITS without the core
+    """Start sandbox-launch with the plan and `argv`, its stdio `stdio` and the plan's environment; return
+    once the command has been exec'd, or raise its setup's typed error."""
+    # lazy: sandbox.launcher reads TRAITS without the core
+    from ..native import blob_for
+    from .report import read_record, started
 
-    if pass_fds:
-        raise SpecError("pass_fds", pass_fds, f"{LAUNCHER_NAME} gives its command stdio only")
-    path = launcher_path()
-    words = [path, "--plan", base64.b64encode(blob_for(plan)).decode(), "--", *argv]
+    blob = blob_for(plan)
+    kept = [fd for fd in pass_fds if fd >= 3]  # 0-2: the command's stdio, as natively
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        if w < 3:  # above stdio, which the spawn's dup2s overwrite
+            w, low = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 3), w
+            os.close(low)
+        since = time.monotonic_ns()
+        words = [launcher_path(), "--report-fd", str(w), *(word for fd in kept for word in ("--pass-fd", str(fd)))]
+        pid = _spawn([*words, "--plan", base64.b64encode(blob).decode(), "--", *argv], plan, stdio, (w, *kept))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+
+    try:
+        data = read_record(r)
+    except BaseException:  # interrupted: the sandbox, if it started, goes with its launcher
+        _LaunchedHandle(pid, WaitStatus(), {}).signal(signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        raise
+    finally:
+        os.close(r)
+    sandbox_pid, timings, landlock_abi = started(data, pid, blob, argv, since, LAUNCHER_NAME)
+    findings = isolation.findings(plan, None)
+    if plan.landlock:
+        findings["landlock_abi"] = landlock_abi  # 0: best-effort, and the kernel has none
+    return _LaunchedHandle(pid, WaitStatus(), timings, isolation=findings, sandbox_pid=sandbox_pid)
+
+
+def _spawn(words: list[str], plan: Plan, stdio: tuple[int, int, int], kept: tuple[int, ...]) -> int:
+    """posix_spawn sandbox-launch, with `kept` open at their numbers: a vfork-like clone, never a copy of the
+    caller's page tables."""
     env = dict(entry.split("=", 1) for entry in plan.env if "=" in entry)
-    start = time.monotonic()
-    # posix_spawn: a vfork-like clone, never a copy of the caller's page tables
     # -1: the caller's own, inherited as a command it execs would inherit it; a source that is another
     # stdio slot is copied above them first, so that no dup2 overwrites what a later one reads
     copies = [os.dup(fd) if 0 <= fd < 3 and fd != i else -1 for i, fd in enumerate(stdio)]
     try:
         actions = [(os.POSIX_SPAWN_DUP2, copy if copy >= 0 else fd, i)
                    for i, (fd, copy) in enumerate(zip(stdio, copies, strict=True)) if fd >= 0]
-        pid = os.posix_spawn(path, words, env, file_actions=actions, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        # dup2 onto itself: the fd stays where it is, its close-on-exec cleared for this exec alone
+        actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in kept]
+        return os.posix_spawn(words[0], words, env, file_actions=actions, setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
     finally:
         for copy in copies:
             if copy >= 0:
                 os.close(copy)
-    spawned = (time.monotonic() - start) * 1e6
-    timings = {"start": 0.0, "child": spawned, "ready": spawned, "exec": spawned}
-    return _LaunchedHandle(pid, WaitStatus(), timings)
 
 
 BACKEND: Backend = FunctionsBackend(TRAITS, available, launch)

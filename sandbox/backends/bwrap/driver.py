@@ -51,7 +51,8 @@ from ...bwrap.argv import BwrapArgv, data_fd
 from ...errors import SetupError, UnavailableError, signal_name
 from ...plan import Plan
 from ...seccomp.bpf import ALLOW_ALL
-from ..handle import ProcessHandle
+from ..contract import Ended
+from ..handle import ProcessHandle, readable
 from ..walls import walls_for
 from . import dests
 from .messages import _Diagnose, _error_from, _StderrTap, decode_exit_code
@@ -173,6 +174,9 @@ class _Run:
         self.guard = dests.Guard()
         self.command_pid = -1
         self.child_pid: int | None = None
+        # a pidfd of bwrap's child (the sandbox's first process inside), opened while it waits on our block
+        # pipe, so the pid cannot have been reused; the handle owns it once the command runs
+        self.child_pidfd = -1
         self.walls = cgroups.Walls(None, "rlimit")
 
     def _stamp(self, name: str) -> None:
@@ -284,6 +288,8 @@ class _Run:
             raise
         finally:
             os.close(pidfd)
+            _close(self.child_pidfd)  # -1 once the handle took it
+            self.child_pidfd = -1
 
     def _kill_orphans(self) -> None:
         """After bwrap is gone without running the command: kill what it left
@@ -296,6 +302,7 @@ class _Run:
             return False
         child = int(status.find("child-pid"))
         self.child_pid = child
+        self.child_pidfd = _pidfd(child)
         self._stamp("child")
         if not self._sync_started(child, pidfd):
             return False
@@ -349,9 +356,11 @@ class _Run:
         isolated = self.isolated
         timings = {"start": 0.0, **self.timings}
         decoder = _Decoder(popen, status, self.command_pid)
-        return _BwrapHandle(popen.pid, decoder, timings, isolation=isolated.findings if isolated else {},
-                            on_exit=isolated.close if isolated else None, sandbox_pid=self.child_pid,
-                            walls=self.walls)
+        handle = _BwrapHandle(popen.pid, decoder, timings, isolation=isolated.findings if isolated else {},
+                              on_exit=isolated.close if isolated else None, sandbox_pid=self.child_pid,
+                              walls=self.walls)
+        handle.first, self.child_pidfd = self.child_pidfd, -1
+        return handle
 
     # ------------------------------------------------------------ steps
 
@@ -482,19 +491,80 @@ class _Decoder:
 
 class _BwrapHandle(ProcessHandle):
     """The handle of a bwrap sandbox: `pid` is bwrap (our child, whose exit
-    ends the sandbox); signals go to the command itself (_Decoder.signal)."""
+    ends the sandbox); signals go to the command itself (_Decoder.signal).
+
+    The sandbox has ended once its first process inside (bwrap's child: with a
+    pid namespace, the namespace's init) has exited too: an init exits only
+    after every other process of its namespace has (the kernel kills them and
+    waits for them), so its exit is the whole sandbox's. bwrap's init outlives
+    the command while anything else runs in the sandbox, and dies only of its
+    parent-death signal when bwrap's monitor exits (never without
+    --die-with-parent). So, as natively, the sandbox ends with its command:
+    once the monitor has exited (or on SIGKILL) the init is killed through a
+    pidfd, and the handle waits for it."""
 
     exit: _Decoder
     # bwrap's monitor exits with the command's status, not after reaping its child (the sandbox's pid 1):
     # its rusage is bwrap's own, not the sandbox's
     counts_rusage = False
+    first = -1  # a pidfd of the sandbox's first process inside (bwrap's child), -1 once it is known gone
+    _ending = False  # the first process has been killed: only its exit is left to wait for
+
+    def wait_fds(self) -> list[int]:
+        """The first process's pidfd (and bwrap's, until the first is killed) while it runs, then bwrap's."""
+        if self.first < 0 or readable(self.first):
+            return super().wait_fds()
+        if self._ending:
+            return [os.dup(self.first)]
+        return [os.dup(self.first), *super().wait_fds()]
+
+    def reap(self, caller_end: str | None = None, woken: bool = False) -> Ended | None:
+        """None until the first process inside has exited (killing it once bwrap's monitor has), then as
+        ProcessHandle.reap."""
+        if self.first >= 0 and not readable(self.first):
+            if not self._ending and self._monitor_exited():
+                self._end_first()
+            return None
+        ended = super().reap(caller_end, woken)
+        if ended is not None:
+            self._close_first()
+        return ended
+
+    def _monitor_exited(self) -> bool:
+        """Whether bwrap (our child) has exited, leaving it to be reaped."""
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return True
+        return info is not None
+
+    def _end_first(self) -> None:
+        self._ending = True
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(self.first, signal.SIGKILL)
 
     def signal(self, sig: int) -> None:
         """Pass `sig` on to the command (bwrap passes none on itself); SIGKILL
-        also reaches every process of the sandbox's cgroup, if it has one."""
+        also reaches every process of the sandbox's cgroup, if it has one, and
+        the sandbox's first process."""
         if sig == signal.SIGKILL and self.walls is not None:
             self.walls.kill()
         self.exit.signal(sig)
+        if sig == signal.SIGKILL and self.first >= 0:
+            self._end_first()
+
+    def close(self) -> None:
+        """Release the fds without waiting."""
+        self._close_first()
+        super().close()
+
+    def _close_first(self) -> None:
+        _close(self.first)
+        self.first = -1
+
+    def __del__(self) -> None:
+        self._close_first()
+        super().__del__()
 
 
 def _pidfd(pid: int) -> int:

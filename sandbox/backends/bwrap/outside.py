@@ -36,6 +36,7 @@ def _isolate(plan: Plan, popen: subprocess.Popen[bytes], child: int) -> _Isolate
     """While bwrap waits after setup: prove the probe paths absent inside,
     inspect the network namespace, make the forwarded ports' listeners in it.
     Any finding kills bwrap (the command never runs) and raises."""
+    # lazy: a check, ports or probe paths only (1.7 ms); and this executor runs without the C core
     from ... import forward, isolation
     from ..._native import ffi, lib
 

@@ -33,9 +33,9 @@ CSRC = HERE / "csrc"
 PROGRAM_DIRS = ("core", "client", "template", "session", "init")
 INCLUDE_DIRS = [CSRC / d for d in PROGRAM_DIRS]
 LIB_SOURCES = [
-    "util.c", "wire.c", "idmap.c", "net.c", "sources.c", "mounts.c", "limits.c", "landlock.c", "child.c",
-    "vmclone.c", "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "zygote.c", "zygote_wire.c",
-    "detach.c",
+    "util.c", "fdpass.c", "wire.c", "idmap.c", "net.c", "sources.c", "mounts.c", "limits.c", "landlock.c",
+    "child.c", "vmclone.c", "spawn.c", "probe.c", "outside.c", "messages.c", "forksandbox.c", "zygote.c",
+    "zygote_wire.c", "detach.c",
 ]
 # bubblewrap's compiler discipline (its meson.build): these warnings fail the
 # build, of the module and of the executables alike. bubblewrap spells one

@@ -56,7 +56,7 @@ def _client_defines() -> list[str]:
 EXECUTABLES = {
     "sandbox-init": (["init.c"], INIT_FLAGS),
     # a sandbox.Session's pid 1, exec'd in sandbox-init's place (static: nothing of it need be inside)
-    "sandbox-session": (["session.c", "session_call.c", "session_user.c"], ["-static"]),
+    "sandbox-session": (["session.c", "session_call.c", "session_user.c", "fdpass.c"], ["-static"]),
     # exec'd per command by harnesses (sandbox.launcher, the avatar's handoff): static, as sandbox-cli
     "sandbox-launch": (["launcher.c", "handoff.c", "clirequest.c", "runplan.c", "exitlike.c", *LIB_SOURCES],
                        ["-static"]),
@@ -175,7 +175,7 @@ class BuildWithExecutables(build_ext):
             self.announce(" ".join(cmd), level=2)
             if subprocess.run(cmd).returncode != 0:
                 raise BuildError(f"linking {name} failed (the compiler's message is above): {' '.join(cmd)}")
-        shutil.copy(csrc_path("cliwire.h"), out_dir / "cliwire.h")  # the client's wire, read by sandbox.cliserver
+        shutil.copy(csrc_path("cliwire.h"), out_dir / "cliwire.h")  # the client's wire, read by sandbox._core.cliwire
         (HERE / CLIENT_SCRIPT).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(out_dir / "sandbox-cli", HERE / CLIENT_SCRIPT)
 

@@ -1,7 +1,7 @@
 /* cliwire.h: the wire between the command-line client (csrc/client/cliclient.c,
  * the installed `sandbox` and `bwrap` commands) and the per-user CLI server
  * (sandbox/cliserver/). This header is its one definition: the server
- * reads it through cffi's cdef (sandbox/cliserver/wire.py), and
+ * reads it through cffi's cdef (sandbox/_core/cliwire.py), and
  * tests/unit/test_cliwire.py compiles it to check that both sides agree.
  *
  * Two clients speak it: the installed command (with every fd of its own)

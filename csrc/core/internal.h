@@ -30,6 +30,7 @@
 #include <sys/types.h>
 
 #include "sandbox.h"
+#include "fdpass.h"
 
 /* The stack of a child cloned into our memory: the setup child's deepest
  * frames hold a path buffer (4 KiB) and a few names. */
@@ -169,28 +170,6 @@ const char *sbx_str(const struct sbx_ctx *c, uint32_t off);
 int64_t sbx_now_ns(void); /* CLOCK_MONOTONIC */
 void sbx_stamp(struct sbx_ctx *c, int which);
 void sbx_report_fd(int fd, int step, int op, int err, int detail);
-/* A message on a socket with fds (SCM_RIGHTS; those < 0 are left out; at
- * most SBX_MAX_FDS_PER_MESSAGE): 0, or -1 with errno. The one sender of fds
- * in C; its buffer is on the stack (the setup child's has room for it). */
-#define SBX_MAX_FDS_PER_MESSAGE 253 /* the kernel's SCM_MAX_FD */
-int sbx_send_fds(int sock, const void *msg, size_t len, const int *fds, int n_fds);
-/* The peer of the connected Unix socket `sock`, checked as every listener
- * and client checks it first: our uid, a pid in our pid namespace
- * (SO_PEERCRED), and a pidfd of it (SO_PEERPIDFD, Linux 6.5: what is read of
- * /proc/PID afterwards is confirmed through it). 0 with *pid and *pidfd (the
- * caller closes it), or -1 with nothing open. The one reader of struct ucred. */
-#ifndef SO_PEERPIDFD
-#define SO_PEERPIDFD 77 /* Linux 6.5 */
-#endif
-int sbx_peer_of(int sock, pid_t *pid, int *pidfd);
-/* One message on `sock` (at most `len` bytes into `buf`) and the fds it
- * carries (SCM_RIGHTS, received close-on-exec): up to `max` of them into
- * `fds` (*n_fds), any more closed. recvmsg's result, retried on EINTR (-1
- * with errno: no fd); *truncated, if not NULL: the message or its fds did
- * not fit (MSG_TRUNC, MSG_CTRUNC). */
-ssize_t sbx_recv_fds(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated);
-/* sbx_recv_fds with recvmsg's `flags` added (MSG_DONTWAIT: -1 with EAGAIN when nothing is queued). */
-ssize_t sbx_recv_fds_flags(int sock, void *buf, size_t len, int *fds, int max, int *n_fds, int *truncated, int flags);
 /* Close every fd from `from` up but those in `keep` (n of them, sorted here
  * in place; -1: none), one close_range() per gap: syscalls only. */
 void sbx_close_all_but(int *keep, int n, unsigned from);

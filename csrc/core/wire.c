@@ -243,44 +243,21 @@ int sbx_template_send(int sock, const void *msg, size_t len, const int *fds, int
  * (another size, a truncated message or fds, a stamps report without a
  * pidfd, a failure that claims step 0) is not the protocol's: refused, every
  * fd that came with it closed. */
+#define REPORT_MAX_FDS 4 /* more than a report carries: its pidfd and a lease's, with room to spare */
+
 int sbx_template_report(int report, struct sbx_template_answer *out)
 {
-    union {
-        char buf[CMSG_SPACE(4 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))];
-        struct cmsghdr align;
-    } u;
     struct sbx_stamps_report r;
-    struct iovec iov = {.iov_base = &r, .iov_len = sizeof r};
-    struct msghdr h = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    int fds[8], n_fds = 0;
-    ssize_t n;
+    int fds[REPORT_MAX_FDS + 1], n_fds = 0, truncated;
+    pid_t sender;
     memset(out, 0, sizeof *out);
     out->pid = out->pidfd = -1;
-    while ((n = recvmsg(report, &h, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
-        ;
+    ssize_t n = sbx_recv_fds_from(report, &r, sizeof r, fds, REPORT_MAX_FDS + 1, &n_fds, &truncated, 0, &sender);
     if (n < 0)
         return -errno;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&h); cm; cm = CMSG_NXTHDR(&h, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET)
-            continue;
-        if (cm->cmsg_type == SCM_RIGHTS) {
-            size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t i = 0; i < k; i++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(cm) + i * sizeof fd, sizeof fd);
-                if (n_fds < (int)(sizeof fds / sizeof *fds))
-                    fds[n_fds++] = fd;
-                else
-                    close(fd);
-            }
-        } else if (cm->cmsg_type == SCM_CREDENTIALS && cm->cmsg_len >= CMSG_LEN(sizeof(struct ucred))) {
-            struct ucred cred;
-            memcpy(&cred, CMSG_DATA(cm), sizeof cred);
-            out->pid = cred.pid;
-        }
-    }
+    out->pid = sender;
     int kind = n == 0 ? SBX_ANSWER_EOF : -1, at = 0;
-    if (h.msg_flags & (MSG_TRUNC | MSG_CTRUNC))
+    if (truncated || n_fds > REPORT_MAX_FDS)
         kind = SBX_ANSWER_BAD;
     else if (n == (ssize_t)sizeof r && r.step == SBX_STEP_NONE && n_fds >= 1)
         kind = SBX_ANSWER_STARTED;

@@ -111,32 +111,16 @@ static int split_strings(struct session_call *call, const struct sbx_session_req
 /* Receive the header and fds of one request: 1, 0 at EOF, -1 if malformed. */
 static int receive_header(int sock, struct sbx_session_request *r, int *fds)
 {
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(N_FDS * sizeof(int))];
-    } u;
-    struct iovec iov = {r, sizeof *r};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof u.buf};
-    ssize_t n;
-    while ((n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR)
-        ;
-    if (n == 0)
+    int got[N_FDS + 1], n_got, truncated; /* one more than a request carries: a request with more is refused */
+    ssize_t n = sbx_recv_fds(sock, r, sizeof *r, got, N_FDS + 1, &n_got, &truncated);
+    if (n == 0 && n_got == 0)
         return 0;
-    int got = 0;
-    for (struct cmsghdr *h = CMSG_FIRSTHDR(&msg); h; h = CMSG_NXTHDR(&msg, h)) {
-        if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS)
-            continue;
-        int k = (int)((h->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-        for (int i = 0; i < k; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(h) + i * sizeof(int), sizeof fd);
-            if (got < N_FDS)
-                fds[got++] = fd;
-            else
-                close(fd);
-        }
-    }
-    if (n < 0 || got != N_FDS || (msg.msg_flags & MSG_CTRUNC))
+    if (n_got == N_FDS)
+        memcpy(fds, got, sizeof(int) * N_FDS);
+    else
+        for (int i = 0; i < n_got; i++)
+            close(got[i]);
+    if (n < 0 || n_got != N_FDS || truncated)
         return -1;
     if ((size_t)n < sizeof *r && read_full(sock, (char *)r + n, sizeof *r - (size_t)n) < 0)
         return -1;

@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #endif
 
+#include "fdpass.h" /* csrc/core/fdpass.c: libc only, linked into sandbox-session alone of the core */
 #include "sandbox.h"
 
 #include <signal.h>

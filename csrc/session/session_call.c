@@ -90,23 +90,7 @@ static int command_main(void *arg)
 static void send_frame(int sock, int kind, int value, int pid, int step, int fd)
 {
     struct sbx_session_frame f = {kind, value, pid, step};
-    struct iovec iov = {&f, sizeof f};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (fd >= 0) {
-        msg.msg_control = u.buf;
-        msg.msg_controllen = sizeof u.buf;
-        struct cmsghdr *h = CMSG_FIRSTHDR(&msg);
-        h->cmsg_level = SOL_SOCKET;
-        h->cmsg_type = SCM_RIGHTS;
-        h->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(h), &fd, sizeof fd);
-    }
-    while (sendmsg(sock, &msg, MSG_NOSIGNAL) < 0 && errno == EINTR)
-        ;
+    (void)sbx_send_fds(sock, &f, sizeof f, &fd, 1); /* fd < 0: none; a caller gone hears nothing, as it should */
 }
 
 /* SIGKILL every child listed in /proc/thread-self/children: how many. */

@@ -3,7 +3,7 @@
 A header of csrc/ that Python reads marks the declarations cffi takes between
 `/* CDEF BEGIN */` and `/* CDEF END */`: csrc/core/sandbox.h (the compiled core,
 read by build_ffi.py at build time) and csrc/client/cliwire.h (installed beside the
-executables and read at run time by cliserver/wire.py). build_ffi.py loads
+executables and read at run time by _core/cliwire.py). build_ffi.py loads
 this file by path, so it imports nothing of the package.
 """
 

@@ -9,7 +9,16 @@ keeps its pid, so what was read was the peer's). `Peer.check_owner` is the
 strength every listener asks at least: our uid, a pid in our pid namespace,
 a pidfd; each listener then asks what it needs more (cliserver/peer.py:
 confinement equal to the server's; session/clisock.py: the same namespaces;
-compat/handoff.py: a child of this process).
+compat/handoff.py: a child of this process; task/broker.py: a descendant of
+its sandbox's first process, `Peer.descends_from`).
+
+A message's sender can differ from the socket's (a connection is an fd, and
+fds are handed on): a socket with SO_PASSCRED and SO_PASSPIDFD gets, with
+each message, its sender's credentials and a pidfd of the same process
+(SCM_CREDENTIALS, SCM_PIDFD: Linux 6.5), from which `Peer.of_sender` makes
+the same Peer. A sender that has already been reaped comes with a pidfd
+that no longer names a process (6.16) or with none (MSG_CTRUNC before), so
+it is never confirmed.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ if TYPE_CHECKING:
     from typing import Self
 
 SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
+
+MAX_ANCESTORS = 4096  # parent links followed at most (a pid namespace nests at most 32 deep; a chain is longer)
 
 __all__ = ["SO_PEERPIDFD", "Peer", "Unverified", "credentials", "read_proc", "status_fields"]
 
@@ -74,6 +85,13 @@ class Peer:
             raise Unverified(f"no pidfd for the peer, pid {pid} ({exc.strerror})") from None
         return cls(pid=pid, uid=uid, pidfd=pidfd)
 
+    @classmethod
+    def of_sender(cls, creds: tuple[int, int, int], pidfd: int) -> Self:
+        """The sender of one message from its (pid, uid, gid) and pidfd (SCM_CREDENTIALS, SCM_PIDFD;
+        `pidfd` is owned; -1: none came, and the Peer is never confirmed)."""
+        pid, uid, _ = creds
+        return cls(pid=pid, uid=uid, pidfd=pidfd)
+
     def check_owner(self) -> None:
         """Unverified unless the peer runs as our uid with a pid in our pid namespace."""
         if self.uid != os.getuid():
@@ -83,9 +101,7 @@ class Peer:
 
     def confirm(self) -> None:
         """OSError unless the peer is still alive (so /proc/PID read so far was its)."""
-        import signal
-
-        signal.pidfd_send_signal(self.pidfd, 0)
+        _signal0(self.pidfd)
 
     def open_proc(self) -> int:
         """An fd of the peer's /proc entry, pinned: opened, then the peer confirmed alive, so the
@@ -103,13 +119,86 @@ class Peer:
         """The peer's parent pid, read through its pinned /proc entry; OSError if it cannot be."""
         d = self.open_proc()
         try:
-            stat = read_proc(d, "stat")
+            return _ppid(d)
         finally:
             os.close(d)
-        return int(stat.rsplit(")", 1)[1].split()[1])
+
+    def descends_from(self, ancestor: int, ancestor_pidfd: int) -> bool:
+        """Whether the peer is process `ancestor` or descends from it, by parent links read through
+        /proc; `ancestor_pidfd` is a pidfd of `ancestor` opened before the peer spoke (so while it
+        lives, that pid is the ancestor's). Each process on the way is held by a pidfd while its
+        entry is read, and each parent link is read again once the parent's pidfd is open: a parent
+        that ended meanwhile has had its children given to another, so a pid reused on the way is
+        never followed. Unverified if the peer itself cannot be confirmed (it has ended: its pid may
+        name another process now)."""
+        if self.pidfd < 0:
+            raise Unverified(f"pid {self.pid}: the kernel gave no pidfd of it (Linux 6.5+), so its pid proves nothing")
+        try:
+            _signal0(self.pidfd)
+        except OSError:
+            raise Unverified(f"pid {self.pid} has ended: its pid may name another process now") from None
+        pid, pidfd = self.pid, self.pidfd
+        try:
+            for _ in range(MAX_ANCESTORS):
+                if pid == ancestor:
+                    return _alive(ancestor_pidfd)
+                parent, parent_fd = _parent_held(pid, pidfd)
+                if pidfd != self.pidfd:
+                    os.close(pidfd)
+                pid, pidfd = parent, parent_fd
+                if pidfd < 0:
+                    return False
+        except (OSError, ValueError, IndexError):  # ended on the way, or a stat that does not parse
+            return False
+        finally:
+            if pidfd not in (self.pidfd, -1):
+                os.close(pidfd)
+        return False
 
     def close(self) -> None:
         """Close the pidfd (idempotent)."""
         if self.pidfd >= 0:
             os.close(self.pidfd)
             self.pidfd = -1
+
+
+def _signal0(pidfd: int) -> None:
+    """OSError unless the process of `pidfd` has not been reaped (its pid is still its own)."""
+    import signal  # on first use: 1.6 ms (it loads enum), -X importtime; every session command line imports this module
+
+    signal.pidfd_send_signal(pidfd, 0)
+
+
+def _alive(pidfd: int) -> bool:
+    try:
+        _signal0(pidfd)
+    except OSError:
+        return False
+    return True
+
+
+def _ppid(proc: int) -> int:
+    return int(read_proc(proc, "stat").rsplit(")", 1)[1].split()[1])
+
+
+def _parent_held(pid: int, pidfd: int) -> tuple[int, int]:
+    """(parent pid, a pidfd of it) of the process `pid`, held by `pidfd`: (0, -1) where the chain ends
+    (pid 1, a parent outside our pid namespace); OSError if the process has ended."""
+    proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _signal0(pidfd)  # so `proc` is this process's entry (its reads fail once it is reaped)
+        for _ in range(8):  # a parent that ends between the two reads: the new one is read again
+            parent = _ppid(proc)
+            if parent <= 0:
+                return 0, -1
+            try:
+                parent_fd = os.pidfd_open(parent)
+            except ProcessLookupError:
+                continue
+            # The parent held, the link read again: had that parent ended, this process would have a new one.
+            if _ppid(proc) == parent:
+                return parent, parent_fd
+            os.close(parent_fd)
+        return 0, -1
+    finally:
+        os.close(proc)

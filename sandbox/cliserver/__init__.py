@@ -17,8 +17,9 @@ turn it off.
 - `fastpath.py`: the one decision (a plan, or a worker, and why), and the plan answer;
 - `peer.py`: what must be equal between a client and the server;
 - `spare.py`, `worker.py`: the worker forked ahead that becomes a client's Python CLI;
-  `rehearse.py`: what it makes ready while it waits;
-- `wire.py`: the request, the plan and the frames, read from csrc/client/cliwire.h through cffi.
+  `rehearse.py`: what it makes ready while it waits.
+The wire (the request, the plan and the frames, read from csrc/client/cliwire.h through cffi) is
+`sandbox/_core/cliwire.py`, shared with sandbox-launch's handoff (sandbox/compat/handoff.py).
 """
 
 from __future__ import annotations

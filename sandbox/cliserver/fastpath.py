@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import backends
+from .._core import cliwire as wire
 from ..bwrap.grammar import BY_NAME
 from ..bwrap.memo import PURE
 from ..bwrap.parse import parse_bwrap_args
@@ -49,7 +50,6 @@ from ..host import LIMITED_RESOURCES
 from ..plan import check_argv
 from ..plan_cache import compiled_plan
 from ..refusal import refusal
-from . import wire
 
 ARGS_MAX = 1 << 18  # bytes of an --args file read here; a larger one goes to a worker
 PIPE_PAGE = 1 << 16  # a pipe's default capacity

@@ -50,8 +50,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .._core import cliwire as wire
 from .._core.fdpass import recv_fds, send_fds
-from . import fastpath, spare, wire
+from . import fastpath, spare
 from .peer import Peer, Unverified, controlling_tty
 
 IDLE_SECONDS = 120.0

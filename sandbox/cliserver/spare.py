@@ -35,8 +35,9 @@ import socket
 import threading
 from typing import NoReturn
 
+from .._core import cliwire as wire
 from .._core.fdpass import recv_fds
-from . import rehearse, wire, worker
+from . import rehearse, worker
 from .peer import Peer, Unverified
 
 REQUEST_TIMEOUT = 2.0  # the request follows the connection at once

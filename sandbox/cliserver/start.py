@@ -25,9 +25,9 @@ import fcntl
 import os
 import signal
 
+from .._core import cliwire as wire
 from ..backends import choose, host_for
 from ..bwrap import memo, parse
-from . import wire
 from .owndir import fresh_file, open_own, open_own_dir
 from .peer import controlling_tty, fingerprint
 from .server import IDLE_SECONDS, Server

@@ -24,8 +24,8 @@ import socket
 import sys
 from typing import Any, NoReturn
 
+from .._core import cliwire as wire
 from ..bwrap.grammar import BY_NAME
-from . import wire
 from .clientstate import F_OWNER_TID, F_SETOWN_EX, Fallback, client_limits, read_at
 from .peer import Peer, status_fields
 from .rehearse import learned

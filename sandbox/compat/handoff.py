@@ -46,16 +46,16 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
+from .._core import cliwire as wire
 from .._core.fdpass import recv_fds
 from .._core.peer import Peer, Unverified
-from ..cliserver import wire
 from ..errors import ExecError, ExecNotFoundError, SandboxError
 from ..process import SandboxProcess
 from ..spec import Spec
 from ..template import Template
 
 # The wire is the CLI client's (csrc/client/cliwire.h: struct sbx_cli_request with the launch's ticket, struct
-# sbx_cli_frame), read and written by field name through cliserver/wire.py: never retyped here.
+# sbx_cli_frame), read and written by field name through _core/cliwire.py: never retyped here.
 SECRET_SIZE = wire.SECRET_SIZE
 STATUS, ERROR, FALLBACK, SIGNAL = wire.STATUS, wire.ERROR, wire.FALLBACK, wire.SIGNAL
 ENV = "SANDBOX_HANDOFF"  # the launcher's ticket: "ID:SECRET:PATH"

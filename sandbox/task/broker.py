@@ -7,9 +7,12 @@ started it, listening on a SOCK_SEQPACKET socket bound inside that sandbox
 at the path SANDBOX_TASK_BROKER names (broker_socket.py: no path on the host
 once the sandbox is up, no abstract name). Every process of the sandbox can
 connect, whatever fds its parents closed; the kernel attaches each sender's
-pid and uid to each message (SO_PASSCRED), so a request from any other user,
-or from a process that is not in this broker's sandbox (its pid must descend
-from the sandbox's), is refused even if a connection was handed there.
+pid, uid and a pidfd of it to each message (SO_PASSCRED, SO_PASSPIDFD), so a
+request from any other user, or from a process that is not in this broker's
+sandbox (it must descend from the sandbox's first process, each link of the
+chain read while a pidfd holds its process: _core/peer.py), is refused even
+if a connection was handed there, and a sender that ended before its
+request was read is refused too (its pid may be another process's by then).
 
 What the broker reads is untrusted: each connection has its own thread,
 a message is bounded in size and depth before it is parsed (wire.py), and
@@ -37,7 +40,7 @@ record out. When the requester goes away (its connection closes: it died,
 or the whole outer sandbox did), the child is killed; when the parent
 sandbox ends, every child is.
 
-Data flow (one nested sandbox; SOCK_SEQPACKET, SO_PASSCRED on every message):
+Data flow (one nested sandbox; SOCK_SEQPACKET, the sender's credentials and pidfd on every message):
 
   parent task sandbox                  broker (the caller's process)         child sandbox
   -------------------                  -----------------------------         -------------
@@ -73,6 +76,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .._core.peer import Peer, Unverified
 from ..errors import SandboxError, SpecError, UnavailableError
 from ..plan import resolve_env
 from ..spec import Spec
@@ -99,21 +103,6 @@ class StartHere(Protocol):
     def __call__(self, args: list[str], sb: Sandbox, backend: str, env_in: dict[str, str], popen: dict[str, Any],
                  pinned: Mapping[str, str] | None = None) -> TaskProcess:
         ...
-
-
-def descends(pid: int, ancestor: int) -> bool:
-    """Whether process `pid` is `ancestor` or one of its descendants (by /proc's parent links)."""
-    for _ in range(4096):
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-        try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
 
 
 def pin(field: str, path: str) -> int:
@@ -246,15 +235,17 @@ class Broker:
         threading.Thread(target=self._conversation, args=(conn,), name="sandbox-task-broker-request",
                          daemon=True).start()
 
-    def refusal(self, creds: tuple[int, int, int] | None) -> str | None:
-        """Why a message with these credentials is refused, or None."""
-        if creds is None:
+    def refusal(self, sender: Peer | None) -> str | None:
+        """Why a message from `sender` is refused, or None: it must be a process of our uid that
+        descends from this sandbox's first process, confirmed through its pidfd."""
+        if sender is None:
             return "the request carries no credentials"
-        pid, uid, _ = creds
-        if uid != os.geteuid():
-            return f"uid {uid} is not the user of this broker's sandbox"
-        if not self._pid or not descends(pid, self._pid):
-            return f"pid {pid} is not a process of this broker's sandbox"
+        try:
+            sender.check_owner()
+            if not self._pid or not sender.descends_from(self._pid, self._pidfd):
+                return f"pid {sender.pid} is not a process of this broker's sandbox"
+        except Unverified as exc:
+            return str(exc)
         return None
 
     def _conversation(self, conn: socket.socket) -> None:
@@ -278,17 +269,19 @@ class Broker:
     def _answer(self, conn: socket.socket) -> TaskProcess | None:
         """Read the request on `conn` and start its child; a refusal sent (None) if it is refused."""
         try:
-            msg, fds, creds = wire.recv(conn)
+            msg, fds, sender = wire.recv(conn)
         except wire.MessageError as exc:
             raise SpecError("request", "(the message)", f"is refused: {exc}") from None
         except OSError:
             return None  # gone before asking, or said nothing in time
-        if msg is None:
-            return None
         try:
+            if msg is None:
+                return None
+            why = self.refusal(sender)
+            if sender is not None:
+                sender.close()  # judged: its pidfd is not held while the child starts
             if len(fds) != 3:
                 raise SpecError("request", f"{len(fds)} fds", "must carry the three stdio fds of the command")
-            why = self.refusal(creds)
             if why is not None:
                 raise UnavailableError(f"refused by the sandbox.task broker: {why}")
             self._reserve()
@@ -301,6 +294,8 @@ class Broker:
         finally:
             for fd in fds:
                 os.close(fd)
+            if sender is not None:
+                sender.close()
         with self._lock:
             late = self._closed
             self._starting -= 1
@@ -330,11 +325,13 @@ class Broker:
         def control() -> None:
             while True:
                 try:
-                    msg, fds, _ = wire.recv(chan)
+                    msg, fds, sender = wire.recv(chan)
                 except wire.MessageError:
                     continue
                 except OSError:
-                    msg, fds = None, []
+                    msg, fds, sender = None, [], None
+                if sender is not None:
+                    sender.close()
                 for fd in fds:
                     os.close(fd)
                 if msg is None:  # the requester is gone

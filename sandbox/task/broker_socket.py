@@ -18,8 +18,8 @@ the host's, where every other sandbox of that kind and every local user
 could connect to it.
 
 Whoever connects, the broker serves only processes of its own sandbox (by
-the credentials the kernel attaches), and what it starts can only narrow
-that sandbox (narrow.py).
+the credentials and the pidfd the kernel attaches to each message: wire.py),
+and what it starts can only narrow that sandbox (narrow.py).
 """
 
 from __future__ import annotations

@@ -5,11 +5,12 @@ sandbox at the path SANDBOX_TASK_BROKER names); the rest of the
 conversation (the answer, signals, the exit) goes over that connection.
 One message is one datagram (SEQPACKET keeps the boundaries, and a message
 and its fds arrive together or not at all). The listening socket has
-SO_PASSCRED set, which its connections inherit, so the kernel attaches the
-sender's pid, uid and gid to each message (translated into the broker's
-namespaces: the host's pid and the outer uid of a process inside a
-sandbox), which the sender cannot forge. Errors cross as their class and
-fields and are raised again on the other side.
+SO_PASSCRED and SO_PASSPIDFD set, which its connections inherit, so the
+kernel attaches the sender's pid, uid and gid to each message (translated
+into the broker's namespaces: the host's pid and the outer uid of a process
+inside a sandbox), which the sender cannot forge, and a pidfd of the sender,
+which names it even after its pid is reused (_core/peer.py). Errors cross
+as their class and fields and are raised again on the other side.
 
 What arrives is untrusted: a message is bounded in size (MAX_MESSAGE, a
 longer one arrives cut short and is refused) and in nesting depth
@@ -21,6 +22,7 @@ whose text names the problem.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -28,7 +30,8 @@ import socket
 from typing import Any
 
 from .. import errors as E
-from .._core.fdpass import recv_with_credentials, send_fds
+from .._core.fdpass import SO_PASSPIDFD, recv_with_credentials, send_fds
+from .._core.peer import Peer
 
 BROKER_ENV = "SANDBOX_TASK_BROKER"  # inside a task sandbox: the path of its broker's socket
 MAX_MESSAGE = 1 << 20  # bytes of one message
@@ -46,10 +49,15 @@ class MessageError(ValueError):
 
 def listener(path: str) -> socket.socket:
     """A SEQPACKET socket listening at `path` (created: the caller's fresh private directory),
-    with SO_PASSCRED, close-on-exec, mode 0600."""
+    with SO_PASSCRED and SO_PASSPIDFD (where the kernel has it: 6.5), close-on-exec, mode 0600."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_PASSPIDFD, 1)
+        except OSError as exc:  # an older kernel: no sender is ever confirmed, so the broker refuses every request
+            if exc.errno != errno.ENOPROTOOPT:
+                raise
         sock.bind(path)
         os.chmod(path, 0o600)
         sock.listen(64)
@@ -105,23 +113,34 @@ def send(sock: socket.socket, data: dict[str, Any], fds: list[int] | tuple[int, 
     send_fds(sock, json.dumps(data).encode(), fds)
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int], tuple[int, int, int] | None]:
-    """(message or None at the end, fds received, (pid, uid, gid) of the sender or None).
-    A message that was cut short, or is not one bounded JSON object, raises MessageError (its fds closed)."""
-    msg, fds, flags, creds = recv_with_credentials(sock, MAX_MESSAGE + 1, MAX_FDS)
+def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int], Peer | None]:
+    """(message or None at the end, fds received, its sender or None: no credentials came).
+    The caller closes the sender (it holds the sender's pidfd, if one came). A message that was cut
+    short, or is not one bounded JSON object, raises MessageError (its fds and the sender's closed)."""
+    msg, fds, flags, creds, pidfd = recv_with_credentials(sock, MAX_MESSAGE + 1, MAX_FDS)
+    if creds is None:
+        if pidfd >= 0:
+            os.close(pidfd)
+        sender = None
+    else:
+        sender = Peer.of_sender(creds, pidfd)
     if not msg and not fds:
-        return None, [], creds
+        return None, [], sender
     try:
         if flags & socket.MSG_TRUNC or len(msg) > MAX_MESSAGE:
             raise MessageError(f"larger than {MAX_MESSAGE} bytes")
         if flags & socket.MSG_CTRUNC:
-            raise MessageError(f"carries more than {MAX_FDS} fds")
+            raise MessageError(f"carries more than {MAX_FDS} fds" if len(fds) >= MAX_FDS
+                               else "came without the room its control data needed (a sender the kernel "
+                               "could give no pidfd of: it had ended)")
         value = parse(msg)
     except MessageError:
         for fd in fds:
             os.close(fd)
+        if sender is not None:
+            sender.close()
         raise
-    return value, fds, creds
+    return value, fds, sender
 
 
 def error_message(exc: BaseException) -> dict[str, Any]:

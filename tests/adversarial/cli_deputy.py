@@ -31,7 +31,7 @@ from cli_helpers import (  # noqa: E402, F401  (cli_install, cli_served: the fix
     cli_served,
 )
 
-from sandbox.cliserver import wire  # noqa: E402
+from sandbox._core import cliwire as wire  # noqa: E402
 
 IS_ROOT = os.geteuid() == 0
 PR_SET_NO_NEW_PRIVS = 38

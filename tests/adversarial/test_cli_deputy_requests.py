@@ -18,7 +18,7 @@ import struct
 
 import pytest
 
-from sandbox.cliserver import wire
+from sandbox._core import cliwire as wire
 
 from .cli_deputy import (  # noqa: F401  (cli_install, cli_served: the fixtures `install`, `served`)
     SYSTEM,

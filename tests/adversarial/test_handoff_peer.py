@@ -29,7 +29,7 @@ from warm_handoff import served, warm_box  # noqa: F401  (warm_box: the fixture 
 
 import sandbox
 from sandbox import Dev, Proc, RoBind
-from sandbox.cliserver import wire
+from sandbox._core import cliwire as wire
 from sandbox.compat import handoff
 from sandbox.compat.avatar import ExecSpec, NativeSandbox
 

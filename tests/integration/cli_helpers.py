@@ -43,7 +43,7 @@ UNIT_TESTS = str(Path(__file__).resolve().parents[1] / "unit")  # PYTHONPATH for
 FAKE_SERVER_ACCEPT = """
 import array, socket, sys
 from sandbox._core.fdpass import recv_fds
-from sandbox.cliserver import wire
+from sandbox._core import cliwire as wire
 path, answer = sys.argv[1], open(sys.argv[2], 'rb').read()
 s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 s.bind(path)

@@ -34,7 +34,7 @@ from cli_helpers import (  # noqa: F401
 )
 from leakcheck import descendants, kill_trees
 
-from sandbox.cliserver import wire
+from sandbox._core import cliwire as wire
 
 pytestmark = pytest.mark.integration
 # (cli_install and cli_served are the fixtures `install` and `served`)

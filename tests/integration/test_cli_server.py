@@ -342,7 +342,7 @@ class TestConfinedClientsRunDirectly:
     @pytest.mark.parametrize("confine", [_allow_all_filter, _no_new_privs], ids=["seccomp", "no_new_privs"])
     def test_the_server_refuses_a_confined_peer(self, served, confine):
         """A confined process that speaks the wire itself (no client's check of the server) gets FALLBACK."""
-        from sandbox.cliserver import wire
+        from sandbox._core import cliwire as wire
 
         result = subprocess.run([sys.executable, "-c", RAW_REQUEST, served.socket, served.identity()],
                                 capture_output=True, timeout=TIMEOUT, preexec_fn=confine,

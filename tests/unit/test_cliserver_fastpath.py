@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox._core import cliwire as wire
 from sandbox.bwrap.grammar import BY_NAME, OPTIONS
-from sandbox.cliserver import fastpath, wire
+from sandbox.cliserver import fastpath
 
 
 def _pipe_with(data: bytes, close_writer: bool = True) -> tuple[int, int]:

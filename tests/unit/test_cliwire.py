@@ -1,4 +1,4 @@
-"""The client's wire (csrc/client/cliwire.h) as the server reads it (sandbox.cliserver.wire) and as C compiles it.
+"""The client's wire (csrc/client/cliwire.h) as the server reads it (sandbox._core.cliwire) and as C compiles it.
 
 The server parses the header itself through cffi; this compiles the same
 header with the C compiler and compares every struct size, field offset and
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.cliserver import wire
+from sandbox._core import cliwire as wire
 
 HEADER = Path(__file__).resolve().parents[2] / "csrc" / "client" / "cliwire.h"
 STRUCTS = {"sbx_cli_request": ["magic", "version", "argc", "envc", "nfds", "size", "exe_dev", "exe_ino", "exe_mtime",

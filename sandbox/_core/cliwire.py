@@ -1,5 +1,11 @@
 """The client's wire (csrc/client/cliwire.h), read through cffi from the header itself.
 
+One wire for one conversation: a C client hands a warm Python server its
+argv, cwd, environment and fds, and gets frames back. The installed
+`sandbox` command speaks it to the CLI server (sandbox/cliserver/), and
+sandbox-launch to the harness's handoff (sandbox/compat/handoff.py), which
+adds a ticket; both read it here.
+
 The header is installed beside the executables (sandbox/_bin/cliwire.h) and
 its CDEF region is the one definition of the request and the frames: this
 module parses it with cffi (ABI level: no compiler at run time) and reads
@@ -16,7 +22,7 @@ from typing import Any
 
 from cffi import FFI  # type: ignore[import-untyped]
 
-from .._core.cdef import read_cdef
+from .cdef import read_cdef
 
 HEADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_bin", "cliwire.h")
 

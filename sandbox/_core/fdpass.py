@@ -16,6 +16,8 @@ copy of its own on purpose: the zygote loads it by path.
 from __future__ import annotations
 
 import array
+import errno
+import functools
 import socket
 import struct
 
@@ -24,7 +26,24 @@ FD_SIZE = array.array("i").itemsize
 SO_PASSPIDFD = getattr(socket, "SO_PASSPIDFD", 76)  # Linux 6.5; Python 3.11 does not name them
 SCM_PIDFD = getattr(socket, "SCM_PIDFD", 4)
 
-__all__ = ["SCM_PIDFD", "SO_PASSPIDFD", "UCRED", "recv_fds", "recv_with_credentials", "send_fds"]
+__all__ = ["SCM_PIDFD", "SO_PASSPIDFD", "UCRED", "attaches_pidfds", "recv_fds", "recv_with_credentials",
+           "send_fds"]
+
+
+@functools.cache
+def attaches_pidfds() -> bool:
+    """Whether this kernel attaches a pidfd of the sender to each message (SO_PASSPIDFD: Linux 6.5)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        a.setsockopt(socket.SOL_SOCKET, SO_PASSPIDFD, 1)
+    except OSError as exc:
+        if exc.errno != errno.ENOPROTOOPT:
+            raise
+        return False
+    finally:
+        a.close()
+        b.close()
+    return True
 
 
 def send_fds(sock: socket.socket, data: bytes, fds: list[int] | tuple[int, ...] = (), flags: int = 0) -> int:

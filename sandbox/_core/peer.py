@@ -86,10 +86,18 @@ class Peer:
         return cls(pid=pid, uid=uid, pidfd=pidfd)
 
     @classmethod
-    def of_sender(cls, creds: tuple[int, int, int], pidfd: int) -> Self:
+    def of_sender(cls, creds: tuple[int, int, int], pidfd: int, by_pid: bool = False) -> Self:
         """The sender of one message from its (pid, uid, gid) and pidfd (SCM_CREDENTIALS, SCM_PIDFD;
-        `pidfd` is owned; -1: none came, and the Peer is never confirmed)."""
+        `pidfd` is owned; -1: none came, and the Peer is never confirmed). `by_pid`: the kernel attaches
+        no pidfd (before 6.5), so one is opened from the pid now: a sender that ended and whose pid was
+        taken by another process in the instant since would be judged as that process (a pid's strength,
+        what a receiver had before SCM_PIDFD)."""
         pid, uid, _ = creds
+        if pidfd < 0 and by_pid:
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                pidfd = -1
         return cls(pid=pid, uid=uid, pidfd=pidfd)
 
     def check_owner(self) -> None:

@@ -22,7 +22,6 @@ whose text names the problem.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -30,7 +29,7 @@ import socket
 from typing import Any
 
 from .. import errors as E
-from .._core.fdpass import SO_PASSPIDFD, recv_with_credentials, send_fds
+from .._core.fdpass import SO_PASSPIDFD, attaches_pidfds, recv_with_credentials, send_fds
 from .._core.peer import Peer
 
 BROKER_ENV = "SANDBOX_TASK_BROKER"  # inside a task sandbox: the path of its broker's socket
@@ -53,11 +52,8 @@ def listener(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-        try:
+        if attaches_pidfds():  # else (before 6.5) recv opens one from the sender's pid
             sock.setsockopt(socket.SOL_SOCKET, SO_PASSPIDFD, 1)
-        except OSError as exc:  # an older kernel: no sender is ever confirmed, so the broker refuses every request
-            if exc.errno != errno.ENOPROTOOPT:
-                raise
         sock.bind(path)
         os.chmod(path, 0o600)
         sock.listen(64)
@@ -123,7 +119,7 @@ def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int], Peer | 
             os.close(pidfd)
         sender = None
     else:
-        sender = Peer.of_sender(creds, pidfd)
+        sender = Peer.of_sender(creds, pidfd, by_pid=not attaches_pidfds())
     if not msg and not fds:
         return None, [], sender
     try:

@@ -338,6 +338,17 @@ def test_a_broker_runs_a_bounded_number_of_nested_sandboxes(backend: str, monkey
     assert lines[1:] == [f"first {-signal.SIGKILL}", "then 0"], r.stdout + r.stderr
 
 
+def test_a_kernel_without_scm_pidfd_still_serves_the_sandbox(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Linux 6.5 no pidfd comes with a message: the broker opens one from the sender's pid as it reads
+    the request (a pid's strength), and still serves its own sandbox (as pretended here, in this process)."""
+    from sandbox.task import wire
+
+    monkeypatch.setattr(wire, "attaches_pidfds", lambda: False)  # the broker runs in this (the test's) process
+    r = pyrun("from sandbox import task\nprint('nested', task.run(['true'], task.Sandbox()).returncode)\n",
+              Sandbox(), backend, timeout=120)
+    assert r.stdout.strip() == "nested 0", r.stdout + r.stderr
+
+
 GARBAGE = """
 import os, socket, array
 from sandbox import task

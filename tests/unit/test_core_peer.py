@@ -114,3 +114,28 @@ def test_no_pidfd_proves_nothing() -> None:
     with pytest.raises(Unverified, match="gave no pidfd"):
         peer.descends_from(os.getpid(), -1)
     peer.close()
+
+
+def test_before_scm_pidfd_the_sender_is_opened_by_its_pid() -> None:
+    """A kernel before 6.5 attaches no pidfd: `by_pid` opens one from the pid as the message is read, so a
+    live sender is held (and checked) as it would be with SCM_PIDFD, and one already reaped is never
+    confirmed (unless its pid is taken in that instant: a pid's strength, what the kernel gives there)."""
+    me = Peer.of_sender((os.getpid(), os.getuid(), os.getgid()), -1, by_pid=True)
+    try:
+        assert me.pidfd >= 0
+        me.check_owner()
+        assert me.descends_from(os.getpid(), me.pidfd)
+    finally:
+        me.close()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    gone = Peer.of_sender((pid, os.getuid(), os.getgid()), -1, by_pid=True)
+    try:
+        assert gone.pidfd == -1  # reaped: no pid to open (a reuse this soon would need 4 million forks)
+        with pytest.raises(Unverified):
+            gone.descends_from(os.getpid(), -1)
+    finally:
+        gone.close()
+    assert Peer.of_sender((os.getpid(), os.getuid(), os.getgid()), -1).pidfd == -1  # without by_pid: none

@@ -1,4 +1,5 @@
-"""kill() then wait() returns only once every process of the sandbox is gone, on each backend.
+"""kill() then wait() returns only once every process of the sandbox is gone, on each backend; a start that
+fails leaves nothing running.
 
 With bwrap and sandbox-launch (the blob executor), the process the caller waits for stands outside the
 sandbox (bwrap's monitor, the launcher); the sandbox's own first process is its child, and a pid namespace
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 
 import pytest
 from conftest import (
@@ -77,3 +79,19 @@ def test_the_sandbox_ends_with_its_command(backend: str, die_with_parent: bool) 
     assert result.returncode == 3
     assert not left, f"processes of an ended sandbox alive after run() returned: {left}"
     assert wait_until(lambda: not (child_pids() - before), timeout=10)
+
+
+@pytest.mark.parametrize("name", ["native", "bwrap"])  # the blob executor refuses the check: FORWARD
+def test_a_start_that_fails_leaves_no_relay_thread(name: str) -> None:
+    """The network check's relay (bwrap's outside isolation) belongs to the handle; a command that cannot be
+    exec'd has none, so the start that fails must stop the relay itself (it was left running, one thread per
+    failed start)."""
+    backend = usable_backend(name)
+    def relays() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("sandbox-forward")}
+
+    before = relays()
+    with pytest.raises(sandbox.ExecError):
+        sandbox.run(["/nonexistent"], make_base_spec(check_network=True), backend=backend, capture_output=True,
+                    timeout=60)
+    assert not (relays() - before)

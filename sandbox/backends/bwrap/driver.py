@@ -284,6 +284,9 @@ class _Run:
                 popen.kill()
                 popen.wait()
                 self._kill_orphans()
+            if self.isolated is not None:  # no handle took its relay: stop it here
+                self.isolated.close()
+                self.isolated = None
             raise
         finally:
             os.close(pidfd)

@@ -11,12 +11,11 @@ import contextlib
 import hashlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import usable_backend
+from conftest import usable_backend, wait_until
 
 import sandbox
 from sandbox import netpool
@@ -98,18 +97,20 @@ def expected(size: int) -> str:
     return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
 
 
-def no_relay_threads() -> bool:
-    return not any(t.name.startswith("sandbox-forward") for t in threading.enumerate())
+def relay_threads() -> set[threading.Thread]:
+    """The relays' threads alive in this process (a test compares them with those before it: only its own count)."""
+    return {t for t in threading.enumerate() if t.name.startswith("sandbox-forward")}
 
 
 def test_ten_megabytes_round_trip_byte_exact(base_spec, backend: str) -> None:
     size = 10 << 20
+    before = relay_threads()
     with echo_server() as port:
         done = run_py(base_spec(forward={8080: port}), ROUND_TRIP, str(size), backend=backend)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == expected(size)
     assert done.isolation["forwarded"] == {8080: port}
-    assert no_relay_threads()
+    assert not relay_threads() - before
 
 
 def test_a_unix_socket_target(base_spec, tmp_path: Path, backend: str) -> None:
@@ -189,13 +190,11 @@ def test_forward_validation() -> None:
 
 
 def test_nothing_is_left_after_the_session(base_spec) -> None:
+    before = relay_threads()
     with echo_server() as port:
         for _ in range(3):
             assert run_py(base_spec(forward={8080: port}), ROUND_TRIP, "4096").returncode == 0
-    deadline = time.monotonic() + 5
-    while not no_relay_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert no_relay_threads()
+    assert wait_until(lambda: not relay_threads() - before, timeout=5)
     pool = netpool.pool_for("pool")
     assert pool is not None and pool.wait_filled(10)
     assert pool.stats()["in_use"] == pool.stats()["reserved"]  # only kept Templates' standbys hold leases

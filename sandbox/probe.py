@@ -119,12 +119,14 @@ def ids_report() -> str:
 
 
 def _executors_without_cgroups() -> list[str]:
-    """How messages name the executors that do not place their sandboxes in cgroups (their traits say)."""
+    """How messages name the executors that do not place their sandboxes in cgroups (their traits say), of
+    those that serve here (not the brokered one outside a task sandbox)."""
     # lazy: importing sandbox.workerpool loads 42 more modules, 21 ms (cloudpickle, the cffi backend,
     # logging, platform), and this module is imported for overlay_works and image_python without a report
     from .workerpool.traits import TRAITS as WORKERPOOL
 
-    declared = [backends.get(name).traits for name in (*backends.NAMES, *backends.EXPLICIT)] + [WORKERPOOL]
+    here = [backends.get(name) for name in (*backends.NAMES, *backends.EXPLICIT)]
+    declared = [b.traits for b in here if getattr(b, "applies", lambda: True)()] + [WORKERPOOL]
     return [traits.title for traits in declared if not traits.can(Capability.CGROUPS)]
 
 

@@ -42,7 +42,7 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)  # no example database: the tests write nothing
 @given(st.lists(policies, min_size=2, max_size=4))
 def test_stack_returns_what_the_kernel_would(policies: list[Seccomp]) -> None:
     programs = [compile_policy(p) for p in policies]

@@ -14,6 +14,7 @@ Pure: nothing runs.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import os
@@ -232,3 +233,22 @@ def test_an_error_shows_a_long_or_deep_value_shortened() -> None:
     assert err.field == "env_inherit[0]" and len(str(err)) < 200
     err = spec_error(lambda: Spec(hostname="x" * 100_000))
     assert err.field == "hostname" and len(str(err)) < 600
+
+
+def test_the_packages_three_name_lists_agree() -> None:
+    """sandbox/__init__.py names its public API three times: `__all__`, `_EXPORTS` (where `__getattr__`
+    finds each name on first use) and the `if TYPE_CHECKING:` imports (what a type checker sees: a name
+    missing there types as `object`, as `sandbox.Overlay` once did). Read from the source, all three agree,
+    each name from the same module."""
+    tree = ast.parse(Path(sandbox.__file__).read_text())
+    typed: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom), ast.dump(imp)
+                for alias in imp.names:
+                    typed[alias.asname or alias.name] = imp.module or alias.name  # `from . import presets`
+    exports = {name: module for name, (module, _) in sandbox._EXPORTS.items()}
+    assert set(sandbox.__all__) == set(exports) == set(typed)
+    assert len(sandbox.__all__) == len(set(sandbox.__all__))
+    assert typed == exports

@@ -125,8 +125,8 @@ def _executors_without_cgroups() -> list[str]:
     # logging, platform), and this module is imported for overlay_works and image_python without a report
     from .workerpool.traits import TRAITS as WORKERPOOL
 
-    here = [backends.get(name) for name in (*backends.NAMES, *backends.EXPLICIT)]
-    declared = [b.traits for b in here if getattr(b, "applies", lambda: True)()] + [WORKERPOOL]
+    here = [name for name in (*backends.NAMES, *backends.EXPLICIT) if backends.serves_here(name)]
+    declared = [backends.get(name).traits for name in here] + [WORKERPOOL]
     return [traits.title for traits in declared if not traits.can(Capability.CGROUPS)]
 
 

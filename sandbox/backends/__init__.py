@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import importlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .. import netpool
 from ..capabilities import ALL, Capability, Traits
@@ -34,7 +34,7 @@ from .contract import Backend, Ended, ExitSource, Handle, WaitStatus
 from .handle import ProcessHandle
 
 __all__ = ["NAMES", "Backend", "Ended", "ExitSource", "Handle", "ProcessHandle", "WaitStatus", "availability",
-           "choose", "get", "host_for", "launch"]
+           "choose", "get", "host_for", "launch", "serves_here"]
 
 NAMES = ("brokered", "native", "bwrap")  # the order "auto" tries them in
 # chosen only by name: sandbox.Template's executor; a process of its own running the blob (sandbox-launch)
@@ -91,22 +91,28 @@ def _availability(name: str) -> tuple[bool, str]:
     return get(name).available()
 
 
-def _applies(name: str) -> bool:
-    """Whether the backend `name` serves this process (a backend without `applies` serves anywhere)."""
-    applies = getattr(get(name), "applies", None)
+def serves_here(name: str) -> bool:
+    """Whether the backend `name` serves this process (one without `applies` serves anywhere)."""
+    applies = _applies(get(name))
     return applies is None or bool(applies())
+
+
+def _applies(backend: Backend) -> Callable[[], bool] | None:
+    """A backend's `applies`, if it is found from the environment (optional in the contract)."""
+    applies: Callable[[], bool] | None = getattr(backend, "applies", None)
+    return applies
 
 
 def _candidates() -> Iterator[str]:
     """The backends "auto" tries here, in order (each loaded only when the one before it is refused)."""
-    return (name for name in NAMES if _applies(name))
+    return (name for name in NAMES if serves_here(name))
 
 
 def availability(name: str, refresh: bool = False) -> tuple[bool, str]:
     """`get(name).available()`, cached per process (`refresh=True` asks again), unless the backend is found
     from the environment (it has `applies`): that is read again at each call."""
     backend = get(name)
-    if hasattr(backend, "applies"):
+    if _applies(backend) is not None:
         return backend.available()
     return _cached_availability(name, refresh)
 
@@ -134,7 +140,7 @@ def choose(requested: str) -> tuple[str, str]:
     refused: list[tuple[str, str]] = []
     for name in NAMES:
         backend = get(name)
-        applies = getattr(backend, "applies", None)
+        applies = _applies(backend)
         if applies is None:
             ok, reason = _cached_availability(name)
         elif applies():

@@ -120,12 +120,15 @@ class Backend(Protocol):
 @dataclass
 class FunctionsBackend:
     """A Backend made of an executor's module-level functions: its `traits`,
-    `available` and `launch` (its name is its traits')."""
+    `available` and `launch` (its name is its traits'), and `applies` for
+    one found from the environment (sandbox.backends: None, it serves
+    anywhere)."""
 
     traits: Traits
     available: Callable[[], tuple[bool, str]]
     launch: Callable[[Plan, list[str], tuple[int, int, int], tuple[int, ...]], Handle]
     name: str = ""
+    applies: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         self.name = self.name or self.traits.name

@@ -26,7 +26,7 @@ import stat
 from ...capabilities import ALL, Capability, Traits
 from ...errors import SpecError, UnavailableError
 from ...plan import Plan
-from ..contract import Handle
+from ..contract import Backend, FunctionsBackend, Handle
 
 __all__ = ["BACKEND", "BROKER_ENV", "TRAITS", "applies", "available", "broker_path", "launch"]
 
@@ -100,14 +100,4 @@ def launch(plan: Plan, argv: list[str], stdio: tuple[int, int, int], pass_fds: t
     return ask(path, {"kind": "task", "sandbox": description.to_dict()}, argv, stdio)
 
 
-class _Brokered:
-    """The executor's face for the registry: a FunctionsBackend plus `applies`."""
-
-    name = "brokered"
-    traits = TRAITS
-    applies = staticmethod(applies)
-    available = staticmethod(available)
-    launch = staticmethod(launch)
-
-
-BACKEND = _Brokered()
+BACKEND: Backend = FunctionsBackend(TRAITS, available, launch, applies=applies)

@@ -36,7 +36,7 @@ SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5
 
 MAX_ANCESTORS = 4096  # parent links followed at most (a pid namespace nests at most 32 deep; a chain is longer)
 
-__all__ = ["SO_PEERPIDFD", "Peer", "Unverified", "credentials", "read_proc", "status_fields"]
+__all__ = ["SO_PEERPIDFD", "Peer", "Unverified", "child_pidfd", "credentials", "read_proc", "status_fields"]
 
 
 class Unverified(Exception):
@@ -187,6 +187,28 @@ def _alive(pidfd: int) -> bool:
 
 def _ppid(proc: int) -> int:
     return int(read_proc(proc, "stat").rsplit(")", 1)[1].split()[1])
+
+
+def child_pidfd(pid: int, parent: int) -> int:
+    """A pidfd of `pid` if it is a child of `parent`, else -1 (it has gone). `parent` is our child, not yet
+    reaped, so its pid is its own; a process found with it as parent after the pidfd was opened is the one
+    the pidfd names (its pid, once freed, would have to be taken by another child of `parent`)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return -1
+    try:
+        proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            ppid = _ppid(proc)
+        finally:
+            os.close(proc)
+    except (OSError, ValueError, IndexError):
+        ppid = -1
+    if ppid != parent:
+        os.close(fd)
+        return -1
+    return fd
 
 
 def _parent_held(pid: int, pidfd: int) -> tuple[int, int]:

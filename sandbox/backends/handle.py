@@ -25,7 +25,7 @@ from ..killedby import killed_by as decide_killed_by
 from ..reaper import after_exit, reap_later
 from .contract import EarlyStatus, Ended, ExitSource
 
-__all__ = ["ProcessHandle", "child_pidfd", "readable", "readable_count"]
+__all__ = ["ProcessHandle", "readable", "readable_count"]
 
 POLLIN = select.POLLIN
 
@@ -55,25 +55,6 @@ def readable_count(fds: list[int], timeout: float | None) -> int:
 def _ms(timeout: float) -> int:
     """poll()'s timeout: whole milliseconds, rounded up."""
     return max(0, int(timeout * 1000 + 0.999))
-
-
-def child_pidfd(pid: int, parent: int) -> int:
-    """A pidfd of `pid` if it is a child of `parent`, else -1 (it has gone). `parent` is our child, not yet
-    reaped, so its pid is its own; a process found with it as parent after the pidfd was opened is the one
-    the pidfd names (its pid, once freed, would have to be taken by another child of `parent`)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
-        return -1
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # after the name, which may hold anything
-    except (OSError, ValueError, IndexError):
-        ppid = -1
-    if ppid != parent:
-        os.close(fd)
-        return -1
-    return fd
 
 
 class ProcessHandle:

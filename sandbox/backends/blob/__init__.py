@@ -32,11 +32,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ... import isolation
+from ..._core.peer import child_pidfd
 from ...capabilities import ALL, Capability, Traits
 from ...errors import SetupError
 from ...plan import Plan
 from ..contract import Backend, FunctionsBackend, Handle, WaitStatus
-from ..handle import ProcessHandle, child_pidfd
+from ..handle import ProcessHandle
 
 __all__ = ["BACKEND", "LAUNCHER_NAME", "TRAITS", "available", "launch", "launcher_path"]
 
